@@ -1,0 +1,10 @@
+//! The one integration-test binary. Each module drives the real `rdrun` binary (or the library's
+//! public API over real sockets) with a hard wall-clock bound on every run.
+//!
+//! - `util`: the `Rdrun` runner builder, temp dirs, hard timeouts, process-leak checks.
+//! - `cli`, `env`, `restart`, `signals`, `output`, `report`: the launcher (single node).
+//! - `store`: the TCPStore-compatible server and client over 127.0.0.1.
+//! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
+//! - `rendezvous`: multi-node launches on loopback and in network namespaces.
+
+mod util;

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The project's whole test run (what CI runs): formatting, lints, Rust unit and launcher tests,
+# then the PyTorch compatibility suite against a pinned torch in a cached venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets -- -D warnings
+cargo clippy --all-targets --features nccl -- -D warnings
+echo "== cargo test"
+cargo build --release --bins
+cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}"
+
+if [ "${RDRUN_SKIP_TORCH:-0}" = "1" ]; then
+  echo "== PyTorch compatibility suite skipped (RDRUN_SKIP_TORCH=1)"
+  exit 0
+fi
+if [ -x scripts/torch-compat.sh ]; then
+  echo "== PyTorch compatibility suite"
+  scripts/torch-compat.sh
+fi

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs the pinned PyTorch used by the compatibility suite and the benchmarks into a venv
+# outside the clone, idempotently. Prints the venv's python path on the last line of stdout.
+#
+# Why a venv outside the clone: torch from PyPI pulls its CUDA libraries (several GB), so it is
+# cached once per machine and reused by every run; a marker file records a finished install so a
+# half-finished one (interrupted download) is redone rather than trusted.
+set -euo pipefail
+
+TORCH_VERSION="${RDRUN_TORCH_VERSION:-2.15.0}"
+CACHE="${RDRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdrun}"
+VENV="$CACHE/torch-venv"
+MARKER="$VENV/.rdrun-installed-torch-$TORCH_VERSION"
+
+if [ -f "$MARKER" ] && [ -x "$VENV/bin/python" ]; then
+  echo "$VENV/bin/python"
+  exit 0
+fi
+
+PY="${RDRUN_BASE_PYTHON:-$(command -v python3 || true)}"
+if [ -z "$PY" ]; then
+  echo "torch-venv: error: python3 not found on PATH; install Python 3.10+ first" >&2
+  exit 1
+fi
+
+mkdir -p "$CACHE"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV" >&2 || {
+    echo "torch-venv: error: could not create a venv at $VENV with $PY (is the venv module installed?)" >&2
+    exit 1
+  }
+fi
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2 || true
+if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
+    "torch==$TORCH_VERSION" numpy >&2; then
+  echo "torch-venv: error: could not install torch==$TORCH_VERSION into $VENV (network or disk?)" >&2
+  exit 1
+fi
+"$VENV/bin/python" -c 'import torch, torch.distributed as d; assert d.is_available()' >&2 || {
+  echo "torch-venv: error: torch installed into $VENV but does not import" >&2
+  exit 1
+}
+touch "$MARKER"
+echo "$VENV/bin/python"

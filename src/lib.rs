@@ -1,0 +1,35 @@
+//! rdrun: a Rust drop-in replacement for PyTorch's `torchrun`, plus the worker runtime that Rust
+//! trainers link to all-reduce gradients.
+//!
+//! # Map
+//! - [`cli`]: clap definition of every torchrun flag (both spellings, PET_* fallback); parse only.
+//! - [`config`]: parsed args -> [`config::LaunchConfig`] (nproc, nnodes, standalone, command, logs).
+//! - [`workerenv`]: the launcher <-> worker environment contract.
+//! - [`exit`]: every exit code rdrun can return.
+//! - [`store`]: TCPStore-compatible key-value server and client (PyTorch's wire protocol).
+//! - [`supervisor`]: spawns, watches, stops and restarts the local worker group; output and report.
+//! - [`rendezvous`]: how agents on several nodes agree on ranks (static, c10d-like over the store).
+//! - [`runtime`]: the worker side: process group over the store, CPU/NCCL collectives, DDP buckets.
+//!
+//! # Flow
+//! ```text
+//! argv -> cli::LaunchArgs -> config::LaunchConfig -> supervisor::run
+//!   supervisor (one task owns the group state)
+//!     <- signals, worker exit events, store server exit
+//!     -> WorkerEnv per local rank -> spawn (own process group, PDEATHSIG) -> stop / restart
+//!     -> report (failure summary, JSON) -> exit::code
+//! worker process: WorkerEnv::from_env -> runtime::ProcessGroup -> store client -> tcp | shm | nccl
+//! ```
+//!
+//! Dependency direction: `store` depends on nothing else in the crate; `rendezvous` uses only
+//! `store`; `supervisor` uses `rendezvous`, `store`, `config`, `workerenv`; `runtime` uses only
+//! `store` and `workerenv`.
+
+pub mod cli;
+pub mod config;
+pub mod exit;
+pub mod rendezvous;
+pub mod runtime;
+pub mod store;
+pub mod supervisor;
+pub mod workerenv;

@@ -1,0 +1,207 @@
+//! The launcher <-> worker contract: the environment variables every worker gets.
+//!
+//! The supervisor builds one [`WorkerEnv`] per local rank and applies [`WorkerEnv::to_pairs`] on
+//! top of the inherited environment; the worker runtime reads it back with
+//! [`WorkerEnv::from_env`]. Values and spellings copy torchrun 2.15 (spec torchrun-compat §2).
+
+use std::collections::HashMap;
+
+/// Per-worker values set by the launcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerEnv {
+    pub rank: usize,
+    pub local_rank: usize,
+    pub world_size: usize,
+    pub local_world_size: usize,
+    pub group_rank: usize,
+    pub group_world_size: usize,
+    pub role_rank: usize,
+    pub role_world_size: usize,
+    pub role_name: String,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub restart_count: u32,
+    pub max_restarts: u32,
+    pub run_id: String,
+    /// `TORCHELASTIC_USE_AGENT_STORE`: true when the launcher hosts the store at MASTER_ADDR:PORT.
+    pub use_agent_store: bool,
+    /// `TORCHELASTIC_ERROR_FILE`; empty string when logs go nowhere (`--log-dir /dev/null`).
+    pub error_file: String,
+}
+
+/// Why the environment could not be read back by a worker.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WorkerEnvError {
+    #[error("environment variable {0} is not set (is this process started by rdrun or torchrun?)")]
+    Missing(&'static str),
+    #[error("environment variable {name} has invalid value {value:?}")]
+    Invalid { name: &'static str, value: String },
+}
+
+impl WorkerEnv {
+    /// The variables as (name, value) pairs, in a stable order.
+    pub fn to_pairs(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("RANK", self.rank.to_string()),
+            ("LOCAL_RANK", self.local_rank.to_string()),
+            ("WORLD_SIZE", self.world_size.to_string()),
+            ("LOCAL_WORLD_SIZE", self.local_world_size.to_string()),
+            ("GROUP_RANK", self.group_rank.to_string()),
+            ("GROUP_WORLD_SIZE", self.group_world_size.to_string()),
+            ("ROLE_RANK", self.role_rank.to_string()),
+            ("ROLE_WORLD_SIZE", self.role_world_size.to_string()),
+            ("ROLE_NAME", self.role_name.clone()),
+            ("MASTER_ADDR", self.master_addr.clone()),
+            ("MASTER_PORT", self.master_port.to_string()),
+            ("TORCHELASTIC_RESTART_COUNT", self.restart_count.to_string()),
+            ("TORCHELASTIC_MAX_RESTARTS", self.max_restarts.to_string()),
+            ("TORCHELASTIC_RUN_ID", self.run_id.clone()),
+            // Python bool text, as torchrun writes it and `env://` compares it.
+            (
+                "TORCHELASTIC_USE_AGENT_STORE",
+                if self.use_agent_store {
+                    "True"
+                } else {
+                    "False"
+                }
+                .to_string(),
+            ),
+            ("TORCHELASTIC_ERROR_FILE", self.error_file.clone()),
+        ]
+    }
+
+    /// Reads the contract back from the current process environment.
+    pub fn from_env() -> Result<Self, WorkerEnvError> {
+        let vars: HashMap<String, String> = std::env::vars().collect();
+        Self::from_map(&vars)
+    }
+
+    /// Reads the contract from any map (testable without touching the process environment).
+    ///
+    /// Only RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are required, so that a program started
+    /// by hand or by another launcher (torchrun, `mpirun` wrappers) still works; the rest default
+    /// to the single-node values torchrun would give.
+    pub fn from_map(vars: &HashMap<String, String>) -> Result<Self, WorkerEnvError> {
+        fn req<'a>(
+            vars: &'a HashMap<String, String>,
+            name: &'static str,
+        ) -> Result<&'a str, WorkerEnvError> {
+            vars.get(name)
+                .map(String::as_str)
+                .ok_or(WorkerEnvError::Missing(name))
+        }
+        fn num<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, WorkerEnvError> {
+            v.trim().parse().map_err(|_| WorkerEnvError::Invalid {
+                name,
+                value: v.to_string(),
+            })
+        }
+        fn opt<T: std::str::FromStr>(
+            vars: &HashMap<String, String>,
+            name: &'static str,
+            default: T,
+        ) -> Result<T, WorkerEnvError> {
+            match vars.get(name) {
+                Some(v) => num(name, v),
+                None => Ok(default),
+            }
+        }
+        let rank: usize = num("RANK", req(vars, "RANK")?)?;
+        let world_size: usize = num("WORLD_SIZE", req(vars, "WORLD_SIZE")?)?;
+        if world_size == 0 || rank >= world_size {
+            return Err(WorkerEnvError::Invalid {
+                name: "RANK",
+                value: format!("{rank} (WORLD_SIZE={world_size})"),
+            });
+        }
+        let local_rank = opt(vars, "LOCAL_RANK", rank)?;
+        let local_world_size = opt(vars, "LOCAL_WORLD_SIZE", world_size)?;
+        Ok(WorkerEnv {
+            rank,
+            local_rank,
+            world_size,
+            local_world_size,
+            group_rank: opt(vars, "GROUP_RANK", 0)?,
+            group_world_size: opt(vars, "GROUP_WORLD_SIZE", 1)?,
+            role_rank: opt(vars, "ROLE_RANK", rank)?,
+            role_world_size: opt(vars, "ROLE_WORLD_SIZE", world_size)?,
+            role_name: vars
+                .get("ROLE_NAME")
+                .cloned()
+                .unwrap_or_else(|| "default".to_string()),
+            master_addr: req(vars, "MASTER_ADDR")?.to_string(),
+            master_port: num("MASTER_PORT", req(vars, "MASTER_PORT")?)?,
+            restart_count: opt(vars, "TORCHELASTIC_RESTART_COUNT", 0)?,
+            max_restarts: opt(vars, "TORCHELASTIC_MAX_RESTARTS", 0)?,
+            run_id: vars
+                .get("TORCHELASTIC_RUN_ID")
+                .cloned()
+                .unwrap_or_else(|| "none".to_string()),
+            use_agent_store: vars
+                .get("TORCHELASTIC_USE_AGENT_STORE")
+                .is_some_and(|v| v == "True"),
+            error_file: vars
+                .get("TORCHELASTIC_ERROR_FILE")
+                .cloned()
+                .unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> WorkerEnv {
+        WorkerEnv {
+            rank: 3,
+            local_rank: 1,
+            world_size: 4,
+            local_world_size: 2,
+            group_rank: 1,
+            group_world_size: 2,
+            role_rank: 3,
+            role_world_size: 4,
+            role_name: "default".into(),
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            restart_count: 2,
+            max_restarts: 3,
+            run_id: "job".into(),
+            use_agent_store: true,
+            error_file: "/tmp/x/error.json".into(),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let env = sample();
+        let map: HashMap<String, String> = env
+            .to_pairs()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(WorkerEnv::from_map(&map).unwrap(), env);
+        assert_eq!(map["TORCHELASTIC_USE_AGENT_STORE"], "True");
+    }
+
+    #[test]
+    fn missing_and_invalid() {
+        let mut map = HashMap::new();
+        assert_eq!(
+            WorkerEnv::from_map(&map),
+            Err(WorkerEnvError::Missing("RANK"))
+        );
+        map.insert("RANK".into(), "x".into());
+        assert!(matches!(
+            WorkerEnv::from_map(&map),
+            Err(WorkerEnvError::Invalid { name: "RANK", .. })
+        ));
+        map.insert("RANK".into(), "2".into());
+        map.insert("WORLD_SIZE".into(), "2".into());
+        assert!(matches!(
+            WorkerEnv::from_map(&map),
+            Err(WorkerEnvError::Invalid { name: "RANK", .. })
+        ));
+    }
+}

@@ -1138,3 +1138,792 @@ pub fn uuid4(random: [u8; 16]) -> String {
         &hex[20..32]
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{parse_from, Invocation};
+    use std::collections::HashMap;
+
+    struct FakeHost {
+        cpus: usize,
+        gpus: Option<usize>,
+        files: HashMap<PathBuf, FileKind>,
+    }
+
+    impl FakeHost {
+        fn new() -> Self {
+            let mut files = HashMap::new();
+            for (p, k) in [
+                ("t.py", FileKind::File { executable: false }),
+                ("/usr/bin/python3", FileKind::File { executable: true }),
+                ("/bin/true", FileKind::File { executable: true }),
+                ("/usr/bin/train", FileKind::File { executable: true }),
+                ("./prog", FileKind::File { executable: true }),
+                ("./data.txt", FileKind::File { executable: false }),
+                ("localbin", FileKind::File { executable: true }),
+                ("script", FileKind::File { executable: false }),
+                ("/venv/bin/python", FileKind::File { executable: true }),
+                ("/opt/py", FileKind::File { executable: true }),
+                ("/logs/file", FileKind::File { executable: false }),
+                ("/logs", FileKind::Dir),
+            ] {
+                files.insert(PathBuf::from(p), k);
+            }
+            FakeHost {
+                cpus: 6,
+                gpus: None,
+                files,
+            }
+        }
+    }
+
+    impl Host for FakeHost {
+        fn cpu_count(&self) -> usize {
+            self.cpus
+        }
+        fn nvidia_gpu_count(&self) -> Option<usize> {
+            self.gpus
+        }
+        fn file(&self, path: &Path) -> FileKind {
+            self.files.get(path).copied().unwrap_or(FileKind::Missing)
+        }
+        fn random_bytes(&self) -> [u8; 16] {
+            [0xab; 16]
+        }
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let mut map: HashMap<String, String> = HashMap::new();
+        map.insert("PATH".into(), "/usr/bin:/bin".into());
+        for (k, v) in pairs {
+            map.insert(k.to_string(), v.to_string());
+        }
+        move |k: &str| map.get(k).cloned()
+    }
+
+    fn args(argv: &[&str]) -> LaunchArgs {
+        let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+        match parse_from(&argv, &|_| None).expect("test argv parses") {
+            Invocation::Launch(a) => *a,
+            Invocation::Help => panic!("help"),
+        }
+    }
+
+    fn resolve_env(
+        argv: &[&str],
+        env: &[(&str, &str)],
+        host: &FakeHost,
+    ) -> Result<LaunchConfig, ConfigError> {
+        resolve_with(args(argv), &env_of(env), host)
+    }
+
+    fn ok(argv: &[&str]) -> LaunchConfig {
+        resolve_env(argv, &[], &FakeHost::new()).expect("resolves")
+    }
+
+    fn fail(argv: &[&str]) -> ConfigError {
+        resolve_env(argv, &[], &FakeHost::new()).expect_err("must fail")
+    }
+
+    #[test]
+    fn nnodes() {
+        let ok_cases = [
+            ("1", (1, 1)),
+            ("1:1", (1, 1)),
+            (" 2 ", (2, 2)),
+            ("1:4", (1, 4)),
+        ];
+        for (text, (min, max)) in ok_cases {
+            assert_eq!(
+                parse_nnodes(text).unwrap(),
+                NodeRange { min, max },
+                "{text}"
+            );
+        }
+        for bad in ["0", "2:1", "x", "1:2:3", "", "-1", "0:2", "1:"] {
+            let e = parse_nnodes(bad).unwrap_err();
+            assert_eq!(e.exit_code(), crate::exit::USAGE, "{bad}");
+            assert!(
+                e.to_string().starts_with(&format!("--nnodes '{bad}': ")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn multi_node_is_refused_not_run_as_one_node() {
+        for n in ["2", "1:2", "4:4"] {
+            let e = fail(&["--nnodes", n, "t.py"]);
+            assert_eq!(e, ConfigError::MultiNode { nnodes: n.into() });
+            assert_eq!(e.exit_code(), crate::exit::LAUNCHER_FAILURE);
+            assert!(e
+                .to_string()
+                .contains("multi-node launches are not yet supported"));
+        }
+    }
+
+    #[test]
+    fn numeric_flag_ranges() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--max-restarts", "-1", "t.py"], "--max-restarts '-1': must be >= 0"),
+            (&["--monitor-interval", "0", "t.py"], "--monitor-interval '0': must be > 0"),
+            (&["--monitor-interval", "nan", "t.py"], "--monitor-interval 'NaN': must be > 0"),
+            (&["--node-rank", "-2", "t.py"], "--node-rank '-2': must be >= 0"),
+            (&["--master-port", "70000", "t.py"], "--master-port '70000': must be between 0 and 65535"),
+            (&["--shutdown-timeout", "-1", "t.py"], "--shutdown-timeout '-1': must be >= 0"),
+            (
+                &["--exit-barrier-timeout", "-5", "t.py"],
+                "--exit-barrier-timeout '-5': must be a finite number of seconds >= 0",
+            ),
+            (
+                &["--master-port", "29555", "--node-rank", "1", "t.py"],
+                "--node-rank '1': must be less than the number of nodes (1)",
+            ),
+            (
+                &["--rdzv-backend", "zookeeper", "t.py"],
+                "--rdzv-backend 'zookeeper': unknown rendezvous backend (expected static, c10d, etcd or etcd-v2)",
+            ),
+        ];
+        for (argv, msg) in cases {
+            let e = fail(argv);
+            assert_eq!(e.to_string(), *msg, "{argv:?}");
+            assert_eq!(e.exit_code(), crate::exit::USAGE, "{argv:?}");
+        }
+        let c = ok(&[
+            "--max-restarts",
+            "3",
+            "--exit-barrier-timeout",
+            "1.5",
+            "t.py",
+        ]);
+        assert_eq!(c.max_restarts, 3);
+        assert_eq!(c.exit_barrier_timeout, Duration::from_millis(1500));
+        assert_eq!(ok(&["t.py"]).exit_barrier_timeout, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn standalone_and_auto_standalone() {
+        let uuid = "abababab-abab-4bab-abab-abababababab";
+        // Plain run: auto-standalone (static default, no endpoint, no master port, one node).
+        let c = ok(&["t.py"]);
+        assert!(c.standalone);
+        assert_eq!(c.rdzv.backend, RdzvBackend::C10d);
+        assert_eq!(c.rdzv.endpoint, None);
+        assert_eq!(c.rdzv.run_id, uuid);
+        assert_eq!((c.master_addr.as_str(), c.master_port), ("127.0.0.1", None));
+        // --standalone ignores the user's backend, endpoint and id.
+        let c = ok(&[
+            "--standalone",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-id",
+            "job",
+            "--rdzv-endpoint",
+            "h:1",
+            "t.py",
+        ]);
+        assert!(c.standalone);
+        assert_eq!(c.rdzv.run_id, uuid);
+        assert_eq!(c.rdzv.endpoint, None);
+        // --standalone with --master-port: that port, loopback.
+        let c = ok(&["--standalone", "--master-port", "29511", "t.py"]);
+        assert!(c.standalone);
+        assert_eq!(c.master_port, Some(29511));
+        // --master-port disables auto-standalone: static at master_addr:master_port.
+        let c = ok(&["--master-port", "29555", "t.py"]);
+        assert!(!c.standalone);
+        assert_eq!(c.rdzv.backend, RdzvBackend::Static);
+        assert_eq!(c.rdzv.run_id, "none");
+        assert_eq!(
+            c.rdzv.endpoint,
+            Some(Endpoint {
+                host: "127.0.0.1".into(),
+                port: 29555
+            })
+        );
+        assert_eq!(
+            (c.master_addr.as_str(), c.master_port),
+            ("127.0.0.1", Some(29555))
+        );
+        // Static with an explicit endpoint: MASTER_* come from it (IPv6 without brackets).
+        let c = ok(&["--rdzv-endpoint", "[::1]:29600", "t.py"]);
+        assert!(!c.standalone);
+        assert_eq!(
+            (c.master_addr.as_str(), c.master_port),
+            ("::1", Some(29600))
+        );
+        let c = ok(&["--master-addr", "[::1]", "--master-port", "1", "t.py"]);
+        assert_eq!(c.master_addr, "::1");
+        // c10d on one node: not standalone, kernel-chosen MASTER_PORT, the user's run id.
+        let c = ok(&[
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "localhost:29400",
+            "--rdzv-id",
+            "j1",
+            "t.py",
+        ]);
+        assert!(!c.standalone);
+        assert_eq!(c.rdzv.backend, RdzvBackend::C10d);
+        assert_eq!(c.rdzv.run_id, "j1");
+        assert_eq!(c.master_port, None);
+        let c = ok(&["--rdzv-backend", "c10d", "--local-addr", "node7", "t.py"]);
+        assert_eq!(
+            c.rdzv.endpoint,
+            Some(Endpoint {
+                host: "localhost".into(),
+                port: 29400
+            })
+        );
+        assert_eq!(c.master_addr, "node7");
+        // Empty run id outside standalone: torchrun's decimal uuid4().int.
+        let c = ok(&["--rdzv-backend", "c10d", "--rdzv-id", "", "t.py"]);
+        assert!(c.rdzv.run_id.bytes().all(|b| b.is_ascii_digit()) && c.rdzv.run_id.len() > 30);
+    }
+
+    #[test]
+    fn endpoints() {
+        use RdzvBackend::*;
+        let ep = |h: &str, p| Endpoint {
+            host: h.into(),
+            port: p,
+        };
+        let cases = [
+            ("", C10d, ep("localhost", 29400)),
+            ("  ", Etcd, ep("localhost", 2379)),
+            ("host", C10d, ep("host", 29400)),
+            ("host:1234", Static, ep("host", 1234)),
+            ("10.0.0.1:0", C10d, ep("10.0.0.1", 0)),
+            ("[::1]", EtcdV2, ep("::1", 2379)),
+            ("[fe80::1]:29400", Static, ep("fe80::1", 29400)),
+            (
+                "node-1.example.com:65535",
+                C10d,
+                ep("node-1.example.com", 65535),
+            ),
+        ];
+        for (text, b, want) in cases {
+            assert_eq!(parse_endpoint(text, b).unwrap(), want, "{text}");
+        }
+        for (text, b) in [
+            ("host", Static),
+            ("", Static),
+            ("host:65536", C10d),
+            ("host:123456", C10d),
+            ("host:x", C10d),
+            ("host:", C10d),
+            ("ho st:1", C10d),
+            (":1", C10d),
+        ] {
+            assert!(parse_endpoint(text, b).is_err(), "{text}");
+        }
+    }
+
+    #[test]
+    fn rdzv_conf() {
+        let c = parse_rdzv_conf(" join_timeout = 5 ,is_host=1,x=a=b ").unwrap();
+        assert_eq!(c.get("join_timeout").map(String::as_str), Some("5"));
+        assert_eq!(c.get("is_host").map(String::as_str), Some("1"));
+        assert_eq!(c.get("x").map(String::as_str), Some("a=b"));
+        assert!(parse_rdzv_conf("").unwrap().is_empty());
+        for bad in ["a", "a=", "=1", "a=1,,b=2", "a=1,"] {
+            let e = parse_rdzv_conf(bad).unwrap_err();
+            assert_eq!(e.exit_code(), crate::exit::USAGE, "{bad}");
+        }
+        assert_eq!(
+            parse_rdzv_conf("a=").unwrap_err().to_string(),
+            "--rdzv-conf 'a=': option 'a' must have a value"
+        );
+    }
+
+    #[test]
+    fn nproc() {
+        let mut host = FakeHost::new();
+        let none = env_of(&[]);
+        assert_eq!(resolve_nproc("4", &none, &host).unwrap(), 4);
+        assert_eq!(resolve_nproc(" 2 ", &none, &host).unwrap(), 2);
+        assert_eq!(resolve_nproc("cpu", &none, &host).unwrap(), 6);
+        assert_eq!(resolve_nproc("auto", &none, &host).unwrap(), 6);
+        for bad in ["0", "-1", "x", "", "xpu", "2.0"] {
+            let e = resolve_nproc(bad, &none, &host).unwrap_err();
+            assert_eq!(e.exit_code(), crate::exit::USAGE, "{bad}");
+        }
+        let e = resolve_nproc("gpu", &none, &host).unwrap_err();
+        assert_eq!(e.exit_code(), crate::exit::LAUNCHER_FAILURE);
+        assert!(
+            e.to_string()
+                .starts_with("--nproc-per-node gpu: no NVIDIA GPU found"),
+            "{e}"
+        );
+
+        host.gpus = Some(8);
+        assert_eq!(resolve_nproc("gpu", &none, &host).unwrap(), 8);
+        assert_eq!(resolve_nproc("auto", &none, &host).unwrap(), 8);
+        let cases = [
+            ("0,1", Ok(2)),
+            ("3", Ok(1)),
+            ("0,1,2,3,4,5,6,7,8,9", Ok(8)),
+            ("0,-1,2", Ok(1)),
+            ("GPU-aaa,MIG-bbb", Ok(2)),
+            ("", Err(())),
+            ("-1", Err(())),
+        ];
+        for (cvd, want) in cases {
+            let env = env_of(&[("CUDA_VISIBLE_DEVICES", cvd)]);
+            let got = resolve_nproc("gpu", &env, &host).map_err(|_| ());
+            assert_eq!(got, want, "CUDA_VISIBLE_DEVICES={cvd:?}");
+        }
+        // auto falls back to CPUs when CUDA_VISIBLE_DEVICES hides every GPU.
+        let env = env_of(&[("CUDA_VISIBLE_DEVICES", "")]);
+        assert_eq!(resolve_nproc("auto", &env, &host).unwrap(), 6);
+        // No driver listing, but CUDA_VISIBLE_DEVICES is trusted.
+        host.gpus = None;
+        let env = env_of(&[("CUDA_VISIBLE_DEVICES", "0,1,2")]);
+        assert_eq!(resolve_nproc("gpu", &env, &host).unwrap(), 3);
+    }
+
+    #[test]
+    fn std_specs() {
+        use StdSelect::*;
+        let all = |s| StdSpec {
+            all: s,
+            per_rank: BTreeMap::new(),
+        };
+        assert_eq!(parse_std_spec("--tee", "0").unwrap(), all(None));
+        assert_eq!(parse_std_spec("--tee", "1").unwrap(), all(Out));
+        assert_eq!(parse_std_spec("--tee", "2").unwrap(), all(Err));
+        assert_eq!(parse_std_spec("--tee", "3").unwrap(), all(All));
+        let m = parse_std_spec("--redirects", "0:1,1:2,12:3,1:0").unwrap();
+        assert_eq!(m.for_rank(0), Out);
+        assert_eq!(m.for_rank(1), None, "a later entry wins");
+        assert_eq!(m.for_rank(12), All, "ranks of several digits");
+        assert_eq!(m.for_rank(5), None);
+        for bad in ["", "4", "01", "0:4", "a:1", "0:1,", ":1", "0-1", " 1"] {
+            let e = parse_std_spec("--tee", bad).unwrap_err();
+            assert_eq!(e.exit_code(), crate::exit::USAGE, "{bad}");
+        }
+        assert!(fail(&["-t", "9", "t.py"])
+            .to_string()
+            .starts_with("--tee '9': "));
+        assert!(fail(&["-r", "x", "t.py"])
+            .to_string()
+            .starts_with("--redirects 'x': "));
+    }
+
+    #[test]
+    fn logs() {
+        let c = ok(&["t.py"]);
+        assert_eq!(c.log, LogConfig::default());
+        let c = ok(&["--log-dir", "", "t.py"]);
+        assert_eq!(c.log.log_dir, None);
+        let c = ok(&[
+            "--log-dir",
+            "/logs",
+            "--local-ranks-filter",
+            "2,0,2",
+            "t.py",
+        ]);
+        assert_eq!(c.log.log_dir, Some(PathBuf::from("/logs")));
+        assert_eq!(c.log.local_ranks_filter, Some(vec![0, 2]));
+        assert!(matches!(
+            fail(&["--log-dir", "/logs/file", "t.py"]),
+            ConfigError::LogDirNotDirectory(_)
+        ));
+        assert!(ok(&["--log-dir", "/dev/null", "t.py"])
+            .log
+            .log_dir
+            .is_some());
+        for bad in ["x", "-1", "0,,1"] {
+            let e = fail(&["--local-ranks-filter", bad, "t.py"]);
+            assert!(e.to_string().starts_with("--local-ranks-filter"), "{e}");
+        }
+        let host = FakeHost::new();
+        let env = [("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]")];
+        let c = resolve_env(&["t.py"], &env, &host).unwrap();
+        assert_eq!(c.log.prefix_template.as_deref(), Some("[${rank}]"));
+        let c = resolve_env(
+            &["--log-line-prefix-template", "<${local_rank}>", "t.py"],
+            &env,
+            &host,
+        )
+        .unwrap();
+        assert_eq!(c.log.prefix_template.as_deref(), Some("<${local_rank}>"));
+        let c = ok(&[
+            "--duplicate-stdout-filters",
+            "a,,b,c",
+            "--duplicate-stderr-filters",
+            "",
+            "t.py",
+        ]);
+        assert_eq!(c.log.duplicate_stdout_filters, vec!["a,b", "c"]);
+        assert!(c.log.duplicate_stderr_filters.is_empty());
+    }
+
+    #[test]
+    fn signals() {
+        use libc::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+        let c = ok(&["t.py"]);
+        assert_eq!(
+            c.signals_to_handle,
+            vec![SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2]
+        );
+        assert_eq!(
+            parse_signals("SIGTERM, BOGUS,SIGKILL,TERM,,SIGINT,SIGTERM"),
+            vec![SIGTERM, SIGINT]
+        );
+        assert_eq!(
+            signal_names(&c.signals_to_handle),
+            "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+        );
+    }
+
+    #[test]
+    fn shutdown_timeout() {
+        let cases: &[(Option<i64>, Option<&str>, Option<u64>)] = &[
+            (None, None, Some(30)),
+            (Some(5), None, Some(5)),
+            (Some(0), Some("9"), Some(0)),
+            (None, Some("7"), Some(7)),
+            (None, Some(" 8 "), Some(8)),
+            (Some(-1), None, None),
+            (None, Some("-1"), None),
+            (None, Some("soon"), None),
+        ];
+        for (flag, var, want) in cases {
+            let env = match var {
+                Some(v) => env_of(&[("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", v)]),
+                None => env_of(&[]),
+            };
+            let got = resolve_shutdown_timeout(*flag, &env)
+                .ok()
+                .map(|d| d.as_secs());
+            assert_eq!(got, *want, "{flag:?} {var:?}");
+        }
+    }
+
+    #[test]
+    fn omp_num_threads() {
+        assert!(should_set_omp_num_threads(None, 2));
+        assert!(!should_set_omp_num_threads(None, 1));
+        assert!(!should_set_omp_num_threads(Some("4"), 8));
+        assert!(!should_set_omp_num_threads(Some(""), 8));
+    }
+
+    #[test]
+    fn virtual_devices() {
+        let v = |lr, hip, cuda| virtual_local_rank_devices(lr, hip, cuda);
+        assert_eq!(
+            v(2, None, None).unwrap(),
+            vec![("CUDA_VISIBLE_DEVICES", "2".to_string())]
+        );
+        assert_eq!(
+            v(1, None, Some("4, 5")).unwrap(),
+            vec![("CUDA_VISIBLE_DEVICES", "5".to_string())]
+        );
+        assert_eq!(
+            v(0, Some("7,6"), Some("0,1")).unwrap(),
+            vec![
+                ("CUDA_VISIBLE_DEVICES", "7".to_string()),
+                ("HIP_VISIBLE_DEVICES", "7".to_string())
+            ]
+        );
+        assert_eq!(
+            v(2, None, Some("0,1")).unwrap_err().to_string(),
+            "--virtual-local-rank: local_rank 2 exceeds available GPUs in CUDA_VISIBLE_DEVICES=0,1"
+        );
+        // Checked up front for every local rank.
+        let host = FakeHost::new();
+        let env = [("CUDA_VISIBLE_DEVICES", "0,1")];
+        let e = resolve_env(
+            &["--virtual-local-rank", "--nproc-per-node", "4", "t.py"],
+            &env,
+            &host,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, ConfigError::VirtualDevices { local_rank: 2, .. }),
+            "{e}"
+        );
+        assert!(resolve_env(
+            &["--virtual-local-rank", "--nproc-per-node", "2", "t.py"],
+            &env,
+            &host
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn local_rank_macro() {
+        let cases = [
+            ("${local_rank}", "3"),
+            ("$local_rank", "3"),
+            ("--out=/x/$local_rank.log", "--out=/x/3.log"),
+            ("${local_rank}${local_rank}", "33"),
+            ("$local_rankx", "$local_rankx"),
+            ("$local_rank_1", "$local_rank_1"),
+            ("$$", "$$"),
+            ("a$$b", "a$$b"),
+            ("$$local_rank", "$$local_rank"),
+            ("$$$local_rank", "$$3"),
+            ("$other ${other}", "$other ${other}"),
+            ("${local_rank", "${local_rank"),
+            ("$", "$"),
+            ("x$", "x$"),
+            ("plain", "plain"),
+            ("é$local_rankü", "é3ü"),
+        ];
+        for (arg, want) in cases {
+            assert_eq!(substitute_local_rank(arg, 3), want, "{arg}");
+        }
+    }
+
+    #[test]
+    fn uuid_format() {
+        let u = uuid4([0xff; 16]);
+        assert_eq!(u, "ffffffff-ffff-4fff-bfff-ffffffffffff");
+        let u = uuid4([0; 16]);
+        assert_eq!(u, "00000000-0000-4000-8000-000000000000");
+        let a = RealHost.random_bytes();
+        let b = RealHost.random_bytes();
+        assert_ne!(a, b, "two run ids must differ");
+    }
+
+    #[test]
+    fn real_host_counts_cpus() {
+        assert!(RealHost.cpu_count() >= 1);
+        assert_eq!(
+            RealHost.file(Path::new("/definitely/missing")),
+            FileKind::Missing
+        );
+        assert_eq!(RealHost.file(Path::new("/")), FileKind::Dir);
+    }
+
+    fn command(argv: &[&str], env: &[(&str, &str)]) -> Result<WorkerCommand, ConfigError> {
+        resolve_command(&args(argv), &env_of(env), &FakeHost::new())
+    }
+
+    #[test]
+    fn worker_commands() {
+        use EntrypointKind::*;
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        type Case<'a> = (
+            &'a [&'a str],
+            &'a [(&'a str, &'a str)],
+            EntrypointKind,
+            &'a str,
+            &'a [&'a str],
+            &'a str,
+        );
+        let cases: &[Case] = &[
+            (
+                &["t.py", "a", "${local_rank}"],
+                &[],
+                PythonScript,
+                "/usr/bin/python3",
+                &["-u", "t.py", "a", "${local_rank}"],
+                "t.py",
+            ),
+            (
+                &["t.py"],
+                &[("VIRTUAL_ENV", "/venv")],
+                PythonScript,
+                "/venv/bin/python",
+                &["-u", "t.py"],
+                "t.py",
+            ),
+            (
+                &["t.py"],
+                &[("PYTHON_EXEC", "/opt/py"), ("VIRTUAL_ENV", "/venv")],
+                PythonScript,
+                "/opt/py",
+                &["-u", "t.py"],
+                "t.py",
+            ),
+            (
+                &["t.py"],
+                &[("PYTHON_EXEC", "python3")],
+                PythonScript,
+                "/usr/bin/python3",
+                &["-u", "t.py"],
+                "t.py",
+            ),
+            (
+                &["-m", "pkg.mod", "x"],
+                &[],
+                PythonModule,
+                "/usr/bin/python3",
+                &["-u", "-m", "pkg.mod", "x"],
+                "pkg.mod",
+            ),
+            (
+                &["--no-python", "true", "x"],
+                &[],
+                Exec,
+                "/bin/true",
+                &["x"],
+                "true",
+            ),
+            (
+                &["--no-python", "./prog"],
+                &[],
+                Exec,
+                "./prog",
+                &[],
+                "./prog",
+            ),
+            (
+                &["train", "--lr", "1"],
+                &[],
+                Exec,
+                "/usr/bin/train",
+                &["--lr", "1"],
+                "train",
+            ),
+            (&["./prog", "a"], &[], Exec, "./prog", &["a"], "./prog"),
+            (&["localbin"], &[], Exec, "./localbin", &[], "localbin"),
+            (
+                &["script", "a"],
+                &[],
+                PythonScript,
+                "/usr/bin/python3",
+                &["-u", "script", "a"],
+                "script",
+            ),
+            (
+                &["--run-path", "-m", "t.py", "a"],
+                &[],
+                RunPath,
+                "/usr/bin/python3",
+                &["-u", "-c", RUN_PATH_BOOTSTRAP, "t.py", "a"],
+                "run_script_path",
+            ),
+            (
+                &["--run-path", "--no-python", "t.py"],
+                &[],
+                RunPath,
+                "/usr/bin/python3",
+                &["-u", "-c", RUN_PATH_BOOTSTRAP, "t.py"],
+                "run_script_path",
+            ),
+        ];
+        for (argv, env, kind, program, a, name) in cases {
+            let c = command(argv, env).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            assert_eq!(c.kind, *kind, "{argv:?}");
+            assert_eq!(c.program, PathBuf::from(program), "{argv:?}");
+            assert_eq!(c.args, s(a), "{argv:?}");
+            assert_eq!(c.display_name, *name, "{argv:?}");
+        }
+    }
+
+    #[test]
+    fn worker_command_errors() {
+        type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str, i32);
+        let cases: &[Case] = &[
+            (&["missing.py"], &[], "training script not found: missing.py", 1),
+            (&["--run-path", "missing.py"], &[], "training script not found: missing.py", 1),
+            (&["nothing-here"], &[], "training script not found: nothing-here", 1),
+            (&["./nothing"], &[], "training script not found: ./nothing", 1),
+            (&["--no-python", "nope"], &[], "program not found: nope (no such file, and not an executable on PATH)", 1),
+            (&["--no-python", "./data.txt"], &[], "program is not executable: ./data.txt", 1),
+            (
+                &["--no-python", "-m", "x"],
+                &[],
+                "don't use both the '--no-python' flag and the '--module' flag at the same time",
+                2,
+            ),
+            (&["t.py"], &[("PYTHON_EXEC", "/missing/python")], "python interpreter not found: PYTHON_EXEC=/missing/python", 1),
+            (
+                &["t.py"],
+                &[("PATH", "/nowhere")],
+                "python interpreter not found: no python3 or python on PATH (set PYTHON_EXEC or activate a virtualenv)",
+                1,
+            ),
+        ];
+        for (argv, env, msg, code) in cases {
+            let e = command(argv, env).unwrap_err();
+            assert_eq!(e.to_string(), *msg, "{argv:?}");
+            assert_eq!(e.exit_code(), *code, "{argv:?}");
+        }
+        // A missing virtualenv python falls through to PATH.
+        let c = command(&["t.py"], &[("VIRTUAL_ENV", "/gone")]).unwrap();
+        assert_eq!(c.program, PathBuf::from("/usr/bin/python3"));
+    }
+
+    #[test]
+    fn full_resolution_keeps_every_field() {
+        let c = ok(&[
+            "--nproc-per-node",
+            "3",
+            "--max-restarts",
+            "2",
+            "--role",
+            "trainer",
+            "--virtual-local-rank",
+            "--report-json",
+            "/tmp/r.json",
+            "--shutdown-timeout",
+            "4",
+            "t.py",
+            "x",
+        ]);
+        assert_eq!(c.nproc_per_node, 3);
+        assert_eq!(c.nnodes, NodeRange { min: 1, max: 1 });
+        assert_eq!(c.node_rank, 0);
+        assert_eq!(c.max_restarts, 2);
+        assert_eq!(c.role, "trainer");
+        assert!(c.virtual_local_rank);
+        assert_eq!(c.report_json, Some(PathBuf::from("/tmp/r.json")));
+        assert_eq!(c.shutdown_timeout, Duration::from_secs(4));
+        assert_eq!(c.command.args, vec!["-u", "t.py", "x"]);
+        assert_eq!(c.local_addr, None);
+    }
+
+    /// The `--run-path` bootstrap writes torch's error-file JSON; needs a python3 on PATH.
+    #[test]
+    fn run_path_bootstrap_writes_error_file() {
+        let Some(python) = find_program("python3", &crate::cli::process_env, &RealHost) else {
+            eprintln!("skipped: no python3 on PATH");
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("rdrun-bootstrap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let script = dir.join("boom.py");
+        std::fs::write(&script, "import sys\nassert sys.argv[1:] == ['a', 'b'], sys.argv\nraise ValueError('bad ' + __name__)\n")
+            .expect("write script");
+        let err_file = dir.join("error.json");
+        let out = std::process::Command::new(python)
+            .args(["-u", "-c", RUN_PATH_BOOTSTRAP])
+            .arg(&script)
+            .args(["a", "b"])
+            .env("TORCHELASTIC_ERROR_FILE", &err_file)
+            .output()
+            .expect("run python3");
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&err_file).expect("error file"))
+                .expect("json");
+        assert_eq!(json["message"]["message"], "ValueError: bad __main__");
+        let tb = json["message"]["extraInfo"]["py_callstack"]
+            .as_str()
+            .expect("callstack");
+        assert!(tb.contains("Traceback") && tb.contains("boom.py"), "{tb}");
+        let ts = json["message"]["extraInfo"]["timestamp"]
+            .as_str()
+            .expect("timestamp");
+        assert!(ts.parse::<u64>().is_ok(), "{ts}");
+        // SystemExit passes through without an error file.
+        std::fs::remove_file(&err_file).expect("rm");
+        std::fs::write(&script, "import sys\nsys.exit(3)\n").expect("write script");
+        let out = std::process::Command::new("python3")
+            .args(["-u", "-c", RUN_PATH_BOOTSTRAP])
+            .arg(&script)
+            .env("TORCHELASTIC_ERROR_FILE", &err_file)
+            .output()
+            .expect("run python3");
+        assert_eq!(out.status.code(), Some(3));
+        assert!(!err_file.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -158,7 +158,8 @@ fn help_lists_every_flag_with_its_default() {
 
 #[test]
 fn usage_errors_exit_2_with_one_line() {
-    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
         (
             &[],
             &[],

@@ -447,6 +447,8 @@ pub fn parse_from(argv: &[String], env: EnvFn<'_>) -> Result<Invocation, UsageEr
     let mut flags: Vec<bool> = vec![false; OPTIONS.len()];
     let mut unknown: Vec<String> = Vec::new();
     let mut script: Option<(String, Vec<String>)> = None;
+    // argparse runs the actions of one word (e.g. `-mh`) after reading all of it; help exits.
+    let mut help = false;
 
     let mut i = 0;
     while i < argv.len() {
@@ -483,16 +485,22 @@ pub fn parse_from(argv: &[String], env: EnvFn<'_>) -> Result<Invocation, UsageEr
                 loop {
                     let spec = &OPTIONS[id];
                     match spec.kind {
-                        Kind::Help => return Ok(Invocation::Help),
-                        Kind::Flag => {
+                        Kind::Help | Kind::Flag => {
+                            if spec.kind == Kind::Help {
+                                help = true;
+                            }
                             flags[id] = true;
-                            let Some(e) = explicit.filter(|e| !e.is_empty()) else {
+                            let Some(e) = explicit else {
                                 break;
                             };
                             // `-mr3`: a short flag followed by more short options.
                             let is_short = name.len() == 2 && !name.starts_with("--");
                             let next = e.chars().next().map(|c| format!("-{c}"));
-                            match next.as_deref().and_then(exact).filter(|_| is_short) {
+                            match next
+                                .as_deref()
+                                .and_then(exact)
+                                .filter(|_| is_short && !e.is_empty())
+                            {
                                 Some((nid, nname)) => {
                                     let rest = &e[e.chars().next().map_or(0, char::len_utf8)..];
                                     id = nid;
@@ -539,6 +547,9 @@ pub fn parse_from(argv: &[String], env: EnvFn<'_>) -> Result<Invocation, UsageEr
                             break;
                         }
                     }
+                }
+                if help {
+                    return Ok(Invocation::Help);
                 }
             }
         }
@@ -1106,6 +1117,22 @@ mod tests {
             parse_from(&sv(&["-h", "--bogus"]), &|_| None),
             Ok(Invocation::Help)
         ));
+        assert!(matches!(
+            parse_from(&sv(&["-hr3"]), &|_| None),
+            Ok(Invocation::Help)
+        ));
+        assert_eq!(
+            err(&["-m=", "t.py"]),
+            "argument -m/--module: ignored explicit argument ''"
+        );
+        assert_eq!(
+            err(&["--help=1"]),
+            "argument -h/--help: ignored explicit argument '1'"
+        );
+        assert_eq!(
+            err(&["-hx"]),
+            "argument -h/--help: ignored explicit argument 'x'"
+        );
     }
 
     #[test]

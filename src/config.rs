@@ -1005,6 +1005,7 @@ pub fn find_program(name: &str, env: EnvFn<'_>, host: &dyn Host) -> Option<PathB
 pub fn find_python(env: EnvFn<'_>, host: &dyn Host) -> Result<PathBuf, ConfigError> {
     if let Some(exec) = env("PYTHON_EXEC").filter(|p| !p.is_empty()) {
         return find_program(&exec, env, host)
+            .filter(|p| matches!(host.file(p), FileKind::File { executable: true }))
             .ok_or_else(|| ConfigError::PythonNotFound(format!("PYTHON_EXEC={exec}")));
     }
     if let Some(venv) = env("VIRTUAL_ENV").filter(|p| !p.is_empty()) {
@@ -1834,6 +1835,7 @@ mod tests {
                 2,
             ),
             (&["t.py"], &[("PYTHON_EXEC", "/missing/python")], "python interpreter not found: PYTHON_EXEC=/missing/python", 1),
+            (&["t.py"], &[("PYTHON_EXEC", "./data.txt")], "python interpreter not found: PYTHON_EXEC=./data.txt", 1),
             (
                 &["t.py"],
                 &[("PATH", "/nowhere")],

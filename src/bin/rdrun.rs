@@ -66,3 +66,23 @@ fn loglevel_directive(level: &str) -> &'static str {
         _ => "warn",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::loglevel_directive;
+
+    #[test]
+    fn python_level_names() {
+        for (name, want) in [
+            ("DEBUG", "debug"),
+            ("info", "info"),
+            ("WARNING", "warn"),
+            ("", "warn"),
+            ("bogus", "warn"),
+            ("ERROR", "error"),
+            ("CRITICAL", "error"),
+        ] {
+            assert_eq!(loglevel_directive(name), want, "{name}");
+        }
+    }
+}

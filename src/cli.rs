@@ -251,7 +251,7 @@ static OPTIONS: &[OptSpec] = &[
     opt("signals_to_handle", &["--signals-to-handle", "--signals_to_handle"], Kind::Str,
         "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
         "Comma-separated signals to catch and forward to every worker's process group. TERM/INT/HUP/QUIT stop the run; USR1/USR2 are forwarded and the run goes on."),
-    opt("shutdown_timeout", &["--shutdown-timeout", "--shutdown_timeout"], Kind::Int, "none",
+    opt("shutdown_timeout", &["--shutdown-timeout", "--shutdown_timeout"], Kind::Int, "30",
         "Seconds between the stop signal and SIGKILL, for every stop (also after a worker failure). Else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30."),
     opt("virtual_local_rank", &["--virtual-local-rank", "--virtual_local_rank"], Kind::Flag, "off",
         "LOCAL_RANK=0 for every worker and one GPU each through CUDA_VISIBLE_DEVICES."),

@@ -13,10 +13,16 @@ from conftest import SCRIPTS
 
 
 def root_cause_section(text: str) -> str:
-    """The report from its 'Root Cause' line on (torchrun's ChildFailedError layout)."""
+    """The report's root-cause block: from its 'Root Cause' line to the closing '=====' line
+    (torchrun's ChildFailedError layout), so that worker output printed elsewhere on the
+    console cannot satisfy a check meant for the report."""
     i = text.find("Root Cause")
     assert i >= 0, "no 'Root Cause' section in the launcher's output"
-    return text[i:]
+    lines = text[i:].splitlines()
+    for n, line in enumerate(lines[1:], start=1):
+        if len(line.strip()) >= 10 and set(line.strip()) == {"="}:
+            return "\n".join(lines[:n])
+    return "\n".join(lines)
 
 
 def test_restart_after_failure(launcher, procs, tmp_path):

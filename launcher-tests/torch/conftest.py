@@ -16,6 +16,7 @@ Every launch has a hard timeout. Everything is loopback-only (standalone runs bi
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -92,6 +93,25 @@ def selected_launchers() -> list[str]:
         if n not in ("torchrun", "rdrun"):
             raise pytest.UsageError(f"RDRUN_COMPAT_LAUNCHERS: unknown launcher {n!r}")
     return names
+
+
+_LIVE: list["Procs"] = []
+
+
+def _cleanup_all() -> None:
+    """Last resort (pytest interrupted or stopped): kill whatever any test still has running."""
+    for p in list(_LIVE):
+        p.cleanup()
+
+
+def pytest_configure(config):
+    # `timeout` (scripts/torch-compat.sh) stops pytest with SIGTERM; turn it into an interrupt so
+    # that fixture teardown and the atexit hook still kill the launched process trees.
+    def on_term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    atexit.register(_cleanup_all)
 
 
 def pytest_generate_tests(metafunc):
@@ -284,16 +304,18 @@ class Procs:
 
     def cleanup(self) -> list[str]:
         problems = []
+        # Once we SIGKILL a launcher, its workers are orphaned by us, not left behind by it.
+        killed_by_us = any(r.result is not None and r.result.timed_out for r in self.running)
         for r in self.running:
             if r.popen.poll() is None:
                 problems.append(f"launcher still running at teardown: {' '.join(r.cmd)}")
+                killed_by_us = True
                 _killpg(r.popen.pid)
                 try:
                     r.popen.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     problems.append(f"launcher pid {r.popen.pid} did not die on SIGKILL")
-        killed_by_us = any(r.result is not None and r.result.timed_out for r in self.running)
-        left = self.leftovers(grace=10.0)
+        left = self.leftovers(grace=1.0 if killed_by_us else 10.0)
         for pid in left:
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -311,8 +333,10 @@ class Procs:
 @pytest.fixture
 def procs(tmp_path):
     p = Procs(tmp=tmp_path)
+    _LIVE.append(p)
     yield p
     problems = p.cleanup()
+    _LIVE.remove(p)
     if problems:
         pytest.fail("cleanup: " + "; ".join(problems))
 

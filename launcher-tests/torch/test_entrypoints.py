@@ -5,6 +5,17 @@ import os
 from conftest import SCRIPTS, VENV, read_json
 
 
+def log_tree(root):
+    """Every file under the log dir with its contents, for failure messages."""
+    if not root.exists():
+        return f"\n--- {root} was not created ---"
+    parts = [f"\n--- files under {root} ---"]
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            parts.append(f"{p.relative_to(root)}:\n{p.read_text(errors='replace')[-2000:]}")
+    return "\n".join(parts)
+
+
 def test_module(launcher, procs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -67,7 +78,7 @@ def test_log_dir_tee(launcher, procs, tmp_path):
         ),
         timeout=120,
     )
-    assert r.rc == 0, r.describe()
+    assert r.rc == 0, r.describe() + log_tree(logs)
     out_lines, err_lines = r.out.splitlines(), r.err.splitlines()
     run_id = (out / "runid_rank0.txt").read_text()
     assert (out / "runid_rank1.txt").read_text() == run_id

@@ -1,22 +1,101 @@
 //! Worker output: `--log-dir` layout, `-r/--redirects`, `-t/--tee`, `--local-ranks-filter`, line
-//! prefixes, and line-atomic forwarding of every worker's stdout/stderr pipes to the console.
+//! prefixes, duplicate filters, and line-atomic forwarding of every worker's stdout/stderr pipes to
+//! the console (spec torchrun-compat.md §5).
 //!
-//! Contract (filled in by the output/report work; the agent calls only these items):
+//! Contract (the agent calls only these items):
 //! - [`RunLogs::new`] once per run, [`RunLogs::attempt`] before each spawn round, [`RunLogs::finish`]
-//!   at the end (removes directories rdrun created that hold nothing).
+//!   at the end, *after* the failure report was rendered (it removes directories rdrun created that
+//!   hold nothing; dropping a [`RunLogs`] does the same).
 //! - [`forward`] once per worker with the read ends of its stdout and stderr pipes; the returned
-//!   task ends when both reach EOF and yields the last stderr lines for the failure report.
+//!   task ends when both reach EOF *and* every line it produced is on the console, and yields the
+//!   last stderr lines and the last Python traceback for the failure report.
+//!
+//! # Layout
+//! `<log_dir>/<run_id>_<8 random chars>/attempt_<n>/<local_rank>/{stdout.log,stderr.log,error.json}`
+//! plus `attempt_<n>/filtered_{stdout,stderr}.log` when duplicate filters are set, as torchrun's
+//! `DefaultLogsSpecs`. The run directory is made at the first attempt; an existing attempt
+//! directory is removed and made again. `stdout.log` / `stderr.log` exist only for redirected or
+//! tee'd streams; `error.json` only if the worker wrote it (PyTorch's `@record`).
+//!
+//! Differences from torchrun (see docs/compat.md):
+//! - Without `--log-dir`, torchrun always creates `mkdtemp("torchelastic_")` and never removes it.
+//!   rdrun makes a private `$TMPDIR/rdrun-<run_id>-<8 chars>` (error files must have an existing
+//!   directory before the worker starts) and, at [`RunLogs::finish`], removes it unless a worker
+//!   log was requested (`-r`/`-t`) or a worker of the last attempt wrote `error.json` (the failure
+//!   report names that file, so it is kept, and its place is logged).
+//! - Empty rank/attempt/run directories that rdrun created under `--log-dir` are removed at the end.
+//! - Every stream passes through rdrun, so lines are never split or interleaved mid-line (torchrun
+//!   passes untee'd streams through raw, and its tail threads split partial lines).
+//!
+//! # Line rules
+//! A line ends at `\n` (or `\r\n`). A lone `\r` also ends a console segment, written with its `\r`
+//! and no added newline, so that progress bars (tqdm) still redraw in place. A line longer than
+//! [`MAX_LINE`] (1 MiB) is emitted in pieces of that size, each written whole; on the console each
+//! piece gets a newline (and the prefix); this bounds memory at about 1 MiB per stream. A final
+//! line without newline at EOF is emitted, with a newline added on the console. Log files receive
+//! the bytes exactly as the worker wrote them, written as soon as they are read.
+//!
+//! # Console writer
+//! Console bytes go through one writer thread per [`Console`] (the process-wide one writes to
+//! rdrun's stdout/stderr under their std locks, which `tracing` also takes). Each message is a run
+//! of whole lines of one worker, written with one `write_all` + `flush`, so ranks never interleave
+//! mid-line. The forwarders never block a runtime thread on a slow terminal: they wait (async) on a
+//! byte budget ([`CONSOLE_BUDGET`]) that the writer thread returns after each write.
 
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::LogConfig;
+
+/// Longest piece of a line kept in memory before it is emitted in pieces.
+pub const MAX_LINE: usize = 1 << 20;
+/// Number of stderr lines kept for the failure report.
+pub const TAIL_LINES: usize = 20;
+/// Longest stderr tail or traceback line kept (in bytes, before lossy UTF-8 decoding).
+pub const KEPT_LINE_MAX: usize = 4096;
+/// Lines kept from the start of a traceback when it is longer than [`TRACEBACK_MAX_LINES`].
+const TRACEBACK_HEAD: usize = 40;
+/// Most traceback lines kept (head + tail; the middle is replaced by one marker line).
+pub const TRACEBACK_MAX_LINES: usize = 200;
+/// A traceback is reported only if it ended at most this many stderr lines before EOF (teardown
+/// warnings of torch often follow the traceback; an older, handled traceback is not the cause).
+pub const TRACEBACK_RECENT_LINES: usize = 50;
+/// Console bytes queued (all workers together) before forwarders wait for the terminal.
+pub const CONSOLE_BUDGET: usize = 4 << 20;
+/// Read size from a worker pipe.
+const READ_CHUNK: usize = 64 << 10;
 
 /// Log layout of one run: `<log_dir>/<run_id>_<suffix>/attempt_<n>/<local_rank>/…`, created lazily.
 #[derive(Debug)]
 pub struct RunLogs {
-    _log: LogConfig,
-    _run_id: String,
+    log: LogConfig,
+    run_id: String,
+    mode: Mode,
+    /// Run directory, made at the first attempt.
+    run_dir: Option<PathBuf>,
+    /// Attempt directories made so far, in order (the last one is the current attempt).
+    attempts: Vec<PathBuf>,
+    /// A stream of some worker was sent to a log file (`-r`/`-t`).
+    logs_requested: bool,
+    finished: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Mode {
+    /// `--log-dir /dev/null`: no files at all, TORCHELASTIC_ERROR_FILE="".
+    DevNull,
+    /// `--log-dir DIR`.
+    Dir(PathBuf),
+    /// No `--log-dir`: a private directory under $TMPDIR, removed at the end if nothing needs it.
+    Temp(PathBuf),
 }
 
 /// What one attempt's workers get.
@@ -24,6 +103,8 @@ pub struct RunLogs {
 pub struct AttemptLogs {
     /// One entry per local rank.
     pub ranks: Vec<RankLogs>,
+    /// `<run dir>/attempt_<n>`; `None` with `--log-dir /dev/null`.
+    pub dir: Option<PathBuf>,
 }
 
 /// Per-rank log settings for one attempt.
@@ -36,6 +117,10 @@ pub struct RankLogs {
 }
 
 /// Where one worker's two streams go (console, file, both, nowhere) and the tee prefix.
+///
+/// A stream that goes both to a file and to the console is tee'd: its console lines get
+/// `prefix`, and its lines containing a duplicate filter are also appended (prefixed) to the
+/// attempt's filtered log. Console-only streams are written unprefixed.
 #[derive(Debug, Clone, Default)]
 pub struct RankSink {
     pub stdout_file: Option<PathBuf>,
@@ -44,13 +129,24 @@ pub struct RankSink {
     pub stderr_console: bool,
     /// Prefix for console lines (tee'd streams only), e.g. `[default0]:`.
     pub prefix: Option<String>,
+    /// `attempt_<n>/filtered_stdout.log` when `--duplicate-stdout-filters` is set.
+    pub filtered_stdout: Option<PathBuf>,
+    pub filtered_stderr: Option<PathBuf>,
+    pub stdout_filters: Vec<String>,
+    pub stderr_filters: Vec<String>,
 }
 
 /// What [`forward`] yields when both streams are closed.
 #[derive(Debug, Clone, Default)]
 pub struct OutputSummary {
-    /// The last (up to 20) lines the worker wrote to stderr.
+    /// The last (up to [`TAIL_LINES`]) lines the worker wrote to stderr, as printed (lossy UTF-8,
+    /// each cut at [`KEPT_LINE_MAX`] bytes).
     pub stderr_tail: Vec<String>,
+    /// The last Python traceback on stderr, from `Traceback (most recent call last):` to the
+    /// exception line (chained exceptions included), as printed (torch's `[rankN]: ` prefixes
+    /// kept); `None` if there is none or it ended more than [`TRACEBACK_RECENT_LINES`] lines before
+    /// EOF. At most [`TRACEBACK_MAX_LINES`] lines (the middle is elided with a marker line).
+    pub traceback: Option<Vec<String>>,
 }
 
 /// Identity of a worker for prefixes and templates.
@@ -64,36 +160,908 @@ pub struct RankIdentity {
 
 impl RunLogs {
     pub fn new(log: &LogConfig, run_id: &str) -> Self {
+        Self::with_temp_root(log, run_id, std::env::temp_dir())
+    }
+
+    /// [`RunLogs::new`] with the directory used instead of `$TMPDIR` when `--log-dir` is unset.
+    pub fn with_temp_root(log: &LogConfig, run_id: &str, temp_root: PathBuf) -> Self {
+        let mode = match &log.log_dir {
+            Some(dir) if dir == Path::new("/dev/null") => Mode::DevNull,
+            Some(dir) => Mode::Dir(dir.clone()),
+            None => Mode::Temp(temp_root),
+        };
         RunLogs {
-            _log: log.clone(),
-            _run_id: run_id.to_string(),
+            log: log.clone(),
+            run_id: run_id.to_string(),
+            mode,
+            run_dir: None,
+            attempts: Vec::new(),
+            logs_requested: false,
+            finished: false,
         }
     }
 
-    /// Prepares attempt `restart_count` for `ids.len()` workers (index = local rank).
+    /// The run directory, once the first attempt made it.
+    pub fn run_dir(&self) -> Option<&Path> {
+        self.run_dir.as_deref()
+    }
+
+    /// Prepares attempt `restart_count` for `ids.len()` workers (index = local rank): makes the
+    /// directories and empty log files, and decides every stream's destinations.
     pub fn attempt(
         &mut self,
         restart_count: u32,
         ids: &[RankIdentity],
     ) -> std::io::Result<AttemptLogs> {
-        let _ = restart_count;
+        if self.mode == Mode::DevNull {
+            // torchrun: redirects, tee and the rank filter are all ignored; plain console output.
+            return Ok(AttemptLogs {
+                dir: None,
+                ranks: ids
+                    .iter()
+                    .map(|_| RankLogs {
+                        error_file: String::new(),
+                        sink: RankSink {
+                            stdout_console: true,
+                            stderr_console: true,
+                            ..RankSink::default()
+                        },
+                    })
+                    .collect(),
+            });
+        }
+        let run_dir = self.ensure_run_dir()?;
+        let attempt_dir = run_dir.join(format!("attempt_{restart_count}"));
+        match fs::remove_dir_all(&attempt_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(with_path(e, "cannot remove", &attempt_dir)),
+        }
+        fs::create_dir(&attempt_dir).map_err(|e| with_path(e, "cannot create", &attempt_dir))?;
+        self.attempts.retain(|d| d != &attempt_dir);
+        self.attempts.push(attempt_dir.clone());
+
+        let filtered_stdout = self.filtered_file(&attempt_dir, "filtered_stdout.log", true)?;
+        let filtered_stderr = self.filtered_file(&attempt_dir, "filtered_stderr.log", false)?;
+
+        let mut ranks = Vec::with_capacity(ids.len());
+        for id in ids {
+            let lr = id.local_rank;
+            let rank_dir = attempt_dir.join(lr.to_string());
+            fs::create_dir(&rank_dir).map_err(|e| with_path(e, "cannot create", &rank_dir))?;
+            let tee = self.log.tee.for_rank(lr);
+            let redirect = self.log.redirects.for_rank(lr);
+            let to_file_out = redirect.stdout() || tee.stdout();
+            let to_file_err = redirect.stderr() || tee.stderr();
+            let visible = match &self.log.local_ranks_filter {
+                Some(list) if !list.is_empty() => list.contains(&lr),
+                _ => true,
+            };
+            let stdout_file = if to_file_out {
+                Some(create_log(&rank_dir.join("stdout.log"))?)
+            } else {
+                None
+            };
+            let stderr_file = if to_file_err {
+                Some(create_log(&rank_dir.join("stderr.log"))?)
+            } else {
+                None
+            };
+            self.logs_requested |= to_file_out || to_file_err;
+            // Console: a redirected stream only if tee'd; a plain stream always; neither for a
+            // rank outside --local-ranks-filter.
+            let stdout_console = visible && (!to_file_out || tee.stdout());
+            let stderr_console = visible && (!to_file_err || tee.stderr());
+            let prefix = line_prefix(self.log.prefix_template.as_deref(), id);
+            ranks.push(RankLogs {
+                error_file: rank_dir.join("error.json").to_string_lossy().into_owned(),
+                sink: RankSink {
+                    stdout_file,
+                    stderr_file,
+                    stdout_console,
+                    stderr_console,
+                    prefix: Some(prefix),
+                    filtered_stdout: filtered_stdout.clone(),
+                    filtered_stderr: filtered_stderr.clone(),
+                    stdout_filters: self.log.duplicate_stdout_filters.clone(),
+                    stderr_filters: self.log.duplicate_stderr_filters.clone(),
+                },
+            });
+        }
         Ok(AttemptLogs {
-            ranks: ids
-                .iter()
-                .map(|_| RankLogs {
-                    error_file: String::new(),
-                    sink: RankSink {
-                        stdout_console: true,
-                        stderr_console: true,
-                        ..RankSink::default()
-                    },
-                })
-                .collect(),
+            ranks,
+            dir: Some(attempt_dir),
         })
     }
 
-    /// Ends the run: removes directories rdrun created that hold nothing.
-    pub fn finish(self) {}
+    /// Ends the run: removes directories rdrun created that hold nothing (and, without
+    /// `--log-dir`, the private temporary directory unless it holds requested logs or error files
+    /// of the last attempt). Call it after the failure report was rendered.
+    pub fn finish(mut self) {
+        self.cleanup();
+    }
+
+    fn cleanup(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let Some(run_dir) = self.run_dir.clone() else {
+            return;
+        };
+        let temp = matches!(self.mode, Mode::Temp(_));
+        if temp && !self.logs_requested {
+            // Only error files live here: keep those of the last attempt (the report names them).
+            let last = self.attempts.last().cloned();
+            for dir in &self.attempts {
+                if Some(dir) != last.as_ref() {
+                    remove_tree(dir);
+                }
+            }
+        }
+        for dir in &self.attempts {
+            remove_empty_children(dir);
+            let _ = fs::remove_dir(dir);
+        }
+        match fs::remove_dir(&run_dir) {
+            Ok(()) => {}
+            Err(_) if temp => {
+                tracing::info!(dir = %run_dir.display(), "worker logs and error files kept");
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn ensure_run_dir(&mut self) -> io::Result<PathBuf> {
+        if let Some(dir) = &self.run_dir {
+            return Ok(dir.clone());
+        }
+        let safe_id: String = self
+            .run_id
+            .chars()
+            .map(|c| if c == '/' || c == '\0' { '_' } else { c })
+            .collect();
+        let (root, prefix) = match &self.mode {
+            Mode::Dir(root) => {
+                if root.exists() && !root.is_dir() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("--log-dir {}: not a directory", root.display()),
+                    ));
+                }
+                fs::create_dir_all(root).map_err(|e| with_path(e, "cannot create", root))?;
+                (root.clone(), format!("{safe_id}_"))
+            }
+            Mode::Temp(root) => (root.clone(), format!("rdrun-{safe_id}-")),
+            Mode::DevNull => unreachable!("no run directory with --log-dir /dev/null"),
+        };
+        let dir = make_unique_dir(&root, &prefix)?;
+        self.run_dir = Some(dir.clone());
+        Ok(dir)
+    }
+
+    fn filtered_file(
+        &self,
+        attempt_dir: &Path,
+        name: &str,
+        stdout: bool,
+    ) -> io::Result<Option<PathBuf>> {
+        let filters = if stdout {
+            &self.log.duplicate_stdout_filters
+        } else {
+            &self.log.duplicate_stderr_filters
+        };
+        if filters.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(create_log(&attempt_dir.join(name))?))
+    }
+}
+
+impl Drop for RunLogs {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+fn with_path(e: io::Error, what: &str, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+fn create_log(path: &Path) -> io::Result<PathBuf> {
+    File::create(path).map_err(|e| with_path(e, "cannot create", path))?;
+    Ok(path.to_path_buf())
+}
+
+/// Makes `<root>/<prefix><8 random chars>` with mode 0700, as Python's `mkdtemp`.
+fn make_unique_dir(root: &Path, prefix: &str) -> io::Result<PathBuf> {
+    // Python's tempfile alphabet.
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789_";
+    let mut last_err = None;
+    for _ in 0..100 {
+        let suffix: String = random_bytes()
+            .iter()
+            .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+            .collect();
+        let dir = root.join(format!("{prefix}{suffix}"));
+        match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
+            Err(e) => return Err(with_path(e, "cannot create", &dir)),
+        }
+    }
+    Err(last_err.unwrap_or_else(|| io::Error::other("cannot create a unique directory")))
+}
+
+fn random_bytes() -> [u8; 8] {
+    let mut buf = [0u8; 8];
+    // SAFETY: `buf` is a valid, writable buffer of `buf.len()` bytes for the whole call.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n != buf.len() as isize {
+        // getrandom cannot fail for 8 bytes on Linux ≥ 3.17; fall back to time and pid anyway.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let mixed = nanos ^ (u64::from(std::process::id()) << 32) ^ 0x9e37_79b9_7f4a_7c15;
+        buf = mixed.to_le_bytes();
+    }
+    buf
+}
+
+fn remove_tree(dir: &Path) {
+    if let Err(e) = fs::remove_dir_all(dir) {
+        if e.kind() != io::ErrorKind::NotFound {
+            tracing::debug!(dir = %dir.display(), error = %e, "cannot remove");
+        }
+    }
+}
+
+/// Removes the empty sub-directories of `dir` (rank directories nobody wrote into).
+fn remove_empty_children(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            // remove_dir fails on a non-empty directory, which is what we want.
+            let _ = fs::remove_dir(entry.path());
+        }
+    }
+}
+
+/// The console prefix of a tee'd line: `[<role><local_rank>]:` or the template, substituted.
+pub fn line_prefix(template: Option<&str>, id: &RankIdentity) -> String {
+    match template {
+        Some(t) => substitute_template(t, id),
+        None => format!("[{}{}]:", id.role, id.local_rank),
+    }
+}
+
+/// Python `string.Template.safe_substitute` with `role_name`, `rank`, `local_rank`, `hostname`:
+/// `$$` is `$`, `$name` / `${name}` are replaced when known, anything else is kept as written.
+pub fn substitute_template(template: &str, id: &RankIdentity) -> String {
+    let lookup = |name: &str| -> Option<String> {
+        match name {
+            "role_name" => Some(id.role.clone()),
+            "rank" => Some(id.rank.to_string()),
+            "local_rank" => Some(id.local_rank.to_string()),
+            "hostname" => Some(id.hostname.clone()),
+            _ => None,
+        }
+    };
+    // Python's idpattern `[_a-z][_a-z0-9]*`, matched case-insensitively (ASCII).
+    let ident_len = |s: &str| -> usize {
+        let b = s.as_bytes();
+        if b.is_empty() || !(b[0] == b'_' || b[0].is_ascii_alphabetic()) {
+            return 0;
+        }
+        b.iter()
+            .take_while(|c| **c == b'_' || c.is_ascii_alphanumeric())
+            .count()
+    };
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+            continue;
+        }
+        if let Some(inner) = after.strip_prefix('{') {
+            let n = ident_len(inner);
+            if n > 0 && inner[n..].starts_with('}') {
+                if let Some(v) = lookup(&inner[..n]) {
+                    out.push_str(&v);
+                    rest = &inner[n + 1..];
+                    continue;
+                }
+            }
+        } else {
+            let n = ident_len(after);
+            if n > 0 {
+                if let Some(v) = lookup(&after[..n]) {
+                    out.push_str(&v);
+                    rest = &after[n..];
+                    continue;
+                }
+            }
+        }
+        out.push('$');
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Line splitting
+
+/// How a segment ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// `\n` or `\r\n`.
+    Newline,
+    /// A lone `\r` (progress bars).
+    Return,
+    /// The line reached [`MAX_LINE`] bytes; more of it follows.
+    Cap,
+    /// The stream ended without a final newline.
+    Eof,
+}
+
+impl End {
+    /// Whether the console needs an added `\n` after this segment.
+    fn needs_newline(self) -> bool {
+        matches!(self, End::Cap | End::Eof)
+    }
+}
+
+/// Splits a byte stream into segments, holding at most `cap` bytes of an unfinished line.
+#[derive(Debug)]
+struct Splitter {
+    buf: Vec<u8>,
+    cap: usize,
+}
+
+impl Splitter {
+    fn new(cap: usize) -> Self {
+        Splitter {
+            buf: Vec::new(),
+            cap,
+        }
+    }
+
+    /// Appends `data`; calls `emit(segment, end)` for every finished segment, `segment` including
+    /// its terminator bytes as written.
+    fn push(&mut self, data: &[u8], emit: &mut dyn FnMut(&[u8], End)) {
+        // The held part has no terminator except maybe a final '\r' waiting for a possible '\n'.
+        let mut from = self.buf.len().saturating_sub(1);
+        self.buf.extend_from_slice(data);
+        let mut start = 0;
+        while let Some(i) = self.buf[from..]
+            .iter()
+            .position(|&b| b == b'\n' || b == b'\r')
+            .map(|i| i + from)
+        {
+            let (end, kind) = if self.buf[i] == b'\n' {
+                (i + 1, End::Newline)
+            } else if i + 1 == self.buf.len() {
+                break; // hold a final '\r' until we know whether '\n' follows
+            } else if self.buf[i + 1] == b'\n' {
+                (i + 2, End::Newline)
+            } else {
+                (i + 1, End::Return)
+            };
+            emit_capped(&self.buf[start..end], kind, self.cap, emit);
+            start = end;
+            from = end;
+        }
+        while self.buf.len() - start >= self.cap {
+            emit(&self.buf[start..start + self.cap], End::Cap);
+            start += self.cap;
+        }
+        self.buf.drain(..start);
+    }
+
+    /// The stream ended: emits what is held.
+    fn finish(&mut self, emit: &mut dyn FnMut(&[u8], End)) {
+        if !self.buf.is_empty() {
+            let held = std::mem::take(&mut self.buf);
+            emit_capped(&held, End::Eof, self.cap, emit);
+        }
+    }
+}
+
+fn emit_capped(mut seg: &[u8], end: End, cap: usize, emit: &mut dyn FnMut(&[u8], End)) {
+    while seg.len() > cap {
+        emit(&seg[..cap], End::Cap);
+        seg = &seg[cap..];
+    }
+    emit(seg, end);
+}
+
+/// A segment without its terminator bytes.
+fn content(seg: &[u8], end: End) -> &[u8] {
+    match end {
+        End::Newline => seg
+            .strip_suffix(b"\r\n")
+            .or_else(|| seg.strip_suffix(b"\n"))
+            .unwrap_or(seg),
+        End::Return => seg.strip_suffix(b"\r").unwrap_or(seg),
+        End::Cap | End::Eof => seg,
+    }
+}
+
+fn kept_line(bytes: &[u8]) -> String {
+    if bytes.len() <= KEPT_LINE_MAX {
+        String::from_utf8_lossy(bytes).into_owned()
+    } else {
+        format!(
+            "{}… [{} bytes cut by rdrun]",
+            String::from_utf8_lossy(&bytes[..KEPT_LINE_MAX]),
+            bytes.len() - KEPT_LINE_MAX
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stderr tail and Python traceback
+
+/// Keeps the last stderr lines and the last Python traceback of one worker.
+#[derive(Debug, Default)]
+struct StderrTracker {
+    tail: VecDeque<String>,
+    /// What a terminal shows of the current line after a lone `\r` (the last redrawn segment).
+    redrawn: Option<Vec<u8>>,
+    tb: TracebackScanner,
+}
+
+impl StderrTracker {
+    fn segment(&mut self, seg: &[u8], end: End) {
+        let text = content(seg, end);
+        match end {
+            End::Return => self.redrawn = Some(text.to_vec()),
+            End::Newline | End::Cap | End::Eof => {
+                let line = match self.redrawn.take() {
+                    Some(prev) if text.is_empty() => kept_line(&prev),
+                    _ => kept_line(text),
+                };
+                self.line(line);
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(prev) = self.redrawn.take() {
+            self.line(kept_line(&prev));
+        }
+    }
+
+    fn line(&mut self, line: String) {
+        self.tb.line(&line);
+        if self.tail.len() == TAIL_LINES {
+            self.tail.pop_front();
+        }
+        self.tail.push_back(line);
+    }
+
+    fn summary(mut self) -> OutputSummary {
+        self.finish();
+        OutputSummary {
+            stderr_tail: self.tail.into_iter().collect(),
+            traceback: self.tb.result(),
+        }
+    }
+}
+
+/// Lines of a traceback with bounded memory: the first lines, then the last ones.
+#[derive(Debug, Default, Clone)]
+struct BoundedLines {
+    head: Vec<String>,
+    tail: VecDeque<String>,
+    omitted: usize,
+}
+
+impl BoundedLines {
+    fn push(&mut self, line: String) {
+        if self.head.len() < TRACEBACK_HEAD {
+            self.head.push(line);
+            return;
+        }
+        if self.tail.len() == TRACEBACK_MAX_LINES - TRACEBACK_HEAD - 1 {
+            self.tail.pop_front();
+            self.omitted += 1;
+        }
+        self.tail.push_back(line);
+    }
+
+    fn to_vec(&self) -> Vec<String> {
+        let mut v = self.head.clone();
+        if self.omitted > 0 {
+            v.push(format!("  ... [{} lines omitted by rdrun]", self.omitted));
+        }
+        v.extend(self.tail.iter().cloned());
+        v
+    }
+}
+
+#[derive(Debug, Default)]
+enum TbState {
+    #[default]
+    Idle,
+    /// Inside a traceback, before its exception line.
+    Frames,
+    /// Right after an exception line: a chained-exception separator may follow.
+    After {
+        pending: Vec<String>,
+        saw_separator: bool,
+    },
+}
+
+/// Finds Python tracebacks in stderr lines (with or without torch's `[rankN]: ` prefix).
+#[derive(Debug, Default)]
+struct TracebackScanner {
+    state: TbState,
+    current: BoundedLines,
+    /// The last finished traceback and the number of lines seen after it.
+    last: Option<(BoundedLines, usize)>,
+}
+
+const TB_START: &str = "Traceback (most recent call last):";
+const TB_CHAIN: [&str; 2] = [
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+];
+
+/// Strips torch's excepthook prefix `[rank<N>]: ` (spec §5.7), for detection only.
+fn strip_rank_prefix(line: &str) -> &str {
+    let Some(rest) = line.strip_prefix("[rank") else {
+        return line;
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return line;
+    }
+    match rest[digits..].strip_prefix("]:") {
+        Some(r) => r.strip_prefix(' ').unwrap_or(r),
+        None => line,
+    }
+}
+
+impl TracebackScanner {
+    fn line(&mut self, raw: &str) {
+        let line = strip_rank_prefix(raw);
+        if let Some((_, after)) = &mut self.last {
+            *after += 1;
+        }
+        let state = std::mem::take(&mut self.state);
+        self.state = match state {
+            TbState::Idle => {
+                if line == TB_START {
+                    self.current = BoundedLines::default();
+                    self.current.push(raw.to_string());
+                    TbState::Frames
+                } else {
+                    TbState::Idle
+                }
+            }
+            TbState::Frames => {
+                if line == TB_START {
+                    // A new traceback before the previous one ended (interleaved output).
+                    self.current = BoundedLines::default();
+                    self.current.push(raw.to_string());
+                    TbState::Frames
+                } else if line.starts_with(' ') || line.starts_with('\t') {
+                    self.current.push(raw.to_string());
+                    TbState::Frames
+                } else if line.is_empty() {
+                    TbState::Idle // not a traceback after all
+                } else {
+                    self.current.push(raw.to_string());
+                    self.last = Some((self.current.clone(), 0));
+                    TbState::After {
+                        pending: Vec::new(),
+                        saw_separator: false,
+                    }
+                }
+            }
+            TbState::After {
+                mut pending,
+                saw_separator,
+            } => {
+                if line.is_empty() && pending.len() < 3 {
+                    pending.push(raw.to_string());
+                    TbState::After {
+                        pending,
+                        saw_separator,
+                    }
+                } else if !saw_separator && TB_CHAIN.contains(&line) {
+                    pending.push(raw.to_string());
+                    TbState::After {
+                        pending,
+                        saw_separator: true,
+                    }
+                } else if saw_separator && line == TB_START {
+                    // Chained exception: keep the whole chain as one traceback.
+                    for p in pending {
+                        self.current.push(p);
+                    }
+                    self.current.push(raw.to_string());
+                    TbState::Frames
+                } else if line == TB_START {
+                    self.current = BoundedLines::default();
+                    self.current.push(raw.to_string());
+                    TbState::Frames
+                } else {
+                    TbState::Idle
+                }
+            }
+        };
+    }
+
+    fn result(&self) -> Option<Vec<String>> {
+        match &self.last {
+            Some((lines, after)) if *after <= TRACEBACK_RECENT_LINES => Some(lines.to_vec()),
+            _ => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Console writer
+
+/// Which console stream a message goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+enum ConsoleMsg {
+    Data {
+        stream: Stream,
+        bytes: Vec<u8>,
+        _permit: OwnedSemaphorePermit,
+    },
+    Flush(oneshot::Sender<()>),
+}
+
+/// A console: one writer thread owning a stdout and a stderr writer. Cheap to clone.
+#[derive(Clone)]
+pub struct Console {
+    tx: mpsc::UnboundedSender<ConsoleMsg>,
+    budget: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Console {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Console").finish_non_exhaustive()
+    }
+}
+
+impl Console {
+    /// Starts a writer thread over these writers (tests pass in-memory writers).
+    pub fn new(
+        mut stdout: Box<dyn Write + Send>,
+        mut stderr: Box<dyn Write + Send>,
+    ) -> io::Result<Console> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<ConsoleMsg>();
+        std::thread::Builder::new()
+            .name("rdrun-console".into())
+            .spawn(move || {
+                let mut broken = [false, false];
+                while let Some(msg) = rx.blocking_recv() {
+                    match msg {
+                        ConsoleMsg::Data { stream, bytes, .. } => {
+                            let (w, i) = match stream {
+                                Stream::Stdout => (&mut stdout, 0),
+                                Stream::Stderr => (&mut stderr, 1),
+                            };
+                            // A closed console (`rdrun … | head`) drops output; workers go on.
+                            if let Err(e) = w.write_all(&bytes).and_then(|()| w.flush()) {
+                                if !broken[i] {
+                                    broken[i] = true;
+                                    tracing::debug!(error = %e, "console write failed");
+                                }
+                            }
+                        }
+                        ConsoleMsg::Flush(ack) => {
+                            let _ = stdout.flush();
+                            let _ = stderr.flush();
+                            let _ = ack.send(());
+                        }
+                    }
+                }
+            })?;
+        Ok(Console {
+            tx,
+            budget: Arc::new(Semaphore::new(CONSOLE_BUDGET)),
+        })
+    }
+
+    /// The process-wide console: rdrun's own stdout and stderr.
+    pub fn global() -> Console {
+        static GLOBAL: OnceLock<Console> = OnceLock::new();
+        GLOBAL
+            .get_or_init(|| {
+                Console::new(Box::new(io::stdout()), Box::new(io::stderr()))
+                    .expect("cannot start the console writer thread")
+            })
+            .clone()
+    }
+
+    /// Queues whole lines for `stream`; waits while [`CONSOLE_BUDGET`] bytes are queued.
+    pub async fn write(&self, stream: Stream, bytes: Vec<u8>) {
+        if bytes.is_empty() {
+            return;
+        }
+        let n = bytes.len().clamp(1, CONSOLE_BUDGET) as u32;
+        let Ok(permit) = self.budget.clone().acquire_many_owned(n).await else {
+            return; // the semaphore is never closed
+        };
+        let _ = self.tx.send(ConsoleMsg::Data {
+            stream,
+            bytes,
+            _permit: permit,
+        });
+    }
+
+    /// Waits until everything queued before this call is written and flushed.
+    pub async fn flush(&self) {
+        let (ack, done) = oneshot::channel();
+        if self.tx.send(ConsoleMsg::Flush(ack)).is_ok() {
+            let _ = done.await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forwarding
+
+/// Destinations of one stream of one worker.
+struct StreamPlan {
+    stream: Stream,
+    file: Option<File>,
+    console: bool,
+    /// Console prefix (tee'd streams only; empty otherwise).
+    prefix: Vec<u8>,
+    /// Aggregated filtered log and its filters (tee'd streams only).
+    filtered: Option<(File, Vec<String>)>,
+}
+
+impl StreamPlan {
+    fn new(
+        stream: Stream,
+        id: &RankIdentity,
+        file: &Option<PathBuf>,
+        console: bool,
+        prefix: &Option<String>,
+        filtered: &Option<PathBuf>,
+        filters: &[String],
+    ) -> StreamPlan {
+        let open = |path: &PathBuf| -> Option<File> {
+            match OpenOptions::new().append(true).create(true).open(path) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    tracing::warn!(local_rank = id.local_rank, path = %path.display(), error = %e,
+                        "cannot open worker log file; that output goes nowhere");
+                    None
+                }
+            }
+        };
+        let tee = file.is_some() && console;
+        StreamPlan {
+            stream,
+            file: file.as_ref().and_then(open),
+            console,
+            prefix: match prefix {
+                Some(p) if tee => p.clone().into_bytes(),
+                _ => Vec::new(),
+            },
+            filtered: match filtered {
+                Some(path) if tee && !filters.is_empty() => {
+                    open(path).map(|f| (f, filters.to_vec()))
+                }
+                _ => None,
+            },
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    needle.is_empty() || haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn into_reader(fd: OwnedFd) -> Box<dyn AsyncRead + Unpin + Send> {
+    use std::os::unix::fs::FileTypeExt;
+    let file = File::from(fd);
+    let is_fifo = file
+        .metadata()
+        .map(|m| m.file_type().is_fifo())
+        .unwrap_or(false);
+    if !is_fifo {
+        // Not a pipe (a file or /dev/null passed by a caller): read it on the blocking pool.
+        return Box::new(tokio::fs::File::from_std(file));
+    }
+    // from_owned_fd checks that the fd is readable and sets O_NONBLOCK itself.
+    match tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(file)) {
+        Ok(rx) => Box::new(rx),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read a worker output pipe");
+            Box::new(tokio::io::empty())
+        }
+    }
+}
+
+async fn pump(
+    id: RankIdentity,
+    fd: OwnedFd,
+    mut plan: StreamPlan,
+    console: Console,
+    mut tracker: Option<StderrTracker>,
+) -> Option<StderrTracker> {
+    let mut reader = into_reader(fd);
+    let mut splitter = Splitter::new(MAX_LINE);
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(0) => 0,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!(local_rank = id.local_rank, error = %e, "cannot read worker output");
+                0
+            }
+        };
+        if n > 0 {
+            if let Some(f) = &mut plan.file {
+                // Bytes exactly as written, as soon as read: a killed worker loses nothing.
+                if let Err(e) = f.write_all(&buf[..n]) {
+                    tracing::warn!(local_rank = id.local_rank, error = %e, "cannot write worker log");
+                    plan.file = None;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        let mut filtered = Vec::new();
+        let mut sink = |seg: &[u8], end: End| {
+            let nl: &[u8] = if end.needs_newline() { b"\n" } else { b"" };
+            if plan.console {
+                out.extend_from_slice(&plan.prefix);
+                out.extend_from_slice(seg);
+                out.extend_from_slice(nl);
+            }
+            if let Some((_, filters)) = &plan.filtered {
+                let text = content(seg, end);
+                if filters.iter().any(|f| contains(text, f.as_bytes())) {
+                    filtered.extend_from_slice(&plan.prefix);
+                    filtered.extend_from_slice(seg);
+                    filtered.extend_from_slice(nl);
+                }
+            }
+            if let Some(t) = &mut tracker {
+                t.segment(seg, end);
+            }
+        };
+        if n > 0 {
+            splitter.push(&buf[..n], &mut sink);
+        } else {
+            splitter.finish(&mut sink);
+        }
+        if !filtered.is_empty() {
+            if let Some((f, _)) = &mut plan.filtered {
+                // O_APPEND: one write per batch of whole lines, shared by all ranks.
+                let _ = f.write_all(&filtered);
+            }
+        }
+        console.write(plan.stream, out).await;
+        if n == 0 {
+            return tracker;
+        }
+    }
 }
 
 /// Forwards one worker's stdout and stderr (pipe read ends) line by line according to `sink`.
@@ -104,6 +1072,46 @@ pub fn forward(
     stdout: OwnedFd,
     stderr: OwnedFd,
 ) -> tokio::task::JoinHandle<OutputSummary> {
-    let _ = (id, sink, stdout, stderr);
-    tokio::spawn(async { OutputSummary::default() })
+    forward_to(Console::global(), id, sink, stdout, stderr)
+}
+
+/// [`forward`] onto a given console (tests use in-memory consoles).
+pub fn forward_to(
+    console: Console,
+    id: RankIdentity,
+    sink: RankSink,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+) -> tokio::task::JoinHandle<OutputSummary> {
+    let out_plan = StreamPlan::new(
+        Stream::Stdout,
+        &id,
+        &sink.stdout_file,
+        sink.stdout_console,
+        &sink.prefix,
+        &sink.filtered_stdout,
+        &sink.stdout_filters,
+    );
+    let err_plan = StreamPlan::new(
+        Stream::Stderr,
+        &id,
+        &sink.stderr_file,
+        sink.stderr_console,
+        &sink.prefix,
+        &sink.filtered_stderr,
+        &sink.stderr_filters,
+    );
+    tokio::spawn(async move {
+        let out = pump(id.clone(), stdout, out_plan, console.clone(), None);
+        let err = pump(
+            id,
+            stderr,
+            err_plan,
+            console.clone(),
+            Some(StderrTracker::default()),
+        );
+        let (_, tracker) = tokio::join!(out, err);
+        console.flush().await;
+        tracker.map(StderrTracker::summary).unwrap_or_default()
+    })
 }

@@ -1115,3 +1115,668 @@ pub fn forward_to(
         tracker.map(StderrTracker::summary).unwrap_or_default()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{StdSelect, StdSpec};
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    fn id(local_rank: usize) -> RankIdentity {
+        RankIdentity {
+            role: "default".into(),
+            rank: local_rank + 4,
+            local_rank,
+            hostname: "vm".into(),
+        }
+    }
+
+    /// A scratch directory removed on drop.
+    struct Scratch(PathBuf);
+    impl Scratch {
+        fn new() -> Scratch {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "rdrun-output-test-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::SeqCst)
+            ));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(&dir).expect("scratch dir");
+            Scratch(dir)
+        }
+    }
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn list(dir: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+            for e in fs::read_dir(dir).expect("read_dir").flatten() {
+                let p = e.path();
+                let rel = p.strip_prefix(base).expect("prefix").display().to_string();
+                if p.is_dir() {
+                    out.push(format!("{rel}/"));
+                    walk(base, &p, out);
+                } else {
+                    out.push(rel);
+                }
+            }
+        }
+        walk(dir, dir, &mut out);
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn template_substitution() {
+        let cases = [
+            ("[${rank}|${hostname}]", "[4|vm]"),
+            ("${role_name}${local_rank}: ", "default0: "),
+            ("$rank-$local_rank", "4-0"),
+            (
+                "$ranks ${ranks} $$rank ${rank",
+                "$ranks ${ranks} $rank ${rank",
+            ),
+            ("$", "$"),
+            ("a$1b", "a$1b"),
+            ("${ rank}", "${ rank}"),
+            ("[${rank}]:", "[4]:"),
+        ];
+        for (t, want) in cases {
+            assert_eq!(substitute_template(t, &id(0)), want, "template {t:?}");
+        }
+        assert_eq!(line_prefix(None, &id(3)), "[default3]:");
+        assert_eq!(line_prefix(Some("<${rank}> "), &id(3)), "<7> ");
+    }
+
+    fn split(chunks: &[&[u8]], cap: usize) -> Vec<(String, End)> {
+        let mut s = Splitter::new(cap);
+        let mut got = Vec::new();
+        let mut emit = |seg: &[u8], end: End| {
+            got.push((String::from_utf8_lossy(seg).into_owned(), end));
+        };
+        for c in chunks {
+            s.push(c, &mut emit);
+        }
+        s.finish(&mut emit);
+        got
+    }
+
+    #[test]
+    fn splitter_table() {
+        use End::*;
+        type Case<'a> = (Vec<&'a [u8]>, usize, Vec<(&'a str, End)>);
+        let cases: Vec<Case> = vec![
+            (
+                vec![b"a\nb\n"],
+                100,
+                vec![("a\n", Newline), ("b\n", Newline)],
+            ),
+            (
+                vec![b"ab", b"c\nd"],
+                100,
+                vec![("abc\n", Newline), ("d", Eof)],
+            ),
+            (
+                vec![b"x\r\ny\r"],
+                100,
+                vec![("x\r\n", Newline), ("y\r", Eof)],
+            ),
+            (
+                vec![b"x\r", b"\ny"],
+                100,
+                vec![("x\r\n", Newline), ("y", Eof)],
+            ),
+            (
+                vec![b"\r 1%\r 2%", b"\r 3%\n"],
+                100,
+                vec![
+                    ("\r", Return),
+                    (" 1%\r", Return),
+                    (" 2%\r", Return),
+                    (" 3%\n", Newline),
+                ],
+            ),
+            (
+                vec![b"abcdefgh", b"ij\n"],
+                4,
+                vec![("abcd", Cap), ("efgh", Cap), ("ij\n", Newline)],
+            ),
+            (
+                vec![b"abcdefghij\nk"],
+                4,
+                vec![("abcd", Cap), ("efgh", Cap), ("ij\n", Newline), ("k", Eof)],
+            ),
+            (vec![b"abcd"], 4, vec![("abcd", Cap)]),
+            (vec![b""], 4, vec![]),
+            (vec![b"\n\n"], 4, vec![("\n", Newline), ("\n", Newline)]),
+        ];
+        for (chunks, cap, want) in cases {
+            let want: Vec<(String, End)> =
+                want.into_iter().map(|(s, e)| (s.to_string(), e)).collect();
+            assert_eq!(split(&chunks, cap), want, "chunks {chunks:?}");
+        }
+    }
+
+    #[test]
+    fn splitter_holds_at_most_cap() {
+        let mut s = Splitter::new(1000);
+        let mut n = 0;
+        for _ in 0..100 {
+            s.push(&[b'x'; 333], &mut |seg, end| {
+                assert!(seg.len() <= 1000);
+                assert_eq!(end, End::Cap);
+                n += seg.len();
+            });
+            assert!(s.buf.len() < 1000);
+        }
+        s.finish(&mut |seg, _| n += seg.len());
+        assert_eq!(n, 33_300);
+    }
+
+    fn track(text: &str) -> OutputSummary {
+        let mut t = StderrTracker::default();
+        let mut s = Splitter::new(MAX_LINE);
+        s.push(text.as_bytes(), &mut |seg, end| t.segment(seg, end));
+        s.finish(&mut |seg, end| t.segment(seg, end));
+        t.summary()
+    }
+
+    #[test]
+    fn stderr_tail_keeps_last_lines() {
+        let text: String = (0..30).map(|i| format!("line {i}\n")).collect::<String>() + "last";
+        let s = track(&text);
+        assert_eq!(s.stderr_tail.len(), TAIL_LINES);
+        assert_eq!(s.stderr_tail[0], "line 11");
+        assert_eq!(s.stderr_tail[TAIL_LINES - 1], "last");
+        assert_eq!(s.traceback, None);
+        // Progress bars: the tail keeps what the terminal shows.
+        let s = track("\r 10%\r 50%\r100%\ndone\r\n");
+        assert_eq!(s.stderr_tail, vec!["100%", "done"]);
+        let s = track("a\r\r\n");
+        assert_eq!(s.stderr_tail, vec!["a"]);
+        let long = "y".repeat(KEPT_LINE_MAX + 10);
+        let s = track(&long);
+        assert!(s.stderr_tail[0].ends_with("… [10 bytes cut by rdrun]"));
+    }
+
+    const TB: &str = "Traceback (most recent call last):
+  File \"/tmp/fail.py\", line 9, in <module>
+    main()
+  File \"/tmp/fail.py\", line 6, in main
+    raise ValueError(\"bad value\")
+ValueError: bad value
+";
+
+    #[test]
+    fn traceback_detection() {
+        let lines = |s: &str| -> Vec<String> { s.lines().map(String::from).collect() };
+        // Plain, with output before and a little after.
+        let s = track(&format!("starting\n{TB}warning: teardown\n"));
+        assert_eq!(s.traceback, Some(lines(TB)));
+        // With torch's excepthook prefix, kept as printed.
+        let prefixed: String = TB.lines().map(|l| format!("[rank1]: {l}\n")).collect();
+        let s = track(&prefixed);
+        assert_eq!(s.traceback, Some(lines(&prefixed)));
+        // Chained exceptions are one traceback.
+        let chained = format!(
+            "{}\nDuring handling of the above exception, another exception occurred:\n\n{}",
+            "Traceback (most recent call last):\n  File \"a.py\", line 1, in <module>\nKeyError: 'k'",
+            TB
+        );
+        let s = track(&chained);
+        assert_eq!(s.traceback, Some(lines(&chained)));
+        // Two unrelated tracebacks: the last one.
+        let s = track(&format!(
+            "Traceback (most recent call last):\n  x\nOSError: e\nmore\n{TB}"
+        ));
+        assert_eq!(s.traceback, Some(lines(TB)));
+        // A traceback long before the end is not the cause.
+        let after: String = (0..=TRACEBACK_RECENT_LINES)
+            .map(|i| format!("{i}\n"))
+            .collect();
+        assert_eq!(track(&format!("{TB}{after}")).traceback, None);
+        // An unfinished traceback (worker killed while printing) is not reported.
+        assert_eq!(
+            track("Traceback (most recent call last):\n  File \"a\"\n").traceback,
+            None
+        );
+        // Bounded: the head, a marker, the end.
+        let frames: String = (0..1000).map(|i| format!("  frame {i}\n")).collect();
+        let s = track(&format!("{TB_START}\n{frames}RecursionError: deep\n"));
+        let tb = s.traceback.expect("traceback");
+        assert_eq!(tb.len(), TRACEBACK_MAX_LINES);
+        assert_eq!(tb[0], TB_START);
+        assert_eq!(tb[TRACEBACK_HEAD], "  ... [803 lines omitted by rdrun]");
+        assert_eq!(tb[TRACEBACK_MAX_LINES - 1], "RecursionError: deep");
+        assert_eq!(strip_rank_prefix("[rank12]: x"), "x");
+        assert_eq!(strip_rank_prefix("[rank]: x"), "[rank]: x");
+    }
+
+    fn spec(all: StdSelect) -> StdSpec {
+        StdSpec {
+            all,
+            per_rank: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn log_dir_layout_and_sinks() {
+        let scratch = Scratch::new();
+        let root = scratch.0.join("logs");
+        let log = LogConfig {
+            log_dir: Some(root.clone()),
+            redirects: StdSpec {
+                all: StdSelect::None,
+                per_rank: BTreeMap::from([(1, StdSelect::Err), (11, StdSelect::All)]),
+            },
+            tee: StdSpec {
+                all: StdSelect::None,
+                per_rank: BTreeMap::from([(0, StdSelect::All), (1, StdSelect::Out)]),
+            },
+            local_ranks_filter: Some(vec![0, 2]),
+            prefix_template: None,
+            duplicate_stdout_filters: vec!["loss".into()],
+            duplicate_stderr_filters: vec![],
+        };
+        let mut logs = RunLogs::new(&log, "run/1");
+        let ids: Vec<RankIdentity> = (0..12).map(id).collect();
+        let a0 = logs.attempt(0, &ids).expect("attempt 0");
+        let run_dir = logs.run_dir().expect("run dir").to_path_buf();
+        let name = run_dir
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        assert!(
+            name.starts_with("run_1_") && name.len() == "run_1_".len() + 8,
+            "{name}"
+        );
+        assert_eq!(run_dir.parent(), Some(root.as_path()));
+        assert_eq!(a0.dir.as_deref(), Some(run_dir.join("attempt_0").as_path()));
+        let r0 = &a0.ranks[0].sink;
+        assert!(r0.stdout_file.is_some() && r0.stderr_file.is_some());
+        assert!(r0.stdout_console && r0.stderr_console);
+        assert_eq!(r0.prefix.as_deref(), Some("[default0]:"));
+        assert_eq!(
+            r0.filtered_stdout.as_deref(),
+            Some(run_dir.join("attempt_0/filtered_stdout.log").as_path())
+        );
+        assert_eq!(r0.filtered_stderr, None);
+        // Rank 1: stdout tee'd, stderr redirected, but filtered out of the console.
+        let r1 = &a0.ranks[1].sink;
+        assert!(r1.stdout_file.is_some() && r1.stderr_file.is_some());
+        assert!(!r1.stdout_console && !r1.stderr_console);
+        // Rank 2: nothing redirected, in the filter.
+        let r2 = &a0.ranks[2].sink;
+        assert!(r2.stdout_file.is_none() && r2.stdout_console && r2.stderr_console);
+        // Rank 3: not in the filter: console output dropped.
+        assert!(!a0.ranks[3].sink.stdout_console && !a0.ranks[3].sink.stderr_console);
+        // Rank 11 (two digits) redirected both.
+        assert!(a0.ranks[11].sink.stdout_file.is_some());
+        assert_eq!(
+            a0.ranks[5].error_file,
+            run_dir.join("attempt_0/5/error.json").display().to_string()
+        );
+        let mut want = vec![
+            "attempt_0/".to_string(),
+            "attempt_0/filtered_stdout.log".into(),
+            "attempt_0/0/stderr.log".into(),
+            "attempt_0/0/stdout.log".into(),
+            "attempt_0/1/stderr.log".into(),
+            "attempt_0/1/stdout.log".into(),
+            "attempt_0/11/stderr.log".into(),
+            "attempt_0/11/stdout.log".into(),
+        ];
+        want.extend((0..12).map(|i| format!("attempt_0/{i}/")));
+        want.sort();
+        assert_eq!(list(&run_dir), want);
+        // A rerun of the same attempt number starts from an empty directory.
+        fs::write(run_dir.join("attempt_0/3/error.json"), "{}").expect("write");
+        let a1 = logs.attempt(1, &ids[..1]).expect("attempt 1");
+        assert!(a1.ranks[0].sink.stdout_file.is_some());
+        logs.attempt(0, &ids[..1]).expect("attempt 0 again");
+        assert!(!run_dir.join("attempt_0/3").exists());
+        // finish: empty rank dirs go, logs stay; the --log-dir root stays.
+        fs::write(run_dir.join("attempt_1/0/error.json"), "{}").expect("write");
+        logs.finish();
+        assert!(run_dir.join("attempt_0/0/stdout.log").exists());
+        assert!(run_dir.join("attempt_1/0/error.json").exists());
+        assert!(root.is_dir());
+    }
+
+    #[test]
+    fn log_dir_removes_what_holds_nothing() {
+        let scratch = Scratch::new();
+        let log = LogConfig {
+            log_dir: Some(scratch.0.clone()),
+            ..LogConfig::default()
+        };
+        let mut logs = RunLogs::new(&log, "r");
+        let a = logs.attempt(0, &[id(0), id(1)]).expect("attempt");
+        assert!(Path::new(&a.ranks[1].error_file)
+            .parent()
+            .expect("dir")
+            .is_dir());
+        assert!(a.ranks[0].sink.stdout_console && a.ranks[0].sink.stdout_file.is_none());
+        logs.finish();
+        assert_eq!(list(&scratch.0), Vec::<String>::new());
+        // A file as --log-dir is a clear error.
+        let file = scratch.0.join("f");
+        fs::write(&file, "").expect("write");
+        let log = LogConfig {
+            log_dir: Some(file),
+            ..LogConfig::default()
+        };
+        let err = RunLogs::new(&log, "r")
+            .attempt(0, &[id(0)])
+            .expect_err("file");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+    }
+
+    #[test]
+    fn dev_null_means_console_only() {
+        let log = LogConfig {
+            log_dir: Some("/dev/null".into()),
+            tee: spec(StdSelect::All),
+            redirects: spec(StdSelect::All),
+            local_ranks_filter: Some(vec![1]),
+            ..LogConfig::default()
+        };
+        let mut logs = RunLogs::new(&log, "r");
+        let a = logs.attempt(0, &[id(0)]).expect("attempt");
+        assert_eq!(a.ranks[0].error_file, "");
+        let s = &a.ranks[0].sink;
+        assert!(s.stdout_console && s.stderr_console && s.stdout_file.is_none());
+        assert!(s.prefix.is_none());
+        assert!(logs.run_dir().is_none());
+    }
+
+    #[test]
+    fn temp_dir_removed_unless_needed() {
+        let scratch = Scratch::new();
+        let log = LogConfig::default();
+        // Nothing written: nothing left.
+        let mut logs = RunLogs::with_temp_root(&log, "abc", scratch.0.clone());
+        let a = logs.attempt(0, &[id(0), id(1)]).expect("attempt");
+        let run_dir = logs.run_dir().expect("run dir").to_path_buf();
+        assert!(run_dir
+            .file_name()
+            .expect("n")
+            .to_string_lossy()
+            .starts_with("rdrun-abc-"));
+        assert!(Path::new(&a.ranks[0].error_file).starts_with(&run_dir));
+        logs.finish();
+        assert_eq!(list(&scratch.0), Vec::<String>::new());
+        // An error file of an earlier attempt only: removed.
+        let mut logs = RunLogs::with_temp_root(&log, "abc", scratch.0.clone());
+        let a0 = logs.attempt(0, &[id(0)]).expect("attempt");
+        fs::write(&a0.ranks[0].error_file, "{}").expect("write");
+        logs.attempt(1, &[id(0)]).expect("attempt");
+        drop(logs); // dropping cleans up too
+        assert_eq!(list(&scratch.0), Vec::<String>::new());
+        // An error file of the last attempt: kept for the report.
+        let mut logs = RunLogs::with_temp_root(&log, "abc", scratch.0.clone());
+        logs.attempt(0, &[id(0)]).expect("attempt");
+        let a1 = logs.attempt(1, &[id(0), id(1)]).expect("attempt");
+        fs::write(&a1.ranks[1].error_file, "{}").expect("write");
+        let run_dir = logs.run_dir().expect("run dir").to_path_buf();
+        logs.finish();
+        assert!(Path::new(&a1.ranks[1].error_file).exists());
+        assert_eq!(
+            list(&run_dir),
+            vec!["attempt_1/", "attempt_1/1/", "attempt_1/1/error.json"]
+        );
+    }
+
+    /// An in-memory console stream.
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    impl Buf {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+        }
+    }
+
+    fn console() -> (Console, Buf, Buf) {
+        let (out, err) = (Buf::default(), Buf::default());
+        let c = Console::new(Box::new(out.clone()), Box::new(err.clone())).expect("console");
+        (c, out, err)
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    /// Runs `forward_to` over real pipes fed by `write(stdout_w, stderr_w)` on a thread.
+    fn run_forward(
+        console: Console,
+        ident: RankIdentity,
+        sink: RankSink,
+        write: impl FnOnce(File, File) + Send + 'static,
+    ) -> OutputSummary {
+        let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
+        let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
+        let writer = std::thread::spawn(move || write(File::from(out_w), File::from(err_w)));
+        let summary = rt().block_on(async {
+            let h = forward_to(console, ident, sink, out_r, err_r);
+            tokio::time::timeout(Duration::from_secs(60), h)
+                .await
+                .expect("forward finished in time")
+                .expect("forward task")
+        });
+        writer.join().expect("writer thread");
+        summary
+    }
+
+    fn plain() -> RankSink {
+        RankSink {
+            stdout_console: true,
+            stderr_console: true,
+            prefix: Some("[default0]:".into()),
+            ..RankSink::default()
+        }
+    }
+
+    #[test]
+    fn forward_plain_console_unprefixed_with_last_line() {
+        let (c, out, err) = console();
+        let s = run_forward(c, id(0), plain(), |mut o, mut e| {
+            o.write_all(b"hello\nwor").expect("w");
+            o.write_all(b"ld\nno newline").expect("w");
+            e.write_all(b"err1\n").expect("w");
+            e.write_all(TB.as_bytes()).expect("w");
+            e.write_all(b"partial").expect("w");
+        });
+        assert_eq!(out.text(), "hello\nworld\nno newline\n");
+        assert_eq!(err.text(), format!("err1\n{TB}partial\n"));
+        assert_eq!(s.stderr_tail.first().map(String::as_str), Some("err1"));
+        assert_eq!(s.stderr_tail.last().map(String::as_str), Some("partial"));
+        assert_eq!(
+            s.traceback.expect("tb").last().map(String::as_str),
+            Some("ValueError: bad value")
+        );
+    }
+
+    #[test]
+    fn forward_tee_redirect_and_filters() {
+        let scratch = Scratch::new();
+        let f = |n: &str| scratch.0.join(n);
+        for n in ["out.log", "err.log", "filtered.log"] {
+            File::create(f(n)).expect("create");
+        }
+        let (c, out, err) = console();
+        // stdout tee'd (file + console, prefixed, filtered); stderr redirected (file only).
+        let sink = RankSink {
+            stdout_file: Some(f("out.log")),
+            stderr_file: Some(f("err.log")),
+            stdout_console: true,
+            stderr_console: false,
+            prefix: Some("[0|vm]".into()),
+            filtered_stdout: Some(f("filtered.log")),
+            stdout_filters: vec!["loss".into()],
+            ..RankSink::default()
+        };
+        let s = run_forward(c, id(0), sink, |mut o, mut e| {
+            o.write_all(b"step 1 loss=3\r\nstep 2\nloss tail")
+                .expect("w");
+            e.write_all(b"warn\nlast").expect("w");
+        });
+        assert_eq!(
+            out.text(),
+            "[0|vm]step 1 loss=3\r\n[0|vm]step 2\n[0|vm]loss tail\n"
+        );
+        assert_eq!(err.text(), "");
+        assert_eq!(
+            fs::read(f("out.log")).expect("r"),
+            b"step 1 loss=3\r\nstep 2\nloss tail"
+        );
+        assert_eq!(fs::read(f("err.log")).expect("r"), b"warn\nlast");
+        assert_eq!(
+            fs::read_to_string(f("filtered.log")).expect("r"),
+            "[0|vm]step 1 loss=3\r\n[0|vm]loss tail\n"
+        );
+        // The stderr tail is kept even when stderr goes only to a file.
+        assert_eq!(s.stderr_tail, vec!["warn", "last"]);
+    }
+
+    #[test]
+    fn forward_filtered_out_rank_still_writes_files() {
+        let scratch = Scratch::new();
+        let path = scratch.0.join("out.log");
+        let (c, out, err) = console();
+        let sink = RankSink {
+            stdout_file: Some(path.clone()),
+            stdout_console: false,
+            stderr_console: false,
+            prefix: Some("[default1]:".into()),
+            ..RankSink::default()
+        };
+        run_forward(c, id(1), sink, |mut o, mut e| {
+            o.write_all(b"a\nb\n").expect("w");
+            e.write_all(b"dropped\n").expect("w");
+        });
+        assert_eq!(out.text(), "");
+        assert_eq!(err.text(), "");
+        assert_eq!(fs::read(&path).expect("r"), b"a\nb\n");
+    }
+
+    #[test]
+    fn forward_long_line_in_pieces() {
+        let (c, out, _) = console();
+        let n = MAX_LINE * 2 + 10;
+        run_forward(c, id(0), plain(), move |mut o, _e| {
+            let line = vec![b'z'; n];
+            for chunk in line.chunks(7777) {
+                o.write_all(chunk).expect("w");
+            }
+            o.write_all(b"\nend\n").expect("w");
+        });
+        let text = out.text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert_eq!(lines[0].len(), MAX_LINE);
+        assert_eq!(lines[1].len(), MAX_LINE);
+        assert_eq!(lines[2].len(), 10);
+        assert_eq!(lines[3], "end");
+    }
+
+    #[test]
+    fn ranks_never_interleave_mid_line() {
+        let (c, out, _) = console();
+        const RANKS: usize = 4;
+        const LINES: usize = 2000;
+        let handles = rt().block_on(async {
+            let mut handles = Vec::new();
+            let mut writers = Vec::new();
+            for r in 0..RANKS {
+                let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
+                let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
+                handles.push(forward_to(c.clone(), id(r), plain(), out_r, err_r));
+                writers.push(std::thread::spawn(move || {
+                    let mut o = File::from(out_w);
+                    drop(err_w);
+                    // Lines written in odd-sized pieces so that reads end mid-line.
+                    let mut all = Vec::new();
+                    for i in 0..LINES {
+                        all.extend_from_slice(
+                            format!("rank{r}-line{i}-{}\n", "x".repeat(i % 50)).as_bytes(),
+                        );
+                    }
+                    for piece in all.chunks(97) {
+                        o.write_all(piece).expect("w");
+                    }
+                }));
+            }
+            let mut done = Vec::new();
+            for h in handles {
+                done.push(
+                    tokio::time::timeout(Duration::from_secs(120), h)
+                        .await
+                        .expect("in time")
+                        .expect("task"),
+                );
+            }
+            for w in writers {
+                w.join().expect("writer");
+            }
+            done
+        });
+        assert_eq!(handles.len(), RANKS);
+        let text = out.text();
+        let mut next = [0usize; RANKS];
+        for line in text.lines() {
+            let (r, rest) = line
+                .strip_prefix("rank")
+                .and_then(|l| l.split_once("-line"))
+                .unwrap_or_else(|| panic!("mangled line {line:?}"));
+            let r: usize = r.parse().expect("rank");
+            let i = next[r];
+            assert_eq!(
+                rest,
+                format!("{i}-{}", "x".repeat(i % 50)),
+                "rank {r} line {i}"
+            );
+            next[r] += 1;
+        }
+        assert_eq!(next, [LINES; RANKS]);
+    }
+
+    #[test]
+    fn forward_reads_a_non_pipe_fd() {
+        let scratch = Scratch::new();
+        let path = scratch.0.join("in");
+        fs::write(&path, "from a file\n").expect("w");
+        let (c, out, _) = console();
+        let summary = rt().block_on(async {
+            let o = OwnedFd::from(File::open(&path).expect("open"));
+            let e = OwnedFd::from(File::open("/dev/null").expect("open"));
+            tokio::time::timeout(Duration::from_secs(60), forward_to(c, id(0), plain(), o, e))
+                .await
+                .expect("in time")
+                .expect("task")
+        });
+        assert_eq!(out.text(), "from a file\n");
+        assert!(summary.stderr_tail.is_empty());
+    }
+}

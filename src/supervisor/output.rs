@@ -51,7 +51,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::LogConfig;
 
@@ -1002,13 +1002,31 @@ async fn pump(
     mut plan: StreamPlan,
     console: Console,
     mut tracker: Option<StderrTracker>,
+    mut stop: Option<watch::Receiver<bool>>,
 ) -> Option<StderrTracker> {
     let mut reader = into_reader(fd);
     let mut splitter = Splitter::new(MAX_LINE);
     let mut buf = vec![0u8; READ_CHUNK];
+    let mut stopping = false;
     loop {
-        let n = match reader.read(&mut buf).await {
-            Ok(0) => 0,
+        let read = if stopping {
+            // Stop requested: take only what is already in the pipe, then end as at EOF.
+            match tokio::time::timeout(std::time::Duration::ZERO, reader.read(&mut buf)).await {
+                Ok(r) => r,
+                Err(_) => Ok(0),
+            }
+        } else if let Some(rx) = &mut stop {
+            tokio::select! {
+                r = reader.read(&mut buf) => r,
+                _ = wait_stop(rx) => {
+                    stopping = true;
+                    continue;
+                }
+            }
+        } else {
+            reader.read(&mut buf).await
+        };
+        let n = match read {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
@@ -1064,6 +1082,13 @@ async fn pump(
     }
 }
 
+/// Resolves when `rx` holds `true`; never if its sender is gone without setting it.
+async fn wait_stop(rx: &mut watch::Receiver<bool>) {
+    if rx.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Forwards one worker's stdout and stderr (pipe read ends) line by line according to `sink`.
 /// Must be called from within a tokio runtime.
 pub fn forward(
@@ -1072,16 +1097,31 @@ pub fn forward(
     stdout: OwnedFd,
     stderr: OwnedFd,
 ) -> tokio::task::JoinHandle<OutputSummary> {
-    forward_to(Console::global(), id, sink, stdout, stderr)
+    forward_to(Console::global(), id, sink, stdout, stderr, None)
 }
 
-/// [`forward`] onto a given console (tests use in-memory consoles).
+/// [`forward`] that also ends when `stop` becomes `true`: what is already in the pipes is
+/// forwarded, then the task ends as at EOF (a partial last line is emitted). For a worker whose
+/// descendants escaped its process group and keep the pipes open after it was reaped: the agent
+/// sets `stop` after a short wait instead of waiting for an EOF that may never come.
+pub fn forward_until(
+    id: RankIdentity,
+    sink: RankSink,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<OutputSummary> {
+    forward_to(Console::global(), id, sink, stdout, stderr, Some(stop))
+}
+
+/// [`forward`] / [`forward_until`] onto a given console (tests use in-memory consoles).
 pub fn forward_to(
     console: Console,
     id: RankIdentity,
     sink: RankSink,
     stdout: OwnedFd,
     stderr: OwnedFd,
+    stop: Option<watch::Receiver<bool>>,
 ) -> tokio::task::JoinHandle<OutputSummary> {
     let out_plan = StreamPlan::new(
         Stream::Stdout,
@@ -1102,13 +1142,21 @@ pub fn forward_to(
         &sink.stderr_filters,
     );
     tokio::spawn(async move {
-        let out = pump(id.clone(), stdout, out_plan, console.clone(), None);
+        let out = pump(
+            id.clone(),
+            stdout,
+            out_plan,
+            console.clone(),
+            None,
+            stop.clone(),
+        );
         let err = pump(
             id,
             stderr,
             err_plan,
             console.clone(),
             Some(StderrTracker::default()),
+            stop,
         );
         let (_, tracker) = tokio::join!(out, err);
         console.flush().await;
@@ -1579,7 +1627,7 @@ ValueError: bad value
         let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
         let writer = std::thread::spawn(move || write(File::from(out_w), File::from(err_w)));
         let summary = rt().block_on(async {
-            let h = forward_to(console, ident, sink, out_r, err_r);
+            let h = forward_to(console, ident, sink, out_r, err_r, None);
             tokio::time::timeout(Duration::from_secs(60), h)
                 .await
                 .expect("forward finished in time")
@@ -1712,7 +1760,7 @@ ValueError: bad value
             for r in 0..RANKS {
                 let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
                 let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
-                handles.push(forward_to(c.clone(), id(r), plain(), out_r, err_r));
+                handles.push(forward_to(c.clone(), id(r), plain(), out_r, err_r, None));
                 writers.push(std::thread::spawn(move || {
                     let mut o = File::from(out_w);
                     drop(err_w);
@@ -1763,6 +1811,31 @@ ValueError: bad value
     }
 
     #[test]
+    fn forward_stops_on_request_with_open_pipes() {
+        let (c, out, err) = console();
+        let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
+        let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
+        // The write ends stay open (an escaped grandchild holds them).
+        let mut o = File::from(out_w);
+        let mut e = File::from(err_w);
+        o.write_all(b"a\nparti").expect("w");
+        e.write_all(b"oops\n").expect("w");
+        let summary = rt().block_on(async {
+            let (tx, rx) = watch::channel(false);
+            let h = forward_to(c, id(0), plain(), out_r, err_r, Some(rx));
+            tx.send(true).expect("send");
+            tokio::time::timeout(Duration::from_secs(60), h)
+                .await
+                .expect("stopped in time")
+                .expect("task")
+        });
+        assert_eq!(out.text(), "a\nparti\n");
+        assert_eq!(err.text(), "oops\n");
+        assert_eq!(summary.stderr_tail, vec!["oops"]);
+        drop((o, e));
+    }
+
+    #[test]
     fn forward_reads_a_non_pipe_fd() {
         let scratch = Scratch::new();
         let path = scratch.0.join("in");
@@ -1771,10 +1844,13 @@ ValueError: bad value
         let summary = rt().block_on(async {
             let o = OwnedFd::from(File::open(&path).expect("open"));
             let e = OwnedFd::from(File::open("/dev/null").expect("open"));
-            tokio::time::timeout(Duration::from_secs(60), forward_to(c, id(0), plain(), o, e))
-                .await
-                .expect("in time")
-                .expect("task")
+            tokio::time::timeout(
+                Duration::from_secs(60),
+                forward_to(c, id(0), plain(), o, e, None),
+            )
+            .await
+            .expect("in time")
+            .expect("task")
         });
         assert_eq!(out.text(), "from a file\n");
         assert!(summary.stderr_tail.is_empty());

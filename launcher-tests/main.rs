@@ -7,4 +7,6 @@
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 
+mod output;
+mod report;
 mod util;

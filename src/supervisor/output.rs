@@ -333,7 +333,11 @@ impl RunLogs {
                 (root.clone(), format!("{safe_id}_"))
             }
             Mode::Temp(root) => (root.clone(), format!("rdrun-{safe_id}-")),
-            Mode::DevNull => unreachable!("no run directory with --log-dir /dev/null"),
+            Mode::DevNull => {
+                return Err(io::Error::other(
+                    "no run directory with --log-dir /dev/null",
+                ))
+            }
         };
         let dir = make_unique_dir(&root, &prefix)?;
         self.run_dir = Some(dir.clone());

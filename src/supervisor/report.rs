@@ -223,7 +223,13 @@ fn resolve(f: &Failure) -> Resolved {
                         .get("extraInfo")
                         .and_then(|e| e.get("py_callstack"))
                         .map(|cs| value_text(cs).lines().map(String::from).collect());
-                    r.short = short.unwrap_or_else(|| text.clone());
+                    r.short = short.unwrap_or_else(|| {
+                        text.lines()
+                            .rev()
+                            .find(|l| !l.trim().is_empty())
+                            .unwrap_or(NOT_AVAILABLE)
+                            .to_string()
+                    });
                     r.message = text;
                 }
                 Value::String(s) => {

@@ -53,6 +53,14 @@ pub struct Failure {
     pub traceback: Option<Vec<String>>,
 }
 
+impl Failure {
+    /// Takes the stderr tail and traceback that [`super::output::forward`] yielded.
+    pub fn set_output(&mut self, summary: &super::output::OutputSummary) {
+        self.stderr_tail = summary.stderr_tail.clone();
+        self.traceback = summary.traceback.clone();
+    }
+}
+
 /// Everything the report needs.
 #[derive(Debug, Clone)]
 pub struct FailureReport {
@@ -391,8 +399,8 @@ fn torchrun_message_with(report: &FailureReport, time: &dyn Fn(i64) -> String) -
 }
 
 /// Renders the summary block printed on stderr at the end of a failed run: torchrun's block
-/// (without its leading empty line) then rdrun's stderr section; every line ends with "\n".
-/// Empty when there is no failure.
+/// (without its leading empty line) then rdrun's stderr section; lines joined by "\n", no final
+/// newline (print it with `eprintln!`). Empty when there is no failure.
 pub fn render(report: &FailureReport) -> String {
     render_with(report, &format_local_time)
 }
@@ -403,7 +411,6 @@ fn render_with(report: &FailureReport, time: &dyn Fn(i64) -> String) -> String {
         return msg;
     }
     let mut out = msg.trim_start_matches('\n').to_string();
-    out.push('\n');
     let Some(root) = root_cause(&report.failures) else {
         return out;
     };
@@ -419,7 +426,7 @@ fn render_with(report: &FailureReport, time: &dyn Fn(i64) -> String) -> String {
             || f.traceback.as_ref().is_some_and(is_suffix));
     if !tail.is_empty() && !redundant {
         out.push_str(&format!(
-            "Root cause stderr (last {} line{}, rank {}, local_rank {}, pid {}):\n",
+            "\nRoot cause stderr (last {} line{}, rank {}, local_rank {}, pid {}):\n",
             tail.len(),
             if tail.len() == 1 { "" } else { "s" },
             f.rank,
@@ -432,7 +439,6 @@ fn render_with(report: &FailureReport, time: &dyn Fn(i64) -> String) -> String {
             out.push('\n');
         }
         out.push_str(&"=".repeat(width));
-        out.push('\n');
     }
     out
 }
@@ -678,11 +684,8 @@ Root Cause (first observed failure):
   traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
 ============================================================";
         assert_eq!(message(&r), want);
-        // render: the same block without the leading empty line, newline-terminated.
-        assert_eq!(
-            render_with(&r, &format_utc_time),
-            format!("{}\n", &want[1..])
-        );
+        // render: the same block without the leading empty line.
+        assert_eq!(render_with(&r, &format_utc_time), &want[1..]);
         assert_eq!(root_cause(&r.failures), Some(0));
     }
 
@@ -842,7 +845,7 @@ Root Cause (first observed failure):
         let out = render_with(&r, &format_utc_time);
         assert!(
             out.ends_with(&format!(
-                "Root cause stderr (last 8 lines, rank 0, local_rank 0, pid 9):\n  loading\n{}\n{}\n",
+                "=\nRoot cause stderr (last 8 lines, rank 0, local_rank 0, pid 9):\n  loading\n{}\n{}",
                 tb().iter().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n"),
                 "=".repeat(60)
             )),

@@ -416,19 +416,32 @@ fn render_with(report: &FailureReport, time: &dyn Fn(i64) -> String) -> String {
     };
     let f = &report.failures[root];
     let r = resolve(f);
-    let tail = &f.stderr_tail[f.stderr_tail.len().saturating_sub(20)..];
-    // The tail adds nothing when it is the end of the traceback the block already shows (from
-    // stderr, or the printed twin of the error file's callstack).
-    let is_suffix =
-        |tb: &Vec<String>| tail.len() <= tb.len() && tb[tb.len() - tail.len()..] == *tail;
-    let redundant = r.traceback.is_some()
-        && (r.traceback.as_ref().is_some_and(is_suffix)
-            || f.traceback.as_ref().is_some_and(is_suffix));
-    if !tail.is_empty() && !redundant {
+    let mut tail = &f.stderr_tail[f.stderr_tail.len().saturating_sub(20)..];
+    // Lines that end the traceback the block already shows (from stderr, or the printed twin of
+    // the error file's callstack) are not repeated: only what came before them is.
+    let mut before_traceback = false;
+    if r.traceback.is_some() {
+        let overlap = [r.traceback.as_ref(), f.traceback.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|tb| suffix_overlap(tail, tb))
+            .max()
+            .unwrap_or(0);
+        if overlap > 0 {
+            tail = &tail[..tail.len() - overlap];
+            before_traceback = true;
+        }
+    }
+    if !tail.is_empty() {
         out.push_str(&format!(
-            "\nRoot cause stderr (last {} line{}, rank {}, local_rank {}, pid {}):\n",
+            "\nRoot cause stderr (last {} line{}{}, rank {}, local_rank {}, pid {}):\n",
             tail.len(),
             if tail.len() == 1 { "" } else { "s" },
+            if before_traceback {
+                " before the traceback"
+            } else {
+                ""
+            },
             f.rank,
             f.local_rank,
             f.pid
@@ -441,6 +454,15 @@ fn render_with(report: &FailureReport, time: &dyn Fn(i64) -> String) -> String {
         out.push_str(&"=".repeat(width));
     }
     out
+}
+
+/// The largest k such that the last k lines of `tail` are the last k lines of `tb`.
+fn suffix_overlap(tail: &[String], tb: &[String]) -> usize {
+    tail.iter()
+        .rev()
+        .zip(tb.iter().rev())
+        .take_while(|(a, b)| a == b)
+        .count()
 }
 
 /// The report as JSON for `--report-json` (schema `rdrun.failure-report/1`, see docs/compat.md):
@@ -845,8 +867,7 @@ Root Cause (first observed failure):
         let out = render_with(&r, &format_utc_time);
         assert!(
             out.ends_with(&format!(
-                "=\nRoot cause stderr (last 8 lines, rank 0, local_rank 0, pid 9):\n  loading\n{}\n{}",
-                tb().iter().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n"),
+                "=\nRoot cause stderr (last 1 line before the traceback, rank 0, local_rank 0, pid 9):\n  loading\n{}",
                 "=".repeat(60)
             )),
             "{out}"

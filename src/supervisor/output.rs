@@ -85,6 +85,8 @@ pub struct RunLogs {
     attempts: Vec<PathBuf>,
     /// A stream of some worker was sent to a log file (`-r`/`-t`).
     logs_requested: bool,
+    /// The place of the temporary run directory was logged.
+    announced: bool,
     finished: bool,
 }
 
@@ -177,6 +179,7 @@ impl RunLogs {
             run_dir: None,
             attempts: Vec::new(),
             logs_requested: false,
+            announced: false,
             finished: false,
         }
     }
@@ -267,6 +270,14 @@ impl RunLogs {
                     stderr_filters: self.log.duplicate_stderr_filters.clone(),
                 },
             });
+        }
+        if self.logs_requested && !self.announced && matches!(self.mode, Mode::Temp(_)) {
+            // Without --log-dir the files would be hard to find; torchrun says it only at INFO.
+            self.announced = true;
+            tracing::warn!(
+                "no --log-dir given: redirected worker output goes to {}",
+                run_dir.display()
+            );
         }
         Ok(AttemptLogs {
             ranks,

@@ -328,3 +328,243 @@ fn processes_never_interleave_mid_line() {
     }
     assert_eq!(next, [LINES; RANKS]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Through the real binary (needs the supervisor).
+
+/// What one bounded run of the rdrun binary produced.
+#[derive(Debug)]
+pub struct Run {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the rdrun binary with `args` and extra `env`, SIGKILLing it (by PID) after [`BOUND`].
+pub fn rdrun(args: &[&str], env: &[(&str, &str)]) -> Run {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdrun"));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for k in [
+        "TORCHELASTIC_ERROR_FILE",
+        "RUST_LOG",
+        "LOGLEVEL",
+        "OMP_NUM_THREADS",
+    ] {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = Worker(cmd.spawn().expect("spawn rdrun"));
+    let read = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = r.read_to_end(&mut b);
+            String::from_utf8_lossy(&b).into_owned()
+        })
+    };
+    let out = read(Box::new(child.0.stdout.take().expect("stdout")));
+    let err = read(Box::new(child.0.stderr.take().expect("stderr")));
+    let deadline = std::time::Instant::now() + BOUND;
+    let status = loop {
+        if let Some(s) = child.0.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rdrun {args:?} ran past {BOUND:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Run {
+        code: status.code(),
+        signal: status.signal(),
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+    }
+}
+
+fn sorted_lines(text: &str) -> Vec<&str> {
+    let mut v: Vec<&str> = text.lines().collect();
+    v.sort();
+    v
+}
+
+/// rdrun's own log lines (tracing) are not worker output.
+fn worker_lines(text: &str) -> Vec<&str> {
+    let mut v: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.contains("WARN") && !l.contains("INFO") && !l.contains("ERROR"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn cli_tee_prefix_rank_filter_and_files() {
+    let s = Scratch::new("cli-tee");
+    let dir = s.0.to_string_lossy().into_owned();
+    let script = "echo out$LOCAL_RANK; echo err$LOCAL_RANK >&2";
+    let r = rdrun(
+        &[
+            "--standalone",
+            "--nproc_per_node=3",
+            "--tee=3",
+            "--local-ranks-filter=0,2",
+            "--log-dir",
+            &dir,
+            "--no-python",
+            "sh",
+            "-c",
+            script,
+        ],
+        &[],
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_eq!(
+        sorted_lines(&r.stdout),
+        vec!["[default0]:out0", "[default2]:out2"],
+        "{r:?}"
+    );
+    assert_eq!(
+        worker_lines(&r.stderr),
+        vec!["[default0]:err0", "[default2]:err2"],
+        "{r:?}"
+    );
+    let runs: Vec<_> = fs::read_dir(&s.0).expect("log dir").flatten().collect();
+    assert_eq!(runs.len(), 1, "one run directory");
+    let run_dir = runs[0].path();
+    // Rank 1 is filtered from the console, not from its files.
+    let read = |p: &str| fs::read_to_string(run_dir.join(p)).expect(p);
+    assert_eq!(read("attempt_0/1/stdout.log"), "out1\n");
+    assert_eq!(read("attempt_0/1/stderr.log"), "err1\n");
+    assert_eq!(read("attempt_0/0/stdout.log"), "out0\n");
+}
+
+#[test]
+fn cli_prefix_template_and_plain_console() {
+    let script = "echo out$LOCAL_RANK; echo err$LOCAL_RANK >&2";
+    let r = rdrun(
+        &[
+            "--standalone",
+            "--nproc_per_node=2",
+            "--tee=1",
+            "--log-line-prefix-template=[${rank}|${role_name}]",
+            "--no-python",
+            "sh",
+            "-c",
+            script,
+        ],
+        &[],
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    // stdout tee'd with the template; stderr not tee'd: unprefixed.
+    assert_eq!(
+        sorted_lines(&r.stdout),
+        vec!["[0|default]out0", "[1|default]out1"],
+        "{r:?}"
+    );
+    assert_eq!(worker_lines(&r.stderr), vec!["err0", "err1"], "{r:?}");
+}
+
+#[test]
+fn cli_no_lost_last_line_when_worker_is_killed() {
+    let r = rdrun(
+        &[
+            "--standalone",
+            "--nproc_per_node=1",
+            "--no-python",
+            "sh",
+            "-c",
+            "printf 'first\\nlast words'; kill -9 $$",
+        ],
+        &[],
+    );
+    assert_eq!(r.stdout, "first\nlast words\n", "{r:?}");
+    assert_eq!((r.code, r.signal), (Some(128 + 9), None), "{r:?}");
+}
+
+#[test]
+fn cli_no_temp_dir_left_and_dev_null() {
+    let s = Scratch::new("cli-tmp");
+    let tmp = s.0.to_string_lossy().into_owned();
+    let r = rdrun(
+        &[
+            "--standalone",
+            "--nproc_per_node=2",
+            "--no-python",
+            "sh",
+            "-c",
+            "test -d \"$(dirname \"$TORCHELASTIC_ERROR_FILE\")\" && echo ok$LOCAL_RANK",
+        ],
+        &[("TMPDIR", &tmp)],
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_eq!(sorted_lines(&r.stdout), vec!["ok0", "ok1"], "{r:?}");
+    assert_eq!(
+        fs::read_dir(&s.0).expect("tmp").count(),
+        0,
+        "left behind in TMPDIR"
+    );
+    // --log-dir /dev/null: empty error file, tee ignored (plain console).
+    let r = rdrun(
+        &[
+            "--standalone",
+            "--nproc_per_node=1",
+            "--log-dir=/dev/null",
+            "--tee=3",
+            "--no-python",
+            "sh",
+            "-c",
+            "echo \"ef=[$TORCHELASTIC_ERROR_FILE]\"",
+        ],
+        &[("TMPDIR", &tmp)],
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert_eq!(r.stdout, "ef=[]\n", "{r:?}");
+    assert_eq!(
+        fs::read_dir(&s.0).expect("tmp").count(),
+        0,
+        "left behind in TMPDIR"
+    );
+}
+
+#[test]
+fn cli_ranks_never_interleave_mid_line() {
+    const LINES: usize = 200;
+    let awk = format!(
+        "BEGIN {{ x = \"x\"; while (length(x) < 10000) x = x x; \
+         for (i = 0; i < {LINES}; i++) {{ s = sprintf(\"rank%d-%d-\", ENVIRON[\"LOCAL_RANK\"], i); \
+         print s substr(x, 1, 9000 + i - length(s)) }} }}"
+    );
+    let r = rdrun(
+        &[
+            "--standalone",
+            "--nproc_per_node=4",
+            "--no-python",
+            "awk",
+            &awk,
+        ],
+        &[],
+    );
+    assert_eq!(r.code, Some(0), "{:?}", r.stderr);
+    let mut next = [0usize; 4];
+    for line in r.stdout.lines() {
+        let rest = line
+            .strip_prefix("rank")
+            .unwrap_or_else(|| panic!("mangled: {line:.60}"));
+        let mut parts = rest.splitn(3, '-');
+        let rank: usize = parts.next().and_then(|p| p.parse().ok()).expect("rank");
+        let i: usize = parts.next().and_then(|p| p.parse().ok()).expect("index");
+        assert_eq!(i, next[rank], "rank {rank} out of order");
+        assert_eq!(line.len(), 9000 + i, "rank {rank} line {i} split or merged");
+        next[rank] += 1;
+    }
+    assert_eq!(next, [LINES; 4]);
+}

@@ -179,3 +179,90 @@ fn nothing_left_behind_without_log_dir() {
     logs.finish();
     assert_eq!(fs::read_dir(&s.0).expect("read_dir").count(), 0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Through the real binary (needs the supervisor).
+
+use crate::output::rdrun;
+
+#[test]
+fn cli_report_block_for_exit_codes() {
+    let r = rdrun(
+        &[
+            "--standalone",
+            "--nproc_per_node=2",
+            "--no-python",
+            "sh",
+            "-c",
+            "echo before >&2; if [ $LOCAL_RANK = 1 ]; then echo dying >&2; exit 3; fi; sleep 30",
+        ],
+        &[],
+    );
+    assert_eq!(r.code, Some(3), "{r:?}");
+    let e = &r.stderr;
+    let eq = "=".repeat(60);
+    assert!(
+        e.contains(&format!(
+            "{eq}\nsh FAILED\n{}\nFailures:\n[1]:\n",
+            "-".repeat(60)
+        )),
+        "{e}"
+    );
+    assert!(e.contains("  exitcode  : -15 ("), "{e}");
+    assert!(
+        e.contains(") (SIGTERM)\n") || e.contains(")  (SIGTERM)\n"),
+        "{e}"
+    );
+    assert!(
+        e.contains("Root Cause (first observed failure):\n[0]:\n"),
+        "{e}"
+    );
+    assert!(
+        e.contains("  rank      : 1 (local_rank: 1)\n  exitcode  : 3 (pid: "),
+        "{e}"
+    );
+    assert!(
+        e.contains("  error_file: <N/A>\n  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"),
+        "{e}"
+    );
+    assert!(
+        e.contains("Root cause stderr (last 2 lines, rank 1, local_rank 1, pid ")
+            && e.contains("):\n  before\n  dying\n"),
+        "{e}"
+    );
+}
+
+#[test]
+fn cli_python_traceback_without_record() {
+    if !has_python() {
+        eprintln!("skipped: no python3 on PATH");
+        return;
+    }
+    let s = Scratch::new("cli-py");
+    let script = s.0.join("boom.py");
+    fs::write(
+        &script,
+        "def main():\n    raise ValueError('boom')\n\nmain()\n",
+    )
+    .expect("write");
+    let script = script.to_string_lossy().into_owned();
+    let r = rdrun(
+        &["--standalone", "--nproc_per_node=1", &script],
+        &[("PYTHON_EXEC", "python3")],
+    );
+    assert_eq!(r.code, Some(1), "{r:?}");
+    let e = &r.stderr;
+    assert!(e.contains(&format!("{script} FAILED\n")), "{e}");
+    assert!(
+        e.contains("  traceback : Traceback (most recent call last):\n    File \""),
+        "{e}"
+    );
+    assert!(
+        e.contains("\n      raise ValueError('boom')\n  ValueError: boom\n  \n==="),
+        "{e}"
+    );
+    assert!(
+        !e.contains("Root cause stderr"),
+        "the tail is the traceback itself: {e}"
+    );
+}

@@ -210,7 +210,9 @@ fn cli_report_block_for_exit_codes() {
     );
     assert!(e.contains("  exitcode  : -15 ("), "{e}");
     assert!(
-        e.contains(") (SIGTERM)\n") || e.contains(")  (SIGTERM)\n"),
+        e.contains(
+            ")  (SIGTERM)\n  error_file: <N/A>\n  traceback : Signal 15 (SIGTERM) received by PID "
+        ),
         "{e}"
     );
     assert!(

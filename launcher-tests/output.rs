@@ -449,6 +449,8 @@ fn cli_tee_prefix_rank_filter_and_files() {
 
 #[test]
 fn cli_prefix_template_and_plain_console() {
+    let s = Scratch::new("cli-template");
+    let tmp = s.0.to_string_lossy().into_owned();
     let script = "echo out$LOCAL_RANK; echo err$LOCAL_RANK >&2";
     let r = rdrun(
         &[
@@ -461,7 +463,7 @@ fn cli_prefix_template_and_plain_console() {
             "-c",
             script,
         ],
-        &[],
+        &[("TMPDIR", &tmp)],
     );
     assert_eq!(r.code, Some(0), "{r:?}");
     // stdout tee'd with the template; stderr not tee'd: unprefixed.
@@ -471,6 +473,12 @@ fn cli_prefix_template_and_plain_console() {
         "{r:?}"
     );
     assert_eq!(worker_lines(&r.stderr), vec!["err0", "err1"], "{r:?}");
+    // Tee'd logs without --log-dir repeat the console: nothing is left behind.
+    assert_eq!(
+        fs::read_dir(&s.0).expect("tmp").count(),
+        0,
+        "left behind in TMPDIR"
+    );
 }
 
 #[test]

@@ -20,9 +20,11 @@
 //! Differences from torchrun (see docs/compat.md):
 //! - Without `--log-dir`, torchrun always creates `mkdtemp("torchelastic_")` and never removes it.
 //!   rdrun makes a private `$TMPDIR/rdrun-<run_id>-<8 chars>` (error files must have an existing
-//!   directory before the worker starts) and, at [`RunLogs::finish`], removes it unless a worker
-//!   log was requested (`-r`/`-t`) or a worker of the last attempt wrote `error.json` (the failure
-//!   report names that file, so it is kept, and its place is logged).
+//!   directory before the worker starts) and, at [`RunLogs::finish`], removes it, except: when
+//!   some stream went only to a file (`-r`, or `-t` outside `--local-ranks-filter`) everything is
+//!   kept (its place is logged as a warning at the start); else the `error.json` files of the
+//!   last attempt are kept (the failure report names them). Tee'd logs there repeat the console
+//!   and are removed.
 //! - Empty rank/attempt/run directories that rdrun created under `--log-dir` are removed at the end.
 //! - Every stream passes through rdrun, so lines are never split or interleaved mid-line (torchrun
 //!   passes untee'd streams through raw, and its tail threads split partial lines).
@@ -83,8 +85,9 @@ pub struct RunLogs {
     run_dir: Option<PathBuf>,
     /// Attempt directories made so far, in order (the last one is the current attempt).
     attempts: Vec<PathBuf>,
-    /// A stream of some worker was sent to a log file (`-r`/`-t`).
-    logs_requested: bool,
+    /// Some worker stream goes to a file only (redirected, or tee'd but outside
+    /// `--local-ranks-filter`): that file is its only copy.
+    file_only_streams: bool,
     /// The place of the temporary run directory was logged.
     announced: bool,
     finished: bool,
@@ -178,7 +181,7 @@ impl RunLogs {
             mode,
             run_dir: None,
             attempts: Vec::new(),
-            logs_requested: false,
+            file_only_streams: false,
             announced: false,
             finished: false,
         }
@@ -250,11 +253,12 @@ impl RunLogs {
             } else {
                 None
             };
-            self.logs_requested |= to_file_out || to_file_err;
             // Console: a redirected stream only if tee'd; a plain stream always; neither for a
             // rank outside --local-ranks-filter.
             let stdout_console = visible && (!to_file_out || tee.stdout());
             let stderr_console = visible && (!to_file_err || tee.stderr());
+            self.file_only_streams |=
+                (to_file_out && !stdout_console) || (to_file_err && !stderr_console);
             let prefix = line_prefix(self.log.prefix_template.as_deref(), id);
             ranks.push(RankLogs {
                 error_file: rank_dir.join("error.json").to_string_lossy().into_owned(),
@@ -271,11 +275,11 @@ impl RunLogs {
                 },
             });
         }
-        if self.logs_requested && !self.announced && matches!(self.mode, Mode::Temp(_)) {
+        if self.file_only_streams && !self.announced && matches!(self.mode, Mode::Temp(_)) {
             // Without --log-dir the files would be hard to find; torchrun says it only at INFO.
             self.announced = true;
             tracing::warn!(
-                "no --log-dir given: redirected worker output goes to {}",
+                "no --log-dir given: worker output not shown on the console goes to {}",
                 run_dir.display()
             );
         }
@@ -286,8 +290,8 @@ impl RunLogs {
     }
 
     /// Ends the run: removes directories rdrun created that hold nothing (and, without
-    /// `--log-dir`, the private temporary directory unless it holds requested logs or error files
-    /// of the last attempt). Call it after the failure report was rendered.
+    /// `--log-dir`, the private temporary directory unless it holds the only copy of some worker
+    /// output or error files of the last attempt). Call it after the failure report was rendered.
     pub fn finish(mut self) {
         self.cleanup();
     }
@@ -301,11 +305,14 @@ impl RunLogs {
             return;
         };
         let temp = matches!(self.mode, Mode::Temp(_));
-        if temp && !self.logs_requested {
-            // Only error files live here: keep those of the last attempt (the report names them).
+        if temp && !self.file_only_streams {
+            // Nothing here is the only copy of worker output (tee'd logs repeat the console):
+            // keep only the error files of the last attempt, which the report names.
             let last = self.attempts.last().cloned();
             for dir in &self.attempts {
-                if Some(dir) != last.as_ref() {
+                if Some(dir) == last.as_ref() {
+                    keep_only_error_files(dir);
+                } else {
                     remove_tree(dir);
                 }
             }
@@ -428,6 +435,33 @@ fn remove_tree(dir: &Path) {
     if let Err(e) = fs::remove_dir_all(dir) {
         if e.kind() != io::ErrorKind::NotFound {
             tracing::debug!(dir = %dir.display(), error = %e, "cannot remove");
+        }
+    }
+}
+
+/// Removes everything in an attempt directory but `<local_rank>/error.json`.
+fn keep_only_error_files(attempt_dir: &Path) {
+    let Ok(entries) = fs::read_dir(attempt_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if !entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            let _ = fs::remove_file(&path);
+            continue;
+        }
+        let Ok(files) = fs::read_dir(&path) else {
+            continue;
+        };
+        for file in files.flatten() {
+            if file.file_name() != "error.json" {
+                let p = file.path();
+                if p.is_dir() {
+                    remove_tree(&p);
+                } else {
+                    let _ = fs::remove_file(&p);
+                }
+            }
         }
     }
 }
@@ -1597,6 +1631,53 @@ ValueError: bad value
             list(&run_dir),
             vec!["attempt_1/", "attempt_1/1/", "attempt_1/1/error.json"]
         );
+        fs::remove_dir_all(&run_dir).expect("cleanup");
+        // Tee'd logs repeat the console: removed; the last attempt's error file stays.
+        let tee = LogConfig {
+            tee: spec(StdSelect::All),
+            duplicate_stderr_filters: vec!["x".into()],
+            ..LogConfig::default()
+        };
+        let mut logs = RunLogs::with_temp_root(&tee, "t", scratch.0.clone());
+        let a = logs.attempt(0, &[id(0), id(1)]).expect("attempt");
+        assert!(a.ranks[0].sink.stdout_file.is_some() && a.ranks[0].sink.stdout_console);
+        fs::write(&a.ranks[0].error_file, "{}").expect("write");
+        let run_dir = logs.run_dir().expect("run dir").to_path_buf();
+        logs.finish();
+        assert_eq!(
+            list(&run_dir),
+            vec!["attempt_0/", "attempt_0/0/", "attempt_0/0/error.json"]
+        );
+        fs::remove_dir_all(&run_dir).expect("cleanup");
+        let mut logs = RunLogs::with_temp_root(&tee, "t", scratch.0.clone());
+        logs.attempt(0, &[id(0)]).expect("attempt");
+        logs.finish();
+        assert_eq!(list(&scratch.0), Vec::<String>::new());
+        // Redirected (file-only) output is kept, every attempt of it.
+        for log in [
+            LogConfig {
+                redirects: spec(StdSelect::Err),
+                ..LogConfig::default()
+            },
+            LogConfig {
+                tee: spec(StdSelect::Out),
+                local_ranks_filter: Some(vec![1]),
+                ..LogConfig::default()
+            },
+        ] {
+            let mut logs = RunLogs::with_temp_root(&log, "r", scratch.0.clone());
+            logs.attempt(0, &[id(0)]).expect("attempt");
+            logs.attempt(1, &[id(0)]).expect("attempt");
+            let run_dir = logs.run_dir().expect("run dir").to_path_buf();
+            logs.finish();
+            let files = list(&run_dir);
+            assert_eq!(files.len(), 6, "{files:?}");
+            assert!(
+                files.iter().any(|f| f.starts_with("attempt_0/0/std")),
+                "{files:?}"
+            );
+            fs::remove_dir_all(&run_dir).expect("cleanup");
+        }
     }
 
     /// An in-memory console stream.

@@ -192,6 +192,16 @@ impl RunLogs {
         self.run_dir.as_deref()
     }
 
+    /// The private temporary run directory when nothing in it must outlive rdrun (no
+    /// `--log-dir` and no file-only stream): a watchdog that outlives a SIGKILLed rdrun may
+    /// remove it. `None` before the first attempt or when the directory holds user logs.
+    pub fn disposable_dir(&self) -> Option<&Path> {
+        match self.mode {
+            Mode::Temp(_) if !self.file_only_streams => self.run_dir.as_deref(),
+            _ => None,
+        }
+    }
+
     /// Prepares attempt `restart_count` for `ids.len()` workers (index = local rank): makes the
     /// directories and empty log files, and decides every stream's destinations.
     pub fn attempt(
@@ -1610,6 +1620,7 @@ ValueError: bad value
             .to_string_lossy()
             .starts_with("rdrun-abc-"));
         assert!(Path::new(&a.ranks[0].error_file).starts_with(&run_dir));
+        assert_eq!(logs.disposable_dir(), Some(run_dir.as_path()));
         logs.finish();
         assert_eq!(list(&scratch.0), Vec::<String>::new());
         // An error file of an earlier attempt only: removed.
@@ -1668,6 +1679,7 @@ ValueError: bad value
             let mut logs = RunLogs::with_temp_root(&log, "r", scratch.0.clone());
             logs.attempt(0, &[id(0)]).expect("attempt");
             logs.attempt(1, &[id(0)]).expect("attempt");
+            assert_eq!(logs.disposable_dir(), None);
             let run_dir = logs.run_dir().expect("run dir").to_path_buf();
             logs.finish();
             let files = list(&run_dir);

@@ -618,7 +618,9 @@ impl Splitter {
             start = end;
             from = end;
         }
-        while self.buf.len() - start >= self.cap {
+        // A held final '\r' may still turn out to end the line: it does not count as content.
+        let held_cr = usize::from(self.buf.last() == Some(&b'\r'));
+        while self.buf.len() - start - held_cr > self.cap {
             emit(&self.buf[start..start + self.cap], End::Cap);
             start += self.cap;
         }
@@ -634,8 +636,10 @@ impl Splitter {
     }
 }
 
+/// Emits `seg`, first as pieces of `cap` content bytes while more than `cap` remain, so that a
+/// terminator is never separated from the end of its line.
 fn emit_capped(mut seg: &[u8], end: End, cap: usize, emit: &mut dyn FnMut(&[u8], End)) {
-    while seg.len() > cap {
+    while content(seg, end).len() > cap {
         emit(&seg[..cap], End::Cap);
         seg = &seg[cap..];
     }
@@ -1361,7 +1365,14 @@ mod tests {
                 4,
                 vec![("abcd", Cap), ("efgh", Cap), ("ij\n", Newline), ("k", Eof)],
             ),
-            (vec![b"abcd"], 4, vec![("abcd", Cap)]),
+            (vec![b"abcd"], 4, vec![("abcd", Eof)]),
+            (vec![b"abcd", b"\r\n"], 4, vec![("abcd\r\n", Newline)]),
+            (vec![b"abcd\r", b"\n"], 4, vec![("abcd\r\n", Newline)]),
+            (
+                vec![b"abcde\r", b"x"],
+                4,
+                vec![("abcd", Cap), ("e\r", Return), ("x", Eof)],
+            ),
             (vec![b""], 4, vec![]),
             (vec![b"\n\n"], 4, vec![("\n", Newline), ("\n", Newline)]),
         ];
@@ -1382,10 +1393,57 @@ mod tests {
                 assert_eq!(end, End::Cap);
                 n += seg.len();
             });
-            assert!(s.buf.len() < 1000);
+            assert!(s.buf.len() <= 1001);
         }
         s.finish(&mut |seg, _| n += seg.len());
         assert_eq!(n, 33_300);
+    }
+
+    fn segments(input: &[u8], cuts: &[usize], cap: usize) -> Vec<(Vec<u8>, End)> {
+        let mut s = Splitter::new(cap);
+        let mut got = Vec::new();
+        let mut emit = |seg: &[u8], end: End| got.push((seg.to_vec(), end));
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut at = 0;
+        for c in cuts.into_iter().chain([input.len()]) {
+            s.push(&input[at..c], &mut emit);
+            at = c;
+        }
+        s.finish(&mut emit);
+        got
+    }
+
+    proptest::proptest! {
+        /// Segments rebuild the input exactly, do not depend on how reads cut the stream,
+        /// hold at most `cap` content bytes, and end where the line rules say.
+        #[test]
+        fn splitter_properties(
+            input in proptest::collection::vec(proptest::sample::select(vec![b'a', b'b', b'\n', b'\r']), 0..200),
+            cuts in proptest::collection::vec(0usize..1000, 0..20),
+            cap in 1usize..8,
+        ) {
+            let whole = segments(&input, &[], cap);
+            let chunked = segments(&input, &cuts, cap);
+            proptest::prop_assert_eq!(&whole, &chunked);
+            let joined: Vec<u8> = whole.iter().flat_map(|(s, _)| s.clone()).collect();
+            proptest::prop_assert_eq!(&joined, &input);
+            for (i, (seg, end)) in whole.iter().enumerate() {
+                let text = content(seg, *end);
+                proptest::prop_assert!(text.len() <= cap);
+                proptest::prop_assert!(!seg.is_empty());
+                proptest::prop_assert!(!text.contains(&b'\n'));
+                match end {
+                    End::Newline => proptest::prop_assert!(seg.ends_with(b"\n")),
+                    End::Return => proptest::prop_assert!(seg.ends_with(b"\r")),
+                    End::Cap => proptest::prop_assert_eq!(text.len(), cap),
+                    End::Eof => proptest::prop_assert_eq!(i, whole.len() - 1),
+                }
+                if *end != End::Eof {
+                    proptest::prop_assert!(!text.contains(&b'\r') || *end == End::Cap);
+                }
+            }
+        }
     }
 
     fn track(text: &str) -> OutputSummary {

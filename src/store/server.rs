@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Notify};
 use tracing::{debug, info, warn};
@@ -294,8 +294,10 @@ enum Close {
     Bad(String),
 }
 
-/// Read chunk size; lives on the stack only during a read, so idle connections cost no buffer.
+/// Largest read-buffer growth step; buffers above this are freed once drained.
 const READ_CHUNK: usize = 64 * 1024;
+/// Read room kept while idle: TCPStore requests are small, so idle connections stay cheap.
+const SMALL_READ: usize = 512;
 
 impl Connection {
     async fn run(self, stream: TcpStream) {
@@ -318,7 +320,7 @@ impl Connection {
     }
 
     async fn serve(&self, mut stream: TcpStream) -> Close {
-        let mut inbuf: Vec<u8> = Vec::new();
+        let mut inbuf: Vec<u8> = Vec::with_capacity(SMALL_READ);
         let mut out: Vec<u8> = Vec::new();
         let mut validated = false;
         let mut shutdown_rx = self.shutdown_rx.clone();
@@ -359,7 +361,7 @@ impl Connection {
                 }
             }
             if pos == inbuf.len() {
-                // Release big buffers once drained; idle connections keep none.
+                // Release big buffers once drained; idle connections keep a small one.
                 if inbuf.capacity() > READ_CHUNK {
                     inbuf = Vec::new();
                 } else {
@@ -381,6 +383,15 @@ impl Connection {
                 return Close::Bad(why);
             }
 
+            // Room for the next read: small while idle, growing with a partial large request.
+            let want = if inbuf.is_empty() {
+                SMALL_READ
+            } else {
+                inbuf.len().clamp(SMALL_READ, READ_CHUNK)
+            };
+            if inbuf.capacity() - inbuf.len() < want {
+                inbuf.reserve(want);
+            }
             tokio::select! {
                 biased;
                 _ = shutdown_rx.changed() => return Close::Shutdown,
@@ -388,17 +399,14 @@ impl Connection {
                     let n = self.store.take_ready(self.id);
                     out.resize(out.len() + n as usize, STOP_WAITING);
                 }
-                r = stream.readable() => {
-                    if let Err(e) = r {
-                        return Close::Io(e);
-                    }
-                    match read_some(&stream, &mut inbuf) {
-                        Ok(0) => return Close::Eof,
-                        Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Close::Io(e),
-                    }
-                }
+                // read_buf is cancel-safe, and tokio clears the readiness on a short read, which
+                // saves the extra EAGAIN read per request that a readable()/try_read loop costs.
+                r = stream.read_buf(&mut inbuf) => match r {
+                    Ok(0) => return Close::Eof,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Close::Io(e),
+                },
             }
         }
     }
@@ -478,13 +486,4 @@ impl Connection {
         }
         Ok(())
     }
-}
-
-/// One non-blocking read into a stack chunk, appended to `inbuf`. Not async, so the chunk is not
-/// part of the connection future's state.
-fn read_some(stream: &TcpStream, inbuf: &mut Vec<u8>) -> io::Result<usize> {
-    let mut chunk = [0u8; READ_CHUNK];
-    let n = stream.try_read(&mut chunk)?;
-    inbuf.extend_from_slice(&chunk[..n]);
-    Ok(n)
 }

@@ -469,6 +469,18 @@ async fn bad_input_closes_only_that_connection() {
             good.alive().await;
             eprintln!("ok: {name}");
         }
+        // Pipelined WAITs beyond the per-connection cap close the connection.
+        let mut waits = Raw::validated(port).await;
+        let mut many = Vec::new();
+        for _ in 0..ServerConfig::default().max_pending_waits + 1 {
+            Request::Wait {
+                keys: vec![key("/never")],
+            }
+            .encode(&mut many);
+        }
+        waits.send(&many).await;
+        waits.expect_closed().await;
+        good.alive().await;
         // At the limits exactly: accepted.
         let mut c = Raw::validated(port).await;
         c.req(Request::Set {

@@ -69,7 +69,7 @@ done
 
 echo; echo "(b) rdrun-store-bench SET/GET/ADD mix, ${SECS}s per phase (req/s)"
 "$BENCH" load --port "$RD_PORT" --conns 1,64,1024 --secs "$SECS" --tag b >"$TMP/b_rd" 2>"$TMP/b_rd.err"
-timeout $((CAP * 4)) "$BENCH" load --port "$PT_PORT" --conns 1,64,1024 --secs "$SECS" --tag b \
+timeout 200 "$BENCH" load --port "$PT_PORT" --conns 1,64,1024 --secs "$SECS" --tag b \
   >"$TMP/b_pt" 2>"$TMP/b_pt.err" || echo "(torch load phase ended early: $(tail -n 1 "$TMP/b_pt.err"))"
 grep -h "connections open" "$TMP/b_rd.err" | sed 's/^/  rdrun /'
 grep -h "connections open" "$TMP/b_pt.err" | sed 's/^/  torch /' || true

@@ -40,6 +40,9 @@ pub struct ServerConfig {
     /// Flush replies once this many bytes are queued, even mid-batch (bounds per-connection
     /// output memory when a client pipelines many reads without reading replies).
     pub max_pending_output: usize,
+    /// Most WAIT/BARRIER requests one connection may have pending at once (PyTorch's client has
+    /// at most one); more closes the connection, so pipelined waits cannot grow state unbounded.
+    pub max_pending_waits: usize,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +50,7 @@ impl Default for ServerConfig {
         ServerConfig {
             limits: Limits::default(),
             max_pending_output: 256 * 1024,
+            max_pending_waits: 1024,
         }
     }
 }
@@ -323,6 +327,7 @@ impl Connection {
         let mut inbuf: Vec<u8> = Vec::with_capacity(SMALL_READ);
         let mut out: Vec<u8> = Vec::new();
         let mut validated = false;
+        let mut streaming = false;
         let mut shutdown_rx = self.shutdown_rx.clone();
         if *shutdown_rx.borrow_and_update() {
             return Close::Shutdown;
@@ -361,8 +366,9 @@ impl Connection {
                 }
             }
             if pos == inbuf.len() {
-                // Release big buffers once drained; idle connections keep a small one.
-                if inbuf.capacity() > READ_CHUNK {
+                // Release big buffers once drained and the client is not streaming; idle
+                // connections keep a small one.
+                if inbuf.capacity() > 4 * SMALL_READ && !streaming {
                     inbuf = Vec::new();
                 } else {
                     inbuf.clear();
@@ -384,7 +390,9 @@ impl Connection {
             }
 
             // Room for the next read: small while idle, growing with a partial large request.
-            let want = if inbuf.is_empty() {
+            let want = if streaming {
+                READ_CHUNK
+            } else if inbuf.is_empty() {
                 SMALL_READ
             } else {
                 inbuf.len().clamp(SMALL_READ, READ_CHUNK)
@@ -392,6 +400,7 @@ impl Connection {
             if inbuf.capacity() - inbuf.len() < want {
                 inbuf.reserve(want);
             }
+            let room = inbuf.capacity() - inbuf.len();
             tokio::select! {
                 biased;
                 _ = shutdown_rx.changed() => return Close::Shutdown,
@@ -403,12 +412,25 @@ impl Connection {
                 // saves the extra EAGAIN read per request that a readable()/try_read loop costs.
                 r = stream.read_buf(&mut inbuf) => match r {
                     Ok(0) => return Close::Eof,
-                    Ok(_) => {}
+                    // A read that filled the room means more is queued (pipelined requests or a
+                    // big value): read in big chunks until the client stops streaming.
+                    Ok(n) => streaming = n >= room,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Close::Io(e),
                 },
             }
         }
+    }
+
+    fn check_pending_waits(&self) -> Result<(), String> {
+        let n = self.store.pending_waits(self.id);
+        if n >= self.config.max_pending_waits {
+            return Err(format!(
+                "{n} WAIT/BARRIER requests pending on one connection (limit {})",
+                self.config.max_pending_waits
+            ));
+        }
+        Ok(())
     }
 
     /// Applies one request, appending its reply (if any) to `out`. `Err` closes the connection.
@@ -440,6 +462,7 @@ impl Connection {
                 CHECK_NOT_READY
             }),
             Request::Wait { keys } => {
+                self.check_pending_waits()?;
                 if store.wait(self.id, &self.notify, &keys) == WaitOutcome::Ready {
                     out.push(STOP_WAITING);
                 }
@@ -476,6 +499,7 @@ impl Connection {
                 }
             }
             Request::Barrier { key, world_size } => {
+                self.check_pending_waits()?;
                 let outcome = store
                     .barrier(self.id, &self.notify, &key, world_size)
                     .map_err(|e| e.to_string())?;

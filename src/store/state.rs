@@ -232,6 +232,11 @@ impl Store {
         }
     }
 
+    /// Number of WAIT/BARRIER registrations of `conn` still pending.
+    pub fn pending_waits(&self, conn: ConnId) -> usize {
+        self.lock().conns.get(&conn).map_or(0, |c| c.pending.len())
+    }
+
     /// Takes the number of finished waits of `conn` not yet answered.
     pub fn take_ready(&self, conn: ConnId) -> u32 {
         let mut g = self.lock();

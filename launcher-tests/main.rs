@@ -10,4 +10,5 @@
 mod cli;
 mod output;
 mod report;
+mod store;
 mod util;

@@ -8,4 +8,7 @@
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 
 mod cli;
+mod output;
+mod report;
+mod store;
 mod util;

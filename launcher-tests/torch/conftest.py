@@ -59,6 +59,21 @@ def rdrun_bin() -> Path | None:
     return None
 
 
+def store_bench_bin() -> Path | None:
+    """rdrun's standalone store server (`rdrun-store-bench serve`), next to the rdrun under test."""
+    env = os.environ.get("RDRUN_STORE_BENCH_BIN")
+    if env:
+        return Path(env)
+    rd = rdrun_bin()
+    cands = ([rd.parent / "rdrun-store-bench"] if rd else []) + [
+        REPO / "target" / p / "rdrun-store-bench" for p in ("release", "debug")
+    ]
+    for cand in cands:
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
 @dataclass(frozen=True)
 class Launcher:
     name: str  # "torchrun" or "rdrun"
@@ -270,6 +285,7 @@ class Procs:
         timeout: float,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        stdin=subprocess.DEVNULL,
     ) -> Running:
         self._n += 1
         out_path = self.tmp / f"launch{self._n}.stdout"
@@ -279,7 +295,7 @@ class Procs:
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             popen = subprocess.Popen(
                 cmd,
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=out,
                 stderr=err,
                 env=env,

@@ -1,0 +1,136 @@
+//! The watchdog: a tiny forked helper that SIGKILLs every worker process group when rdrun dies
+//! without cleaning up (SIGKILL of rdrun, OOM kill, abort).
+//!
+//! PR_SET_PDEATHSIG already kills each worker when rdrun dies, but not the worker's own children
+//! (the flag is cleared on fork, prctl(2)), which torchrun leaves running. The watchdog closes that
+//! gap: each worker writes its pid (= its process group id) into a pipe between fork and exec; the
+//! watchdog holds the read end, and when every write end is closed — rdrun is gone — it kills each
+//! registered group. rdrun disarms it (writes 0) once it has stopped the groups itself.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Most process groups the watchdog remembers between two disarms.
+const CAPACITY: usize = 4096;
+
+/// Handle to the watchdog process, held by rdrun for its whole life.
+#[derive(Debug)]
+pub struct Watchdog {
+    write: OwnedFd,
+    pid: i32,
+}
+
+impl Watchdog {
+    /// Forks the watchdog. Call before any thread or runtime exists, so that the child is a
+    /// plain single-threaded copy; it runs only async-signal-safe code on preallocated memory.
+    pub fn start() -> io::Result<Watchdog> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: valid out-array of two ints; O_CLOEXEC keeps the write end out of workers
+        // (they write through it between fork and exec only).
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: pipe2 just returned these two fresh descriptors; we own them.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // Preallocated before fork: the child must not allocate.
+        let mut table = vec![0 as libc::pid_t; CAPACITY];
+        // SAFETY: fork(2); the child branch below only uses async-signal-safe calls.
+        let pid = unsafe { libc::fork() };
+        if pid == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: in the child; see `child_main`.
+            unsafe { child_main(read.as_raw_fd(), write.as_raw_fd(), &mut table) }
+        }
+        drop(read);
+        tracing::debug!(pid, "watchdog started");
+        Ok(Watchdog { write, pid })
+    }
+
+    /// The write end workers register into (see `worker::SpawnSpec::watchdog_fd`).
+    pub fn fd(&self) -> RawFd {
+        self.write.as_raw_fd()
+    }
+
+    /// The watchdog's pid (a child of rdrun, not part of any worker group).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Forgets every registered group: rdrun has stopped them itself.
+    pub fn disarm(&self) {
+        let zero: libc::pid_t = 0;
+        // SAFETY: 4-byte write from a valid local to our own pipe.
+        let _ = unsafe { libc::write(self.fd(), (&zero as *const libc::pid_t).cast(), 4) };
+    }
+}
+
+/// The watchdog's whole life. Never returns.
+///
+/// # Safety
+/// Must only run in a freshly forked child; uses only async-signal-safe calls.
+unsafe fn child_main(read: RawFd, write: RawFd, table: &mut [libc::pid_t]) -> ! {
+    // Terminal and job-control signals go to rdrun's whole process group; the watchdog must
+    // outlive them (SIGUSR1/2 would otherwise kill it by default action).
+    for sig in [
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGHUP,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGPIPE,
+        libc::SIGTSTP,
+    ] {
+        libc::signal(sig, libc::SIG_IGN);
+    }
+    libc::close(write);
+    // Do not hold rdrun's stdout/stderr open: whoever reads them waits for EOF.
+    let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+    if null >= 0 {
+        libc::dup2(null, 0);
+        libc::dup2(null, 1);
+        libc::dup2(null, 2);
+    }
+    let read = if read == 3 || libc::dup2(read, 3) == 3 {
+        3
+    } else {
+        read
+    };
+    // Drop every other inherited descriptor (write ends of other pipes rdrun's parent gave it).
+    libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
+    let mut len = 0usize;
+    let mut buf = [0u8; 4096];
+    let mut carry = [0u8; 4];
+    let mut carried = 0usize;
+    loop {
+        let n = libc::read(read, buf.as_mut_ptr().cast(), buf.len());
+        if n < 0 {
+            if *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            break;
+        }
+        if n == 0 {
+            break;
+        }
+        for &byte in &buf[..n as usize] {
+            carry[carried] = byte;
+            carried += 1;
+            if carried == 4 {
+                carried = 0;
+                let pgid = libc::pid_t::from_ne_bytes(carry);
+                if pgid == 0 {
+                    len = 0;
+                } else if pgid > 0 && len < table.len() && !table[..len].contains(&pgid) {
+                    table[len] = pgid;
+                    len += 1;
+                }
+            }
+        }
+    }
+    for &pgid in &table[..len] {
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+    libc::_exit(0)
+}

@@ -206,3 +206,32 @@ fn each_worker_leads_its_own_session() {
         assert_eq!(fields[3], pid, "session of rank {lr}");
     }
 }
+
+#[test]
+fn virtual_local_rank_without_enough_devices() {
+    let dir = TempDir::new("env_virtual_short");
+    let out = Rdrun::new()
+        .env("CUDA_VISIBLE_DEVICES", "3")
+        .args(["--standalone", "--nproc-per-node=2", "--virtual-local-rank"])
+        .arg("--no-python")
+        .arg(worker("print_env"))
+        .arg(dir.path())
+        .run();
+    out.assert_code(1);
+    assert!(
+        out.stderr.contains("CUDA_VISIBLE_DEVICES"),
+        "the error must name the variable: {out:?}"
+    );
+}
+
+#[test]
+fn signals_to_handle_reaches_workers() {
+    let dir = TempDir::new("env_signals");
+    let all = envs(
+        &dir,
+        1,
+        Rdrun::new().arg("--signals-to-handle=SIGTERM,SIGUSR1"),
+        &[],
+    );
+    assert_eq!(all[0]["TORCHELASTIC_SIGNALS_TO_HANDLE"], "SIGTERM,SIGUSR1");
+}

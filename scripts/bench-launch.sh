@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Launcher benchmark: rdrun against torchrun, side by side, medians and ratios.
+#   (a) launch of 4 `true` workers (`--standalone --nproc_per_node=4 --no-python true`):
+#       wall time and peak RSS (largest single process of the run, from /usr/bin/time's %M);
+#   (b) extra wall time of one failure plus restart: rank 1 fails on attempt 0 with
+#       `--max-restarts=1`, minus the same launch where nobody fails.
+# Usage: scripts/bench-launch.sh   (env: RUNS_RDRUN=30, RUNS_TORCH=5, TORCHRUN=path, RDRUN=path)
+# rdrun is built in release mode (launcher only); torchrun comes from the cached venv that
+# scripts/torch-venv.sh installs (skipped, with a note, when it is absent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNS_RDRUN="${RUNS_RDRUN:-30}"
+RUNS_TORCH="${RUNS_TORCH:-5}"
+CACHE="${RDRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdrun}"
+TORCHRUN="${TORCHRUN:-$CACHE/torch-venv/bin/torchrun}"
+
+if [ -z "${RDRUN:-}" ]; then
+  cargo build --release --no-default-features --bin rdrun >&2
+  RDRUN="$PWD/target/release/rdrun"
+fi
+TIME_BIN=/usr/bin/time
+if [ ! -x "$TIME_BIN" ]; then
+  echo "bench-launch: error: /usr/bin/time (GNU time) is needed for peak RSS" >&2
+  exit 1
+fi
+
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+
+# Worker for (b): rank 1 fails on attempt 0 only, when FAIL=1.
+FAILER='[ "${FAIL:-0}" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$LOCAL_RANK" = 1 ] && exit 1; exit 0'
+
+now_ns() { date +%s%N; }
+
+# measure RUNS LAUNCHER [ARGS...] -> prints "median_wall_s median_rss_kib"
+measure() {
+  local runs=$1; shift
+  local walls=() rsss=() i t0 t1
+  for ((i = 0; i < runs; i++)); do
+    t0=$(now_ns)
+    if ! "$TIME_BIN" -f '%M' -o "$TMP/rss" "$@" >"$TMP/out" 2>"$TMP/err"; then
+      echo "bench-launch: error: run failed: $*" >&2
+      tail -n 20 "$TMP/err" >&2
+      exit 1
+    fi
+    t1=$(now_ns)
+    walls+=("$(( (t1 - t0) / 1000 ))")
+    rsss+=("$(tail -n 1 "$TMP/rss")")
+  done
+  local mw mr
+  mw=$(printf '%s\n' "${walls[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
+  mr=$(printf '%s\n' "${rsss[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
+  awk -v w="$mw" -v r="$mr" 'BEGIN {printf "%.6f %.0f\n", w / 1e6, r}'
+}
+
+launch_args=(--standalone --nproc_per_node=4 --no-python)
+
+echo "== rdrun: $RDRUN ($RUNS_RDRUN runs each)"
+read -r r_wall r_rss < <(measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" true)
+read -r r_ok _ < <(FAIL=0 measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
+read -r r_fail _ < <(FAIL=1 measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
+r_restart=$(awk -v a="$r_fail" -v b="$r_ok" 'BEGIN {printf "%.6f", a - b}')
+
+have_torch=0
+if [ -x "$TORCHRUN" ]; then
+  have_torch=1
+  echo "== torchrun: $TORCHRUN ($RUNS_TORCH runs each)"
+  read -r t_wall t_rss < <(measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" true)
+  read -r t_ok _ < <(FAIL=0 measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
+  read -r t_fail _ < <(FAIL=1 measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
+  t_restart=$(awk -v a="$t_fail" -v b="$t_ok" 'BEGIN {printf "%.6f", a - b}')
+else
+  echo "== torchrun not found at $TORCHRUN (run scripts/torch-venv.sh); rdrun only"
+fi
+
+echo
+echo "host: $(nproc) CPUs, $(uname -sr)"
+printf '%-40s %14s %14s %10s\n' "metric (median)" "rdrun" "torchrun" "ratio"
+row() { # name rdrun torchrun unit scale
+  if [ "$have_torch" = 1 ]; then
+    awk -v n="$1" -v a="$2" -v b="$3" -v u="$4" -v s="$5" 'BEGIN {
+      printf "%-40s %12.*f%s %12.*f%s %9.1fx\n", n, 3, a * s, u, 3, b * s, u, (a > 0 ? b / a : 0) }'
+  else
+    awk -v n="$1" -v a="$2" -v u="$4" -v s="$5" 'BEGIN { printf "%-40s %12.*f%s %14s %10s\n", n, 3, a * s, u, "-", "-" }'
+  fi
+}
+row "(a) launch 4 x true, wall" "$r_wall" "${t_wall:-0}" " s" 1
+row "(a) launch 4 x true, peak RSS" "$r_rss" "${t_rss:-0}" " M" "$(awk 'BEGIN {print 1/1024}')"
+row "(b) run without failure, wall" "$r_ok" "${t_ok:-0}" " s" 1
+row "(b) run with one failure + restart, wall" "$r_fail" "${t_fail:-0}" " s" 1
+row "(b) restart overhead (difference)" "$r_restart" "${t_restart:-0}" " s" 1

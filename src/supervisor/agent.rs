@@ -768,4 +768,59 @@ mod tests {
         assert_eq!(short_host("node1.cluster.local"), "node1");
         assert_eq!(short_host("vm"), "vm");
     }
+
+    fn config(standalone: bool, master_addr: &str, master_port: Option<u16>) -> LaunchConfig {
+        use crate::config::*;
+        LaunchConfig {
+            nproc_per_node: 1,
+            nnodes: NodeRange { min: 1, max: 1 },
+            node_rank: 0,
+            rdzv: RdzvConfig {
+                backend: RdzvBackend::Static,
+                endpoint: None,
+                run_id: "t".into(),
+                conf: Default::default(),
+            },
+            standalone,
+            master_addr: master_addr.into(),
+            master_port,
+            local_addr: None,
+            max_restarts: 0,
+            role: "default".into(),
+            command: WorkerCommand {
+                kind: EntrypointKind::Exec,
+                program: "true".into(),
+                args: Vec::new(),
+                display_name: "true".into(),
+            },
+            log: LogConfig::default(),
+            signals_to_handle: vec![libc::SIGTERM],
+            shutdown_timeout: Duration::from_secs(1),
+            virtual_local_rank: false,
+            report_json: None,
+            exit_barrier_timeout: Duration::from_secs(300),
+        }
+    }
+
+    #[test]
+    fn store_binding() {
+        // Standalone: loopback, a kernel-picked port, kept bound.
+        let (l, addr) = bind_store(&config(true, "node1", None)).unwrap();
+        let local = l.local_addr().unwrap();
+        assert_eq!(addr, "127.0.0.1");
+        assert!(local.ip().is_loopback() && local.port() != 0);
+        // The port stays ours until the listener is dropped.
+        assert!(TcpListener::bind(local).is_err());
+        // --master-port given: exactly that port.
+        let port = local.port();
+        drop(l);
+        let (l, addr) = bind_store(&config(false, "127.0.0.1", Some(port))).unwrap();
+        assert_eq!(
+            (addr.as_str(), l.local_addr().unwrap().port()),
+            ("127.0.0.1", port)
+        );
+        // A taken port is a clear error naming the address.
+        let err = bind_store(&config(false, "127.0.0.1", Some(port))).unwrap_err();
+        assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    }
 }

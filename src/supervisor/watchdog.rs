@@ -3,9 +3,12 @@
 //!
 //! PR_SET_PDEATHSIG already kills each worker when rdrun dies, but not the worker's own children
 //! (the flag is cleared on fork, prctl(2)), which torchrun leaves running. The watchdog closes that
-//! gap: each worker writes its pid (= its process group id) into a pipe between fork and exec; the
-//! watchdog holds the read end, and when every write end is closed — rdrun is gone — it kills each
-//! registered group. rdrun disarms it (writes 0) once it has stopped the groups itself.
+//! gap: each worker writes its pid (= its process group id) into a socket between fork and exec;
+//! the watchdog holds the other end, and when every writer is closed — rdrun is gone — it kills
+//! each registered group. rdrun disarms it (writes 0) once it has stopped the groups itself.
+//!
+//! A unix stream socket pair rather than a pipe: writers use `send(MSG_NOSIGNAL)`, so a dead
+//! watchdog costs an EPIPE, never a SIGPIPE that would kill a worker before its exec.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -25,12 +28,20 @@ impl Watchdog {
     /// plain single-threaded copy; it runs only async-signal-safe code on preallocated memory.
     pub fn start() -> io::Result<Watchdog> {
         let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: valid out-array of two ints; O_CLOEXEC keeps the write end out of workers
+        // SAFETY: valid out-array of two ints; SOCK_CLOEXEC keeps the write end out of workers
         // (they write through it between fork and exec only).
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {
+        let rc = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        if rc == -1 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: pipe2 just returned these two fresh descriptors; we own them.
+        // SAFETY: socketpair just returned these two fresh descriptors; we own them.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         // Preallocated before fork: the child must not allocate.
         let mut table = vec![0 as libc::pid_t; CAPACITY];
@@ -60,10 +71,25 @@ impl Watchdog {
 
     /// Forgets every registered group: rdrun has stopped them itself.
     pub fn disarm(&self) {
-        let zero: libc::pid_t = 0;
-        // SAFETY: 4-byte write from a valid local to our own pipe.
-        let _ = unsafe { libc::write(self.fd(), (&zero as *const libc::pid_t).cast(), 4) };
+        register(self.fd(), 0);
     }
+}
+
+/// Sends one 4-byte message (a process group id, or 0 = disarm) to the watchdog.
+///
+/// Async-signal-safe: called between fork and exec. Errors are ignored (a watchdog that died
+/// cannot be helped; MSG_NOSIGNAL keeps that from killing the caller). A 4-byte message on a
+/// unix stream socket is never split (unix(7)).
+pub fn register(fd: RawFd, pgid: libc::pid_t) {
+    // SAFETY: send(2) of 4 bytes from a valid local.
+    let _ = unsafe {
+        libc::send(
+            fd,
+            (&pgid as *const libc::pid_t).cast(),
+            4,
+            libc::MSG_NOSIGNAL,
+        )
+    };
 }
 
 /// The watchdog's whole life. Never returns.

@@ -143,7 +143,7 @@ pub struct SpawnSpec {
     pub args: Vec<String>,
     /// Overlay on rdrun's inherited environment.
     pub env: Vec<(String, String)>,
-    /// Write end of the watchdog pipe: the child registers its process group there before exec.
+    /// Writer end of the watchdog socket: the child registers its process group there before exec.
     pub watchdog_fd: Option<RawFd>,
 }
 
@@ -170,7 +170,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     let parent = std::process::id() as libc::pid_t;
     let watchdog_fd = spec.watchdog_fd;
     // SAFETY: the closure runs between fork and exec and only calls async-signal-safe functions
-    // (setsid, getpid, write, prctl, getppid, raise) on values captured by copy; it allocates nothing.
+    // (setsid, getpid, send, prctl, getppid, raise) on values captured by copy; it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() == -1 {
@@ -178,10 +178,8 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
             }
             if let Some(fd) = watchdog_fd {
                 // Registers the new process group before the program runs, so that even a
-                // SIGKILL of rdrun right now leaves nothing behind. A 4-byte write to a pipe is
-                // atomic (pipe(7), PIPE_BUF).
-                let pid = libc::getpid();
-                let _ = libc::write(fd, (&pid as *const libc::pid_t).cast(), 4);
+                // SIGKILL of rdrun right now leaves nothing behind.
+                super::watchdog::register(fd, libc::getpid());
             }
             if libc::prctl(
                 libc::PR_SET_PDEATHSIG,

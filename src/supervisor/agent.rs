@@ -717,25 +717,20 @@ fn short_host(host: &str) -> String {
 
 /// Binds the worker store's listening socket and returns it with the MASTER_ADDR workers get.
 ///
-/// Standalone (or a loopback master address): 127.0.0.1 only, on `--master-port` or a port the
-/// kernel picks (the socket stays open from bind to use, so no other process can take it).
+/// Standalone (or a loopback master address): 127.0.0.1 only. The port is `--master-port` (the
+/// config's resolved MASTER_PORT) or, when `None`, one the kernel picks; either way the socket
+/// stays open from bind to use, so no other process can take it (no probe-then-bind race).
 /// torchrun gives its FQDN as MASTER_ADDR in standalone; rdrun gives 127.0.0.1, the address it
-/// actually listens on. A non-loopback `--master-addr` binds every interface on `--master-port`
-/// (29500 when unset), as torchrun's static store does.
+/// actually listens on. Any other master address binds every interface, as torchrun's agent
+/// store does (`*:port`, spec torchrun-compat §2.3).
 fn bind_store(config: &LaunchConfig) -> Result<(TcpListener, String), String> {
     let loopback = config.standalone || is_loopback(&config.master_addr);
     let (ip, master_addr) = if loopback {
         (IpAddr::V4(Ipv4Addr::LOCALHOST), "127.0.0.1".to_string())
     } else {
-        (
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            config.master_addr.clone(),
-        )
+        (IpAddr::V4(Ipv4Addr::UNSPECIFIED), config.master_addr.clone())
     };
-    let port = config
-        .master_port
-        .unwrap_or(if config.standalone { 0 } else { 29500 });
-    let addr = SocketAddr::new(ip, port);
+    let addr = SocketAddr::new(ip, config.master_port.unwrap_or(0));
     let listener = TcpListener::bind(addr)
         .map_err(|err| format!("cannot bind the worker store on {addr}: {err}"))?;
     Ok((listener, master_addr))

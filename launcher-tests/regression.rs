@@ -65,3 +65,30 @@ fn torchrun_leaves_grandchildren_after_failure() {
     assert_eq!(pids.len(), 2, "{out:?}");
     assert_no_leak(&pids, Duration::from_secs(2));
 }
+
+/// A descendant that left its worker's process group (setsid) is out of reach of killpg; torchrun
+/// never stops it. rdrun, as child subreaper, inherits it and stops it with the group.
+/// See: spec torchrun-compat §3.5.
+#[test]
+fn torchrun_misses_descendants_that_left_the_group() {
+    let dir = TempDir::new("setsid_descendant");
+    let script = r#"setsid sh -c 'echo $$ > "$1/gpid.0"; exec sleep 30' sh "$1" &
+while [ ! -s "$1/gpid.0" ]; do sleep 0.02; done
+exit 5"#;
+    let out = Rdrun::new()
+        .args([
+            "--standalone",
+            "--nproc-per-node=1",
+            "--shutdown-timeout=30",
+        ])
+        .arg("--no-python")
+        .args(["sh", "-c", script, "sh"])
+        .arg(dir.path())
+        .run();
+    out.assert_code(5);
+    // It got SIGTERM with the group (not only SIGKILL after the 30 s grace).
+    assert!(out.waited < Duration::from_secs(20), "{out:?}");
+    let pids = fixture_pids(dir.path(), 1);
+    assert_eq!(pids.len(), 1, "{out:?}");
+    assert_no_leak(&pids, Duration::from_secs(2));
+}

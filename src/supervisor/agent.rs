@@ -445,7 +445,7 @@ impl Agent {
                                 signals::name(sig)
                             );
                             interrupted = Some(sig);
-                            forward_to_all(&pgids, sig);
+                            self.signal_everything(&pgids, sig);
                             if stop == Stop::None {
                                 stop = Stop::Grace(Instant::now() + self.grace);
                             }
@@ -458,7 +458,7 @@ impl Agent {
                                 );
                                 stop = self.kill_all(&pgids);
                             } else {
-                                forward_to_all(&pgids, sig);
+                                self.signal_everything(&pgids, sig);
                             }
                         }
                     },
@@ -552,14 +552,20 @@ impl Agent {
 
     /// Sends `sig` to every group and to every stray descendant, and starts the grace period.
     fn begin_stop(&self, pgids: &[i32], sig: i32) -> Stop {
+        self.signal_everything(pgids, sig);
+        Stop::Grace(Instant::now() + self.grace)
+    }
+
+    /// Sends `sig` to every worker group and to every descendant that left them (setsid).
+    fn signal_everything(&self, pgids: &[i32], sig: i32) {
         for &pgid in pgids {
-            tracing::debug!(pgid, "sending {}", signals::name(sig));
+            tracing::info!(pgid, "sending {} to process group", signals::name(sig));
         }
         forward_to_all(pgids, sig);
         for pid in self.stray_descendants(pgids) {
+            tracing::info!(pid, "sending {} to stray descendant", signals::name(sig));
             worker::signal_pid(pid, sig);
         }
-        Stop::Grace(Instant::now() + self.grace)
     }
 
     /// SIGKILLs every group and every descendant of rdrun (except the watchdog).
@@ -728,7 +734,10 @@ fn bind_store(config: &LaunchConfig) -> Result<(TcpListener, String), String> {
     let (ip, master_addr) = if loopback {
         (IpAddr::V4(Ipv4Addr::LOCALHOST), "127.0.0.1".to_string())
     } else {
-        (IpAddr::V4(Ipv4Addr::UNSPECIFIED), config.master_addr.clone())
+        (
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            config.master_addr.clone(),
+        )
     };
     let addr = SocketAddr::new(ip, config.master_port.unwrap_or(0));
     let listener = TcpListener::bind(addr)

@@ -23,7 +23,7 @@ use super::events::Event;
 use super::output::{self, OutputSummary, RankIdentity, RunLogs};
 use super::report::{self, Failure, FailureReport};
 use super::restart::{self, AttemptEnd, Decision};
-use super::signals::{self, SignalAction, Signals};
+use super::signals::{self, SignalAction, SignalReaction, Signals};
 use super::watchdog::Watchdog;
 use super::worker::{self, SpawnSpec};
 
@@ -432,36 +432,33 @@ impl Agent {
                             failed_slots.push(i);
                         }
                     }
-                    Event::Signal(sig) => match signals::action(sig) {
-                        SignalAction::Forward => {
-                            tracing::info!("forwarding {} to the workers", signals::name(sig));
-                            for &pgid in &pgids {
-                                worker::signal_group(pgid, sig);
+                    Event::Signal(sig) => {
+                        let in_grace = matches!(stop, Stop::Grace(_));
+                        match signals::react(sig, interrupted.is_some(), in_grace) {
+                            SignalReaction::Forward => {
+                                tracing::info!("forwarding {} to the workers", signals::name(sig));
+                                self.signal_everything(&pgids, sig);
                             }
-                        }
-                        SignalAction::Shutdown if interrupted.is_none() => {
-                            tracing::warn!(
-                                "received {}, shutting down the workers",
-                                signals::name(sig)
-                            );
-                            interrupted = Some(sig);
-                            self.signal_everything(&pgids, sig);
-                            if stop == Stop::None {
-                                stop = Stop::Grace(Instant::now() + self.grace);
+                            SignalReaction::Shutdown => {
+                                tracing::warn!(
+                                    "received {}, shutting down the workers",
+                                    signals::name(sig)
+                                );
+                                interrupted = Some(sig);
+                                self.signal_everything(&pgids, sig);
+                                if stop == Stop::None {
+                                    stop = Stop::Grace(Instant::now() + self.grace);
+                                }
                             }
-                        }
-                        SignalAction::Shutdown => {
-                            if signals::escalates(sig) && matches!(stop, Stop::Grace(_)) {
+                            SignalReaction::KillNow => {
                                 tracing::warn!(
                                     "received {} again, killing the workers now",
                                     signals::name(sig)
                                 );
                                 stop = self.kill_all(&pgids);
-                            } else {
-                                self.signal_everything(&pgids, sig);
                             }
                         }
-                    },
+                    }
                     Event::Deadline => match stop {
                         Stop::None => {}
                         Stop::Grace(_) => {

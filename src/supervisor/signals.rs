@@ -35,6 +35,29 @@ pub fn escalates(sig: i32) -> bool {
     sig == libc::SIGINT || sig == libc::SIGTERM
 }
 
+/// What the agent does with a caught signal, given where the current stop stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalReaction {
+    /// Send the signal to every worker group and carry on.
+    Forward,
+    /// Send the signal to every worker group and start the shutdown (grace, then SIGKILL).
+    Shutdown,
+    /// SIGKILL everything now (a second Ctrl-C or SIGTERM during the grace).
+    KillNow,
+}
+
+/// The agent's reaction to `sig`. `interrupted`: a shutdown signal already arrived;
+/// `in_grace`: a stop is waiting out its grace period (not yet at SIGKILL).
+pub fn react(sig: i32, interrupted: bool, in_grace: bool) -> SignalReaction {
+    match action(sig) {
+        SignalAction::Forward => SignalReaction::Forward,
+        SignalAction::Shutdown if !interrupted => SignalReaction::Shutdown,
+        SignalAction::Shutdown if escalates(sig) && in_grace => SignalReaction::KillNow,
+        // A repeated HUP/QUIT, or anything once SIGKILL went out: pass it on, nothing more.
+        SignalAction::Shutdown => SignalReaction::Forward,
+    }
+}
+
 /// `SIGTERM`-style name of a signal number (`SIG<n>` when unknown).
 pub fn name(sig: i32) -> String {
     match nix::sys::signal::Signal::try_from(sig) {
@@ -129,6 +152,37 @@ mod tests {
         assert!(escalates(libc::SIGTERM));
         assert!(!escalates(libc::SIGHUP));
         assert!(!escalates(libc::SIGUSR1));
+    }
+
+    #[test]
+    fn reactions() {
+        use SignalReaction::*;
+        // (signal, interrupted, in_grace, expected)
+        let table = [
+            (libc::SIGINT, false, false, Shutdown),
+            // A failure stop is in its grace: the first Ctrl-C still starts the shutdown.
+            (libc::SIGINT, false, true, Shutdown),
+            (libc::SIGINT, true, true, KillNow),
+            (libc::SIGTERM, true, true, KillNow),
+            // SIGINT then SIGTERM escalates too.
+            (libc::SIGTERM, true, true, KillNow),
+            (libc::SIGHUP, true, true, Forward),
+            (libc::SIGQUIT, true, true, Forward),
+            // Already past the grace (SIGKILL sent): nothing left to escalate.
+            (libc::SIGINT, true, false, Forward),
+            (libc::SIGUSR1, false, false, Forward),
+            (libc::SIGUSR1, true, true, Forward),
+            (libc::SIGUSR2, false, true, Forward),
+            (libc::SIGHUP, false, false, Shutdown),
+        ];
+        for (sig, interrupted, in_grace, want) in table {
+            assert_eq!(
+                react(sig, interrupted, in_grace),
+                want,
+                "{} interrupted={interrupted} in_grace={in_grace}",
+                name(sig)
+            );
+        }
     }
 
     #[test]

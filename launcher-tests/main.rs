@@ -8,6 +8,7 @@
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
+mod cli;
 mod env;
 mod regression;
 mod restart;

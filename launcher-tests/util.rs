@@ -144,6 +144,13 @@ impl Rdrun {
     fn command(&self) -> Command {
         let mut cmd = Command::new(rdrun_bin());
         cmd.args(&self.args);
+        // PET_* variables are flag fallbacks: one left in the test's environment would change
+        // what the command line means.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("PET_") {
+                cmd.env_remove(k);
+            }
+        }
         for k in &self.env_remove {
             cmd.env_remove(k);
         }

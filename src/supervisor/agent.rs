@@ -15,7 +15,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::config::LaunchConfig;
+use crate::config::{self, LaunchConfig};
 use crate::exit::{self, WorkerStatus};
 use crate::workerenv::WorkerEnv;
 
@@ -188,13 +188,16 @@ impl Agent {
             .ok()
             .and_then(|h| h.into_string().ok())
             .unwrap_or_else(|| "localhost".to_string());
-        if std::env::var_os("OMP_NUM_THREADS").is_none() && config.nproc_per_node > 1 {
+        if config::should_set_omp_num_threads(
+            std::env::var("OMP_NUM_THREADS").ok().as_deref(),
+            config.nproc_per_node,
+        ) {
             tracing::warn!(
                 "setting OMP_NUM_THREADS=1 for every worker (it is unset and nproc_per_node > 1); set it yourself to tune"
             );
         }
         let grace = config.shutdown_timeout;
-        let signals_env = signals::env_value(&config.signals_to_handle);
+        let signals_env = config::signal_names(&config.signals_to_handle);
         let mut agent = Agent {
             config,
             watchdog,
@@ -360,7 +363,7 @@ impl Agent {
                     .command
                     .args
                     .iter()
-                    .map(|a| worker::substitute_local_rank(a, lr))
+                    .map(|a| config::substitute_local_rank(a, lr))
                     .collect(),
                 env,
                 watchdog_fd: self.watchdog.as_ref().map(Watchdog::fd),

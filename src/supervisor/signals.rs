@@ -66,15 +66,6 @@ pub fn name(sig: i32) -> String {
     }
 }
 
-/// Value of TORCHELASTIC_SIGNALS_TO_HANDLE as torchrun exports it: names joined by commas.
-pub fn env_value(signals: &[i32]) -> String {
-    signals
-        .iter()
-        .map(|s| name(*s))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// Caught signals, in arrival order.
 #[derive(Debug)]
 pub struct Signals {
@@ -189,10 +180,5 @@ mod tests {
     fn names() {
         assert_eq!(name(libc::SIGTERM), "SIGTERM");
         assert_eq!(name(1000), "SIG1000");
-        assert_eq!(
-            env_value(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT]),
-            "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-        );
-        assert_eq!(env_value(&[]), "");
     }
 }

@@ -2,7 +2,8 @@
 //! spawned (own session and process group, parent-death signal, piped stdout/stderr), how it
 //! and its group are signalled, and how exits of any descendant are reaped.
 //!
-//! The pure parts ([`worker_env`], [`substitute_local_rank`], [`descendants`]) are table-tested;
+//! The pure parts ([`worker_env`], [`descendants`]) are table-tested (the per-variable rules they
+//! apply live in `config`: `should_set_omp_num_threads`, `virtual_local_rank_devices`);
 //! the agent owns the state and calls the effectful ones ([`spawn`], [`reap`], [`signal_group`]).
 
 use std::ffi::OsString;
@@ -12,18 +13,16 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use crate::config::{self, ConfigError};
 use crate::exit::WorkerStatus;
 use crate::workerenv::WorkerEnv;
 
 /// Why the environment of a worker could not be built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EnvError {
-    #[error("--virtual-local-rank: local rank {local_rank} has no entry in {var}={value:?}")]
-    NoDevice {
-        local_rank: usize,
-        var: &'static str,
-        value: String,
-    },
+    /// `--virtual-local-rank` with fewer visible devices than local ranks.
+    #[error(transparent)]
+    Devices(#[from] ConfigError),
 }
 
 /// Why a worker could not be started.
@@ -66,7 +65,7 @@ pub fn worker_env(
     if parent("TORCH_NCCL_ASYNC_ERROR_HANDLING").is_none() {
         set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".to_string());
     }
-    if parent("OMP_NUM_THREADS").is_none() && nproc_per_node > 1 {
+    if config::should_set_omp_num_threads(parent("OMP_NUM_THREADS").as_deref(), nproc_per_node) {
         set("OMP_NUM_THREADS", "1".to_string());
     }
     set(
@@ -75,65 +74,15 @@ pub fn worker_env(
     );
     if virtual_local_rank {
         set("LOCAL_RANK", "0".to_string());
-        let lr = env.local_rank;
-        let pick = |var: &'static str, list: String| -> Result<String, EnvError> {
-            list.split(',')
-                .nth(lr)
-                .map(|s| s.trim().to_string())
-                .ok_or(EnvError::NoDevice {
-                    local_rank: lr,
-                    var,
-                    value: list.clone(),
-                })
-        };
-        if let Some(hip) = parent("HIP_VISIBLE_DEVICES") {
-            let dev = pick("HIP_VISIBLE_DEVICES", hip)?;
-            set("HIP_VISIBLE_DEVICES", dev.clone());
-            set("CUDA_VISIBLE_DEVICES", dev);
-        } else if let Some(cuda) = parent("CUDA_VISIBLE_DEVICES") {
-            let dev = pick("CUDA_VISIBLE_DEVICES", cuda)?;
-            set("CUDA_VISIBLE_DEVICES", dev);
-        } else {
-            set("CUDA_VISIBLE_DEVICES", lr.to_string());
+        for (k, v) in config::virtual_local_rank_devices(
+            env.local_rank,
+            parent("HIP_VISIBLE_DEVICES").as_deref(),
+            parent("CUDA_VISIBLE_DEVICES").as_deref(),
+        )? {
+            set(k, v);
         }
     }
     Ok(pairs)
-}
-
-/// Replaces `${local_rank}` and `$local_rank` (not followed by an identifier character, as
-/// Python's `string.Template`) with the local rank. Unlike torchrun, `$$` is kept as is (torchrun
-/// collapses it to `$`); `$$local_rank` therefore stays literal, as the escape intends.
-pub fn substitute_local_rank(arg: &str, local_rank: usize) -> String {
-    const NAME: &str = "local_rank";
-    let mut out = String::with_capacity(arg.len());
-    let mut rest = arg;
-    while let Some(pos) = rest.find('$') {
-        out.push_str(&rest[..pos]);
-        let after = &rest[pos + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            out.push_str("$$");
-            rest = tail;
-        } else if let Some(tail) = after
-            .strip_prefix('{')
-            .and_then(|s| s.strip_prefix(NAME))
-            .and_then(|s| s.strip_prefix('}'))
-        {
-            out.push_str(&local_rank.to_string());
-            rest = tail;
-        } else if let Some(tail) = after.strip_prefix(NAME).filter(|t| {
-            !t.chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
-        }) {
-            out.push_str(&local_rank.to_string());
-            rest = tail;
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 /// What the agent needs to start one worker.
@@ -434,33 +383,8 @@ mod tests {
         let err = env_of(2, 3, true, &[("CUDA_VISIBLE_DEVICES", "0,1")]).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "--virtual-local-rank: local rank 2 has no entry in CUDA_VISIBLE_DEVICES=\"0,1\""
+            "--virtual-local-rank: local_rank 2 exceeds available GPUs in CUDA_VISIBLE_DEVICES=0,1"
         );
-    }
-
-    #[test]
-    fn substitution_table() {
-        let table = [
-            ("${local_rank}", "3"),
-            ("$local_rank", "3"),
-            ("--rank=$local_rank/x", "--rank=3/x"),
-            ("a${local_rank}b${local_rank}", "a3b3"),
-            ("$local_rankx", "$local_rankx"),
-            ("$local_rank_", "$local_rank_"),
-            ("$local_rank1", "$local_rank1"),
-            ("$$", "$$"),
-            ("a$$b", "a$$b"),
-            ("$$local_rank", "$$local_rank"),
-            ("$other", "$other"),
-            ("${other}", "${other}"),
-            ("${local_rank", "${local_rank"),
-            ("$", "$"),
-            ("plain", "plain"),
-            ("€$local_rank€", "€3€"),
-        ];
-        for (input, want) in table {
-            assert_eq!(substitute_local_rank(input, 3), want, "{input}");
-        }
     }
 
     #[test]

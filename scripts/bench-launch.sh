@@ -3,7 +3,10 @@
 #   (a) launch of 4 `true` workers (`--standalone --nproc_per_node=4 --no-python true`):
 #       wall time and peak RSS (largest single process of the run, from /usr/bin/time's %M);
 #   (b) extra wall time of one failure plus restart: rank 1 fails on attempt 0 with
-#       `--max-restarts=1`, minus the same launch where nobody fails.
+#       `--max-restarts=1`. Measured inside the run, where launcher start-up noise (torchrun's
+#       Python imports) cannot blur it: from the moment the failing worker exits to the moment
+#       the first worker of attempt 1 starts (both timestamps taken by the workers with `date`).
+#       The whole run's wall time, with and without the failure, is printed too.
 # Usage: scripts/bench-launch.sh   (env: RUNS_RDRUN=30, RUNS_TORCH=5, TORCHRUN=path, RDRUN=path)
 # rdrun is built in release mode (launcher only); torchrun comes from the cached venv that
 # scripts/torch-venv.sh installs (skipped, with a note, when it is absent).
@@ -28,16 +31,26 @@ fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
-# Worker for (b): rank 1 fails on attempt 0 only, when FAIL=1.
-FAILER='[ "${FAIL:-0}" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$LOCAL_RANK" = 1 ] && exit 1; exit 0'
+# Worker for (b): with FAIL=1, rank 1 records the time and fails on attempt 0; every worker of
+# attempt 1 records its start time.
+FAILER='if [ "$TORCHELASTIC_RESTART_COUNT" = 1 ]; then date +%s%N > "$BENCH_DIR/start.$LOCAL_RANK"; fi
+if [ "${FAIL:-0}" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$LOCAL_RANK" = 1 ]; then
+  date +%s%N > "$BENCH_DIR/fail"; exit 1
+fi
+exit 0'
+export BENCH_DIR="$TMP/marks"
+mkdir -p "$BENCH_DIR"
 
 now_ns() { date +%s%N; }
 
-# measure RUNS LAUNCHER [ARGS...] -> prints "median_wall_s median_rss_kib"
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+# measure RUNS LAUNCHER [ARGS...] -> prints "median_wall_s median_rss_kib median_restart_gap_s"
 measure() {
   local runs=$1; shift
-  local walls=() rsss=() i t0 t1
+  local walls=() rsss=() gaps=() i t0 t1 first
   for ((i = 0; i < runs; i++)); do
+    rm -f "$BENCH_DIR"/*
     t0=$(now_ns)
     if ! "$TIME_BIN" -f '%M' -o "$TMP/rss" "$@" >"$TMP/out" 2>"$TMP/err"; then
       echo "bench-launch: error: run failed: $*" >&2
@@ -47,29 +60,34 @@ measure() {
     t1=$(now_ns)
     walls+=("$(( (t1 - t0) / 1000 ))")
     rsss+=("$(tail -n 1 "$TMP/rss")")
+    if [ -f "$BENCH_DIR/fail" ]; then
+      first=$(cat "$BENCH_DIR"/start.* | sort -n | head -n 1)
+      gaps+=("$(( (first - $(cat "$BENCH_DIR/fail")) / 1000 ))")
+    else
+      gaps+=(0)
+    fi
   done
-  local mw mr
-  mw=$(printf '%s\n' "${walls[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
-  mr=$(printf '%s\n' "${rsss[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
-  awk -v w="$mw" -v r="$mr" 'BEGIN {printf "%.6f %.0f\n", w / 1e6, r}'
+  local mw mr mg
+  mw=$(printf '%s\n' "${walls[@]}" | median)
+  mr=$(printf '%s\n' "${rsss[@]}" | median)
+  mg=$(printf '%s\n' "${gaps[@]}" | median)
+  awk -v w="$mw" -v r="$mr" -v g="$mg" 'BEGIN {printf "%.6f %.0f %.6f\n", w / 1e6, r, g / 1e6}'
 }
 
 launch_args=(--standalone --nproc_per_node=4 --no-python)
 
 echo "== rdrun: $RDRUN ($RUNS_RDRUN runs each)"
-read -r r_wall r_rss < <(measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" true)
-read -r r_ok _ < <(FAIL=0 measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
-read -r r_fail _ < <(FAIL=1 measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
-r_restart=$(awk -v a="$r_fail" -v b="$r_ok" 'BEGIN {printf "%.6f", a - b}')
+read -r r_wall r_rss _ < <(measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" true)
+read -r r_ok _ _ < <(FAIL=0 measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
+read -r r_fail _ r_restart < <(FAIL=1 measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
 
 have_torch=0
 if [ -x "$TORCHRUN" ]; then
   have_torch=1
   echo "== torchrun: $TORCHRUN ($RUNS_TORCH runs each)"
-  read -r t_wall t_rss < <(measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" true)
-  read -r t_ok _ < <(FAIL=0 measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
-  read -r t_fail _ < <(FAIL=1 measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
-  t_restart=$(awk -v a="$t_fail" -v b="$t_ok" 'BEGIN {printf "%.6f", a - b}')
+  read -r t_wall t_rss _ < <(measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" true)
+  read -r t_ok _ _ < <(FAIL=0 measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
+  read -r t_fail _ t_restart < <(FAIL=1 measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
 else
   echo "== torchrun not found at $TORCHRUN (run scripts/torch-venv.sh); rdrun only"
 fi
@@ -89,4 +107,4 @@ row "(a) launch 4 x true, wall" "$r_wall" "${t_wall:-0}" " s" 1
 row "(a) launch 4 x true, peak RSS" "$r_rss" "${t_rss:-0}" " M" "$(awk 'BEGIN {print 1/1024}')"
 row "(b) run without failure, wall" "$r_ok" "${t_ok:-0}" " s" 1
 row "(b) run with one failure + restart, wall" "$r_fail" "${t_fail:-0}" " s" 1
-row "(b) restart overhead (difference)" "$r_restart" "${t_restart:-0}" " s" 1
+row "(b) restart gap: failure -> attempt 1" "$r_restart" "${t_restart:-0}" " s" 1

@@ -476,7 +476,7 @@ impl Agent {
                             stop = self.kill_all(&pgids);
                         }
                         Stop::Killed(_) => {
-                            let left = self.leftovers(&pgids);
+                            let left = self.leftovers();
                             tracing::error!(
                                 ?left,
                                 "processes still alive {:?} after SIGKILL (uninterruptible sleep?); abandoning them",
@@ -524,14 +524,14 @@ impl Agent {
             if all_exited {
                 if stop == Stop::None {
                     // Every worker exited 0: stop whatever they left behind, with the same grace.
-                    if self.leftovers(&pgids).is_empty() {
+                    if self.leftovers().is_empty() {
                         return self
                             .finish(slots, failures, Vec::new(), interrupted, launch_error)
                             .await;
                     }
                     tracing::info!("workers exited, stopping the processes they left behind");
                     stop = self.begin_stop(&pgids, libc::SIGTERM);
-                } else if self.leftovers(&pgids).is_empty() {
+                } else if self.leftovers().is_empty() {
                     return self
                         .finish(slots, failures, Vec::new(), interrupted, launch_error)
                         .await;
@@ -577,51 +577,34 @@ impl Agent {
         Stop::Killed(Instant::now() + KILL_WAIT)
     }
 
-    /// Live descendants of rdrun, the watchdog excluded.
-    fn descendants(&self) -> Vec<i32> {
+    /// Live descendants of rdrun, the watchdog excluded. Every member of a worker group is one
+    /// (a group only gains members by fork or by setpgid within its session), so this is also
+    /// everything left of the attempt.
+    fn tree(&self) -> Vec<worker::ProcEntry> {
         let me = std::process::id() as i32;
         let watchdog = self.watchdog.as_ref().map(Watchdog::pid);
-        let procs = worker::scan_procs();
-        worker::descendants(me, &procs)
+        worker::scan_tree(me)
             .into_iter()
-            .filter(|p| Some(*p) != watchdog)
+            .filter(|p| !p.zombie && Some(p.pid) != watchdog)
             .collect()
+    }
+
+    fn descendants(&self) -> Vec<i32> {
+        self.tree().into_iter().map(|p| p.pid).collect()
     }
 
     /// Descendants outside every worker group (they called setsid themselves).
     fn stray_descendants(&self, pgids: &[i32]) -> Vec<i32> {
-        let procs = worker::scan_procs();
-        let me = std::process::id() as i32;
-        let watchdog = self.watchdog.as_ref().map(Watchdog::pid);
-        worker::descendants(me, &procs)
+        self.tree()
             .into_iter()
-            .filter(|p| Some(*p) != watchdog)
-            .filter(|p| {
-                procs
-                    .iter()
-                    .find(|e| e.pid == *p)
-                    .is_some_and(|e| !pgids.contains(&e.pgid))
-            })
+            .filter(|p| !pgids.contains(&p.pgid))
+            .map(|p| p.pid)
             .collect()
     }
 
-    /// Live processes that still belong to the attempt: members of a worker group, and
-    /// descendants of rdrun.
-    fn leftovers(&self, pgids: &[i32]) -> Vec<i32> {
-        let procs = worker::scan_procs();
-        let me = std::process::id() as i32;
-        let watchdog = self.watchdog.as_ref().map(Watchdog::pid);
-        let mut left: Vec<i32> = procs
-            .iter()
-            .filter(|p| !p.zombie && pgids.contains(&p.pgid))
-            .map(|p| p.pid)
-            .collect();
-        for pid in worker::descendants(me, &procs) {
-            if Some(pid) != watchdog && !left.contains(&pid) {
-                left.push(pid);
-            }
-        }
-        left
+    /// Live processes that still belong to the attempt.
+    fn leftovers(&self) -> Vec<i32> {
+        self.descendants()
     }
 
     /// Collects output summaries and turns the attempt into an [`Outcome`].

@@ -239,8 +239,51 @@ pub fn scan_procs() -> Vec<ProcEntry> {
         .collect()
 }
 
-/// Pids of every live (non-zombie) descendant of `root` in `procs`.
-pub fn descendants(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
+/// The processes below `root` (its children, their children, …), zombies included.
+///
+/// Walks `/proc/<pid>/task/<tid>/children` (proc(5), Linux ≥ 3.5 with CONFIG_PROC_CHILDREN), so
+/// the cost follows the size of rdrun's own tree, not of the machine's process table; falls back
+/// to a full `/proc` scan where that file does not exist.
+pub fn scan_tree(root: i32) -> Vec<ProcEntry> {
+    let probe = format!("/proc/{root}/task/{root}/children");
+    if std::fs::metadata(&probe).is_err() {
+        let procs = scan_procs();
+        let below = descendants_all(root, &procs);
+        return procs
+            .into_iter()
+            .filter(|p| below.contains(&p.pid))
+            .collect();
+    }
+    let mut out: Vec<ProcEntry> = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+            continue;
+        };
+        for task in tasks.filter_map(|t| t.ok()) {
+            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for pid in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+            {
+                if out.iter().any(|p| p.pid == pid) {
+                    continue;
+                }
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+                if let Some(entry) = stat.as_deref().and_then(parse_stat) {
+                    out.push(entry);
+                    frontier.push(pid);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Pids of every descendant of `root` in `procs`, zombies included.
+fn descendants_all(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
     let mut out = Vec::new();
     let mut frontier = vec![root];
     while let Some(parent) = frontier.pop() {
@@ -251,6 +294,12 @@ pub fn descendants(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
             }
         }
     }
+    out
+}
+
+/// Pids of every live (non-zombie) descendant of `root` in `procs`.
+pub fn descendants(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
+    let mut out = descendants_all(root, procs);
     out.retain(|pid| procs.iter().any(|p| p.pid == *pid && !p.zombie));
     out
 }
@@ -401,6 +450,22 @@ mod tests {
         );
         assert!(parse_stat("43 (z) Z 1 43 43").unwrap().zombie);
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn tree_scan_sees_own_children() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let me = std::process::id() as i32;
+        let pid = child.id() as i32;
+        let tree = scan_tree(me);
+        let _ = child.kill();
+        let _ = child.wait();
+        let entry = tree.iter().find(|p| p.pid == pid).expect("child in tree");
+        assert_eq!(entry.ppid, me);
+        assert!(!entry.zombie);
     }
 
     #[test]

@@ -10,7 +10,9 @@
 
 mod cli;
 mod env;
+mod output;
 mod regression;
+mod report;
 mod restart;
 mod signals;
 mod util;

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -294,11 +294,20 @@ impl Agent {
             .map(|i| report.failures[i].status.launcher_exit_code())
             .unwrap_or(exit::LAUNCHER_FAILURE);
         eprintln!("{}", report::render(&report));
-        // TODO(report): `report::write_json(&report, path)` for `--report-json` and
-        // `report::copy_to_parent_error_file(&report)` for a TORCHELASTIC_ERROR_FILE of rdrun's
-        // own, once they land on main.
         if let Some(path) = &self.config.report_json {
-            tracing::debug!(path = %path.display(), "--report-json not written yet");
+            if let Err(err) = report::write_json(path, &report) {
+                tracing::error!("--report-json: {err}");
+            }
+        }
+        // Nested under a scheduler that gave rdrun its own error file: copy the root cause there,
+        // as torchrun's @record-wrapped main does (spec torchrun-compat §3.9).
+        match std::env::var_os("TORCHELASTIC_ERROR_FILE").filter(|p| !p.is_empty()) {
+            Some(parent) => {
+                if let Err(err) = report::copy_to_parent_error_file(Path::new(&parent), &report) {
+                    tracing::error!("cannot copy the root cause to TORCHELASTIC_ERROR_FILE: {err}");
+                }
+            }
+            None => tracing::debug!("no error file defined for parent, to copy child error file"),
         }
         code
     }
@@ -321,6 +330,9 @@ impl Agent {
             }
         };
         let mut guard = GroupGuard::default();
+        // Ends the output forwarders whose pipes stay open after every process rdrun can see is
+        // gone (a descendant that escaped and outlived the stop).
+        let (stop_output, _) = tokio::sync::watch::channel(false);
         let mut slots: Vec<Slot> = Vec::with_capacity(nproc);
         let mut launch_error = None;
         for (lr, id) in ids.iter().enumerate() {
@@ -372,11 +384,12 @@ impl Agent {
                 Ok(spawned) => {
                     tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
                     guard.pgids.push(spawned.pid);
-                    let handle = output::forward(
+                    let handle = output::forward_until(
                         id.clone(),
                         rank_logs.sink.clone(),
                         spawned.stdout,
                         spawned.stderr,
+                        stop_output.subscribe(),
                     );
                     slots.push(Slot {
                         local_rank: lr,
@@ -398,7 +411,7 @@ impl Agent {
                 }
             }
         }
-        let outcome = self.supervise(&mut slots, launch_error).await;
+        let outcome = self.supervise(&mut slots, launch_error, &stop_output).await;
         // Everything is stopped (or abandoned after SIGKILL): the drop guard has nothing to do.
         guard.pgids.clear();
         outcome
@@ -406,7 +419,12 @@ impl Agent {
 
     /// Watches the attempt's workers until none is left, stopping the group on the first failure
     /// or on a shutdown signal.
-    async fn supervise(&mut self, slots: &mut [Slot], launch_error: Option<String>) -> Outcome {
+    async fn supervise(
+        &mut self,
+        slots: &mut [Slot],
+        launch_error: Option<String>,
+        stop_output: &tokio::sync::watch::Sender<bool>,
+    ) -> Outcome {
         let by_pid: HashMap<i32, usize> =
             slots.iter().enumerate().map(|(i, s)| (s.pid, i)).collect();
         let pgids: Vec<i32> = slots.iter().map(|s| s.pid).collect();
@@ -483,7 +501,14 @@ impl Agent {
                                 KILL_WAIT
                             );
                             return self
-                                .finish(slots, failures, failed_slots, interrupted, launch_error)
+                                .finish(
+                                    slots,
+                                    failures,
+                                    failed_slots,
+                                    interrupted,
+                                    launch_error,
+                                    stop_output,
+                                )
                                 .await;
                         }
                     },
@@ -513,6 +538,7 @@ impl Agent {
                         observed_at: now,
                         error_file: s.error_file.clone(),
                         stderr_tail: Vec::new(),
+                        traceback: None,
                     });
                 }
                 failed_slots.clear();
@@ -526,14 +552,28 @@ impl Agent {
                     // Every worker exited 0: stop whatever they left behind, with the same grace.
                     if self.leftovers().is_empty() {
                         return self
-                            .finish(slots, failures, Vec::new(), interrupted, launch_error)
+                            .finish(
+                                slots,
+                                failures,
+                                Vec::new(),
+                                interrupted,
+                                launch_error,
+                                stop_output,
+                            )
                             .await;
                     }
                     tracing::info!("workers exited, stopping the processes they left behind");
                     stop = self.begin_stop(&pgids, libc::SIGTERM);
                 } else if self.leftovers().is_empty() {
                     return self
-                        .finish(slots, failures, Vec::new(), interrupted, launch_error)
+                        .finish(
+                            slots,
+                            failures,
+                            Vec::new(),
+                            interrupted,
+                            launch_error,
+                            stop_output,
+                        )
                         .await;
                 }
             }
@@ -615,6 +655,7 @@ impl Agent {
         unrecorded: Vec<usize>,
         interrupted: Option<i32>,
         launch_error: Option<String>,
+        stop_output: &tokio::sync::watch::Sender<bool>,
     ) -> Outcome {
         // Workers whose exit came in the very last batch (after a deadline) are failures too.
         let now = SystemTime::now();
@@ -629,6 +670,7 @@ impl Agent {
                     observed_at: now,
                     error_file: s.error_file.clone(),
                     stderr_tail: Vec::new(),
+                    traceback: None,
                 });
             }
         }
@@ -648,9 +690,12 @@ impl Agent {
                     observed_at: now,
                     error_file: s.error_file.clone(),
                     stderr_tail: Vec::new(),
+                    traceback: None,
                 });
             }
         }
+        // Output: what is still in the pipes is forwarded; a pipe still held open after
+        // OUTPUT_WAIT (by a process rdrun could not kill) is drained and closed on request.
         let deadline = Instant::now() + OUTPUT_WAIT;
         for s in slots.iter_mut() {
             let Some(mut handle) = s.output.take() else {
@@ -659,14 +704,23 @@ impl Agent {
             let summary = tokio::select! {
                 res = &mut handle => res.ok(),
                 _ = tokio::time::sleep_until(deadline) => {
-                    handle.abort();
-                    tracing::warn!(local_rank = s.local_rank, "output of the worker still open; dropped");
-                    None
+                    tracing::warn!(
+                        local_rank = s.local_rank,
+                        "output pipes of the worker still open {OUTPUT_WAIT:?} after it ended; closing them"
+                    );
+                    let _ = stop_output.send(true);
+                    match tokio::time::timeout(OUTPUT_WAIT, &mut handle).await {
+                        Ok(res) => res.ok(),
+                        Err(_) => {
+                            handle.abort();
+                            None
+                        }
+                    }
                 }
             };
             if let Some(summary) = summary {
                 for f in failures.iter_mut().filter(|f| f.local_rank == s.local_rank) {
-                    f.stderr_tail = summary.stderr_tail.clone();
+                    f.set_output(&summary);
                 }
             }
         }

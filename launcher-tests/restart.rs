@@ -47,7 +47,16 @@ fn root_cause_is_the_first_failure() {
         .args(["5", "2", "3"])
         .run();
     out.assert_code(5);
-    assert!(out.stderr.contains("FAILED"), "no failure report: {out:?}");
+    let root = out
+        .stderr
+        .split("Root Cause (first observed failure):")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no root cause block: {out:?}"));
+    assert!(root.contains("rank      : 2 (local_rank: 2)"), "{out:?}");
+    assert!(root.contains("exitcode  : 5 (pid: "), "{out:?}");
+    // The stopped peers are listed as failures too (they exited 3 from their SIGTERM trap).
+    let others = out.stderr.split("Failures:").nth(1).unwrap_or_default();
+    assert_eq!(others.matches("exitcode  : 3 (pid: ").count(), 3, "{out:?}");
 }
 
 #[test]

@@ -143,3 +143,33 @@ fn nothing_survives_sigkill_of_rdrun() {
         );
     }
 }
+
+#[test]
+fn no_temp_dir_left_after_sigkill_of_rdrun() {
+    // Without --log-dir rdrun keeps its run directory (error-file paths) under TMPDIR and
+    // removes it at the end; when rdrun is SIGKILLed its watchdog removes it.
+    let dir = TempDir::new("sigkill_tmpdir");
+    let tmp = dir.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let run = Rdrun::new()
+        .env("TMPDIR", &tmp)
+        .args(["--standalone", "--nproc-per-node=2", "--no-python"])
+        .arg(worker("trap_signals"))
+        .arg(dir.path())
+        .spawn();
+    wait_ready(dir.path(), NPROC);
+    let pids = fixture_pids(dir.path(), NPROC);
+    let made: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    run.signal(libc::SIGKILL);
+    let out = run.wait();
+    assert_no_leak(&pids, Duration::from_secs(5));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir(&tmp).unwrap().next().is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    assert!(
+        left.is_empty(),
+        "left in TMPDIR: {left:?} (made: {made:?}) {out:?}"
+    );
+}

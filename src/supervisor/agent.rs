@@ -228,6 +228,7 @@ impl Agent {
                         "received {} before the workers started, exiting",
                         signals::name(sig)
                     );
+                    self.forget_dir();
                     logs.finish();
                     return exit::for_signal(sig);
                 }
@@ -279,8 +280,17 @@ impl Agent {
                 (_, Outcome::Succeeded) => break exit::SUCCESS,
             }
         };
+        // Before finish: what finish keeps (error files the report named) must stay even if
+        // rdrun is killed right after.
+        self.forget_dir();
         logs.finish();
         code
+    }
+
+    fn forget_dir(&self) {
+        if let Some(w) = &self.watchdog {
+            w.forget_dir();
+        }
     }
 
     /// Prints the failure summary and returns the root cause's exit code.
@@ -323,7 +333,14 @@ impl Agent {
                 hostname: short_host(&self.host),
             })
             .collect();
-        let attempt_logs = match logs.attempt(restart_count, &ids) {
+        let attempt_logs = logs.attempt(restart_count, &ids);
+        if let Some(w) = &self.watchdog {
+            match logs.disposable_dir() {
+                Some(dir) => w.set_dir(dir),
+                None => w.forget_dir(),
+            }
+        }
+        let attempt_logs = match attempt_logs {
             Ok(a) => a,
             Err(err) => {
                 return Outcome::LauncherError(format!("cannot prepare the log directory: {err}"))

@@ -6,6 +6,11 @@
 //! gap: each worker writes its pid (= its process group id) into a socket between fork and exec;
 //! the watchdog holds the other end, and when every writer is closed — rdrun is gone — it kills
 //! each registered group. rdrun disarms it (writes 0) once it has stopped the groups itself.
+//! rdrun may also register its private temporary log directory (one that holds nothing the user
+//! needs once rdrun is gone): the watchdog then removes it too, by exec'ing `rm -rf`.
+//!
+//! Messages are a native-endian i32 header: > 0 a process group id; 0 forget every group; -1
+//! forget the directory; <= -2 a directory path of `-header - 1` bytes follows.
 //!
 //! A unix stream socket pair rather than a pipe: writers use `send(MSG_NOSIGNAL)`, so a dead
 //! watchdog costs an EPIPE, never a SIGPIPE that would kill a worker before its exec.
@@ -15,6 +20,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Most process groups the watchdog remembers between two disarms.
 const CAPACITY: usize = 4096;
+/// Longest directory path the watchdog accepts (PATH_MAX without the NUL).
+const PATH_CAP: usize = 4095;
 
 /// Handle to the watchdog process, held by rdrun for its whole life.
 #[derive(Debug)]
@@ -73,9 +80,46 @@ impl Watchdog {
     pub fn disarm(&self) {
         register(self.fd(), 0);
     }
+
+    /// Registers the directory to remove if rdrun dies without cleaning up (replaces any
+    /// earlier one). Paths longer than PATH_MAX are not registered.
+    pub fn set_dir(&self, dir: &std::path::Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = dir.as_os_str().as_bytes();
+        if bytes.is_empty() || bytes.len() > PATH_CAP || bytes.contains(&0) {
+            return;
+        }
+        let header = -(bytes.len() as i32) - 1;
+        let mut msg = header.to_ne_bytes().to_vec();
+        msg.extend_from_slice(bytes);
+        let mut sent = 0;
+        while sent < msg.len() {
+            // SAFETY: send(2) from a valid buffer slice.
+            let n = unsafe {
+                libc::send(
+                    self.fd(),
+                    msg[sent..].as_ptr().cast(),
+                    msg.len() - sent,
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+            if n <= 0 {
+                if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return;
+            }
+            sent += n as usize;
+        }
+    }
+
+    /// Forgets the registered directory (rdrun removed or kept it itself).
+    pub fn forget_dir(&self) {
+        register(self.fd(), -1);
+    }
 }
 
-/// Sends one 4-byte message (a process group id, or 0 = disarm) to the watchdog.
+/// Sends one 4-byte message (a process group id, 0 = forget groups, -1 = forget the directory).
 ///
 /// Async-signal-safe: called between fork and exec. Errors are ignored (a watchdog that died
 /// cannot be helped; MSG_NOSIGNAL keeps that from killing the caller). A 4-byte message on a
@@ -129,6 +173,11 @@ unsafe fn child_main(read: RawFd, write: RawFd, table: &mut [libc::pid_t]) -> ! 
     let mut buf = [0u8; 4096];
     let mut carry = [0u8; 4];
     let mut carried = 0usize;
+    // Directory to remove: bytes, length, bytes of it still to come, and whether it is usable.
+    let mut path = [0u8; PATH_CAP + 1];
+    let mut path_len = 0usize;
+    let mut path_left = 0usize;
+    let mut path_ok = false;
     loop {
         let n = libc::read(read, buf.as_mut_ptr().cast(), buf.len());
         if n < 0 {
@@ -141,22 +190,58 @@ unsafe fn child_main(read: RawFd, write: RawFd, table: &mut [libc::pid_t]) -> ! 
             break;
         }
         for &byte in &buf[..n as usize] {
+            if path_left > 0 {
+                path[path_len] = byte;
+                path_len += 1;
+                path_left -= 1;
+                if path_left == 0 {
+                    path[path_len] = 0;
+                    path_ok = true;
+                }
+                continue;
+            }
             carry[carried] = byte;
             carried += 1;
-            if carried == 4 {
-                carried = 0;
-                let pgid = libc::pid_t::from_ne_bytes(carry);
-                if pgid == 0 {
-                    len = 0;
-                } else if pgid > 0 && len < table.len() && !table[..len].contains(&pgid) {
-                    table[len] = pgid;
+            if carried < 4 {
+                continue;
+            }
+            carried = 0;
+            let value = i32::from_ne_bytes(carry);
+            if value > 0 {
+                if len < table.len() && !table[..len].contains(&value) {
+                    table[len] = value;
                     len += 1;
                 }
+            } else if value == 0 {
+                len = 0;
+            } else if value == -1 {
+                path_ok = false;
+            } else {
+                // The sender never exceeds PATH_CAP; clamp anyway so a bad length cannot
+                // overrun the buffer (the path is then unusable and dropped).
+                let want = (-(value as i64) - 1) as usize;
+                path_ok = false;
+                path_len = 0;
+                path_left = want.min(PATH_CAP);
             }
         }
     }
     for &pgid in &table[..len] {
         libc::kill(-pgid, libc::SIGKILL);
+    }
+    if path_ok && path_len > 0 {
+        // exec keeps this async-signal-safe: no allocation, a stack argv of static strings.
+        let argv: [*const libc::c_char; 5] = [
+            c"rm".as_ptr(),
+            c"-rf".as_ptr(),
+            c"--".as_ptr(),
+            path.as_ptr().cast(),
+            std::ptr::null(),
+        ];
+        let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+        for rm in [c"/bin/rm", c"/usr/bin/rm"] {
+            libc::execve(rm.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        }
     }
     libc::_exit(0)
 }

@@ -12,7 +12,9 @@ use crate::util::{assert_no_leak, fixture_pids, worker, Rdrun, TempDir};
 fn torchrun_failure_stop_ignores_shutdown_timeout() {
     // Rank 1 fails; rank 0 ignores SIGTERM. The 20 s bound is far above 1 s on a loaded machine
     // and far below 30 s.
+    let sync = TempDir::new("failure_grace_sync");
     let out = Rdrun::new()
+        .env("SYNC_DIR", sync.path())
         .args(["--standalone", "--nproc-per-node=2", "--shutdown-timeout=1"])
         .arg("--no-python")
         .arg(worker("exit_with"))
@@ -20,6 +22,9 @@ fn torchrun_failure_stop_ignores_shutdown_timeout() {
         .run();
     out.assert_code(4);
     assert!(out.waited < Duration::from_secs(20), "{out:?}");
+    // Rank 0 ignored SIGTERM, so only the SIGKILL after the 1 s grace ended it.
+    assert!(out.waited >= Duration::from_millis(900), "{out:?}");
+    assert!(out.stderr.contains("exitcode  : -9 (pid: "), "{out:?}");
 }
 
 /// torchrun signals only groups whose leader is still alive, so the children a worker left

@@ -75,6 +75,24 @@ fn missing_program_is_a_launcher_failure() {
 }
 
 #[test]
+fn exec_failure_at_spawn_is_a_launcher_failure() {
+    // An executable file whose interpreter does not exist passes every check before the spawn;
+    // execve itself fails (ENOENT). No worker may be left and no restart is attempted.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("exec_failure");
+    let prog = dir.join("bad-interpreter");
+    std::fs::write(&prog, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = launch(2).arg("--max-restarts=3").arg(&prog).run();
+    out.assert_code(1);
+    assert!(out.stderr.contains("bad-interpreter"), "{out:?}");
+    assert!(
+        out.stderr.contains("cannot start worker program"),
+        "{out:?}"
+    );
+}
+
+#[test]
 fn restart_count_reaches_workers() {
     let dir = TempDir::new("restart_counts");
     let out = launch(3)

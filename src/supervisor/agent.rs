@@ -420,10 +420,18 @@ impl Agent {
                     });
                 }
                 Err(err) => {
-                    launch_error = Some(match std::error::Error::source(&err) {
+                    let mut msg = match std::error::Error::source(&err) {
                         Some(src) => format!("{err}: {src}"),
                         None => err.to_string(),
-                    });
+                    };
+                    // execve(2) says ENOENT also when the file exists but its `#!` interpreter
+                    // (or dynamic loader) does not.
+                    if let worker::SpawnError::Exec { program, source } = &err {
+                        if source.kind() == std::io::ErrorKind::NotFound && program.is_file() {
+                            msg.push_str(" (the file exists: its interpreter or loader is missing)");
+                        }
+                    }
+                    launch_error = Some(msg);
                     break;
                 }
             }

@@ -426,10 +426,9 @@ impl Agent {
                     };
                     // execve(2) says ENOENT also when the file exists but its `#!` interpreter
                     // (or dynamic loader) does not.
-                    if let worker::SpawnError::Exec { program, source } = &err {
-                        if source.kind() == std::io::ErrorKind::NotFound && program.is_file() {
-                            msg.push_str(" (the file exists: its interpreter or loader is missing)");
-                        }
+                    let worker::SpawnError::Exec { program, source } = &err;
+                    if source.kind() == std::io::ErrorKind::NotFound && program.is_file() {
+                        msg.push_str(" (the file exists: its interpreter or loader is missing)");
                     }
                     launch_error = Some(msg);
                     break;

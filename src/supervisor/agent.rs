@@ -50,6 +50,12 @@ pub fn run(config: LaunchConfig) -> i32 {
         eprintln!("rdrun: error: --nproc-per-node must be at least 1");
         return exit::LAUNCHER_FAILURE;
     }
+    // SAFETY: plain syscalls without arguments.
+    if unsafe { libc::gettid() != libc::getpid() } {
+        tracing::warn!(
+            "supervisor::run is not on the main thread: workers get SIGKILL when this thread ends"
+        );
+    }
     // Forked first, while the process has a single thread.
     let watchdog = match Watchdog::start() {
         Ok(w) => Some(w),

@@ -15,4 +15,5 @@ mod regression;
 mod report;
 mod restart;
 mod signals;
+mod store;
 mod util;

@@ -97,3 +97,45 @@ exit 5"#;
     assert_eq!(pids.len(), 1, "{out:?}");
     assert_no_leak(&pids, Duration::from_secs(2));
 }
+
+/// torchrun keeps its agent store across restarts with every key, so a restarted job can read
+/// the previous attempt's keys (a stale NCCL unique id). rdrun clears the store between attempts.
+/// See: pytorch/pytorch#135712.
+#[test]
+fn torchrun_135712_store_keeps_keys_across_restarts() {
+    use rdrun::store::client::BlockingClient;
+    let dir = TempDir::new("store_cleared");
+    // The worker reports MASTER_PORT, waits for the test's go, and fails on attempt 0.
+    let script = r#"c=$TORCHELASTIC_RESTART_COUNT
+echo "$MASTER_PORT" > "$1/port.$c.tmp" && mv "$1/port.$c.tmp" "$1/port.$c"
+while [ ! -e "$1/go.$c" ]; do sleep 0.02; done
+[ "$c" = 0 ] && exit 1
+exit 0"#;
+    let run = Rdrun::new()
+        .args(["--standalone", "--nproc-per-node=1", "--max-restarts=1"])
+        .arg("--no-python")
+        .args(["sh", "-c", script, "sh"])
+        .arg(dir.path())
+        .spawn();
+    let port_of = |attempt: u32| -> u16 {
+        let path = dir.join(format!("port.{attempt}"));
+        assert!(
+            crate::util::wait_for_file(&path, Duration::from_secs(30)),
+            "attempt {attempt} never started"
+        );
+        crate::util::read_pid(&path) as u16
+    };
+    let port = port_of(0);
+    let client = BlockingClient::connect("127.0.0.1", port, Duration::from_secs(10))
+        .expect("workers can reach the store at MASTER_ADDR:MASTER_PORT");
+    client.set("nccl_unique_id", b"attempt-0").expect("set");
+    assert_eq!(client.get("nccl_unique_id").expect("get"), b"attempt-0");
+    std::fs::write(dir.join("go.0"), b"").unwrap();
+    // Same store (same port) for attempt 1, but none of attempt 0's keys.
+    assert_eq!(port_of(1), port);
+    let client =
+        BlockingClient::connect("127.0.0.1", port, Duration::from_secs(10)).expect("connect");
+    assert_eq!(client.try_get("nccl_unique_id").expect("try_get"), None);
+    std::fs::write(dir.join("go.1"), b"").unwrap();
+    run.wait().assert_code(0);
+}

@@ -7,8 +7,10 @@
 //! goes through [`output::forward`]; failures are rendered by [`report`]; the agent only decides.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -17,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::config::{self, LaunchConfig};
 use crate::exit::{self, WorkerStatus};
+use crate::store::server::{self, ServerConfig, ServerExit, StoreServer};
 use crate::workerenv::WorkerEnv;
 
 use super::events::Event;
@@ -157,6 +160,12 @@ struct Agent {
     signals_env: String,
     /// Grace between the stop signal and SIGKILL, for every kind of stop.
     grace: Duration,
+    /// The worker store (TCPStore-compatible), for the whole run; taken at shutdown.
+    store: Option<StoreServer>,
+    /// Resolves if the store stops serving on its own (then the run cannot go on).
+    store_closed: Pin<Box<dyn Future<Output = ServerExit> + Send>>,
+    /// Why the store stopped, once it did.
+    store_failed: Option<String>,
 }
 
 impl Agent {
@@ -177,19 +186,22 @@ impl Agent {
                 return exit::LAUNCHER_FAILURE;
             }
         };
-        let master_port = match listener.local_addr() {
-            Ok(a) => a.port(),
+        // Every worker holds one store connection (one descriptor here).
+        if let Err(err) = server::raise_nofile_limit() {
+            tracing::debug!("cannot raise the open-file limit: {err}");
+        }
+        // The store serves the very socket bound above, for the whole run (torchrun's agent
+        // store, spec torchrun-compat §2.3); workers connect as TCPStore clients.
+        let store = match StoreServer::start(listener, ServerConfig::default()) {
+            Ok(store) => store,
             Err(err) => {
-                eprintln!("rdrun: error: cannot read the worker store address: {err}");
+                eprintln!("rdrun: error: cannot start the worker store: {err}");
                 return exit::LAUNCHER_FAILURE;
             }
         };
-        // TODO(store): serve the TCPStore protocol on this listener once `store::server` lands:
-        //     let store = StoreServer::start(listener, ServerConfig::default())?;  (+ raise_nofile_limit)
-        // Until then the socket is only held open (bound from bind to use, so no other process
-        // can take the port), and workers that connect to MASTER_ADDR:MASTER_PORT get no answer.
-        let _store_listener = listener;
-        tracing::debug!(%master_addr, master_port, "worker store bound");
+        let master_port = store.port();
+        let store_closed = Box::pin(store.closed());
+        tracing::debug!(%master_addr, master_port, "worker store serving");
         let host = nix::unistd::gethostname()
             .ok()
             .and_then(|h| h.into_string().ok())
@@ -214,8 +226,14 @@ impl Agent {
             master_port,
             signals_env,
             grace,
+            store: Some(store),
+            store_closed,
+            store_failed: None,
         };
         let code = agent.attempts().await;
+        if let Some(store) = agent.store.take() {
+            store.shutdown().await;
+        }
         if let Some(w) = &agent.watchdog {
             w.disarm();
         }
@@ -262,8 +280,11 @@ impl Agent {
                         self.config.max_restarts - restart_count,
                         self.config.max_restarts
                     );
-                    // TODO(store): `store.clear()` here, so the new attempt sees none of the
-                    // previous attempt's keys (torchrun bug #135712: a stale NCCL id reused).
+                    // The new attempt must see none of the previous attempt's keys (torchrun bug
+                    // pytorch/pytorch#135712: a stale NCCL unique id reused after a restart).
+                    if let Some(store) = &self.store {
+                        store.clear();
+                    }
                     if let Some(w) = &self.watchdog {
                         w.disarm();
                     }
@@ -452,7 +473,7 @@ impl Agent {
     async fn supervise(
         &mut self,
         slots: &mut [Slot],
-        launch_error: Option<String>,
+        mut launch_error: Option<String>,
         stop_output: &tokio::sync::watch::Sender<bool>,
     ) -> Outcome {
         let by_pid: HashMap<i32, usize> =
@@ -508,6 +529,15 @@ impl Agent {
                                 );
                                 stop = self.kill_all(&pgids);
                             }
+                        }
+                    }
+                    Event::StoreStopped(why) => {
+                        tracing::error!("the worker store stopped ({why}); stopping the workers");
+                        if launch_error.is_none() {
+                            launch_error = Some(format!("the worker store stopped: {why}"));
+                        }
+                        if stop == Stop::None {
+                            stop = self.begin_stop(&pgids, libc::SIGTERM);
                         }
                     }
                     Event::Deadline => match stop {
@@ -615,6 +645,14 @@ impl Agent {
                     }
                 }
                 sig = self.signals.recv() => pending.push(Event::Signal(sig)),
+                exit = &mut self.store_closed, if self.store_failed.is_none() => {
+                    let why = match exit {
+                        ServerExit::Shutdown => "shut down".to_string(),
+                        ServerExit::Failed(msg) => msg,
+                    };
+                    self.store_failed = Some(why.clone());
+                    pending.push(Event::StoreStopped(why));
+                }
                 _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
             }
         }

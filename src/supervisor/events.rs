@@ -6,7 +6,7 @@
 use crate::exit::WorkerStatus;
 
 /// Something the agent must react to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A child of rdrun was reaped (a worker, an orphaned grandchild, or the watchdog).
     Reaped { pid: i32, status: WorkerStatus },
@@ -14,4 +14,6 @@ pub enum Event {
     Signal(i32),
     /// The current stop phase ran out of time (grace, then the bounded SIGKILL wait).
     Deadline,
+    /// The worker store stopped serving (why): the run cannot go on.
+    StoreStopped(String),
 }

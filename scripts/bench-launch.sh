@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Launcher benchmark: rdrun against torchrun, side by side, medians and ratios.
 #   (a) launch of 4 `true` workers (`--standalone --nproc_per_node=4 --no-python true`):
-#       wall time and peak RSS (largest single process of the run, from /usr/bin/time's %M);
+#       wall time, CPU time (user+sys of the launcher and everything it started, from
+#       getrusage through python3; on a busy machine wall time is mostly waiting for a CPU) and
+#       peak RSS (largest single process of the run, from /usr/bin/time's %M);
 #   (b) extra wall time of one failure plus restart: rank 1 fails on attempt 0 with
 #       `--max-restarts=1`. Measured inside the run, where launcher start-up noise (torchrun's
 #       Python imports) cannot blur it: from the moment the failing worker exits to the moment
@@ -76,8 +78,29 @@ measure() {
 
 launch_args=(--standalone --nproc_per_node=4 --no-python)
 
+# cpu RUNS LAUNCHER [ARGS...] -> median CPU seconds (user+sys, children included) per run.
+cpu() {
+  if ! command -v python3 >/dev/null; then echo 0; return; fi
+  python3 - "$@" <<'PY'
+import resource, subprocess, sys
+runs, cmd = int(sys.argv[1]), sys.argv[2:]
+def used():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+samples = []
+for _ in range(runs):
+    before = used()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    samples.append(used() - before)
+samples.sort()
+n = len(samples)
+print("%.6f" % (samples[n // 2] if n % 2 else (samples[n // 2 - 1] + samples[n // 2]) / 2))
+PY
+}
+
 echo "== rdrun: $RDRUN ($RUNS_RDRUN runs each)"
 read -r r_wall r_rss _ < <(measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" true)
+r_cpu=$(cpu "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" true)
 read -r r_ok _ _ < <(FAIL=0 measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
 read -r r_fail _ r_restart < <(FAIL=1 measure "$RUNS_RDRUN" "$RDRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
 
@@ -86,6 +109,7 @@ if [ -x "$TORCHRUN" ]; then
   have_torch=1
   echo "== torchrun: $TORCHRUN ($RUNS_TORCH runs each)"
   read -r t_wall t_rss _ < <(measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" true)
+  t_cpu=$(cpu "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" true)
   read -r t_ok _ _ < <(FAIL=0 measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
   read -r t_fail _ t_restart < <(FAIL=1 measure "$RUNS_TORCH" "$TORCHRUN" "${launch_args[@]}" --max-restarts=1 sh -c "$FAILER")
 else
@@ -93,7 +117,7 @@ else
 fi
 
 echo
-echo "host: $(nproc) CPUs, $(uname -sr)"
+echo "host: $(nproc) CPUs, $(uname -sr), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-40s %14s %14s %10s\n' "metric (median)" "rdrun" "torchrun" "ratio"
 row() { # name rdrun torchrun unit scale
   if [ "$have_torch" = 1 ]; then
@@ -104,6 +128,7 @@ row() { # name rdrun torchrun unit scale
   fi
 }
 row "(a) launch 4 x true, wall" "$r_wall" "${t_wall:-0}" " s" 1
+row "(a) launch 4 x true, CPU user+sys" "$r_cpu" "${t_cpu:-0}" " s" 1
 row "(a) launch 4 x true, peak RSS" "$r_rss" "${t_rss:-0}" " M" "$(awk 'BEGIN {print 1/1024}')"
 row "(b) run without failure, wall" "$r_ok" "${t_ok:-0}" " s" 1
 row "(b) run with one failure + restart, wall" "$r_fail" "${t_fail:-0}" " s" 1

@@ -4,7 +4,9 @@
 //!
 //! Everything reaches it as an [`Event`]: SIGCHLD (then `waitpid(-1)` reaps every descendant, as
 //! rdrun is a child subreaper), handled signals, and stop deadlines. It never polls. Worker output
-//! goes through [`output::forward`]; failures are rendered by [`report`]; the agent only decides.
+//! goes through [`output::forward_until`]; failures are rendered by [`report`]; the agent only
+//! decides. The worker store ([`StoreServer`]) lives as long as the run and is cleared between
+//! attempts.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -205,7 +205,7 @@ pub struct ProcEntry {
     pub zombie: bool,
 }
 
-/// Parses /proc/<pid>/stat: `pid (comm) state ppid pgrp …` (proc(5)); comm may hold spaces and
+/// Parses `/proc/<pid>/stat`: `pid (comm) state ppid pgrp …` (proc(5)); comm may hold spaces and
 /// parentheses, so the fields are read after the last `)`.
 pub fn parse_stat(line: &str) -> Option<ProcEntry> {
     let open = line.find('(')?;

@@ -58,6 +58,14 @@ echo "rdrun server runtime: $([ "$THREADS" = 0 ] && echo current-thread || echo 
 start_rdrun rd; RD_PID=$SRV_PID; RD_PORT=$SRV_PORT
 start_torch pt; PT_PID=$SRV_PID; PT_PORT=$SRV_PORT
 
+# Both servers must pass the same PyTorch-client sanity check before anything is measured.
+for p in "$RD_PORT" "$PT_PORT"; do
+  "$PY" scripts/store_bench.py compat "$p" 2>"$TMP/compat.err" | grep -q '^compat=ok' || {
+    echo "bench-store: error: PyTorch client check failed against port $p:" >&2
+    tail -n 5 "$TMP/compat.err" >&2; exit 1; }
+done
+echo "PyTorch client check: ok against both servers"
+
 echo; echo "(a) PyTorch Python client, 1 connection, ${SECS}s per op, best of 2 interleaved rounds (ops/s)"
 for round in 1 2; do
   "$PY" scripts/store_bench.py ops "$RD_PORT" "$SECS" 2>/dev/null >>"$TMP/a_rd"

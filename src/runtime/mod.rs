@@ -1,1 +1,19 @@
-//! runtime (to be written).
+//! The worker runtime: process group over the store, CPU (TCP, shared memory) and NCCL
+//! collectives, and a DDP-style gradient reducer.
+
+pub mod backend;
+pub mod elem;
+pub mod error;
+pub mod group;
+pub mod rendezvous;
+pub mod shm;
+pub mod tcp;
+
+pub use elem::{DType, Element, ReduceOp};
+pub use error::{Result, RuntimeError};
+pub use group::{BackendChoice, GroupOptions, ProcessGroup, DEFAULT_TIMEOUT};
+pub use rendezvous::{MemStore, Rendezvous, StoreFailure};
+pub use shm::cleanup_run_shm;
+
+#[cfg(test)]
+mod tests;

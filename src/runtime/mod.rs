@@ -2,6 +2,9 @@
 //! collectives, and a DDP-style gradient reducer.
 
 pub mod backend;
+#[cfg(feature = "train")]
+pub mod candle;
+pub mod ddp;
 pub mod elem;
 pub mod error;
 pub mod group;
@@ -17,3 +20,4 @@ pub use shm::cleanup_run_shm;
 
 #[cfg(test)]
 mod tests;
+pub use ddp::{assign_buckets, Reducer, ReducerEvent, ReducerOptions};

@@ -353,13 +353,19 @@ impl ProcessGroup {
         Self::new(store, &opts)
     }
 
-    /// Joins using the launcher's environment and the store at MASTER_ADDR:MASTER_PORT.
+    /// Joins using the launcher's environment: the TCP store at MASTER_ADDR:MASTER_PORT, or the
+    /// directory store named by `RDRUN_FILE_STORE` when that is set.
     pub fn init_from_env() -> Result<Self> {
+        if let Some(dir) = std::env::var_os("RDRUN_FILE_STORE") {
+            let store = super::rendezvous::FileStore::new(std::path::PathBuf::from(dir))
+                .map_err(|e| store_err(0, "init", e))?;
+            return Self::init_with_store(&store);
+        }
         Err(RuntimeError::Unavailable {
             rank: 0,
             op: "init",
             backend: "store".into(),
-            why: "the store client is not merged yet".into(),
+            why: "the TCP store client is not merged yet; set RDRUN_FILE_STORE".into(),
         })
     }
 

@@ -15,7 +15,7 @@ pub mod tcp;
 pub use elem::{DType, Element, ReduceOp};
 pub use error::{Result, RuntimeError};
 pub use group::{BackendChoice, GroupOptions, ProcessGroup, DEFAULT_TIMEOUT};
-pub use rendezvous::{MemStore, Rendezvous, StoreFailure};
+pub use rendezvous::{FileStore, MemStore, Rendezvous, StoreFailure};
 pub use shm::cleanup_run_shm;
 
 #[cfg(test)]

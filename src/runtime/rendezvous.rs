@@ -88,6 +88,89 @@ impl Rendezvous for MemStore {
     }
 }
 
+/// A store in a shared directory (like PyTorch's `FileStore`): one file per key, written to a
+/// temp name and renamed so readers never see a partial value; `add` serializes through an
+/// `flock`ed lock file. For launching workers without a TCP store (benchmarks, tests); select it
+/// in [`super::ProcessGroup::init_from_env`] with `RDRUN_FILE_STORE=<dir>`.
+#[derive(Debug, Clone)]
+pub struct FileStore {
+    dir: std::path::PathBuf,
+}
+
+impl FileStore {
+    pub fn new(dir: impl Into<std::path::PathBuf>) -> Result<Self, StoreFailure> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| StoreFailure::Other(format!("create {}: {e}", dir.display())))?;
+        Ok(FileStore { dir })
+    }
+
+    fn path(&self, key: &str) -> std::path::PathBuf {
+        // Keys contain '/', so hex-encode them into one flat name.
+        let name: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+        self.dir.join(format!("k{name}"))
+    }
+}
+
+impl Rendezvous for FileStore {
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreFailure> {
+        let p = self.path(key);
+        let tmp = p.with_extension(format!(
+            "tmp{}.{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::write(&tmp, value)
+            .and_then(|_| std::fs::rename(&tmp, &p))
+            .map_err(|e| StoreFailure::Other(format!("write {}: {e}", p.display())))
+    }
+
+    fn get_wait(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, StoreFailure> {
+        let p = self.path(key);
+        let deadline = Instant::now() + timeout;
+        let mut nap = Duration::from_micros(200);
+        loop {
+            match std::fs::read(&p) {
+                Ok(v) => return Ok(v),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreFailure::Other(format!("read {}: {e}", p.display()))),
+            }
+            if Instant::now() >= deadline {
+                return Err(StoreFailure::Timeout(timeout, key.to_string()));
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64, StoreFailure> {
+        use std::os::fd::AsRawFd;
+        let lock_path = self.dir.join("lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| StoreFailure::Other(format!("open {}: {e}", lock_path.display())))?;
+        // SAFETY: flock on a valid open fd; the lock is released when `lock` is closed.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(StoreFailure::Other(format!(
+                "lock {}: {}",
+                lock_path.display(),
+                std::io::Error::last_os_error()
+            )));
+        }
+        let cur: i64 = std::fs::read(self.path(key))
+            .ok()
+            .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
+            .unwrap_or(0);
+        let new = cur.wrapping_add(delta);
+        self.set(key, new.to_string().as_bytes())?;
+        drop(lock);
+        Ok(new)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +189,23 @@ mod tests {
             s.get_wait("missing", Duration::from_millis(30)),
             Err(StoreFailure::Timeout(..))
         ));
+    }
+
+    #[test]
+    fn file_store_semantics() {
+        let dir = std::env::temp_dir().join(format!("rdrun-fs-{}", std::process::id()));
+        let s = FileStore::new(&dir).unwrap();
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || (0..25).map(|_| s.add("a/b", 1).unwrap()).max())
+            })
+            .collect();
+        let maxes: Vec<i64> = hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+        assert_eq!(*maxes.iter().max().unwrap(), 100);
+        s.set("x/y", b"1").unwrap();
+        assert_eq!(s.get_wait("x/y", Duration::from_secs(1)).unwrap(), b"1");
+        assert!(s.get_wait("nope", Duration::from_millis(20)).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

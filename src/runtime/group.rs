@@ -171,6 +171,16 @@ pub fn advertise_ip_for(master_addr: &str, master_port: u16) -> IpAddr {
     }
 }
 
+/// Connects to the launcher's TCP store at MASTER_ADDR:MASTER_PORT.
+pub fn connect_store(env: &WorkerEnv) -> Result<Box<dyn Rendezvous>> {
+    Err(RuntimeError::Unavailable {
+        rank: env.rank,
+        op: "init",
+        backend: "store".into(),
+        why: "the TCP store client is not merged yet; set RDRUN_FILE_STORE".into(),
+    })
+}
+
 /// Decides the backend from the choice and every rank's host identity.
 pub fn choose_backend(choice: BackendChoice, hosts: &[String]) -> BackendChoice {
     match choice {
@@ -361,12 +371,13 @@ impl ProcessGroup {
                 .map_err(|e| store_err(0, "init", e))?;
             return Self::init_with_store(&store);
         }
-        Err(RuntimeError::Unavailable {
+        let env = WorkerEnv::from_env().map_err(|source| RuntimeError::Env {
             rank: 0,
             op: "init",
-            backend: "store".into(),
-            why: "the TCP store client is not merged yet; set RDRUN_FILE_STORE".into(),
-        })
+            source,
+        })?;
+        let store = connect_store(&env)?;
+        Self::init_with_store(store.as_ref())
     }
 
     pub fn rank(&self) -> usize {

@@ -8,6 +8,9 @@ pub mod ddp;
 pub mod elem;
 pub mod error;
 pub mod group;
+#[cfg(feature = "nccl")]
+pub mod nccl;
+pub mod ncclpath;
 pub mod rendezvous;
 pub mod shm;
 pub mod tcp;
@@ -18,6 +21,7 @@ pub use group::{BackendChoice, GroupOptions, ProcessGroup, DEFAULT_TIMEOUT};
 pub use rendezvous::{FileStore, MemStore, Rendezvous, StoreFailure};
 pub use shm::cleanup_run_shm;
 
+pub use ddp::{assign_buckets, Reducer, ReducerEvent, ReducerOptions};
+
 #[cfg(test)]
 mod tests;
-pub use ddp::{assign_buckets, Reducer, ReducerEvent, ReducerOptions};

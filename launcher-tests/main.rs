@@ -7,4 +7,7 @@
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 
+mod runtime;
+#[cfg(feature = "train")]
+mod train;
 mod util;

@@ -64,6 +64,10 @@ fn worker(a: &Args) -> Result<(), String> {
     if a.backend == "nccl" {
         return nccl_worker(a);
     }
+    if a.backend != "auto" {
+        // The flag wins over an inherited RDRUN_BACKEND (set before any thread exists).
+        std::env::set_var("RDRUN_BACKEND", &a.backend);
+    }
     let pg = ProcessGroup::init_from_env().map_err(|e| e.to_string())?;
     let (n, r) = (pg.world_size(), pg.rank());
     if r == 0 && !a.json {

@@ -276,6 +276,11 @@ fn shm_cleanup_after_kill_and_sweep() {
         "rank 0 must fail when rank 1 dies"
     );
     assert!(
+        res[0].took < Duration::from_secs(30),
+        "bounded: {:?}",
+        res[0].took
+    );
+    assert!(
         res[0].stderr.contains("peer rank 1"),
         "error names the dead peer: {}",
         res[0].stderr

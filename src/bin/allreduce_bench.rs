@@ -39,6 +39,10 @@ struct Args {
     /// Print one JSON object per size instead of a table.
     #[arg(long)]
     json: bool,
+    /// With `--backend nccl` on one GPU: give each rank its own NCCL_HOSTID so NCCL treats the
+    /// ranks as separate hosts (test-only; spec runtime.md §4.2).
+    #[arg(long)]
+    nccl_fake_hosts: bool,
     /// Overall bound for a launch by hand.
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
@@ -135,6 +139,33 @@ fn nccl_worker(a: &Args) -> Result<(), String> {
     use rdrun::runtime::nccl::NcclGroup;
     let g = NcclGroup::init_from_env().map_err(|e| e.to_string())?;
     let (n, r) = (g.world_size(), g.rank());
+    // Correctness first: every op on f32 and a bf16 sum, against values computed here.
+    let len = 1001;
+    for (op, want) in [
+        (ReduceOp::Sum, (0..n).map(|k| k as f32 + 1.0).sum::<f32>()),
+        (
+            ReduceOp::Avg,
+            (0..n).map(|k| k as f32 + 1.0).sum::<f32>() / n as f32,
+        ),
+        (ReduceOp::Max, n as f32),
+        (ReduceOp::Min, 1.0),
+    ] {
+        let mut b = vec![r as f32 + 1.0; len];
+        g.all_reduce(&mut b, op).map_err(|e| e.to_string())?;
+        if b.iter().any(|x| *x != want) {
+            return Err(format!("nccl {op:?} gave {} instead of {want}", b[0]));
+        }
+    }
+    let mut h = vec![half::bf16::from_f32(r as f32 + 0.5); len];
+    g.all_reduce(&mut h, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    let want = (0..n).map(|k| k as f32 + 0.5).sum::<f32>();
+    if h.iter().any(|x| x.to_f32() != want) {
+        return Err(format!("nccl bf16 sum gave {} instead of {want}", h[0]));
+    }
+    if r == 0 {
+        eprintln!("nccl correctness: f32 sum/avg/max/min and bf16 sum ok on {n} ranks");
+    }
     for bytes in sizes(a) {
         let count = bytes / 4;
         let iters = iters_for(bytes, a.iters_scale);
@@ -180,6 +211,9 @@ fn launch(a: &Args) -> Result<(), String> {
                 },
             )
             .stdin(Stdio::null());
+        if a.nccl_fake_hosts {
+            c.env("NCCL_HOSTID", format!("rdrun-fake-host-{r}"));
+        }
         if r != 0 {
             c.stdout(Stdio::null());
         }

@@ -33,8 +33,10 @@ use super::tcp::chunk_bounds;
 
 /// Messages up to this size use the "every rank reduces everything" path.
 pub const NAIVE_THRESHOLD: usize = 128 * 1024;
-/// Default bytes per rank slot (`RDRUN_SHM_SLOT_BYTES` overrides).
-pub const DEFAULT_SLOT: usize = 4 * 1024 * 1024;
+/// Default bytes per rank slot (`RDRUN_SHM_SLOT_BYTES` overrides). Small enough that a piece
+/// (copy in, reduce, copy out) stays in cache: measured on the 2-vCPU VM, 256-512 KiB slots gave
+/// 1.5-2x the bandwidth of 4 MiB slots at 64 MiB.
+pub const DEFAULT_SLOT: usize = 512 * 1024;
 const MAGIC: u64 = 0x7264_7275_6e53_484d; // "rdrunSHM"
 const SHM_DIR: &str = "/dev/shm";
 

@@ -108,6 +108,25 @@ pub fn cleanup_run_shm_in(dir: &Path, run_id: &str) -> std::io::Result<usize> {
     Ok(removed)
 }
 
+/// Whether process `pid` still runs: `kill(pid, 0)` fails with ESRCH once it is reaped, and a
+/// zombie (exited, not yet reaped by its parent) shows state `Z`/`X` in `/proc/<pid>/stat`
+/// (proc(5): the state follows the parenthesised command name).
+fn pid_alive(pid: i32) -> bool {
+    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+        == Err(nix::errno::Errno::ESRCH)
+    {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z') | Some('X')
+        ),
+        Err(_) => true,
+    }
+}
+
 /// Sleeps while `*word == expected` (or until `timeout` or a wake-up).
 fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     let ts = libc::timespec {
@@ -376,8 +395,7 @@ impl ShmComm {
             if *pid <= 0 || peer == self.rank {
                 continue;
             }
-            let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), None);
-            if alive == Err(nix::errno::Errno::ESRCH) {
+            if !pid_alive(*pid) {
                 return Err(RuntimeError::Peer {
                     rank: self.rank,
                     op,
@@ -550,6 +568,21 @@ mod tests {
         assert_eq!(cleanup_run_shm_in(&dir, "job").unwrap(), 1);
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn pid_liveness_sees_zombies() {
+        assert!(pid_alive(std::process::id() as i32));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        // Not reaped yet: a zombie once it exits, which must count as dead.
+        let t = std::time::Instant::now();
+        while pid_alive(pid) {
+            assert!(t.elapsed() < Duration::from_secs(10), "zombie not detected");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.wait().unwrap();
+        assert!(!pid_alive(pid));
     }
 
     #[test]

@@ -209,7 +209,7 @@ impl TcpMesh {
             let mut progressed = false;
             for s in sends.iter_mut() {
                 while s.done < s.data.len() {
-                    match self.stream(s.peer).write(&s.data[s.done..]) {
+                    match send_nosignal(self.stream(s.peer), &s.data[s.done..]) {
                         Ok(0) => return Err(peer_err(rank, op, s.peer, "connection closed")),
                         Ok(k) => {
                             s.done += k;
@@ -433,6 +433,27 @@ impl TcpMesh {
             self.sendrecv(op_name, right, a, left, b)?;
         }
         Ok(())
+    }
+}
+
+/// `send(2)` with MSG_NOSIGNAL: a peer that closed its socket gives EPIPE instead of a SIGPIPE
+/// that would kill a host program which does not ignore the signal (Rust binaries do, C hosts
+/// linking this library may not).
+fn send_nosignal(s: &TcpStream, data: &[u8]) -> std::io::Result<usize> {
+    // SAFETY: `data` is a valid readable buffer of `data.len()` bytes for the call's duration
+    // and the fd belongs to `s`.
+    let n = unsafe {
+        libc::send(
+            s.as_raw_fd(),
+            data.as_ptr() as *const libc::c_void,
+            data.len(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 

@@ -410,9 +410,9 @@ impl ShmComm {
     fn all_reduce_piece(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         let (n, r, l) = (self.world, self.rank, buf.len());
         let set = self.next_set();
-        self.slot(set, r, 0, l).copy_from_slice(buf);
-        self.barrier_wait("all_reduce")?;
         if l <= NAIVE_THRESHOLD {
+            self.slot(set, r, 0, l).copy_from_slice(buf);
+            self.barrier_wait("all_reduce")?;
             buf.copy_from_slice(self.slot(set, 0, 0, l));
             for i in 1..n {
                 reduce_bytes(buf, self.slot(set, i, 0, l), dtype, op);
@@ -422,17 +422,43 @@ impl ShmComm {
             }
             return Ok(());
         }
+        // Sliced: rank r owns slice r. Its own slice is never read by others, so it is neither
+        // copied in nor copied out (about a quarter less memory traffic for 2 ranks). The
+        // owner folds in rank order, x0 op x1 op ..., reading its own contribution from `buf`;
+        // rank 0 accumulates in `buf` (its x0 is the first term), the others in slot 0's slice
+        // (rank 0 copied x0 there), so the result equals a sequential left fold.
         let b = chunk_bounds(l, dtype.size(), n);
         let (s0, s1) = (b[r], b[r + 1]);
-        let acc = self.slot(set, 0, s0, s1 - s0);
-        for i in 1..n {
-            reduce_bytes(acc, self.slot(set, i, s0, s1 - s0), dtype, op);
-        }
-        if op == ReduceOp::Avg {
-            div_bytes(acc, dtype, n);
+        let len = s1 - s0;
+        self.slot(set, r, 0, s0).copy_from_slice(&buf[..s0]);
+        self.slot(set, r, s1, l - s1).copy_from_slice(&buf[s1..]);
+        self.barrier_wait("all_reduce")?;
+        if r == 0 {
+            let own = &mut buf[s0..s1];
+            for i in 1..n {
+                reduce_bytes(own, self.slot(set, i, s0, len), dtype, op);
+            }
+            if op == ReduceOp::Avg {
+                div_bytes(own, dtype, n);
+            }
+            self.slot(set, 0, s0, len).copy_from_slice(own);
+        } else {
+            let acc = self.slot(set, 0, s0, len);
+            for i in 1..n {
+                if i == r {
+                    reduce_bytes(acc, &buf[s0..s1], dtype, op);
+                } else {
+                    reduce_bytes(acc, self.slot(set, i, s0, len), dtype, op);
+                }
+            }
+            if op == ReduceOp::Avg {
+                div_bytes(acc, dtype, n);
+            }
+            buf[s0..s1].copy_from_slice(acc);
         }
         self.barrier_wait("all_reduce")?;
-        buf.copy_from_slice(self.slot(set, 0, 0, l));
+        buf[..s0].copy_from_slice(self.slot(set, 0, 0, s0));
+        buf[s1..].copy_from_slice(self.slot(set, 0, s1, l - s1));
         Ok(())
     }
 }

@@ -149,6 +149,7 @@ pub fn preflight(rank: usize) -> Result<(usize, i32)> {
             "the CUDA driver library (libcuda.so) cannot be loaded".into(),
         ));
     }
+    // SAFETY: as above, a dlopen/dlclose probe of libnccl.
     if !unsafe { cudarc::nccl::sys::is_culib_present() } {
         return Err(unavailable(
             "libnccl.so cannot be loaded: cudarc looks only for unversioned names; for a pip NCCL put a directory with libnccl.so -> .../nvidia/nccl/lib/libnccl.so.2 on LD_LIBRARY_PATH (rdrun does this)".into(),

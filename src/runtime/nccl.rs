@@ -178,6 +178,9 @@ pub struct NcclGroup {
     timeout: Duration,
     jobs: Option<Sender<Job>>,
     thread: Option<JoinHandle<()>>,
+    /// Set when a job timed out: the owning thread may be stuck inside NCCL, so drop must not
+    /// join it (the process is expected to exit and let the launcher restart the group).
+    stuck: std::sync::atomic::AtomicBool,
 }
 
 fn store_err(rank: usize, e: StoreFailure) -> RuntimeError {
@@ -290,6 +293,7 @@ impl NcclGroup {
             timeout,
             jobs: Some(jobs),
             thread: Some(thread),
+            stuck: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -436,6 +440,9 @@ impl NcclGroup {
 impl Drop for NcclGroup {
     fn drop(&mut self) {
         self.jobs.take();
+        if self.stuck.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -209,14 +209,19 @@ pub fn div_bytes(dst: &mut [u8], dtype: DType, n: usize) {
 
 /// A zeroed byte buffer whose start is 64-byte aligned (scratch space for receives).
 pub struct AlignedBuf {
-    words: Vec<[u64; 8]>,
+    words: Vec<Line>,
     len: usize,
 }
+
+/// One 64-byte cache line (the alignment unit of [`AlignedBuf`]).
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
 
 impl AlignedBuf {
     pub fn new(len: usize) -> Self {
         AlignedBuf {
-            words: vec![[0u64; 8]; len.div_ceil(64)],
+            words: vec![Line([0; 64]); len.div_ceil(64)],
             len,
         }
     }
@@ -229,15 +234,15 @@ impl AlignedBuf {
     /// Grows (never shrinks) to at least `len` bytes and sets the visible length.
     pub fn ensure(&mut self, len: usize) {
         if self.words.len() * 64 < len {
-            self.words = vec![[0u64; 8]; len.div_ceil(64)];
+            self.words = vec![Line([0; 64]); len.div_ceil(64)];
         }
         self.len = len;
     }
     pub fn as_slice(&self) -> &[u8] {
-        &bytemuck::cast_slice::<[u64; 8], u8>(&self.words)[..self.len]
+        &bytemuck::cast_slice::<Line, u8>(&self.words)[..self.len]
     }
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut::<[u64; 8], u8>(&mut self.words)[..self.len]
+        &mut bytemuck::cast_slice_mut::<Line, u8>(&mut self.words)[..self.len]
     }
 }
 

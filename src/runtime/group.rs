@@ -34,6 +34,8 @@ pub enum BackendChoice {
     Auto,
     Tcp,
     Shm,
+    /// Shared memory inside each host, TCP between host leaders.
+    Hier,
 }
 
 impl FromStr for BackendChoice {
@@ -43,8 +45,9 @@ impl FromStr for BackendChoice {
             "auto" | "" => Ok(BackendChoice::Auto),
             "tcp" | "gloo" => Ok(BackendChoice::Tcp),
             "shm" => Ok(BackendChoice::Shm),
+            "hier" | "shm+tcp" => Ok(BackendChoice::Hier),
             other => Err(format!(
-                "unknown backend {other:?} (expected auto, tcp or shm; NCCL is runtime::nccl::NcclGroup)"
+                "unknown backend {other:?} (expected auto, tcp, shm or hier; NCCL is runtime::nccl::NcclGroup)"
             )),
         }
     }
@@ -181,12 +184,16 @@ pub fn connect_store(env: &WorkerEnv) -> Result<Box<dyn Rendezvous>> {
     })
 }
 
-/// Decides the backend from the choice and every rank's host identity.
+/// Decides the backend from the choice and every rank's host identity: one host → shared
+/// memory; several hosts, one of them with several ranks → hierarchical; one rank per host → TCP.
 pub fn choose_backend(choice: BackendChoice, hosts: &[String]) -> BackendChoice {
     match choice {
         BackendChoice::Auto => {
-            if hosts.iter().all(|h| *h == hosts[0]) {
+            let topo = super::hier::Topology::from_hosts(hosts);
+            if topo.nodes.len() == 1 {
                 BackendChoice::Shm
+            } else if topo.nodes.iter().any(|n| n.len() > 1) {
+                BackendChoice::Hier
             } else {
                 BackendChoice::Tcp
             }
@@ -319,6 +326,44 @@ impl ProcessGroup {
                     opts.timeout,
                     &setup,
                 )?)
+            }
+            BackendChoice::Hier => {
+                let topo = super::hier::Topology::from_hosts(&hosts);
+                let (node, li) = topo.place[rank];
+                let local_n = topo.nodes[node].len();
+                let local_prefix = format!("{prefix}host{node}/");
+                let setup = StoreShmSetup {
+                    store,
+                    prefix: local_prefix.clone(),
+                    rank: li,
+                    world: local_n,
+                    timeout: opts.timeout,
+                };
+                let path = segment_path(&opts.run_id, opts.restart_count, &local_prefix);
+                let local = ShmComm::open(
+                    li,
+                    local_n,
+                    &path,
+                    opts.shm_slot_bytes,
+                    opts.timeout,
+                    &setup,
+                )?;
+                let leaders = if li == 0 {
+                    let leader_addrs: Vec<SocketAddr> =
+                        topo.nodes.iter().map(|n| addrs[n[0]]).collect();
+                    Some(TcpMesh::connect(
+                        node,
+                        topo.nodes.len(),
+                        listener,
+                        &leader_addrs,
+                        super::shm::fnv1a(format!("{prefix}leaders").as_bytes()),
+                        opts.timeout,
+                    )?)
+                } else {
+                    drop(listener);
+                    None
+                };
+                Box::new(super::hier::HierComm::new(rank, topo, local, leaders))
             }
             _ => Box::new(TcpMesh::connect(
                 rank,
@@ -516,11 +561,22 @@ mod tests {
             (BackendChoice::Auto, &mixed, BackendChoice::Tcp),
             (BackendChoice::Tcp, &same, BackendChoice::Tcp),
             (BackendChoice::Shm, &mixed, BackendChoice::Shm),
+            (BackendChoice::Hier, &same, BackendChoice::Hier),
         ];
         for (c, h, want) in cases {
             assert_eq!(choose_backend(c, h), want);
         }
+        let h = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            choose_backend(BackendChoice::Auto, &h(&["a", "a", "b"])),
+            BackendChoice::Hier
+        );
+        assert_eq!(
+            choose_backend(BackendChoice::Auto, &h(&["a", "b", "c"])),
+            BackendChoice::Tcp
+        );
         assert_eq!("TCP".parse::<BackendChoice>(), Ok(BackendChoice::Tcp));
+        assert_eq!("shm+tcp".parse::<BackendChoice>(), Ok(BackendChoice::Hier));
         assert!("nope".parse::<BackendChoice>().is_err());
     }
 

@@ -8,6 +8,7 @@ pub mod ddp;
 pub mod elem;
 pub mod error;
 pub mod group;
+pub mod hier;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod ncclpath;

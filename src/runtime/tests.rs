@@ -11,6 +11,9 @@ use super::*;
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
+/// A rank's fake host identity (None = this machine's).
+type HostOf = fn(usize) -> Option<String>;
+
 /// Runs `f` on `n` ranks (threads) of a fresh group and returns their results in rank order.
 /// Panics (fails the test) if any rank does not finish within `bound`.
 pub(crate) fn run_world<R, F>(
@@ -18,6 +21,22 @@ pub(crate) fn run_world<R, F>(
     backend: BackendChoice,
     slot: usize,
     bound: Duration,
+    f: F,
+) -> Vec<R>
+where
+    R: Send + 'static,
+    F: Fn(ProcessGroup) -> R + Send + Sync + Clone + 'static,
+{
+    run_world_hosts(n, backend, slot, bound, |_| None, f)
+}
+
+/// [`run_world`] with a per-rank host identity (None = this machine's).
+pub(crate) fn run_world_hosts<R, F>(
+    n: usize,
+    backend: BackendChoice,
+    slot: usize,
+    bound: Duration,
+    host: HostOf,
     f: F,
 ) -> Vec<R>
 where
@@ -38,6 +57,7 @@ where
             o.backend = backend;
             o.timeout = Duration::from_secs(30);
             o.shm_slot_bytes = slot;
+            o.host_id = host(r);
             let pg = ProcessGroup::new(&store, &o).expect("group init");
             let _ = tx.send((r, f(pg)));
         });
@@ -181,6 +201,37 @@ fn matrix(backend: BackendChoice, n: usize) {
             _ => "tcp",
         };
         assert_eq!(name, want);
+    }
+}
+
+/// Fake hosts exercise the hierarchical backend: 2 hosts x 2 ranks (blocked layout), an
+/// interleaved layout and uneven hosts (all-gather falls back to per-rank broadcasts).
+#[test]
+fn hier_fake_hosts() {
+    let layouts: [(usize, HostOf); 3] = [
+        (4, |r| Some(format!("h{}", r / 2))),
+        (4, |r| Some(format!("h{}", r % 2))),
+        (3, |r| Some(format!("h{}", r / 2))),
+    ];
+    for (n, host) in layouts {
+        let outs = run_world_hosts(
+            n,
+            BackendChoice::Auto,
+            64 * 1024,
+            Duration::from_secs(240),
+            host,
+            |pg| {
+                let sizes = [0usize, 1, 7, 1001, 40_003];
+                let mut c = check_dtype::<f32>(&pg, &sizes);
+                c += check_dtype::<i64>(&pg, &[0, 3, 333]);
+                c += check_dtype::<bf16>(&pg, &[5, 2049]);
+                (c, pg.backend_name())
+            },
+        );
+        for (c, name) in outs {
+            assert!(c > 0);
+            assert_eq!(name, "shm+tcp");
+        }
     }
 }
 
@@ -385,5 +436,35 @@ fn auto_picks_tcp_across_fake_hosts() {
         .collect();
     for h in hs {
         assert_eq!(h.join().unwrap(), ("tcp", 3.0));
+    }
+}
+
+#[test]
+fn hier_bit_identical_random_floats() {
+    for len in [17usize, 70_001] {
+        let outs = run_world_hosts(
+            4,
+            BackendChoice::Auto,
+            64 * 1024,
+            Duration::from_secs(120),
+            |r| Some(format!("h{}", r / 2)),
+            move |pg| {
+                let mut x = 0x2545_f491u32.wrapping_mul(pg.rank() as u32 + 3);
+                let mut b: Vec<f32> = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 17;
+                        x ^= x << 5;
+                        x as f32 / u32::MAX as f32 - 0.5
+                    })
+                    .collect();
+                pg.all_reduce(&mut b, ReduceOp::Avg).expect("all_reduce");
+                b.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            },
+        );
+        assert!(
+            outs.iter().all(|o| *o == outs[0]),
+            "len {len}: ranks differ"
+        );
     }
 }

@@ -7,7 +7,11 @@
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 
+mod cli;
+mod output;
+mod report;
 mod runtime;
+mod store;
 #[cfg(feature = "train")]
 mod train;
 mod util;

@@ -53,6 +53,22 @@ pub fn spawn_ranks(
     restart: u32,
     dir: &Path,
 ) -> Ranks {
+    spawn_ranks_store(exe, n, args, env, run_id, restart, dir, None)
+}
+
+/// [`spawn_ranks`] joining through the TCP store at 127.0.0.1:`port` when given (else a
+/// directory store).
+#[allow(clippy::too_many_arguments)]
+pub fn spawn_ranks_store(
+    exe: &str,
+    n: usize,
+    args: &[&str],
+    env: &[(&str, String)],
+    run_id: &str,
+    restart: u32,
+    dir: &Path,
+    store_port: Option<u16>,
+) -> Ranks {
     let store = dir.join(format!("store-{restart}"));
     let mut kids = Vec::new();
     for r in 0..n {
@@ -65,14 +81,21 @@ pub fn spawn_ranks(
             .env("WORLD_SIZE", n.to_string())
             .env("LOCAL_WORLD_SIZE", n.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", "1")
             .env("TORCHELASTIC_RUN_ID", run_id)
             .env("TORCHELASTIC_RESTART_COUNT", restart.to_string())
-            .env("RDRUN_FILE_STORE", &store)
             .env("RDRUN_TIMEOUT_SECS", "30")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
+        match store_port {
+            Some(p) => {
+                c.env("MASTER_PORT", p.to_string())
+                    .env_remove("RDRUN_FILE_STORE");
+            }
+            None => {
+                c.env("MASTER_PORT", "1").env("RDRUN_FILE_STORE", &store);
+            }
+        }
         for (k, v) in env {
             c.env(k, v);
         }
@@ -291,4 +314,71 @@ fn shm_cleanup_after_kill_and_sweep() {
     std::fs::write(&p, b"stale").expect("write fake segment");
     assert_eq!(rdrun::runtime::cleanup_run_shm(&run).expect("sweep"), 1);
     assert!(!p.exists());
+}
+
+/// The real path: ranks join through rdrun's TCPStore server (`init_from_env` with
+/// MASTER_ADDR/MASTER_PORT), for every backend.
+#[test]
+fn ranks_join_through_the_tcp_store() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let server = rt.block_on(async {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        rdrun::store::server::StoreServer::start(l, rdrun::store::server::ServerConfig::default())
+            .expect("start store")
+    });
+    let port = server.port();
+    for (backend, n) in [("tcp", 3usize), ("shm", 4), ("auto", 2)] {
+        let dir = TempDir::new("tcpstore");
+        let run = format!("tcpstore-{backend}-{}", std::process::id());
+        let args = [
+            "--backend",
+            backend,
+            "--max-bytes",
+            "65536",
+            "--iters-scale",
+            "0.01",
+        ];
+        let res = spawn_ranks_store(bench(), n, &args, &[], &run, 0, &dir.0, Some(port))
+            .wait(0, Duration::from_secs(120));
+        for (r, rr) in res.iter().enumerate() {
+            assert!(rr.status.success(), "{backend} rank {r}: {rr:?}");
+        }
+        let want = if backend == "auto" { "shm" } else { backend };
+        assert!(
+            res[0]
+                .stdout
+                .contains(&format!("# backend {want} world {n}")),
+            "{}",
+            res[0].stdout
+        );
+    }
+    rt.block_on(server.shutdown());
+}
+
+/// No store at MASTER_ADDR:MASTER_PORT: a one-line error within the timeout, not a hang.
+#[test]
+fn missing_store_is_a_bounded_error() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let dir = TempDir::new("nostore");
+    let res = spawn_ranks_store(
+        bench(),
+        1,
+        &["--max-bytes", "4096"],
+        &[("RDRUN_TIMEOUT_SECS", "2".to_string())],
+        "nostore",
+        0,
+        &dir.0,
+        Some(port),
+    )
+    .wait(0, Duration::from_secs(60));
+    assert!(!res[0].status.success());
+    assert!(
+        res[0].stderr.contains("rank 0: init: store"),
+        "{}",
+        res[0].stderr
+    );
+    assert!(res[0].took < Duration::from_secs(30), "{:?}", res[0].took);
 }

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::runtime::{spawn_ranks, TempDir};
+use crate::runtime::{spawn_ranks, spawn_ranks_store, TempDir};
 
 fn train() -> &'static str {
     env!("CARGO_BIN_EXE_train")
@@ -147,4 +147,33 @@ fn bad_flags_are_one_line_errors() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("unknown backend"), "{err}");
+}
+
+/// `rdrun --nproc_per_node=4 train` without the launcher: four processes joining through the
+/// TCP store with the launcher's environment contract, default flags.
+#[test]
+fn four_workers_through_the_tcp_store() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let server = rt.block_on(async {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        rdrun::store::server::StoreServer::start(l, rdrun::store::server::ServerConfig::default())
+            .expect("start store")
+    });
+    let dir = TempDir::new("train-store");
+    let run = format!("train-store-{}", std::process::id());
+    let res = spawn_ranks_store(train(), 4, &[], &[], &run, 0, &dir.0, Some(server.port()))
+        .wait(0, Duration::from_secs(180));
+    for (r, rr) in res.iter().enumerate() {
+        assert!(rr.status.success(), "rank {r}: {rr:?}");
+    }
+    let out = &res[0].stdout;
+    assert!(out.contains("train: world 4, backend shm"), "{out}");
+    assert_eq!(out.matches("epoch ").count(), 5, "{out}");
+    assert!(out.contains("params identical on 4 ranks"), "{out}");
+    assert!(
+        res[1].stdout.is_empty(),
+        "only rank 0 prints: {:?}",
+        res[1].stdout
+    );
+    rt.block_on(server.shutdown());
 }

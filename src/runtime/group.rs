@@ -174,14 +174,18 @@ pub fn advertise_ip_for(master_addr: &str, master_port: u16) -> IpAddr {
     }
 }
 
-/// Connects to the launcher's TCP store at MASTER_ADDR:MASTER_PORT.
-pub fn connect_store(env: &WorkerEnv) -> Result<Box<dyn Rendezvous>> {
-    Err(RuntimeError::Unavailable {
-        rank: env.rank,
-        op: "init",
-        backend: "store".into(),
-        why: "the TCP store client is not merged yet; set RDRUN_FILE_STORE".into(),
-    })
+/// Connects to the launcher's TCP store at MASTER_ADDR:MASTER_PORT (blocking client, retrying
+/// until `timeout`).
+pub fn connect_store(env: &WorkerEnv, timeout: Duration) -> Result<Box<dyn Rendezvous>> {
+    let c =
+        crate::store::client::BlockingClient::connect(&env.master_addr, env.master_port, timeout)
+            .map_err(|e| RuntimeError::Store {
+            rank: env.rank,
+            op: "init",
+            msg: e.to_string(),
+        })?;
+    c.set_timeout(timeout);
+    Ok(Box::new(c))
 }
 
 /// Decides the backend from the choice and every rank's host identity: one host → shared
@@ -421,7 +425,8 @@ impl ProcessGroup {
             op: "init",
             source,
         })?;
-        let store = connect_store(&env)?;
+        let opts = GroupOptions::from_worker_env(&env)?;
+        let store = connect_store(&env, opts.timeout)?;
         Self::init_with_store(store.as_ref())
     }
 

@@ -325,7 +325,7 @@ impl NcclGroup {
                 FileStore::new(std::path::PathBuf::from(dir))
                     .map_err(|e| store_err(env.rank, e))?,
             ),
-            None => super::group::connect_store(&env)?,
+            None => super::group::connect_store(&env, opts.timeout)?,
         };
         Self::new(
             store.as_ref(),

@@ -171,6 +171,30 @@ impl Rendezvous for FileStore {
     }
 }
 
+/// The launcher's TCP store (PyTorch TCPStore protocol) as the group's rendezvous.
+impl Rendezvous for crate::store::client::BlockingClient {
+    fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreFailure> {
+        crate::store::client::BlockingClient::set(self, key, value)
+            .map_err(|e| StoreFailure::Other(e.to_string()))
+    }
+
+    fn get_wait(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, StoreFailure> {
+        let conv = |e: crate::store::client::StoreError| match e {
+            crate::store::client::StoreError::Timeout { .. } => {
+                StoreFailure::Timeout(timeout, key.to_string())
+            }
+            other => StoreFailure::Other(other.to_string()),
+        };
+        self.wait(&[key], timeout).map_err(conv)?;
+        self.get_nowait(key).map_err(conv)
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64, StoreFailure> {
+        crate::store::client::BlockingClient::add(self, key, delta)
+            .map_err(|e| StoreFailure::Other(e.to_string()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

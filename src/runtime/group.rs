@@ -221,6 +221,7 @@ fn store_err(rank: usize, op: &'static str, e: StoreFailure) -> RuntimeError {
 struct StoreShmSetup<'a> {
     store: &'a dyn Rendezvous,
     prefix: String,
+    /// Global rank, for error messages.
     rank: usize,
     world: usize,
     timeout: Duration,
@@ -339,7 +340,7 @@ impl ProcessGroup {
                 let setup = StoreShmSetup {
                     store,
                     prefix: local_prefix.clone(),
-                    rank: li,
+                    rank,
                     world: local_n,
                     timeout: opts.timeout,
                 };

@@ -20,7 +20,7 @@ use super::backend::Backend;
 use super::elem::{Element, ReduceOp};
 use super::error::{Result, RuntimeError};
 use super::rendezvous::{Rendezvous, StoreFailure};
-use super::shm::{segment_path, ShmComm, ShmSetup, DEFAULT_SLOT};
+use super::shm::{unique_segment_path, ShmComm, ShmSetup, DEFAULT_SLOT};
 use super::tcp::TcpMesh;
 use crate::workerenv::WorkerEnv;
 
@@ -228,15 +228,18 @@ struct StoreShmSetup<'a> {
 }
 
 impl ShmSetup for StoreShmSetup<'_> {
-    fn announce_created(&self) -> Result<()> {
+    fn announce_created(&self, path: &std::path::Path) -> Result<()> {
         self.store
-            .set(&format!("{}shm/created", self.prefix), b"1")
+            .set(
+                &format!("{}shm/created", self.prefix),
+                path.to_string_lossy().as_bytes(),
+            )
             .map_err(|e| store_err(self.rank, "init", e))
     }
-    fn wait_created(&self) -> Result<()> {
+    fn wait_created(&self) -> Result<std::path::PathBuf> {
         self.store
             .get_wait(&format!("{}shm/created", self.prefix), self.timeout)
-            .map(|_| ())
+            .map(|v| std::path::PathBuf::from(String::from_utf8_lossy(&v).into_owned()))
             .map_err(|e| store_err(self.rank, "init", e))
     }
     fn all_mapped(&self) -> Result<()> {
@@ -322,7 +325,7 @@ impl ProcessGroup {
                     world,
                     timeout: opts.timeout,
                 };
-                let path = segment_path(&opts.run_id, opts.restart_count, &prefix);
+                let path = unique_segment_path(&opts.run_id, opts.restart_count, &prefix);
                 Box::new(ShmComm::open(
                     rank,
                     world,
@@ -344,7 +347,7 @@ impl ProcessGroup {
                     world: local_n,
                     timeout: opts.timeout,
                 };
-                let path = segment_path(&opts.run_id, opts.restart_count, &local_prefix);
+                let path = unique_segment_path(&opts.run_id, opts.restart_count, &local_prefix);
                 let local = ShmComm::open(
                     li,
                     local_n,

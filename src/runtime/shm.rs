@@ -85,6 +85,21 @@ pub fn segment_path(run_id: &str, restart: u32, tag: &str) -> PathBuf {
     ))
 }
 
+/// A segment path for `tag` that no other group shares, even another job on this machine with
+/// the same run id (torchrun's default run id is "none"): the tag gets this process's pid and the
+/// current time. Rank 0 creates it and announces it through the store.
+pub fn unique_segment_path(run_id: &str, restart: u32, tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    segment_path(
+        run_id,
+        restart,
+        &format!("{tag}/{}/{nanos}", std::process::id()),
+    )
+}
+
 /// Removes every shared-memory segment a run left behind (launcher side: after the worker
 /// group exits or before a restart). Returns how many files were removed.
 pub fn cleanup_run_shm(run_id: &str) -> std::io::Result<usize> {
@@ -165,10 +180,10 @@ fn layout(world: usize, slot: usize) -> (usize, usize) {
 
 /// How setup steps that need the other ranks are performed (the group passes store calls in).
 pub trait ShmSetup {
-    /// Rank 0 announces that the file exists.
-    fn announce_created(&self) -> Result<()>;
-    /// Non-zero ranks wait for the announcement.
-    fn wait_created(&self) -> Result<()>;
+    /// Rank 0 announces that the file exists, and its path.
+    fn announce_created(&self, path: &Path) -> Result<()>;
+    /// Non-zero ranks wait for the announcement and get the path.
+    fn wait_created(&self) -> Result<PathBuf>;
     /// Every rank: returns once all ranks have mapped the file.
     fn all_mapped(&self) -> Result<()>;
 }
@@ -193,7 +208,9 @@ pub struct ShmComm {
 unsafe impl Send for ShmComm {}
 
 impl ShmComm {
-    /// Creates (rank 0) or opens the segment at `path`, maps it and waits for every rank.
+    /// Rank 0 creates the segment at `path` (which should be unique to this group, see
+    /// [`unique_segment_path`]) and announces it; the others open the announced path (it must lie
+    /// in the same directory and be an rdrun segment). Maps it and waits for every rank.
     pub fn open(
         rank: usize,
         world: usize,
@@ -206,7 +223,7 @@ impl ShmComm {
         let shm_err = |msg: String| RuntimeError::Shm { rank, op, msg };
         let slot = (slot.max(4096) / 64) * 64;
         let (header, len) = layout(world, slot);
-        let file = if rank == 0 {
+        let (file, path) = if rank == 0 {
             match std::fs::remove_file(path) {
                 Ok(()) => tracing::warn!(path = %path.display(), "removed a stale shm segment"),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -220,25 +237,35 @@ impl ShmComm {
                 .map_err(|e| shm_err(format!("create {}: {e}", path.display())))?;
             f.set_len(len as u64)
                 .map_err(|e| shm_err(format!("size {}: {e}", path.display())))?;
-            f
+            (f, path.to_path_buf())
         } else {
-            setup.wait_created()?;
+            let announced = setup.wait_created()?;
+            let ok = announced.parent() == path.parent()
+                && announced
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("rdrun-"));
+            if !ok {
+                return Err(shm_err(format!(
+                    "rank 0 announced an unexpected segment path {}",
+                    announced.display()
+                )));
+            }
             let f = OpenOptions::new()
                 .read(true)
                 .write(true)
-                .open(path)
-                .map_err(|e| shm_err(format!("open {}: {e}", path.display())))?;
+                .open(&announced)
+                .map_err(|e| shm_err(format!("open {}: {e}", announced.display())))?;
             let have = f
                 .metadata()
-                .map_err(|e| shm_err(format!("stat {}: {e}", path.display())))?
+                .map_err(|e| shm_err(format!("stat {}: {e}", announced.display())))?
                 .len();
             if have != len as u64 {
                 return Err(shm_err(format!(
                     "{} has {have} bytes, expected {len} (ranks disagree on RDRUN_SHM_SLOT_BYTES?)",
-                    path.display()
+                    announced.display()
                 )));
             }
-            f
+            (f, announced)
         };
         // SAFETY: mapping a regular tmpfs file of exactly `len` bytes (checked above) read/write
         // and shared; the fd may be closed afterwards, the mapping keeps the pages alive.
@@ -270,13 +297,13 @@ impl ShmComm {
             set: 0,
             timeout,
             pids: vec![0; world],
-            path: path.to_path_buf(),
+            path: path.clone(),
         };
         if rank == 0 {
             me.word(0, 2).store(world as u64, Ordering::Relaxed);
             me.word(0, 3).store(slot as u64, Ordering::Relaxed);
             me.word(0, 1).store(MAGIC, Ordering::Release);
-            setup.announce_created()?;
+            setup.announce_created(&path)?;
         } else if me.word(0, 1).load(Ordering::Acquire) != MAGIC {
             return Err(shm_err(format!("{} is not initialized", path.display())));
         }
@@ -289,7 +316,7 @@ impl ShmComm {
         if rank == 0 {
             // Everyone has it mapped: the name is no longer needed, and unlinking now means a
             // crash later cannot leak the segment.
-            if let Err(e) = std::fs::remove_file(path) {
+            if let Err(e) = std::fs::remove_file(&path) {
                 tracing::warn!(path = %path.display(), "unlink shm segment: {e}");
             }
         }
@@ -377,7 +404,7 @@ impl ShmComm {
             let now = Instant::now();
             if now.duration_since(last_check) >= Duration::from_millis(10) {
                 last_check = now;
-                self.check_peers(op)?;
+                self.check_peers(op, e)?;
                 if now.duration_since(start) >= self.timeout {
                     return Err(RuntimeError::Timeout {
                         rank: self.rank,
@@ -390,19 +417,23 @@ impl ShmComm {
         }
     }
 
-    fn check_peers(&self, op: &'static str) -> Result<()> {
+    /// Fails if a rank that has not yet reached barrier `epoch` is dead. Ranks that arrived may
+    /// legitimately exit (after the last collective of a run), so they are not checked; the
+    /// arrival is read *after* the liveness probe so an arrive-then-exit peer is never blamed.
+    fn check_peers(&self, op: &'static str, epoch: u64) -> Result<()> {
         for (peer, pid) in self.pids.iter().enumerate() {
             if *pid <= 0 || peer == self.rank {
                 continue;
             }
-            if !pid_alive(*pid) {
-                return Err(RuntimeError::Peer {
-                    rank: self.rank,
-                    op,
-                    peer,
-                    msg: format!("process {pid} exited"),
-                });
+            if pid_alive(*pid) || self.word(peer + 1, 0).load(Ordering::Acquire) >= epoch {
+                continue;
             }
+            return Err(RuntimeError::Peer {
+                rank: self.rank,
+                op,
+                peer,
+                msg: format!("process {pid} exited"),
+            });
         }
         Ok(())
     }

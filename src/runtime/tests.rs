@@ -468,3 +468,38 @@ fn hier_bit_identical_random_floats() {
         );
     }
 }
+
+/// Two concurrent jobs with the same run id (torchrun's default is "none") on one machine get
+/// separate segments.
+#[test]
+fn same_run_id_concurrent_groups_do_not_collide() {
+    let hs: Vec<_> = (0..2)
+        .map(|job| {
+            std::thread::spawn(move || {
+                let store = MemStore::new();
+                let ranks: Vec<_> = (0..2)
+                    .map(|r| {
+                        let store = store.clone();
+                        std::thread::spawn(move || {
+                            let mut o = GroupOptions::new(r, 2, "none");
+                            o.backend = BackendChoice::Shm;
+                            o.timeout = Duration::from_secs(30);
+                            let pg = ProcessGroup::new(&store, &o).expect("init");
+                            let mut b = vec![(job * 10 + r) as i64; 1000];
+                            for _ in 0..50 {
+                                pg.all_reduce(&mut b, ReduceOp::Max).expect("all_reduce");
+                            }
+                            b[999]
+                        })
+                    })
+                    .collect();
+                ranks
+                    .into_iter()
+                    .map(|h| h.join().expect("rank"))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let got: Vec<Vec<i64>> = hs.into_iter().map(|h| h.join().expect("job")).collect();
+    assert_eq!(got, vec![vec![1, 1], vec![11, 11]]);
+}

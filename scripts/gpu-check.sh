@@ -14,6 +14,8 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/rdrun-gpu.XXXXXX")"
 RES="$WORK/results.jsonl"
 : > "$RES"
 note() { echo "== $*" >&2; }
+# One line of text safe inside a JSON string.
+clean() { tr -d '\\\r' | tr '\n\t"' '  _' | cut -c1-300; }
 row() { printf '{"check":"%s","world":%s,"bytes":%s,"impl":"%s","time_us":%s,"busbw":%s,"result":"%s"}\n' "$@" >> "$RES"; }
 
 [ -x "$BIN/rdrun-allreduce-bench" ] || { echo "gpu-check: $BIN/rdrun-allreduce-bench missing (build with --features nccl)" >&2; exit 1; }
@@ -34,7 +36,7 @@ export NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 OMP_NUM_THREADS=1
 # 2. rdrun runtime: world 1 (correctness + bandwidth), world 2 on one GPU with fake host ids.
 bench_rows() { # check world extra-args...
   local check="$1" world="$2"; shift 2
-  if timeout 120 "$BIN/rdrun-allreduce-bench" --backend nccl --nproc "$world" --json "$@" \
+  if timeout 90 "$BIN/rdrun-allreduce-bench" --backend nccl --nproc "$world" --json "$@" \
        > "$WORK/$check.out" 2> "$WORK/$check.err"; then
     "$PY" - "$WORK/$check.out" "$check" "$RES" <<'PYEOF'
 import json, sys
@@ -46,7 +48,7 @@ for l in open(sys.argv[1]):
                               "time_us": r["time_us"], "busbw": r["busbw"], "result": "ok"}) + "\n")
 PYEOF
   else
-    row "$check" "$world" 0 rdrun 0 0 "FAIL: $(tail -n 2 "$WORK/$check.err" | tr '\n"' ' _')"
+    row "$check" "$world" 0 rdrun 0 0 "FAIL: $(tail -n 2 "$WORK/$check.err" | clean)"
   fi
 }
 note "rdrun nccl world 1"
@@ -56,13 +58,13 @@ RDRUN_CUDA_DEVICE=0 bench_rows nccl-w2-fakehost 2 --nccl-fake-hosts --min-bytes 
 
 # 3. Negative: two ranks on one GPU without fake hosts must fail with NCCL's own text, not hang.
 note "duplicate GPU negative check"
-if RDRUN_CUDA_DEVICE=0 RDRUN_TIMEOUT_SECS=60 timeout 120 "$BIN/rdrun-allreduce-bench" --backend nccl --nproc 2 \
+if RDRUN_CUDA_DEVICE=0 RDRUN_TIMEOUT_SECS=30 timeout 60 "$BIN/rdrun-allreduce-bench" --backend nccl --nproc 2 \
      --max-bytes 4096 > "$WORK/dup.out" 2> "$WORK/dup.err"; then
   row dup-gpu 2 0 rdrun 0 0 "FAIL: expected an error"
 elif grep -q "Duplicate GPU" "$WORK/dup.err" && ! grep -q "panicked" "$WORK/dup.err"; then
   row dup-gpu 2 0 rdrun 0 0 "ok: error names Duplicate GPU"
 else
-  row dup-gpu 2 0 rdrun 0 0 "FAIL: $(grep -m1 -E 'rank|panick' "$WORK/dup.err" | tr '"' _)"
+  row dup-gpu 2 0 rdrun 0 0 "FAIL: $(grep -m1 -E 'nccl|panick|init' "$WORK/dup.err" | clean)"
 fi
 
 # 4. PyTorch's NCCL (the same library call) at the same sizes, world 1 and 2 (fake hosts).
@@ -101,11 +103,11 @@ if __name__ == "__main__":
     mp.spawn(run, args=(world, "file://" + os.path.join(d, "s"), lo, hi, scale, check, out), nprocs=world)
 PYEOF
 note "PyTorch nccl world 1"
-timeout 120 "$PY" "$WORK/torch_nccl.py" 1 4096 268435456 0.5 nccl-w1 "$RES" 2> "$WORK/torch1.err" \
-  || row nccl-w1 1 0 torch-nccl 0 0 "FAIL: $(tail -n1 "$WORK/torch1.err" | tr '"' _)"
+timeout 90 "$PY" "$WORK/torch_nccl.py" 1 4096 268435456 0.5 nccl-w1 "$RES" 2> "$WORK/torch1.err" \
+  || row nccl-w1 1 0 torch-nccl 0 0 "FAIL: $(tail -n1 "$WORK/torch1.err" | clean)"
 note "PyTorch nccl world 2 (fake hosts)"
-timeout 120 "$PY" "$WORK/torch_nccl.py" 2 4096 16777216 0.02 nccl-w2-fakehost "$RES" 2> "$WORK/torch2.err" \
-  || row nccl-w2-fakehost 2 0 torch-nccl 0 0 "FAIL: $(tail -n1 "$WORK/torch2.err" | tr '"' _)"
+timeout 60 "$PY" "$WORK/torch_nccl.py" 2 4096 16777216 0.02 nccl-w2-fakehost "$RES" 2> "$WORK/torch2.err" \
+  || row nccl-w2-fakehost 2 0 torch-nccl 0 0 "FAIL: $(tail -n1 "$WORK/torch2.err" | clean)"
 
 # 5. PyTorch nccl DDP, world 1, under rdrun (if the launcher binary was carried).
 cat > "$WORK/ddp_nccl.py" <<'PYEOF'
@@ -126,11 +128,11 @@ dist.destroy_process_group()
 PYEOF
 if [ -x "$BIN/rdrun" ]; then
   note "PyTorch DDP (nccl, world 1) under rdrun"
-  if timeout 120 "$BIN/rdrun" --nproc_per_node=1 "$WORK/ddp_nccl.py" > "$WORK/ddp.out" 2>&1 \
+  if timeout 60 "$BIN/rdrun" --nproc_per_node=1 "$WORK/ddp_nccl.py" > "$WORK/ddp.out" 2>&1 \
      && grep -q "ddp ok" "$WORK/ddp.out"; then
     row ddp-under-rdrun 1 0 torch-ddp 0 0 "ok"
   else
-    row ddp-under-rdrun 1 0 torch-ddp 0 0 "FAIL: $(tail -n1 "$WORK/ddp.out" | tr '"' _)"
+    row ddp-under-rdrun 1 0 torch-ddp 0 0 "FAIL: $(grep -m1 -E 'Error|error' "$WORK/ddp.out" | clean)"
   fi
 else
   row ddp-under-rdrun 1 0 torch-ddp 0 0 "skipped: $BIN/rdrun not carried"

@@ -27,8 +27,18 @@ pub async fn exit_barrier<S: RdzvStore>(
     if arrived == group_world_size as i64 {
         store.set(&last_key, b"1").await?;
     }
-    if store.wait(&[last_key], timeout).await? {
-        return Ok(());
+    // Wait in slices of at most a second: the agent's heartbeats share the store connection and
+    // must not stall behind one long WAIT.
+    let deadline = tokio::time::Instant::now() + timeout;
+    let keys = [last_key];
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if store.wait(&keys, left.min(Duration::from_secs(1))).await? {
+            return Ok(());
+        }
+        if left <= Duration::from_secs(1) {
+            break;
+        }
     }
     let arrived = store.add(&count_key, 0).await.unwrap_or(arrived);
     Err(RendezvousError::BarrierTimeout {

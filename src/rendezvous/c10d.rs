@@ -14,7 +14,9 @@
 //! means dead. No wall clock is compared across machines (torchrun stores UTC times).
 //!
 //! Store keys (all under `rdrun.rendezvous.<run_id>`; torchrun uses `torch.rendezvous.<run_id>`):
-//! `/state` (JSON, see `state.rs`), `/hb/<node id>` (decimal counter), and per round
+//! `/state` (JSON, see `state.rs`), `/hb/<node id>` (decimal counter), `/complete/<round>` (set
+//! when a round completes, so joined agents wait on it instead of polling), `/joiners/<round>`
+//! (appended JSON lines: agents announcing themselves, admitted in batches), and per round
 //! `rdrun.rendezvous.<run_id>.<round>/…` for agent keys such as the exit barrier.
 
 use std::collections::{HashMap, HashSet};
@@ -31,7 +33,7 @@ use super::state::{
     self, assignment, join_step, prune_dead, Assignment, JoinStep, JoinView, Member, RdzvState,
     RoundReason, NO_STATE,
 };
-use super::store::{RdzvStore, StoreOpError};
+use super::store::{try_get, RdzvStore, StoreOpError};
 
 /// Something the running agent must react to (select on [`C10dRendezvous::watch`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,6 +127,36 @@ impl Keys {
     fn hb(&self, id: &str) -> String {
         format!("{}/hb/{id}", self.prefix)
     }
+    fn complete(&self, round: u64) -> String {
+        format!("{}/complete/{round}", self.prefix)
+    }
+    fn joiners(&self, round: u64) -> String {
+        format!("{}/joiners/{round}", self.prefix)
+    }
+}
+
+/// Small xorshift generator for backoff jitter (no dependency; quality is irrelevant here).
+struct Jitter(u64);
+
+impl Jitter {
+    fn new(seed: &str) -> Self {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let h = seed.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        Self((t ^ h) | 1)
+    }
+
+    /// A duration uniformly drawn from `[0, cap)`.
+    fn below(&mut self, cap: Duration) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let unit = (self.0 >> 11) as f64 / (1u64 << 53) as f64;
+        cap.mul_f64(unit)
+    }
 }
 
 /// Reads the state text without blocking and without changing an existing state.
@@ -144,6 +176,19 @@ async fn read_beats<S: RdzvStore>(
     let hb_keys: Vec<String> = ids.iter().map(|id| keys.hb(id)).collect();
     let values = store.multi_get(&hb_keys).await?;
     Ok(ids.into_iter().zip(values).collect())
+}
+
+/// The announced joiners of a round: one JSON member per line, first announcement per id kept.
+fn parse_joiners(list: &[u8]) -> Vec<Member> {
+    let mut out: Vec<Member> = Vec::new();
+    for line in list.split(|b| *b == b'\n') {
+        if let Ok(m) = serde_json::from_slice::<Member>(line) {
+            if !out.iter().any(|o| o.id == m.id) {
+                out.push(m);
+            }
+        }
+    }
+    out
 }
 
 /// Ids whose liveness a node checks in `state`: every member and expected node but itself.
@@ -295,6 +340,10 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         let mut last_call: Option<((u64, u64), Instant)> = None;
         let min_poll = Duration::from_millis(20).min(self.settings.poll_interval);
         let mut poll = min_poll;
+        let mut lost = 0u32;
+        let max_backoff = Duration::from_millis(100).min(self.settings.poll_interval);
+        let mut jitter = Jitter::new(&self.me.id);
+        let mut announced: Option<u64> = None;
         let mut text = self
             .retry_store(deadline, |s, _| {
                 let key = state_key.clone();
@@ -324,6 +373,22 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 } else {
                     false
                 };
+            // Announce this agent for the round (once), and read who else did, so a writer can
+            // admit every announced agent at once.
+            let mut pending = Vec::new();
+            if !state.complete && !state.closed && !state.is_participant(id) {
+                let key = self.keys.joiners(state.round);
+                if announced != Some(state.round) {
+                    let mut line = serde_json::to_vec(&self.me).expect("member serializes");
+                    line.push(b'\n');
+                    if self.store.append(&key, &line).await.is_ok() {
+                        announced = Some(state.round);
+                    }
+                }
+                if let Ok(Some(list)) = try_get(&*self.store, &key).await {
+                    pending = parse_joiners(&list);
+                }
+            }
             let view = JoinView {
                 me: &self.me,
                 min,
@@ -331,6 +396,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 past_deadline: now >= deadline,
                 last_call_expired,
                 bump_from,
+                pending: &pending,
             };
             let write = match join_step(&state, &view) {
                 JoinStep::Done => {
@@ -395,25 +461,48 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 Some(new) => {
                     let desired = new.encode();
                     match self.store.compare_set(&state_key, &text, &desired).await {
-                        Ok(got) => {
-                            if got != desired {
-                                tracing::debug!("rendezvous state changed under us; retrying");
-                            }
+                        Ok(got) if got == desired => {
+                            lost = 0;
                             poll = min_poll;
+                            if new.complete && !state.complete {
+                                // Wake the participants waiting on this round at once.
+                                let _ = self.store.set(&self.keys.complete(new.round), b"1").await;
+                            }
+                            Ok(got)
+                        }
+                        Ok(got) => {
+                            // Lost a race: back off a random while before retrying, so that many
+                            // agents joining together do not all retry in lockstep (each lost
+                            // attempt costs a full state transfer).
+                            lost += 1;
+                            let cap = Duration::from_millis(1u64 << lost.min(7)).min(max_backoff);
+                            tokio::time::sleep(jitter.below(cap)).await;
+                            tracing::debug!(lost, "rendezvous state changed under us; retrying");
                             Ok(got)
                         }
                         Err(e) => Err(e),
                     }
                 }
                 None => {
-                    tokio::time::sleep(poll).await;
-                    let got = read_text(&*self.store, &state_key).await;
-                    if got.as_ref().is_ok_and(|g| *g != text) {
-                        poll = min_poll;
-                    } else {
+                    if !state.complete && state.is_participant(&self.me.id) {
+                        // Joined and waiting: the completer sets the round's complete key.
+                        let key = [self.keys.complete(state.round)];
+                        if let Err(e) = self.store.wait(&key, poll).await {
+                            tracing::debug!(error = %e, "waiting for round completion failed");
+                            tokio::time::sleep(poll).await;
+                        }
                         poll = (poll * 2).min(self.settings.poll_interval);
+                        read_text(&*self.store, &state_key).await
+                    } else {
+                        tokio::time::sleep(poll).await;
+                        let got = read_text(&*self.store, &state_key).await;
+                        if got.as_ref().is_ok_and(|g| *g != text) {
+                            poll = min_poll;
+                        } else {
+                            poll = (poll * 2).min(self.settings.poll_interval);
+                        }
+                        got
                     }
-                    got
                 }
             };
             text = match next {

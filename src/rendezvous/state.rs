@@ -315,6 +315,8 @@ pub struct JoinView<'a> {
     pub last_call_expired: bool,
     /// This agent ran round `r` and asks for a new one for this reason (bump if nobody did).
     pub bump_from: Option<(u64, RoundReason)>,
+    /// Agents that announced they join the current round, in announcement order.
+    pub pending: &'a [Member],
 }
 
 /// What the driver does next.
@@ -330,6 +332,33 @@ pub enum JoinStep {
     Closed { redundant: bool },
     /// Join deadline passed: write the state (leaving every list) if any, then fail.
     TimedOut(Option<RdzvState>),
+}
+
+/// Whether an incomplete round has a slot for `id`: slots of expected nodes that have not
+/// rejoined yet are reserved for them.
+fn can_admit(state: &RdzvState, id: &str, max: usize) -> bool {
+    let reserved = if state.expected.iter().any(|e| e == id) {
+        0
+    } else {
+        state
+            .expected
+            .iter()
+            .filter(|e| !state.is_participant(e))
+            .count()
+    };
+    state.participants.len() + reserved < max
+}
+
+/// Adds `m` to the participants of an incomplete round (leaving the other lists); reaching `min`
+/// starts a new last call.
+fn admit(state: &mut RdzvState, m: &Member, min: usize) {
+    state.wait_list.retain(|w| w.id != m.id);
+    state.redundancy_list.retain(|r| r.id != m.id);
+    // The record is the joiner's own (its worker-store port may change between rounds).
+    state.participants.push(m.clone());
+    if state.participants.len() == min {
+        state.last_call_seq += 1;
+    }
 }
 
 /// One step of the join loop (torchrun's `_RendezvousJoinOp`, with rdrun's round bump and
@@ -381,25 +410,26 @@ pub fn join_step(state: &RdzvState, v: &JoinView<'_>) -> JoinStep {
         return JoinStep::Wait;
     }
     // Incomplete round, not yet in it: join unless the free slots are reserved for expected nodes.
-    let me_expected = state.expected.iter().any(|e| e == id);
-    let reserved = if me_expected {
-        0
-    } else {
-        state
-            .expected
-            .iter()
-            .filter(|e| !state.is_participant(e))
-            .count()
-    };
-    if state.participants.len() + reserved < v.max {
-        let mut new = state.clone();
-        new.wait_list.retain(|m| m.id != id);
-        new.redundancy_list.retain(|m| m.id != id);
-        // The member record is refreshed (the worker-store port may change between rounds).
-        new.participants.push(v.me.clone());
-        if new.participants.len() == v.min {
-            new.last_call_seq += 1;
+    // Every other announced joiner that fits is admitted in the same write (announcement order),
+    // so N agents starting together need a few writes instead of N contended ones.
+    let mut candidates: Vec<&Member> = v
+        .pending
+        .iter()
+        .filter(|p| !state.is_participant(&p.id))
+        .map(|p| if p.id == id { v.me } else { p })
+        .collect();
+    if !candidates.iter().any(|c| c.id == id) {
+        candidates.push(v.me);
+    }
+    let mut new = state.clone();
+    let mut me_in = false;
+    for c in candidates {
+        if !new.is_participant(&c.id) && can_admit(&new, &c.id, v.max) {
+            admit(&mut new, c, v.min);
+            me_in |= c.id == id;
         }
+    }
+    if me_in {
         maybe_complete(&mut new, v.min, v.max);
         return JoinStep::Write(new);
     }
@@ -490,6 +520,7 @@ mod tests {
             past_deadline: false,
             last_call_expired: false,
             bump_from: None,
+            pending: &[],
         }
     }
 
@@ -728,6 +759,29 @@ mod tests {
         assert!(s.complete);
         assert_eq!(s.participants.len(), 2);
         assert_eq!(prune_dead(&s, &["nobody".into()], 2, 3), None);
+    }
+
+    #[test]
+    fn one_write_admits_every_announced_joiner_that_fits() {
+        let ms: Vec<Member> = (1..=4).map(|i| m(&format!("10.0.0.{i}"), 1)).collect();
+        let mut s = RdzvState::default();
+        // Announcement order: .1, .2, the writer .4, then .3.
+        let pending = [ms[0].clone(), ms[1].clone(), ms[3].clone(), ms[2].clone()];
+        let mut v = view(&ms[3], 2, 3);
+        v.pending = &pending;
+        match join_step(&s, &v) {
+            JoinStep::Write(new) => s = new,
+            other => panic!("{other:?}"),
+        }
+        // .1, .2 and the writer fill the round (max 3); .3 is left over.
+        assert!(s.complete);
+        let ids: Vec<&str> = s.participants.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [ms[0].id.as_str(), ms[1].id.as_str(), ms[3].id.as_str()]
+        );
+        assert_eq!(settle(&mut s, &view(&ms[2], 2, 3)), JoinStep::Wait);
+        assert!(s.in_redundancy_list(&ms[2].id));
     }
 
     #[test]

@@ -28,17 +28,7 @@ use super::c10d::{HeartbeatTracker, RdzvEvent};
 use super::error::RendezvousError;
 use super::settings::StaticSettings;
 use super::state::{base_rank, Assignment, RoundReason};
-use super::store::{RdzvStore, StoreOpError};
-
-/// Returned by a non-creating read of a missing key (see [`try_get`]).
-const ABSENT: &[u8] = b"\0rdrun-absent\0";
-
-/// Reads `key` without blocking and without creating it: `compare_set` with an expected value that
-/// is never stored returns that value when the key is missing and the stored value otherwise.
-pub async fn try_get<S: RdzvStore>(store: &S, key: &str) -> Result<Option<Vec<u8>>, StoreOpError> {
-    let v = store.compare_set(key, ABSENT, ABSENT).await?;
-    Ok((v != ABSENT).then_some(v))
-}
+use super::store::{try_get, RdzvStore, StoreOpError};
 
 fn parse_u64(bytes: &[u8]) -> Option<u64> {
     std::str::from_utf8(bytes).ok()?.trim().parse().ok()

@@ -38,6 +38,9 @@ pub trait RdzvStore: Send + Sync + 'static {
     /// Adds `delta` to the decimal counter at `key` (missing = 0) and returns the new value.
     fn add(&self, key: &str, delta: i64) -> impl Future<Output = StoreResult<i64>> + Send;
 
+    /// Appends `value` to `key` atomically (creates it if missing).
+    fn append(&self, key: &str, value: &[u8]) -> impl Future<Output = StoreResult<()>> + Send;
+
     /// Values of keys that are known to exist (a missing key may block or fail).
     fn multi_get(&self, keys: &[String]) -> impl Future<Output = StoreResult<Vec<Vec<u8>>>> + Send;
 
@@ -64,6 +67,9 @@ impl<S: RdzvStore> RdzvStore for Arc<S> {
     fn add(&self, key: &str, delta: i64) -> impl Future<Output = StoreResult<i64>> + Send {
         (**self).add(key, delta)
     }
+    fn append(&self, key: &str, value: &[u8]) -> impl Future<Output = StoreResult<()>> + Send {
+        (**self).append(key, value)
+    }
     fn multi_get(&self, keys: &[String]) -> impl Future<Output = StoreResult<Vec<Vec<u8>>>> + Send {
         (**self).multi_get(keys)
     }
@@ -74,6 +80,16 @@ impl<S: RdzvStore> RdzvStore for Arc<S> {
     ) -> impl Future<Output = StoreResult<bool>> + Send {
         (**self).wait(keys, timeout)
     }
+}
+
+/// Returned by a non-creating read of a missing key (see [`try_get`]).
+const ABSENT: &[u8] = b"\0rdrun-absent\0";
+
+/// Reads `key` without blocking and without creating it: `compare_set` with an expected value that
+/// is never stored returns that value when the key is missing and the stored value otherwise.
+pub async fn try_get<S: RdzvStore>(store: &S, key: &str) -> StoreResult<Option<Vec<u8>>> {
+    let v = store.compare_set(key, ABSENT, ABSENT).await?;
+    Ok((v != ABSENT).then_some(v))
 }
 
 #[derive(Default)]
@@ -184,6 +200,16 @@ impl RdzvStore for MemStore {
         Ok(new)
     }
 
+    async fn append(&self, key: &str, value: &[u8]) -> StoreResult<()> {
+        self.check_cut()?;
+        self.lock()
+            .entry(key.to_string())
+            .or_default()
+            .extend_from_slice(value);
+        self.inner.changed.notify_waiters();
+        Ok(())
+    }
+
     async fn multi_get(&self, keys: &[String]) -> StoreResult<Vec<Vec<u8>>> {
         self.check_cut()?;
         let map = self.lock();
@@ -228,6 +254,16 @@ mod tests {
         assert_eq!(s.compare_set("k", b"", b"b").await.unwrap(), b"a");
         assert_eq!(s.compare_set("k", b"a", b"c").await.unwrap(), b"c");
         assert_eq!(s.peek("k").unwrap(), b"c");
+    }
+
+    #[tokio::test]
+    async fn try_get_does_not_create_and_append_concatenates() {
+        let s = MemStore::new();
+        assert_eq!(try_get(&s, "k").await.unwrap(), None);
+        assert_eq!(s.peek("k"), None);
+        s.append("k", b"a\n").await.unwrap();
+        s.append("k", b"b\n").await.unwrap();
+        assert_eq!(try_get(&s, "k").await.unwrap(), Some(b"a\nb\n".to_vec()));
     }
 
     #[tokio::test]

@@ -43,4 +43,12 @@ pub enum RendezvousError {
     },
     #[error("{0}")]
     Addr(#[from] super::addr::AddrError),
+    #[error("cannot serve the rendezvous store at {endpoint}")]
+    Host {
+        endpoint: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Unsupported(String),
 }

@@ -169,6 +169,10 @@ impl C10dSettings {
 pub struct StaticSettings {
     /// Rendezvous timeout (`timeout`, torchrun 900 s): connecting and waiting for every node.
     pub timeout: Duration,
+    /// Timeout of one store operation (`read_timeout`, 60 s).
+    pub read_timeout: Duration,
+    /// Time allowed for one heartbeat write (`heartbeat_timeout`, 5 s).
+    pub heartbeat_timeout: Duration,
     pub keep_alive_interval: Duration,
     pub keep_alive_max_attempt: u32,
     pub poll_interval: Duration,
@@ -178,6 +182,8 @@ impl StaticSettings {
     pub fn from_conf(conf: &BTreeMap<String, String>) -> Result<Self, ConfError> {
         Ok(Self {
             timeout: secs(conf, "timeout", 900.0)?,
+            read_timeout: secs(conf, "read_timeout", 60.0)?,
+            heartbeat_timeout: secs(conf, "heartbeat_timeout", 5.0)?,
             keep_alive_interval: secs(conf, "keep_alive_interval", 1.0)?
                 .max(Duration::from_millis(10)),
             keep_alive_max_attempt: count(conf, "keep_alive_max_attempt", 5)?,

@@ -318,7 +318,13 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 let round = *running.lock().unwrap_or_else(|e| e.into_inner());
                 if Instant::now() >= next_beat {
                     next_beat = Instant::now() + settings.keep_alive_interval;
-                    match store.add(&keys.hb(me), 1).await {
+                    let beat = tokio::time::timeout(
+                        settings.heartbeat_timeout,
+                        store.add(&keys.hb(me), 1),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err(StoreOpError("heartbeat timed out".into())));
+                    match beat {
                         Ok(_) => failures = 0,
                         Err(e) => {
                             failures += 1;

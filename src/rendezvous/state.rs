@@ -798,4 +798,111 @@ mod tests {
             JoinStep::Closed { redundant: true }
         );
     }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn check_invariants(s: &RdzvState, max: usize, min: usize) {
+            let mut all: Vec<&str> = s
+                .participants
+                .iter()
+                .chain(&s.wait_list)
+                .chain(&s.redundancy_list)
+                .map(|m| m.id.as_str())
+                .collect();
+            let n = all.len();
+            all.sort();
+            all.dedup();
+            assert_eq!(all.len(), n, "a node is in at most one list: {s:?}");
+            assert!(s.participants.len() <= max, "{s:?}");
+            if s.complete {
+                assert!(s.participants.len() >= min, "{s:?}");
+            }
+        }
+
+        proptest! {
+            /// Random interleavings of joins, restarts and deaths keep the lists consistent, and
+            /// once every live node keeps stepping, the round completes with min(live, max).
+            #[test]
+            fn random_interleavings_stay_consistent_and_complete(
+                n in 1usize..6,
+                min in 1usize..4,
+                extra in 0usize..3,
+                steps in proptest::collection::vec((0usize..6, 0u8..4, any::<bool>()), 0..60),
+            ) {
+                let max = min + extra;
+                let nodes: Vec<Member> = (0..n).map(|i| m(&format!("10.0.0.{}", i + 1), 1)).collect();
+                let mut dead = vec![false; n];
+                let mut my_round: Vec<Option<u64>> = vec![None; n];
+                let mut s = RdzvState::default();
+                let mut failures = 0u32;
+                let mut announced: Vec<Option<u64>> = vec![None; n];
+                for (who, action, expired) in steps {
+                    let i = who % n;
+                    if dead[i] {
+                        continue;
+                    }
+                    match action {
+                        // A death, noticed by the others.
+                        0 if dead.iter().filter(|d| !**d).count() > 1 => {
+                            dead[i] = true;
+                            if let Some(new) = prune_dead(&s, std::slice::from_ref(&nodes[i].id), min, max) {
+                                s = new;
+                            }
+                        }
+                        // A worker failure on a node that ran a round.
+                        1 if my_round[i].is_some() => {
+                            let mut v = view(&nodes[i], min, max);
+                            v.bump_from = my_round[i].map(|r| (r, RoundReason::WorkerFailure));
+                            if let JoinStep::Write(new) = join_step(&s, &v) {
+                                if new.restart_count > s.restart_count { failures += 1; }
+                                s = new;
+                            }
+                        }
+                        // Announced, but its own write lost a race (admission by others).
+                        2 if !s.complete => announced[i] = Some(s.round),
+                        _ => {
+                            // Live nodes announced for this round (batch admission).
+                            let pending: Vec<Member> = (0..n)
+                                .filter(|j| !dead[*j] && announced[*j] == Some(s.round))
+                                .map(|j| nodes[j].clone())
+                                .collect();
+                            if !s.complete {
+                                announced[i] = Some(s.round);
+                            }
+                            let mut v = view(&nodes[i], min, max);
+                            v.pending = &pending;
+                            v.last_call_expired = expired;
+                            match join_step(&s, &v) {
+                                JoinStep::Write(new) => s = new,
+                                JoinStep::Done => my_round[i] = Some(s.round),
+                                _ => {}
+                            }
+                        }
+                    }
+                    check_invariants(&s, max, min);
+                    prop_assert_eq!(s.restart_count, failures);
+                }
+                // Liveness: every live node keeps stepping with expired last calls.
+                let live: Vec<usize> = (0..n).filter(|i| !dead[*i]).collect();
+                for _ in 0..20 {
+                    for &i in &live {
+                        let mut v = view(&nodes[i], min, max);
+                        v.last_call_expired = true;
+                        if let JoinStep::Write(new) = join_step(&s, &v) {
+                            s = new;
+                        }
+                        check_invariants(&s, max, min);
+                    }
+                }
+                if live.len() >= min {
+                    prop_assert!(s.complete, "{:?}", s);
+                    // Live nodes on the wait list would trigger the next round (scale-up).
+                    let running = s.participants.len() + s.wait_list.len();
+                    prop_assert_eq!(running.min(max), live.len().min(max), "{:?}", s);
+                }
+            }
+        }
+    }
 }

@@ -434,7 +434,9 @@ pub fn join_step(state: &RdzvState, v: &JoinView<'_>) -> JoinStep {
         return JoinStep::Write(new);
     }
     if !state.in_redundancy_list(id) {
+        // No slot: wait on the redundancy list (leaving the wait list of an earlier round).
         let mut new = state.clone();
+        new.wait_list.retain(|w| w.id != id);
         new.redundancy_list.push(v.me.clone());
         return JoinStep::Write(new);
     }

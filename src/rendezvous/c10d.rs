@@ -113,12 +113,14 @@ fn lock(shared: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
 #[derive(Debug, Clone)]
 struct Keys {
     prefix: String,
+    run_id: String,
 }
 
 impl Keys {
     fn new(run_id: &str) -> Self {
         Self {
             prefix: format!("rdrun.rendezvous.{run_id}"),
+            run_id: run_id.to_string(),
         }
     }
     fn state(&self) -> String {
@@ -129,6 +131,10 @@ impl Keys {
     }
     fn complete(&self, round: u64) -> String {
         format!("{}/complete/{round}", self.prefix)
+    }
+    /// torchrun's c10d state key (`torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py`).
+    fn torch_state(&self) -> String {
+        format!("torch.rendezvous.{}", self.run_id)
     }
     fn joiners(&self, round: u64) -> String {
         format!("{}/joiners/{round}", self.prefix)
@@ -438,6 +444,13 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 }
                 JoinStep::Write(new) => Some(new),
                 JoinStep::Wait => {
+                    // A PyTorch torchrun agent on the same endpoint and run id waits in a
+                    // rendezvous of its own: say so instead of timing out much later.
+                    if let Ok(Some(_)) = try_get(&*self.store, &self.keys.torch_state()).await {
+                        return Err(RendezvousError::TorchrunPeer {
+                            key: self.keys.torch_state(),
+                        });
+                    }
                     // While waiting, drop peers that stopped heartbeating so the round can go on.
                     let ids = watched_ids(&state, id);
                     match read_beats(&*self.store, &self.keys, ids).await {
@@ -1081,6 +1094,26 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(ev, RdzvEvent::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_torchrun_agent_on_the_same_run_is_a_clear_error() {
+        let store = MemStore::new();
+        let s = settings(2, 2, &[]);
+        let mut n = node(&store, &s, 1, 1);
+        let task = tokio::spawn(async move { n.next_round(req(RoundReason::Initial)).await });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // What torchrun's C10dRendezvousBackend writes first (its "no state" sentinel).
+        store
+            .set("torch.rendezvous.job", b"Y2FuaW1hZGFt")
+            .await
+            .unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_err();
+        assert!(err.to_string().contains("PyTorch torchrun agent"), "{err}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -51,4 +51,6 @@ pub enum RendezvousError {
     },
     #[error("{0}")]
     Unsupported(String),
+    #[error("a PyTorch torchrun agent uses this rendezvous ({key} exists): rdrun and torchrun agents cannot share a c10d rendezvous; start every node with rdrun")]
+    TorchrunPeer { key: String },
 }

@@ -7,5 +7,9 @@
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 
+mod cli;
+mod output;
+mod report;
 mod rendezvous;
+mod store;
 mod util;

@@ -2,7 +2,7 @@
 //! trainers link to all-reduce gradients.
 //!
 //! # Map
-//! - [`cli`]: clap definition of every torchrun flag (both spellings, PET_* fallback); parse only.
+//! - [`cli`]: hand-written argparse-compatible parser of every torchrun flag (both spellings, PET_* fallback); parse only.
 //! - [`config`]: parsed args -> [`config::LaunchConfig`] (nproc, nnodes, standalone, command, logs).
 //! - [`workerenv`]: the launcher <-> worker environment contract.
 //! - [`exit`]: every exit code rdrun can return.

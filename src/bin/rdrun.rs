@@ -1,5 +1,88 @@
-//! The `rdrun` binary: parse -> resolve -> tracing -> supervisor -> exit code.
+//! The `rdrun` binary: tracing -> parse -> resolve -> supervisor -> exit code.
+//!
+//! Thin on purpose: every decision lives in the library. Errors are printed here, once, as
+//! `rdrun: error: <message>`, with the exit codes of `rdrun::exit`.
+
+use rdrun::cli::{self, Invocation};
+use rdrun::config;
+use rdrun::exit;
 
 fn main() {
-    std::process::exit(rdrun::exit::LAUNCHER_FAILURE);
+    init_tracing();
+    let argv: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    std::process::exit(run(&argv));
+}
+
+fn run(argv: &[String]) -> i32 {
+    let args = match cli::parse_from(argv, &cli::process_env) {
+        Ok(Invocation::Launch(args)) => *args,
+        Ok(Invocation::Help) => {
+            print!("{}", cli::help_text());
+            return exit::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("rdrun: error: {e}");
+            return exit::USAGE;
+        }
+    };
+    match config::resolve(args, &cli::process_env) {
+        Ok(cfg) => rdrun::supervisor::run(cfg),
+        Err(e) => {
+            eprintln!("rdrun: error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// rdrun's own log on stderr: level from RUST_LOG (full filter syntax), else LOGLEVEL (torchrun's
+/// variable: DEBUG, INFO, WARNING, ERROR, CRITICAL), else warnings and errors only.
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| {
+            let level = std::env::var("LOGLEVEL").unwrap_or_default();
+            EnvFilter::new(loglevel_directive(&level))
+        });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .try_init();
+}
+
+/// Python logging level names to a tracing level.
+fn loglevel_directive(level: &str) -> &'static str {
+    match level.trim().to_ascii_uppercase().as_str() {
+        "DEBUG" | "NOTSET" => "debug",
+        "INFO" => "info",
+        "ERROR" | "CRITICAL" | "FATAL" => "error",
+        _ => "warn",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loglevel_directive;
+
+    #[test]
+    fn python_level_names() {
+        for (name, want) in [
+            ("DEBUG", "debug"),
+            ("info", "info"),
+            ("WARNING", "warn"),
+            ("", "warn"),
+            ("bogus", "warn"),
+            ("ERROR", "error"),
+            ("CRITICAL", "error"),
+        ] {
+            assert_eq!(loglevel_directive(name), want, "{name}");
+        }
+    }
 }

@@ -1,1 +1,17 @@
-//! store (to be written).
+//! rdrun's key-value store, byte-compatible with PyTorch's TCPStore (torch 2.15.0): the opcodes and
+//! reply enums of `torch/csrc/distributed/c10d/store/TCPStoreBackend.hpp`, the client encoding of
+//! `TCPStore.cpp` and the server behaviour of `TCPStoreLibUvBackend.cpp`.
+//!
+//! - [`protocol`]: pure codec (query types, validation magic, incremental request decoding).
+//! - [`state`]: the shared map, queues and per-key waiters.
+//! - [`server`]: the tokio server the launcher runs for the life of the job.
+//! - [`client`]: async and blocking clients (PyTorch's "/" key prefix and PrefixStore nesting).
+
+pub mod client;
+pub mod protocol;
+pub mod server;
+pub mod state;
+
+pub use client::{BlockingClient, Client, StoreError};
+pub use protocol::Limits;
+pub use server::{ServerConfig, StoreServer};

@@ -1,0 +1,356 @@
+//! The `rdrun` command line through the real binary: `--help`, usage errors (exit 2, one
+//! `rdrun: error:` line naming the flag and value), launcher-side refusals (exit 1) and the
+//! guarantee that none of them starts a worker. Every run has a hard wall-clock bound.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Generous: machines are shared and slow; a hang shows up as a failure, not a stuck CI job.
+const LIMIT: Duration = Duration::from_secs(60);
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs rdrun with `args` and extra `env`, without any inherited PET_*/log-level variables,
+/// killing it (by its PID) if it outlives [`LIMIT`].
+fn rdrun(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdrun"));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, _) in std::env::vars_os() {
+        let name = k.to_string_lossy();
+        if name.starts_with("PET_")
+            || matches!(
+                name.as_ref(),
+                "RUST_LOG" | "LOGLEVEL" | "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+            )
+        {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.envs(env.iter().copied());
+    let mut child = cmd.spawn().expect("spawn rdrun");
+    // Read both pipes on threads so that a full pipe can never block the child.
+    let mut out = child.stdout.take().expect("stdout pipe");
+    let mut err = child.stderr.take().expect("stderr pipe");
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            // Child::kill signals exactly this PID.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("rdrun {args:?} did not finish within {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Run {
+        code: status.code(),
+        stdout: out_t.join().expect("stdout reader"),
+        stderr: err_t.join().expect("stderr reader"),
+    }
+}
+
+/// A fresh directory for one test's marker files.
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rdrun-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create temp dir");
+    d
+}
+
+/// Asserts exit `code` and that stderr is exactly the one line `rdrun: error: <msg>`.
+fn assert_error(run: &Run, code: i32, msg: &str) {
+    assert_eq!(run.code, Some(code), "{run:?}");
+    assert_eq!(run.stderr, format!("rdrun: error: {msg}\n"), "{run:?}");
+    assert_eq!(run.stdout, "", "{run:?}");
+}
+
+#[test]
+fn help_lists_every_flag_with_its_default() {
+    for flag in ["--help", "-h", "--he"] {
+        let run = rdrun(&[flag], &[]);
+        assert_eq!(run.code, Some(0), "{run:?}");
+        assert_eq!(run.stderr, "", "{run:?}");
+        let h = &run.stdout;
+        for name in [
+            "--nnodes",
+            "--nproc-per-node",
+            "--nproc_per_node",
+            "--rdzv-backend",
+            "--rdzv_backend",
+            "--rdzv-endpoint",
+            "--rdzv-id",
+            "--rdzv-conf",
+            "--standalone",
+            "--max-restarts",
+            "--monitor-interval",
+            "--start-method",
+            "--event-log-handler",
+            "--role",
+            "-m, --module",
+            "--no-python",
+            "--run-path",
+            "--log-dir",
+            "-r, --redirects",
+            "-t, --tee",
+            "--log-line-prefix-template",
+            "--local-ranks-filter",
+            "--duplicate-stdout-filters",
+            "--duplicate-stderr-filters",
+            "--node-rank",
+            "--master-addr",
+            "--master-port",
+            "--local-addr",
+            "--logs-specs",
+            "--numa-binding",
+            "--signals-to-handle",
+            "--shutdown-timeout",
+            "--virtual-local-rank",
+            "--print-completion",
+            "--report-json",
+            "--exit-barrier-timeout",
+        ] {
+            assert!(h.contains(name), "{name} missing from --help:\n{h}");
+        }
+        for default in [
+            "[default: 1:1; env: PET_NNODES]",
+            "[default: 1; env: PET_NPROC_PER_NODE]",
+            "[default: static; env: PET_RDZV_BACKEND]",
+            "[default: 0; env: PET_MAX_RESTARTS]",
+            "[default: 0.1; env: PET_MONITOR_INTERVAL]",
+            "[default: SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2; env: PET_SIGNALS_TO_HANDLE]",
+            "[default: 300; env: PET_EXIT_BARRIER_TIMEOUT]",
+        ] {
+            assert!(h.contains(default), "{default} missing from --help:\n{h}");
+        }
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_with_one_line() {
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
+        (
+            &[],
+            &[],
+            "the following arguments are required: training_script, training_script_args",
+        ),
+        (&["--foo", "t.py"], &[], "unrecognized arguments: --foo"),
+        (
+            &["--nproc", "2", "t.py"],
+            &[],
+            "ambiguous option: --nproc could match --nproc-per-node, --nproc_per_node",
+        ),
+        (&["--nnodes"], &[], "argument --nnodes: expected one argument"),
+        (
+            &["--nnodes", "2:1", "/bin/true"],
+            &[],
+            "--nnodes '2:1': the node counts must satisfy 0 < MIN <= MAX",
+        ),
+        (
+            &["--nnodes=a:b", "/bin/true"],
+            &[],
+            "--nnodes 'a:b': expected N or MIN:MAX with integers",
+        ),
+        (
+            &["--max-restarts", "-1", "/bin/true"],
+            &[],
+            "--max-restarts '-1': must be >= 0",
+        ),
+        (
+            &["--max_restarts=-1", "/bin/true"],
+            &[],
+            "--max-restarts '-1': must be >= 0",
+        ),
+        (
+            &["/bin/true"],
+            &[("PET_MAX_RESTARTS", "-3")],
+            "--max-restarts '-3': must be >= 0",
+        ),
+        (
+            &["--max-restarts", "many", "/bin/true"],
+            &[],
+            "argument --max-restarts/--max_restarts: invalid int value: 'many'",
+        ),
+        (
+            &["/bin/true"],
+            &[("PET_MAX_RESTARTS", "many")],
+            "argument --max-restarts/--max_restarts: invalid int value: 'many' (from PET_MAX_RESTARTS)",
+        ),
+        (
+            &["--nproc-per-node", "zero", "/bin/true"],
+            &[],
+            "--nproc-per-node 'zero': expected a positive integer, cpu, gpu or auto",
+        ),
+        (
+            &["--nproc_per_node=0", "/bin/true"],
+            &[],
+            "--nproc-per-node '0': must be > 0",
+        ),
+        (
+            &["/bin/true"],
+            &[("PET_STANDALONE", "true")],
+            "PET_STANDALONE=\"true\": a boolean flag read from the environment must be an integer (0 = off, non-zero = on)",
+        ),
+        (
+            &["--standalone=1", "/bin/true"],
+            &[],
+            "argument --standalone: ignored explicit argument '1'",
+        ),
+        (
+            &["--logs-specs", "mine", "/bin/true"],
+            &[],
+            "--logs-specs is not supported by rdrun: it loads a Python plugin (torchrun.logs_specs entry point)",
+        ),
+        (
+            &["--numa-binding=node", "/bin/true"],
+            &[],
+            "--numa-binding node is not supported by rdrun: NUMA binding is not implemented yet",
+        ),
+        (
+            &["--event-log-handler", "dynamic_rendezvous", "/bin/true"],
+            &[],
+            "--event-log-handler dynamic_rendezvous is not supported by rdrun: only the null and console handlers exist outside Python",
+        ),
+        (
+            &["--print-completion", "bash"],
+            &[],
+            "--print-completion is not supported by rdrun: rdrun does not generate shell completion scripts",
+        ),
+        (
+            &["--no-python", "-m", "/bin/true"],
+            &[],
+            "don't use both the '--no-python' flag and the '--module' flag at the same time",
+        ),
+        (
+            &["--rdzv-conf", "timeout", "/bin/true"],
+            &[],
+            "--rdzv-conf 'timeout': option 'timeout' must have a value",
+        ),
+        (
+            &["-t", "0:5", "/bin/true"],
+            &[],
+            "--tee '0:5': expected 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or a map like 0:1,1:2",
+        ),
+        (
+            &["--shutdown-timeout", "-1", "/bin/true"],
+            &[],
+            "--shutdown-timeout '-1': must be >= 0",
+        ),
+    ];
+    for (args, env, msg) in cases {
+        let run = rdrun(args, env);
+        assert_error(&run, 2, msg);
+    }
+}
+
+#[test]
+fn launcher_refusals_exit_1_before_any_worker_starts() {
+    let dir = temp_dir("refusals");
+    let marker = dir.join("started");
+    let touch = format!("touch {}", marker.display());
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--nnodes", "2", "--no-python", "/bin/sh", "-c", &touch],
+            "multi-node launches are not yet supported (--nnodes 2); rdrun runs one node (--nnodes 1) for now",
+        ),
+        (
+            vec!["--nnodes=1:4", "/bin/sh", "-c", &touch],
+            "multi-node launches are not yet supported (--nnodes 1:4); rdrun runs one node (--nnodes 1) for now",
+        ),
+        (
+            vec!["missing_script_for_rdrun_test.py", &touch],
+            "training script not found: missing_script_for_rdrun_test.py",
+        ),
+        (
+            vec!["--no-python", "no-such-program-for-rdrun-test"],
+            "program not found: no-such-program-for-rdrun-test (no such file, and not an executable on PATH)",
+        ),
+        (
+            vec!["./no/such/dir/prog"],
+            "training script not found: ./no/such/dir/prog",
+        ),
+    ];
+    for (args, msg) in &cases {
+        let run = rdrun(args, &[]);
+        assert_error(&run, 1, msg);
+    }
+    // A usage error stops everything too.
+    let run = rdrun(&["--nnodes", "0", "/bin/sh", "-c", &touch], &[]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(!marker.exists(), "a worker ran despite the error");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn missing_interpreter_is_reported_up_front() {
+    let dir = temp_dir("interp");
+    let script = dir.join("t.py");
+    std::fs::write(&script, "print('hi')\n").expect("write script");
+    let script = script.display().to_string();
+    let run = rdrun(&[&script], &[("PYTHON_EXEC", "/no/such/python")]);
+    assert_error(
+        &run,
+        1,
+        "python interpreter not found: PYTHON_EXEC=/no/such/python",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn loglevel_controls_rdrun_messages() {
+    let args = ["--start-method", "fork", "missing_script_for_rdrun_test.py"];
+    let quiet = rdrun(&args, &[]);
+    assert_error(
+        &quiet,
+        1,
+        "training script not found: missing_script_for_rdrun_test.py",
+    );
+    let info = rdrun(&args, &[("LOGLEVEL", "INFO")]);
+    assert_eq!(info.code, Some(1), "{info:?}");
+    assert!(
+        info.stderr.contains("--start-method fork is ignored"),
+        "{info:?}"
+    );
+    assert!(
+        info.stderr.ends_with(
+            "rdrun: error: training script not found: missing_script_for_rdrun_test.py\n"
+        ),
+        "{info:?}"
+    );
+    let info = rdrun(&args, &[("RUST_LOG", "info")]);
+    assert!(
+        info.stderr.contains("--start-method fork is ignored"),
+        "{info:?}"
+    );
+}

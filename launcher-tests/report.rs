@@ -1,0 +1,270 @@
+//! The failure report from real worker processes through the library API: a Python traceback
+//! taken from stderr without `@record`, and an error file written by the worker at the path
+//! `RunLogs` gave it, reported, copied to a parent error file, and kept by `finish`.
+
+use std::fs;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::time::SystemTime;
+
+use rdrun::config::LogConfig;
+use rdrun::exit::WorkerStatus;
+use rdrun::supervisor::output::{RankSink, RunLogs};
+use rdrun::supervisor::report::{
+    copy_to_parent_error_file, render, root_cause, to_json, Failure, FailureReport,
+};
+
+use crate::output::{console, forward_all, ident, spawn, Scratch};
+
+fn status_of(s: std::process::ExitStatus) -> WorkerStatus {
+    match s.signal() {
+        Some(n) => WorkerStatus::Signaled(n),
+        None => WorkerStatus::Exited(s.code().expect("code")),
+    }
+}
+
+fn has_python() -> bool {
+    std::process::Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+#[test]
+fn python_traceback_from_stderr_without_record() {
+    if !has_python() {
+        eprintln!("skipped: no python3 on PATH");
+        return;
+    }
+    let (c, _out, err) = console();
+    let script = "import sys\nprint('loading', file=sys.stderr)\ndef main():\n    raise ValueError('boom')\nmain()\n";
+    let (mut w, o, e) = spawn("python3", &["-u", "-c", script], &[]);
+    let sink = RankSink {
+        stdout_console: true,
+        stderr_console: true,
+        ..RankSink::default()
+    };
+    let summary = forward_all(&c, vec![(ident(0), sink, o, e)]).remove(0);
+    let status = status_of(w.0.wait().expect("wait"));
+    assert_eq!(status, WorkerStatus::Exited(1));
+    let tb = summary.traceback.clone().expect("traceback captured");
+    assert_eq!(
+        tb.first().map(String::as_str),
+        Some("Traceback (most recent call last):")
+    );
+    assert_eq!(tb.last().map(String::as_str), Some("ValueError: boom"));
+    assert!(err
+        .text()
+        .starts_with("loading\nTraceback (most recent call last):\n"));
+    let report = FailureReport {
+        name: "train.py".into(),
+        host: "host".into(),
+        failures: vec![Failure {
+            local_rank: 0,
+            rank: 0,
+            pid: w.0.id(),
+            status,
+            observed_at: SystemTime::now(),
+            error_file: None,
+            stderr_tail: summary.stderr_tail.clone(),
+            traceback: summary.traceback.clone(),
+        }],
+    };
+    let text = render(&report);
+    // W = the longest block line (the traceback's `File "<string>"` line) here, under 60.
+    let width = text
+        .lines()
+        .map(|l| l.chars().count())
+        .take(1)
+        .sum::<usize>();
+    assert!((40..60).contains(&width), "{text}");
+    assert!(
+        text.starts_with(&format!("{}\ntrain.py FAILED\n", "=".repeat(width))),
+        "{text}"
+    );
+    assert!(
+        text.contains("  traceback : Traceback (most recent call last):\n    File \"<string>\", line 5, in <module>\n"),
+        "{text}"
+    );
+    assert!(text.contains("\n  ValueError: boom\n  \n====="), "{text}");
+    // The tail holds one more line than the traceback, so it is shown after the block.
+    assert!(text.contains("Root cause stderr (last "), "{text}");
+    assert!(text.contains("\n  loading\n"), "{text}");
+    assert_eq!(
+        to_json(&report)["failures"][0]["message"],
+        "ValueError: boom"
+    );
+}
+
+#[test]
+fn error_file_written_by_worker_is_reported_copied_and_kept() {
+    let s = Scratch::new("errfile");
+    let mut logs = RunLogs::with_temp_root(&LogConfig::default(), "run9", s.0.clone());
+    let a = logs.attempt(0, &[ident(0), ident(1)]).expect("attempt");
+    let (c, _out, _err) = console();
+    // Worker 1 writes the error file as torch's ErrorHandler does, then exits 1; worker 0 exits 0.
+    let json = r#"{"message": {"message": "RuntimeError: nccl", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"t.py\", line 1\nRuntimeError: nccl\n", "timestamp": "1795972903"}}}"#;
+    let mut children = Vec::new();
+    let mut workers = Vec::new();
+    for (lr, r) in a.ranks.iter().enumerate() {
+        let script = if lr == 1 {
+            format!("printf '%s' '{json}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 1")
+        } else {
+            "exit 0".to_string()
+        };
+        let (w, o, e) = spawn(
+            "sh",
+            &["-c", &script],
+            &[("TORCHELASTIC_ERROR_FILE", r.error_file.as_str())],
+        );
+        children.push(w);
+        workers.push((ident(lr), r.sink.clone(), o, e));
+    }
+    let summaries = forward_all(&c, workers);
+    let mut failures = Vec::new();
+    for (lr, w) in children.iter_mut().enumerate() {
+        let status = status_of(w.0.wait().expect("wait"));
+        if !status.success() {
+            failures.push(Failure {
+                local_rank: lr,
+                rank: lr,
+                pid: w.0.id(),
+                status,
+                observed_at: SystemTime::now(),
+                error_file: Some(a.ranks[lr].error_file.clone().into()),
+                stderr_tail: summaries[lr].stderr_tail.clone(),
+                traceback: summaries[lr].traceback.clone(),
+            });
+        }
+    }
+    let report = FailureReport {
+        name: "t.py".into(),
+        host: "host".into(),
+        failures,
+    };
+    assert_eq!(root_cause(&report.failures), Some(0));
+    let text = render(&report);
+    let ef = &a.ranks[1].error_file;
+    assert!(text.contains(&format!("  error_file: {ef}\n")), "{text}");
+    assert!(
+        text.contains("  traceback : Traceback (most recent call last):\n    File \"t.py\", line 1\n  RuntimeError: nccl\n  \n"),
+        "{text}"
+    );
+    let parent = s.0.join("parent.json");
+    copy_to_parent_error_file(&parent, &report).expect("copy");
+    let v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&parent).expect("read")).expect("json");
+    assert_eq!(v["message"]["errorCode"], 1);
+    assert_eq!(v["message"]["message"], "RuntimeError: nccl");
+    // finish keeps the temporary directory only for the error file the report names.
+    let run_dir = logs.run_dir().expect("run dir").to_path_buf();
+    logs.finish();
+    assert!(Path::new(ef).is_file());
+    assert!(!run_dir.join("attempt_0/0").exists());
+    fs::remove_dir_all(&run_dir).expect("cleanup");
+}
+
+#[test]
+fn nothing_left_behind_without_log_dir() {
+    let s = Scratch::new("noleft");
+    let mut logs = RunLogs::with_temp_root(&LogConfig::default(), "run", s.0.clone());
+    let a = logs.attempt(0, &[ident(0)]).expect("attempt");
+    let (c, out, _) = console();
+    let (mut w, o, e) = spawn("sh", &["-c", "echo hi"], &[]);
+    forward_all(&c, vec![(ident(0), a.ranks[0].sink.clone(), o, e)]);
+    assert!(w.0.wait().expect("wait").success());
+    assert_eq!(out.text(), "hi\n");
+    logs.finish();
+    assert_eq!(fs::read_dir(&s.0).expect("read_dir").count(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the real binary (needs the supervisor).
+
+use crate::output::rdrun;
+
+#[test]
+fn cli_report_block_for_exit_codes() {
+    let r = rdrun(
+        &[
+            "--standalone",
+            "--nproc_per_node=2",
+            "--no-python",
+            "sh",
+            "-c",
+            "echo before >&2; if [ $LOCAL_RANK = 1 ]; then echo dying >&2; exit 3; fi; sleep 30",
+        ],
+        &[],
+    );
+    assert_eq!(r.code, Some(3), "{r:?}");
+    let e = &r.stderr;
+    let eq = "=".repeat(60);
+    assert!(
+        e.contains(&format!(
+            "{eq}\nsh FAILED\n{}\nFailures:\n[1]:\n",
+            "-".repeat(60)
+        )),
+        "{e}"
+    );
+    assert!(e.contains("  exitcode  : -15 ("), "{e}");
+    assert!(
+        e.contains(
+            ")  (SIGTERM)\n  error_file: <N/A>\n  traceback : Signal 15 (SIGTERM) received by PID "
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains("Root Cause (first observed failure):\n[0]:\n"),
+        "{e}"
+    );
+    assert!(
+        e.contains("  rank      : 1 (local_rank: 1)\n  exitcode  : 3 (pid: "),
+        "{e}"
+    );
+    assert!(
+        e.contains("  error_file: <N/A>\n  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"),
+        "{e}"
+    );
+    assert!(
+        e.contains("Root cause stderr (last 2 lines, rank 1, local_rank 1, pid ")
+            && e.contains("):\n  before\n  dying\n"),
+        "{e}"
+    );
+}
+
+#[test]
+fn cli_python_traceback_without_record() {
+    if !has_python() {
+        eprintln!("skipped: no python3 on PATH");
+        return;
+    }
+    let s = Scratch::new("cli-py");
+    let script = s.0.join("boom.py");
+    fs::write(
+        &script,
+        "def main():\n    raise ValueError('boom')\n\nmain()\n",
+    )
+    .expect("write");
+    let script = script.to_string_lossy().into_owned();
+    let r = rdrun(
+        &["--standalone", "--nproc_per_node=1", &script],
+        &[("PYTHON_EXEC", "python3")],
+    );
+    assert_eq!(r.code, Some(1), "{r:?}");
+    let e = &r.stderr;
+    assert!(e.contains(&format!("{script} FAILED\n")), "{e}");
+    assert!(
+        e.contains("  traceback : Traceback (most recent call last):\n    File \""),
+        "{e}"
+    );
+    assert!(
+        e.contains("\n      raise ValueError('boom')\n  ValueError: boom\n  \n==="),
+        "{e}"
+    );
+    assert!(
+        !e.contains("Root cause stderr"),
+        "the tail is the traceback itself: {e}"
+    );
+}

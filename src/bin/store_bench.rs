@@ -1,0 +1,354 @@
+//! `rdrun-store-bench`: load generator for TCPStore-compatible servers (rdrun's or PyTorch's), and a
+//! way to run rdrun's store server on its own. Used by `scripts/bench-store.sh`; every mode is
+//! bounded in time and prints one `key=value` result line per measurement on stdout.
+//!
+//! Modes:
+//! - `serve`: run rdrun's store server on `--host`/`--port` (0 = any), print `port=N`, serve until
+//!   killed (SIGINT shuts down cleanly).
+//! - `load`: for each count in `--conns` (e.g. `1,64,1024`), that many connections of one pool
+//!   each loop SET, GET, ADD for `--secs`; prints `req_per_s` per phase.
+//! - `herd`: `--clients` clients each connect (VALIDATE + PING), ADD a counter and WAIT on a key
+//!   the last arrival sets; prints `wall_s`.
+//! - `idle`: open `--conns` validated connections, print `ready=N`, hold them until stdin closes or
+//!   `--hold-secs` passed.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use rdrun::store::client::Client;
+use rdrun::store::protocol::{Request, VALIDATION_MAGIC};
+use rdrun::store::server::{raise_nofile_limit, ServerConfig, StoreServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Parser)]
+#[command(
+    name = "rdrun-store-bench",
+    about = "TCPStore load generator and standalone server"
+)]
+struct Args {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// Run rdrun's store server.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Tokio worker threads; 0 = a current-thread runtime (as the launcher may use).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+    },
+    /// SET/GET/ADD mix over N connections.
+    Load {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long)]
+        port: u16,
+        /// Comma-separated connection counts; one phase each, on one pool of connections.
+        #[arg(long, default_value = "1", value_delimiter = ',')]
+        conns: Vec<usize>,
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 3.0)]
+        secs: f64,
+        /// Key namespace, so that runs against one server do not collide.
+        #[arg(long, default_value = "load")]
+        tag: String,
+    },
+    /// Connect storm + ADD + WAIT barrier.
+    Herd {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long)]
+        port: u16,
+        #[arg(long, default_value_t = 4096)]
+        clients: usize,
+        #[arg(long, default_value_t = 120.0)]
+        timeout_secs: f64,
+        #[arg(long, default_value = "herd")]
+        tag: String,
+    },
+    /// Hold N idle validated connections.
+    Idle {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long)]
+        port: u16,
+        #[arg(long, default_value_t = 10_000)]
+        conns: usize,
+        #[arg(long, default_value_t = 120.0)]
+        hold_secs: f64,
+        /// Stop opening connections after this long (report how many are open).
+        #[arg(long, default_value_t = 60.0)]
+        connect_secs: f64,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RDRUN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = raise_nofile_limit() {
+        eprintln!("rdrun-store-bench: warning: could not raise the open-file limit: {e}");
+    }
+    let rt = match &args.mode {
+        Mode::Serve { threads: 0, .. } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Mode::Serve { threads, .. } => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(*threads)
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    };
+    let rt = match rt {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rdrun-store-bench: error: tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args.mode)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rdrun-store-bench: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Res = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+async fn run(mode: Mode) -> Res {
+    match mode {
+        Mode::Serve { host, port, .. } => serve(&host, port).await,
+        Mode::Load {
+            host,
+            port,
+            conns,
+            secs,
+            tag,
+        } => load(&host, port, conns, Duration::from_secs_f64(secs), &tag).await,
+        Mode::Herd {
+            host,
+            port,
+            clients,
+            timeout_secs,
+            tag,
+        } => {
+            herd(
+                &host,
+                port,
+                clients,
+                Duration::from_secs_f64(timeout_secs),
+                &tag,
+            )
+            .await
+        }
+        Mode::Idle {
+            host,
+            port,
+            conns,
+            hold_secs,
+            connect_secs,
+        } => {
+            idle(
+                &host,
+                port,
+                conns,
+                Duration::from_secs_f64(hold_secs),
+                Duration::from_secs_f64(connect_secs),
+            )
+            .await
+        }
+    }
+}
+
+/// Resolves when stdin reaches EOF (the parent closed it or exited).
+async fn stdin_closed() {
+    let _ = tokio::task::spawn_blocking(|| {
+        let mut sink = [0u8; 64];
+        let mut stdin = std::io::stdin();
+        while let Ok(n) = std::io::Read::read(&mut stdin, &mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+async fn serve(host: &str, port: u16) -> Res {
+    let ip: std::net::IpAddr = host.parse()?;
+    let server = StoreServer::bind((ip, port).into(), ServerConfig::default())?;
+    println!("port={}", server.port());
+    let closed = server.closed();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        exit = closed => return Err(format!("server stopped: {exit:?}").into()),
+    }
+    server.shutdown().await;
+    Ok(())
+}
+
+async fn load(host: &str, port: u16, phases: Vec<usize>, secs: Duration, tag: &str) -> Res {
+    let max = phases.iter().copied().max().unwrap_or(0);
+    let t0 = Instant::now();
+    let mut connecting = tokio::task::JoinSet::new();
+    for _ in 0..max {
+        let host = host.to_string();
+        connecting
+            .spawn(async move { Client::connect(&host, port, Duration::from_secs(120)).await });
+    }
+    let mut pool = Vec::with_capacity(max);
+    while let Some(c) = connecting.join_next().await {
+        pool.push(c??);
+    }
+    eprintln!(
+        "load: {max} connections open in {:.2}s",
+        t0.elapsed().as_secs_f64()
+    );
+    for (phase, &conns) in phases.iter().enumerate() {
+        let count = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = Arc::new(tokio::sync::Barrier::new(conns + 1));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, c) in pool.iter().take(conns).cloned().enumerate() {
+            let (count, stop, start) = (count.clone(), stop.clone(), start.clone());
+            let key = format!("{tag}/{phase}/k{i}");
+            let ctr = format!("{tag}/{phase}/c{i}");
+            tasks.spawn(async move {
+                c.set_timeout(Duration::from_secs(60));
+                start.wait().await;
+                let value = [b'v'; 16];
+                while !stop.load(Ordering::Relaxed) {
+                    c.set(&key, value).await?;
+                    c.get_nowait(&key).await?;
+                    c.add(&ctr, 1).await?;
+                    count.fetch_add(3, Ordering::Relaxed);
+                }
+                Ok::<(), rdrun::store::StoreError>(())
+            });
+        }
+        start.wait().await;
+        let t0 = Instant::now();
+        tokio::time::sleep(secs).await;
+        let n = count.load(Ordering::Relaxed);
+        let elapsed = t0.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        while let Some(r) = tasks.join_next().await {
+            r??;
+        }
+        println!(
+            "conns={conns} requests={n} secs={elapsed:.2} req_per_s={:.0}",
+            n as f64 / elapsed
+        );
+    }
+    Ok(())
+}
+
+async fn herd(host: &str, port: u16, clients: usize, limit: Duration, tag: &str) -> Res {
+    let t0 = Instant::now();
+    let n = clients as i64;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let host = host.to_string();
+        let cnt = format!("{tag}/cnt");
+        let go = format!("{tag}/go");
+        tasks.spawn(async move {
+            let c = Client::connect(&host, port, limit).await?;
+            c.set_timeout(limit);
+            if c.add(&cnt, 1).await? == n {
+                c.set(&go, "1").await?;
+            }
+            c.wait(&[go.as_str()], limit).await?;
+            Ok::<Client, rdrun::store::StoreError>(c)
+        });
+    }
+    let mut done = Vec::with_capacity(clients);
+    let mut failed = 0usize;
+    let all = tokio::time::timeout(limit, async {
+        while let Some(r) = tasks.join_next().await {
+            match r {
+                Ok(Ok(c)) => done.push(c),
+                Ok(Err(e)) => {
+                    failed += 1;
+                    tracing::debug!(error = %e, "herd client failed");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    })
+    .await;
+    let wall = t0.elapsed().as_secs_f64();
+    // Abandon stragglers: dropping their tasks closes their sockets.
+    tasks.abort_all();
+    match all {
+        Ok(Ok(())) if failed == 0 => println!("clients={clients} wall_s={wall:.3}"),
+        Ok(Err(e)) => return Err(e.into()),
+        _ => println!(
+            "clients={clients} wall_s=unfinished finished={} failed={failed} limit_s={:.0}",
+            done.len(),
+            limit.as_secs_f64()
+        ),
+    }
+    Ok(())
+}
+
+async fn idle(host: &str, port: u16, conns: usize, hold: Duration, connect_limit: Duration) -> Res {
+    let mut hello = Request::Validate {
+        magic: VALIDATION_MAGIC,
+    }
+    .to_bytes();
+    Request::Ping { nonce: 7 }.encode(&mut hello);
+    let mut held = Vec::with_capacity(conns);
+    let t0 = Instant::now();
+    let deadline = tokio::time::Instant::now() + connect_limit;
+    // Batches of 256 in flight: fast, without overflowing the listen backlog.
+    'outer: for chunk_start in (0..conns).step_by(256) {
+        let mut set = tokio::task::JoinSet::new();
+        for _ in chunk_start..(chunk_start + 256).min(conns) {
+            let host = host.to_string();
+            let hello = hello.clone();
+            set.spawn(async move {
+                let mut s = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+                s.write_all(&hello).await?;
+                let mut echo = [0u8; 4];
+                s.read_exact(&mut echo).await?;
+                std::io::Result::Ok(s)
+            });
+        }
+        loop {
+            match tokio::time::timeout_at(deadline, set.join_next()).await {
+                Ok(Some(r)) => held.push(r??),
+                Ok(None) => break,
+                Err(_) => break 'outer,
+            }
+        }
+    }
+    println!(
+        "ready={} of={conns} connect_s={:.2}",
+        held.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    tokio::select! {
+        _ = stdin_closed() => {}
+        _ = tokio::time::sleep(hold) => {}
+    }
+    drop(held);
+    Ok(())
+}

@@ -9,7 +9,7 @@
 
 mod cli;
 mod output;
-mod report;
 mod rendezvous;
+mod report;
 mod store;
 mod util;

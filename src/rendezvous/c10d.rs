@@ -548,7 +548,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                     let now = Instant::now();
                     if now >= deadline {
                         return Err(RendezvousError::Unreachable {
-                            endpoint: self.keys.prefix.clone(),
+                            endpoint: self.store.describe(),
                             waited: now.duration_since(started),
                             source: e,
                         });
@@ -589,7 +589,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             }
             if Instant::now() >= deadline {
                 return Err(RendezvousError::Unreachable {
-                    endpoint: self.keys.prefix.clone(),
+                    endpoint: self.store.describe(),
                     waited: self.settings.close_timeout,
                     source: StoreOpError("could not mark the rendezvous closed".into()),
                 });
@@ -1114,6 +1114,19 @@ mod tests {
             .unwrap()
             .unwrap_err();
         assert!(err.to_string().contains("PyTorch torchrun agent"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unreachable_store_fails_at_the_join_deadline_naming_it() {
+        let store = MemStore::new();
+        store.set_cut(true);
+        let s = settings(1, 1, &[("join_timeout", "2")]);
+        let mut n = C10dRendezvous::new(Arc::new(store), s, "job", "10.0.0.1", 0, 1);
+        let err = n.next_round(req(RoundReason::Initial)).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "rendezvous store (in memory) unreachable after 2s"
+        );
     }
 
     #[tokio::test(start_paused = true)]

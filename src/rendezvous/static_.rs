@@ -156,7 +156,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 Ok(v) => return Ok(v),
                 Err(e) if Instant::now() >= deadline => {
                     return Err(RendezvousError::Unreachable {
-                        endpoint: format!("{}:{}", self.master_addr, self.master_port),
+                        endpoint: self.store.describe(),
                         waited: started.elapsed(),
                         source: e,
                     })

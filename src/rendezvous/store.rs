@@ -24,6 +24,11 @@ pub type StoreResult<T> = Result<T, StoreOpError>;
 
 /// The store operations the rendezvous uses; every future is `Send` so the agent can spawn it.
 pub trait RdzvStore: Send + Sync + 'static {
+    /// Where the store is, for error messages (`host:port`).
+    fn describe(&self) -> String {
+        "the rendezvous store".into()
+    }
+
     /// Atomic compare-and-set with TCPStore's semantics (see the module docs).
     fn compare_set(
         &self,
@@ -53,6 +58,9 @@ pub trait RdzvStore: Send + Sync + 'static {
 }
 
 impl<S: RdzvStore> RdzvStore for Arc<S> {
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
     fn compare_set(
         &self,
         key: &str,
@@ -148,6 +156,10 @@ impl MemStore {
 }
 
 impl RdzvStore for MemStore {
+    fn describe(&self) -> String {
+        "(in memory)".into()
+    }
+
     async fn compare_set(
         &self,
         key: &str,

@@ -147,6 +147,10 @@ impl Drop for DropGuard<'_> {
 }
 
 impl RdzvStore for TcpRdzvStore {
+    fn describe(&self) -> String {
+        self.endpoint()
+    }
+
     async fn compare_set(
         &self,
         key: &str,

@@ -6,10 +6,15 @@
 //! - `store`: the TCPStore-compatible server and client over 127.0.0.1.
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
+//! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod cli;
+mod env;
 mod output;
+mod regression;
 mod rendezvous;
 mod report;
+mod restart;
+mod signals;
 mod store;
 mod util;

@@ -1100,3 +1100,9 @@ async fn connect_retries_until_server_appears_and_times_out_cleanly() {
     })
     .await;
 }
+
+#[test]
+fn start_outside_a_runtime_is_an_error_not_a_panic() {
+    let r = StoreServer::start(loopback0(), ServerConfig::default());
+    assert!(r.is_err());
+}

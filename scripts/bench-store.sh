@@ -58,24 +58,38 @@ echo "rdrun server runtime: $([ "$THREADS" = 0 ] && echo current-thread || echo 
 start_rdrun rd; RD_PID=$SRV_PID; RD_PORT=$SRV_PORT
 start_torch pt; PT_PID=$SRV_PID; PT_PORT=$SRV_PORT
 
-echo; echo "(a) PyTorch Python client, 1 connection, ${SECS}s per op (ops/s)"
-"$PY" scripts/store_bench.py ops "$RD_PORT" "$SECS" 2>/dev/null >"$TMP/a_rd"
-"$PY" scripts/store_bench.py ops "$PT_PORT" "$SECS" 2>/dev/null >"$TMP/a_pt"
+# Both servers must pass the same PyTorch-client sanity check before anything is measured.
+for p in "$RD_PORT" "$PT_PORT"; do
+  "$PY" scripts/store_bench.py compat "$p" 2>"$TMP/compat.err" | grep -q '^compat=ok' || {
+    echo "bench-store: error: PyTorch client check failed against port $p:" >&2
+    tail -n 5 "$TMP/compat.err" >&2; exit 1; }
+done
+echo "PyTorch client check: ok against both servers"
+
+echo; echo "(a) PyTorch Python client, 1 connection, ${SECS}s per op, best of 2 interleaved rounds (ops/s)"
+for round in 1 2; do
+  "$PY" scripts/store_bench.py ops "$RD_PORT" "$SECS" 2>/dev/null >>"$TMP/a_rd"
+  "$PY" scripts/store_bench.py ops "$PT_PORT" "$SECS" 2>/dev/null >>"$TMP/a_pt"
+done
+best() { # file op -> max ops_per_s
+  grep "op=$2 " "$1" | sed -n 's/.*ops_per_s=\([0-9]*\).*/\1/p' | sort -n | tail -n 1
+}
 printf "%-6s %12s %12s %8s\n" op rdrun torch ratio
 for op in set add get; do
-  r=$(field "$(grep "op=$op " "$TMP/a_rd")" ops_per_s); t=$(field "$(grep "op=$op " "$TMP/a_pt")" ops_per_s)
+  r=$(best "$TMP/a_rd" "$op"); t=$(best "$TMP/a_pt" "$op")
   printf "%-6s %12s %12s %8s\n" "$op" "$r" "$t" "$(ratio "$r" "$t")"
 done
 
-echo; echo "(b) rdrun-store-bench SET/GET/ADD mix, ${SECS}s per phase (req/s)"
-"$BENCH" load --port "$RD_PORT" --conns 1,64,1024 --secs "$SECS" --tag b >"$TMP/b_rd" 2>"$TMP/b_rd.err"
-timeout 200 "$BENCH" load --port "$PT_PORT" --conns 1,64,1024 --secs "$SECS" --tag b \
-  >"$TMP/b_pt" 2>"$TMP/b_pt.err" || echo "(torch load phase ended early: $(tail -n 1 "$TMP/b_pt.err"))"
-grep -h "connections open" "$TMP/b_rd.err" | sed 's/^/  rdrun /'
-grep -h "connections open" "$TMP/b_pt.err" | sed 's/^/  torch /' || true
+echo; echo "(b) rdrun-store-bench SET/GET/ADD mix, ${SECS}s per phase, servers interleaved, best of 2 (req/s)"
+timeout 300 "$BENCH" load --ports "$RD_PORT,$PT_PORT" --conns 1,64,1024 --secs "$SECS" --rounds 2 \
+  --tag b >"$TMP/b" 2>"$TMP/b.err" || echo "(load phase failed or ended early: $(tail -n 1 "$TMP/b.err"))"
+sed -n "s/^load: port $RD_PORT: /  rdrun: /p; s/^load: port $PT_PORT: /  torch: /p" "$TMP/b.err"
+bestb() { # port conns -> max req_per_s
+  grep "^port=$1 conns=$2 " "$TMP/b" | sed -n 's/.*req_per_s=\([0-9]*\).*/\1/p' | sort -n | tail -n 1
+}
 printf "%-6s %12s %12s %8s\n" conns rdrun torch ratio
 for n in 1 64 1024; do
-  r=$(field "$(grep "^conns=$n " "$TMP/b_rd" || true)" req_per_s); t=$(field "$(grep "^conns=$n " "$TMP/b_pt" || true)" req_per_s)
+  r=$(bestb "$RD_PORT" "$n"); t=$(bestb "$PT_PORT" "$n")
   printf "%-6s %12s %12s %8s\n" "$n" "${r:-n/a}" "${t:-n/a}" "$(ratio "${r:-0}" "${t:-0}")"
 done
 stop "$RD_PID"; stop "$PT_PID"

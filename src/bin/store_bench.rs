@@ -6,7 +6,8 @@
 //! - `serve`: run rdrun's store server on `--host`/`--port` (0 = any), print `port=N`, serve until
 //!   killed (SIGINT shuts down cleanly).
 //! - `load`: for each count in `--conns` (e.g. `1,64,1024`), that many connections of one pool
-//!   each loop SET, GET, ADD for `--secs`; prints `req_per_s` per phase.
+//!   per server in `--ports` each loop SET, GET, ADD for `--secs`, servers interleaved, `--rounds`
+//!   times; prints `req_per_s` per phase, round and server.
 //! - `herd`: `--clients` clients each connect (VALIDATE + PING), ADD a counter and WAIT on a key
 //!   the last arrival sets; prints `wall_s`.
 //! - `idle`: open `--conns` validated connections, print `ready=N`, hold them until stdin closes or
@@ -49,14 +50,18 @@ enum Mode {
     Load {
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
-        #[arg(long)]
-        port: u16,
+        /// Comma-separated server ports; phases alternate between them.
+        #[arg(long, value_delimiter = ',')]
+        ports: Vec<u16>,
         /// Comma-separated connection counts; one phase each, on one pool of connections.
         #[arg(long, default_value = "1", value_delimiter = ',')]
         conns: Vec<usize>,
         /// Seconds per phase.
         #[arg(long, default_value_t = 3.0)]
         secs: f64,
+        /// Rounds per phase and server (report the best).
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
         /// Key namespace, so that runs against one server do not collide.
         #[arg(long, default_value = "load")]
         tag: String,
@@ -137,11 +142,22 @@ async fn run(mode: Mode) -> Res {
         Mode::Serve { host, port, .. } => serve(&host, port).await,
         Mode::Load {
             host,
-            port,
+            ports,
             conns,
             secs,
+            rounds,
             tag,
-        } => load(&host, port, conns, Duration::from_secs_f64(secs), &tag).await,
+        } => {
+            load(
+                &host,
+                ports,
+                conns,
+                Duration::from_secs_f64(secs),
+                rounds,
+                &tag,
+            )
+            .await
+        }
         Mode::Herd {
             host,
             port,
@@ -204,60 +220,84 @@ async fn serve(host: &str, port: u16) -> Res {
     Ok(())
 }
 
-async fn load(host: &str, port: u16, phases: Vec<usize>, secs: Duration, tag: &str) -> Res {
+async fn load(
+    host: &str,
+    ports: Vec<u16>,
+    phases: Vec<usize>,
+    secs: Duration,
+    rounds: usize,
+    tag: &str,
+) -> Res {
     let max = phases.iter().copied().max().unwrap_or(0);
-    let t0 = Instant::now();
-    let mut connecting = tokio::task::JoinSet::new();
-    for _ in 0..max {
-        let host = host.to_string();
-        connecting
-            .spawn(async move { Client::connect(&host, port, Duration::from_secs(120)).await });
-    }
-    let mut pool = Vec::with_capacity(max);
-    while let Some(c) = connecting.join_next().await {
-        pool.push(c??);
-    }
-    eprintln!(
-        "load: {max} connections open in {:.2}s",
-        t0.elapsed().as_secs_f64()
-    );
-    for (phase, &conns) in phases.iter().enumerate() {
-        let count = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let start = Arc::new(tokio::sync::Barrier::new(conns + 1));
-        let mut tasks = tokio::task::JoinSet::new();
-        for (i, c) in pool.iter().take(conns).cloned().enumerate() {
-            let (count, stop, start) = (count.clone(), stop.clone(), start.clone());
-            let key = format!("{tag}/{phase}/k{i}");
-            let ctr = format!("{tag}/{phase}/c{i}");
-            tasks.spawn(async move {
-                c.set_timeout(Duration::from_secs(60));
-                start.wait().await;
-                let value = [b'v'; 16];
-                while !stop.load(Ordering::Relaxed) {
-                    c.set(&key, value).await?;
-                    c.get_nowait(&key).await?;
-                    c.add(&ctr, 1).await?;
-                    count.fetch_add(3, Ordering::Relaxed);
-                }
-                Ok::<(), rdrun::store::StoreError>(())
-            });
-        }
-        start.wait().await;
+    // One pool per server, all opened before any phase so that every phase of every server runs
+    // under the same machine conditions (phases are interleaved across servers).
+    let mut pools = Vec::new();
+    for &port in &ports {
         let t0 = Instant::now();
-        tokio::time::sleep(secs).await;
-        let n = count.load(Ordering::Relaxed);
-        let elapsed = t0.elapsed().as_secs_f64();
-        stop.store(true, Ordering::Relaxed);
-        while let Some(r) = tasks.join_next().await {
-            r??;
+        let mut connecting = tokio::task::JoinSet::new();
+        for _ in 0..max {
+            let host = host.to_string();
+            connecting
+                .spawn(async move { Client::connect(&host, port, Duration::from_secs(300)).await });
         }
-        println!(
-            "conns={conns} requests={n} secs={elapsed:.2} req_per_s={:.0}",
-            n as f64 / elapsed
+        let mut pool = Vec::with_capacity(max);
+        while let Some(c) = connecting.join_next().await {
+            pool.push(c??);
+        }
+        eprintln!(
+            "load: port {port}: {max} connections open in {:.2}s",
+            t0.elapsed().as_secs_f64()
         );
+        pools.push((port, pool));
+    }
+    for (phase, &conns) in phases.iter().enumerate() {
+        for round in 0..rounds {
+            for (port, pool) in &pools {
+                let rate = load_phase(pool, conns, secs, &format!("{tag}/{phase}/{round}")).await?;
+                println!("port={port} conns={conns} round={round} req_per_s={rate:.0}");
+            }
+        }
     }
     Ok(())
+}
+
+async fn load_phase(
+    pool: &[Client],
+    conns: usize,
+    secs: Duration,
+    tag: &str,
+) -> Result<f64, Box<dyn std::error::Error + Send + Sync>> {
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(tokio::sync::Barrier::new(conns + 1));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, c) in pool.iter().take(conns).cloned().enumerate() {
+        let (count, stop, start) = (count.clone(), stop.clone(), start.clone());
+        let key = format!("{tag}/k{i}");
+        let ctr = format!("{tag}/c{i}");
+        tasks.spawn(async move {
+            c.set_timeout(Duration::from_secs(60));
+            start.wait().await;
+            let value = [b'v'; 16];
+            while !stop.load(Ordering::Relaxed) {
+                c.set(&key, value).await?;
+                c.get_nowait(&key).await?;
+                c.add(&ctr, 1).await?;
+                count.fetch_add(3, Ordering::Relaxed);
+            }
+            Ok::<(), rdrun::store::StoreError>(())
+        });
+    }
+    start.wait().await;
+    let t0 = Instant::now();
+    tokio::time::sleep(secs).await;
+    let n = count.load(Ordering::Relaxed);
+    let elapsed = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok(n as f64 / elapsed)
 }
 
 async fn herd(host: &str, port: u16, clients: usize, limit: Duration, tag: &str) -> Res {

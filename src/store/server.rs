@@ -125,6 +125,11 @@ impl StoreServer {
         config: ServerConfig,
         store: Arc<Store>,
     ) -> io::Result<StoreServer> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(io::Error::other(
+                "store server must be started inside a tokio runtime",
+            ));
+        }
         listener.set_nonblocking(true)?;
         let listener = TcpListener::from_std(listener)?;
         let addr = listener.local_addr()?;
@@ -446,7 +451,7 @@ impl Connection {
                 }
                 *validated = true;
             }
-            Request::Set { key, value } => store.set(&key, value),
+            Request::Set { key, value } => store.set(key, value),
             Request::CompareSet {
                 key,
                 expected,

@@ -87,10 +87,10 @@ impl Store {
     }
 
     /// SET: store `value` and wake every waiter on `key`.
-    pub fn set(&self, key: &[u8], value: Vec<u8>) {
+    pub fn set(&self, key: Vec<u8>, value: Vec<u8>) {
         let mut g = self.lock();
-        g.kv.insert(key.to_vec(), value);
-        g.wake_all(key);
+        g.wake_all(&key);
+        g.kv.insert(key, value);
     }
 
     /// GET: the value, or `None` if missing (the server replies an empty value then, like libuv).
@@ -286,16 +286,21 @@ impl Inner {
     }
 
     fn add_locked(&mut self, key: &[u8], delta: i64) -> Result<i64, StateError> {
-        let cur = match self.kv.get(key) {
-            None => 0,
-            Some(v) => parse_stoll(v).ok_or_else(|| StateError::NotANumber {
-                key: String::from_utf8_lossy(key).into_owned(),
-                value: String::from_utf8_lossy(&v[..v.len().min(64)]).into_owned(),
-            })?,
-        };
-        let new = cur.wrapping_add(delta);
-        self.kv.insert(key.to_vec(), new.to_string().into_bytes());
-        Ok(new)
+        match self.kv.get_mut(key) {
+            None => {
+                self.kv.insert(key.to_vec(), delta.to_string().into_bytes());
+                Ok(delta)
+            }
+            Some(v) => {
+                let cur = parse_stoll(v).ok_or_else(|| StateError::NotANumber {
+                    key: String::from_utf8_lossy(key).into_owned(),
+                    value: String::from_utf8_lossy(&v[..v.len().min(64)]).into_owned(),
+                })?;
+                let new = cur.wrapping_add(delta);
+                *v = new.to_string().into_bytes();
+                Ok(new)
+            }
+        }
     }
 
     fn register(&mut self, conn: ConnId, notify: &Arc<Notify>, missing: Vec<Vec<u8>>) {
@@ -322,6 +327,10 @@ impl Inner {
     }
 
     fn wake_all(&mut self, key: &[u8]) {
+        // Fast path for the common case: nobody waits on anything.
+        if self.waiters.is_empty() {
+            return;
+        }
         if let Some(list) = self.waiters.remove(key) {
             for w in list {
                 self.hit(w);
@@ -330,6 +339,9 @@ impl Inner {
     }
 
     fn wake_one(&mut self, key: &[u8]) {
+        if self.waiters.is_empty() {
+            return;
+        }
         let Some(list) = self.waiters.get_mut(key) else {
             return;
         };
@@ -394,11 +406,11 @@ mod tests {
         assert_eq!(s.add(b"c", 5), Ok(5));
         assert_eq!(s.add(b"c", -7), Ok(-2));
         assert_eq!(s.get(b"c"), Some(k("-2")));
-        s.set(b"c", k(" 12x"));
+        s.set(k("c"), k(" 12x"));
         assert_eq!(s.add(b"c", 1), Ok(13));
-        s.set(b"c", k("abc"));
+        s.set(k("c"), k("abc"));
         assert!(s.add(b"c", 1).is_err());
-        s.set(b"c", k(&i64::MAX.to_string()));
+        s.set(k("c"), k(&i64::MAX.to_string()));
         assert_eq!(s.add(b"c", 1), Ok(i64::MIN));
     }
 
@@ -417,7 +429,7 @@ mod tests {
     fn each_waking_op_finishes_a_wait() {
         type Op = fn(&Store);
         let ops: &[(&str, Op)] = &[
-            ("set", |s| s.set(b"w", k("1"))),
+            ("set", |s| s.set(k("w"), k("1"))),
             ("add", |s| {
                 s.add(b"w", 1).expect("add");
             }),
@@ -447,15 +459,15 @@ mod tests {
     fn delete_wakes_nobody_and_multi_key_wait_needs_all() {
         let s = Store::new();
         let notify = n();
-        s.set(b"a", k("1"));
+        s.set(k("a"), k("1"));
         assert_eq!(
             s.wait(1, &notify, &[k("a"), k("b"), k("c")]),
             WaitOutcome::Pending
         );
         s.delete(b"a");
-        s.set(b"b", k("1"));
+        s.set(k("b"), k("1"));
         assert_eq!(s.take_ready(1), 0);
-        s.set(b"c", k("1"));
+        s.set(k("c"), k("1"));
         assert_eq!(s.take_ready(1), 1);
         assert_eq!(s.wait(1, &notify, &[k("b"), k("c")]), WaitOutcome::Ready);
     }
@@ -506,7 +518,7 @@ mod tests {
         assert_eq!(s.waiter_counts(), (0, 0));
         // A wait that finished before the cancel is reported so its byte goes out first.
         s.wait(3, &notify, &[k("c")]);
-        s.set(b"c", k("1"));
+        s.set(k("c"), k("1"));
         assert_eq!(s.cancel_waits(3), 1);
         assert_eq!(s.cancel_waits(3), 0);
     }
@@ -515,14 +527,14 @@ mod tests {
     fn clear_drops_data_keeps_waiters_consistent() {
         let s = Store::new();
         let notify = n();
-        s.set(b"a", k("1"));
+        s.set(k("a"), k("1"));
         s.queue_push(b"q", k("1"));
         s.wait(1, &notify, &[k("z")]);
         s.clear();
         assert_eq!(s.num_keys(), 0);
         assert_eq!(s.queue_len(b"q"), 0);
         assert!(!s.check(&[k("a")]));
-        s.set(b"z", k("1"));
+        s.set(k("z"), k("1"));
         assert_eq!(s.take_ready(1), 1);
     }
 }

@@ -1,15 +1,14 @@
 //! Supervision of the local worker group: spawn, watch, stop, restart, forward output, report.
+//!
+//! [`run`] is the entry point the binary calls; `agent` owns the group state and drives the rest.
 
+mod agent;
+pub mod events;
 pub mod output;
 pub mod report;
+pub mod restart;
+pub mod signals;
+mod watchdog;
+pub mod worker;
 
-use crate::config::LaunchConfig;
-
-/// Runs one launch to the end and returns the process exit code (see [`crate::exit`]).
-///
-/// Contract stub: replaced by the agent (supervisor issue).
-pub fn run(config: LaunchConfig) -> i32 {
-    let _ = config;
-    eprintln!("rdrun: error: the supervisor is not built yet");
-    crate::exit::LAUNCHER_FAILURE
-}
+pub use agent::run;

@@ -1,0 +1,237 @@
+//! The worker environment contract (spec torchrun-compat §2): every variable torchrun sets, with
+//! torchrun's values, for nproc 1 and 4; inheritance; `${local_rank}` substitution;
+//! `--virtual-local-rank`; each worker in its own session and process group.
+
+use std::collections::BTreeMap;
+
+use crate::util::{parse_env0, worker, Rdrun, TempDir};
+
+/// Runs `print_env` under rdrun and returns each local rank's environment.
+fn envs(
+    dir: &TempDir,
+    nproc: usize,
+    rdrun: Rdrun,
+    extra: &[&str],
+) -> Vec<BTreeMap<String, String>> {
+    let out = rdrun
+        .arg("--standalone")
+        .arg(format!("--nproc-per-node={nproc}"))
+        .arg("--no-python")
+        .arg(worker("print_env"))
+        .arg(dir.path())
+        .args(extra)
+        .run();
+    out.assert_code(0);
+    (0..nproc)
+        .map(|lr| {
+            let text = std::fs::read_to_string(dir.join(format!("env.{lr}.0")))
+                .unwrap_or_else(|e| panic!("rank {lr} wrote no env: {e}: {out:?}"));
+            parse_env0(&text)
+        })
+        .collect()
+}
+
+fn contract(nproc: usize) {
+    let dir = TempDir::new("env_contract");
+    let all = envs(
+        &dir,
+        nproc,
+        Rdrun::new()
+            .env("RDRUN_TEST_INHERITED", "kept as is")
+            .env_remove("PYTHONUNBUFFERED")
+            .env_remove("NODE_RANK"),
+        &[],
+    );
+    let port = all[0]["MASTER_PORT"].clone();
+    let run_id = all[0]["TORCHELASTIC_RUN_ID"].clone();
+    assert!(
+        port.parse::<u16>().is_ok_and(|p| p > 0),
+        "MASTER_PORT {port}"
+    );
+    assert!(!run_id.is_empty());
+    for (lr, env) in all.iter().enumerate() {
+        let n = nproc.to_string();
+        let l = lr.to_string();
+        let want: &[(&str, &str)] = &[
+            ("RANK", &l),
+            ("LOCAL_RANK", &l),
+            ("WORLD_SIZE", &n),
+            ("LOCAL_WORLD_SIZE", &n),
+            ("GROUP_RANK", "0"),
+            ("GROUP_WORLD_SIZE", "1"),
+            ("ROLE_RANK", &l),
+            ("ROLE_WORLD_SIZE", &n),
+            ("ROLE_NAME", "default"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", &port),
+            ("TORCHELASTIC_RESTART_COUNT", "0"),
+            ("TORCHELASTIC_MAX_RESTARTS", "0"),
+            ("TORCHELASTIC_RUN_ID", &run_id),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            ("RDRUN_TEST_INHERITED", "kept as is"),
+        ];
+        for (k, v) in want {
+            assert_eq!(
+                env.get(*k).map(String::as_str),
+                Some(*v),
+                "{k} of rank {lr}"
+            );
+        }
+        assert!(env.contains_key("TORCHELASTIC_ERROR_FILE"), "rank {lr}");
+        let signals = &env["TORCHELASTIC_SIGNALS_TO_HANDLE"];
+        for name in ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"] {
+            assert!(signals.split(',').any(|s| s == name), "{signals}");
+        }
+        // torchrun sets OMP_NUM_THREADS=1 only when nproc > 1 and the user did not set it.
+        let omp = env.get("OMP_NUM_THREADS").map(String::as_str);
+        assert_eq!(omp, if nproc > 1 { Some("1") } else { None }, "rank {lr}");
+        for absent in ["NODE_RANK", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES"] {
+            assert!(!env.contains_key(absent), "{absent} set for rank {lr}");
+        }
+    }
+}
+
+#[test]
+fn contract_nproc_1() {
+    contract(1);
+}
+
+#[test]
+fn contract_nproc_4() {
+    contract(4);
+}
+
+#[test]
+fn user_values_are_kept() {
+    let dir = TempDir::new("env_user_values");
+    let all = envs(
+        &dir,
+        2,
+        Rdrun::new()
+            .env("OMP_NUM_THREADS", "7")
+            .env("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+            .env("CUDA_VISIBLE_DEVICES", "3,1"),
+        &[],
+    );
+    for env in &all {
+        assert_eq!(env["OMP_NUM_THREADS"], "7");
+        assert_eq!(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0");
+        // Without --virtual-local-rank torchrun never pins devices per worker.
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "3,1");
+    }
+}
+
+#[test]
+fn master_port_given() {
+    let dir = TempDir::new("env_master_port");
+    let port = crate::util::free_port();
+    let out = Rdrun::new()
+        .arg("--nproc-per-node=2")
+        .arg(format!("--master-port={port}"))
+        .arg("--no-python")
+        .arg(worker("print_env"))
+        .arg(dir.path())
+        .run();
+    out.assert_code(0);
+    for lr in 0..2 {
+        let env = parse_env0(&std::fs::read_to_string(dir.join(format!("env.{lr}.0"))).unwrap());
+        assert_eq!(env["MASTER_PORT"], port.to_string(), "{out:?}");
+    }
+}
+
+#[test]
+fn local_rank_substitution() {
+    let dir = TempDir::new("env_substitution");
+    envs(
+        &dir,
+        3,
+        Rdrun::new(),
+        &[
+            "--rank=${local_rank}",
+            "$local_rank",
+            "a$$b",
+            "$local_rankx",
+            "${other}",
+        ],
+    );
+    for lr in 0..3 {
+        let args = std::fs::read_to_string(dir.join(format!("args.{lr}.0"))).unwrap();
+        let want = format!("--rank={lr}\n{lr}\na$$b\n$local_rankx\n${{other}}\n");
+        assert_eq!(args, want, "rank {lr}");
+    }
+}
+
+#[test]
+fn virtual_local_rank() {
+    // (parent CUDA_VISIBLE_DEVICES, what local ranks 0 and 1 get)
+    for (parent, want) in [(Some("4,6"), ["4", "6"]), (None, ["0", "1"])] {
+        let dir = TempDir::new("env_virtual");
+        let mut rdrun = Rdrun::new().arg("--virtual-local-rank");
+        if let Some(devices) = parent {
+            rdrun = rdrun.env("CUDA_VISIBLE_DEVICES", devices);
+        }
+        let all = envs(&dir, 2, rdrun, &[]);
+        for (lr, env) in all.iter().enumerate() {
+            assert_eq!(env["LOCAL_RANK"], "0", "rank {lr}");
+            assert_eq!(env["RANK"], lr.to_string());
+            assert_eq!(
+                env["CUDA_VISIBLE_DEVICES"], want[lr],
+                "rank {lr}, parent {parent:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn each_worker_leads_its_own_session() {
+    let dir = TempDir::new("env_session");
+    let out = Rdrun::new()
+        .arg("--nproc-per-node=2")
+        .arg("--no-python")
+        .arg(worker("print_env"))
+        .arg(dir.path())
+        .spawn();
+    let rdrun_pid = out.pid;
+    out.wait().assert_code(0);
+    for lr in 0..2 {
+        let stat = std::fs::read_to_string(dir.join(format!("stat.{lr}.0"))).unwrap();
+        let (pid, rest) = stat.split_once(' ').unwrap();
+        let fields: Vec<&str> = rest[rest.rfind(')').unwrap() + 1..]
+            .split_whitespace()
+            .collect();
+        // fields: state ppid pgrp session (proc(5)).
+        assert_eq!(fields[1], rdrun_pid.to_string(), "parent of rank {lr}");
+        assert_eq!(fields[2], pid, "process group of rank {lr}");
+        assert_eq!(fields[3], pid, "session of rank {lr}");
+    }
+}
+
+#[test]
+fn virtual_local_rank_without_enough_devices() {
+    let dir = TempDir::new("env_virtual_short");
+    let out = Rdrun::new()
+        .env("CUDA_VISIBLE_DEVICES", "3")
+        .args(["--standalone", "--nproc-per-node=2", "--virtual-local-rank"])
+        .arg("--no-python")
+        .arg(worker("print_env"))
+        .arg(dir.path())
+        .run();
+    out.assert_code(1);
+    assert!(
+        out.stderr.contains("CUDA_VISIBLE_DEVICES"),
+        "the error must name the variable: {out:?}"
+    );
+}
+
+#[test]
+fn signals_to_handle_reaches_workers() {
+    let dir = TempDir::new("env_signals");
+    let all = envs(
+        &dir,
+        1,
+        Rdrun::new().arg("--signals-to-handle=SIGTERM,SIGUSR1"),
+        &[],
+    );
+    assert_eq!(all[0]["TORCHELASTIC_SIGNALS_TO_HANDLE"], "SIGTERM,SIGUSR1");
+}

@@ -1,0 +1,173 @@
+//! Failures, exit statuses and restarts: the root cause's own status becomes rdrun's (its code,
+//! or 128+N for signal N), the first observed failure is the root cause, `--max-restarts` is
+//! honoured with TORCHELASTIC_RESTART_COUNT reaching the workers, and a program that cannot be
+//! started is a launcher failure (exit 1) naming the program.
+
+use crate::util::{parse_env0, worker, Rdrun, TempDir};
+
+fn launch(nproc: usize) -> Rdrun {
+    Rdrun::new()
+        .arg("--standalone")
+        .arg(format!("--nproc_per_node={nproc}"))
+        .arg("--no-python")
+}
+
+#[test]
+fn success_is_zero() {
+    launch(4).arg("true").run().assert_code(0);
+}
+
+#[test]
+fn worker_exit_code_is_propagated() {
+    // (code of the failing worker, rdrun's exit code); 256 wraps to 0 in the kernel and must
+    // still be a failure... but a shell cannot exit 256, so the table stays within 1..=255.
+    for (code, want) in [(3, 3), (1, 1), (255, 255)] {
+        let out = launch(2)
+            .arg(worker("exit_with"))
+            .arg(code.to_string())
+            .run();
+        out.assert_code(want);
+    }
+}
+
+#[test]
+fn death_by_signal_is_128_plus_n() {
+    for (sig, want) in [("KILL", 137), ("TERM", 143), ("SEGV", 139)] {
+        let out = launch(2).arg(worker("exit_with")).arg(sig).arg("1").run();
+        out.assert_code(want);
+    }
+}
+
+#[test]
+fn root_cause_is_the_first_failure() {
+    // Rank 2 exits 5 at once; the others exit 3 only when rdrun stops them, so they fail later
+    // and rdrun must exit with the root cause's 5, not the later 3s.
+    let sync = TempDir::new("root_cause_sync");
+    let out = launch(4)
+        .env("SYNC_DIR", sync.path())
+        .arg(worker("exit_with"))
+        .args(["5", "2", "3"])
+        .run();
+    out.assert_code(5);
+    let root = out
+        .stderr
+        .split("Root Cause (first observed failure):")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no root cause block: {out:?}"));
+    assert!(root.contains("rank      : 2 (local_rank: 2)"), "{out:?}");
+    assert!(root.contains("exitcode  : 5 (pid: "), "{out:?}");
+    // The stopped peers are listed as failures too (they exit 3 from their SIGTERM trap).
+    let others = out.stderr.split("Failures:").nth(1).unwrap_or_default();
+    let others = others.split("Root Cause").next().unwrap_or_default();
+    assert_eq!(others.matches("exitcode  : 3 (pid: ").count(), 3, "{out:?}");
+}
+
+#[test]
+fn missing_program_is_a_launcher_failure() {
+    let dir = TempDir::new("missing_program");
+    let missing = dir.join("no-such-program");
+    let out = launch(2).arg(&missing).run();
+    out.assert_code(1);
+    assert!(
+        out.stderr.contains("no-such-program"),
+        "the error must name the program: {out:?}"
+    );
+}
+
+#[test]
+fn exec_failure_at_spawn_is_a_launcher_failure() {
+    // An executable file whose interpreter does not exist passes every check before the spawn;
+    // execve itself fails (ENOENT). No worker may be left and no restart is attempted.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("exec_failure");
+    let prog = dir.join("bad-interpreter");
+    std::fs::write(&prog, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = launch(2).arg("--max-restarts=3").arg(&prog).run();
+    out.assert_code(1);
+    assert!(out.stderr.contains("bad-interpreter"), "{out:?}");
+    assert!(
+        out.stderr.contains("cannot start worker program"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn restart_count_reaches_workers() {
+    let dir = TempDir::new("restart_counts");
+    let out = launch(3)
+        .arg("--max-restarts=2")
+        .arg(worker("fail_until_restart"))
+        .arg("2")
+        .arg(dir.path())
+        .run();
+    out.assert_code(0);
+    let mut ports = Vec::new();
+    for attempt in 0..3 {
+        for lr in 0..3 {
+            let path = dir.join(format!("attempt.{lr}.{attempt}"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}: {out:?}", path.display()));
+            let env: std::collections::BTreeMap<String, String> = text
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            assert_eq!(env["TORCHELASTIC_RESTART_COUNT"], attempt.to_string());
+            assert_eq!(env["TORCHELASTIC_MAX_RESTARTS"], "2");
+            ports.push(env["MASTER_PORT"].clone());
+        }
+    }
+    // One store for the whole run, as torchrun's agent store: the same port every attempt.
+    assert!(ports.windows(2).all(|w| w[0] == w[1]), "{ports:?}");
+    assert!(!dir.join("attempt.0.3").exists());
+}
+
+#[test]
+fn restarts_exhausted_fails_with_the_worker_status() {
+    let dir = TempDir::new("restarts_exhausted");
+    let out = launch(2)
+        .arg("--max-restarts=1")
+        .arg(worker("fail_until_restart"))
+        .arg("5")
+        .arg(dir.path())
+        .run();
+    out.assert_code(1);
+    for lr in 0..2 {
+        assert!(dir.join(format!("attempt.{lr}.0")).exists(), "{out:?}");
+        assert!(dir.join(format!("attempt.{lr}.1")).exists(), "{out:?}");
+        assert!(!dir.join(format!("attempt.{lr}.2")).exists(), "{out:?}");
+    }
+}
+
+#[test]
+fn no_restart_without_max_restarts() {
+    let dir = TempDir::new("no_restart");
+    let out = launch(2)
+        .arg(worker("fail_until_restart"))
+        .arg("1")
+        .arg(dir.path())
+        .run();
+    out.assert_code(1);
+    assert!(!dir.join("attempt.0.1").exists(), "{out:?}");
+}
+
+#[test]
+fn restarted_workers_see_a_fresh_environment() {
+    let dir = TempDir::new("restart_env");
+    launch(2)
+        .arg("--max-restarts=1")
+        .arg(worker("fail_until_restart"))
+        .arg("1")
+        .arg(dir.path())
+        .run()
+        .assert_code(0);
+    let first = std::fs::read_to_string(dir.join("attempt.0.0")).unwrap();
+    let second = std::fs::read_to_string(dir.join("attempt.0.1")).unwrap();
+    let env = |t: &str| parse_env0(&t.replace('\n', "\0"));
+    assert_eq!(
+        env(&first)["TORCHELASTIC_RUN_ID"],
+        env(&second)["TORCHELASTIC_RUN_ID"]
+    );
+    assert_eq!(env(&second)["TORCHELASTIC_RESTART_COUNT"], "1");
+}

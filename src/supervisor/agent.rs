@@ -1,0 +1,937 @@
+//! The agent: the one owner of the local worker group's state. It hosts the worker store, runs
+//! attempts (spawn every local rank, watch, stop), decides restarts through [`restart::decide`],
+//! and turns the end of the run into an exit code.
+//!
+//! Everything reaches it as an [`Event`]: SIGCHLD (then `waitpid(-1)` reaps every descendant, as
+//! rdrun is a child subreaper), handled signals, and stop deadlines. It never polls. Worker output
+//! goes through [`output::forward_until`]; failures are rendered by [`report`]; the agent only
+//! decides. The worker store ([`StoreServer`]) lives as long as the run and is cleared between
+//! attempts.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::time::{Duration, SystemTime};
+
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::config::{self, LaunchConfig};
+use crate::exit::{self, WorkerStatus};
+use crate::store::server::{self, ServerConfig, ServerExit, StoreServer};
+use crate::workerenv::WorkerEnv;
+
+use super::events::Event;
+use super::output::{self, OutputSummary, RankIdentity, RunLogs};
+use super::report::{self, Failure, FailureReport};
+use super::restart::{self, AttemptEnd, Decision};
+use super::signals::{self, SignalAction, SignalReaction, Signals};
+use super::watchdog::Watchdog;
+use super::worker::{self, SpawnSpec};
+
+/// How long rdrun waits for processes to disappear after SIGKILL before it gives up on them
+/// (a process in uninterruptible sleep cannot die until its I/O ends).
+const KILL_WAIT: Duration = Duration::from_secs(5);
+/// How long rdrun waits for a worker's output pipes to close once its processes are gone (a
+/// pipe may still be held by a process rdrun cannot kill).
+const OUTPUT_WAIT: Duration = Duration::from_secs(2);
+
+/// Runs one launch to the end and returns the process exit code (see [`crate::exit`]).
+///
+/// Call it from the main thread: workers are spawned on the calling thread (a current-thread
+/// tokio runtime), and their PR_SET_PDEATHSIG fires when that thread ends.
+pub fn run(config: LaunchConfig) -> i32 {
+    if config.nnodes.max > 1 {
+        eprintln!(
+            "rdrun: error: multi-node runs (--nnodes {}:{}) are not yet supported",
+            config.nnodes.min, config.nnodes.max
+        );
+        return exit::LAUNCHER_FAILURE;
+    }
+    if config.nproc_per_node == 0 {
+        eprintln!("rdrun: error: --nproc-per-node must be at least 1");
+        return exit::LAUNCHER_FAILURE;
+    }
+    // SAFETY: plain syscalls without arguments.
+    if unsafe { libc::gettid() != libc::getpid() } {
+        tracing::warn!(
+            "supervisor::run is not on the main thread: workers get SIGKILL when this thread ends"
+        );
+    }
+    // Forked first, while the process has a single thread.
+    let watchdog = match Watchdog::start() {
+        Ok(w) => Some(w),
+        Err(err) => {
+            tracing::warn!(
+                "cannot start the watchdog, grandchildren may outlive a killed rdrun: {err}"
+            );
+            None
+        }
+    };
+    // SAFETY: plain prctl(2) call. As child subreaper, rdrun inherits orphaned descendants of its
+    // workers, so it can reap and kill them, and it is a correct PID 1 in a container.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == -1 {
+        tracing::warn!(
+            "cannot become child subreaper: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("rdrun: error: cannot start the async runtime: {err}");
+            return exit::LAUNCHER_FAILURE;
+        }
+    };
+    let code = runtime.block_on(Agent::run(config, watchdog));
+    // Signal-forwarding tasks never end on their own.
+    runtime.shutdown_background();
+    code
+}
+
+/// One worker of the current attempt.
+#[derive(Debug)]
+struct Slot {
+    local_rank: usize,
+    rank: usize,
+    /// Process id = process group id = session id.
+    pid: i32,
+    status: Option<WorkerStatus>,
+    output: Option<JoinHandle<OutputSummary>>,
+    error_file: Option<PathBuf>,
+}
+
+/// Where the current attempt's stop stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Workers run; nothing asked them to stop.
+    None,
+    /// The stop signal went out; SIGKILL at the deadline.
+    Grace(Instant),
+    /// SIGKILL went out; give up on what is left at the deadline.
+    Killed(Instant),
+}
+
+impl Stop {
+    fn deadline(self) -> Option<Instant> {
+        match self {
+            Stop::None => None,
+            Stop::Grace(d) | Stop::Killed(d) => Some(d),
+        }
+    }
+}
+
+/// How one attempt ended, with what the report needs.
+#[derive(Debug)]
+enum Outcome {
+    Succeeded,
+    Failed(Vec<Failure>),
+    Interrupted { signal: i32, failures: Vec<Failure> },
+    LauncherError(String),
+}
+
+/// Kills every process group it holds when dropped while armed (a panic in the agent).
+#[derive(Debug, Default)]
+struct GroupGuard {
+    pgids: Vec<i32>,
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        for &pgid in &self.pgids {
+            worker::signal_group(pgid, libc::SIGKILL);
+        }
+    }
+}
+
+struct Agent {
+    config: LaunchConfig,
+    watchdog: Option<Watchdog>,
+    signals: Signals,
+    sigchld: Signal,
+    host: String,
+    master_addr: String,
+    master_port: u16,
+    /// TORCHELASTIC_SIGNALS_TO_HANDLE for every worker.
+    signals_env: String,
+    /// Grace between the stop signal and SIGKILL, for every kind of stop.
+    grace: Duration,
+    /// The worker store (TCPStore-compatible), for the whole run; taken at shutdown.
+    store: Option<StoreServer>,
+    /// Resolves if the store stops serving on its own (then the run cannot go on).
+    store_closed: Pin<Box<dyn Future<Output = ServerExit> + Send>>,
+    /// Why the store stopped, once it did.
+    store_failed: Option<String>,
+}
+
+impl Agent {
+    async fn run(config: LaunchConfig, watchdog: Option<Watchdog>) -> i32 {
+        // Handlers first: from here on no handled signal can kill rdrun with workers left behind.
+        let signals = Signals::install(&config.signals_to_handle);
+        let sigchld = match signal(SignalKind::child()) {
+            Ok(s) => s,
+            Err(err) => {
+                eprintln!("rdrun: error: cannot watch child processes (SIGCHLD): {err}");
+                return exit::LAUNCHER_FAILURE;
+            }
+        };
+        let (listener, master_addr) = match bind_store(&config) {
+            Ok(v) => v,
+            Err(msg) => {
+                eprintln!("rdrun: error: {msg}");
+                return exit::LAUNCHER_FAILURE;
+            }
+        };
+        // Every worker holds one store connection (one descriptor here).
+        if let Err(err) = server::raise_nofile_limit() {
+            tracing::debug!("cannot raise the open-file limit: {err}");
+        }
+        // The store serves the very socket bound above, for the whole run (torchrun's agent
+        // store, spec torchrun-compat §2.3); workers connect as TCPStore clients.
+        let store = match StoreServer::start(listener, ServerConfig::default()) {
+            Ok(store) => store,
+            Err(err) => {
+                eprintln!("rdrun: error: cannot start the worker store: {err}");
+                return exit::LAUNCHER_FAILURE;
+            }
+        };
+        let master_port = store.port();
+        let store_closed = Box::pin(store.closed());
+        tracing::debug!(%master_addr, master_port, "worker store serving");
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".to_string());
+        if config::should_set_omp_num_threads(
+            std::env::var("OMP_NUM_THREADS").ok().as_deref(),
+            config.nproc_per_node,
+        ) {
+            tracing::warn!(
+                "setting OMP_NUM_THREADS=1 for every worker (it is unset and nproc_per_node > 1); set it yourself to tune"
+            );
+        }
+        let grace = config.shutdown_timeout;
+        let signals_env = config::signal_names(&config.signals_to_handle);
+        let mut agent = Agent {
+            config,
+            watchdog,
+            signals,
+            sigchld,
+            host,
+            master_addr,
+            master_port,
+            signals_env,
+            grace,
+            store: Some(store),
+            store_closed,
+            store_failed: None,
+        };
+        let code = agent.attempts().await;
+        if let Some(store) = agent.store.take() {
+            store.shutdown().await;
+        }
+        if let Some(w) = &agent.watchdog {
+            w.disarm();
+        }
+        code
+    }
+
+    /// The restart loop.
+    async fn attempts(&mut self) -> i32 {
+        let mut logs = RunLogs::new(&self.config.log, &self.config.rdzv.run_id);
+        let mut restart_count = 0u32;
+        let code = loop {
+            // A shutdown signal that arrived between attempts ends the run before a new spawn.
+            while let Some(sig) = self.signals.try_recv() {
+                if signals::action(sig) == SignalAction::Shutdown {
+                    tracing::warn!(
+                        "received {} before the workers started, exiting",
+                        signals::name(sig)
+                    );
+                    self.forget_dir();
+                    logs.finish();
+                    return exit::for_signal(sig);
+                }
+            }
+            let outcome = self.attempt(&mut logs, restart_count).await;
+            let end = match &outcome {
+                Outcome::Succeeded => AttemptEnd::Succeeded,
+                Outcome::Failed(_) => AttemptEnd::Failed,
+                Outcome::Interrupted { .. } => AttemptEnd::Interrupted,
+                Outcome::LauncherError(_) => AttemptEnd::LauncherError,
+            };
+            match (
+                restart::decide(end, restart_count, self.config.max_restarts),
+                outcome,
+            ) {
+                (Decision::Finish, _) => break exit::SUCCESS,
+                (
+                    Decision::Restart {
+                        restart_count: next,
+                    },
+                    _,
+                ) => {
+                    tracing::warn!(
+                        "worker group failed; {}/{} restarts left, restarting (attempt {next})",
+                        self.config.max_restarts - restart_count,
+                        self.config.max_restarts
+                    );
+                    // The new attempt must see none of the previous attempt's keys (torchrun bug
+                    // pytorch/pytorch#135712: a stale NCCL unique id reused after a restart).
+                    if let Some(store) = &self.store {
+                        store.clear();
+                    }
+                    if let Some(w) = &self.watchdog {
+                        w.disarm();
+                    }
+                    restart_count = next;
+                }
+                (_, Outcome::LauncherError(msg)) => {
+                    eprintln!("rdrun: error: {msg}");
+                    break exit::LAUNCHER_FAILURE;
+                }
+                (_, Outcome::Interrupted { signal, failures }) => {
+                    if !failures.is_empty() {
+                        self.print_report(failures);
+                    }
+                    tracing::warn!("stopped the workers after {}", signals::name(signal));
+                    break exit::for_signal(signal);
+                }
+                (_, Outcome::Failed(failures)) => {
+                    break self.print_report(failures);
+                }
+                (_, Outcome::Succeeded) => break exit::SUCCESS,
+            }
+        };
+        // Before finish: what finish keeps (error files the report named) must stay even if
+        // rdrun is killed right after.
+        self.forget_dir();
+        logs.finish();
+        code
+    }
+
+    fn forget_dir(&self) {
+        if let Some(w) = &self.watchdog {
+            w.forget_dir();
+        }
+    }
+
+    /// Prints the failure summary and returns the root cause's exit code.
+    fn print_report(&self, failures: Vec<Failure>) -> i32 {
+        let report = FailureReport {
+            name: self.config.command.display_name.clone(),
+            host: self.host.clone(),
+            failures,
+        };
+        let code = report::root_cause(&report.failures)
+            .map(|i| report.failures[i].status.launcher_exit_code())
+            .unwrap_or(exit::LAUNCHER_FAILURE);
+        eprintln!("{}", report::render(&report));
+        if let Some(path) = &self.config.report_json {
+            if let Err(err) = report::write_json(path, &report) {
+                tracing::error!("--report-json: {err}");
+            }
+        }
+        // Nested under a scheduler that gave rdrun its own error file: copy the root cause there,
+        // as torchrun's @record-wrapped main does (spec torchrun-compat §3.9).
+        match std::env::var_os("TORCHELASTIC_ERROR_FILE").filter(|p| !p.is_empty()) {
+            Some(parent) => {
+                if let Err(err) = report::copy_to_parent_error_file(Path::new(&parent), &report) {
+                    tracing::error!("cannot copy the root cause to TORCHELASTIC_ERROR_FILE: {err}");
+                }
+            }
+            None => tracing::debug!("no error file defined for parent, to copy child error file"),
+        }
+        code
+    }
+
+    /// One attempt: spawn every local rank, supervise until the group is gone, collect failures.
+    async fn attempt(&mut self, logs: &mut RunLogs, restart_count: u32) -> Outcome {
+        let nproc = self.config.nproc_per_node;
+        let ids: Vec<RankIdentity> = (0..nproc)
+            .map(|lr| RankIdentity {
+                role: self.config.role.clone(),
+                rank: lr,
+                local_rank: lr,
+                hostname: short_host(&self.host),
+            })
+            .collect();
+        let attempt_logs = logs.attempt(restart_count, &ids);
+        if let Some(w) = &self.watchdog {
+            match logs.disposable_dir() {
+                Some(dir) => w.set_dir(dir),
+                None => w.forget_dir(),
+            }
+        }
+        let attempt_logs = match attempt_logs {
+            Ok(a) => a,
+            Err(err) => {
+                return Outcome::LauncherError(format!("cannot prepare the log directory: {err}"))
+            }
+        };
+        let mut guard = GroupGuard::default();
+        // Ends the output forwarders whose pipes stay open after every process rdrun can see is
+        // gone (a descendant that escaped and outlived the stop).
+        let (stop_output, _) = tokio::sync::watch::channel(false);
+        let mut slots: Vec<Slot> = Vec::with_capacity(nproc);
+        let mut launch_error = None;
+        for (lr, id) in ids.iter().enumerate() {
+            let rank_logs = &attempt_logs.ranks[lr];
+            let contract = WorkerEnv {
+                rank: lr,
+                local_rank: lr,
+                world_size: nproc,
+                local_world_size: nproc,
+                group_rank: 0,
+                group_world_size: 1,
+                role_rank: lr,
+                role_world_size: nproc,
+                role_name: self.config.role.clone(),
+                master_addr: self.master_addr.clone(),
+                master_port: self.master_port,
+                restart_count,
+                max_restarts: self.config.max_restarts,
+                run_id: self.config.rdzv.run_id.clone(),
+                use_agent_store: true,
+                error_file: rank_logs.error_file.clone(),
+            };
+            let env = match worker::worker_env(
+                &contract,
+                nproc,
+                &self.signals_env,
+                self.config.virtual_local_rank,
+                |k| std::env::var(k).ok(),
+            ) {
+                Ok(env) => env,
+                Err(err) => {
+                    launch_error = Some(err.to_string());
+                    break;
+                }
+            };
+            let spec = SpawnSpec {
+                program: self.config.command.program.clone(),
+                args: self
+                    .config
+                    .command
+                    .args
+                    .iter()
+                    .map(|a| config::substitute_local_rank(a, lr))
+                    .collect(),
+                env,
+                watchdog_fd: self.watchdog.as_ref().map(Watchdog::fd),
+            };
+            match worker::spawn(&spec) {
+                Ok(spawned) => {
+                    tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
+                    guard.pgids.push(spawned.pid);
+                    let handle = output::forward_until(
+                        id.clone(),
+                        rank_logs.sink.clone(),
+                        spawned.stdout,
+                        spawned.stderr,
+                        stop_output.subscribe(),
+                    );
+                    slots.push(Slot {
+                        local_rank: lr,
+                        rank: lr,
+                        pid: spawned.pid,
+                        status: None,
+                        output: Some(handle),
+                        error_file: Some(rank_logs.error_file.as_str())
+                            .filter(|s| !s.is_empty())
+                            .map(PathBuf::from),
+                    });
+                }
+                Err(err) => {
+                    let mut msg = match std::error::Error::source(&err) {
+                        Some(src) => format!("{err}: {src}"),
+                        None => err.to_string(),
+                    };
+                    // execve(2) says ENOENT also when the file exists but its `#!` interpreter
+                    // (or dynamic loader) does not.
+                    let worker::SpawnError::Exec { program, source } = &err;
+                    if source.kind() == std::io::ErrorKind::NotFound && program.is_file() {
+                        msg.push_str(" (the file exists: its interpreter or loader is missing)");
+                    }
+                    launch_error = Some(msg);
+                    break;
+                }
+            }
+        }
+        let outcome = self.supervise(&mut slots, launch_error, &stop_output).await;
+        // Everything is stopped (or abandoned after SIGKILL): the drop guard has nothing to do.
+        guard.pgids.clear();
+        outcome
+    }
+
+    /// Watches the attempt's workers until none is left, stopping the group on the first failure
+    /// or on a shutdown signal.
+    async fn supervise(
+        &mut self,
+        slots: &mut [Slot],
+        mut launch_error: Option<String>,
+        stop_output: &tokio::sync::watch::Sender<bool>,
+    ) -> Outcome {
+        let by_pid: HashMap<i32, usize> =
+            slots.iter().enumerate().map(|(i, s)| (s.pid, i)).collect();
+        let pgids: Vec<i32> = slots.iter().map(|s| s.pid).collect();
+        let mut failures: Vec<Failure> = Vec::new();
+        let mut failed_slots: Vec<usize> = Vec::new();
+        let mut interrupted: Option<i32> = None;
+        let mut stop = Stop::None;
+        if launch_error.is_some() {
+            stop = self.begin_stop(&pgids, libc::SIGTERM);
+        }
+        // Exits that happened before the SIGCHLD stream saw them are picked up here.
+        let mut pending: Vec<Event> = Vec::new();
+        for (pid, status) in worker::reap() {
+            pending.push(Event::Reaped { pid, status });
+        }
+        loop {
+            for event in pending.drain(..) {
+                match event {
+                    Event::Reaped { pid, status } => {
+                        let Some(&i) = by_pid.get(&pid) else {
+                            tracing::debug!(pid, ?status, "reaped a descendant");
+                            continue;
+                        };
+                        slots[i].status = Some(status);
+                        if !status.success() {
+                            failed_slots.push(i);
+                        }
+                    }
+                    Event::Signal(sig) => {
+                        let in_grace = matches!(stop, Stop::Grace(_));
+                        match signals::react(sig, interrupted.is_some(), in_grace) {
+                            SignalReaction::Forward => {
+                                tracing::info!("forwarding {} to the workers", signals::name(sig));
+                                self.signal_everything(&pgids, sig);
+                            }
+                            SignalReaction::Shutdown => {
+                                tracing::warn!(
+                                    "received {}, shutting down the workers",
+                                    signals::name(sig)
+                                );
+                                interrupted = Some(sig);
+                                self.signal_everything(&pgids, sig);
+                                if stop == Stop::None {
+                                    stop = Stop::Grace(Instant::now() + self.grace);
+                                }
+                            }
+                            SignalReaction::KillNow => {
+                                tracing::warn!(
+                                    "received {} again, killing the workers now",
+                                    signals::name(sig)
+                                );
+                                stop = self.kill_all(&pgids);
+                            }
+                        }
+                    }
+                    Event::StoreStopped(why) => {
+                        tracing::error!("the worker store stopped ({why}); stopping the workers");
+                        if launch_error.is_none() {
+                            launch_error = Some(format!("the worker store stopped: {why}"));
+                        }
+                        if stop == Stop::None {
+                            stop = self.begin_stop(&pgids, libc::SIGTERM);
+                        }
+                    }
+                    Event::Deadline => match stop {
+                        Stop::None => {}
+                        Stop::Grace(_) => {
+                            for s in slots.iter().filter(|s| s.status.is_none()) {
+                                tracing::warn!(
+                                    pid = s.pid,
+                                    local_rank = s.local_rank,
+                                    "worker did not stop within {:?}, sending SIGKILL",
+                                    self.grace
+                                );
+                            }
+                            stop = self.kill_all(&pgids);
+                        }
+                        Stop::Killed(_) => {
+                            let left = self.leftovers();
+                            tracing::error!(
+                                ?left,
+                                "processes still alive {:?} after SIGKILL (uninterruptible sleep?); abandoning them",
+                                KILL_WAIT
+                            );
+                            return self
+                                .finish(
+                                    slots,
+                                    failures,
+                                    failed_slots,
+                                    interrupted,
+                                    launch_error,
+                                    stop_output,
+                                )
+                                .await;
+                        }
+                    },
+                }
+            }
+            // Failures detected in this batch, in local-rank order, share one timestamp.
+            if !failed_slots.is_empty() {
+                failed_slots.sort_by_key(|&i| slots[i].local_rank);
+                let now = SystemTime::now();
+                for &i in &failed_slots {
+                    let s = &slots[i];
+                    let status = s.status.expect("failed slot has a status");
+                    if failures.is_empty() {
+                        tracing::error!(
+                            "failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
+                            status.torchrun_code(),
+                            s.local_rank,
+                            s.pid,
+                            self.config.command.program.display()
+                        );
+                    }
+                    failures.push(Failure {
+                        local_rank: s.local_rank,
+                        rank: s.rank,
+                        pid: s.pid as u32,
+                        status,
+                        observed_at: now,
+                        error_file: s.error_file.clone(),
+                        stderr_tail: Vec::new(),
+                        traceback: None,
+                    });
+                }
+                failed_slots.clear();
+                if stop == Stop::None {
+                    stop = self.begin_stop(&pgids, libc::SIGTERM);
+                }
+            }
+            let all_exited = slots.iter().all(|s| s.status.is_some());
+            if all_exited {
+                if stop == Stop::None {
+                    // Every worker exited 0: stop whatever they left behind, with the same grace.
+                    if self.leftovers().is_empty() {
+                        return self
+                            .finish(
+                                slots,
+                                failures,
+                                Vec::new(),
+                                interrupted,
+                                launch_error,
+                                stop_output,
+                            )
+                            .await;
+                    }
+                    tracing::info!("workers exited, stopping the processes they left behind");
+                    stop = self.begin_stop(&pgids, libc::SIGTERM);
+                } else if self.leftovers().is_empty() {
+                    return self
+                        .finish(
+                            slots,
+                            failures,
+                            Vec::new(),
+                            interrupted,
+                            launch_error,
+                            stop_output,
+                        )
+                        .await;
+                }
+            }
+            let deadline = stop.deadline();
+            tokio::select! {
+                _ = self.sigchld.recv() => {
+                    for (pid, status) in worker::reap() {
+                        pending.push(Event::Reaped { pid, status });
+                    }
+                }
+                sig = self.signals.recv() => pending.push(Event::Signal(sig)),
+                exit = &mut self.store_closed, if self.store_failed.is_none() => {
+                    let why = match exit {
+                        ServerExit::Shutdown => "shut down".to_string(),
+                        ServerExit::Failed(msg) => msg,
+                    };
+                    self.store_failed = Some(why.clone());
+                    pending.push(Event::StoreStopped(why));
+                }
+                _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
+            }
+        }
+    }
+
+    /// Sends `sig` to every group and to every stray descendant, and starts the grace period.
+    fn begin_stop(&self, pgids: &[i32], sig: i32) -> Stop {
+        self.signal_everything(pgids, sig);
+        Stop::Grace(Instant::now() + self.grace)
+    }
+
+    /// Sends `sig` to every worker group and to every descendant that left them (setsid).
+    fn signal_everything(&self, pgids: &[i32], sig: i32) {
+        for &pgid in pgids {
+            tracing::info!(pgid, "sending {} to process group", signals::name(sig));
+        }
+        forward_to_all(pgids, sig);
+        for pid in self.stray_descendants(pgids) {
+            tracing::info!(pid, "sending {} to stray descendant", signals::name(sig));
+            worker::signal_pid(pid, sig);
+        }
+    }
+
+    /// SIGKILLs every group and every descendant of rdrun (except the watchdog).
+    fn kill_all(&self, pgids: &[i32]) -> Stop {
+        forward_to_all(pgids, libc::SIGKILL);
+        for pid in self.descendants() {
+            worker::signal_pid(pid, libc::SIGKILL);
+        }
+        Stop::Killed(Instant::now() + KILL_WAIT)
+    }
+
+    /// Live descendants of rdrun, the watchdog excluded. Every member of a worker group is one
+    /// (a group only gains members by fork or by setpgid within its session), so this is also
+    /// everything left of the attempt.
+    fn tree(&self) -> Vec<worker::ProcEntry> {
+        let me = std::process::id() as i32;
+        let watchdog = self.watchdog.as_ref().map(Watchdog::pid);
+        worker::scan_tree(me)
+            .into_iter()
+            .filter(|p| !p.zombie && Some(p.pid) != watchdog)
+            .collect()
+    }
+
+    fn descendants(&self) -> Vec<i32> {
+        self.tree().into_iter().map(|p| p.pid).collect()
+    }
+
+    /// Descendants outside every worker group (they called setsid themselves).
+    fn stray_descendants(&self, pgids: &[i32]) -> Vec<i32> {
+        self.tree()
+            .into_iter()
+            .filter(|p| !pgids.contains(&p.pgid))
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    /// Live processes that still belong to the attempt.
+    fn leftovers(&self) -> Vec<i32> {
+        self.descendants()
+    }
+
+    /// Collects output summaries and turns the attempt into an [`Outcome`].
+    async fn finish(
+        &mut self,
+        slots: &mut [Slot],
+        mut failures: Vec<Failure>,
+        unrecorded: Vec<usize>,
+        interrupted: Option<i32>,
+        launch_error: Option<String>,
+        stop_output: &tokio::sync::watch::Sender<bool>,
+    ) -> Outcome {
+        // Workers whose exit came in the very last batch (after a deadline) are failures too.
+        let now = SystemTime::now();
+        for i in unrecorded {
+            let s = &slots[i];
+            if let Some(status) = s.status.filter(|st| !st.success()) {
+                failures.push(Failure {
+                    local_rank: s.local_rank,
+                    rank: s.rank,
+                    pid: s.pid as u32,
+                    status,
+                    observed_at: now,
+                    error_file: s.error_file.clone(),
+                    stderr_tail: Vec::new(),
+                    traceback: None,
+                });
+            }
+        }
+        // A worker never reaped after SIGKILL is reported as killed.
+        for s in slots.iter().filter(|s| s.status.is_none()) {
+            tracing::error!(
+                pid = s.pid,
+                local_rank = s.local_rank,
+                "worker could not be reaped"
+            );
+            if !failures.iter().any(|f| f.local_rank == s.local_rank) {
+                failures.push(Failure {
+                    local_rank: s.local_rank,
+                    rank: s.rank,
+                    pid: s.pid as u32,
+                    status: WorkerStatus::Signaled(libc::SIGKILL),
+                    observed_at: now,
+                    error_file: s.error_file.clone(),
+                    stderr_tail: Vec::new(),
+                    traceback: None,
+                });
+            }
+        }
+        // Output: what is still in the pipes is forwarded; a pipe still held open after
+        // OUTPUT_WAIT (by a process rdrun could not kill) is drained and closed on request.
+        let deadline = Instant::now() + OUTPUT_WAIT;
+        for s in slots.iter_mut() {
+            let Some(mut handle) = s.output.take() else {
+                continue;
+            };
+            let summary = tokio::select! {
+                res = &mut handle => res.ok(),
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(
+                        local_rank = s.local_rank,
+                        "output pipes of the worker still open {OUTPUT_WAIT:?} after it ended; closing them"
+                    );
+                    let _ = stop_output.send(true);
+                    match tokio::time::timeout(OUTPUT_WAIT, &mut handle).await {
+                        Ok(res) => res.ok(),
+                        Err(_) => {
+                            handle.abort();
+                            None
+                        }
+                    }
+                }
+            };
+            if let Some(summary) = summary {
+                for f in failures.iter_mut().filter(|f| f.local_rank == s.local_rank) {
+                    f.set_output(&summary);
+                }
+            }
+        }
+        if let Some(msg) = launch_error {
+            return Outcome::LauncherError(msg);
+        }
+        if let Some(signal) = interrupted {
+            return Outcome::Interrupted { signal, failures };
+        }
+        if failures.is_empty() {
+            Outcome::Succeeded
+        } else {
+            Outcome::Failed(failures)
+        }
+    }
+}
+
+/// `sig` to every worker group (leaders that already exited included: their group lives on as
+/// long as a grandchild is in it, kill(2)).
+fn forward_to_all(pgids: &[i32], sig: i32) {
+    for &pgid in pgids {
+        worker::signal_group(pgid, sig);
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `gethostname` up to the first dot (torchrun's `${hostname}` is `socket.gethostname()`).
+fn short_host(host: &str) -> String {
+    host.split('.').next().unwrap_or(host).to_string()
+}
+
+/// Binds the worker store's listening socket and returns it with the MASTER_ADDR workers get.
+///
+/// Standalone (or a loopback master address): 127.0.0.1 only. The port is `--master-port` (the
+/// config's resolved MASTER_PORT) or, when `None`, one the kernel picks; either way the socket
+/// stays open from bind to use, so no other process can take it (no probe-then-bind race).
+/// torchrun gives its FQDN as MASTER_ADDR in standalone; rdrun gives 127.0.0.1, the address it
+/// actually listens on. Any other master address binds every interface, as torchrun's agent
+/// store does (`*:port`, spec torchrun-compat §2.3).
+fn bind_store(config: &LaunchConfig) -> Result<(TcpListener, String), String> {
+    let loopback = config.standalone || is_loopback(&config.master_addr);
+    let (ip, master_addr) = if loopback {
+        (IpAddr::V4(Ipv4Addr::LOCALHOST), "127.0.0.1".to_string())
+    } else {
+        (
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            config.master_addr.clone(),
+        )
+    };
+    let addr = SocketAddr::new(ip, config.master_port.unwrap_or(0));
+    let listener = TcpListener::bind(addr)
+        .map_err(|err| format!("cannot bind the worker store on {addr}: {err}"))?;
+    Ok((listener, master_addr))
+}
+
+fn is_loopback(addr: &str) -> bool {
+    addr == "localhost"
+        || addr
+            .parse::<IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_detection() {
+        for (addr, want) in [
+            ("127.0.0.1", true),
+            ("127.1.2.3", true),
+            ("localhost", true),
+            ("::1", true),
+            ("10.0.0.1", false),
+            ("node1", false),
+        ] {
+            assert_eq!(is_loopback(addr), want, "{addr}");
+        }
+        assert_eq!(short_host("node1.cluster.local"), "node1");
+        assert_eq!(short_host("vm"), "vm");
+    }
+
+    fn config(standalone: bool, master_addr: &str, master_port: Option<u16>) -> LaunchConfig {
+        use crate::config::*;
+        LaunchConfig {
+            nproc_per_node: 1,
+            nnodes: NodeRange { min: 1, max: 1 },
+            node_rank: 0,
+            rdzv: RdzvConfig {
+                backend: RdzvBackend::Static,
+                endpoint: None,
+                run_id: "t".into(),
+                conf: Default::default(),
+            },
+            standalone,
+            master_addr: master_addr.into(),
+            master_port,
+            local_addr: None,
+            max_restarts: 0,
+            role: "default".into(),
+            command: WorkerCommand {
+                kind: EntrypointKind::Exec,
+                program: "true".into(),
+                args: Vec::new(),
+                display_name: "true".into(),
+            },
+            log: LogConfig::default(),
+            signals_to_handle: vec![libc::SIGTERM],
+            shutdown_timeout: Duration::from_secs(1),
+            virtual_local_rank: false,
+            report_json: None,
+            exit_barrier_timeout: Duration::from_secs(300),
+        }
+    }
+
+    #[test]
+    fn store_binding() {
+        // Standalone: loopback, a kernel-picked port, kept bound.
+        let (l, addr) = bind_store(&config(true, "node1", None)).unwrap();
+        let local = l.local_addr().unwrap();
+        assert_eq!(addr, "127.0.0.1");
+        assert!(local.ip().is_loopback() && local.port() != 0);
+        // The port stays ours until the listener is dropped.
+        assert!(TcpListener::bind(local).is_err());
+        // --master-port given: exactly that port.
+        let port = local.port();
+        drop(l);
+        let (l, addr) = bind_store(&config(false, "127.0.0.1", Some(port))).unwrap();
+        assert_eq!(
+            (addr.as_str(), l.local_addr().unwrap().port()),
+            ("127.0.0.1", port)
+        );
+        // A taken port is a clear error naming the address.
+        let err = bind_store(&config(false, "127.0.0.1", Some(port))).unwrap_err();
+        assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    }
+}

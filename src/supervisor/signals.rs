@@ -1,0 +1,184 @@
+//! OS signals sent to rdrun: which ones are caught, what each one means for the worker group,
+//! and the stream of caught signals the agent selects on.
+//!
+//! Handlers are installed by [`Signals::install`] as the first thing `supervisor::run` does, before
+//! any worker exists (torchrun installs its handlers only just before the first spawn, spec
+//! torchrun-compat §3.6). Classification is pure ([`action`]); the agent decides what to do.
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+/// What a caught signal asks the agent to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalAction {
+    /// Forward the signal to every worker group, wait the grace, SIGKILL the rest, exit 128+N.
+    Shutdown,
+    /// Forward the signal to every worker group and keep supervising (SIGUSR1/SIGUSR2: Slurm's
+    /// preemption notice and similar application-level requests).
+    Forward,
+}
+
+/// The meaning of signal `sig` when it is in the handled list.
+pub fn action(sig: i32) -> SignalAction {
+    if sig == libc::SIGUSR1 || sig == libc::SIGUSR2 {
+        SignalAction::Forward
+    } else {
+        // torchrun treats every handled signal as a death signal (spec §3.6); so does rdrun for
+        // all but the two user signals.
+        SignalAction::Shutdown
+    }
+}
+
+/// True when `sig`, received while a shutdown is already in its grace period, means "kill
+/// everything now" (a second Ctrl-C or a second SIGTERM).
+pub fn escalates(sig: i32) -> bool {
+    sig == libc::SIGINT || sig == libc::SIGTERM
+}
+
+/// What the agent does with a caught signal, given where the current stop stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalReaction {
+    /// Send the signal to every worker group and carry on.
+    Forward,
+    /// Send the signal to every worker group and start the shutdown (grace, then SIGKILL).
+    Shutdown,
+    /// SIGKILL everything now (a second Ctrl-C or SIGTERM during the grace).
+    KillNow,
+}
+
+/// The agent's reaction to `sig`. `interrupted`: a shutdown signal already arrived;
+/// `in_grace`: a stop is waiting out its grace period (not yet at SIGKILL).
+pub fn react(sig: i32, interrupted: bool, in_grace: bool) -> SignalReaction {
+    match action(sig) {
+        SignalAction::Forward => SignalReaction::Forward,
+        SignalAction::Shutdown if !interrupted => SignalReaction::Shutdown,
+        SignalAction::Shutdown if escalates(sig) && in_grace => SignalReaction::KillNow,
+        // A repeated HUP/QUIT, or anything once SIGKILL went out: pass it on, nothing more.
+        SignalAction::Shutdown => SignalReaction::Forward,
+    }
+}
+
+/// `SIGTERM`-style name of a signal number (`SIG<n>` when unknown).
+pub fn name(sig: i32) -> String {
+    match nix::sys::signal::Signal::try_from(sig) {
+        Ok(s) => s.as_str().to_string(),
+        Err(_) => format!("SIG{sig}"),
+    }
+}
+
+/// Caught signals, in arrival order.
+#[derive(Debug)]
+pub struct Signals {
+    rx: mpsc::UnboundedReceiver<i32>,
+    // Keeps the channel open when no signal could be installed, so `recv` pends forever.
+    _tx: mpsc::UnboundedSender<i32>,
+}
+
+impl Signals {
+    /// Installs handlers for `list` (must run inside a tokio runtime). Signals that cannot be
+    /// caught (SIGKILL, SIGSTOP, fault signals) are skipped with a warning. Once installed, a
+    /// handler stays for the life of the process: the default action (often "terminate") never
+    /// comes back, so a late signal can never kill rdrun with workers left behind.
+    pub fn install(list: &[i32]) -> Signals {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for &sig in list {
+            match signal(SignalKind::from_raw(sig)) {
+                Ok(mut stream) => {
+                    let tx = tx.clone();
+                    tokio::spawn(async move {
+                        while stream.recv().await.is_some() {
+                            if tx.send(sig).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+                Err(err) => {
+                    tracing::warn!("cannot handle signal {}: {err}", name(sig));
+                }
+            }
+        }
+        Signals { rx, _tx: tx }
+    }
+
+    /// A stream that never yields (for code paths that must not react to signals).
+    pub fn none() -> Signals {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Signals { rx, _tx: tx }
+    }
+
+    /// Next caught signal number.
+    pub async fn recv(&mut self) -> i32 {
+        match self.rx.recv().await {
+            Some(sig) => sig,
+            // Unreachable while `_tx` lives; pend forever rather than spin.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A signal that is already queued, if any.
+    pub fn try_recv(&mut self) -> Option<i32> {
+        self.rx.try_recv().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions() {
+        let table = [
+            (libc::SIGTERM, SignalAction::Shutdown),
+            (libc::SIGINT, SignalAction::Shutdown),
+            (libc::SIGHUP, SignalAction::Shutdown),
+            (libc::SIGQUIT, SignalAction::Shutdown),
+            (libc::SIGUSR1, SignalAction::Forward),
+            (libc::SIGUSR2, SignalAction::Forward),
+        ];
+        for (sig, want) in table {
+            assert_eq!(action(sig), want, "{}", name(sig));
+        }
+        assert!(escalates(libc::SIGINT));
+        assert!(escalates(libc::SIGTERM));
+        assert!(!escalates(libc::SIGHUP));
+        assert!(!escalates(libc::SIGUSR1));
+    }
+
+    #[test]
+    fn reactions() {
+        use SignalReaction::*;
+        // (signal, interrupted, in_grace, expected)
+        let table = [
+            (libc::SIGINT, false, false, Shutdown),
+            // A failure stop is in its grace: the first Ctrl-C still starts the shutdown.
+            (libc::SIGINT, false, true, Shutdown),
+            (libc::SIGINT, true, true, KillNow),
+            (libc::SIGTERM, true, true, KillNow),
+            // SIGINT then SIGTERM escalates too.
+            (libc::SIGTERM, true, true, KillNow),
+            (libc::SIGHUP, true, true, Forward),
+            (libc::SIGQUIT, true, true, Forward),
+            // Already past the grace (SIGKILL sent): nothing left to escalate.
+            (libc::SIGINT, true, false, Forward),
+            (libc::SIGUSR1, false, false, Forward),
+            (libc::SIGUSR1, true, true, Forward),
+            (libc::SIGUSR2, false, true, Forward),
+            (libc::SIGHUP, false, false, Shutdown),
+        ];
+        for (sig, interrupted, in_grace, want) in table {
+            assert_eq!(
+                react(sig, interrupted, in_grace),
+                want,
+                "{} interrupted={interrupted} in_grace={in_grace}",
+                name(sig)
+            );
+        }
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(name(libc::SIGTERM), "SIGTERM");
+        assert_eq!(name(1000), "SIG1000");
+    }
+}

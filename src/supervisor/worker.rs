@@ -1,0 +1,492 @@
+//! One worker process, seen from the launcher: the environment and argv it gets, how it is
+//! spawned (own session and process group, parent-death signal, piped stdout/stderr), how it
+//! and its group are signalled, and how exits of any descendant are reaped.
+//!
+//! The pure parts ([`worker_env`], [`descendants`]) are table-tested (the per-variable rules they
+//! apply live in `config`: `should_set_omp_num_threads`, `virtual_local_rank_devices`);
+//! the agent owns the state and calls the effectful ones ([`spawn`], [`reap`], [`signal_group`]).
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use crate::config::{self, ConfigError};
+use crate::exit::WorkerStatus;
+use crate::workerenv::WorkerEnv;
+
+/// Why the environment of a worker could not be built.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EnvError {
+    /// `--virtual-local-rank` with fewer visible devices than local ranks.
+    #[error(transparent)]
+    Devices(#[from] ConfigError),
+}
+
+/// Why a worker could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("cannot start worker program {program:?}")]
+    Exec {
+        program: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The variables a worker gets on top of rdrun's own environment (which it inherits whole).
+///
+/// `parent` reads rdrun's environment (a closure so that tests need not touch the process env).
+/// Adds to the [`WorkerEnv`] contract what torchrun sets besides it (spec torchrun-compat §1.3, §2):
+/// TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless set, OMP_NUM_THREADS=1 when unset and nproc > 1,
+/// TORCHELASTIC_SIGNALS_TO_HANDLE, and the `--virtual-local-rank` rewrite of LOCAL_RANK and
+/// CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES first when set, as torchrun).
+pub fn worker_env(
+    env: &WorkerEnv,
+    nproc_per_node: usize,
+    signals_to_handle: &str,
+    virtual_local_rank: bool,
+    parent: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>, EnvError> {
+    let mut pairs: Vec<(String, String)> = env
+        .to_pairs()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    let mut set = |k: &str, v: String| {
+        if let Some(slot) = pairs.iter_mut().find(|(name, _)| name == k) {
+            slot.1 = v;
+        } else {
+            pairs.push((k.to_string(), v));
+        }
+    };
+    if parent("TORCH_NCCL_ASYNC_ERROR_HANDLING").is_none() {
+        set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".to_string());
+    }
+    if config::should_set_omp_num_threads(parent("OMP_NUM_THREADS").as_deref(), nproc_per_node) {
+        set("OMP_NUM_THREADS", "1".to_string());
+    }
+    set(
+        "TORCHELASTIC_SIGNALS_TO_HANDLE",
+        signals_to_handle.to_string(),
+    );
+    if virtual_local_rank {
+        set("LOCAL_RANK", "0".to_string());
+        for (k, v) in config::virtual_local_rank_devices(
+            env.local_rank,
+            parent("HIP_VISIBLE_DEVICES").as_deref(),
+            parent("CUDA_VISIBLE_DEVICES").as_deref(),
+        )? {
+            set(k, v);
+        }
+    }
+    Ok(pairs)
+}
+
+/// What the agent needs to start one worker.
+#[derive(Debug)]
+pub struct SpawnSpec {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// Overlay on rdrun's inherited environment.
+    pub env: Vec<(String, String)>,
+    /// Writer end of the watchdog socket: the child registers its process group there before exec.
+    pub watchdog_fd: Option<RawFd>,
+}
+
+/// A started worker: its pid (= its process group and session id) and its output pipes.
+#[derive(Debug)]
+pub struct Spawned {
+    pub pid: i32,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+/// Starts one worker in its own session and process group, with PR_SET_PDEATHSIG(SIGKILL).
+///
+/// Must be called on a thread that lives as long as rdrun (the main thread): Linux sends the
+/// parent-death signal when the *thread* that forked the child exits (prctl(2), PR_SET_PDEATHSIG).
+/// The child is not reaped by std: the agent reaps every descendant with `waitpid(-1)` ([`reap`]).
+pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+    let mut cmd = Command::new(&spec.program);
+    cmd.args(spec.args.iter().map(OsString::from))
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let parent = std::process::id() as libc::pid_t;
+    let watchdog_fd = spec.watchdog_fd;
+    // SAFETY: the closure runs between fork and exec and only calls async-signal-safe functions
+    // (setsid, getpid, send, prctl, getppid, raise) on values captured by copy; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some(fd) = watchdog_fd {
+                // Registers the new process group before the program runs, so that even a
+                // SIGKILL of rdrun right now leaves nothing behind.
+                super::watchdog::register(fd, libc::getpid());
+            }
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) == -1
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // rdrun may have died between fork and prctl: the death signal would then never come.
+            if libc::getppid() != parent {
+                libc::raise(libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {
+        program: spec.program.clone(),
+        source,
+    })?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    // Dropping `child` neither kills nor waits: the pid stays ours to reap.
+    Ok(Spawned {
+        pid: child.id() as i32,
+        stdout: OwnedFd::from(stdout),
+        stderr: OwnedFd::from(stderr),
+    })
+}
+
+/// Reaps every exited child (workers, orphaned grandchildren re-parented to rdrun as child
+/// subreaper, the watchdog) without blocking; returns (pid, status) of each.
+pub fn reap() -> Vec<(i32, WorkerStatus)> {
+    let mut out = Vec::new();
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: plain syscall with a valid out-pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            // 0: children remain but none exited; -1: ECHILD (none left) or EINTR (retry on the
+            // next SIGCHLD, which is level-triggered for us since we loop until 0).
+            break;
+        }
+        if libc::WIFEXITED(status) {
+            out.push((pid, WorkerStatus::Exited(libc::WEXITSTATUS(status))));
+        } else if libc::WIFSIGNALED(status) {
+            out.push((pid, WorkerStatus::Signaled(libc::WTERMSIG(status))));
+        }
+    }
+    out
+}
+
+/// Sends `sig` to process group `pgid`; false when the group no longer has members.
+pub fn signal_group(pgid: i32, sig: i32) -> bool {
+    // SAFETY: plain syscall; a negative pid addresses the process group (kill(2)).
+    unsafe { libc::kill(-pgid, sig) == 0 }
+}
+
+/// Sends `sig` to one process; false when it does not exist.
+pub fn signal_pid(pid: i32, sig: i32) -> bool {
+    // SAFETY: plain syscall on a positive pid.
+    pid > 0 && unsafe { libc::kill(pid, sig) == 0 }
+}
+
+/// One line of /proc as the stop logic needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcEntry {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    /// State `Z`: already dead, waiting to be reaped.
+    pub zombie: bool,
+}
+
+/// Parses `/proc/<pid>/stat`: `pid (comm) state ppid pgrp …` (proc(5)); comm may hold spaces and
+/// parentheses, so the fields are read after the last `)`.
+pub fn parse_stat(line: &str) -> Option<ProcEntry> {
+    let open = line.find('(')?;
+    let close = line.rfind(')')?;
+    let pid = line[..open].trim().parse().ok()?;
+    let mut fields = line.get(close + 1..)?.split_whitespace();
+    let state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgid = fields.next()?.parse().ok()?;
+    Some(ProcEntry {
+        pid,
+        ppid,
+        pgid,
+        zombie: state == "Z" || state == "X",
+    })
+}
+
+/// Every process visible in /proc (processes that vanish during the scan are skipped).
+pub fn scan_procs() -> Vec<ProcEntry> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|s| parse_stat(&s))
+        .collect()
+}
+
+/// The processes below `root` (its children, their children, …), zombies included.
+///
+/// Walks `/proc/<pid>/task/<tid>/children` (proc(5), Linux ≥ 3.5 with CONFIG_PROC_CHILDREN), so
+/// the cost follows the size of rdrun's own tree, not of the machine's process table; falls back
+/// to a full `/proc` scan where that file does not exist.
+pub fn scan_tree(root: i32) -> Vec<ProcEntry> {
+    let probe = format!("/proc/{root}/task/{root}/children");
+    if std::fs::metadata(&probe).is_err() {
+        let procs = scan_procs();
+        let below = descendants_all(root, &procs);
+        return procs
+            .into_iter()
+            .filter(|p| below.contains(&p.pid))
+            .collect();
+    }
+    let mut out: Vec<ProcEntry> = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+            continue;
+        };
+        for task in tasks.filter_map(|t| t.ok()) {
+            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for pid in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+            {
+                if out.iter().any(|p| p.pid == pid) {
+                    continue;
+                }
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+                if let Some(entry) = stat.as_deref().and_then(parse_stat) {
+                    out.push(entry);
+                    frontier.push(pid);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Pids of every descendant of `root` in `procs`, zombies included.
+fn descendants_all(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for p in procs.iter().filter(|p| p.ppid == parent && p.pid != root) {
+            if !out.contains(&p.pid) {
+                out.push(p.pid);
+                frontier.push(p.pid);
+            }
+        }
+    }
+    out
+}
+
+/// Pids of every live (non-zombie) descendant of `root` in `procs`.
+pub fn descendants(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
+    let mut out = descendants_all(root, procs);
+    out.retain(|pid| procs.iter().any(|p| p.pid == *pid && !p.zombie));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn sample(local_rank: usize, nproc: usize) -> WorkerEnv {
+        WorkerEnv {
+            rank: local_rank,
+            local_rank,
+            world_size: nproc,
+            local_world_size: nproc,
+            group_rank: 0,
+            group_world_size: 1,
+            role_rank: local_rank,
+            role_world_size: nproc,
+            role_name: "default".into(),
+            master_addr: "127.0.0.1".into(),
+            master_port: 4000,
+            restart_count: 0,
+            max_restarts: 0,
+            run_id: "r".into(),
+            use_agent_store: true,
+            error_file: String::new(),
+        }
+    }
+
+    fn env_of(
+        lr: usize,
+        nproc: usize,
+        virt: bool,
+        parent: &[(&str, &str)],
+    ) -> Result<HashMap<String, String>, EnvError> {
+        let parent: HashMap<String, String> = parent
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        worker_env(&sample(lr, nproc), nproc, "SIGTERM,SIGINT", virt, |k| {
+            parent.get(k).cloned()
+        })
+        .map(|v| v.into_iter().collect())
+    }
+
+    #[test]
+    fn env_table() {
+        // (local_rank, nproc, virtual, parent env, expected subset; "-" = must be absent)
+        type Vars<'a> = &'a [(&'a str, &'a str)];
+        let table: &[(usize, usize, bool, Vars, Vars)] = &[
+            (
+                1,
+                4,
+                false,
+                &[],
+                &[
+                    ("LOCAL_RANK", "1"),
+                    ("RANK", "1"),
+                    ("OMP_NUM_THREADS", "1"),
+                    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+                    ("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT"),
+                    ("CUDA_VISIBLE_DEVICES", "-"),
+                ],
+            ),
+            // nproc 1: OMP_NUM_THREADS untouched.
+            (0, 1, false, &[], &[("OMP_NUM_THREADS", "-")]),
+            // User values win (absent from the overlay, so the inherited value stays).
+            (
+                0,
+                4,
+                false,
+                &[
+                    ("OMP_NUM_THREADS", "8"),
+                    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"),
+                ],
+                &[
+                    ("OMP_NUM_THREADS", "-"),
+                    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "-"),
+                ],
+            ),
+            // Virtual local rank, no device list: the local rank itself.
+            (
+                2,
+                4,
+                true,
+                &[],
+                &[
+                    ("LOCAL_RANK", "0"),
+                    ("CUDA_VISIBLE_DEVICES", "2"),
+                    ("RANK", "2"),
+                ],
+            ),
+            (
+                1,
+                2,
+                true,
+                &[("CUDA_VISIBLE_DEVICES", "5,7")],
+                &[("LOCAL_RANK", "0"), ("CUDA_VISIBLE_DEVICES", "7")],
+            ),
+            (
+                1,
+                2,
+                true,
+                &[
+                    ("HIP_VISIBLE_DEVICES", "3,4"),
+                    ("CUDA_VISIBLE_DEVICES", "5,7"),
+                ],
+                &[("HIP_VISIBLE_DEVICES", "4"), ("CUDA_VISIBLE_DEVICES", "4")],
+            ),
+        ];
+        for (lr, nproc, virt, parent, want) in table {
+            let got = env_of(*lr, *nproc, *virt, parent).expect("env");
+            for (k, v) in *want {
+                if *v == "-" {
+                    assert!(!got.contains_key(*k), "{k} set for {lr}/{nproc}/{parent:?}");
+                } else {
+                    assert_eq!(
+                        got.get(*k).map(String::as_str),
+                        Some(*v),
+                        "{k} for {parent:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn virtual_rank_without_device_entry() {
+        let err = env_of(2, 3, true, &[("CUDA_VISIBLE_DEVICES", "0,1")]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--virtual-local-rank: local_rank 2 exceeds available GPUs in CUDA_VISIBLE_DEVICES=0,1"
+        );
+    }
+
+    #[test]
+    fn stat_parsing() {
+        let e = parse_stat("42 (my (odd) name) S 7 42 42 0 -1 4194560").unwrap();
+        assert_eq!(
+            e,
+            ProcEntry {
+                pid: 42,
+                ppid: 7,
+                pgid: 42,
+                zombie: false
+            }
+        );
+        assert!(parse_stat("43 (z) Z 1 43 43").unwrap().zombie);
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn tree_scan_sees_own_children() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let me = std::process::id() as i32;
+        let pid = child.id() as i32;
+        let tree = scan_tree(me);
+        let _ = child.kill();
+        let _ = child.wait();
+        let entry = tree.iter().find(|p| p.pid == pid).expect("child in tree");
+        assert_eq!(entry.ppid, me);
+        assert!(!entry.zombie);
+    }
+
+    #[test]
+    fn descendant_walk() {
+        let p = |pid, ppid, zombie| ProcEntry {
+            pid,
+            ppid,
+            pgid: pid,
+            zombie,
+        };
+        let procs = [
+            p(1, 0, false),
+            p(10, 1, false),
+            p(11, 10, false),
+            p(12, 11, false),
+            p(13, 10, true),
+            p(20, 1, false),
+        ];
+        let mut d = descendants(10, &procs);
+        d.sort();
+        assert_eq!(d, vec![11, 12]);
+        assert!(descendants(20, &procs).is_empty());
+    }
+}

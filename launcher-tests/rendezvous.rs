@@ -64,8 +64,9 @@ impl Netns {
         }
         // Namespaces of earlier runs that were killed before cleaning up.
         let _ = netns_script().arg("reap").status();
+        // pid and per-process counter in hex, split by a non-hex 'x': unique across processes.
         let tag = format!(
-            "t{:x}{:x}",
+            "t{:x}x{:x}",
             std::process::id(),
             NEXT_TAG.fetch_add(1, Ordering::SeqCst)
         );

@@ -500,7 +500,10 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                     if !state.complete && state.is_participant(&self.me.id) {
                         // Joined and waiting: the completer sets the round's complete key.
                         let key = [self.keys.complete(state.round)];
-                        if let Err(e) = self.store.wait(&key, poll).await {
+                        // A WAIT holds the store connection: keep it shorter than the heartbeat
+                        // period, or peers would see this agent's beats stall.
+                        let slice = poll.min(self.settings.keep_alive_interval);
+                        if let Err(e) = self.store.wait(&key, slice).await {
                             tracing::debug!(error = %e, "waiting for round completion failed");
                             tokio::time::sleep(poll).await;
                         }

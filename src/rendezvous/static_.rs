@@ -244,7 +244,12 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                     min: self.nnodes,
                 });
             }
-            let slice = self.settings.poll_interval.min(deadline - now);
+            // A WAIT holds the store connection: shorter than the heartbeat period.
+            let slice = self
+                .settings
+                .poll_interval
+                .min(self.settings.keep_alive_interval)
+                .min(deadline - now);
             match store.wait(&all_keys, slice).await {
                 Ok(true) => break gen,
                 Ok(false) => {}

@@ -12,6 +12,7 @@ mod cli;
 mod env;
 mod output;
 mod regression;
+mod rendezvous;
 mod report;
 mod restart;
 mod runtime;

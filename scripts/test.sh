@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "== system tools (iproute2 for the network-namespace tests)"
+scripts/ensure-deps.sh || echo "warning: could not install system tools; namespace tests will skip" >&2
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

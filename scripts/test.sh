@@ -13,7 +13,8 @@ echo "== cargo clippy"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets --features nccl -- -D warnings
 echo "== cargo test"
-cargo build --release --bins
+# The PyTorch suite runs the release launcher (as users do); candle is not needed for it.
+cargo build --release --no-default-features --bin rdrun
 cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}"
 
 if [ "${RDRUN_SKIP_TORCH:-0}" = "1" ]; then

@@ -12,8 +12,12 @@ mod cli;
 mod env;
 mod output;
 mod regression;
+mod rendezvous;
 mod report;
 mod restart;
+mod runtime;
 mod signals;
 mod store;
+#[cfg(feature = "train")]
+mod train;
 mod util;

@@ -1,1 +1,30 @@
-//! rendezvous (to be written).
+//! Rendezvous: how the agents of a multi-node job agree on ranks, round after round.
+//!
+//! - `handle`: [`Rendezvous::start`], the supervisor's entry point (any backend, one API).
+//! - `static_`: `--rdzv-backend=static` (fixed `--node-rank`, node 0 hosts the store).
+//! - `c10d` + `state`: rdrun's dynamic rendezvous (MIN:MAX nodes) over the store.
+//! - `barrier`: the exit barrier. `addr`: which address to advertise, is_host inference.
+//! - `store`: the store operations used ([`RdzvStore`]) and an in-memory store for tests.
+//! - `tcp`: the store over TCP: hosting (is_host), connecting, a reconnecting client.
+//! - `settings`: `--rdzv-conf` parsing. `error`: [`RendezvousError`].
+
+pub mod addr;
+pub mod barrier;
+pub mod c10d;
+pub mod error;
+pub mod handle;
+pub mod settings;
+pub mod state;
+pub mod static_;
+pub mod store;
+pub mod tcp;
+
+pub use barrier::exit_barrier;
+pub use c10d::{C10dRendezvous, RdzvEvent, RoundRequest};
+pub use error::RendezvousError;
+pub use handle::{Backend, NodeSpec, Rendezvous};
+pub use settings::{C10dSettings, StaticSettings};
+pub use state::{Assignment, RoundReason};
+pub use static_::StaticRendezvous;
+pub use store::{MemStore, RdzvStore, StoreOpError};
+pub use tcp::TcpRdzvStore;

@@ -1,0 +1,1147 @@
+//! `--rdzv-backend=c10d`: rdrun's dynamic rendezvous driver over the shared store.
+//!
+//! The decisions live in `state.rs` (pure); this file does the I/O: reads the state key, writes
+//! with compare-and-set, measures time with tokio's monotonic clock (so tests run on a paused,
+//! injected clock), and runs a background keeper task per agent that
+//! - writes this agent's heartbeat (`add(<prefix>/hb/<id>, 1)`) every `keep_alive_interval`;
+//! - while this agent runs a round, re-reads the state every `poll_interval` and turns what it
+//!   sees into [`RdzvEvent`]s for the agent: another agent started a new round, nodes are waiting,
+//!   the rendezvous was closed, peers stopped heartbeating (then it starts the new round itself),
+//!   the store became unreachable.
+//!
+//! Liveness is judged by *change*: an observer remembers each peer's heartbeat counter and the
+//! local instant it last changed; no change for `keep_alive_interval × keep_alive_max_attempt`
+//! means dead. No wall clock is compared across machines (torchrun stores UTC times).
+//!
+//! Store keys (all under `rdrun.rendezvous.<run_id>`; torchrun uses `torch.rendezvous.<run_id>`):
+//! `/state` (JSON, see `state.rs`), `/hb/<node id>` (decimal counter), `/complete/<round>` (set
+//! when a round completes, so joined agents wait on it instead of polling), `/joiners/<round>`
+//! (appended JSON lines: agents announcing themselves, admitted in batches), and per round
+//! `rdrun.rendezvous.<run_id>.<round>/…` for agent keys such as the exit barrier.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::error::RendezvousError;
+use super::settings::C10dSettings;
+use super::state::{
+    self, assignment, join_step, prune_dead, Assignment, JoinStep, JoinView, Member, RdzvState,
+    RoundReason, NO_STATE,
+};
+use super::store::{try_get, RdzvStore, StoreOpError};
+
+/// Something the running agent must react to (select on [`C10dRendezvous::watch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RdzvEvent {
+    /// Another agent started round `round` (worker failure, scale-up or a lost peer): stop the
+    /// workers and call `next_round`.
+    RoundChanged { round: u64, reason: RoundReason },
+    /// Nodes are waiting to join: stop the workers and call `next_round` with
+    /// [`RoundReason::Membership`] (not charged to the restart budget).
+    NodesWaiting(usize),
+    /// These peers stopped heartbeating; this agent already started the next round without them.
+    PeersLost(Vec<String>),
+    /// The rendezvous was closed (the job finished or gave up elsewhere).
+    Closed,
+    /// This agent's heartbeats failed `keep_alive_max_attempt` times in a row.
+    StoreUnreachable(String),
+}
+
+/// What the agent asks for when it calls [`C10dRendezvous::next_round`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundRequest {
+    /// Why the agent wants a (new) round; only matters if this agent is the one that starts it.
+    pub reason: RoundReason,
+    /// The port of the worker store this agent serves if it becomes group rank 0 (MASTER_PORT).
+    pub master_port: u16,
+}
+
+/// Remembers peers' heartbeat counters and when each last changed (local clock).
+#[derive(Debug, Default)]
+pub struct HeartbeatTracker {
+    seen: HashMap<String, (Vec<u8>, Instant)>,
+}
+
+impl HeartbeatTracker {
+    /// Records the current counters; returns the ids unchanged for at least `dead_after`. Ids
+    /// not in `beats` are forgotten; a newly seen id gets a full `dead_after` of grace.
+    pub fn observe(
+        &mut self,
+        now: Instant,
+        beats: Vec<(String, Vec<u8>)>,
+        dead_after: Duration,
+    ) -> Vec<String> {
+        let ids: HashSet<&str> = beats.iter().map(|(id, _)| id.as_str()).collect();
+        self.seen.retain(|id, _| ids.contains(id.as_str()));
+        let mut dead = Vec::new();
+        for (id, value) in beats {
+            match self.seen.get_mut(&id) {
+                Some((old, since)) if *old == value => {
+                    if now.duration_since(*since) >= dead_after {
+                        dead.push(id);
+                    }
+                }
+                Some(entry) => *entry = (value, now),
+                None => {
+                    self.seen.insert(id, (value, now));
+                }
+            }
+        }
+        dead
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// The round this agent runs (keeper monitors it), `None` while joining or closed.
+    running: Option<u64>,
+    waiting: usize,
+}
+
+type SharedRef = Arc<Mutex<Shared>>;
+
+fn lock(shared: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Store keys of one run.
+#[derive(Debug, Clone)]
+struct Keys {
+    prefix: String,
+    run_id: String,
+}
+
+impl Keys {
+    fn new(run_id: &str) -> Self {
+        Self {
+            prefix: format!("rdrun.rendezvous.{run_id}"),
+            run_id: run_id.to_string(),
+        }
+    }
+    fn state(&self) -> String {
+        format!("{}/state", self.prefix)
+    }
+    fn hb(&self, id: &str) -> String {
+        format!("{}/hb/{id}", self.prefix)
+    }
+    fn complete(&self, round: u64) -> String {
+        format!("{}/complete/{round}", self.prefix)
+    }
+    /// torchrun's c10d state key (`torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py`).
+    fn torch_state(&self) -> String {
+        format!("torch.rendezvous.{}", self.run_id)
+    }
+    fn joiners(&self, round: u64) -> String {
+        format!("{}/joiners/{round}", self.prefix)
+    }
+}
+
+/// Small xorshift generator for backoff jitter (no dependency; quality is irrelevant here).
+struct Jitter(u64);
+
+impl Jitter {
+    fn new(seed: &str) -> Self {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let h = seed.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        Self((t ^ h) | 1)
+    }
+
+    /// A duration uniformly drawn from `[0, cap)`.
+    fn below(&mut self, cap: Duration) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let unit = (self.0 >> 11) as f64 / (1u64 << 53) as f64;
+        cap.mul_f64(unit)
+    }
+}
+
+/// Reads the state text without blocking and without changing an existing state.
+async fn read_text<S: RdzvStore>(store: &S, key: &str) -> Result<Vec<u8>, StoreOpError> {
+    store.compare_set(key, b"", NO_STATE).await
+}
+
+/// The heartbeat counters of `ids` (each key exists: a node beats before it joins any list).
+async fn read_beats<S: RdzvStore>(
+    store: &S,
+    keys: &Keys,
+    ids: Vec<String>,
+) -> Result<Vec<(String, Vec<u8>)>, StoreOpError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let hb_keys: Vec<String> = ids.iter().map(|id| keys.hb(id)).collect();
+    let values = store.multi_get(&hb_keys).await?;
+    Ok(ids.into_iter().zip(values).collect())
+}
+
+/// The announced joiners of a round: one JSON member per line, first announcement per id kept.
+fn parse_joiners(list: &[u8]) -> Vec<Member> {
+    let mut out: Vec<Member> = Vec::new();
+    for line in list.split(|b| *b == b'\n') {
+        if let Ok(m) = serde_json::from_slice::<Member>(line) {
+            if !out.iter().any(|o| o.id == m.id) {
+                out.push(m);
+            }
+        }
+    }
+    out
+}
+
+/// Ids whose liveness a node checks in `state`: every member and expected node but itself.
+fn watched_ids(state: &RdzvState, me: &str) -> Vec<String> {
+    let mut ids: Vec<String> = state
+        .watched_members(me)
+        .into_iter()
+        .map(|m| m.id.clone())
+        .collect();
+    for e in &state.expected {
+        if e != me && !ids.contains(e) {
+            ids.push(e.clone());
+        }
+    }
+    ids
+}
+
+/// One agent's handle on the dynamic rendezvous.
+///
+/// Loop shape for the agent: `next_round` → start workers → `select!` over worker events and
+/// `watch()` → on an event or a worker failure stop the workers → `next_round` again; at the end
+/// `exit_barrier` (on success) and `close`.
+pub struct C10dRendezvous<S: RdzvStore> {
+    store: Arc<S>,
+    settings: C10dSettings,
+    keys: Keys,
+    me: Member,
+    my_round: Option<u64>,
+    shared: SharedRef,
+    events_tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
+    events_rx: mpsc::UnboundedReceiver<(u64, RdzvEvent)>,
+    keeper: Option<JoinHandle<()>>,
+}
+
+impl<S: RdzvStore> Drop for C10dRendezvous<S> {
+    fn drop(&mut self) {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+    }
+}
+
+impl<S: RdzvStore> C10dRendezvous<S> {
+    /// A handle for the agent at `addr` (the address peers reach it at) with `nproc` workers.
+    /// `local_id` distinguishes several handles in one process (0 for a normal agent).
+    pub fn new(
+        store: Arc<S>,
+        settings: C10dSettings,
+        run_id: &str,
+        addr: &str,
+        local_id: u32,
+        nproc: usize,
+    ) -> Self {
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        Self {
+            store,
+            settings,
+            keys: Keys::new(run_id),
+            me: Member::new(addr, std::process::id(), local_id, nproc, 0),
+            my_round: None,
+            shared: Arc::default(),
+            events_tx,
+            events_rx,
+            keeper: None,
+        }
+    }
+
+    /// Overrides the pid of the node descriptor (simulated nodes in one process).
+    pub fn with_pid(mut self, pid: u32) -> Self {
+        self.me = Member::new(&self.me.addr, pid, self.me.local_id, self.me.nproc, 0);
+        self
+    }
+
+    /// This agent's node id (`<addr>_<pid>_<local_id>`).
+    pub fn node_id(&self) -> &str {
+        &self.me.id
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &C10dSettings {
+        &self.settings
+    }
+
+    /// Nodes on the wait list as last seen by the keeper (torchrun's `num_nodes_waiting()`,
+    /// refreshed every `poll_interval`).
+    pub fn num_nodes_waiting(&self) -> usize {
+        lock(&self.shared).waiting
+    }
+
+    /// The next event of the round this agent runs. Pending forever while nothing happens;
+    /// cancel-safe, so it can sit in a `select!`. Events of older rounds are dropped.
+    pub async fn watch(&mut self) -> RdzvEvent {
+        loop {
+            let (round, ev) = self
+                .events_rx
+                .recv()
+                .await
+                .expect("the rendezvous keeps a sender alive");
+            if Some(round) == self.my_round {
+                return ev;
+            }
+        }
+    }
+
+    fn ensure_keeper(&mut self) {
+        if self.keeper.as_ref().is_some_and(|k| !k.is_finished()) {
+            return;
+        }
+        let keeper = Keeper {
+            store: self.store.clone(),
+            settings: self.settings.clone(),
+            keys: self.keys.clone(),
+            me: self.me.id.clone(),
+            shared: self.shared.clone(),
+            tx: self.events_tx.clone(),
+        };
+        self.keeper = Some(tokio::spawn(keeper.run()));
+    }
+
+    /// Joins the next round and waits until it completes with this agent in it.
+    ///
+    /// The first call joins round 0 (or the current round). A later call after this agent's
+    /// workers failed (`RoundReason::WorkerFailure`) or to admit waiting nodes
+    /// (`RoundReason::Membership`) starts a new round for every node, unless another agent already
+    /// did; only a `WorkerFailure` start is charged to the job-wide restart count.
+    pub async fn next_round(&mut self, req: RoundRequest) -> Result<Assignment, RendezvousError> {
+        lock(&self.shared).running = None;
+        self.me.master_port = req.master_port;
+        let started = Instant::now();
+        let join_timeout = self.settings.join_timeout;
+        let mut deadline = started + join_timeout;
+        // The heartbeat key exists before this node appears in any list (peers multi_get it).
+        self.retry_store(deadline, |s, k| {
+            let key = k.hb(&self.me.id);
+            async move { s.add(&key, 1).await.map(|_| ()) }
+        })
+        .await?;
+        self.ensure_keeper();
+        let bump_from = self.my_round.map(|r| {
+            let reason = match req.reason {
+                RoundReason::Initial => RoundReason::Membership,
+                other => other,
+            };
+            (r, reason)
+        });
+        let state_key = self.keys.state();
+        let (min, max) = (self.settings.min_nodes, self.settings.max_nodes);
+        let mut tracker = HeartbeatTracker::default();
+        let mut last_call: Option<((u64, u64), Instant)> = None;
+        let min_poll = Duration::from_millis(20).min(self.settings.poll_interval);
+        let mut poll = min_poll;
+        let mut lost = 0u32;
+        let max_backoff = Duration::from_millis(100).min(self.settings.poll_interval);
+        let mut jitter = Jitter::new(&self.me.id);
+        let mut announced: Option<u64> = None;
+        let mut text = self
+            .retry_store(deadline, |s, _| {
+                let key = state_key.clone();
+                async move { read_text(&*s, &key).await }
+            })
+            .await?;
+        loop {
+            let state = RdzvState::decode(&text)?;
+            let now = Instant::now();
+            let id = self.me.id.as_str();
+            // A redundant node waits without a deadline while the round is full (torchrun).
+            if state.complete && state.in_redundancy_list(id) && state.participants.len() >= max {
+                deadline = now + join_timeout;
+            }
+            let last_call_expired =
+                if !state.complete && state.is_participant(id) && state.participants.len() >= min {
+                    let key = (state.round, state.last_call_seq);
+                    match last_call {
+                        Some((k, since)) if k == key => {
+                            now.duration_since(since) >= self.settings.last_call_timeout
+                        }
+                        _ => {
+                            last_call = Some((key, now));
+                            self.settings.last_call_timeout.is_zero()
+                        }
+                    }
+                } else {
+                    false
+                };
+            // Announce this agent for the round (once), and read who else did, so a writer can
+            // admit every announced agent at once.
+            let mut pending = Vec::new();
+            if !state.complete && !state.closed && !state.is_participant(id) {
+                let key = self.keys.joiners(state.round);
+                if announced != Some(state.round) {
+                    let mut line = serde_json::to_vec(&self.me).expect("member serializes");
+                    line.push(b'\n');
+                    if self.store.append(&key, &line).await.is_ok() {
+                        announced = Some(state.round);
+                    }
+                }
+                if let Ok(Some(list)) = try_get(&*self.store, &key).await {
+                    pending = parse_joiners(&list);
+                }
+            }
+            let view = JoinView {
+                me: &self.me,
+                min,
+                max,
+                past_deadline: now >= deadline,
+                last_call_expired,
+                bump_from,
+                pending: &pending,
+            };
+            let write = match join_step(&state, &view) {
+                JoinStep::Done => {
+                    let asg = assignment(&state, id, &self.keys.prefix).expect(
+                        "join_step returns Done only for a participant of a complete round",
+                    );
+                    self.my_round = Some(state.round);
+                    {
+                        let mut sh = lock(&self.shared);
+                        sh.running = Some(state.round);
+                        sh.waiting = state.num_nodes_waiting();
+                    }
+                    tracing::info!(
+                        round = asg.round,
+                        group_rank = asg.group_rank,
+                        group_world_size = asg.group_world_size,
+                        world_size = asg.world_size,
+                        restart_count = asg.restart_count,
+                        "rendezvous round complete"
+                    );
+                    return Ok(asg);
+                }
+                JoinStep::Closed { redundant } => {
+                    return Err(RendezvousError::Closed { redundant })
+                }
+                JoinStep::TimedOut(leave) => {
+                    if let Some(new) = leave {
+                        // Best effort: leave the lists so the others do not wait for us.
+                        let _ = self
+                            .store
+                            .compare_set(&state_key, &text, &new.encode())
+                            .await;
+                    }
+                    return Err(RendezvousError::Timeout {
+                        waited: now.duration_since(started),
+                        joined: state.participants.len(),
+                        min,
+                    });
+                }
+                JoinStep::Write(new) => Some(new),
+                JoinStep::Wait => {
+                    // A PyTorch torchrun agent on the same endpoint and run id waits in a
+                    // rendezvous of its own: say so instead of timing out much later.
+                    if let Ok(Some(_)) = try_get(&*self.store, &self.keys.torch_state()).await {
+                        return Err(RendezvousError::TorchrunPeer {
+                            key: self.keys.torch_state(),
+                        });
+                    }
+                    // While waiting, drop peers that stopped heartbeating so the round can go on.
+                    let ids = watched_ids(&state, id);
+                    match read_beats(&*self.store, &self.keys, ids).await {
+                        Ok(beats) => {
+                            let dead = tracker.observe(now, beats, self.settings.dead_after());
+                            if dead.is_empty() {
+                                None
+                            } else {
+                                tracing::warn!(?dead, "dropping nodes that stopped heartbeating");
+                                prune_dead(&state, &dead, min, max)
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "reading heartbeats failed");
+                            None
+                        }
+                    }
+                }
+            };
+            let next = match write {
+                Some(new) => {
+                    let desired = new.encode();
+                    match self.store.compare_set(&state_key, &text, &desired).await {
+                        Ok(got) if got == desired => {
+                            lost = 0;
+                            poll = min_poll;
+                            if new.complete && !state.complete {
+                                // Wake the participants waiting on this round at once.
+                                let _ = self.store.set(&self.keys.complete(new.round), b"1").await;
+                            }
+                            Ok(got)
+                        }
+                        Ok(got) => {
+                            // Lost a race: back off a random while before retrying, so that many
+                            // agents joining together do not all retry in lockstep (each lost
+                            // attempt costs a full state transfer).
+                            lost += 1;
+                            let cap = Duration::from_millis(1u64 << lost.min(7)).min(max_backoff);
+                            tokio::time::sleep(jitter.below(cap)).await;
+                            tracing::debug!(lost, "rendezvous state changed under us; retrying");
+                            Ok(got)
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                None => {
+                    if !state.complete && state.is_participant(&self.me.id) {
+                        // Joined and waiting: the completer sets the round's complete key.
+                        let key = [self.keys.complete(state.round)];
+                        // A WAIT holds the store connection: keep it shorter than the heartbeat
+                        // period, or peers would see this agent's beats stall.
+                        let slice = poll.min(self.settings.keep_alive_interval);
+                        if let Err(e) = self.store.wait(&key, slice).await {
+                            tracing::debug!(error = %e, "waiting for round completion failed");
+                            tokio::time::sleep(poll).await;
+                        }
+                        poll = (poll * 2).min(self.settings.poll_interval);
+                        read_text(&*self.store, &state_key).await
+                    } else {
+                        tokio::time::sleep(poll).await;
+                        let got = read_text(&*self.store, &state_key).await;
+                        if got.as_ref().is_ok_and(|g| *g != text) {
+                            poll = min_poll;
+                        } else {
+                            poll = (poll * 2).min(self.settings.poll_interval);
+                        }
+                        got
+                    }
+                }
+            };
+            text = match next {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(error = %e, "rendezvous store error; retrying");
+                    self.retry_store(deadline, |s, _| {
+                        let key = state_key.clone();
+                        async move { read_text(&*s, &key).await }
+                    })
+                    .await?
+                }
+            };
+        }
+    }
+
+    /// Runs `op` until it succeeds, backing off up to 1 s, or fails with `Unreachable` at
+    /// `deadline` (network blips and peers still starting are normal; pain point 13).
+    async fn retry_store<T, F, Fut>(&self, deadline: Instant, op: F) -> Result<T, RendezvousError>
+    where
+        F: Fn(Arc<S>, &Keys) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreOpError>>,
+    {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match op(self.store.clone(), &self.keys).await {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(RendezvousError::Unreachable {
+                            endpoint: self.store.describe(),
+                            waited: now.duration_since(started),
+                            source: e,
+                        });
+                    }
+                    tracing::debug!(error = %e, "store operation failed; retrying");
+                    tokio::time::sleep(backoff.min(deadline - now)).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Marks the rendezvous closed for every node (torchrun's `shutdown()`), within
+    /// `close_timeout`, and stops this agent's heartbeats.
+    pub async fn close(&mut self) -> Result<(), RendezvousError> {
+        lock(&self.shared).running = None;
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+        let deadline = Instant::now() + self.settings.close_timeout;
+        let key = self.keys.state();
+        loop {
+            let text = self
+                .retry_store(deadline, |s, _| {
+                    let key = key.clone();
+                    async move { read_text(&*s, &key).await }
+                })
+                .await?;
+            let st = RdzvState::decode(&text)?;
+            if st.closed {
+                return Ok(());
+            }
+            let desired = state::close(&st).encode();
+            if let Ok(got) = self.store.compare_set(&key, &text, &desired).await {
+                if got == desired {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(RendezvousError::Unreachable {
+                    endpoint: self.store.describe(),
+                    waited: self.settings.close_timeout,
+                    source: StoreOpError("could not mark the rendezvous closed".into()),
+                });
+            }
+        }
+    }
+}
+
+/// The background task of one agent: heartbeats, and monitoring of the round it runs.
+struct Keeper<S: RdzvStore> {
+    store: Arc<S>,
+    settings: C10dSettings,
+    keys: Keys,
+    me: String,
+    shared: SharedRef,
+    tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
+}
+
+impl<S: RdzvStore> Keeper<S> {
+    async fn run(self) {
+        let interval = self.settings.keep_alive_interval;
+        let poll = self.settings.poll_interval;
+        let tick = interval.min(poll);
+        let hb_key = self.keys.hb(&self.me);
+        let mut next_beat = Instant::now();
+        let mut next_poll = Instant::now();
+        let mut failures = 0u32;
+        let mut tracker = HeartbeatTracker::default();
+        // Per monitored round: the round, the waiting count last reported, whether it ended.
+        let mut monitored: Option<(u64, usize, bool)> = None;
+        loop {
+            let now = Instant::now();
+            let running = lock(&self.shared).running;
+            if now >= next_beat {
+                next_beat = now + interval;
+                let beat = tokio::time::timeout(
+                    self.settings.heartbeat_timeout,
+                    self.store.add(&hb_key, 1),
+                )
+                .await;
+                match beat {
+                    Ok(Ok(_)) => failures = 0,
+                    Ok(Err(e)) => failures = self.beat_failed(failures, running, e.to_string()),
+                    Err(_) => {
+                        failures = self.beat_failed(failures, running, "heartbeat timed out".into())
+                    }
+                }
+            }
+            if let Some(round) = running {
+                if monitored.map(|m| m.0) != Some(round) {
+                    monitored = Some((round, 0, false));
+                    tracker = HeartbeatTracker::default();
+                }
+                if now >= next_poll && !monitored.is_some_and(|m| m.2) {
+                    next_poll = now + poll;
+                    if let Err(e) = self.monitor(round, &mut tracker, &mut monitored).await {
+                        tracing::debug!(error = %e, "monitoring the rendezvous failed");
+                    }
+                }
+            }
+            tokio::time::sleep(tick).await;
+        }
+    }
+
+    fn beat_failed(&self, failures: u32, running: Option<u64>, why: String) -> u32 {
+        let failures = failures + 1;
+        tracing::warn!(failures, error = %why, "rendezvous heartbeat failed");
+        if failures == self.settings.keep_alive_max_attempt {
+            if let Some(round) = running {
+                let _ = self.tx.send((round, RdzvEvent::StoreUnreachable(why)));
+            }
+        }
+        failures
+    }
+
+    async fn monitor(
+        &self,
+        round: u64,
+        tracker: &mut HeartbeatTracker,
+        monitored: &mut Option<(u64, usize, bool)>,
+    ) -> Result<(), StoreOpError> {
+        let key = self.keys.state();
+        let text = read_text(&*self.store, &key).await?;
+        let Ok(state) = RdzvState::decode(&text) else {
+            return Ok(());
+        };
+        let send = |ev| {
+            let _ = self.tx.send((round, ev));
+        };
+        let mon = monitored.as_mut().expect("set by the caller");
+        if state.closed {
+            mon.2 = true;
+            send(RdzvEvent::Closed);
+            return Ok(());
+        }
+        if state.round != round {
+            mon.2 = true;
+            send(RdzvEvent::RoundChanged {
+                round: state.round,
+                reason: state.reason,
+            });
+            return Ok(());
+        }
+        let waiting = state.num_nodes_waiting();
+        lock(&self.shared).waiting = waiting;
+        if waiting > 0 && waiting != mon.1 {
+            send(RdzvEvent::NodesWaiting(waiting));
+        }
+        mon.1 = waiting;
+        let beats = read_beats(&*self.store, &self.keys, watched_ids(&state, &self.me)).await?;
+        let dead = tracker.observe(Instant::now(), beats, self.settings.dead_after());
+        if dead.is_empty() {
+            return Ok(());
+        }
+        let (min, max) = (self.settings.min_nodes, self.settings.max_nodes);
+        let Some(new) = prune_dead(&state, &dead, min, max) else {
+            return Ok(());
+        };
+        let desired = new.encode();
+        let got = self.store.compare_set(&key, &text, &desired).await?;
+        if got == desired {
+            tracing::warn!(?dead, round, "peers stopped heartbeating; dropped them");
+            if new.round != round {
+                mon.2 = true;
+                send(RdzvEvent::PeersLost(dead));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NodeRange;
+    use crate::rendezvous::store::MemStore;
+    use std::collections::BTreeMap;
+
+    fn settings(min: usize, max: usize, conf: &[(&str, &str)]) -> C10dSettings {
+        let conf: BTreeMap<String, String> = conf
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        C10dSettings::from_conf(NodeRange { min, max }, &conf).unwrap()
+    }
+
+    fn node(store: &MemStore, s: &C10dSettings, i: u32, nproc: usize) -> C10dRendezvous<MemStore> {
+        C10dRendezvous::new(
+            Arc::new(store.handle()),
+            s.clone(),
+            "job",
+            &format!("10.0.0.{i}"),
+            0,
+            nproc,
+        )
+        .with_pid(100)
+    }
+
+    fn req(reason: RoundReason) -> RoundRequest {
+        RoundRequest {
+            reason,
+            master_port: 29500,
+        }
+    }
+
+    #[test]
+    fn tracker_declares_dead_only_after_no_change() {
+        let t0 = Instant::now();
+        let d = Duration::from_secs(5);
+        let mut t = HeartbeatTracker::default();
+        let beat = |v: &str| vec![("a".to_string(), v.as_bytes().to_vec())];
+        assert!(t.observe(t0, beat("1"), d).is_empty());
+        assert!(t
+            .observe(t0 + Duration::from_secs(4), beat("1"), d)
+            .is_empty());
+        assert!(t
+            .observe(t0 + Duration::from_secs(6), beat("2"), d)
+            .is_empty());
+        assert!(t
+            .observe(t0 + Duration::from_secs(10), beat("2"), d)
+            .is_empty());
+        assert_eq!(t.observe(t0 + Duration::from_secs(11), beat("2"), d), ["a"]);
+        // Forgotten when no longer watched; a new sighting gets full grace.
+        assert!(t
+            .observe(t0 + Duration::from_secs(12), vec![], d)
+            .is_empty());
+        assert!(t
+            .observe(t0 + Duration::from_secs(13), beat("2"), d)
+            .is_empty());
+    }
+
+    /// Runs `next_round` for several nodes concurrently and returns their assignments.
+    async fn join_all(
+        nodes: &mut [C10dRendezvous<MemStore>],
+        reason: RoundReason,
+    ) -> Vec<Assignment> {
+        let futs = nodes.iter_mut().map(|n| n.next_round(req(reason)));
+        futures_join_all(futs)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect()
+    }
+
+    /// Minimal join_all without the futures crate: spawn-free, polls all futures in turn.
+    async fn futures_join_all<F: std::future::Future>(
+        futs: impl Iterator<Item = F>,
+    ) -> Vec<F::Output> {
+        let mut pinned: Vec<_> = futs.map(|f| Some(Box::pin(f))).collect();
+        let mut out: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
+        std::future::poll_fn(|cx| {
+            let mut pending = false;
+            for (i, f) in pinned.iter_mut().enumerate() {
+                if let Some(fut) = f {
+                    match fut.as_mut().poll(cx) {
+                        std::task::Poll::Ready(v) => {
+                            out[i] = Some(v);
+                            *f = None;
+                        }
+                        std::task::Poll::Pending => pending = true,
+                    }
+                }
+            }
+            if pending {
+                std::task::Poll::Pending
+            } else {
+                std::task::Poll::Ready(())
+            }
+        })
+        .await;
+        out.into_iter()
+            .map(|o| o.expect("every future finished"))
+            .collect()
+    }
+
+    fn check_ranks(asgs: &[Assignment], nprocs: &[usize]) {
+        let world: usize = nprocs.iter().sum();
+        let mut ranks: Vec<usize> = Vec::new();
+        let mut groups: Vec<usize> = asgs.iter().map(|a| a.group_rank).collect();
+        for a in asgs {
+            assert_eq!(a.world_size, world);
+            assert_eq!(a.group_world_size, asgs.len());
+            ranks.extend(a.base_rank..a.base_rank + a.local_world_size);
+        }
+        ranks.sort();
+        groups.sort();
+        assert_eq!(
+            ranks,
+            (0..world).collect::<Vec<_>>(),
+            "ranks unique and contiguous"
+        );
+        assert_eq!(groups, (0..asgs.len()).collect::<Vec<_>>());
+        let masters: HashSet<(String, u16)> = asgs
+            .iter()
+            .map(|a| (a.master_addr.clone(), a.master_port))
+            .collect();
+        assert_eq!(masters.len(), 1, "every node agrees on MASTER_ADDR/PORT");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn three_nodes_heterogeneous_complete_at_max_without_waiting() {
+        let store = MemStore::new();
+        let s = settings(2, 3, &[]);
+        let mut nodes: Vec<_> = [(3, 1), (1, 2), (2, 4)]
+            .iter()
+            .map(|&(i, n)| node(&store, &s, i, n))
+            .collect();
+        let t0 = Instant::now();
+        let asgs = join_all(&mut nodes, RoundReason::Initial).await;
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "max reached: no last call"
+        );
+        check_ranks(&asgs, &[1, 2, 4]);
+        // Group rank by address: 10.0.0.1 (nproc 2) is 0, 10.0.0.2 (4) is 1, 10.0.0.3 (1) is 2.
+        let by_node: Vec<(usize, usize)> =
+            asgs.iter().map(|a| (a.group_rank, a.base_rank)).collect();
+        assert_eq!(by_node, [(2, 6), (0, 0), (1, 2)]);
+        assert_eq!(asgs[0].master_addr, "10.0.0.1");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn min_nodes_complete_after_last_call() {
+        let store = MemStore::new();
+        let s = settings(2, 4, &[("last_call_timeout", "7")]);
+        let mut nodes: Vec<_> = (1..=2).map(|i| node(&store, &s, i, 2)).collect();
+        let t0 = Instant::now();
+        let asgs = join_all(&mut nodes, RoundReason::Initial).await;
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_secs(7) && took < Duration::from_secs(10),
+            "{took:?}"
+        );
+        check_ranks(&asgs, &[2, 2]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn join_timeout_is_an_error_and_leaves_the_lists() {
+        let store = MemStore::new();
+        let s = settings(2, 2, &[("join_timeout", "3")]);
+        let mut n = node(&store, &s, 1, 1);
+        let err = n.next_round(req(RoundReason::Initial)).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "rendezvous timed out after 3s: 1 node(s) joined, at least 2 needed"
+        );
+        let st = RdzvState::decode(&store.peek("rdrun.rendezvous.job/state").unwrap()).unwrap();
+        assert!(st.participants.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn late_joiner_waits_and_running_nodes_grow_the_world_without_charge() {
+        let store = MemStore::new();
+        let s = settings(2, 3, &[("last_call_timeout", "1")]);
+        let mut nodes: Vec<_> = (1..=2).map(|i| node(&store, &s, i, 1)).collect();
+        let asgs = join_all(&mut nodes, RoundReason::Initial).await;
+        check_ranks(&asgs, &[1, 1]);
+        let mut late = node(&store, &s, 3, 1);
+        let late_task = tokio::spawn(async move {
+            let r = late.next_round(req(RoundReason::Initial)).await;
+            (late, r)
+        });
+        // Both running nodes are told that a node waits.
+        for n in nodes.iter_mut() {
+            let ev = tokio::time::timeout(Duration::from_secs(10), n.watch())
+                .await
+                .unwrap();
+            assert_eq!(ev, RdzvEvent::NodesWaiting(1));
+        }
+        assert_eq!(nodes[0].num_nodes_waiting(), 1);
+        let t0 = Instant::now();
+        let mut asgs = join_all(&mut nodes, RoundReason::Membership).await;
+        let (_late, r) = late_task.await.unwrap();
+        asgs.push(r.unwrap());
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "all expected nodes rejoined: no last call"
+        );
+        check_ranks(&asgs, &[1, 1, 1]);
+        assert!(asgs.iter().all(|a| a.round == 1 && a.restart_count == 0));
+        assert_eq!(
+            asgs[2].group_rank, 2,
+            "the newcomer follows the previous order"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn worker_failure_restarts_every_node_and_counts_once() {
+        let store = MemStore::new();
+        let s = settings(3, 3, &[]);
+        let mut nodes: Vec<_> = (1..=3).map(|i| node(&store, &s, i, 2)).collect();
+        join_all(&mut nodes, RoundReason::Initial).await;
+        // Node 10.0.0.2's workers fail: it starts round 1; the others learn it from watch().
+        let mut failing = nodes.remove(1);
+        let failing_task = tokio::spawn(async move {
+            let r = failing.next_round(req(RoundReason::WorkerFailure)).await;
+            (failing, r)
+        });
+        for n in nodes.iter_mut() {
+            let ev = tokio::time::timeout(Duration::from_secs(10), n.watch())
+                .await
+                .unwrap();
+            assert_eq!(
+                ev,
+                RdzvEvent::RoundChanged {
+                    round: 1,
+                    reason: RoundReason::WorkerFailure
+                }
+            );
+        }
+        // One survivor also reports a failure (as if its collectives broke): still one charge.
+        let futs = nodes.iter_mut().enumerate().map(|(i, n)| {
+            let reason = if i == 0 {
+                RoundReason::Membership
+            } else {
+                RoundReason::WorkerFailure
+            };
+            n.next_round(req(reason))
+        });
+        let mut asgs: Vec<Assignment> = futures_join_all(futs)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let (_failing, r) = failing_task.await.unwrap();
+        asgs.push(r.unwrap());
+        check_ranks(&asgs, &[2, 2, 2]);
+        assert!(
+            asgs.iter().all(|a| a.restart_count == 1 && a.round == 1),
+            "{asgs:?}"
+        );
+        // Ranks are stable across the restart (10.0.0.1, 10.0.0.3, then 10.0.0.2).
+        assert_eq!(
+            asgs.iter().map(|a| a.group_rank).collect::<Vec<_>>(),
+            [0, 2, 1]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dead_node_is_detected_and_survivors_continue_as_smaller_world() {
+        let store = MemStore::new();
+        let s = settings(2, 3, &[]);
+        let mut nodes: Vec<_> = (1..=3).map(|i| node(&store, &s, i, 1)).collect();
+        join_all(&mut nodes, RoundReason::Initial).await;
+        // Node 3 is SIGKILLed: its handle (and heartbeat task) vanishes.
+        let dead = nodes.pop().unwrap();
+        let dead_id = dead.node_id().to_string();
+        drop(dead);
+        let t0 = Instant::now();
+        let mut saw_lost = false;
+        for n in nodes.iter_mut() {
+            let ev = tokio::time::timeout(Duration::from_secs(30), n.watch())
+                .await
+                .unwrap();
+            match ev {
+                RdzvEvent::PeersLost(ids) => {
+                    assert_eq!(ids, std::slice::from_ref(&dead_id));
+                    saw_lost = true;
+                }
+                RdzvEvent::RoundChanged {
+                    round: 1,
+                    reason: RoundReason::PeerLost,
+                } => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(saw_lost);
+        let took = t0.elapsed();
+        assert!(
+            took <= s.dead_after() + Duration::from_secs(3),
+            "detected in {took:?}"
+        );
+        let t1 = Instant::now();
+        let asgs = join_all(&mut nodes, RoundReason::Membership).await;
+        assert!(
+            t1.elapsed() < Duration::from_secs(1),
+            "survivors are expected: no last call"
+        );
+        check_ranks(&asgs, &[1, 1]);
+        assert!(asgs.iter().all(|a| a.restart_count == 0 && a.round == 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cut_node_is_dropped_and_learns_it_lost_the_store() {
+        let store = MemStore::new();
+        let s = settings(1, 2, &[]);
+        let handles: Vec<MemStore> = (0..2).map(|_| store.handle()).collect();
+        let mut nodes: Vec<_> = handles
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                C10dRendezvous::new(
+                    Arc::new(h.clone()),
+                    s.clone(),
+                    "job",
+                    &format!("10.0.0.{}", i + 1),
+                    0,
+                    1,
+                )
+            })
+            .collect();
+        join_all(&mut nodes, RoundReason::Initial).await;
+        handles[1].set_cut(true);
+        let ev = tokio::time::timeout(Duration::from_secs(30), nodes[1].watch())
+            .await
+            .unwrap();
+        assert!(matches!(ev, RdzvEvent::StoreUnreachable(_)), "{ev:?}");
+        let ev = tokio::time::timeout(Duration::from_secs(30), nodes[0].watch())
+            .await
+            .unwrap();
+        assert!(matches!(ev, RdzvEvent::PeersLost(_)), "{ev:?}");
+        let a = nodes[0]
+            .next_round(req(RoundReason::Membership))
+            .await
+            .unwrap();
+        assert_eq!((a.group_world_size, a.world_size), (1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn over_max_node_is_redundant_then_closed() {
+        let store = MemStore::new();
+        let s = settings(1, 2, &[("join_timeout", "5")]);
+        let mut nodes: Vec<_> = (1..=2).map(|i| node(&store, &s, i, 1)).collect();
+        join_all(&mut nodes, RoundReason::Initial).await;
+        let mut extra = node(&store, &s, 9, 1);
+        let extra_task =
+            tokio::spawn(async move { extra.next_round(req(RoundReason::Initial)).await });
+        // Redundant: waits past its join timeout, and does not make the others restart.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(!extra_task.is_finished());
+        assert_eq!(nodes[0].num_nodes_waiting(), 0);
+        nodes[0].close().await.unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(10), extra_task)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(r, Err(RendezvousError::Closed { redundant: true })),
+            "{r:?}"
+        );
+        let ev = tokio::time::timeout(Duration::from_secs(10), nodes[1].watch())
+            .await
+            .unwrap();
+        assert_eq!(ev, RdzvEvent::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_torchrun_agent_on_the_same_run_is_a_clear_error() {
+        let store = MemStore::new();
+        let s = settings(2, 2, &[]);
+        let mut n = node(&store, &s, 1, 1);
+        let task = tokio::spawn(async move { n.next_round(req(RoundReason::Initial)).await });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // What torchrun's C10dRendezvousBackend writes first (its "no state" sentinel).
+        store
+            .set("torch.rendezvous.job", b"Y2FuaW1hZGFt")
+            .await
+            .unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_err();
+        assert!(err.to_string().contains("PyTorch torchrun agent"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unreachable_store_fails_at_the_join_deadline_naming_it() {
+        let store = MemStore::new();
+        store.set_cut(true);
+        let s = settings(1, 1, &[("join_timeout", "2")]);
+        let mut n = C10dRendezvous::new(Arc::new(store), s, "job", "10.0.0.1", 0, 1);
+        let err = n.next_round(req(RoundReason::Initial)).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "rendezvous store (in memory) unreachable after 2s"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn foreign_state_is_a_clear_error() {
+        let store = MemStore::new();
+        store
+            .set("rdrun.rendezvous.job/state", b"Y2FuaW1hZGFt")
+            .await
+            .unwrap();
+        let s = settings(1, 1, &[]);
+        let mut n = node(&store, &s, 1, 1);
+        let err = n.next_round(req(RoundReason::Initial)).await.unwrap_err();
+        assert!(matches!(err, RendezvousError::State(_)), "{err}");
+    }
+}

@@ -1,0 +1,56 @@
+//! Why a rendezvous operation failed (one enum for the whole module, as `RendezvousError`).
+
+use std::time::Duration;
+
+use super::settings::ConfError;
+use super::state::StateError;
+use super::store::StoreOpError;
+
+/// A failed rendezvous operation.
+#[derive(Debug, thiserror::Error)]
+pub enum RendezvousError {
+    #[error("rendezvous timed out after {:.0}s: {joined} node(s) joined, at least {min} needed", waited.as_secs_f64())]
+    Timeout {
+        waited: Duration,
+        joined: usize,
+        min: usize,
+    },
+    #[error("rendezvous is closed (the job finished or gave up on another node)")]
+    Closed {
+        /// This agent was only on the redundancy list (nothing was lost by closing).
+        redundant: bool,
+    },
+    #[error("invalid rendezvous state")]
+    State(#[from] StateError),
+    #[error("invalid rendezvous configuration")]
+    Conf(#[from] ConfError),
+    #[error("rendezvous store {endpoint} unreachable after {:.0}s", waited.as_secs_f64())]
+    Unreachable {
+        endpoint: String,
+        waited: Duration,
+        #[source]
+        source: StoreOpError,
+    },
+    #[error("rendezvous store operation failed")]
+    Store(#[from] StoreOpError),
+    #[error("node rank {node_rank} is outside 0..{nnodes}")]
+    NodeRank { node_rank: usize, nnodes: usize },
+    #[error("exit barrier timed out after {:.0}s: {arrived} of {expected} node(s) arrived", waited.as_secs_f64())]
+    BarrierTimeout {
+        waited: Duration,
+        arrived: i64,
+        expected: usize,
+    },
+    #[error("{0}")]
+    Addr(#[from] super::addr::AddrError),
+    #[error("cannot serve the rendezvous store at {endpoint}")]
+    Host {
+        endpoint: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("a PyTorch torchrun agent uses this rendezvous ({key} exists): rdrun and torchrun agents cannot share a c10d rendezvous; start every node with rdrun")]
+    TorchrunPeer { key: String },
+}

@@ -1,0 +1,360 @@
+//! The supervisor's single entry point: [`Rendezvous::start`] turns a [`LaunchConfig`] into a
+//! running rendezvous (store hosted or connected, address chosen), with one API for every backend.
+//!
+//! Loop shape (the agent owns the handle; `watch` is cancel-safe):
+//! ```text
+//! let mut rdzv = Rendezvous::start(&config).await?;          // hosts/connects the store
+//! let mut reason = RoundReason::Initial;
+//! loop {
+//!     let worker_store = /* c10d: bind the worker store now (port 0) */;
+//!     let asg = rdzv.next_round(RoundRequest { reason, master_port }).await?;
+//!     start workers with asg (RANK = asg.base_rank + local_rank, WORLD_SIZE = asg.world_size,
+//!         GROUP_RANK, MASTER_ADDR/PORT, TORCHELASTIC_RESTART_COUNT = asg.restart_count);
+//!     select! {
+//!         ev = rdzv.watch() => match ev {               // stop workers, then:
+//!             NodesWaiting(_) | RoundChanged{..} | PeersLost(_) => reason = Membership,
+//!             Closed | StoreUnreachable(_) => give up (exit 1),
+//!         },
+//!         workers failed => if asg.restart_count < max_restarts { reason = WorkerFailure }
+//!                           else { rdzv.close().await; exit with the worker's code },
+//!         workers succeeded => { rdzv.exit_barrier(&asg, exit_barrier_timeout).await (log
+//!                                errors only); rdzv.close().await; exit 0 },
+//!     }
+//! }
+//! ```
+//! Static: MASTER_ADDR/PORT are the rendezvous store itself (TORCHELASTIC_USE_AGENT_STORE=True,
+//! `uses_rendezvous_store()`); `master_port` in the request is ignored. c10d: the request's
+//! `master_port` is the worker store this agent serves if it becomes group rank 0.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::addr;
+use super::barrier::exit_barrier;
+use super::c10d::{C10dRendezvous, RdzvEvent, RoundRequest};
+use super::error::RendezvousError;
+use super::settings::{unknown_keys, C10dSettings, StaticSettings};
+use super::state::{Assignment, RoundReason};
+use super::static_::StaticRendezvous;
+use super::store::RdzvStore;
+use super::tcp::{self, TcpRdzvStore};
+use crate::config::{LaunchConfig, NodeRange, RdzvBackend, RdzvConfig};
+use crate::store::StoreServer;
+
+/// What the rendezvous needs to know about this node (from [`LaunchConfig`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSpec {
+    pub nnodes: NodeRange,
+    pub node_rank: usize,
+    pub nproc_per_node: usize,
+    pub local_addr: Option<String>,
+}
+
+/// A single-node run: no peers, no store traffic; rounds are counted locally.
+#[derive(Debug, Default)]
+pub struct SingleNode {
+    nproc: usize,
+    round: Option<u64>,
+    restarts: u32,
+}
+
+/// One rendezvous of any backend.
+pub enum Backend {
+    Single(SingleNode),
+    Static(StaticRendezvous<TcpRdzvStore>),
+    C10d(C10dRendezvous<TcpRdzvStore>),
+}
+
+/// A started rendezvous: the handle, the store client and the server this agent hosts (if any;
+/// it must live as long as the agent, so peers can finish their exit barrier).
+pub struct Rendezvous {
+    pub rdzv: Backend,
+    pub store: Option<Arc<TcpRdzvStore>>,
+    pub server: Option<StoreServer>,
+}
+
+impl Rendezvous {
+    /// Hosts or connects the store of `config`'s backend and chooses this node's address.
+    /// Standalone / single-node runs (`rdzv.endpoint == None`) need no store.
+    pub async fn start(config: &LaunchConfig) -> Result<Rendezvous, RendezvousError> {
+        Self::start_with(
+            &config.rdzv,
+            NodeSpec {
+                nnodes: config.nnodes,
+                node_rank: config.node_rank,
+                nproc_per_node: config.nproc_per_node,
+                local_addr: config.local_addr.clone(),
+            },
+        )
+        .await
+    }
+
+    /// [`Rendezvous::start`] from the parts of the config it reads.
+    pub async fn start_with(
+        rdzv: &RdzvConfig,
+        config: NodeSpec,
+    ) -> Result<Rendezvous, RendezvousError> {
+        let Some(endpoint) = rdzv.endpoint.clone() else {
+            return Ok(Rendezvous {
+                rdzv: Backend::Single(SingleNode {
+                    nproc: config.nproc_per_node,
+                    ..SingleNode::default()
+                }),
+                store: None,
+                server: None,
+            });
+        };
+        let unknown = unknown_keys(&rdzv.conf);
+        if !unknown.is_empty() {
+            tracing::warn!(?unknown, "ignoring unknown --rdzv-conf keys");
+        }
+        match rdzv.backend {
+            RdzvBackend::Static => {
+                let settings = StaticSettings::from_conf(&rdzv.conf)?;
+                let server = tcp::host_static_store(config.node_rank, endpoint.port).map_err(|e| {
+                    RendezvousError::Host {
+                        endpoint: addr::host_port(&endpoint.host, endpoint.port),
+                        source: e.source,
+                    }
+                })?;
+                let deadline = Instant::now() + settings.timeout;
+                let store =
+                    tcp::connect(&endpoint.host, endpoint.port, deadline, settings.read_timeout)
+                        .await?;
+                let r = StaticRendezvous::new(
+                    store.clone(),
+                    settings,
+                    &rdzv.run_id,
+                    config.node_rank,
+                    config.nnodes.max,
+                    config.nproc_per_node,
+                    &endpoint.host,
+                    endpoint.port,
+                )?;
+                Ok(Rendezvous {
+                    rdzv: Backend::Static(r),
+                    store: Some(store),
+                    server,
+                })
+            }
+            RdzvBackend::C10d => {
+                let settings = C10dSettings::from_conf(config.nnodes, &rdzv.conf)?;
+                let server = tcp::host_c10d_store(&endpoint.host, endpoint.port, settings.is_host)
+                    .map_err(|e| RendezvousError::Host {
+                        endpoint: addr::host_port(&endpoint.host, endpoint.port),
+                        source: e.source,
+                    })?;
+                // Peers start unevenly: keep trying for the whole join timeout (pain point 13).
+                let deadline = Instant::now() + settings.join_timeout;
+                let store =
+                    tcp::connect(&endpoint.host, endpoint.port, deadline, settings.read_timeout)
+                        .await?;
+                let me = addr::advertised_addr(
+                    config.local_addr.as_deref(),
+                    &endpoint.host,
+                    endpoint.port,
+                    deadline,
+                )
+                .await?;
+                tracing::info!(addr = %me, endpoint = %addr::host_port(&endpoint.host, endpoint.port),
+                    hosting = server.is_some(), "joining the c10d rendezvous");
+                // Per-process counter, as torchrun's node descriptor: several agents in one
+                // process (tests, embedders) stay distinct even with the same address.
+                static LOCAL_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+                let local_id = LOCAL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let r = C10dRendezvous::new(
+                    store.clone(),
+                    settings,
+                    &rdzv.run_id,
+                    &me,
+                    local_id,
+                    config.nproc_per_node,
+                );
+                Ok(Rendezvous {
+                    rdzv: Backend::C10d(r),
+                    store: Some(store),
+                    server,
+                })
+            }
+            RdzvBackend::Etcd | RdzvBackend::EtcdV2 => Err(RendezvousError::Unsupported(
+                "etcd rendezvous backends are not supported by rdrun (etcd 3.6 removed the v2 API they need); use --rdzv-backend=c10d".into(),
+            )),
+        }
+    }
+
+    /// Joins the next round; see [`Backend::next_round`].
+    pub async fn next_round(&mut self, req: RoundRequest) -> Result<Assignment, RendezvousError> {
+        self.rdzv.next_round(req).await
+    }
+
+    /// The next event of the running round (cancel-safe); see [`Backend::watch`].
+    pub async fn watch(&mut self) -> RdzvEvent {
+        self.rdzv.watch().await
+    }
+
+    /// Nodes waiting to join (c10d; 0 otherwise).
+    pub fn num_nodes_waiting(&self) -> usize {
+        self.rdzv.num_nodes_waiting()
+    }
+
+    /// Marks the rendezvous closed for every node and stops heartbeats (torchrun's `shutdown()`).
+    pub async fn close(&mut self) -> Result<(), RendezvousError> {
+        self.rdzv.close().await
+    }
+
+    /// Whether workers use the rendezvous store at MASTER_ADDR:MASTER_PORT (static, as torchrun);
+    /// otherwise the agent serves a worker store on the port it passes to `next_round`.
+    pub fn uses_rendezvous_store(&self) -> bool {
+        matches!(self.rdzv, Backend::Static(_))
+    }
+
+    /// Waits for the other agents of the round (no-op for a single node); see [`exit_barrier`].
+    /// The agent hosting the store then lingers (at most 10 s) until every agent has read the
+    /// barrier's result, so that no peer sees the store vanish in its last operation.
+    pub async fn exit_barrier(
+        &self,
+        asg: &Assignment,
+        timeout: Duration,
+    ) -> Result<(), RendezvousError> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        exit_barrier(&**store, &asg.store_prefix, asg.group_world_size, timeout).await?;
+        let departed = format!(
+            "{}/torchelastic/agent/terminal_state/departed",
+            asg.store_prefix
+        );
+        store.add(&departed, 1).await?;
+        if self.server.is_some() {
+            let until = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < until {
+                match store.add(&departed, 0).await {
+                    Ok(n) if n >= asg.group_world_size as i64 => break,
+                    Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    Err(_) => break,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend {
+    /// See `C10dRendezvous::next_round` / `StaticRendezvous::next_round`.
+    pub async fn next_round(&mut self, req: RoundRequest) -> Result<Assignment, RendezvousError> {
+        match self {
+            Backend::C10d(r) => r.next_round(req).await,
+            Backend::Static(r) => r.next_round(req.reason).await,
+            Backend::Single(s) => {
+                let round = s.round.map_or(0, |r| r + 1);
+                if s.round.is_some() && req.reason == RoundReason::WorkerFailure {
+                    s.restarts += 1;
+                }
+                s.round = Some(round);
+                Ok(Assignment {
+                    round,
+                    group_rank: 0,
+                    group_world_size: 1,
+                    local_world_size: s.nproc,
+                    base_rank: 0,
+                    world_size: s.nproc,
+                    master_addr: "127.0.0.1".into(),
+                    master_port: req.master_port,
+                    restart_count: s.restarts,
+                    reason: req.reason,
+                    store_prefix: String::new(),
+                    nodes: vec![("127.0.0.1".into(), s.nproc)],
+                })
+            }
+        }
+    }
+
+    /// The next event of the running round; pending forever for a single node.
+    pub async fn watch(&mut self) -> RdzvEvent {
+        match self {
+            Backend::C10d(r) => r.watch().await,
+            Backend::Static(r) => r.watch().await,
+            Backend::Single(_) => std::future::pending().await,
+        }
+    }
+
+    /// Nodes waiting to join (c10d only).
+    pub fn num_nodes_waiting(&self) -> usize {
+        match self {
+            Backend::C10d(r) => r.num_nodes_waiting(),
+            _ => 0,
+        }
+    }
+
+    /// Marks the rendezvous closed for every node and stops heartbeats.
+    pub async fn close(&mut self) -> Result<(), RendezvousError> {
+        match self {
+            Backend::C10d(r) => r.close().await,
+            Backend::Static(r) => r.close().await,
+            Backend::Single(_) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Endpoint;
+
+    #[tokio::test]
+    async fn single_node_counts_failure_restarts_locally() {
+        let mut b = Backend::Single(SingleNode {
+            nproc: 4,
+            ..SingleNode::default()
+        });
+        let req = |reason| RoundRequest {
+            reason,
+            master_port: 1234,
+        };
+        let a = b.next_round(req(RoundReason::Initial)).await.unwrap();
+        assert_eq!((a.world_size, a.restart_count, a.master_port), (4, 0, 1234));
+        let a = b.next_round(req(RoundReason::WorkerFailure)).await.unwrap();
+        assert_eq!((a.round, a.restart_count), (1, 1));
+        assert_eq!(b.num_nodes_waiting(), 0);
+    }
+
+    fn rdzv_config(backend: RdzvBackend) -> RdzvConfig {
+        RdzvConfig {
+            backend,
+            endpoint: Some(Endpoint {
+                host: "127.0.0.1".into(),
+                port: 1,
+            }),
+            run_id: "x".into(),
+            conf: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn etcd_is_rejected_with_a_clear_error() {
+        let err = start_for(rdzv_config(RdzvBackend::Etcd))
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string()
+                .starts_with("etcd rendezvous backends are not supported"),
+            "{err}"
+        );
+    }
+
+    async fn start_for(rdzv: RdzvConfig) -> Result<Rendezvous, RendezvousError> {
+        Rendezvous::start_with(
+            &rdzv,
+            NodeSpec {
+                nnodes: NodeRange { min: 2, max: 2 },
+                node_rank: 0,
+                nproc_per_node: 1,
+                local_addr: None,
+            },
+        )
+        .await
+    }
+}

@@ -1,0 +1,910 @@
+//! The c10d-like rendezvous state every agent shares, and the pure decisions taken on it.
+//!
+//! The state is one JSON document in one store key (`rdrun.rendezvous.<run_id>/state`), updated
+//! only with `compare_set` using the previously read text as fencing token (as torchrun's
+//! `C10dRendezvousBackend` does with its pickled state; spec torchrun-compat §4.2). PyTorch's state
+//! is a pickled Python object, so rdrun and Python torchrun agents cannot share one rendezvous.
+//!
+//! Everything here is synchronous and clock-free: the driver (`c10d.rs`) reads the state, measures
+//! local time, asks [`join_step`] what to do and writes the returned state. Time-dependent inputs
+//! (join deadline passed, last call expired) are booleans computed by the driver with its own
+//! monotonic clock, so clock skew between machines never matters.
+//!
+//! # Semantics (torchrun's, plus rdrun's changes)
+//! - Rounds: a round collects participants until it completes; then it stays complete (agents run
+//!   their workers) until some agent starts the next round ([`bump_round`]): after a worker
+//!   failure (charged to the job-wide `restart_count`), to admit waiting nodes, or after a peer
+//!   was lost. torchrun instead lets each agent leave separately; one bump restarts every node at
+//!   once and counts once.
+//! - Join: an incomplete round admits nodes up to `max`; at `min` a last call starts (completes
+//!   after `last_call_timeout`), at `max` it completes at once. rdrun addition: a round started by
+//!   a bump remembers the nodes it expects (survivors and waiting nodes) and completes as soon as
+//!   all of them have rejoined, without waiting out the last call; their slots are reserved.
+//! - A complete round with room (`< max`) puts newcomers on the wait list (running agents see
+//!   `num_nodes_waiting() > 0` and restart into a bigger world without charging a restart); a full
+//!   round puts them on the redundancy list, where they wait without a deadline.
+//! - Node order (group rank), decided when a round completes: nodes of the previous round keep
+//!   their relative order (so rank 0 stays on the same node while it lives), newcomers follow,
+//!   ordered by address (IPv4 numerically, then IPv6 numerically, then names as text), then agent
+//!   pid, then local id. torchrun sorts `(addr, pid, local_id)` as plain strings every round.
+//! - MASTER_ADDR/MASTER_PORT come from the state of each round (group rank 0's address and the
+//!   port it published when joining), so they are never stale.
+
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+/// Version of the JSON layout; agents refuse a state written in another format.
+pub const STATE_FORMAT: u32 = 1;
+
+/// One agent as the rendezvous knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// `<addr>_<pid>_<local_id>`, unique per agent (torchrun's node descriptor).
+    pub id: String,
+    /// The address peers reach this node at (`--local-addr` or the detected route address).
+    pub addr: String,
+    pub pid: u32,
+    pub local_id: u32,
+    /// This node's number of workers (heterogeneous values are allowed).
+    pub nproc: usize,
+    /// Port of the worker store this node serves if it becomes group rank 0.
+    pub master_port: u16,
+}
+
+impl Member {
+    /// A member with the id built from its descriptor.
+    pub fn new(addr: &str, pid: u32, local_id: u32, nproc: usize, master_port: u16) -> Self {
+        Self {
+            id: format!("{addr}_{pid}_{local_id}"),
+            addr: addr.to_string(),
+            pid,
+            local_id,
+            nproc,
+            master_port,
+        }
+    }
+}
+
+/// Why the current round was started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RoundReason {
+    /// The first round of the job.
+    #[default]
+    Initial,
+    /// Some agent's workers failed: charged to the job-wide restart budget.
+    WorkerFailure,
+    /// Nodes were waiting to join (scale-up); not charged.
+    Membership,
+    /// A node stopped heartbeating and was dropped; not charged.
+    PeerLost,
+}
+
+/// The shared rendezvous state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdzvState {
+    pub format: u32,
+    pub round: u64,
+    pub complete: bool,
+    pub closed: bool,
+    /// While incomplete: join order; once complete: group-rank order.
+    pub participants: Vec<Member>,
+    pub wait_list: Vec<Member>,
+    pub redundancy_list: Vec<Member>,
+    /// Ids this (bumped) round waits for; empty for the first round.
+    pub expected: Vec<String>,
+    /// Group-rank order of the previous complete round (rank stability).
+    pub prev_order: Vec<String>,
+    /// Incremented each time the participant count reaches `min` (a new last call starts).
+    pub last_call_seq: u64,
+    /// Job-wide failure restarts (TORCHELASTIC_RESTART_COUNT).
+    pub restart_count: u32,
+    pub reason: RoundReason,
+}
+
+impl Default for RdzvState {
+    fn default() -> Self {
+        Self {
+            format: STATE_FORMAT,
+            round: 0,
+            complete: false,
+            closed: false,
+            participants: Vec::new(),
+            wait_list: Vec::new(),
+            redundancy_list: Vec::new(),
+            expected: Vec::new(),
+            prev_order: Vec::new(),
+            last_call_seq: 0,
+            restart_count: 0,
+            reason: RoundReason::Initial,
+        }
+    }
+}
+
+/// Text stored in the state key before any agent wrote a state (also the read sentinel: reading
+/// is `compare_set(key, "", NO_STATE)`, which never changes an existing state).
+pub const NO_STATE: &[u8] = b"null";
+
+/// Why a stored state could not be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum StateError {
+    #[error("rendezvous state is not rdrun's (is a PyTorch torchrun agent using the same run id and endpoint?): {0}")]
+    Foreign(String),
+    #[error("rendezvous state has format {found}, this rdrun understands {STATE_FORMAT}")]
+    Format { found: u32 },
+}
+
+impl RdzvState {
+    /// Parses the stored text; [`NO_STATE`] means a fresh state.
+    pub fn decode(bytes: &[u8]) -> Result<Self, StateError> {
+        if bytes == NO_STATE {
+            return Ok(Self::default());
+        }
+        let state: RdzvState =
+            serde_json::from_slice(bytes).map_err(|e| StateError::Foreign(e.to_string()))?;
+        if state.format != STATE_FORMAT {
+            return Err(StateError::Format {
+                found: state.format,
+            });
+        }
+        Ok(state)
+    }
+
+    /// The stored text.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("state is plain data and always serializes")
+    }
+
+    pub fn is_participant(&self, id: &str) -> bool {
+        self.participants.iter().any(|m| m.id == id)
+    }
+    pub fn in_wait_list(&self, id: &str) -> bool {
+        self.wait_list.iter().any(|m| m.id == id)
+    }
+    pub fn in_redundancy_list(&self, id: &str) -> bool {
+        self.redundancy_list.iter().any(|m| m.id == id)
+    }
+
+    /// Number of nodes on the wait list (torchrun's `num_nodes_waiting()`).
+    pub fn num_nodes_waiting(&self) -> usize {
+        self.wait_list.len()
+    }
+
+    /// Every member known to the state, except `except` (whose heartbeats others watch).
+    pub fn watched_members(&self, except: &str) -> Vec<&Member> {
+        self.participants
+            .iter()
+            .chain(&self.wait_list)
+            .chain(&self.redundancy_list)
+            .filter(|m| m.id != except)
+            .collect()
+    }
+
+    fn remove_everywhere(&mut self, id: &str) {
+        self.participants.retain(|m| m.id != id);
+        self.wait_list.retain(|m| m.id != id);
+        self.redundancy_list.retain(|m| m.id != id);
+        self.expected.retain(|e| e != id);
+    }
+}
+
+/// Sort key for a node's address: IPv4 (numeric) < IPv6 (numeric) < names (text).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum AddrKey {
+    V4(std::net::Ipv4Addr),
+    V6(std::net::Ipv6Addr),
+    Name(String),
+}
+
+fn addr_key(addr: &str) -> AddrKey {
+    match addr
+        .trim_matches(|c| c == '[' || c == ']')
+        .parse::<IpAddr>()
+    {
+        Ok(IpAddr::V4(a)) => AddrKey::V4(a),
+        Ok(IpAddr::V6(a)) => AddrKey::V6(a),
+        Err(_) => AddrKey::Name(addr.to_string()),
+    }
+}
+
+/// Orders participants into group ranks (see the module docs).
+pub fn order_participants(participants: &mut [Member], prev_order: &[String]) {
+    participants.sort_by_cached_key(|m| {
+        let prev = prev_order
+            .iter()
+            .position(|id| *id == m.id)
+            .unwrap_or(usize::MAX);
+        (prev, addr_key(&m.addr), m.pid, m.local_id, m.id.clone())
+    });
+}
+
+/// Marks the round complete: participants get their final order.
+pub fn mark_complete(state: &mut RdzvState) {
+    let prev = std::mem::take(&mut state.prev_order);
+    order_participants(&mut state.participants, &prev);
+    state.prev_order = prev;
+    state.complete = true;
+    state.expected.clear();
+}
+
+/// Completes an incomplete round when its completion rule holds: `max` reached, or (bumped round)
+/// every expected node rejoined and there are at least `min`.
+fn maybe_complete(state: &mut RdzvState, min: usize, max: usize) {
+    if state.complete {
+        return;
+    }
+    let n = state.participants.len();
+    let all_expected = !state.expected.is_empty()
+        && state
+            .expected
+            .iter()
+            .all(|id| state.participants.iter().any(|m| &m.id == id));
+    if n >= max || (all_expected && n >= min) {
+        mark_complete(state);
+    }
+}
+
+/// Starts the next round from a complete one. `dead` nodes are dropped everywhere; the survivors
+/// and the waiting nodes are expected in the new round. A [`RoundReason::WorkerFailure`] bump
+/// charges the job-wide restart count.
+pub fn bump_round(state: &RdzvState, reason: RoundReason, dead: &[String]) -> RdzvState {
+    let mut new = state.clone();
+    for id in dead {
+        new.remove_everywhere(id);
+    }
+    new.round += 1;
+    new.complete = false;
+    new.prev_order = state.participants.iter().map(|m| m.id.clone()).collect();
+    new.expected = new
+        .participants
+        .iter()
+        .chain(&new.wait_list)
+        .map(|m| m.id.clone())
+        .collect();
+    new.participants.clear();
+    if reason == RoundReason::WorkerFailure {
+        new.restart_count += 1;
+    }
+    new.reason = reason;
+    new
+}
+
+/// Drops nodes found dead. A complete round that loses a participant is bumped
+/// ([`RoundReason::PeerLost`]); otherwise they are just removed. `None` if nothing changes.
+pub fn prune_dead(state: &RdzvState, dead: &[String], min: usize, max: usize) -> Option<RdzvState> {
+    let known: Vec<String> = dead
+        .iter()
+        .filter(|id| {
+            state.is_participant(id)
+                || state.in_wait_list(id)
+                || state.in_redundancy_list(id)
+                || state.expected.contains(id)
+        })
+        .cloned()
+        .collect();
+    if known.is_empty() || state.closed {
+        return None;
+    }
+    if state.complete && known.iter().any(|id| state.is_participant(id)) {
+        return Some(bump_round(state, RoundReason::PeerLost, &known));
+    }
+    let mut new = state.clone();
+    for id in &known {
+        new.remove_everywhere(id);
+    }
+    maybe_complete(&mut new, min, max);
+    Some(new)
+}
+
+/// Marks the rendezvous closed (no new rounds; joiners get an error).
+pub fn close(state: &RdzvState) -> RdzvState {
+    let mut new = state.clone();
+    new.closed = true;
+    new
+}
+
+/// Inputs of one join decision that come from the driver.
+#[derive(Debug, Clone)]
+pub struct JoinView<'a> {
+    pub me: &'a Member,
+    pub min: usize,
+    pub max: usize,
+    /// The join deadline passed (never set while waiting on the redundancy list of a full round).
+    pub past_deadline: bool,
+    /// The last call of the current `(round, last_call_seq)` has run for `last_call_timeout`.
+    pub last_call_expired: bool,
+    /// This agent ran round `r` and asks for a new one for this reason (bump if nobody did).
+    pub bump_from: Option<(u64, RoundReason)>,
+    /// Agents that announced they join the current round, in announcement order.
+    pub pending: &'a [Member],
+}
+
+/// What the driver does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinStep {
+    /// The round is complete with this agent in it.
+    Done,
+    /// Write this state (compare_set against the text just read), then decide again.
+    Write(RdzvState),
+    /// Nothing to do now; read again later.
+    Wait,
+    /// The rendezvous is closed; `redundant` when this agent was only on the redundancy list.
+    Closed { redundant: bool },
+    /// Join deadline passed: write the state (leaving every list) if any, then fail.
+    TimedOut(Option<RdzvState>),
+}
+
+/// Whether an incomplete round has a slot for `id`: slots of expected nodes that have not
+/// rejoined yet are reserved for them.
+fn can_admit(state: &RdzvState, id: &str, max: usize) -> bool {
+    let reserved = if state.expected.iter().any(|e| e == id) {
+        0
+    } else {
+        state
+            .expected
+            .iter()
+            .filter(|e| !state.is_participant(e))
+            .count()
+    };
+    state.participants.len() + reserved < max
+}
+
+/// Adds `m` to the participants of an incomplete round (leaving the other lists); reaching `min`
+/// starts a new last call.
+fn admit(state: &mut RdzvState, m: &Member, min: usize) {
+    state.wait_list.retain(|w| w.id != m.id);
+    state.redundancy_list.retain(|r| r.id != m.id);
+    // The record is the joiner's own (its worker-store port may change between rounds).
+    state.participants.push(m.clone());
+    if state.participants.len() == min {
+        state.last_call_seq += 1;
+    }
+}
+
+/// One step of the join loop (torchrun's `_RendezvousJoinOp`, with rdrun's round bump and
+/// reserved slots for expected nodes).
+pub fn join_step(state: &RdzvState, v: &JoinView<'_>) -> JoinStep {
+    let id = v.me.id.as_str();
+    if state.closed {
+        return JoinStep::Closed {
+            redundant: state.in_redundancy_list(id) && !state.is_participant(id),
+        };
+    }
+    if let Some((round, reason)) = v.bump_from {
+        if state.round == round && state.complete {
+            return JoinStep::Write(bump_round(state, reason, &[]));
+        }
+    }
+    let is_participant = state.is_participant(id);
+    if state.complete && is_participant {
+        return JoinStep::Done;
+    }
+    if v.past_deadline {
+        if is_participant || state.in_wait_list(id) || state.in_redundancy_list(id) {
+            let mut new = state.clone();
+            new.remove_everywhere(id);
+            return JoinStep::TimedOut(Some(new));
+        }
+        return JoinStep::TimedOut(None);
+    }
+    if state.complete {
+        let mut new = state.clone();
+        if state.participants.len() < v.max {
+            if !state.in_wait_list(id) {
+                new.redundancy_list.retain(|m| m.id != id);
+                new.wait_list.push(v.me.clone());
+                return JoinStep::Write(new);
+            }
+        } else if !state.in_wait_list(id) && !state.in_redundancy_list(id) {
+            new.redundancy_list.push(v.me.clone());
+            return JoinStep::Write(new);
+        }
+        return JoinStep::Wait;
+    }
+    if is_participant {
+        if state.participants.len() >= v.min && v.last_call_expired {
+            let mut new = state.clone();
+            mark_complete(&mut new);
+            return JoinStep::Write(new);
+        }
+        return JoinStep::Wait;
+    }
+    // Incomplete round, not yet in it: join unless the free slots are reserved for expected nodes.
+    // Every other announced joiner that fits is admitted in the same write (announcement order),
+    // so N agents starting together need a few writes instead of N contended ones.
+    let mut candidates: Vec<&Member> = v
+        .pending
+        .iter()
+        .filter(|p| !state.is_participant(&p.id))
+        .map(|p| if p.id == id { v.me } else { p })
+        .collect();
+    if !candidates.iter().any(|c| c.id == id) {
+        candidates.push(v.me);
+    }
+    let mut new = state.clone();
+    let mut me_in = false;
+    for c in candidates {
+        if !new.is_participant(&c.id) && can_admit(&new, &c.id, v.max) {
+            admit(&mut new, c, v.min);
+            me_in |= c.id == id;
+        }
+    }
+    if me_in {
+        maybe_complete(&mut new, v.min, v.max);
+        return JoinStep::Write(new);
+    }
+    if !state.in_redundancy_list(id) {
+        // No slot: wait on the redundancy list (leaving the wait list of an earlier round).
+        let mut new = state.clone();
+        new.wait_list.retain(|w| w.id != id);
+        new.redundancy_list.push(v.me.clone());
+        return JoinStep::Write(new);
+    }
+    JoinStep::Wait
+}
+
+/// What one agent runs with in a completed round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub round: u64,
+    /// GROUP_RANK.
+    pub group_rank: usize,
+    /// GROUP_WORLD_SIZE.
+    pub group_world_size: usize,
+    /// LOCAL_WORLD_SIZE of this node.
+    pub local_world_size: usize,
+    /// RANK of local rank 0: the sum of the nproc of lower group ranks.
+    pub base_rank: usize,
+    /// WORLD_SIZE: the sum of every node's nproc.
+    pub world_size: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    /// TORCHELASTIC_RESTART_COUNT, equal on every node (job-wide).
+    pub restart_count: u32,
+    /// Why this round started.
+    pub reason: RoundReason,
+    /// Store key prefix for this round's agent keys (exit barrier), without trailing "/".
+    pub store_prefix: String,
+    /// `(addr, nproc)` of every node in group-rank order.
+    pub nodes: Vec<(String, usize)>,
+}
+
+/// Ranks from per-node nproc in group-rank order: `(base_rank, world_size)` for `group_rank`.
+pub fn base_rank(nprocs: &[usize], group_rank: usize) -> (usize, usize) {
+    (
+        nprocs[..group_rank.min(nprocs.len())].iter().sum(),
+        nprocs.iter().sum(),
+    )
+}
+
+/// The assignment of `id` in a complete state, or `None` if it is not a participant.
+pub fn assignment(state: &RdzvState, id: &str, store_prefix: &str) -> Option<Assignment> {
+    if !state.complete {
+        return None;
+    }
+    let group_rank = state.participants.iter().position(|m| m.id == id)?;
+    let nprocs: Vec<usize> = state.participants.iter().map(|m| m.nproc).collect();
+    let (base, world) = base_rank(&nprocs, group_rank);
+    let master = &state.participants[0];
+    Some(Assignment {
+        round: state.round,
+        group_rank,
+        group_world_size: state.participants.len(),
+        local_world_size: state.participants[group_rank].nproc,
+        base_rank: base,
+        world_size: world,
+        master_addr: master.addr.clone(),
+        master_port: master.master_port,
+        restart_count: state.restart_count,
+        reason: state.reason,
+        store_prefix: format!("{store_prefix}.{}", state.round),
+        nodes: state
+            .participants
+            .iter()
+            .map(|m| (m.addr.clone(), m.nproc))
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(addr: &str, pid: u32) -> Member {
+        Member::new(addr, pid, 0, 2, 1000 + pid as u16)
+    }
+
+    fn view<'a>(me: &'a Member, min: usize, max: usize) -> JoinView<'a> {
+        JoinView {
+            me,
+            min,
+            max,
+            past_deadline: false,
+            last_call_expired: false,
+            bump_from: None,
+            pending: &[],
+        }
+    }
+
+    /// Applies steps until the agent waits or finishes; returns the final step.
+    fn settle(state: &mut RdzvState, v: &JoinView<'_>) -> JoinStep {
+        for _ in 0..10 {
+            match join_step(state, v) {
+                JoinStep::Write(s) => *state = s,
+                other => return other,
+            }
+        }
+        panic!("join_step did not settle");
+    }
+
+    #[test]
+    fn encode_decode_round_trip_and_foreign_state() {
+        let mut s = RdzvState::default();
+        s.participants.push(m("10.0.0.1", 5));
+        assert_eq!(RdzvState::decode(&s.encode()).unwrap(), s);
+        assert_eq!(RdzvState::decode(NO_STATE).unwrap(), RdzvState::default());
+        // torchrun's pickled state is base64 text.
+        assert!(matches!(
+            RdzvState::decode(b"Y2FuaW1hZGFt"),
+            Err(StateError::Foreign(_))
+        ));
+        let mut other = s.clone();
+        other.format = 99;
+        assert_eq!(
+            RdzvState::decode(&other.encode()),
+            Err(StateError::Format { found: 99 })
+        );
+    }
+
+    #[test]
+    fn order_is_numeric_by_address_then_pid_and_keeps_previous_order() {
+        let mut ps = vec![
+            m("10.0.0.10", 1),
+            m("node-b", 1),
+            m("10.0.0.2", 9),
+            m("::1", 1),
+            m("10.0.0.2", 3),
+        ];
+        order_participants(&mut ps, &[]);
+        let addrs: Vec<String> = ps.iter().map(|p| p.id.clone()).collect();
+        assert_eq!(
+            addrs,
+            [
+                "10.0.0.2_3_0",
+                "10.0.0.2_9_0",
+                "10.0.0.10_1_0",
+                "::1_1_0",
+                "node-b_1_0"
+            ]
+        );
+        // Survivors of the previous round keep their order; newcomers follow.
+        let prev = vec!["node-b_1_0".to_string(), "10.0.0.10_1_0".to_string()];
+        order_participants(&mut ps, &prev);
+        let ids: Vec<&str> = ps.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "node-b_1_0",
+                "10.0.0.10_1_0",
+                "10.0.0.2_3_0",
+                "10.0.0.2_9_0",
+                "::1_1_0"
+            ]
+        );
+    }
+
+    #[test]
+    fn base_rank_table() {
+        let cases: &[(&[usize], usize, (usize, usize))] = &[
+            (&[2, 2], 0, (0, 4)),
+            (&[2, 2], 1, (2, 4)),
+            (&[1, 3, 2], 2, (4, 6)),
+            (&[4], 0, (0, 4)),
+        ];
+        for (nprocs, gr, want) in cases {
+            assert_eq!(base_rank(nprocs, *gr), *want, "{nprocs:?} {gr}");
+        }
+    }
+
+    #[test]
+    fn completes_immediately_at_max() {
+        let (a, b) = (m("10.0.0.2", 1), m("10.0.0.1", 1));
+        let mut s = RdzvState::default();
+        assert_eq!(settle(&mut s, &view(&a, 1, 2)), JoinStep::Wait);
+        assert!(!s.complete);
+        assert_eq!(s.last_call_seq, 1, "min reached starts the last call");
+        assert_eq!(settle(&mut s, &view(&b, 1, 2)), JoinStep::Done);
+        assert!(s.complete);
+        assert_eq!(settle(&mut s, &view(&a, 1, 2)), JoinStep::Done);
+        // Ordered by address: 10.0.0.1 is group rank 0 and provides MASTER_ADDR/PORT.
+        let asg = assignment(&s, &a.id, "p").unwrap();
+        assert_eq!((asg.group_rank, asg.base_rank, asg.world_size), (1, 2, 4));
+        assert_eq!(
+            (asg.master_addr.as_str(), asg.master_port),
+            ("10.0.0.1", 1001)
+        );
+        assert_eq!(asg.store_prefix, "p.0");
+    }
+
+    #[test]
+    fn last_call_completes_after_min() {
+        let (a, b) = (m("10.0.0.1", 1), m("10.0.0.2", 1));
+        let mut s = RdzvState::default();
+        assert_eq!(settle(&mut s, &view(&a, 2, 4)), JoinStep::Wait);
+        assert_eq!(s.last_call_seq, 0);
+        assert_eq!(settle(&mut s, &view(&b, 2, 4)), JoinStep::Wait);
+        assert_eq!(s.last_call_seq, 1);
+        // The last call has not expired: keep waiting.
+        assert_eq!(settle(&mut s, &view(&a, 2, 4)), JoinStep::Wait);
+        let mut v = view(&a, 2, 4);
+        v.last_call_expired = true;
+        assert_eq!(settle(&mut s, &v), JoinStep::Done);
+        assert!(s.complete);
+        assert_eq!(s.participants.len(), 2);
+    }
+
+    #[test]
+    fn below_min_never_completes_and_times_out_leaving_the_lists() {
+        let a = m("10.0.0.1", 1);
+        let mut s = RdzvState::default();
+        let mut v = view(&a, 2, 2);
+        v.last_call_expired = true;
+        assert_eq!(settle(&mut s, &v), JoinStep::Wait);
+        v.past_deadline = true;
+        match join_step(&s, &v) {
+            JoinStep::TimedOut(Some(new)) => assert!(new.participants.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            join_step(&RdzvState::default(), &v),
+            JoinStep::TimedOut(None)
+        );
+    }
+
+    #[test]
+    fn late_joiner_waits_then_bump_admits_it_without_charging() {
+        let (a, b, c) = (m("10.0.0.1", 1), m("10.0.0.2", 1), m("10.0.0.3", 1));
+        let mut s = RdzvState::default();
+        settle(&mut s, &view(&a, 2, 3));
+        settle(&mut s, &view(&b, 2, 3));
+        let mut v = view(&a, 2, 3);
+        v.last_call_expired = true;
+        assert_eq!(settle(&mut s, &v), JoinStep::Done);
+        // c arrives late: wait list.
+        assert_eq!(settle(&mut s, &view(&c, 2, 3)), JoinStep::Wait);
+        assert_eq!(s.num_nodes_waiting(), 1);
+        // a restarts for membership: one bump; expected = a, b (survivors) + c (waiting).
+        let mut v = view(&a, 2, 3);
+        v.bump_from = Some((0, RoundReason::Membership));
+        assert_eq!(settle(&mut s, &v), JoinStep::Wait);
+        assert_eq!((s.round, s.complete, s.restart_count), (1, false, 0));
+        assert_eq!(s.expected.len(), 3);
+        // b also asks from round 0: no second bump.
+        let mut v = view(&b, 2, 3);
+        v.bump_from = Some((0, RoundReason::Membership));
+        assert_eq!(settle(&mut s, &v), JoinStep::Wait);
+        assert_eq!(s.round, 1);
+        assert_eq!(settle(&mut s, &view(&c, 2, 3)), JoinStep::Done);
+        assert!(s.complete);
+        assert_eq!(s.num_nodes_waiting(), 0);
+        // a and b keep ranks 0 and 1 (previous order), c follows.
+        let ids: Vec<&str> = s.participants.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, [a.id.as_str(), b.id.as_str(), c.id.as_str()]);
+    }
+
+    #[test]
+    fn bumped_round_completes_when_all_expected_rejoin_without_last_call() {
+        let (a, b) = (m("10.0.0.1", 1), m("10.0.0.2", 1));
+        let mut s = RdzvState::default();
+        settle(&mut s, &view(&a, 1, 4));
+        settle(&mut s, &view(&b, 1, 4));
+        let mut v = view(&a, 1, 4);
+        v.last_call_expired = true;
+        settle(&mut s, &v);
+        assert!(s.complete);
+        let mut v = view(&b, 1, 4);
+        v.bump_from = Some((0, RoundReason::WorkerFailure));
+        assert_eq!(settle(&mut s, &v), JoinStep::Wait);
+        assert_eq!(s.restart_count, 1);
+        assert_eq!(settle(&mut s, &view(&a, 1, 4)), JoinStep::Done);
+        assert_eq!(assignment(&s, &b.id, "p").unwrap().restart_count, 1);
+    }
+
+    #[test]
+    fn full_round_sends_newcomer_to_redundancy_and_reserves_expected_slots() {
+        let (a, b, c) = (m("10.0.0.1", 1), m("10.0.0.2", 1), m("10.0.0.3", 1));
+        let mut s = RdzvState::default();
+        settle(&mut s, &view(&a, 1, 2));
+        assert_eq!(settle(&mut s, &view(&b, 1, 2)), JoinStep::Done);
+        assert_eq!(settle(&mut s, &view(&c, 1, 2)), JoinStep::Wait);
+        assert!(s.in_redundancy_list(&c.id));
+        assert_eq!(
+            s.num_nodes_waiting(),
+            0,
+            "redundant nodes do not trigger restarts"
+        );
+        // A failure bump: c must not take a slot expected for a or b.
+        let mut v = view(&a, 1, 2);
+        v.bump_from = Some((0, RoundReason::WorkerFailure));
+        settle(&mut s, &v);
+        assert_eq!(settle(&mut s, &view(&c, 1, 2)), JoinStep::Wait);
+        assert!(!s.is_participant(&c.id));
+        assert_eq!(settle(&mut s, &view(&b, 1, 2)), JoinStep::Done);
+        // b is lost: c moves to the wait list, then into the next round.
+        let s2 = prune_dead(&s, std::slice::from_ref(&b.id), 1, 2).unwrap();
+        assert_eq!(
+            (s2.round, s2.reason, s2.restart_count),
+            (2, RoundReason::PeerLost, 1)
+        );
+        let mut s = s2;
+        assert_eq!(settle(&mut s, &view(&c, 1, 2)), JoinStep::Wait);
+        assert_eq!(settle(&mut s, &view(&a, 1, 2)), JoinStep::Done);
+        assert_eq!(settle(&mut s, &view(&c, 1, 2)), JoinStep::Done);
+        let ids: Vec<&str> = s.participants.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, [a.id.as_str(), c.id.as_str()]);
+    }
+
+    #[test]
+    fn pruning_during_join_completes_the_round_for_the_rest() {
+        let (a, b, c) = (m("10.0.0.1", 1), m("10.0.0.2", 1), m("10.0.0.3", 1));
+        let mut s = RdzvState::default();
+        for n in [&a, &b, &c] {
+            settle(&mut s, &view(n, 2, 3));
+        }
+        assert!(s.complete);
+        let mut v = view(&a, 2, 3);
+        v.bump_from = Some((0, RoundReason::WorkerFailure));
+        settle(&mut s, &v);
+        settle(&mut s, &view(&b, 2, 3));
+        assert!(!s.complete, "c is still expected");
+        let s = prune_dead(&s, std::slice::from_ref(&c.id), 2, 3).unwrap();
+        assert!(s.complete);
+        assert_eq!(s.participants.len(), 2);
+        assert_eq!(prune_dead(&s, &["nobody".into()], 2, 3), None);
+    }
+
+    #[test]
+    fn one_write_admits_every_announced_joiner_that_fits() {
+        let ms: Vec<Member> = (1..=4).map(|i| m(&format!("10.0.0.{i}"), 1)).collect();
+        let mut s = RdzvState::default();
+        // Announcement order: .1, .2, the writer .4, then .3.
+        let pending = [ms[0].clone(), ms[1].clone(), ms[3].clone(), ms[2].clone()];
+        let mut v = view(&ms[3], 2, 3);
+        v.pending = &pending;
+        match join_step(&s, &v) {
+            JoinStep::Write(new) => s = new,
+            other => panic!("{other:?}"),
+        }
+        // .1, .2 and the writer fill the round (max 3); .3 is left over.
+        assert!(s.complete);
+        let ids: Vec<&str> = s.participants.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [ms[0].id.as_str(), ms[1].id.as_str(), ms[3].id.as_str()]
+        );
+        assert_eq!(settle(&mut s, &view(&ms[2], 2, 3)), JoinStep::Wait);
+        assert!(s.in_redundancy_list(&ms[2].id));
+    }
+
+    #[test]
+    fn closed_rendezvous_reports_redundancy() {
+        let a = m("10.0.0.1", 1);
+        let mut s = close(&RdzvState::default());
+        assert_eq!(
+            join_step(&s, &view(&a, 1, 1)),
+            JoinStep::Closed { redundant: false }
+        );
+        s.redundancy_list.push(a.clone());
+        assert_eq!(
+            join_step(&s, &view(&a, 1, 1)),
+            JoinStep::Closed { redundant: true }
+        );
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn check_invariants(s: &RdzvState, max: usize, min: usize) {
+            let mut all: Vec<&str> = s
+                .participants
+                .iter()
+                .chain(&s.wait_list)
+                .chain(&s.redundancy_list)
+                .map(|m| m.id.as_str())
+                .collect();
+            let n = all.len();
+            all.sort();
+            all.dedup();
+            assert_eq!(all.len(), n, "a node is in at most one list: {s:?}");
+            assert!(s.participants.len() <= max, "{s:?}");
+            if s.complete {
+                assert!(s.participants.len() >= min, "{s:?}");
+            }
+        }
+
+        proptest! {
+            /// Random interleavings of joins, restarts and deaths keep the lists consistent, and
+            /// once every live node keeps stepping, the round completes with min(live, max).
+            #[test]
+            fn random_interleavings_stay_consistent_and_complete(
+                n in 1usize..6,
+                min in 1usize..4,
+                extra in 0usize..3,
+                steps in proptest::collection::vec((0usize..6, 0u8..4, any::<bool>()), 0..60),
+            ) {
+                let max = min + extra;
+                let nodes: Vec<Member> = (0..n).map(|i| m(&format!("10.0.0.{}", i + 1), 1)).collect();
+                let mut dead = vec![false; n];
+                let mut my_round: Vec<Option<u64>> = vec![None; n];
+                let mut s = RdzvState::default();
+                let mut failures = 0u32;
+                let mut announced: Vec<Option<u64>> = vec![None; n];
+                for (who, action, expired) in steps {
+                    let i = who % n;
+                    if dead[i] {
+                        continue;
+                    }
+                    match action {
+                        // A death, noticed by the others.
+                        0 if dead.iter().filter(|d| !**d).count() > 1 => {
+                            dead[i] = true;
+                            if let Some(new) = prune_dead(&s, std::slice::from_ref(&nodes[i].id), min, max) {
+                                s = new;
+                            }
+                        }
+                        // A worker failure on a node that ran a round.
+                        1 if my_round[i].is_some() => {
+                            let mut v = view(&nodes[i], min, max);
+                            v.bump_from = my_round[i].map(|r| (r, RoundReason::WorkerFailure));
+                            if let JoinStep::Write(new) = join_step(&s, &v) {
+                                if new.restart_count > s.restart_count { failures += 1; }
+                                s = new;
+                            }
+                        }
+                        // Announced, but its own write lost a race (admission by others).
+                        2 if !s.complete => announced[i] = Some(s.round),
+                        _ => {
+                            // Live nodes announced for this round (batch admission).
+                            let pending: Vec<Member> = (0..n)
+                                .filter(|j| !dead[*j] && announced[*j] == Some(s.round))
+                                .map(|j| nodes[j].clone())
+                                .collect();
+                            if !s.complete {
+                                announced[i] = Some(s.round);
+                            }
+                            let mut v = view(&nodes[i], min, max);
+                            v.pending = &pending;
+                            v.last_call_expired = expired;
+                            match join_step(&s, &v) {
+                                JoinStep::Write(new) => s = new,
+                                JoinStep::Done => my_round[i] = Some(s.round),
+                                _ => {}
+                            }
+                        }
+                    }
+                    check_invariants(&s, max, min);
+                    prop_assert_eq!(s.restart_count, failures);
+                }
+                // Liveness: every live node keeps stepping with expired last calls.
+                let live: Vec<usize> = (0..n).filter(|i| !dead[*i]).collect();
+                for _ in 0..20 {
+                    for &i in &live {
+                        let mut v = view(&nodes[i], min, max);
+                        v.last_call_expired = true;
+                        if let JoinStep::Write(new) = join_step(&s, &v) {
+                            s = new;
+                        }
+                        check_invariants(&s, max, min);
+                    }
+                }
+                if live.len() >= min {
+                    prop_assert!(s.complete, "{:?}", s);
+                    // Live nodes on the wait list would trigger the next round (scale-up).
+                    let running = s.participants.len() + s.wait_list.len();
+                    prop_assert_eq!(running.min(max), live.len().min(max), "{:?}", s);
+                }
+            }
+        }
+    }
+}

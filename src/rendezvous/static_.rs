@@ -1,0 +1,536 @@
+//! `--rdzv-backend=static`: a fixed set of `nnodes` agents, each given its `--node-rank`.
+//!
+//! Node 0 hosts the store at `master_addr:master_port` (see `connect.rs`), the others connect with
+//! retry until the rendezvous `timeout` (conf `timeout`, default 900 s as torchrun, spec §4.3).
+//! GROUP_RANK = node rank; each agent publishes its nproc, so RANK = (Σ nproc of lower node
+//! ranks) + local rank and WORLD_SIZE = Σ nproc (heterogeneous nproc works); MASTER_ADDR/PORT are
+//! the master's, the very store the workers use (TORCHELASTIC_USE_AGENT_STORE=True).
+//!
+//! Better than torchrun: restarts are job-wide. A node whose workers failed bumps a generation
+//! counter (compare-and-set, so simultaneous failures count once); every other agent sees it in
+//! [`StaticRendezvous::watch`], stops its workers and rejoins, so TORCHELASTIC_RESTART_COUNT is the
+//! generation on every node. Rounds start only when all `nnodes` agents arrived (no worker of a
+//! new attempt talks to one of the old attempt). Agents heartbeat; a peer that stops is reported
+//! as [`RdzvEvent::PeersLost`] within seconds (a static job cannot shrink, so the agent treats it
+//! as a failure instead of hanging until an NCCL timeout).
+//!
+//! Keys under `rdrun.static.<run_id>`: `/nproc/<rank>`, `/hb/<rank>`, `/gen`, `/closed`,
+//! `/round/<gen>/{arrived,go}`; agent keys of a round under `rdrun.static.<run_id>.<gen>`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::c10d::{HeartbeatTracker, RdzvEvent};
+use super::error::RendezvousError;
+use super::settings::StaticSettings;
+use super::state::{base_rank, Assignment, RoundReason};
+use super::store::{try_get, RdzvStore, StoreOpError};
+
+fn parse_u64(bytes: &[u8]) -> Option<u64> {
+    std::str::from_utf8(bytes).ok()?.trim().parse().ok()
+}
+
+#[derive(Debug, Clone)]
+struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    fn nproc(&self, rank: usize) -> String {
+        format!("{}/nproc/{rank}", self.prefix)
+    }
+    fn hb(&self, rank: usize) -> String {
+        format!("{}/hb/{rank}", self.prefix)
+    }
+    fn gen(&self) -> String {
+        format!("{}/gen", self.prefix)
+    }
+    fn closed(&self) -> String {
+        format!("{}/closed", self.prefix)
+    }
+    fn arrived(&self, gen: u64) -> String {
+        format!("{}/round/{gen}/arrived", self.prefix)
+    }
+    fn go(&self, gen: u64) -> String {
+        format!("{}/round/{gen}/go", self.prefix)
+    }
+}
+
+/// One agent's handle on a static rendezvous (same loop shape as `C10dRendezvous`).
+pub struct StaticRendezvous<S: RdzvStore> {
+    store: Arc<S>,
+    settings: StaticSettings,
+    keys: Keys,
+    node_rank: usize,
+    nnodes: usize,
+    nproc: usize,
+    master_addr: String,
+    master_port: u16,
+    round: Option<u64>,
+    running: Arc<Mutex<Option<u64>>>,
+    events_tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
+    events_rx: mpsc::UnboundedReceiver<(u64, RdzvEvent)>,
+    keeper: Option<JoinHandle<()>>,
+}
+
+impl<S: RdzvStore> Drop for StaticRendezvous<S> {
+    fn drop(&mut self) {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+    }
+}
+
+impl<S: RdzvStore> StaticRendezvous<S> {
+    /// A handle for node `node_rank` of `nnodes`, running `nproc` workers. `master_addr` and
+    /// `master_port` are what workers get (the store node 0 hosts).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        store: Arc<S>,
+        settings: StaticSettings,
+        run_id: &str,
+        node_rank: usize,
+        nnodes: usize,
+        nproc: usize,
+        master_addr: &str,
+        master_port: u16,
+    ) -> Result<Self, RendezvousError> {
+        if node_rank >= nnodes {
+            return Err(RendezvousError::NodeRank { node_rank, nnodes });
+        }
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        Ok(Self {
+            store,
+            settings,
+            keys: Keys {
+                prefix: format!("rdrun.static.{run_id}"),
+            },
+            node_rank,
+            nnodes,
+            nproc,
+            master_addr: master_addr.to_string(),
+            master_port,
+            round: None,
+            running: Arc::default(),
+            events_tx,
+            events_rx,
+            keeper: None,
+        })
+    }
+
+    /// Always 0: a static job never admits waiting nodes.
+    pub fn num_nodes_waiting(&self) -> usize {
+        0
+    }
+
+    /// The next event of the running round (cancel-safe; pending while nothing happens).
+    pub async fn watch(&mut self) -> RdzvEvent {
+        loop {
+            let (round, ev) = self
+                .events_rx
+                .recv()
+                .await
+                .expect("the rendezvous keeps a sender alive");
+            if Some(round) == self.round {
+                return ev;
+            }
+        }
+    }
+
+    async fn retry<T, Fut>(
+        &self,
+        deadline: Instant,
+        mut op: impl FnMut() -> Fut,
+    ) -> Result<T, RendezvousError>
+    where
+        Fut: std::future::Future<Output = Result<T, StoreOpError>>,
+    {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match op().await {
+                Ok(v) => return Ok(v),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(RendezvousError::Unreachable {
+                        endpoint: self.store.describe(),
+                        waited: started.elapsed(),
+                        source: e,
+                    })
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "store operation failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Waits until all `nnodes` agents are in the same generation and returns this node's ranks.
+    ///
+    /// After a worker failure (or a lost peer) pass `WorkerFailure`/`PeerLost`: the first such
+    /// call of a generation starts the next one for every node and is counted once.
+    pub async fn next_round(&mut self, reason: RoundReason) -> Result<Assignment, RendezvousError> {
+        *self.running.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let started = Instant::now();
+        let deadline = started + self.settings.timeout;
+        let store = self.store.clone();
+        let keys = self.keys.clone();
+        let rank = self.node_rank;
+        let nproc = self.nproc.to_string();
+        self.retry(deadline, || {
+            let (store, keys, nproc) = (store.clone(), keys.clone(), nproc.clone());
+            async move {
+                store.add(&keys.hb(rank), 1).await?;
+                store.set(&keys.nproc(rank), nproc.as_bytes()).await
+            }
+        })
+        .await?;
+        self.ensure_keeper();
+        if let (Some(r), RoundReason::WorkerFailure | RoundReason::PeerLost) = (self.round, reason)
+        {
+            let (cur, next) = (r.to_string(), (r + 1).to_string());
+            self.retry(deadline, || {
+                let (store, keys, cur, next) =
+                    (store.clone(), keys.clone(), cur.clone(), next.clone());
+                async move {
+                    store
+                        .compare_set(&keys.gen(), cur.as_bytes(), next.as_bytes())
+                        .await
+                }
+            })
+            .await?;
+        }
+        let mut arrived_in: Option<u64> = None;
+        let mut all_keys: Vec<String> = (0..self.nnodes).map(|r| self.keys.nproc(r)).collect();
+        let gen = loop {
+            let (gen, closed) = self
+                .retry(deadline, || {
+                    let (store, keys) = (store.clone(), keys.clone());
+                    async move {
+                        let g = store.compare_set(&keys.gen(), b"", b"0").await?;
+                        let closed = try_get(&*store, &keys.closed()).await?.is_some();
+                        Ok((parse_u64(&g).unwrap_or(0), closed))
+                    }
+                })
+                .await?;
+            if closed {
+                return Err(RendezvousError::Closed { redundant: false });
+            }
+            if arrived_in != Some(gen) {
+                arrived_in = Some(gen);
+                let n = self
+                    .retry(deadline, || {
+                        let (store, keys) = (store.clone(), keys.clone());
+                        async move { store.add(&keys.arrived(gen), 1).await }
+                    })
+                    .await?;
+                if n == self.nnodes as i64 {
+                    store.set(&keys.go(gen), b"1").await?;
+                }
+            }
+            all_keys.truncate(self.nnodes);
+            all_keys.push(self.keys.go(gen));
+            let now = Instant::now();
+            if now >= deadline {
+                let joined = store.add(&keys.arrived(gen), 0).await.unwrap_or(0);
+                return Err(RendezvousError::Timeout {
+                    waited: now.duration_since(started),
+                    joined: joined.max(0) as usize,
+                    min: self.nnodes,
+                });
+            }
+            // A WAIT holds the store connection: shorter than the heartbeat period.
+            let slice = self
+                .settings
+                .poll_interval
+                .min(self.settings.keep_alive_interval)
+                .min(deadline - now);
+            match store.wait(&all_keys, slice).await {
+                Ok(true) => break gen,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "waiting for the other nodes failed; retrying");
+                    tokio::time::sleep(slice).await;
+                }
+            }
+        };
+        all_keys.truncate(self.nnodes);
+        let values = self
+            .retry(deadline, || {
+                let (store, all_keys) = (store.clone(), all_keys.clone());
+                async move { store.multi_get(&all_keys).await }
+            })
+            .await?;
+        let nprocs: Vec<usize> = values
+            .iter()
+            .map(|v| parse_u64(v).unwrap_or(0) as usize)
+            .collect();
+        let (base, world) = base_rank(&nprocs, self.node_rank);
+        self.round = Some(gen);
+        *self.running.lock().unwrap_or_else(|e| e.into_inner()) = Some(gen);
+        Ok(Assignment {
+            round: gen,
+            group_rank: self.node_rank,
+            group_world_size: self.nnodes,
+            local_world_size: self.nproc,
+            base_rank: base,
+            world_size: world,
+            master_addr: self.master_addr.clone(),
+            master_port: self.master_port,
+            restart_count: u32::try_from(gen).unwrap_or(u32::MAX),
+            reason: if gen == 0 {
+                RoundReason::Initial
+            } else {
+                RoundReason::WorkerFailure
+            },
+            store_prefix: format!("{}.{gen}", self.keys.prefix),
+            nodes: nprocs.into_iter().map(|n| (String::new(), n)).collect(),
+        })
+    }
+
+    /// Marks the job closed for every node and stops this agent's heartbeats.
+    pub async fn close(&mut self) -> Result<(), RendezvousError> {
+        *self.running.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+        self.store.set(&self.keys.closed(), b"1").await?;
+        Ok(())
+    }
+
+    fn ensure_keeper(&mut self) {
+        if self.keeper.as_ref().is_some_and(|k| !k.is_finished()) {
+            return;
+        }
+        let store = self.store.clone();
+        let keys = self.keys.clone();
+        let settings = self.settings.clone();
+        let running = self.running.clone();
+        let tx = self.events_tx.clone();
+        let (me, nnodes) = (self.node_rank, self.nnodes);
+        self.keeper = Some(tokio::spawn(async move {
+            let mut tracker = HeartbeatTracker::default();
+            let mut done: Option<u64> = None;
+            let mut failures = 0u32;
+            let tick = settings.keep_alive_interval.min(settings.poll_interval);
+            let mut next_beat = Instant::now();
+            loop {
+                let round = *running.lock().unwrap_or_else(|e| e.into_inner());
+                if Instant::now() >= next_beat {
+                    next_beat = Instant::now() + settings.keep_alive_interval;
+                    let beat = tokio::time::timeout(
+                        settings.heartbeat_timeout,
+                        store.add(&keys.hb(me), 1),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err(StoreOpError("heartbeat timed out".into())));
+                    match beat {
+                        Ok(_) => failures = 0,
+                        Err(e) => {
+                            failures += 1;
+                            if failures == settings.keep_alive_max_attempt {
+                                if let Some(r) = round {
+                                    let _ =
+                                        tx.send((r, RdzvEvent::StoreUnreachable(e.to_string())));
+                                }
+                            }
+                        }
+                    }
+                }
+                if let Some(r) = round.filter(|r| done != Some(*r)) {
+                    let check = async {
+                        if try_get(&*store, &keys.closed()).await?.is_some() {
+                            return Ok::<_, StoreOpError>(Some(RdzvEvent::Closed));
+                        }
+                        let g = try_get(&*store, &keys.gen())
+                            .await?
+                            .and_then(|g| parse_u64(&g));
+                        if let Some(g) = g.filter(|g| *g != r) {
+                            return Ok(Some(RdzvEvent::RoundChanged {
+                                round: g,
+                                reason: RoundReason::WorkerFailure,
+                            }));
+                        }
+                        let ids: Vec<usize> = (0..nnodes).filter(|i| *i != me).collect();
+                        let hb_keys: Vec<String> = ids.iter().map(|i| keys.hb(*i)).collect();
+                        let values = store.multi_get(&hb_keys).await?;
+                        let beats = ids.iter().map(|i| i.to_string()).zip(values).collect();
+                        let dead = tracker.observe(Instant::now(), beats, settings.dead_after());
+                        Ok((!dead.is_empty()).then_some(RdzvEvent::PeersLost(dead)))
+                    };
+                    match check.await {
+                        Ok(Some(ev)) => {
+                            done = Some(r);
+                            tracker = HeartbeatTracker::default();
+                            let _ = tx.send((r, ev));
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::debug!(error = %e, "monitoring the static rendezvous failed")
+                        }
+                    }
+                }
+                tokio::time::sleep(tick).await;
+            }
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rendezvous::store::MemStore;
+    use std::collections::BTreeMap;
+
+    fn settings(pairs: &[(&str, &str)]) -> StaticSettings {
+        let conf: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        StaticSettings::from_conf(&conf).unwrap()
+    }
+
+    fn nodes(
+        store: &MemStore,
+        s: &StaticSettings,
+        nprocs: &[usize],
+    ) -> Vec<StaticRendezvous<MemStore>> {
+        nprocs
+            .iter()
+            .enumerate()
+            .map(|(rank, &n)| {
+                StaticRendezvous::new(
+                    Arc::new(store.handle()),
+                    s.clone(),
+                    "none",
+                    rank,
+                    nprocs.len(),
+                    n,
+                    "10.0.0.1",
+                    29500,
+                )
+                .unwrap()
+            })
+            .collect()
+    }
+
+    async fn round_all(
+        ns: Vec<StaticRendezvous<MemStore>>,
+        reason: RoundReason,
+    ) -> (Vec<StaticRendezvous<MemStore>>, Vec<Assignment>) {
+        let tasks: Vec<_> = ns
+            .into_iter()
+            .map(|mut n| {
+                tokio::spawn(async move {
+                    let r = n.next_round(reason).await;
+                    (n, r)
+                })
+            })
+            .collect();
+        let mut out = (Vec::new(), Vec::new());
+        for t in tasks {
+            let (n, r) = t.await.unwrap();
+            out.0.push(n);
+            out.1.push(r.unwrap());
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn heterogeneous_ranks_from_node_rank() {
+        let store = MemStore::new();
+        let (_ns, asgs) = round_all(
+            nodes(&store, &settings(&[]), &[2, 1, 3]),
+            RoundReason::Initial,
+        )
+        .await;
+        let got: Vec<(usize, usize, usize, usize)> = asgs
+            .iter()
+            .map(|a| (a.group_rank, a.base_rank, a.world_size, a.group_world_size))
+            .collect();
+        assert_eq!(got, [(0, 0, 6, 3), (1, 2, 6, 3), (2, 3, 6, 3)]);
+        assert!(asgs.iter().all(|a| a.master_addr == "10.0.0.1"
+            && a.master_port == 29500
+            && a.restart_count == 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn missing_node_times_out_naming_counts() {
+        let store = MemStore::new();
+        let mut ns = nodes(&store, &settings(&[("timeout", "4")]), &[1, 1]);
+        let err = ns[0].next_round(RoundReason::Initial).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "rendezvous timed out after 4s: 1 node(s) joined, at least 2 needed"
+        );
+        assert!(StaticRendezvous::new(
+            Arc::new(store.handle()),
+            settings(&[]),
+            "x",
+            2,
+            2,
+            1,
+            "a",
+            1
+        )
+        .is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failure_restarts_all_nodes_with_one_shared_count() {
+        let store = MemStore::new();
+        let (mut ns, _) = round_all(
+            nodes(&store, &settings(&[]), &[1, 1, 1]),
+            RoundReason::Initial,
+        )
+        .await;
+        // Node 1 fails and rejoins; nodes 0 and 2 see the new generation.
+        let mut failed = ns.remove(1);
+        let t = tokio::spawn(async move {
+            let r = failed.next_round(RoundReason::WorkerFailure).await;
+            (failed, r)
+        });
+        for n in ns.iter_mut() {
+            let ev = tokio::time::timeout(Duration::from_secs(10), n.watch())
+                .await
+                .unwrap();
+            assert_eq!(
+                ev,
+                RdzvEvent::RoundChanged {
+                    round: 1,
+                    reason: RoundReason::WorkerFailure
+                }
+            );
+        }
+        let (_ns, mut asgs) = round_all(ns, RoundReason::WorkerFailure).await;
+        asgs.push(t.await.unwrap().1.unwrap());
+        assert!(
+            asgs.iter().all(|a| a.restart_count == 1 && a.round == 1),
+            "{asgs:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dead_peer_is_reported_within_the_heartbeat_budget() {
+        let store = MemStore::new();
+        let s = settings(&[]);
+        let (mut ns, _) = round_all(nodes(&store, &s, &[1, 1]), RoundReason::Initial).await;
+        drop(ns.pop());
+        let t0 = Instant::now();
+        let ev = tokio::time::timeout(Duration::from_secs(30), ns[0].watch())
+            .await
+            .unwrap();
+        assert_eq!(ev, RdzvEvent::PeersLost(vec!["1".into()]));
+        assert!(t0.elapsed() <= s.dead_after() + Duration::from_secs(2));
+        ns[0].close().await.unwrap();
+        assert!(matches!(
+            ns[0].next_round(RoundReason::WorkerFailure).await,
+            Err(RendezvousError::Closed { .. })
+        ));
+    }
+}

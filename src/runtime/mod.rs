@@ -11,7 +11,6 @@ pub mod group;
 pub mod hier;
 #[cfg(feature = "nccl")]
 pub mod nccl;
-pub mod ncclpath;
 pub mod rendezvous;
 pub mod shm;
 pub mod tcp;

@@ -527,3 +527,61 @@ fn netns_c10d_sigkilled_agent_is_detected_and_survivors_continue() {
         }
     });
 }
+
+#[test]
+fn c10d_late_joiner_grows_the_job_without_a_restart() {
+    bounded(Duration::from_secs(240), || {
+        let dir = TempDir::new("mn_grow");
+        let port = free_port();
+        let args = |h| {
+            [
+                c10d_args(port, "2:3", h, 1),
+                strings(&["--rdzv-conf", "last_call_timeout=1"]),
+            ]
+            .concat()
+        };
+        let first: Vec<_> = (1..=2)
+            .map(|h| agent(&dir, &args(h)).env("MN_HOLD_GWS", "2").spawn())
+            .collect();
+        wait_records(dir.path(), 2, 0, 2, Duration::from_secs(60));
+        let late = agent(&dir, &args(3)).env("MN_HOLD_GWS", "2").spawn();
+        let mut outs: Vec<Output> = first.into_iter().map(|r| r.wait()).collect();
+        outs.push(late.wait());
+        assert_ok(&outs);
+        let recs = records(dir.path());
+        check_round(&recs, 2, 0, Some(&[1, 1]));
+        check_round(&recs, 3, 0, Some(&[1, 1, 1]));
+        assert!(
+            !recs.keys().any(|k| k.1 > 0),
+            "growing is not a restart: {recs:#?}"
+        );
+        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    });
+}
+
+#[test]
+fn sigterm_to_one_static_agent_stops_the_job_on_every_node() {
+    bounded(Duration::from_secs(240), || {
+        let dir = TempDir::new("mn_sigterm");
+        let port = free_port();
+        let runs: Vec<_> = (0..2)
+            .map(|rank| {
+                agent(&dir, &static_args(port, 2, rank, 2))
+                    .env("MN_HOLD_GWS", "2")
+                    .spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 2, 0, 4, Duration::from_secs(60));
+        let mut runs = runs.into_iter();
+        let (a, b) = (runs.next().expect("agent 0"), runs.next().expect("agent 1"));
+        a.signal(libc::SIGTERM);
+        let a = a.wait();
+        // The signal is forwarded to the workers and rdrun exits 128 + SIGTERM, as single-node.
+        a.assert_code(128 + libc::SIGTERM);
+        // Node 1 loses its peer (and node 0's store): a clear error, not a hang.
+        let b = b.wait();
+        b.assert_code(1);
+        assert!(b.stderr.contains("rdrun: error:"), "{b:?}");
+        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    });
+}

@@ -585,3 +585,34 @@ fn sigterm_to_one_static_agent_stops_the_job_on_every_node() {
         assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
     });
 }
+
+#[test]
+fn static_sigkilled_peer_is_detected_and_named() {
+    bounded(Duration::from_secs(240), || {
+        let dir = TempDir::new("mn_static_kill");
+        let port = free_port();
+        let runs: Vec<_> = (0..2)
+            .map(|rank| {
+                agent(&dir, &static_args(port, 2, rank, 1))
+                    .env("MN_HOLD_GWS", "2")
+                    .spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 2, 0, 2, Duration::from_secs(60));
+        let pids = recorded_pids(dir.path());
+        let mut runs = runs.into_iter();
+        let (a, b) = (runs.next().expect("agent 0"), runs.next().expect("agent 1"));
+        b.signal(libc::SIGKILL);
+        assert_eq!(b.wait().signal, Some(libc::SIGKILL));
+        // No restarts left: node 0 names the lost node instead of hanging until a timeout.
+        let a = a.wait();
+        a.assert_code(1);
+        assert!(
+            a.stderr.contains(
+                "rdrun: error: node(s) 1 of the static job stopped heartbeating and no restarts are left"
+            ),
+            "{a:?}"
+        );
+        assert_no_leak(&pids, Duration::from_secs(10));
+    });
+}

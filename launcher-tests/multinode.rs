@@ -616,3 +616,78 @@ fn static_sigkilled_peer_is_detected_and_named() {
         assert_no_leak(&pids, Duration::from_secs(10));
     });
 }
+
+#[test]
+fn netns_c10d_cut_link_node_is_dropped_and_survivors_continue() {
+    bounded(Duration::from_secs(240), || {
+        let Some(net) = Netns::create(3) else { return };
+        let dir = TempDir::new("mn_netns_cut");
+        let endpoint = format!("{}:29400", net.addr(0));
+        let mut running: Vec<_> = (0..3)
+            .map(|i| {
+                agent(
+                    &dir,
+                    &strings(&[
+                        "--nnodes",
+                        "2:3",
+                        "--rdzv-backend",
+                        "c10d",
+                        "--rdzv-endpoint",
+                        &endpoint,
+                        "--rdzv-id",
+                        "cutjob",
+                        "--rdzv-conf",
+                        "last_call_timeout=20",
+                    ]),
+                )
+                .netns(&net.name(i))
+                .env("MN_HOLD_GWS", "3")
+                .spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 3, 0, 3, Duration::from_secs(60));
+        // A pulled cable: no FIN, no RST; node 2 just goes silent.
+        net.cut(2);
+        let cut = running.pop().expect("three agents");
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        let recs = records(dir.path());
+        check_round(&recs, 2, 0, Some(&[1, 1]));
+        // The cut node cannot reach the store any more: it stops its worker and says so.
+        let cut = cut.wait();
+        cut.assert_code(1);
+        assert!(cut.stderr.contains("rdrun: error:"), "{cut:?}");
+        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    });
+}
+
+#[test]
+fn c10d_ipv6_loopback_endpoint() {
+    let dir = TempDir::new("mn_v6");
+    let port = match std::net::TcpListener::bind("[::1]:0").and_then(|l| l.local_addr()) {
+        Ok(a) => a.port(),
+        Err(e) => {
+            eprintln!("SKIP: no IPv6 loopback here: {e}");
+            return;
+        }
+    };
+    let args = strings(&[
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        &format!("[::1]:{port}"),
+        "--rdzv-id",
+        "v6",
+    ]);
+    let runs: Vec<_> = (0..2).map(|_| agent(&dir, &args).spawn()).collect();
+    let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+    assert_ok(&outs);
+    let recs = records(dir.path());
+    let (addr, _) = check_round(&recs, 2, 0, Some(&[1, 1]));
+    assert_eq!(
+        addr, "::1",
+        "MASTER_ADDR is the IPv6 address, without brackets"
+    );
+}

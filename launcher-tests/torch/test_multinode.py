@@ -55,18 +55,20 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_nodes(tmp_path, node_args):
+def run_nodes(tmp_path, node_args, prefixes=None, extra_env=None):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(extra_env or {}))
+    prefixes = prefixes or [[] for _ in node_args]
     procs = [
         subprocess.Popen(
-            [RDRUN, *args, "--nproc-per-node", "2", sys.executable, str(script), str(tmp_path)],
+            [*prefix, RDRUN, *args, "--nproc-per-node", "2", sys.executable, str(script),
+             str(tmp_path)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        for args in node_args
+        for prefix, args in zip(prefixes, node_args)
     ]
     outs = []
     try:
@@ -101,3 +103,26 @@ def test_ddp_two_c10d_nodes_identical_weights(tmp_path):
     common = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
               "--rdzv-id", "ddp"]
     run_nodes(tmp_path, [common + ["--local-addr", "127.0.0.1"], common + ["--local-addr", "127.0.0.2"]])
+
+
+NETNS = REPO / "scripts" / "netns.sh"
+
+
+@pytest.mark.skipif(not Path(RDRUN).exists(), reason="rdrun binary not built")
+def test_ddp_two_namespace_nodes_identical_weights(tmp_path):
+    """Two separate network hosts (namespaces on a bridge), 2 workers each, c10d over 10.231.0.1."""
+    check = subprocess.run([str(NETNS), "check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        pytest.skip(check.stdout.strip() or check.stderr.strip())
+    tag = f"py{os.getpid() % 10**8}"
+    up = subprocess.run([str(NETNS), "up", tag, "2"], capture_output=True, text=True,
+                        env=dict(os.environ, RDRUN_NETNS_OWNER=str(os.getpid())))
+    assert up.returncode == 0, up.stderr
+    try:
+        common = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                  "10.231.0.1:29400", "--rdzv-id", "ddpns"]
+        prefixes = [["ip", "netns", "exec", f"rdrun-{tag}-{i}"] for i in range(2)]
+        # gloo picks its interface from the hostname by default, which no namespace has.
+        run_nodes(tmp_path, [common, common], prefixes, {"GLOO_SOCKET_IFNAME": "eth0"})
+    finally:
+        subprocess.run([str(NETNS), "down", tag], check=False)

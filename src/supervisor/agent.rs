@@ -1251,6 +1251,89 @@ mod tests {
     }
 
     #[test]
+    fn which_launches_use_the_rendezvous() {
+        use crate::config::{Endpoint, NodeRange};
+        let ep = Some(Endpoint {
+            host: "h".into(),
+            port: 1,
+        });
+        // (standalone, backend, endpoint, nnodes max, expected)
+        let table = [
+            (true, RdzvBackend::C10d, None, 1, false),
+            (false, RdzvBackend::Static, ep.clone(), 1, false),
+            (false, RdzvBackend::Static, ep.clone(), 2, true),
+            (false, RdzvBackend::C10d, ep.clone(), 1, true),
+            (false, RdzvBackend::C10d, ep.clone(), 4, true),
+            (false, RdzvBackend::Etcd, ep.clone(), 1, true),
+        ];
+        for (standalone, backend, endpoint, max, want) in table {
+            let mut c = config(standalone, "127.0.0.1", None);
+            c.rdzv.backend = backend;
+            c.rdzv.endpoint = endpoint;
+            c.nnodes = NodeRange { min: 1, max };
+            assert_eq!(uses_rendezvous(&c), want, "{standalone} {backend:?} {max}");
+        }
+    }
+
+    #[test]
+    fn rendezvous_events_to_outcomes() {
+        let regroup = |o: Outcome| match o {
+            Outcome::Regroup { reason, lost } => Some((reason, lost)),
+            _ => None,
+        };
+        let lost = vec!["n2".to_string()];
+        // A static job cannot shrink: a lost peer is charged; c10d regroups for free.
+        assert_eq!(
+            regroup(rendezvous_end(RdzvEvent::PeersLost(lost.clone()), true)),
+            Some((RoundReason::PeerLost, lost.clone()))
+        );
+        assert_eq!(
+            regroup(rendezvous_end(RdzvEvent::PeersLost(lost.clone()), false)),
+            Some((RoundReason::Membership, lost))
+        );
+        for ev in [
+            RdzvEvent::NodesWaiting(1),
+            RdzvEvent::RoundChanged {
+                round: 3,
+                reason: RoundReason::WorkerFailure,
+            },
+        ] {
+            assert_eq!(
+                regroup(rendezvous_end(ev, false)),
+                Some((RoundReason::Membership, Vec::new()))
+            );
+        }
+        for (ev, want) in [
+            (
+                RdzvEvent::Closed,
+                "the rendezvous was closed by another node",
+            ),
+            (
+                RdzvEvent::StoreUnreachable("x:1 refused".into()),
+                "lost the rendezvous store: x:1 refused",
+            ),
+        ] {
+            match rendezvous_end(ev, true) {
+                Outcome::RendezvousLost(msg) => assert!(msg.starts_with(want), "{msg}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn error_chain_is_one_line_without_repeats() {
+        let inner = std::io::Error::other("connection refused");
+        let err = RendezvousError::Host {
+            endpoint: "h:1".into(),
+            source: inner,
+        };
+        assert_eq!(
+            error_chain(&err),
+            "cannot serve the rendezvous store at h:1: connection refused"
+        );
+    }
+
+    #[test]
     fn store_binding() {
         // Standalone: loopback, a kernel-picked port, kept bound.
         let (l, addr) = bind_store(&config(true, "node1", None)).unwrap();

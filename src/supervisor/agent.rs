@@ -1129,13 +1129,14 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     msg
 }
 
-/// Whether this launch goes through a rendezvous: several nodes, or a c10d (or etcd) endpoint
-/// even for one node (as torchrun). A one-node static launch with `--master-port` keeps the
-/// single-node path (same ranks, same store, no rendezvous traffic).
+/// Whether this launch goes through a rendezvous: several nodes, or a c10d endpoint even for
+/// one node (as torchrun). A one-node static launch with `--master-port` keeps the single-node
+/// path (same ranks, same store, no rendezvous traffic), and so does a one-node etcd launch
+/// (rdrun has no etcd backend; one node needs none).
 pub fn uses_rendezvous(config: &LaunchConfig) -> bool {
     !config.standalone
         && config.rdzv.endpoint.is_some()
-        && (config.nnodes.max > 1 || config.rdzv.backend != RdzvBackend::Static)
+        && (config.nnodes.max > 1 || config.rdzv.backend == RdzvBackend::C10d)
 }
 
 /// The c10d worker store: every interface, dual-stack `[::]` (IPv4 peers too), else `0.0.0.0`
@@ -1264,7 +1265,8 @@ mod tests {
             (false, RdzvBackend::Static, ep.clone(), 2, true),
             (false, RdzvBackend::C10d, ep.clone(), 1, true),
             (false, RdzvBackend::C10d, ep.clone(), 4, true),
-            (false, RdzvBackend::Etcd, ep.clone(), 1, true),
+            (false, RdzvBackend::Etcd, ep.clone(), 1, false),
+            (false, RdzvBackend::Etcd, ep.clone(), 2, true),
         ];
         for (standalone, backend, endpoint, max, want) in table {
             let mut c = config(standalone, "127.0.0.1", None);

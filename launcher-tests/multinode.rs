@@ -363,10 +363,13 @@ fn rendezvous_timeouts_are_one_line_errors() {
     )
     .run();
     out.assert_code(1);
+    // "after 2s" on an idle machine; the rounding may say 3s on a loaded one.
     assert!(
-        out.stderr.contains(
-            "rdrun: error: rendezvous timed out after 2s: 1 node(s) joined, at least 2 needed"
-        ),
+        out.stderr
+            .contains("rdrun: error: rendezvous timed out after ")
+            && out
+                .stderr
+                .contains("s: 1 node(s) joined, at least 2 needed"),
         "{out:?}"
     );
     outs.push(out);

@@ -17,6 +17,9 @@ mod regression;
 mod rendezvous;
 mod report;
 mod restart;
+mod runtime;
 mod signals;
 mod store;
+#[cfg(feature = "train")]
+mod train;
 mod util;

@@ -612,15 +612,17 @@ async fn waiters_woken_by_each_waking_op() {
             server.clear();
             let mut w1 = Raw::validated(port).await;
             let mut w2 = Raw::validated(port).await;
+            // Register w1 before w2 (the PING reply proves the WAIT before it was processed), so
+            // that "the oldest registration" of QUEUE_PUSH is w1 on every scheduling.
             w1.req(Request::Wait {
                 keys: vec![key("/w")],
             })
             .await;
+            w1.alive().await;
             w2.req(Request::Wait {
                 keys: vec![key("/w")],
             })
             .await;
-            w1.alive().await;
             w2.alive().await;
             let mut writer = Raw::validated(port).await;
             writer.send(&bytes).await;

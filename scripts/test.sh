@@ -4,13 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "== system tools (iproute2 for the network-namespace tests)"
+scripts/ensure-deps.sh || echo "warning: could not install system tools; namespace tests will skip" >&2
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets --features nccl -- -D warnings
 echo "== cargo test"
-cargo build --release --bins
+# The PyTorch suite runs the release launcher (as users do); candle is not needed for it.
+cargo build --release --no-default-features --bin rdrun
 cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}"
 
 if [ "${RDRUN_SKIP_TORCH:-0}" = "1" ]; then

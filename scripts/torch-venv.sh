@@ -8,9 +8,13 @@
 set -euo pipefail
 
 TORCH_VERSION="${RDRUN_TORCH_VERSION:-2.15.0}"
+# pytest drives the compatibility suite (launcher-tests/torch); pinned like torch so that a cached
+# venv and a fresh CI machine run the same thing.
+PYTEST_VERSION="${RDRUN_PYTEST_VERSION:-9.2.0}"
 CACHE="${RDRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdrun}"
 VENV="$CACHE/torch-venv"
-MARKER="$VENV/.rdrun-installed-torch-$TORCH_VERSION"
+# The marker names every pinned package: changing a pin makes the next run install again.
+MARKER="$VENV/.rdrun-installed-torch-$TORCH_VERSION-pytest-$PYTEST_VERSION"
 
 if [ -f "$MARKER" ] && [ -x "$VENV/bin/python" ]; then
   echo "$VENV/bin/python"
@@ -32,12 +36,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2 || true
 if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
-    "torch==$TORCH_VERSION" numpy >&2; then
-  echo "torch-venv: error: could not install torch==$TORCH_VERSION into $VENV (network or disk?)" >&2
+    "torch==$TORCH_VERSION" numpy "pytest==$PYTEST_VERSION" >&2; then
+  echo "torch-venv: error: could not install torch==$TORCH_VERSION and pytest==$PYTEST_VERSION into $VENV (network or disk?)" >&2
   exit 1
 fi
-"$VENV/bin/python" -c 'import torch, torch.distributed as d; assert d.is_available()' >&2 || {
-  echo "torch-venv: error: torch installed into $VENV but does not import" >&2
+"$VENV/bin/python" -c 'import torch, torch.distributed as d, pytest; assert d.is_available()' >&2 || {
+  echo "torch-venv: error: torch/pytest installed into $VENV but do not import" >&2
   exit 1
 }
 touch "$MARKER"

@@ -1,0 +1,597 @@
+//! The process group: joins the other ranks through the store, picks a backend, and offers typed
+//! collectives on host slices.
+//!
+//! Setup (spec runtime.md §6): every key lives under `rdrun/<run_id>/<restart>/<tag>/` so a
+//! restarted group never reads a previous round's keys. Each rank binds a TCP listener, publishes
+//! `addr/<rank>` = `ip:port` and its host identity (hostname + boot id, as NCCL's host hash), and
+//! reads everyone else's. `auto` picks shared memory when all ranks share one host, TCP otherwise.
+//! The group finishes setup with a backend barrier, so a returned group is fully connected.
+//!
+//! Errors poison the group: after the first failure every call returns
+//! [`RuntimeError::Poisoned`] (the sockets or slots may be mid-message), and the caller is expected
+//! to exit so the launcher restarts the round.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs, UdpSocket};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::backend::Backend;
+use super::elem::{Element, ReduceOp};
+use super::error::{Result, RuntimeError};
+use super::rendezvous::{Rendezvous, StoreFailure};
+use super::shm::{unique_segment_path, ShmComm, ShmSetup, DEFAULT_SLOT};
+use super::tcp::TcpMesh;
+use crate::workerenv::WorkerEnv;
+
+/// Default bound on any single wait (store, peer data, barrier).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Which backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// Shared memory when every rank is on this host, TCP otherwise.
+    Auto,
+    Tcp,
+    Shm,
+    /// Shared memory inside each host, TCP between host leaders.
+    Hier,
+}
+
+impl FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(BackendChoice::Auto),
+            "tcp" | "gloo" => Ok(BackendChoice::Tcp),
+            "shm" => Ok(BackendChoice::Shm),
+            "hier" | "shm+tcp" => Ok(BackendChoice::Hier),
+            other => Err(format!(
+                "unknown backend {other:?} (expected auto, tcp, shm or hier; NCCL is runtime::nccl::NcclGroup)"
+            )),
+        }
+    }
+}
+
+/// Everything the explicit constructor needs.
+#[derive(Debug, Clone)]
+pub struct GroupOptions {
+    pub rank: usize,
+    pub world_size: usize,
+    pub run_id: String,
+    pub restart_count: u32,
+    /// Names the communicator inside a round (several groups may coexist).
+    pub tag: String,
+    pub backend: BackendChoice,
+    /// Bound on every wait; a dead or stuck peer is reported no later than this.
+    pub timeout: Duration,
+    /// Address to listen on and publish; `None` = the interface that routes to the store.
+    pub advertise_ip: Option<IpAddr>,
+    /// Host identity override (tests fake multi-host worlds with it).
+    pub host_id: Option<String>,
+    /// Bytes per shared-memory slot.
+    pub shm_slot_bytes: usize,
+}
+
+impl GroupOptions {
+    pub fn new(rank: usize, world_size: usize, run_id: &str) -> Self {
+        GroupOptions {
+            rank,
+            world_size,
+            run_id: run_id.to_string(),
+            restart_count: 0,
+            tag: "default".to_string(),
+            backend: BackendChoice::Auto,
+            timeout: DEFAULT_TIMEOUT,
+            advertise_ip: None,
+            host_id: None,
+            shm_slot_bytes: DEFAULT_SLOT,
+        }
+    }
+
+    /// Options from the launcher's environment plus `RDRUN_BACKEND`, `RDRUN_TIMEOUT_SECS`,
+    /// `RDRUN_SHM_SLOT_BYTES`.
+    pub fn from_worker_env(env: &WorkerEnv) -> Result<Self> {
+        let mut o = GroupOptions::new(env.rank, env.world_size, &env.run_id);
+        o.restart_count = env.restart_count;
+        let inv = |msg: String| RuntimeError::Invalid {
+            rank: env.rank,
+            op: "init",
+            msg,
+        };
+        if let Ok(b) = std::env::var("RDRUN_BACKEND") {
+            o.backend = b.parse().map_err(inv)?;
+        }
+        if let Ok(t) = std::env::var("RDRUN_TIMEOUT_SECS") {
+            let secs: f64 = t
+                .trim()
+                .parse()
+                .map_err(|_| inv(format!("RDRUN_TIMEOUT_SECS={t:?} is not a number")))?;
+            if !(secs > 0.0 && secs.is_finite()) {
+                return Err(inv(format!("RDRUN_TIMEOUT_SECS={t:?} must be positive")));
+            }
+            o.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Ok(s) = std::env::var("RDRUN_SHM_SLOT_BYTES") {
+            o.shm_slot_bytes = s
+                .trim()
+                .parse()
+                .map_err(|_| inv(format!("RDRUN_SHM_SLOT_BYTES={s:?} is not a byte count")))?;
+        }
+        Ok(o)
+    }
+}
+
+struct State {
+    backend: Box<dyn Backend>,
+    poisoned: Option<String>,
+}
+
+/// A joined group of ranks. `Send + Sync`; calls are serialized internally, so share it with an
+/// `Arc` (the DDP reducer's communication thread does).
+pub struct ProcessGroup {
+    rank: usize,
+    world: usize,
+    backend_name: &'static str,
+    hosts: Vec<String>,
+    state: Mutex<State>,
+}
+
+/// This machine's identity: hostname plus kernel boot id (two containers sharing a hostname but
+/// not a kernel, or a rebooted host, are told apart — the same key NCCL's host hash uses).
+pub fn host_identity() -> String {
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{host}/{}", boot.trim())
+}
+
+/// The local IP other ranks can reach, judged by the route to the store host (no packet is
+/// sent: connecting a UDP socket only selects a route).
+pub fn advertise_ip_for(master_addr: &str, master_port: u16) -> IpAddr {
+    let target = (master_addr, master_port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next());
+    match target {
+        Some(t) if t.ip().is_loopback() => t.ip(),
+        Some(t) => {
+            let bind: SocketAddr = if t.is_ipv4() {
+                (Ipv4Addr::UNSPECIFIED, 0).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            UdpSocket::bind(bind)
+                .and_then(|s| {
+                    s.connect(t)?;
+                    s.local_addr()
+                })
+                .map(|a| a.ip())
+                .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        }
+        None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+    }
+}
+
+/// Connects to the launcher's TCP store at MASTER_ADDR:MASTER_PORT (blocking client, retrying
+/// until `timeout`).
+pub fn connect_store(env: &WorkerEnv, timeout: Duration) -> Result<Box<dyn Rendezvous>> {
+    let c =
+        crate::store::client::BlockingClient::connect(&env.master_addr, env.master_port, timeout)
+            .map_err(|e| RuntimeError::Store {
+            rank: env.rank,
+            op: "init",
+            msg: e.to_string(),
+        })?;
+    c.set_timeout(timeout);
+    Ok(Box::new(c))
+}
+
+/// Decides the backend from the choice and every rank's host identity: one host → shared
+/// memory; several hosts, one of them with several ranks → hierarchical; one rank per host → TCP.
+pub fn choose_backend(choice: BackendChoice, hosts: &[String]) -> BackendChoice {
+    match choice {
+        BackendChoice::Auto => {
+            let topo = super::hier::Topology::from_hosts(hosts);
+            if topo.nodes.len() == 1 {
+                BackendChoice::Shm
+            } else if topo.nodes.iter().any(|n| n.len() > 1) {
+                BackendChoice::Hier
+            } else {
+                BackendChoice::Tcp
+            }
+        }
+        c => c,
+    }
+}
+
+fn store_err(rank: usize, op: &'static str, e: StoreFailure) -> RuntimeError {
+    match e {
+        StoreFailure::Timeout(after, key) => RuntimeError::Timeout {
+            rank,
+            op,
+            after,
+            waiting_for: format!("store key {key:?}"),
+        },
+        StoreFailure::Other(msg) => RuntimeError::Store { rank, op, msg },
+    }
+}
+
+struct StoreShmSetup<'a> {
+    store: &'a dyn Rendezvous,
+    prefix: String,
+    /// Global rank, for error messages.
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+}
+
+impl ShmSetup for StoreShmSetup<'_> {
+    fn announce_created(&self, path: &std::path::Path) -> Result<()> {
+        self.store
+            .set(
+                &format!("{}shm/created", self.prefix),
+                path.to_string_lossy().as_bytes(),
+            )
+            .map_err(|e| store_err(self.rank, "init", e))
+    }
+    fn wait_created(&self) -> Result<std::path::PathBuf> {
+        self.store
+            .get_wait(&format!("{}shm/created", self.prefix), self.timeout)
+            .map(|v| std::path::PathBuf::from(String::from_utf8_lossy(&v).into_owned()))
+            .map_err(|e| store_err(self.rank, "init", e))
+    }
+    fn all_mapped(&self) -> Result<()> {
+        let n = self
+            .store
+            .add(&format!("{}shm/mapped", self.prefix), 1)
+            .map_err(|e| store_err(self.rank, "init", e))?;
+        if n as usize == self.world {
+            self.store
+                .set(&format!("{}shm/ready", self.prefix), b"1")
+                .map_err(|e| store_err(self.rank, "init", e))?;
+        }
+        self.store
+            .get_wait(&format!("{}shm/ready", self.prefix), self.timeout)
+            .map(|_| ())
+            .map_err(|e| store_err(self.rank, "init", e))
+    }
+}
+
+impl ProcessGroup {
+    /// Joins the group described by `opts` through `store` (blocking, bounded by `opts.timeout`).
+    pub fn new(store: &dyn Rendezvous, opts: &GroupOptions) -> Result<Self> {
+        let (rank, world) = (opts.rank, opts.world_size);
+        let op = "init";
+        if world == 0 || rank >= world {
+            return Err(RuntimeError::Invalid {
+                rank,
+                op,
+                msg: format!("rank {rank} is outside world size {world}"),
+            });
+        }
+        let prefix = format!("rdrun/{}/{}/{}/", opts.run_id, opts.restart_count, opts.tag);
+        let host = opts.host_id.clone().unwrap_or_else(host_identity);
+        let ip = opts.advertise_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let listener = TcpListener::bind((ip, 0)).map_err(|e| RuntimeError::Io {
+            rank,
+            op,
+            msg: format!("bind a listener on {ip}: {e}"),
+        })?;
+        let me = listener.local_addr().map_err(|e| RuntimeError::Io {
+            rank,
+            op,
+            msg: format!("listener address: {e}"),
+        })?;
+        store
+            .set(
+                &format!("{prefix}addr/{rank}"),
+                format!("{me}\n{host}").as_bytes(),
+            )
+            .map_err(|e| store_err(rank, op, e))?;
+        let mut addrs = Vec::with_capacity(world);
+        let mut hosts = Vec::with_capacity(world);
+        for j in 0..world {
+            let v = store
+                .get_wait(&format!("{prefix}addr/{j}"), opts.timeout)
+                .map_err(|e| store_err(rank, op, e))?;
+            let text = String::from_utf8_lossy(&v).into_owned();
+            let (a, h) = text.split_once('\n').unwrap_or((text.as_str(), ""));
+            let addr: SocketAddr = a.parse().map_err(|_| RuntimeError::Store {
+                rank,
+                op,
+                msg: format!("rank {j} published a bad address {a:?}"),
+            })?;
+            addrs.push(addr);
+            hosts.push(h.to_string());
+        }
+        let chosen = choose_backend(opts.backend, &hosts);
+        let backend: Box<dyn Backend> = match chosen {
+            BackendChoice::Shm => {
+                if hosts.iter().any(|h| *h != hosts[0]) {
+                    return Err(RuntimeError::Unavailable {
+                        rank,
+                        op,
+                        backend: "shm".into(),
+                        why: "ranks are on different hosts".into(),
+                    });
+                }
+                drop(listener);
+                let setup = StoreShmSetup {
+                    store,
+                    prefix: prefix.clone(),
+                    rank,
+                    world,
+                    timeout: opts.timeout,
+                };
+                let path = unique_segment_path(&opts.run_id, opts.restart_count, &prefix);
+                Box::new(ShmComm::open(
+                    rank,
+                    world,
+                    &path,
+                    opts.shm_slot_bytes,
+                    opts.timeout,
+                    &setup,
+                )?)
+            }
+            BackendChoice::Hier => {
+                let topo = super::hier::Topology::from_hosts(&hosts);
+                let (node, li) = topo.place[rank];
+                let local_n = topo.nodes[node].len();
+                let local_prefix = format!("{prefix}host{node}/");
+                let setup = StoreShmSetup {
+                    store,
+                    prefix: local_prefix.clone(),
+                    rank,
+                    world: local_n,
+                    timeout: opts.timeout,
+                };
+                let path = unique_segment_path(&opts.run_id, opts.restart_count, &local_prefix);
+                let local = ShmComm::open(
+                    li,
+                    local_n,
+                    &path,
+                    opts.shm_slot_bytes,
+                    opts.timeout,
+                    &setup,
+                )?;
+                let leaders = if li == 0 {
+                    let leader_addrs: Vec<SocketAddr> =
+                        topo.nodes.iter().map(|n| addrs[n[0]]).collect();
+                    Some(TcpMesh::connect(
+                        node,
+                        topo.nodes.len(),
+                        listener,
+                        &leader_addrs,
+                        super::shm::fnv1a(format!("{prefix}leaders").as_bytes()),
+                        opts.timeout,
+                    )?)
+                } else {
+                    drop(listener);
+                    None
+                };
+                Box::new(super::hier::HierComm::new(rank, topo, local, leaders))
+            }
+            _ => Box::new(TcpMesh::connect(
+                rank,
+                world,
+                listener,
+                &addrs,
+                super::shm::fnv1a(prefix.as_bytes()),
+                opts.timeout,
+            )?),
+        };
+        let pg = ProcessGroup {
+            rank,
+            world,
+            backend_name: backend.name(),
+            hosts,
+            state: Mutex::new(State {
+                backend,
+                poisoned: None,
+            }),
+        };
+        pg.barrier()?;
+        tracing::debug!(
+            rank,
+            world,
+            backend = pg.backend_name,
+            "process group ready"
+        );
+        Ok(pg)
+    }
+
+    /// Joins using the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+    /// TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, RDRUN_BACKEND, RDRUN_TIMEOUT_SECS) and
+    /// a given store connection.
+    pub fn init_with_store(store: &dyn Rendezvous) -> Result<Self> {
+        let env = WorkerEnv::from_env().map_err(|source| RuntimeError::Env {
+            rank: 0,
+            op: "init",
+            source,
+        })?;
+        let mut opts = GroupOptions::from_worker_env(&env)?;
+        opts.advertise_ip = Some(advertise_ip_for(&env.master_addr, env.master_port));
+        Self::new(store, &opts)
+    }
+
+    /// Joins using the launcher's environment: the TCP store at MASTER_ADDR:MASTER_PORT, or the
+    /// directory store named by `RDRUN_FILE_STORE` when that is set.
+    pub fn init_from_env() -> Result<Self> {
+        if let Some(dir) = std::env::var_os("RDRUN_FILE_STORE") {
+            let store = super::rendezvous::FileStore::new(std::path::PathBuf::from(dir))
+                .map_err(|e| store_err(0, "init", e))?;
+            return Self::init_with_store(&store);
+        }
+        let env = WorkerEnv::from_env().map_err(|source| RuntimeError::Env {
+            rank: 0,
+            op: "init",
+            source,
+        })?;
+        let opts = GroupOptions::from_worker_env(&env)?;
+        let store = connect_store(&env, opts.timeout)?;
+        Self::init_with_store(store.as_ref())
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+    /// "tcp" or "shm".
+    pub fn backend_name(&self) -> &'static str {
+        self.backend_name
+    }
+    /// Host identity of every rank.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    fn run<F>(&self, op: &'static str, f: F) -> Result<()>
+    where
+        F: FnOnce(&mut dyn Backend) -> Result<()>,
+    {
+        let mut st = self.state.lock().map_err(|_| RuntimeError::Poisoned {
+            rank: self.rank,
+            op,
+            first: "a thread panicked inside a collective".into(),
+        })?;
+        if let Some(first) = &st.poisoned {
+            return Err(RuntimeError::Poisoned {
+                rank: self.rank,
+                op,
+                first: first.clone(),
+            });
+        }
+        let res = f(st.backend.as_mut());
+        if let Err(e) = &res {
+            st.poisoned = Some(e.to_string());
+        }
+        res
+    }
+
+    fn invalid(&self, op: &'static str, msg: String) -> RuntimeError {
+        RuntimeError::Invalid {
+            rank: self.rank,
+            op,
+            msg,
+        }
+    }
+
+    /// In-place all-reduce; every rank ends with bit-identical values.
+    pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.run("all_reduce", |b| {
+            b.all_reduce(bytemuck::cast_slice_mut(buf), T::DTYPE, op)
+        })
+    }
+
+    /// Copies `root`'s buffer to every rank.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        if root >= self.world {
+            return Err(self.invalid(
+                "broadcast",
+                format!("root {root} is outside world size {}", self.world),
+            ));
+        }
+        self.run("broadcast", |b| {
+            b.broadcast(bytemuck::cast_slice_mut(buf), root)
+        })
+    }
+
+    /// `recv` (world × `send.len()`) receives every rank's `send`, in rank order.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        if recv.len() != send.len() * self.world {
+            return Err(self.invalid(
+                "all_gather",
+                format!(
+                    "recv has {} elements, expected {} (send {} x world {})",
+                    recv.len(),
+                    send.len() * self.world,
+                    send.len(),
+                    self.world
+                ),
+            ));
+        }
+        self.run("all_gather", |b| {
+            b.all_gather(bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv))
+        })
+    }
+
+    /// Reduces `send` (world × `recv.len()`) and leaves this rank's block in `recv`.
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        if send.len() != recv.len() * self.world {
+            return Err(self.invalid(
+                "reduce_scatter",
+                format!(
+                    "send has {} elements, expected {} (recv {} x world {})",
+                    send.len(),
+                    recv.len() * self.world,
+                    recv.len(),
+                    self.world
+                ),
+            ));
+        }
+        self.run("reduce_scatter", |b| {
+            b.reduce_scatter(
+                bytemuck::cast_slice(send),
+                bytemuck::cast_slice_mut(recv),
+                T::DTYPE,
+                op,
+            )
+        })
+    }
+
+    /// Returns once every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        self.run("barrier", |b| b.barrier())
+    }
+}
+
+/// Shared handle type used by the reducer.
+pub type SharedGroup = Arc<ProcessGroup>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_choice_table() {
+        let same = vec!["a".to_string(), "a".to_string()];
+        let mixed = vec!["a".to_string(), "b".to_string()];
+        let cases = [
+            (BackendChoice::Auto, &same, BackendChoice::Shm),
+            (BackendChoice::Auto, &mixed, BackendChoice::Tcp),
+            (BackendChoice::Tcp, &same, BackendChoice::Tcp),
+            (BackendChoice::Shm, &mixed, BackendChoice::Shm),
+            (BackendChoice::Hier, &same, BackendChoice::Hier),
+        ];
+        for (c, h, want) in cases {
+            assert_eq!(choose_backend(c, h), want);
+        }
+        let h = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            choose_backend(BackendChoice::Auto, &h(&["a", "a", "b"])),
+            BackendChoice::Hier
+        );
+        assert_eq!(
+            choose_backend(BackendChoice::Auto, &h(&["a", "b", "c"])),
+            BackendChoice::Tcp
+        );
+        assert_eq!("TCP".parse::<BackendChoice>(), Ok(BackendChoice::Tcp));
+        assert_eq!("shm+tcp".parse::<BackendChoice>(), Ok(BackendChoice::Hier));
+        assert!("nope".parse::<BackendChoice>().is_err());
+    }
+
+    #[test]
+    fn advertise_loopback() {
+        assert!(advertise_ip_for("127.0.0.1", 1).is_loopback());
+        assert!(advertise_ip_for("localhost", 1).is_loopback());
+    }
+}

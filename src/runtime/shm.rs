@@ -1,0 +1,652 @@
+//! Shared-memory backend for ranks on one host.
+//!
+//! One file `/dev/shm/rdrun-<run>.<hash>.<round>.<tag>` per communicator, created by rank 0
+//! (`O_EXCL`, after removing a stale file of the same name), mapped by every rank, and unlinked by
+//! rank 0 as soon as every rank has mapped it — so a crash after setup leaves nothing behind; only a
+//! crash *during* setup can leave a file, which the launcher removes with [`cleanup_run_shm`].
+//!
+//! Layout: a header (per-rank cache line: arrival counter, pid) then two sets (double buffering)
+//! of one slot per rank. Algorithms follow DeepSpeed's CPU SHM all-reduce
+//! (`csrc/cpu/comm/shm.cpp`): small messages — copy in, barrier, every rank reduces all slots in
+//! rank order; large messages — copy in, barrier, each rank reduces its 1/n slice in rank order
+//! into slot 0, barrier, every rank copies slot 0 out. Both orders are fixed, so every rank ends
+//! bit-identical and equal to a sequential left-to-right reduction.
+//!
+//! Alternating the two slot sets means an operation never overwrites a set that a slower rank may
+//! still read: reusing set A at op k+2 requires passing op k+1's barrier, which every rank enters
+//! only after finishing op k.
+//!
+//! Waiting spins briefly, then `sched_yield`s, then sleeps with growing naps (2 oversubscribed
+//! cores make pure spinning collapse, spec runtime.md §3.3), checking the deadline and whether
+//! every peer pid is still alive (`kill(pid, 0)`), so a dead peer is reported within milliseconds.
+
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::backend::Backend;
+use super::elem::{div_bytes, reduce_bytes, DType, ReduceOp};
+use super::error::{Result, RuntimeError};
+use super::tcp::chunk_bounds;
+
+/// Messages up to this size use the "every rank reduces everything" path.
+pub const NAIVE_THRESHOLD: usize = 128 * 1024;
+/// Default bytes per rank slot (`RDRUN_SHM_SLOT_BYTES` overrides). Small enough that a piece
+/// (copy in, reduce, copy out) stays in cache: measured on the 2-vCPU VM, 256-512 KiB slots gave
+/// 1.5-2x the bandwidth of 4 MiB slots at 64 MiB.
+pub const DEFAULT_SLOT: usize = 512 * 1024;
+const MAGIC: u64 = 0x7264_7275_6e53_484d; // "rdrunSHM"
+const SHM_DIR: &str = "/dev/shm";
+
+/// Makes a run id safe for a file name (`[A-Za-z0-9_-]`, at most 48 characters).
+pub fn sanitize_run_id(run_id: &str) -> String {
+    run_id
+        .chars()
+        .take(48)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// FNV-1a 64 (stable across builds, unlike `DefaultHasher`).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The file-name prefix every segment of `run_id` starts with; '.' cannot occur in the
+/// sanitized id, so no other run's prefix matches.
+pub fn run_shm_prefix(run_id: &str) -> String {
+    format!(
+        "rdrun-{}.{:08x}.",
+        sanitize_run_id(run_id),
+        fnv1a(run_id.as_bytes()) as u32
+    )
+}
+
+/// The segment path for one communicator (`tag` distinguishes communicators of one round).
+pub fn segment_path(run_id: &str, restart: u32, tag: &str) -> PathBuf {
+    Path::new(SHM_DIR).join(format!(
+        "{}{}.{:016x}",
+        run_shm_prefix(run_id),
+        restart,
+        fnv1a(tag.as_bytes())
+    ))
+}
+
+/// A segment path for `tag` that no other group shares, even another job on this machine with
+/// the same run id (torchrun's default run id is "none"): the tag gets this process's pid and the
+/// current time. Rank 0 creates it and announces it through the store.
+pub fn unique_segment_path(run_id: &str, restart: u32, tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    segment_path(
+        run_id,
+        restart,
+        &format!("{tag}/{}/{nanos}", std::process::id()),
+    )
+}
+
+/// Removes every shared-memory segment a run left behind (launcher side: after the worker
+/// group exits or before a restart). Returns how many files were removed.
+pub fn cleanup_run_shm(run_id: &str) -> std::io::Result<usize> {
+    cleanup_run_shm_in(Path::new(SHM_DIR), run_id)
+}
+
+/// [`cleanup_run_shm`] in any directory (testable).
+pub fn cleanup_run_shm_in(dir: &Path, run_id: &str) -> std::io::Result<usize> {
+    let prefix = run_shm_prefix(run_id);
+    let mut removed = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => removed += 1,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Whether process `pid` still runs: `kill(pid, 0)` fails with ESRCH once it is reaped, and a
+/// zombie (exited, not yet reaped by its parent) shows state `Z`/`X` in `/proc/<pid>/stat`
+/// (proc(5): the state follows the parenthesised command name).
+fn pid_alive(pid: i32) -> bool {
+    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+        == Err(nix::errno::Errno::ESRCH)
+    {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z') | Some('X')
+        ),
+        Err(_) => true,
+    }
+}
+
+/// Sleeps while `*word == expected` (or until `timeout` or a wake-up).
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT on a valid, aligned u32 inside a shared mapping with a valid timespec;
+    // the kernel only reads both. Errors (EAGAIN when the value changed, EINTR, ETIMEDOUT) all
+    // mean "re-check", which the caller does.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// Wakes every process sleeping on `word`.
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a valid, aligned u32; no memory is written.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// Sizes of the mapping for `world` ranks and `slot` bytes per slot.
+fn layout(world: usize, slot: usize) -> (usize, usize) {
+    let header = (64 * (world + 1)).div_ceil(4096) * 4096;
+    (header, header + 2 * world * slot)
+}
+
+/// How setup steps that need the other ranks are performed (the group passes store calls in).
+pub trait ShmSetup {
+    /// Rank 0 announces that the file exists, and its path.
+    fn announce_created(&self, path: &Path) -> Result<()>;
+    /// Non-zero ranks wait for the announcement and get the path.
+    fn wait_created(&self) -> Result<PathBuf>;
+    /// Every rank: returns once all ranks have mapped the file.
+    fn all_mapped(&self) -> Result<()>;
+}
+
+/// The shared-memory communicator of one rank.
+pub struct ShmComm {
+    rank: usize,
+    world: usize,
+    slot: usize,
+    header: usize,
+    base: *mut u8,
+    len: usize,
+    epoch: u64,
+    set: usize,
+    timeout: Duration,
+    pids: Vec<i32>,
+    path: PathBuf,
+}
+
+// SAFETY: the mapping is owned by this value; the raw pointer is only dereferenced through
+// `&mut self` methods, so moving the value to another thread is sound.
+unsafe impl Send for ShmComm {}
+
+impl ShmComm {
+    /// Rank 0 creates the segment at `path` (which should be unique to this group, see
+    /// [`unique_segment_path`]) and announces it; the others open the announced path (it must lie
+    /// in the same directory and be an rdrun segment). Maps it and waits for every rank.
+    pub fn open(
+        rank: usize,
+        world: usize,
+        path: &Path,
+        slot: usize,
+        timeout: Duration,
+        setup: &dyn ShmSetup,
+    ) -> Result<Self> {
+        let op = "init";
+        let shm_err = |msg: String| RuntimeError::Shm { rank, op, msg };
+        let slot = (slot.max(4096) / 64) * 64;
+        let (header, len) = layout(world, slot);
+        let (file, path) = if rank == 0 {
+            match std::fs::remove_file(path) {
+                Ok(()) => tracing::warn!(path = %path.display(), "removed a stale shm segment"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(shm_err(format!("remove stale {}: {e}", path.display()))),
+            }
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map_err(|e| shm_err(format!("create {}: {e}", path.display())))?;
+            f.set_len(len as u64)
+                .map_err(|e| shm_err(format!("size {}: {e}", path.display())))?;
+            (f, path.to_path_buf())
+        } else {
+            let announced = setup.wait_created()?;
+            let ok = announced.parent() == path.parent()
+                && announced
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("rdrun-"));
+            if !ok {
+                return Err(shm_err(format!(
+                    "rank 0 announced an unexpected segment path {}",
+                    announced.display()
+                )));
+            }
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&announced)
+                .map_err(|e| shm_err(format!("open {}: {e}", announced.display())))?;
+            let have = f
+                .metadata()
+                .map_err(|e| shm_err(format!("stat {}: {e}", announced.display())))?
+                .len();
+            if have != len as u64 {
+                return Err(shm_err(format!(
+                    "{} has {have} bytes, expected {len} (ranks disagree on RDRUN_SHM_SLOT_BYTES?)",
+                    announced.display()
+                )));
+            }
+            (f, announced)
+        };
+        // SAFETY: mapping a regular tmpfs file of exactly `len` bytes (checked above) read/write
+        // and shared; the fd may be closed afterwards, the mapping keeps the pages alive.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(shm_err(format!(
+                "mmap {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            )));
+        }
+        let mut me = ShmComm {
+            rank,
+            world,
+            slot,
+            header,
+            base: p as *mut u8,
+            len,
+            epoch: 0,
+            set: 0,
+            timeout,
+            pids: vec![0; world],
+            path: path.clone(),
+        };
+        if rank == 0 {
+            me.word(0, 2).store(world as u64, Ordering::Relaxed);
+            me.word(0, 3).store(slot as u64, Ordering::Relaxed);
+            me.word(0, 1).store(MAGIC, Ordering::Release);
+            setup.announce_created(&path)?;
+        } else if me.word(0, 1).load(Ordering::Acquire) != MAGIC {
+            return Err(shm_err(format!("{} is not initialized", path.display())));
+        }
+        me.word(rank + 1, 1)
+            .store(std::process::id() as u64, Ordering::Release);
+        setup.all_mapped()?;
+        for r in 0..world {
+            me.pids[r] = me.word(r + 1, 1).load(Ordering::Acquire) as i32;
+        }
+        if rank == 0 {
+            // Everyone has it mapped: the name is no longer needed, and unlinking now means a
+            // crash later cannot leak the segment.
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(path = %path.display(), "unlink shm segment: {e}");
+            }
+        }
+        Ok(me)
+    }
+
+    /// The atomic u64 at word `w` of header line `line` (line 0: global, line r+1: rank r).
+    fn word(&self, line: usize, w: usize) -> &AtomicU64 {
+        debug_assert!(w < 8 && 64 * line + 8 * w + 8 <= self.header);
+        // SAFETY: the header lies inside the mapping, 64*line + 8*w is 8-byte aligned (the mapping
+        // is page aligned) and header words are only ever accessed atomically.
+        unsafe { &*(self.base.add(64 * line + 8 * w) as *const AtomicU64) }
+    }
+
+    fn slot_ptr(&self, set: usize, rank: usize) -> *mut u8 {
+        // SAFETY: set < 2 and rank < world, so the offset is inside the mapping (see `layout`).
+        unsafe {
+            self.base
+                .add(self.header + (set * self.world + rank) * self.slot)
+        }
+    }
+
+    /// A view of `len` bytes at `off` of a slot. Callers follow the protocol in the module docs,
+    /// which guarantees no other rank writes the same bytes while the view is alive.
+    #[allow(clippy::mut_from_ref)]
+    fn slot(&self, set: usize, rank: usize, off: usize, len: usize) -> &mut [u8] {
+        assert!(off + len <= self.slot, "invariant: access inside one slot");
+        // SAFETY: in bounds (asserted); exclusive by the barrier protocol described above.
+        unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(set, rank).add(off), len) }
+    }
+
+    fn next_set(&mut self) -> usize {
+        self.set ^= 1;
+        self.set
+    }
+
+    /// Rank `r`'s 32-bit futex word (low bits of its arrival counter).
+    fn fword(&self, r: usize) -> &AtomicU32 {
+        // SAFETY: offset 16 of rank r's header line is inside the header, 4-byte aligned, and
+        // only accessed atomically.
+        unsafe { &*(self.base.add(64 * (r + 1) + 16) as *const AtomicU32) }
+    }
+
+    /// All ranks arrive; bounded by the timeout and by peer liveness.
+    ///
+    /// Waiting: spin ~5 µs (a peer on another idle core arrives within a spin round trip,
+    /// 2.4 µs measured, spec §3.3), then `sched_yield` up to ~50 µs, then sleep in
+    /// `FUTEX_WAIT` on the missing rank's word (shared futex: the mapping is MAP_SHARED), waking
+    /// every 10 ms to check the deadline and peer pids. Arrivers `FUTEX_WAKE` only when the
+    /// header's sleeper count is non-zero; both sides use SeqCst so that either the arriver sees
+    /// the sleeper or the sleeper's futex sees the new value (Dekker-style).
+    fn barrier_wait(&mut self, op: &'static str) -> Result<()> {
+        self.epoch += 1;
+        let e = self.epoch;
+        self.word(self.rank + 1, 0).store(e, Ordering::SeqCst);
+        self.fword(self.rank).store(e as u32, Ordering::SeqCst);
+        if self.word(0, 4).load(Ordering::SeqCst) > 0 {
+            futex_wake(self.fword(self.rank));
+        }
+        let start = Instant::now();
+        let mut last_check = start;
+        let mut r = 0;
+        loop {
+            while r < self.world && self.word(r + 1, 0).load(Ordering::Acquire) >= e {
+                r += 1;
+            }
+            if r == self.world {
+                return Ok(());
+            }
+            let waited = start.elapsed();
+            if waited < Duration::from_micros(5) {
+                std::hint::spin_loop();
+                continue;
+            }
+            if waited < Duration::from_micros(50) {
+                std::thread::yield_now();
+                continue;
+            }
+            let v = self.fword(r).load(Ordering::SeqCst);
+            self.word(0, 4).fetch_add(1, Ordering::SeqCst);
+            if self.word(r + 1, 0).load(Ordering::SeqCst) < e {
+                futex_wait(self.fword(r), v, Duration::from_millis(10));
+            }
+            self.word(0, 4).fetch_sub(1, Ordering::SeqCst);
+            let now = Instant::now();
+            if now.duration_since(last_check) >= Duration::from_millis(10) {
+                last_check = now;
+                self.check_peers(op, e)?;
+                if now.duration_since(start) >= self.timeout {
+                    return Err(RuntimeError::Timeout {
+                        rank: self.rank,
+                        op,
+                        after: self.timeout,
+                        waiting_for: format!("rank {r} to reach the shared-memory barrier"),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Fails if a rank that has not yet reached barrier `epoch` is dead. Ranks that arrived may
+    /// legitimately exit (after the last collective of a run), so they are not checked; the
+    /// arrival is read *after* the liveness probe so an arrive-then-exit peer is never blamed.
+    fn check_peers(&self, op: &'static str, epoch: u64) -> Result<()> {
+        for (peer, pid) in self.pids.iter().enumerate() {
+            if *pid <= 0 || peer == self.rank {
+                continue;
+            }
+            if pid_alive(*pid) || self.word(peer + 1, 0).load(Ordering::Acquire) >= epoch {
+                continue;
+            }
+            return Err(RuntimeError::Peer {
+                rank: self.rank,
+                op,
+                peer,
+                msg: format!("process {pid} exited"),
+            });
+        }
+        Ok(())
+    }
+
+    fn all_reduce_piece(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        let (n, r, l) = (self.world, self.rank, buf.len());
+        let set = self.next_set();
+        if l <= NAIVE_THRESHOLD {
+            self.slot(set, r, 0, l).copy_from_slice(buf);
+            self.barrier_wait("all_reduce")?;
+            buf.copy_from_slice(self.slot(set, 0, 0, l));
+            for i in 1..n {
+                reduce_bytes(buf, self.slot(set, i, 0, l), dtype, op);
+            }
+            if op == ReduceOp::Avg {
+                div_bytes(buf, dtype, n);
+            }
+            return Ok(());
+        }
+        // Sliced: rank r owns slice r. Its own slice is never read by others, so it is neither
+        // copied in nor copied out (about a quarter less memory traffic for 2 ranks). The
+        // owner folds in rank order, x0 op x1 op ..., reading its own contribution from `buf`;
+        // rank 0 accumulates in `buf` (its x0 is the first term), the others in slot 0's slice
+        // (rank 0 copied x0 there), so the result equals a sequential left fold.
+        let b = chunk_bounds(l, dtype.size(), n);
+        let (s0, s1) = (b[r], b[r + 1]);
+        let len = s1 - s0;
+        self.slot(set, r, 0, s0).copy_from_slice(&buf[..s0]);
+        self.slot(set, r, s1, l - s1).copy_from_slice(&buf[s1..]);
+        self.barrier_wait("all_reduce")?;
+        if r == 0 {
+            let own = &mut buf[s0..s1];
+            for i in 1..n {
+                reduce_bytes(own, self.slot(set, i, s0, len), dtype, op);
+            }
+            if op == ReduceOp::Avg {
+                div_bytes(own, dtype, n);
+            }
+            self.slot(set, 0, s0, len).copy_from_slice(own);
+        } else {
+            let acc = self.slot(set, 0, s0, len);
+            for i in 1..n {
+                if i == r {
+                    reduce_bytes(acc, &buf[s0..s1], dtype, op);
+                } else {
+                    reduce_bytes(acc, self.slot(set, i, s0, len), dtype, op);
+                }
+            }
+            if op == ReduceOp::Avg {
+                div_bytes(acc, dtype, n);
+            }
+            buf[s0..s1].copy_from_slice(acc);
+        }
+        self.barrier_wait("all_reduce")?;
+        buf[..s0].copy_from_slice(self.slot(set, 0, 0, s0));
+        buf[s1..].copy_from_slice(self.slot(set, 0, s1, l - s1));
+        Ok(())
+    }
+}
+
+impl Drop for ShmComm {
+    fn drop(&mut self) {
+        // SAFETY: base/len are exactly what mmap returned; nothing borrows the mapping any more.
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, self.len);
+        }
+        if self.rank == 0 {
+            // Normally already unlinked after setup; this covers a failed setup.
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Backend for ShmComm {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn all_reduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        if self.world == 1 || buf.is_empty() {
+            return Ok(());
+        }
+        let piece = (self.slot / dtype.size()) * dtype.size();
+        for p in buf.chunks_mut(piece) {
+            self.all_reduce_piece(p, dtype, op)?;
+        }
+        Ok(())
+    }
+
+    fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
+        if self.world == 1 || buf.is_empty() {
+            return Ok(());
+        }
+        let slot = self.slot;
+        for p in buf.chunks_mut(slot) {
+            let set = self.next_set();
+            if self.rank == root {
+                self.slot(set, root, 0, p.len()).copy_from_slice(p);
+            }
+            self.barrier_wait("broadcast")?;
+            if self.rank != root {
+                p.copy_from_slice(self.slot(set, root, 0, p.len()));
+            }
+        }
+        Ok(())
+    }
+
+    fn all_gather(&mut self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        let (n, r, l) = (self.world, self.rank, send.len());
+        recv[r * l..(r + 1) * l].copy_from_slice(send);
+        if n == 1 || l == 0 {
+            return Ok(());
+        }
+        let mut off = 0;
+        while off < l {
+            let pl = (l - off).min(self.slot);
+            let set = self.next_set();
+            self.slot(set, r, 0, pl)
+                .copy_from_slice(&send[off..off + pl]);
+            self.barrier_wait("all_gather")?;
+            for i in (0..n).filter(|i| *i != r) {
+                recv[i * l + off..i * l + off + pl].copy_from_slice(self.slot(set, i, 0, pl));
+            }
+            off += pl;
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (n, r, l) = (self.world, self.rank, recv.len());
+        if n == 1 || l == 0 {
+            recv.copy_from_slice(&send[..l]);
+            return Ok(());
+        }
+        let es = dtype.size();
+        let per = (self.slot / n / es).max(1) * es;
+        let mut off = 0;
+        while off < l {
+            let pl = (l - off).min(per);
+            let set = self.next_set();
+            for j in 0..n {
+                self.slot(set, r, j * pl, pl)
+                    .copy_from_slice(&send[j * l + off..j * l + off + pl]);
+            }
+            self.barrier_wait("reduce_scatter")?;
+            let out = &mut recv[off..off + pl];
+            out.copy_from_slice(self.slot(set, 0, r * pl, pl));
+            for i in 1..n {
+                reduce_bytes(out, self.slot(set, i, r * pl, pl), dtype, op);
+            }
+            if op == ReduceOp::Avg {
+                div_bytes(out, dtype, n);
+            }
+            off += pl;
+        }
+        Ok(())
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        if self.world == 1 {
+            return Ok(());
+        }
+        self.barrier_wait("barrier")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_cleanup() {
+        assert_eq!(sanitize_run_id("a/b c"), "a_b_c");
+        let p = segment_path("job", 2, "x");
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        assert!(name.starts_with(&run_shm_prefix("job")), "{name}");
+        assert!(!run_shm_prefix("job-1").starts_with(&run_shm_prefix("job")));
+        let dir = std::env::temp_dir().join(format!("rdrun-shm-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(&name), b"x").unwrap();
+        let other = segment_path("job-1", 0, "x");
+        std::fs::write(dir.join(other.file_name().unwrap()), b"x").unwrap();
+        assert_eq!(cleanup_run_shm_in(&dir, "job").unwrap(), 1);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn pid_liveness_sees_zombies() {
+        assert!(pid_alive(std::process::id() as i32));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        // Not reaped yet: a zombie once it exits, which must count as dead.
+        let t = std::time::Instant::now();
+        while pid_alive(pid) {
+            assert!(t.elapsed() < Duration::from_secs(10), "zombie not detected");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.wait().unwrap();
+        assert!(!pid_alive(pid));
+    }
+
+    #[test]
+    fn layout_is_page_aligned() {
+        let (h, len) = layout(4, 4096);
+        assert_eq!(h, 4096);
+        assert_eq!(len, 4096 + 8 * 4096);
+        assert_eq!(layout(100, 64).0, 8192);
+    }
+}

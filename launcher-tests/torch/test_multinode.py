@@ -4,7 +4,7 @@ Each rank trains a small model with DistributedDataParallel on rank-dependent da
 final weights; all four must be identical (gradients were all-reduced across both nodes). The
 nodes use the static backend (node 0 hosts the store) and c10d. Skipped when torch is missing.
 Run: ~/.cache/rdrun/torch-venv/bin/python -m pytest launcher-tests/torch/test_multinode.py
-The rdrun binary: $RDRUN, else target/debug/rdrun (build it first).
+The rdrun binary: $RDRUN_BIN, else target/release/rdrun, else target/debug/rdrun.
 """
 
 import os
@@ -19,7 +19,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]
-RDRUN = os.environ.get("RDRUN") or str(REPO / "target" / "debug" / "rdrun")
+# As conftest.py: RDRUN_BIN, else the release build, else the debug build.
+RDRUN = os.environ.get("RDRUN_BIN") or next(
+    (str(p) for p in (REPO / "target" / "release" / "rdrun", REPO / "target" / "debug" / "rdrun")
+     if p.exists()),
+    str(REPO / "target" / "debug" / "rdrun"),
+)
 TIMEOUT = 240  # seconds, hard bound on each agent
 
 TRAIN = textwrap.dedent(

@@ -281,14 +281,6 @@ fn launcher_refusals_exit_1_before_any_worker_starts() {
     let touch = format!("touch {}", marker.display());
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (
-            vec!["--nnodes", "2", "--no-python", "/bin/sh", "-c", &touch],
-            "multi-node launches are not yet supported (--nnodes 2); rdrun runs one node (--nnodes 1) for now",
-        ),
-        (
-            vec!["--nnodes=1:4", "/bin/sh", "-c", &touch],
-            "multi-node launches are not yet supported (--nnodes 1:4); rdrun runs one node (--nnodes 1) for now",
-        ),
-        (
             vec!["missing_script_for_rdrun_test.py", &touch],
             "training script not found: missing_script_for_rdrun_test.py",
         ),

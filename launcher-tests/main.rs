@@ -6,10 +6,12 @@
 //! - `store`: the TCPStore-compatible server and client over 127.0.0.1.
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
+//! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod cli;
 mod env;
+mod multinode;
 mod output;
 mod regression;
 mod rendezvous;

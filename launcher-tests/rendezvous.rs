@@ -93,6 +93,11 @@ impl Netns {
         format!("fd00:231::{}", i + 1)
     }
 
+    /// Node `i`'s namespace name (for `ip netns exec`).
+    pub fn name(&self, i: usize) -> String {
+        format!("rdrun-{}-{i}", self.tag)
+    }
+
     fn ns_path(&self, i: usize) -> PathBuf {
         PathBuf::from(format!("/var/run/netns/rdrun-{}-{i}", self.tag))
     }

@@ -72,6 +72,8 @@ pub struct Rdrun {
     env_remove: Vec<OsString>,
     timeout: Duration,
     cwd: Option<PathBuf>,
+    /// Network namespace (`ip netns` name) to run rdrun in.
+    netns: Option<String>,
 }
 
 impl Default for Rdrun {
@@ -101,6 +103,7 @@ impl Rdrun {
             .collect(),
             timeout: RUN_TIMEOUT,
             cwd: None,
+            netns: None,
         }
     }
 
@@ -141,8 +144,22 @@ impl Rdrun {
         self
     }
 
+    /// Runs rdrun inside network namespace `name` (`ip netns exec` execs it in place, so the
+    /// pid is still rdrun's).
+    pub fn netns(mut self, name: &str) -> Rdrun {
+        self.netns = Some(name.to_string());
+        self
+    }
+
     fn command(&self) -> Command {
-        let mut cmd = Command::new(rdrun_bin());
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(rdrun_bin());
+                c
+            }
+            None => Command::new(rdrun_bin()),
+        };
         cmd.args(&self.args);
         // PET_* variables are flag fallbacks: one left in the test's environment would change
         // what the command line means.

@@ -188,8 +188,6 @@ pub enum ConfigError {
     /// torchrun's own message for this combination.
     #[error("don't use both the '--no-python' flag and the '--module' flag at the same time")]
     ModuleWithNoPython,
-    #[error("multi-node launches are not yet supported (--nnodes {nnodes}); rdrun runs one node (--nnodes 1) for now")]
-    MultiNode { nnodes: String },
     #[error("--nproc-per-node {value}: {reason}")]
     NoDevices { value: String, reason: String },
     #[error("training script not found: {0}")]
@@ -480,14 +478,6 @@ pub fn resolve_with(
     let signals_to_handle = parse_signals(&args.signals_to_handle);
     let shutdown_timeout = resolve_shutdown_timeout(args.shutdown_timeout, env)?;
     let command = resolve_command(&args, env, host)?;
-
-    // Multi-node is its own issue: refuse it rather than run one node of a multi-node job.
-    // Checked after every value is validated so that typos are reported first.
-    if nnodes.max > 1 {
-        return Err(ConfigError::MultiNode {
-            nnodes: args.nnodes.clone(),
-        });
-    }
 
     let nproc_per_node = resolve_nproc(&args.nproc_per_node, env, host)?;
     if args.virtual_local_rank {
@@ -1253,15 +1243,59 @@ mod tests {
     }
 
     #[test]
-    fn multi_node_is_refused_not_run_as_one_node() {
-        for n in ["2", "1:2", "4:4"] {
-            let e = fail(&["--nnodes", n, "t.py"]);
-            assert_eq!(e, ConfigError::MultiNode { nnodes: n.into() });
-            assert_eq!(e.exit_code(), crate::exit::LAUNCHER_FAILURE);
-            assert!(e
-                .to_string()
-                .contains("multi-node launches are not yet supported"));
-        }
+    fn multi_node_resolves_to_a_rendezvous() {
+        // Static: node 0 hosts the store at --master-addr:--master-port (torchrun's default).
+        let c = ok(&[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "10.0.0.1",
+            "--master-port",
+            "1234",
+            "t.py",
+        ]);
+        assert_eq!(
+            (c.nnodes, c.node_rank, c.standalone),
+            (NodeRange { min: 2, max: 2 }, 1, false)
+        );
+        assert_eq!(c.rdzv.backend, RdzvBackend::Static);
+        assert_eq!(
+            c.rdzv.endpoint,
+            Some(Endpoint {
+                host: "10.0.0.1".into(),
+                port: 1234
+            })
+        );
+        // c10d MIN:MAX with an endpoint.
+        let c = ok(&[
+            "--nnodes",
+            "1:4",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "h:5",
+            "--rdzv-id",
+            "j",
+            "t.py",
+        ]);
+        assert_eq!(c.nnodes, NodeRange { min: 1, max: 4 });
+        assert_eq!(
+            (c.rdzv.backend, c.rdzv.run_id.as_str()),
+            (RdzvBackend::C10d, "j")
+        );
+        // A node rank outside the static job is still refused.
+        let e = fail(&[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "2",
+            "--master-port",
+            "1",
+            "t.py",
+        ]);
+        assert!(e.to_string().starts_with("--node-rank '2'"), "{e}");
     }
 
     #[test]

@@ -7,6 +7,14 @@
 //! goes through [`output::forward_until`]; failures are rendered by [`report`]; the agent only
 //! decides. The worker store ([`StoreServer`]) lives as long as the run and is cleared between
 //! attempts.
+//!
+//! Multi-node ([`uses_rendezvous`]): every attempt starts with a rendezvous round
+//! ([`Rendezvous::next_round`]) whose [`Assignment`] gives the ranks, and the attempt also
+//! watches the rendezvous: a membership change (late joiner, lost peer, another node's restart)
+//! stops the workers and joins the next round without charging a restart; the restart budget is
+//! the job-wide `asg.restart_count`. Static jobs give the workers the rendezvous store itself
+//! (MASTER_ADDR:PORT = the endpoint); c10d agents serve one worker store on every interface and
+//! publish its port each round.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -19,8 +27,11 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::config::{self, LaunchConfig};
+use crate::config::{self, LaunchConfig, RdzvBackend};
 use crate::exit::{self, WorkerStatus};
+use crate::rendezvous::{
+    Assignment, RdzvEvent, Rendezvous, RendezvousError, RoundReason, RoundRequest,
+};
 use crate::store::server::{self, ServerConfig, ServerExit, StoreServer};
 use crate::workerenv::WorkerEnv;
 
@@ -35,6 +46,9 @@ use super::worker::{self, SpawnSpec};
 /// How long rdrun waits for processes to disappear after SIGKILL before it gives up on them
 /// (a process in uninterruptible sleep cannot die until its I/O ends).
 const KILL_WAIT: Duration = Duration::from_secs(5);
+/// How long a node that does not host the rendezvous store tries to close the rendezvous after
+/// a successful exit barrier (the host closes it anyway and may be gone already).
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// How long rdrun waits for a worker's output pipes to close once its processes are gone (a
 /// pipe may still be held by a process rdrun cannot kill).
 const OUTPUT_WAIT: Duration = Duration::from_secs(2);
@@ -44,13 +58,6 @@ const OUTPUT_WAIT: Duration = Duration::from_secs(2);
 /// Call it from the main thread: workers are spawned on the calling thread (a current-thread
 /// tokio runtime), and their PR_SET_PDEATHSIG fires when that thread ends.
 pub fn run(config: LaunchConfig) -> i32 {
-    if config.nnodes.max > 1 {
-        eprintln!(
-            "rdrun: error: multi-node runs (--nnodes {}:{}) are not yet supported",
-            config.nnodes.min, config.nnodes.max
-        );
-        return exit::LAUNCHER_FAILURE;
-    }
     if config.nproc_per_node == 0 {
         eprintln!("rdrun: error: --nproc-per-node must be at least 1");
         return exit::LAUNCHER_FAILURE;
@@ -132,8 +139,18 @@ impl Stop {
 enum Outcome {
     Succeeded,
     Failed(Vec<Failure>),
-    Interrupted { signal: i32, failures: Vec<Failure> },
+    Interrupted {
+        signal: i32,
+        failures: Vec<Failure>,
+    },
     LauncherError(String),
+    /// The rendezvous membership changed (multi-node): join the next round with `reason`.
+    Regroup {
+        reason: RoundReason,
+        lost: Vec<String>,
+    },
+    /// The rendezvous was closed or its store became unreachable: the run cannot go on.
+    RendezvousLost(String),
 }
 
 /// Kills every process group it holds when dropped while armed (a panic in the agent).
@@ -168,6 +185,10 @@ struct Agent {
     store_closed: Pin<Box<dyn Future<Output = ServerExit> + Send>>,
     /// Why the store stopped, once it did.
     store_failed: Option<String>,
+    /// The rendezvous of a multi-node run (`None`: single node, no rounds).
+    rdzv: Option<Rendezvous>,
+    /// How the rendezvous ended the current attempt (`Regroup` or `RendezvousLost`), if it did.
+    rdzv_end: Option<Outcome>,
 }
 
 impl Agent {
@@ -181,28 +202,69 @@ impl Agent {
                 return exit::LAUNCHER_FAILURE;
             }
         };
-        let (listener, master_addr) = match bind_store(&config) {
-            Ok(v) => v,
-            Err(msg) => {
-                eprintln!("rdrun: error: {msg}");
-                return exit::LAUNCHER_FAILURE;
-            }
-        };
+        let mut signals = signals;
         // Every worker holds one store connection (one descriptor here).
         if let Err(err) = server::raise_nofile_limit() {
             tracing::debug!("cannot raise the open-file limit: {err}");
         }
-        // The store serves the very socket bound above, for the whole run (torchrun's agent
-        // store, spec torchrun-compat §2.3); workers connect as TCPStore clients.
-        let store = match StoreServer::start(listener, ServerConfig::default()) {
-            Ok(store) => store,
-            Err(err) => {
-                eprintln!("rdrun: error: cannot start the worker store: {err}");
-                return exit::LAUNCHER_FAILURE;
+        let mut rdzv = None;
+        if uses_rendezvous(&config) {
+            match until_shutdown(&mut signals, Rendezvous::start(&config)).await {
+                Ok(Ok(r)) => rdzv = Some(r),
+                Ok(Err(err)) => {
+                    eprintln!("rdrun: error: {}", error_chain(&err));
+                    return exit::LAUNCHER_FAILURE;
+                }
+                Err(sig) => {
+                    tracing::warn!(
+                        "received {} during the rendezvous, exiting",
+                        signals::name(sig)
+                    );
+                    return exit::for_signal(sig);
+                }
+            }
+        }
+        let store = match &rdzv {
+            // Static: workers use the rendezvous store on node 0 (TORCHELASTIC_USE_AGENT_STORE).
+            Some(r) if r.uses_rendezvous_store() => None,
+            // c10d: one worker store on every interface for the whole run; the agent that becomes
+            // group rank 0 publishes its port as MASTER_PORT.
+            Some(_) => match bind_worker_store_any(config.master_port.unwrap_or(0)) {
+                Ok(store) => Some(store),
+                Err(msg) => {
+                    eprintln!("rdrun: error: {msg}");
+                    return exit::LAUNCHER_FAILURE;
+                }
+            },
+            None => {
+                let (listener, _) = match bind_store(&config) {
+                    Ok(v) => v,
+                    Err(msg) => {
+                        eprintln!("rdrun: error: {msg}");
+                        return exit::LAUNCHER_FAILURE;
+                    }
+                };
+                // The store serves the very socket bound above, for the whole run (torchrun's
+                // agent store, spec torchrun-compat §2.3); workers connect as TCPStore clients.
+                match StoreServer::start(listener, ServerConfig::default()) {
+                    Ok(store) => Some(store),
+                    Err(err) => {
+                        eprintln!("rdrun: error: cannot start the worker store: {err}");
+                        return exit::LAUNCHER_FAILURE;
+                    }
+                }
             }
         };
-        let master_port = store.port();
-        let store_closed = Box::pin(store.closed());
+        let master_addr = if config.standalone || is_loopback(&config.master_addr) {
+            "127.0.0.1".to_string()
+        } else {
+            config.master_addr.clone()
+        };
+        let master_port = store.as_ref().map_or(0, StoreServer::port);
+        let store_closed: Pin<Box<dyn Future<Output = ServerExit> + Send>> = match &store {
+            Some(s) => Box::pin(s.closed()),
+            None => Box::pin(std::future::pending()),
+        };
         tracing::debug!(%master_addr, master_port, "worker store serving");
         let host = nix::unistd::gethostname()
             .ok()
@@ -228,13 +290,20 @@ impl Agent {
             master_port,
             signals_env,
             grace,
-            store: Some(store),
+            store,
             store_closed,
             store_failed: None,
+            rdzv,
+            rdzv_end: None,
         };
         let code = agent.attempts().await;
         if let Some(store) = agent.store.take() {
             store.shutdown().await;
+        }
+        if let Some(rdzv) = agent.rdzv.take() {
+            if let Some(server) = rdzv.server {
+                server.shutdown().await;
+            }
         }
         if let Some(w) = &agent.watchdog {
             w.disarm();
@@ -242,10 +311,11 @@ impl Agent {
         code
     }
 
-    /// The restart loop.
+    /// The restart loop (one rendezvous round per attempt when multi-node).
     async fn attempts(&mut self) -> i32 {
         let mut logs = RunLogs::new(&self.config.log, &self.config.rdzv.run_id);
         let mut restart_count = 0u32;
+        let mut reason = RoundReason::Initial;
         let code = loop {
             // A shutdown signal that arrived between attempts ends the run before a new spawn.
             while let Some(sig) = self.signals.try_recv() {
@@ -259,18 +329,54 @@ impl Agent {
                     return exit::for_signal(sig);
                 }
             }
-            let outcome = self.attempt(&mut logs, restart_count).await;
+            let asg = match self.rdzv.is_some() {
+                true => match self.join_round(reason).await {
+                    Ok(asg) => asg,
+                    Err(code) => break code,
+                },
+                false => self.single_node_assignment(restart_count, reason),
+            };
+            restart_count = asg.restart_count;
+            let outcome = self.attempt(&mut logs, &asg).await;
             let end = match &outcome {
                 Outcome::Succeeded => AttemptEnd::Succeeded,
                 Outcome::Failed(_) => AttemptEnd::Failed,
                 Outcome::Interrupted { .. } => AttemptEnd::Interrupted,
-                Outcome::LauncherError(_) => AttemptEnd::LauncherError,
+                Outcome::LauncherError(_) | Outcome::RendezvousLost(_) => AttemptEnd::LauncherError,
+                Outcome::Regroup { .. } => AttemptEnd::Failed,
             };
             match (
                 restart::decide(end, restart_count, self.config.max_restarts),
                 outcome,
             ) {
-                (Decision::Finish, _) => break exit::SUCCESS,
+                (_, Outcome::Regroup { reason: why, lost })
+                    if why != RoundReason::PeerLost || restart_count < self.config.max_restarts =>
+                {
+                    if lost.is_empty() {
+                        tracing::warn!("rendezvous membership changed; stopping the workers and joining the next round");
+                    } else {
+                        tracing::warn!(?lost, "peer node(s) stopped heartbeating; stopping the workers and joining the next round");
+                    }
+                    self.between_attempts();
+                    reason = why;
+                }
+                (_, Outcome::Regroup { lost, .. }) => {
+                    eprintln!(
+                        "rdrun: error: node(s) {} of the static job stopped heartbeating and no restarts are left ({} used)",
+                        lost.join(", "),
+                        restart_count
+                    );
+                    self.close_rdzv().await;
+                    break exit::LAUNCHER_FAILURE;
+                }
+                (_, Outcome::RendezvousLost(msg)) => {
+                    eprintln!("rdrun: error: {msg}");
+                    break exit::LAUNCHER_FAILURE;
+                }
+                (Decision::Finish, _) => {
+                    self.finish_rdzv(&asg).await;
+                    break exit::SUCCESS;
+                }
                 (
                     Decision::Restart {
                         restart_count: next,
@@ -282,21 +388,18 @@ impl Agent {
                         self.config.max_restarts - restart_count,
                         self.config.max_restarts
                     );
-                    // The new attempt must see none of the previous attempt's keys (torchrun bug
-                    // pytorch/pytorch#135712: a stale NCCL unique id reused after a restart).
-                    if let Some(store) = &self.store {
-                        store.clear();
-                    }
-                    if let Some(w) = &self.watchdog {
-                        w.disarm();
-                    }
+                    self.between_attempts();
                     restart_count = next;
+                    reason = RoundReason::WorkerFailure;
                 }
                 (_, Outcome::LauncherError(msg)) => {
+                    self.close_rdzv().await;
                     eprintln!("rdrun: error: {msg}");
                     break exit::LAUNCHER_FAILURE;
                 }
                 (_, Outcome::Interrupted { signal, failures }) => {
+                    // As torchrun: a signalled agent leaves the rendezvous open, so that the
+                    // node can come back (preemption) and the others carry on (c10d).
                     if !failures.is_empty() {
                         self.print_report(failures);
                     }
@@ -304,6 +407,7 @@ impl Agent {
                     break exit::for_signal(signal);
                 }
                 (_, Outcome::Failed(failures)) => {
+                    self.close_rdzv().await;
                     break self.print_report(failures);
                 }
                 (_, Outcome::Succeeded) => break exit::SUCCESS,
@@ -314,6 +418,118 @@ impl Agent {
         self.forget_dir();
         logs.finish();
         code
+    }
+
+    /// Between two attempts: the new one must see none of the previous attempt's keys (torchrun
+    /// bug pytorch/pytorch#135712: a stale NCCL unique id reused after a restart).
+    fn between_attempts(&self) {
+        if let Some(store) = &self.store {
+            store.clear();
+        }
+        if let Some(w) = &self.watchdog {
+            w.disarm();
+        }
+    }
+
+    /// The single-node "round": this node alone, counted locally.
+    fn single_node_assignment(&self, restart_count: u32, reason: RoundReason) -> Assignment {
+        let nproc = self.config.nproc_per_node;
+        Assignment {
+            round: u64::from(restart_count),
+            group_rank: 0,
+            group_world_size: 1,
+            local_world_size: nproc,
+            base_rank: 0,
+            world_size: nproc,
+            master_addr: self.master_addr.clone(),
+            master_port: self.master_port,
+            restart_count,
+            reason,
+            store_prefix: String::new(),
+            nodes: Vec::new(),
+        }
+    }
+
+    /// Joins the next rendezvous round; on failure prints why and returns the exit code.
+    async fn join_round(&mut self, reason: RoundReason) -> Result<Assignment, i32> {
+        let rdzv = self.rdzv.as_mut().expect("multi-node run has a rendezvous");
+        let req = RoundRequest {
+            reason,
+            master_port: self.master_port,
+        };
+        match until_shutdown(&mut self.signals, rdzv.next_round(req)).await {
+            Ok(Ok(asg)) => {
+                tracing::info!(
+                    round = asg.round,
+                    group_rank = asg.group_rank,
+                    group_world_size = asg.group_world_size,
+                    world_size = asg.world_size,
+                    restart_count = asg.restart_count,
+                    master = %format!("{}:{}", asg.master_addr, asg.master_port),
+                    "rendezvous round complete"
+                );
+                Ok(asg)
+            }
+            Ok(Err(RendezvousError::Closed { redundant: true })) => {
+                tracing::warn!("the job finished while this node waited to join; nothing to do");
+                Err(exit::SUCCESS)
+            }
+            Ok(Err(err)) => {
+                eprintln!("rdrun: error: {}", error_chain(&err));
+                Err(exit::LAUNCHER_FAILURE)
+            }
+            Err(sig) => {
+                tracing::warn!(
+                    "received {} during the rendezvous, exiting",
+                    signals::name(sig)
+                );
+                Err(exit::for_signal(sig))
+            }
+        }
+    }
+
+    /// After local success: the exit barrier (errors are only logged, as torchrun), then close.
+    async fn finish_rdzv(&mut self, asg: &Assignment) {
+        let Some(rdzv) = self.rdzv.as_ref() else {
+            return;
+        };
+        let timeout = self.config.exit_barrier_timeout;
+        match until_shutdown(&mut self.signals, rdzv.exit_barrier(asg, timeout)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::error!("exit barrier: {}", error_chain(&err)),
+            Err(sig) => {
+                tracing::warn!("received {} in the exit barrier", signals::name(sig));
+                return;
+            }
+        }
+        // The store's host lingers in the barrier until every agent has departed, then closes
+        // (for nodes still waiting to join). The others try briefly: the host may be gone.
+        if rdzv.server.is_some() {
+            self.close_rdzv().await;
+        } else if tokio::time::timeout(CLOSE_WAIT, self.close_rdzv_quiet())
+            .await
+            .is_err()
+        {
+            tracing::debug!("rendezvous store gone after the exit barrier; not closing it");
+        }
+    }
+
+    /// [`Agent::close_rdzv`] with failures at debug level (the store may be gone already).
+    async fn close_rdzv_quiet(&mut self) {
+        if let Some(rdzv) = self.rdzv.as_mut() {
+            if let Err(err) = rdzv.close().await {
+                tracing::debug!("cannot close the rendezvous: {}", error_chain(&err));
+            }
+        }
+    }
+
+    /// Closes the rendezvous for every node (the job is over); errors are only logged.
+    async fn close_rdzv(&mut self) {
+        if let Some(rdzv) = self.rdzv.as_mut() {
+            if let Err(err) = rdzv.close().await {
+                tracing::warn!("cannot close the rendezvous: {}", error_chain(&err));
+            }
+        }
     }
 
     fn forget_dir(&self) {
@@ -352,12 +568,13 @@ impl Agent {
     }
 
     /// One attempt: spawn every local rank, supervise until the group is gone, collect failures.
-    async fn attempt(&mut self, logs: &mut RunLogs, restart_count: u32) -> Outcome {
+    async fn attempt(&mut self, logs: &mut RunLogs, asg: &Assignment) -> Outcome {
         let nproc = self.config.nproc_per_node;
+        let restart_count = asg.restart_count;
         let ids: Vec<RankIdentity> = (0..nproc)
             .map(|lr| RankIdentity {
                 role: self.config.role.clone(),
-                rank: lr,
+                rank: asg.base_rank + lr,
                 local_rank: lr,
                 hostname: short_host(&self.host),
             })
@@ -383,18 +600,19 @@ impl Agent {
         let mut launch_error = None;
         for (lr, id) in ids.iter().enumerate() {
             let rank_logs = &attempt_logs.ranks[lr];
+            // ROLE_RANK/ROLE_WORLD_SIZE equal RANK/WORLD_SIZE: every node runs one role.
             let contract = WorkerEnv {
-                rank: lr,
+                rank: asg.base_rank + lr,
                 local_rank: lr,
-                world_size: nproc,
+                world_size: asg.world_size,
                 local_world_size: nproc,
-                group_rank: 0,
-                group_world_size: 1,
-                role_rank: lr,
-                role_world_size: nproc,
+                group_rank: asg.group_rank,
+                group_world_size: asg.group_world_size,
+                role_rank: asg.base_rank + lr,
+                role_world_size: asg.world_size,
                 role_name: self.config.role.clone(),
-                master_addr: self.master_addr.clone(),
-                master_port: self.master_port,
+                master_addr: asg.master_addr.clone(),
+                master_port: asg.master_port,
                 restart_count,
                 max_restarts: self.config.max_restarts,
                 run_id: self.config.rdzv.run_id.clone(),
@@ -439,7 +657,7 @@ impl Agent {
                     );
                     slots.push(Slot {
                         local_rank: lr,
-                        rank: lr,
+                        rank: asg.base_rank + lr,
                         pid: spawned.pid,
                         status: None,
                         output: Some(handle),
@@ -484,6 +702,7 @@ impl Agent {
         let mut failures: Vec<Failure> = Vec::new();
         let mut failed_slots: Vec<usize> = Vec::new();
         let mut interrupted: Option<i32> = None;
+        self.rdzv_end = None;
         let mut stop = Stop::None;
         if launch_error.is_some() {
             stop = self.begin_stop(&pgids, libc::SIGTERM);
@@ -530,6 +749,27 @@ impl Agent {
                                     signals::name(sig)
                                 );
                                 stop = self.kill_all(&pgids);
+                            }
+                        }
+                    }
+                    Event::Rendezvous(ev) => {
+                        let end = rendezvous_end(
+                            ev,
+                            self.rdzv
+                                .as_ref()
+                                .is_some_and(Rendezvous::uses_rendezvous_store),
+                        );
+                        let lost = matches!(end, Outcome::RendezvousLost(_));
+                        // After this node's own failure the failure decides: its restart joins
+                        // whatever round the others started.
+                        let own_failure = !failures.is_empty() || !failed_slots.is_empty();
+                        if lost
+                            || (!own_failure && interrupted.is_none() && self.rdzv_end.is_none())
+                        {
+                            tracing::info!(?end, "rendezvous event; stopping the workers");
+                            self.rdzv_end = Some(end);
+                            if stop == Stop::None {
+                                stop = self.begin_stop(&pgids, libc::SIGTERM);
                             }
                         }
                     }
@@ -583,7 +823,7 @@ impl Agent {
                 for &i in &failed_slots {
                     let s = &slots[i];
                     let status = s.status.expect("failed slot has a status");
-                    if failures.is_empty() {
+                    if failures.is_empty() && self.rdzv_end.is_none() {
                         tracing::error!(
                             "failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
                             status.torchrun_code(),
@@ -640,7 +880,10 @@ impl Agent {
                 }
             }
             let deadline = stop.deadline();
+            let watch_rdzv =
+                self.rdzv.is_some() && !matches!(self.rdzv_end, Some(Outcome::RendezvousLost(_)));
             tokio::select! {
+                ev = watch_opt(self.rdzv.as_mut()), if watch_rdzv => pending.push(Event::Rendezvous(ev)),
                 _ = self.sigchld.recv() => {
                     for (pid, status) in worker::reap() {
                         pending.push(Event::Reaped { pid, status });
@@ -797,6 +1040,11 @@ impl Agent {
         if let Some(msg) = launch_error {
             return Outcome::LauncherError(msg);
         }
+        match self.rdzv_end.take() {
+            Some(end @ Outcome::RendezvousLost(_)) => return end,
+            Some(end) if interrupted.is_none() => return end,
+            _ => {}
+        }
         if let Some(signal) = interrupted {
             return Outcome::Interrupted { signal, failures };
         }
@@ -813,6 +1061,96 @@ impl Agent {
 fn forward_to_all(pgids: &[i32], sig: i32) {
     for &pgid in pgids {
         worker::signal_group(pgid, sig);
+    }
+}
+
+/// The next rendezvous event; pending forever without a rendezvous.
+async fn watch_opt(rdzv: Option<&mut Rendezvous>) -> RdzvEvent {
+    match rdzv {
+        Some(r) => r.watch().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a rendezvous event means for the running attempt. A static job cannot shrink: a lost
+/// peer is a failure of the job (charged, `PeerLost`); a c10d job regroups without it.
+fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
+    match ev {
+        RdzvEvent::Closed => Outcome::RendezvousLost(
+            "the rendezvous was closed by another node (the job finished or gave up there)".into(),
+        ),
+        RdzvEvent::StoreUnreachable(msg) => {
+            Outcome::RendezvousLost(format!("lost the rendezvous store: {msg}"))
+        }
+        RdzvEvent::PeersLost(lost) => Outcome::Regroup {
+            reason: if static_job {
+                RoundReason::PeerLost
+            } else {
+                RoundReason::Membership
+            },
+            lost,
+        },
+        RdzvEvent::NodesWaiting(_) | RdzvEvent::RoundChanged { .. } => Outcome::Regroup {
+            reason: RoundReason::Membership,
+            lost: Vec::new(),
+        },
+    }
+}
+
+/// Runs `fut` unless a shutdown signal arrives first (then `Err(signal)`). Other handled
+/// signals have no worker to go to while no attempt runs; they are logged and dropped.
+async fn until_shutdown<T>(signals: &mut Signals, fut: impl Future<Output = T>) -> Result<T, i32> {
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            v = &mut fut => return Ok(v),
+            sig = signals.recv() => {
+                if signals::action(sig) == SignalAction::Shutdown {
+                    return Err(sig);
+                }
+                tracing::info!("received {} while no worker runs; ignoring it", signals::name(sig));
+            }
+        }
+    }
+}
+
+/// An error and its sources on one line (`a: b: c`).
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut msg = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
+/// Whether this launch goes through a rendezvous: several nodes, or a c10d endpoint even for
+/// one node (as torchrun). A one-node static launch with `--master-port` keeps the single-node
+/// path (same ranks, same store, no rendezvous traffic), and so does a one-node etcd launch
+/// (rdrun has no etcd backend; one node needs none).
+pub fn uses_rendezvous(config: &LaunchConfig) -> bool {
+    !config.standalone
+        && config.rdzv.endpoint.is_some()
+        && (config.nnodes.max > 1 || config.rdzv.backend == RdzvBackend::C10d)
+}
+
+/// The c10d worker store: every interface, dual-stack `[::]` (IPv4 peers too), else `0.0.0.0`
+/// where IPv6 is disabled; on `port` (`--master-port`) or one the kernel picks.
+fn bind_worker_store_any(port: u16) -> Result<StoreServer, String> {
+    let v6 = SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), port);
+    match StoreServer::bind(v6, ServerConfig::default()) {
+        Ok(s) => Ok(s),
+        Err(e6) => {
+            let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
+            tracing::debug!("cannot bind the worker store on {v6}: {e6}; trying {v4}");
+            StoreServer::bind(v4, ServerConfig::default())
+                .map_err(|err| format!("cannot bind the worker store on {v4}: {err}"))
+        }
     }
 }
 
@@ -911,6 +1249,90 @@ mod tests {
             report_json: None,
             exit_barrier_timeout: Duration::from_secs(300),
         }
+    }
+
+    #[test]
+    fn which_launches_use_the_rendezvous() {
+        use crate::config::{Endpoint, NodeRange};
+        let ep = Some(Endpoint {
+            host: "h".into(),
+            port: 1,
+        });
+        // (standalone, backend, endpoint, nnodes max, expected)
+        let table = [
+            (true, RdzvBackend::C10d, None, 1, false),
+            (false, RdzvBackend::Static, ep.clone(), 1, false),
+            (false, RdzvBackend::Static, ep.clone(), 2, true),
+            (false, RdzvBackend::C10d, ep.clone(), 1, true),
+            (false, RdzvBackend::C10d, ep.clone(), 4, true),
+            (false, RdzvBackend::Etcd, ep.clone(), 1, false),
+            (false, RdzvBackend::Etcd, ep.clone(), 2, true),
+        ];
+        for (standalone, backend, endpoint, max, want) in table {
+            let mut c = config(standalone, "127.0.0.1", None);
+            c.rdzv.backend = backend;
+            c.rdzv.endpoint = endpoint;
+            c.nnodes = NodeRange { min: 1, max };
+            assert_eq!(uses_rendezvous(&c), want, "{standalone} {backend:?} {max}");
+        }
+    }
+
+    #[test]
+    fn rendezvous_events_to_outcomes() {
+        let regroup = |o: Outcome| match o {
+            Outcome::Regroup { reason, lost } => Some((reason, lost)),
+            _ => None,
+        };
+        let lost = vec!["n2".to_string()];
+        // A static job cannot shrink: a lost peer is charged; c10d regroups for free.
+        assert_eq!(
+            regroup(rendezvous_end(RdzvEvent::PeersLost(lost.clone()), true)),
+            Some((RoundReason::PeerLost, lost.clone()))
+        );
+        assert_eq!(
+            regroup(rendezvous_end(RdzvEvent::PeersLost(lost.clone()), false)),
+            Some((RoundReason::Membership, lost))
+        );
+        for ev in [
+            RdzvEvent::NodesWaiting(1),
+            RdzvEvent::RoundChanged {
+                round: 3,
+                reason: RoundReason::WorkerFailure,
+            },
+        ] {
+            assert_eq!(
+                regroup(rendezvous_end(ev, false)),
+                Some((RoundReason::Membership, Vec::new()))
+            );
+        }
+        for (ev, want) in [
+            (
+                RdzvEvent::Closed,
+                "the rendezvous was closed by another node",
+            ),
+            (
+                RdzvEvent::StoreUnreachable("x:1 refused".into()),
+                "lost the rendezvous store: x:1 refused",
+            ),
+        ] {
+            match rendezvous_end(ev, true) {
+                Outcome::RendezvousLost(msg) => assert!(msg.starts_with(want), "{msg}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn error_chain_is_one_line_without_repeats() {
+        let inner = std::io::Error::other("connection refused");
+        let err = RendezvousError::Host {
+            endpoint: "h:1".into(),
+            source: inner,
+        };
+        assert_eq!(
+            error_chain(&err),
+            "cannot serve the rendezvous store at h:1: connection refused"
+        );
     }
 
     #[test]

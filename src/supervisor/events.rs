@@ -4,6 +4,7 @@
 //! (a child exited, a signal arrived, a deadline passed) reaches it as one of these values.
 
 use crate::exit::WorkerStatus;
+use crate::rendezvous::RdzvEvent;
 
 /// Something the agent must react to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,4 +17,6 @@ pub enum Event {
     Deadline,
     /// The worker store stopped serving (why): the run cannot go on.
     StoreStopped(String),
+    /// The rendezvous reported a change (multi-node): membership, closed, or store lost.
+    Rendezvous(RdzvEvent),
 }

@@ -235,3 +235,58 @@ fn signals_to_handle_reaches_workers() {
     );
     assert_eq!(all[0]["TORCHELASTIC_SIGNALS_TO_HANDLE"], "SIGTERM,SIGUSR1");
 }
+
+/// A fake Python environment `<dir>/venv` (bin/python), with a pip NCCL library when asked.
+fn fake_venv(dir: &TempDir, with_nccl: bool) -> (std::path::PathBuf, std::path::PathBuf) {
+    let venv = dir.join("venv");
+    let lib = venv.join("lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2");
+    std::fs::create_dir_all(lib.parent().expect("parent")).expect("mkdir");
+    if with_nccl {
+        std::fs::write(&lib, b"not really a library").expect("write");
+    }
+    std::fs::create_dir_all(venv.join("bin")).expect("mkdir");
+    let python = venv.join("bin/python");
+    std::fs::write(&python, b"#!/bin/sh\nexit 0\n").expect("write");
+    std::fs::set_permissions(&python, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    (venv, lib)
+}
+
+/// Issue #6: a pip-installed NCCL (`nvidia/nccl/lib/libnccl.so.2` in the worker's Python
+/// environment) is made loadable for cudarc, which only tries `libnccl.so`: the workers'
+/// LD_LIBRARY_PATH starts with a directory holding `libnccl.so -> …/libnccl.so.2`, and the
+/// inherited value follows. Without a pip NCCL nothing changes.
+#[test]
+fn pip_nccl_made_loadable() {
+    let dir = TempDir::new("pip_nccl");
+    let (venv, lib) = fake_venv(&dir, true);
+    let all = envs(
+        &dir,
+        2,
+        Rdrun::new()
+            .env("VIRTUAL_ENV", venv.to_str().expect("utf8"))
+            .env("XDG_CACHE_HOME", dir.join("cache").to_str().expect("utf8"))
+            .env("LD_LIBRARY_PATH", "/inherited/lib"),
+        &[],
+    );
+    for env in &all {
+        let path = &env["LD_LIBRARY_PATH"];
+        let (first, rest) = path.split_once(':').expect("two entries");
+        assert_eq!(rest, "/inherited/lib", "{path}");
+        let link = std::path::Path::new(first).join("libnccl.so");
+        assert_eq!(std::fs::read_link(&link).expect("symlink"), lib, "{path}");
+    }
+
+    let dir2 = TempDir::new("no_pip_nccl");
+    let (venv2, _) = fake_venv(&dir2, false);
+    let all = envs(
+        &dir2,
+        1,
+        Rdrun::new()
+            .env("VIRTUAL_ENV", venv2.to_str().expect("utf8"))
+            .env("XDG_CACHE_HOME", dir2.join("cache").to_str().expect("utf8"))
+            .env("LD_LIBRARY_PATH", "/inherited/lib"),
+        &[],
+    );
+    assert_eq!(all[0]["LD_LIBRARY_PATH"], "/inherited/lib");
+}

@@ -36,6 +36,7 @@ use crate::store::server::{self, ServerConfig, ServerExit, StoreServer};
 use crate::workerenv::WorkerEnv;
 
 use super::events::Event;
+use super::ncclpath;
 use super::output::{self, OutputSummary, RankIdentity, RunLogs};
 use super::report::{self, Failure, FailureReport};
 use super::restart::{self, AttemptEnd, Decision};
@@ -177,6 +178,8 @@ struct Agent {
     master_port: u16,
     /// TORCHELASTIC_SIGNALS_TO_HANDLE for every worker.
     signals_env: String,
+    /// Extra worker variables computed once per run (LD_LIBRARY_PATH for a pip NCCL).
+    extra_env: Vec<(String, String)>,
     /// Grace between the stop signal and SIGKILL, for every kind of stop.
     grace: Duration,
     /// The worker store (TCPStore-compatible), for the whole run; taken at shutdown.
@@ -280,6 +283,7 @@ impl Agent {
         }
         let grace = config.shutdown_timeout;
         let signals_env = config::signal_names(&config.signals_to_handle);
+        let extra_env = pip_nccl_env(&config);
         let mut agent = Agent {
             config,
             watchdog,
@@ -289,6 +293,7 @@ impl Agent {
             master_addr,
             master_port,
             signals_env,
+            extra_env,
             grace,
             store,
             store_closed,
@@ -626,7 +631,10 @@ impl Agent {
                 self.config.virtual_local_rank,
                 |k| std::env::var(k).ok(),
             ) {
-                Ok(env) => env,
+                Ok(mut env) => {
+                    env.extend(self.extra_env.iter().cloned());
+                    env
+                }
                 Err(err) => {
                     launch_error = Some(err.to_string());
                     break;
@@ -1196,6 +1204,46 @@ fn is_loopback(addr: &str) -> bool {
             .parse::<IpAddr>()
             .map(|ip| ip.is_loopback())
             .unwrap_or(false)
+}
+
+/// `LD_LIBRARY_PATH` for workers when their Python environment has a pip-installed NCCL, so that
+/// cudarc (which only tries `libnccl.so`) can load it (issue #6, spec runtime.md §1.4).
+///
+/// The environment is the worker's interpreter for Python launches, else the Python that a
+/// Python launch would use (`PYTHON_EXEC`, `$VIRTUAL_ENV`, `python3` on PATH): a Rust trainer
+/// started directly typically shares the venv that holds torch and its NCCL wheel. Failures only
+/// log: a missing shim must never stop a launch that may not use NCCL at all.
+fn pip_nccl_env(config: &LaunchConfig) -> Vec<(String, String)> {
+    let python = match config.command.kind {
+        config::EntrypointKind::Exec => {
+            match config::find_python(&crate::cli::process_env, &config::RealHost) {
+                Ok(p) => p,
+                Err(_) => return Vec::new(),
+            }
+        }
+        _ => config.command.program.clone(),
+    };
+    let Some(cache) = ncclpath::default_cache_dir() else {
+        return Vec::new();
+    };
+    let existing = std::env::var_os("LD_LIBRARY_PATH");
+    match ncclpath::pip_nccl_ld_library_path(&python, &cache, existing.as_deref()) {
+        Ok(Some(value)) => {
+            tracing::debug!(
+                ?value,
+                "pip NCCL found; LD_LIBRARY_PATH extended for workers"
+            );
+            vec![(
+                "LD_LIBRARY_PATH".to_string(),
+                value.to_string_lossy().into_owned(),
+            )]
+        }
+        Ok(None) => Vec::new(),
+        Err(err) => {
+            tracing::warn!("could not make the pip NCCL loadable for workers: {err}");
+            Vec::new()
+        }
+    }
 }
 
 #[cfg(test)]

@@ -290,3 +290,42 @@ fn pip_nccl_made_loadable() {
     );
     assert_eq!(all[0]["LD_LIBRARY_PATH"], "/inherited/lib");
 }
+
+/// Issue #6: shared-memory segments a crashed worker left in /dev/shm for this run are removed
+/// when the run ends; another run's segments are not touched.
+#[test]
+fn leftover_shm_segments_of_the_run_are_removed() {
+    let shm = std::path::Path::new(rdrun::workerenv::SHM_DIR);
+    if !shm.is_dir() {
+        eprintln!("skipped: no {} on this machine", shm.display());
+        return;
+    }
+    let run_id = format!("shmtest-{}", std::process::id());
+    let other_id = format!("{run_id}-other");
+    let ours = shm.join(format!(
+        "{}0.leftover",
+        rdrun::workerenv::run_shm_prefix(&run_id)
+    ));
+    let theirs = shm.join(format!(
+        "{}0.leftover",
+        rdrun::workerenv::run_shm_prefix(&other_id)
+    ));
+    std::fs::write(&ours, b"x").expect("write ours");
+    std::fs::write(&theirs, b"x").expect("write theirs");
+    let out = Rdrun::new()
+        .args([
+            "--nnodes=1",
+            &format!("--master-port={}", crate::util::free_port()),
+            &format!("--rdzv-id={run_id}"),
+            "--no-python",
+            "true",
+        ])
+        .run();
+    let ours_left = ours.exists();
+    let theirs_left = theirs.exists();
+    let _ = std::fs::remove_file(&ours);
+    let _ = std::fs::remove_file(&theirs);
+    out.assert_code(0);
+    assert!(!ours_left, "the run's leftover segment survived: {out:?}");
+    assert!(theirs_left, "another run's segment was removed");
+}

@@ -148,6 +148,70 @@ impl WorkerEnv {
     }
 }
 
+/// Where the runtime's shared-memory segments live.
+pub const SHM_DIR: &str = "/dev/shm";
+
+// Shared-memory segment names are part of the launcher <-> worker contract: the runtime creates
+// them (`runtime::shm`) and the launcher removes what a crashed run left behind.
+
+/// Makes a run id safe for a file name (`[A-Za-z0-9_-]`, at most 48 characters).
+pub fn sanitize_run_id(run_id: &str) -> String {
+    run_id
+        .chars()
+        .take(48)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// FNV-1a 64 (stable across builds, unlike `DefaultHasher`).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The file-name prefix every segment of `run_id` starts with; '.' cannot occur in the
+/// sanitized id, so no other run's prefix matches.
+pub fn run_shm_prefix(run_id: &str) -> String {
+    format!(
+        "rdrun-{}.{:08x}.",
+        sanitize_run_id(run_id),
+        fnv1a(run_id.as_bytes()) as u32
+    )
+}
+
+/// Removes every shared-memory segment a run left behind (launcher side: after the worker
+/// group exits or before a restart). Returns how many files were removed.
+pub fn cleanup_run_shm(run_id: &str) -> std::io::Result<usize> {
+    cleanup_run_shm_in(std::path::Path::new(SHM_DIR), run_id)
+}
+
+/// [`cleanup_run_shm`] in any directory (testable).
+pub fn cleanup_run_shm_in(dir: &std::path::Path, run_id: &str) -> std::io::Result<usize> {
+    let prefix = run_shm_prefix(run_id);
+    let mut removed = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => removed += 1,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

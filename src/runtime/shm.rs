@@ -38,42 +38,9 @@ pub const NAIVE_THRESHOLD: usize = 128 * 1024;
 /// 1.5-2x the bandwidth of 4 MiB slots at 64 MiB.
 pub const DEFAULT_SLOT: usize = 512 * 1024;
 const MAGIC: u64 = 0x7264_7275_6e53_484d; // "rdrunSHM"
-const SHM_DIR: &str = "/dev/shm";
-
-/// Makes a run id safe for a file name (`[A-Za-z0-9_-]`, at most 48 characters).
-pub fn sanitize_run_id(run_id: &str) -> String {
-    run_id
-        .chars()
-        .take(48)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-/// FNV-1a 64 (stable across builds, unlike `DefaultHasher`).
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
-/// The file-name prefix every segment of `run_id` starts with; '.' cannot occur in the
-/// sanitized id, so no other run's prefix matches.
-pub fn run_shm_prefix(run_id: &str) -> String {
-    format!(
-        "rdrun-{}.{:08x}.",
-        sanitize_run_id(run_id),
-        fnv1a(run_id.as_bytes()) as u32
-    )
-}
+pub use crate::workerenv::{
+    cleanup_run_shm, cleanup_run_shm_in, fnv1a, run_shm_prefix, sanitize_run_id, SHM_DIR,
+};
 
 /// The segment path for one communicator (`tag` distinguishes communicators of one round).
 pub fn segment_path(run_id: &str, restart: u32, tag: &str) -> PathBuf {
@@ -98,29 +65,6 @@ pub fn unique_segment_path(run_id: &str, restart: u32, tag: &str) -> PathBuf {
         restart,
         &format!("{tag}/{}/{nanos}", std::process::id()),
     )
-}
-
-/// Removes every shared-memory segment a run left behind (launcher side: after the worker
-/// group exits or before a restart). Returns how many files were removed.
-pub fn cleanup_run_shm(run_id: &str) -> std::io::Result<usize> {
-    cleanup_run_shm_in(Path::new(SHM_DIR), run_id)
-}
-
-/// [`cleanup_run_shm`] in any directory (testable).
-pub fn cleanup_run_shm_in(dir: &Path, run_id: &str) -> std::io::Result<usize> {
-    let prefix = run_shm_prefix(run_id);
-    let mut removed = 0;
-    for e in std::fs::read_dir(dir)? {
-        let e = e?;
-        if e.file_name().to_string_lossy().starts_with(&prefix) {
-            match std::fs::remove_file(e.path()) {
-                Ok(()) => removed += 1,
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                Err(err) => return Err(err),
-            }
-        }
-    }
-    Ok(removed)
 }
 
 /// Whether process `pid` still runs: `kill(pid, 0)` fails with ESRCH once it is reaped, and a

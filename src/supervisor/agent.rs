@@ -302,6 +302,16 @@ impl Agent {
             rdzv_end: None,
         };
         let code = agent.attempts().await;
+        // The runtime unlinks its shared-memory segments once every rank has opened them; a
+        // crash during that setup leaves one behind. The shared default id "none" may belong to
+        // a concurrent job, so only a run-specific id is swept.
+        if agent.config.rdzv.run_id != "none" {
+            match crate::workerenv::cleanup_run_shm(&agent.config.rdzv.run_id) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("removed {n} shared-memory segment(s) left by workers"),
+                Err(err) => tracing::debug!("shared-memory cleanup skipped: {err}"),
+            }
+        }
         if let Some(store) = agent.store.take() {
             store.shutdown().await;
         }

@@ -62,7 +62,11 @@ pub fn find_pip_nccl(site_packages: &[PathBuf]) -> Option<PathBuf> {
 /// The link is created under a temporary name and renamed into place, so concurrent launches
 /// never see a half-made directory.
 pub fn make_nccl_shim(lib: &Path, cache: &Path) -> std::io::Result<PathBuf> {
-    let dir = cache.join(format!("nccl-{:016x}", fnv1a(lib.as_os_str())));
+    use std::os::unix::ffi::OsStrExt;
+    let dir = cache.join(format!(
+        "nccl-{:016x}",
+        crate::workerenv::fnv1a(lib.as_os_str().as_bytes())
+    ));
     let link = dir.join("libnccl.so");
     if std::fs::read_link(&link).is_ok_and(|target| target == lib) {
         return Ok(dir);
@@ -106,14 +110,6 @@ pub fn default_cache_dir() -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .map(|c| c.join("rdrun"))
-}
-
-/// 64-bit FNV-1a: a stable, dependency-free name for a path.
-fn fnv1a(bytes: &OsStr) -> u64 {
-    use std::os::unix::ffi::OsStrExt;
-    bytes.as_bytes().iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]

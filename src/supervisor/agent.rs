@@ -868,23 +868,7 @@ impl Agent {
             }
             let all_exited = slots.iter().all(|s| s.status.is_some());
             if all_exited {
-                if stop == Stop::None {
-                    // Every worker exited 0: stop whatever they left behind, with the same grace.
-                    if self.leftovers().is_empty() {
-                        return self
-                            .finish(
-                                slots,
-                                failures,
-                                Vec::new(),
-                                interrupted,
-                                launch_error,
-                                stop_output,
-                            )
-                            .await;
-                    }
-                    tracing::info!("workers exited, stopping the processes they left behind");
-                    stop = self.begin_stop(&pgids, libc::SIGTERM);
-                } else if self.leftovers().is_empty() {
+                if self.leftovers().is_empty() {
                     return self
                         .finish(
                             slots,
@@ -895,6 +879,11 @@ impl Agent {
                             stop_output,
                         )
                         .await;
+                }
+                if stop == Stop::None {
+                    // Every worker exited 0: stop whatever they left behind, with the same grace.
+                    tracing::info!("workers exited, stopping the processes they left behind");
+                    stop = self.begin_stop(&pgids, libc::SIGTERM);
                 }
             }
             let deadline = stop.deadline();

@@ -449,9 +449,19 @@ fn c10d_sigkilled_agent_is_detected_and_survivors_continue() {
     bounded(Duration::from_secs(240), || {
         let dir = TempDir::new("mn_c10d_kill");
         let port = free_port();
-        // 127.0.0.1 hosts the store: the victim (127.0.0.3) must not be the host.
+        // On loopback every agent's address is local, so each would infer that it hosts the store
+        // and the first to bind wins. The victim must not be that host (torchrun's survivors would
+        // lose the store too), so the test says who hosts with `is_host`, as a user would.
         let runs = (1..=3)
-            .map(|h| agent(&dir, &c10d_args(port, "2:3", h, 1)))
+            .map(|h| {
+                let mut args = c10d_args(port, "2:3", h, 1);
+                let conf = args
+                    .iter()
+                    .position(|a| a == "last_call_timeout=20")
+                    .unwrap();
+                args[conf] = format!("last_call_timeout=20,is_host={}", h == 1);
+                agent(&dir, &args)
+            })
             .collect();
         c10d_kill_scenario(&dir, runs, 2);
     });

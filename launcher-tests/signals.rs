@@ -173,3 +173,84 @@ fn no_temp_dir_left_after_sigkill_of_rdrun() {
         "left in TMPDIR: {left:?} (made: {made:?}) {out:?}"
     );
 }
+
+/// A cgroup-v1 freezer group made by the test: a frozen task is in uninterruptible sleep (state
+/// D) and SIGKILL cannot end it until it is thawed — a real unkillable worker without FUSE or NFS.
+/// Drop thaws it (the pending SIGKILL then ends the task) and removes the group.
+struct Frozen {
+    dir: std::path::PathBuf,
+}
+
+impl Frozen {
+    /// Freezes `pid`; None (the test then skips) where the v1 freezer is not available.
+    fn freeze(pid: i32) -> Option<Frozen> {
+        let root = std::path::Path::new("/sys/fs/cgroup/freezer");
+        if !root.join("cgroup.procs").exists() {
+            return None;
+        }
+        let dir = root.join(format!("rdrun-test-{}-{pid}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let frozen = Frozen { dir };
+        std::fs::write(frozen.dir.join("cgroup.procs"), pid.to_string()).ok()?;
+        std::fs::write(frozen.dir.join("freezer.state"), "FROZEN").ok()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let state = std::fs::read_to_string(frozen.dir.join("freezer.state")).ok()?;
+            if state.trim() == "FROZEN" {
+                return Some(frozen);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("freezer.state"), "THAWED");
+        // The group can be removed once its (killed) task is gone.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn unkillable_worker_is_reported_and_rdrun_exits() {
+    let dir = TempDir::new("unkillable");
+    let run = Rdrun::new()
+        .args(["--standalone", "--nproc-per-node=1", "--shutdown-timeout=1"])
+        .arg("--no-python")
+        .arg(worker("pid_then_sleep"))
+        .arg(dir.path())
+        .timeout(Duration::from_secs(120))
+        .spawn();
+    wait_ready(dir.path(), 1);
+    let pids = fixture_pids(dir.path(), 1);
+    let Some(frozen) = Frozen::freeze(pids[0]) else {
+        run.signal(libc::SIGKILL);
+        run.wait();
+        assert_no_leak(&pids, Duration::from_secs(10));
+        eprintln!("skipped: needs root and the cgroup-v1 freezer to make a worker unkillable");
+        return;
+    };
+    run.signal(libc::SIGTERM);
+    let out = run.wait();
+    // rdrun gave up on the frozen worker (TERM, the 1 s grace, SIGKILL, the kill wait) instead
+    // of waiting for it forever, named it, and exited as a handled SIGTERM does.
+    out.assert_code(128 + libc::SIGTERM);
+    assert!(
+        alive(pids[0]),
+        "the frozen worker cannot have died: {out:?}"
+    );
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("still alive after SIGKILL"))
+        .unwrap_or_else(|| panic!("no report of the unkillable worker: {out:?}"));
+    assert!(line.contains(&pids[0].to_string()), "{out:?}");
+    // Thawed, the task receives the SIGKILL rdrun sent.
+    drop(frozen);
+    assert_no_leak(&pids, Duration::from_secs(10));
+}

@@ -814,10 +814,9 @@ impl Agent {
                             stop = self.kill_all(&pgids);
                         }
                         Stop::Killed(_) => {
-                            let left = self.leftovers();
+                            let left = describe_leftovers(&self.leftovers(), slots);
                             tracing::error!(
-                                ?left,
-                                "processes still alive {:?} after SIGKILL (uninterruptible sleep?); abandoning them",
+                                "processes still alive after SIGKILL and {:?} (uninterruptible sleep?), abandoning them: {left}",
                                 KILL_WAIT
                             );
                             return self
@@ -1243,6 +1242,21 @@ fn pip_nccl_env(config: &LaunchConfig) -> Vec<(String, String)> {
             Vec::new()
         }
     }
+}
+
+/// `pid 12 (local rank 0, rank 4), pid 13` for the error line about processes that outlived
+/// SIGKILL: worker pids get their ranks so that the user knows which worker to look at.
+fn describe_leftovers(pids: &[i32], slots: &[Slot]) -> String {
+    if pids.is_empty() {
+        return "none left by the time of this check".to_string();
+    }
+    pids.iter()
+        .map(|&pid| match slots.iter().find(|s| s.pid == pid) {
+            Some(s) => format!("pid {pid} (local rank {}, rank {})", s.local_rank, s.rank),
+            None => format!("pid {pid}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

@@ -631,6 +631,38 @@ fn static_sigkilled_peer_is_detected_and_named() {
 }
 
 #[test]
+fn static_sigkilled_store_host_ends_the_other_node() {
+    bounded(Duration::from_secs(240), || {
+        let dir = TempDir::new("mn_static_kill_host");
+        let port = free_port();
+        let runs: Vec<_> = (0..2)
+            .map(|rank| {
+                agent(&dir, &static_args(port, 2, rank, 1))
+                    .env("MN_HOLD_GWS", "2")
+                    .spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 2, 0, 2, Duration::from_secs(60));
+        let pids = recorded_pids(dir.path());
+        let mut runs = runs.into_iter();
+        let (a, b) = (runs.next().expect("agent 0"), runs.next().expect("agent 1"));
+        let t0 = Instant::now();
+        a.signal(libc::SIGKILL);
+        assert_eq!(a.wait().signal, Some(libc::SIGKILL));
+        // Node 0 hosted the store: node 1 sees its heartbeats fail, stops its worker and says
+        // why, instead of waiting for a store that will not come back.
+        let b = b.wait();
+        b.assert_code(1);
+        assert!(
+            b.stderr.contains("rdrun: error: lost the rendezvous store"),
+            "{b:?}"
+        );
+        eprintln!("SIGKILL of the store host -> node 1 exited in {:?}", t0.elapsed());
+        assert_no_leak(&pids, Duration::from_secs(10));
+    });
+}
+
+#[test]
 fn netns_c10d_cut_link_node_is_dropped_and_survivors_continue() {
     bounded(Duration::from_secs(240), || {
         let Some(net) = Netns::create(3) else { return };

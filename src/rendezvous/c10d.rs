@@ -96,6 +96,50 @@ impl HeartbeatTracker {
     }
 }
 
+/// Decides when this agent's own failed heartbeats mean the store is lost: `max_attempt`
+/// failures in a row, or no successful beat for `interval × max_attempt`. Counting attempts
+/// alone is not enough: against a host that is gone, each attempt can spend the whole
+/// `heartbeat_timeout` reconnecting, which stretched the detection to 5 × 5 s.
+#[derive(Debug)]
+pub struct StoreLoss {
+    last_ok: Instant,
+    failures: u32,
+    reported: bool,
+}
+
+impl StoreLoss {
+    pub fn new(now: Instant) -> StoreLoss {
+        StoreLoss {
+            last_ok: now,
+            failures: 0,
+            reported: false,
+        }
+    }
+
+    /// A heartbeat went through.
+    pub fn ok(&mut self, now: Instant) {
+        *self = StoreLoss::new(now);
+    }
+
+    /// A heartbeat failed; true exactly once per outage, when it is to be reported as lost.
+    pub fn failed(&mut self, now: Instant, interval: Duration, max_attempt: u32) -> bool {
+        self.failures += 1;
+        let silent = now.duration_since(self.last_ok);
+        let lost =
+            self.failures >= max_attempt || silent >= interval.saturating_mul(max_attempt.max(1));
+        if lost && !self.reported {
+            self.reported = true;
+            return true;
+        }
+        false
+    }
+
+    /// Failed beats in a row.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+}
+
 #[derive(Debug, Default)]
 struct Shared {
     /// The round this agent runs (keeper monitors it), `None` while joining or closed.
@@ -619,7 +663,7 @@ impl<S: RdzvStore> Keeper<S> {
         let hb_key = self.keys.hb(&self.me);
         let mut next_beat = Instant::now();
         let mut next_poll = Instant::now();
-        let mut failures = 0u32;
+        let mut loss = StoreLoss::new(Instant::now());
         let mut tracker = HeartbeatTracker::default();
         // Per monitored round: the round, the waiting count last reported, whether it ended.
         let mut monitored: Option<(u64, usize, bool)> = None;
@@ -634,11 +678,9 @@ impl<S: RdzvStore> Keeper<S> {
                 )
                 .await;
                 match beat {
-                    Ok(Ok(_)) => failures = 0,
-                    Ok(Err(e)) => failures = self.beat_failed(failures, running, e.to_string()),
-                    Err(_) => {
-                        failures = self.beat_failed(failures, running, "heartbeat timed out".into())
-                    }
+                    Ok(Ok(_)) => loss.ok(Instant::now()),
+                    Ok(Err(e)) => self.beat_failed(&mut loss, running, e.to_string()),
+                    Err(_) => self.beat_failed(&mut loss, running, "heartbeat timed out".into()),
                 }
             }
             if let Some(round) = running {
@@ -657,15 +699,18 @@ impl<S: RdzvStore> Keeper<S> {
         }
     }
 
-    fn beat_failed(&self, failures: u32, running: Option<u64>, why: String) -> u32 {
-        let failures = failures + 1;
-        tracing::warn!(failures, error = %why, "rendezvous heartbeat failed");
-        if failures == self.settings.keep_alive_max_attempt {
+    fn beat_failed(&self, loss: &mut StoreLoss, running: Option<u64>, why: String) {
+        let lost = loss.failed(
+            Instant::now(),
+            self.settings.keep_alive_interval,
+            self.settings.keep_alive_max_attempt,
+        );
+        tracing::warn!(failures = loss.failures(), error = %why, "rendezvous heartbeat failed");
+        if lost {
             if let Some(round) = running {
                 let _ = self.tx.send((round, RdzvEvent::StoreUnreachable(why)));
             }
         }
-        failures
     }
 
     async fn monitor(
@@ -749,6 +794,31 @@ mod tests {
             nproc,
         )
         .with_pid(100)
+    }
+
+    #[test]
+    fn store_loss_by_count_or_by_silence_reported_once() {
+        let s = Duration::from_secs;
+        let t0 = Instant::now();
+        // Quick failures (connection refused): the count decides.
+        let mut l = StoreLoss::new(t0);
+        let got: Vec<bool> = (1..=6)
+            .map(|i| l.failed(t0 + Duration::from_millis(10 * i), s(1), 5))
+            .collect();
+        assert_eq!(got, [false, false, false, false, true, false]);
+        // Slow failures (each attempt waits out a connect timeout): the silence decides.
+        let mut l = StoreLoss::new(t0);
+        assert!(!l.failed(t0 + s(1), s(1), 5));
+        assert!(l.failed(t0 + s(6), s(1), 5));
+        assert!(!l.failed(t0 + s(11), s(1), 5), "reported once per outage");
+        // A beat that goes through starts a new outage count.
+        l.ok(t0 + s(12));
+        assert_eq!(l.failures(), 0);
+        assert!(!l.failed(t0 + s(13), s(1), 5));
+        assert!(l.failed(t0 + s(17), s(1), 5));
+        // max_attempt 0 is treated as 1.
+        let mut l = StoreLoss::new(t0);
+        assert!(l.failed(t0 + s(2), s(1), 0));
     }
 
     fn req(reason: RoundReason) -> RoundRequest {

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::c10d::{HeartbeatTracker, RdzvEvent};
+use super::c10d::{HeartbeatTracker, RdzvEvent, StoreLoss};
 use super::error::RendezvousError;
 use super::settings::StaticSettings;
 use super::state::{base_rank, Assignment, RoundReason};
@@ -316,7 +316,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         self.keeper = Some(tokio::spawn(async move {
             let mut tracker = HeartbeatTracker::default();
             let mut done: Option<u64> = None;
-            let mut failures = 0u32;
+            let mut loss = StoreLoss::new(Instant::now());
             let tick = settings.keep_alive_interval.min(settings.poll_interval);
             let mut next_beat = Instant::now();
             loop {
@@ -330,10 +330,19 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                     .await
                     .unwrap_or_else(|_| Err(StoreOpError("heartbeat timed out".into())));
                     match beat {
-                        Ok(_) => failures = 0,
+                        Ok(_) => loss.ok(Instant::now()),
                         Err(e) => {
-                            failures += 1;
-                            if failures == settings.keep_alive_max_attempt {
+                            let lost = loss.failed(
+                                Instant::now(),
+                                settings.keep_alive_interval,
+                                settings.keep_alive_max_attempt,
+                            );
+                            tracing::warn!(
+                                failures = loss.failures(),
+                                error = %e,
+                                "rendezvous heartbeat failed"
+                            );
+                            if lost {
                                 if let Some(r) = round {
                                     let _ =
                                         tx.send((r, RdzvEvent::StoreUnreachable(e.to_string())));

@@ -657,7 +657,10 @@ fn static_sigkilled_store_host_ends_the_other_node() {
             b.stderr.contains("rdrun: error: lost the rendezvous store"),
             "{b:?}"
         );
-        eprintln!("SIGKILL of the store host -> node 1 exited in {:?}", t0.elapsed());
+        eprintln!(
+            "SIGKILL of the store host -> node 1 exited in {:?}",
+            t0.elapsed()
+        );
         assert_no_leak(&pids, Duration::from_secs(10));
     });
 }

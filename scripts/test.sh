@@ -16,6 +16,8 @@ echo "== cargo test"
 # The PyTorch suite runs the release launcher (as users do); candle is not needed for it.
 cargo build --release --no-default-features --bin rdrun
 cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}"
+# The runtime's NCCL-side logic (backend choice, probe, errors without a GPU) with the feature on.
+cargo test --features nccl --lib runtime:: -- --test-threads="${RDRUN_TEST_THREADS:-2}"
 
 if [ "${RDRUN_SKIP_TORCH:-0}" = "1" ]; then
   echo "== PyTorch compatibility suite skipped (RDRUN_SKIP_TORCH=1)"

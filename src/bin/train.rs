@@ -23,7 +23,7 @@ use rdrun::runtime::{BackendChoice, GroupOptions, MemStore, ProcessGroup, Reduce
 #[derive(Parser, Debug)]
 #[command(name = "train", about = "Data-parallel candle MLP demo for rdrun")]
 struct Args {
-    /// Collective backend: auto, tcp or shm (also RDRUN_BACKEND).
+    /// Collective backend: auto, tcp, shm, hier or nccl (nccl needs a build with `--features nccl` and a GPU per rank; also RDRUN_BACKEND).
     #[arg(long, default_value = "auto")]
     backend: String,
     #[arg(long, default_value_t = 5)]

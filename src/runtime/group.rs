@@ -36,6 +36,9 @@ pub enum BackendChoice {
     Shm,
     /// Shared memory inside each host, TCP between host leaders.
     Hier,
+    /// NCCL for everything (host slices staged through the device); needs the `nccl` feature, a
+    /// CUDA driver, libnccl and a device for every rank.
+    Nccl,
 }
 
 impl FromStr for BackendChoice {
@@ -46,8 +49,9 @@ impl FromStr for BackendChoice {
             "tcp" | "gloo" => Ok(BackendChoice::Tcp),
             "shm" => Ok(BackendChoice::Shm),
             "hier" | "shm+tcp" => Ok(BackendChoice::Hier),
+            "nccl" => Ok(BackendChoice::Nccl),
             other => Err(format!(
-                "unknown backend {other:?} (expected auto, tcp, shm or hier; NCCL is runtime::nccl::NcclGroup)"
+                "unknown backend {other:?} (expected auto, tcp, shm, hier or nccl)"
             )),
         }
     }
@@ -71,6 +75,11 @@ pub struct GroupOptions {
     pub host_id: Option<String>,
     /// Bytes per shared-memory slot.
     pub shm_slot_bytes: usize,
+    /// Local rank: picks the CUDA device for NCCL (see `nccl::device_ordinal`).
+    pub local_rank: usize,
+    /// `Auto` also brings up an NCCL communicator for device buffers when every rank can
+    /// (`RDRUN_AUTO_NCCL=0` turns this off).
+    pub auto_nccl: bool,
 }
 
 impl GroupOptions {
@@ -86,14 +95,17 @@ impl GroupOptions {
             advertise_ip: None,
             host_id: None,
             shm_slot_bytes: DEFAULT_SLOT,
+            local_rank: rank,
+            auto_nccl: true,
         }
     }
 
     /// Options from the launcher's environment plus `RDRUN_BACKEND`, `RDRUN_TIMEOUT_SECS`,
-    /// `RDRUN_SHM_SLOT_BYTES`.
+    /// `RDRUN_AUTO_NCCL`, `RDRUN_SHM_SLOT_BYTES`.
     pub fn from_worker_env(env: &WorkerEnv) -> Result<Self> {
         let mut o = GroupOptions::new(env.rank, env.world_size, &env.run_id);
         o.restart_count = env.restart_count;
+        o.local_rank = env.local_rank;
         let inv = |msg: String| RuntimeError::Invalid {
             rank: env.rank,
             op: "init",
@@ -111,6 +123,13 @@ impl GroupOptions {
                 return Err(inv(format!("RDRUN_TIMEOUT_SECS={t:?} must be positive")));
             }
             o.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Ok(v) = std::env::var("RDRUN_AUTO_NCCL") {
+            o.auto_nccl = match v.trim() {
+                "1" | "true" | "yes" | "" => true,
+                "0" | "false" | "no" => false,
+                _ => return Err(inv(format!("RDRUN_AUTO_NCCL={v:?}: expected 0 or 1"))),
+            };
         }
         if let Ok(s) = std::env::var("RDRUN_SHM_SLOT_BYTES") {
             o.shm_slot_bytes = s
@@ -135,6 +154,8 @@ pub struct ProcessGroup {
     backend_name: &'static str,
     hosts: Vec<String>,
     state: Mutex<State>,
+    #[cfg(feature = "nccl")]
+    nccl: Option<Arc<super::nccl::NcclGroup>>,
 }
 
 /// This machine's identity: hostname plus kernel boot id (two containers sharing a hostname but
@@ -204,6 +225,49 @@ pub fn choose_backend(choice: BackendChoice, hosts: &[String]) -> BackendChoice 
         }
         c => c,
     }
+}
+
+/// Whether the group brings up NCCL, from the choice and every rank's probe (published with its
+/// address): forced `Nccl` needs it on every rank and names the ranks without it; `Auto` uses it
+/// only when every rank has it (a group is all-NCCL or not at all: NCCL collectives need every
+/// rank); the host backends never do.
+pub fn nccl_decision(
+    choice: BackendChoice,
+    auto_nccl: bool,
+    have: &[bool],
+) -> std::result::Result<bool, Vec<usize>> {
+    let all = !have.is_empty() && have.iter().all(|h| *h);
+    match choice {
+        BackendChoice::Nccl if all => Ok(true),
+        BackendChoice::Nccl => Err(have
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| !**h)
+            .map(|(r, _)| r)
+            .collect()),
+        BackendChoice::Auto => Ok(auto_nccl && all),
+        _ => Ok(false),
+    }
+}
+
+/// Can this rank run NCCL? The CUDA device it would use, or why not (no `nccl` feature, no
+/// driver, no libnccl, no device for its local rank). Never panics.
+#[cfg(feature = "nccl")]
+fn nccl_probe(opts: &GroupOptions) -> std::result::Result<usize, String> {
+    let (count, _) = super::nccl::preflight(opts.rank).map_err(|e| match e {
+        RuntimeError::Unavailable { why, .. } => why,
+        other => other.to_string(),
+    })?;
+    let vis = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let over = std::env::var("RDRUN_CUDA_DEVICE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok());
+    super::nccl::device_ordinal(opts.local_rank, vis.as_deref(), over, count)
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_probe(_opts: &GroupOptions) -> std::result::Result<usize, String> {
+    Err("this build has no NCCL support (cargo feature `nccl`)".into())
 }
 
 fn store_err(rank: usize, op: &'static str, e: StoreFailure) -> RuntimeError {
@@ -284,20 +348,33 @@ impl ProcessGroup {
             op,
             msg: format!("listener address: {e}"),
         })?;
+        // Only the choices that may use NCCL probe for it (the probe loads libcuda).
+        let probe = match opts.backend {
+            BackendChoice::Nccl => nccl_probe(opts),
+            BackendChoice::Auto if opts.auto_nccl => nccl_probe(opts),
+            _ => Err("not asked for".into()),
+        };
+        if let Err(why) = &probe {
+            tracing::debug!(rank, "no NCCL for this group: {why}");
+        }
         store
             .set(
                 &format!("{prefix}addr/{rank}"),
-                format!("{me}\n{host}").as_bytes(),
+                format!("{me}\n{host}\n{}", u8::from(probe.is_ok())).as_bytes(),
             )
             .map_err(|e| store_err(rank, op, e))?;
         let mut addrs = Vec::with_capacity(world);
         let mut hosts = Vec::with_capacity(world);
+        let mut have_nccl = Vec::with_capacity(world);
         for j in 0..world {
             let v = store
                 .get_wait(&format!("{prefix}addr/{j}"), opts.timeout)
                 .map_err(|e| store_err(rank, op, e))?;
             let text = String::from_utf8_lossy(&v).into_owned();
-            let (a, h) = text.split_once('\n').unwrap_or((text.as_str(), ""));
+            let mut fields = text.split('\n');
+            let a = fields.next().unwrap_or("");
+            let h = fields.next().unwrap_or("");
+            have_nccl.push(fields.next() == Some("1"));
             let addr: SocketAddr = a.parse().map_err(|_| RuntimeError::Store {
                 rank,
                 op,
@@ -306,8 +383,42 @@ impl ProcessGroup {
             addrs.push(addr);
             hosts.push(h.to_string());
         }
+        let use_nccl =
+            nccl_decision(opts.backend, opts.auto_nccl, &have_nccl).map_err(|ranks| {
+                RuntimeError::Unavailable {
+                    rank,
+                    op,
+                    backend: "nccl".into(),
+                    why: match &probe {
+                        Err(why) if ranks.contains(&rank) => why.clone(),
+                        _ => format!("rank(s) {ranks:?} cannot use NCCL"),
+                    },
+                }
+            })?;
+        #[cfg(feature = "nccl")]
+        let nccl = match (use_nccl, &probe) {
+            (true, Ok(ordinal)) => Some(Arc::new(super::nccl::NcclGroup::new(
+                store,
+                &format!("{prefix}nccl/"),
+                rank,
+                world,
+                *ordinal,
+                opts.timeout,
+            )?)),
+            _ => None,
+        };
+        #[cfg(not(feature = "nccl"))]
+        let _ = use_nccl;
         let chosen = choose_backend(opts.backend, &hosts);
         let backend: Box<dyn Backend> = match chosen {
+            #[cfg(feature = "nccl")]
+            BackendChoice::Nccl => {
+                drop(listener);
+                Box::new(super::nccl::NcclBackend::new(
+                    nccl.clone()
+                        .expect("invariant: nccl_decision said every rank has NCCL"),
+                ))
+            }
             BackendChoice::Shm => {
                 if hosts.iter().any(|h| *h != hosts[0]) {
                     return Err(RuntimeError::Unavailable {
@@ -391,6 +502,8 @@ impl ProcessGroup {
                 backend,
                 poisoned: None,
             }),
+            #[cfg(feature = "nccl")]
+            nccl,
         };
         pg.barrier()?;
         tracing::debug!(
@@ -440,9 +553,17 @@ impl ProcessGroup {
     pub fn world_size(&self) -> usize {
         self.world
     }
-    /// "tcp" or "shm".
+    /// The backend of host-slice collectives: "tcp", "shm", "hier" or "nccl".
     pub fn backend_name(&self) -> &'static str {
         self.backend_name
+    }
+
+    /// The NCCL communicator for device buffers, when this group has one (`Auto` on ranks that
+    /// all have a GPU and libnccl, or forced `Nccl`). Use [`super::nccl::NcclGroup::run`] for
+    /// `CudaSlice` collectives on its stream.
+    #[cfg(feature = "nccl")]
+    pub fn nccl(&self) -> Option<&super::nccl::NcclGroup> {
+        self.nccl.as_deref()
     }
     /// Host identity of every rank.
     pub fn hosts(&self) -> &[String] {
@@ -587,6 +708,80 @@ mod tests {
         assert_eq!("TCP".parse::<BackendChoice>(), Ok(BackendChoice::Tcp));
         assert_eq!("shm+tcp".parse::<BackendChoice>(), Ok(BackendChoice::Hier));
         assert!("nope".parse::<BackendChoice>().is_err());
+    }
+
+    #[test]
+    fn nccl_decision_table() {
+        use BackendChoice::*;
+        let (yes, mixed, no) = (&[true, true][..], &[true, false, false][..], &[false][..]);
+        assert_eq!(nccl_decision(Nccl, true, yes), Ok(true));
+        assert_eq!(
+            nccl_decision(Nccl, false, yes),
+            Ok(true),
+            "forced ignores auto_nccl"
+        );
+        assert_eq!(nccl_decision(Nccl, true, mixed), Err(vec![1, 2]));
+        assert_eq!(nccl_decision(Nccl, true, &[]), Err(vec![]));
+        assert_eq!(nccl_decision(Auto, true, yes), Ok(true));
+        assert_eq!(nccl_decision(Auto, false, yes), Ok(false));
+        assert_eq!(
+            nccl_decision(Auto, true, mixed),
+            Ok(false),
+            "all or nothing"
+        );
+        assert_eq!(nccl_decision(Auto, true, no), Ok(false));
+        for host in [Tcp, Shm, Hier] {
+            assert_eq!(nccl_decision(host, true, yes), Ok(false));
+        }
+        assert_eq!("NCCL".parse::<BackendChoice>(), Ok(Nccl));
+    }
+
+    /// Without a usable NCCL (no feature, or no GPU/driver/libnccl on this machine) a forced
+    /// `nccl` group is a clear error on every rank, and `auto` falls back to the host backends.
+    #[test]
+    fn nccl_unavailable_is_an_error_when_forced_and_skipped_by_auto() {
+        let probe = nccl_probe(&GroupOptions::new(0, 1, "probe"));
+        if probe.is_ok() {
+            return; // a GPU machine: scripts/gpu-check.sh covers NCCL itself
+        }
+        let store = super::super::rendezvous::MemStore::new();
+        let results: Vec<Result<ProcessGroup>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..2)
+                .map(|r| {
+                    let store = store.clone();
+                    sc.spawn(move || {
+                        let mut o = GroupOptions::new(r, 2, "forced-nccl");
+                        o.backend = BackendChoice::Nccl;
+                        o.timeout = Duration::from_secs(30);
+                        ProcessGroup::new(&store, &o)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let why = probe.unwrap_err();
+        for res in results {
+            let e = res.err().expect("no NCCL here");
+            assert!(
+                matches!(&e, RuntimeError::Unavailable { backend, .. } if backend == "nccl"),
+                "{e}"
+            );
+            assert!(e.to_string().contains(&why), "{e} / {why}");
+        }
+        #[cfg(not(feature = "nccl"))]
+        assert!(why.contains("cargo feature `nccl`"), "{why}");
+        let names = super::super::tests::run_world(
+            2,
+            BackendChoice::Auto,
+            DEFAULT_SLOT,
+            Duration::from_secs(60),
+            |pg| {
+                #[cfg(feature = "nccl")]
+                assert!(pg.nccl().is_none());
+                pg.backend_name()
+            },
+        );
+        assert_eq!(names, ["shm", "shm"]);
     }
 
     #[test]

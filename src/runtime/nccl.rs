@@ -24,7 +24,10 @@ use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
 use cudarc::nccl::result::{NcclError, NcclStatus};
 use cudarc::nccl::{Comm, Id, NcclType};
 
-use super::elem::{Element, ReduceOp};
+use bytemuck::Pod;
+
+use super::backend::Backend;
+use super::elem::{DType, Element, ReduceOp};
 use super::error::{Result, RuntimeError};
 use super::rendezvous::{FileStore, Rendezvous, StoreFailure};
 use crate::workerenv::WorkerEnv;
@@ -381,26 +384,57 @@ impl NcclGroup {
     where
         T: Element + NcclType + DeviceRepr + ValidAsZeroBits,
     {
+        self.staged_all_reduce(buf, op)
+    }
+
+    fn staged_all_reduce<T>(&self, buf: &mut [T], op: ReduceOp) -> Result<()>
+    where
+        T: Pod + NcclType + DeviceRepr + ValidAsZeroBits + Send,
+    {
+        // Every rank passes the same length, so every rank skips an empty call alike (a
+        // zero-byte device allocation is an error in CUDA).
+        if buf.is_empty() {
+            return Ok(());
+        }
         let rank = self.rank;
         let host = buf.to_vec();
         let out = self.run("all_reduce", move |c| -> Result<Vec<T>> {
             let s = c.stream();
-            let drv = |e: cudarc::driver::DriverError| RuntimeError::Io {
-                rank,
-                op: "all_reduce",
-                msg: format!("cuda: {e:?}"),
-            };
+            let drv = cuda_err(rank, "all_reduce");
             let mut d = s.clone_htod(&host).map_err(drv)?;
-            let nop = match op {
-                ReduceOp::Sum => cudarc::nccl::ReduceOp::Sum,
-                ReduceOp::Avg => cudarc::nccl::ReduceOp::Avg,
-                ReduceOp::Max => cudarc::nccl::ReduceOp::Max,
-                ReduceOp::Min => cudarc::nccl::ReduceOp::Min,
-            };
-            check(rank, "all_reduce", c.all_reduce_in_place(&mut d, &nop))?;
+            check(
+                rank,
+                "all_reduce",
+                c.all_reduce_in_place(&mut d, &nccl_op(op)),
+            )?;
             s.clone_dtoh(&d).map_err(drv)
         })??;
         buf.copy_from_slice(&out);
+        Ok(())
+    }
+
+    fn staged_reduce_scatter<T>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()>
+    where
+        T: Pod + NcclType + DeviceRepr + ValidAsZeroBits + Send,
+    {
+        if recv.is_empty() {
+            return Ok(());
+        }
+        let rank = self.rank;
+        let (host, n) = (send.to_vec(), recv.len());
+        let out = self.run("reduce_scatter", move |c| -> Result<Vec<T>> {
+            let s = c.stream();
+            let drv = cuda_err(rank, "reduce_scatter");
+            let d_send = s.clone_htod(&host).map_err(drv)?;
+            let mut d_recv = s.alloc_zeros::<T>(n).map_err(drv)?;
+            check(
+                rank,
+                "reduce_scatter",
+                c.reduce_scatter(&d_send, &mut d_recv, &nccl_op(op)),
+            )?;
+            s.clone_dtoh(&d_recv).map_err(drv)
+        })??;
+        recv.copy_from_slice(&out);
         Ok(())
     }
 
@@ -434,6 +468,147 @@ impl NcclGroup {
             s.synchronize().map_err(drv)?;
             Ok(t0.elapsed().as_secs_f64() / iters.max(1) as f64)
         })?
+    }
+}
+
+fn cuda_err(
+    rank: usize,
+    op: &'static str,
+) -> impl Fn(cudarc::driver::DriverError) -> RuntimeError + Copy {
+    move |e| RuntimeError::Io {
+        rank,
+        op,
+        msg: format!("cuda: {e:?}"),
+    }
+}
+
+fn nccl_op(op: ReduceOp) -> cudarc::nccl::ReduceOp {
+    match op {
+        ReduceOp::Sum => cudarc::nccl::ReduceOp::Sum,
+        ReduceOp::Avg => cudarc::nccl::ReduceOp::Avg,
+        ReduceOp::Max => cudarc::nccl::ReduceOp::Max,
+        ReduceOp::Min => cudarc::nccl::ReduceOp::Min,
+    }
+}
+
+/// Host-slice collectives of a [`super::ProcessGroup`] forced to NCCL (`RDRUN_BACKEND=nccl`,
+/// `train --backend nccl`): each call stages the bytes through device memory on the
+/// communicator's thread. Buffers are copied into typed vectors first (a `&[u8]` need not be
+/// aligned for f64). The [`NcclGroup`] is shared with the process group, which hands it out for
+/// device-buffer work ([`super::ProcessGroup::nccl`]).
+pub struct NcclBackend {
+    group: Arc<NcclGroup>,
+}
+
+impl NcclBackend {
+    pub fn new(group: Arc<NcclGroup>) -> Self {
+        NcclBackend { group }
+    }
+}
+
+/// `f::<T>(args)` for the element type of `dtype`.
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident ( $($arg:expr),* )) => {
+        match $dtype {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            DType::F16 => $f::<half::f16>($($arg),*),
+            DType::BF16 => $f::<half::bf16>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::I64 => $f::<i64>($($arg),*),
+        }
+    };
+}
+
+/// The bytes as a freshly allocated (so aligned) vector of `T`; callers pass whole elements.
+fn typed_copy<T: Pod>(bytes: &[u8]) -> Vec<T> {
+    let mut v = vec![T::zeroed(); bytes.len() / std::mem::size_of::<T>()];
+    bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(bytes);
+    v
+}
+
+fn all_reduce_bytes<T>(g: &NcclGroup, buf: &mut [u8], op: ReduceOp) -> Result<()>
+where
+    T: Pod + NcclType + DeviceRepr + ValidAsZeroBits + Send,
+{
+    let mut typed: Vec<T> = typed_copy(buf);
+    g.staged_all_reduce(&mut typed, op)?;
+    buf.copy_from_slice(bytemuck::cast_slice(&typed));
+    Ok(())
+}
+
+fn reduce_scatter_bytes<T>(g: &NcclGroup, send: &[u8], recv: &mut [u8], op: ReduceOp) -> Result<()>
+where
+    T: Pod + NcclType + DeviceRepr + ValidAsZeroBits + Send,
+{
+    let typed_send: Vec<T> = typed_copy(send);
+    let mut typed_recv: Vec<T> = typed_copy(recv);
+    g.staged_reduce_scatter(&typed_send, &mut typed_recv, op)?;
+    recv.copy_from_slice(bytemuck::cast_slice(&typed_recv));
+    Ok(())
+}
+
+impl Backend for NcclBackend {
+    fn name(&self) -> &'static str {
+        "nccl"
+    }
+
+    fn all_reduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        let g = &*self.group;
+        by_dtype!(dtype, all_reduce_bytes(g, buf, op))
+    }
+
+    fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let rank = self.group.rank;
+        let host = buf.to_vec();
+        let out = self.group.run("broadcast", move |c| -> Result<Vec<u8>> {
+            let s = c.stream();
+            let drv = cuda_err(rank, "broadcast");
+            let mut d = s.clone_htod(&host).map_err(drv)?;
+            check(rank, "broadcast", c.broadcast_in_place(&mut d, root as i32))?;
+            s.clone_dtoh(&d).map_err(drv)
+        })??;
+        buf.copy_from_slice(&out);
+        Ok(())
+    }
+
+    fn all_gather(&mut self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        if send.is_empty() {
+            return Ok(());
+        }
+        let rank = self.group.rank;
+        let (host, n) = (send.to_vec(), recv.len());
+        let out = self.group.run("all_gather", move |c| -> Result<Vec<u8>> {
+            let s = c.stream();
+            let drv = cuda_err(rank, "all_gather");
+            let d_send = s.clone_htod(&host).map_err(drv)?;
+            let mut d_recv = s.alloc_zeros::<u8>(n).map_err(drv)?;
+            check(rank, "all_gather", c.all_gather(&d_send, &mut d_recv))?;
+            s.clone_dtoh(&d_recv).map_err(drv)
+        })??;
+        recv.copy_from_slice(&out);
+        Ok(())
+    }
+
+    fn reduce_scatter(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let g = &*self.group;
+        by_dtype!(dtype, reduce_scatter_bytes(g, send, recv, op))
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        // An all-reduce of one element: returns (after its device-to-host copy) only once
+        // every rank has contributed.
+        let mut one = [0f32];
+        self.group.staged_all_reduce(&mut one, ReduceOp::Sum)
     }
 }
 

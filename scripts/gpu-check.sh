@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared run for a machine with one NVIDIA GPU, CUDA, PyTorch and pip's NCCL but no Rust.
 # Binaries are built elsewhere and carried:
-#   cargo build --release --features nccl --bin rdrun-allreduce-bench --bin rdrun
+#   cargo build --release --features nccl --bin rdrun-allreduce-bench --bin rdrun --bin train
 # (RDRUN_BIN_DIR overrides target/release). Finishes in well under 5 minutes and prints one
 # markdown table: NCCL through rdrun's runtime vs PyTorch's NCCL (the same ncclAllReduce) at world
 # 1 and world 2 on one GPU (per-rank NCCL_HOSTID, spec runtime.md §4.2), the duplicate-GPU
@@ -65,6 +65,30 @@ elif grep -q "Duplicate GPU" "$WORK/dup.err" && ! grep -q "panicked" "$WORK/dup.
   row dup-gpu 2 0 rdrun 0 0 "ok: error names Duplicate GPU"
 else
   row dup-gpu 2 0 rdrun 0 0 "FAIL: $(grep -m1 -E 'nccl|panick|init' "$WORK/dup.err" | clean)"
+fi
+
+# 3b. The runtime's backend choice with a GPU, through the `train` demo (if carried): forced
+#     `nccl` trains through NCCL; `auto` keeps host slices on shm and brings up NCCL for the device.
+if [ -x "$BIN/train" ] && [ -x "$BIN/rdrun" ]; then
+  note "train --backend nccl, world 1 and 2 (fake hosts) under rdrun"
+  for w in 1 2; do
+    if RDRUN_CUDA_DEVICE=0 timeout 120 "$BIN/rdrun" --nproc_per_node=$w \
+         sh -c 'NCCL_HOSTID=fake-$RANK exec "$0" "$@"' "$BIN/train" --backend nccl --epochs 2 \
+         > "$WORK/train-nccl-$w.out" 2>&1 && grep -q "backend nccl" "$WORK/train-nccl-$w.out"; then
+      row train-nccl "$w" 0 rdrun 0 0 "ok"
+    else
+      row train-nccl "$w" 0 rdrun 0 0 "FAIL: $(grep -m1 -iE 'error|panick' "$WORK/train-nccl-$w.out" | clean)"
+    fi
+  done
+  note "train --backend auto, world 1: NCCL for the device next to shm"
+  if timeout 120 "$BIN/rdrun" --nproc_per_node=1 "$BIN/train" --epochs 1 > "$WORK/train-auto.out" 2>&1 \
+     && grep -q "nccl communicator on CUDA device 0" "$WORK/train-auto.out"; then
+    row train-auto-nccl 1 0 rdrun 0 0 "ok"
+  else
+    row train-auto-nccl 1 0 rdrun 0 0 "FAIL: $(grep -m1 -iE 'error|panick|backend' "$WORK/train-auto.out" | clean)"
+  fi
+else
+  row train-nccl 1 0 rdrun 0 0 "skipped: $BIN/train or $BIN/rdrun not carried"
 fi
 
 # 4. PyTorch's NCCL (the same library call) at the same sizes, world 1 and 2 (fake hosts).

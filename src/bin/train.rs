@@ -265,6 +265,12 @@ fn run(args: Args) -> Result<(), String> {
             args.samples,
             args.batch_size
         );
+        // The device communicator `auto` brings up on GPU machines (the MLP itself stays on
+        // the CPU; scripts/gpu-check.sh looks for this line).
+        #[cfg(feature = "nccl")]
+        if let Some(n) = group.nccl() {
+            println!("train: nccl communicator on CUDA device {}", n.device_ordinal());
+        }
     }
     let restart: u32 = std::env::var("TORCHELASTIC_RESTART_COUNT")
         .ok()

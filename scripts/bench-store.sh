@@ -2,7 +2,8 @@
 # Benchmarks rdrun's TCPStore-compatible server against PyTorch's own TCPStore server (libuv
 # backend) in one run, on loopback, and prints ratios (rdrun / torch; for wall time torch / rdrun).
 #   (a) PyTorch's Python client, 1 connection: SET, ADD, GET ops/s
-#   (b) rdrun-store-bench load generator, 1 / 64 / 1024 connections, SET+GET+ADD mix: req/s
+#   (b) rdrun-store-bench load generator, 1 / 64 / 1024 raw connections, SET+GET+ADD mix, request-
+#       response (depth 1) and pipelined (depth 16): req/s
 #   (c) 4096 clients: connect, VALIDATE, PING, ADD, WAIT on a key the last one sets: wall time
 #   (d) server RSS with 10,000 idle validated connections
 # Every phase is bounded (BENCH_CAP_S caps the phases that can stall on PyTorch's server, whose
@@ -80,17 +81,21 @@ for op in set add get; do
   printf "%-6s %12s %12s %8s\n" "$op" "$r" "$t" "$(ratio "$r" "$t")"
 done
 
-echo; echo "(b) rdrun-store-bench SET/GET/ADD mix, ${SECS}s per phase, servers interleaved, best of 2 (req/s)"
-timeout 300 "$BENCH" load --ports "$RD_PORT,$PT_PORT" --conns 1,64,1024 --secs "$SECS" --rounds 2 \
-  --tag b >"$TMP/b" 2>"$TMP/b.err" || echo "(load phase failed or ended early: $(tail -n 1 "$TMP/b.err"))"
+echo; echo "(b) rdrun-store-bench SET/GET/ADD mix over raw connections (answers checked), ${SECS}s per phase,"
+echo "    servers interleaved, best of 2 (req/s); depth 1 = each request waits for its answer (PyTorch's"
+echo "    client pattern), depth 16 = 16 SET+GET+ADD triples per write (pipelined, as redis-benchmark -P)"
+timeout 600 "$BENCH" load --ports "$RD_PORT,$PT_PORT" --conns 1,64,1024 --depth 1,16 --secs "$SECS" \
+  --rounds 2 --tag b >"$TMP/b" 2>"$TMP/b.err" || echo "(load phase failed or ended early: $(tail -n 1 "$TMP/b.err"))"
 sed -n "s/^load: port $RD_PORT: /  rdrun: /p; s/^load: port $PT_PORT: /  torch: /p" "$TMP/b.err"
-bestb() { # port conns -> max req_per_s
-  grep "^port=$1 conns=$2 " "$TMP/b" | sed -n 's/.*req_per_s=\([0-9]*\).*/\1/p' | sort -n | tail -n 1
+bestb() { # port conns depth -> max req_per_s
+  grep "^port=$1 conns=$2 depth=$3 " "$TMP/b" | sed -n 's/.*req_per_s=\([0-9]*\).*/\1/p' | sort -n | tail -n 1
 }
-printf "%-6s %12s %12s %8s\n" conns rdrun torch ratio
-for n in 1 64 1024; do
-  r=$(bestb "$RD_PORT" "$n"); t=$(bestb "$PT_PORT" "$n")
-  printf "%-6s %12s %12s %8s\n" "$n" "${r:-n/a}" "${t:-n/a}" "$(ratio "${r:-0}" "${t:-0}")"
+printf "%-6s %6s %12s %12s %8s\n" conns depth rdrun torch ratio
+for d in 1 16; do
+  for n in 1 64 1024; do
+    r=$(bestb "$RD_PORT" "$n" "$d"); t=$(bestb "$PT_PORT" "$n" "$d")
+    printf "%-6s %6s %12s %12s %8s\n" "$n" "$d" "${r:-n/a}" "${t:-n/a}" "$(ratio "${r:-0}" "${t:-0}")"
+  done
 done
 stop "$RD_PID"; stop "$PT_PID"
 

@@ -5,9 +5,10 @@
 //! Modes:
 //! - `serve`: run rdrun's store server on `--host`/`--port` (0 = any), print `port=N`, serve until
 //!   killed (SIGINT shuts down cleanly).
-//! - `load`: for each count in `--conns` (e.g. `1,64,1024`), that many connections of one pool
-//!   per server in `--ports` each loop SET, GET, ADD for `--secs`, servers interleaved, `--rounds`
-//!   times; prints `req_per_s` per phase, round and server.
+//! - `load`: for each pipeline depth in `--depth` and count in `--conns` (e.g. `1,64,1024`), that
+//!   many raw connections of one pool per server in `--ports` each loop SET, GET, ADD (depth
+//!   triples per write, answers checked) for `--secs`, servers interleaved, `--rounds` times;
+//!   prints `req_per_s` per phase, round and server.
 //! - `herd`: `--clients` clients each connect (VALIDATE + PING), ADD a counter and WAIT on a key
 //!   the last arrival sets; prints `wall_s`.
 //! - `idle`: open `--conns` validated connections, print `ready=N`, hold them until stdin closes or
@@ -59,6 +60,10 @@ enum Mode {
         /// Seconds per phase.
         #[arg(long, default_value_t = 3.0)]
         secs: f64,
+        /// Comma-separated pipeline depths (SET+GET+ADD triples per write); 1 = one request
+        /// waits for its answer, as PyTorch's client does.
+        #[arg(long, default_value = "1", value_delimiter = ',')]
+        depth: Vec<usize>,
         /// Rounds per phase and server (report the best).
         #[arg(long, default_value_t = 1)]
         rounds: usize,
@@ -144,6 +149,7 @@ async fn run(mode: Mode) -> Res {
             host,
             ports,
             conns,
+            depth,
             secs,
             rounds,
             tag,
@@ -152,6 +158,7 @@ async fn run(mode: Mode) -> Res {
                 &host,
                 ports,
                 conns,
+                depth,
                 Duration::from_secs_f64(secs),
                 rounds,
                 &tag,
@@ -224,6 +231,7 @@ async fn load(
     host: &str,
     ports: Vec<u16>,
     phases: Vec<usize>,
+    depths: Vec<usize>,
     secs: Duration,
     rounds: usize,
     tag: &str,
@@ -238,7 +246,7 @@ async fn load(
         for _ in 0..max {
             let host = host.to_string();
             connecting
-                .spawn(async move { Client::connect(&host, port, Duration::from_secs(300)).await });
+                .spawn(async move { raw_connect(&host, port, Duration::from_secs(300)).await });
         }
         let mut pool = Vec::with_capacity(max);
         while let Some(c) = connecting.join_next().await {
@@ -250,20 +258,64 @@ async fn load(
         );
         pools.push((port, pool));
     }
-    for (phase, &conns) in phases.iter().enumerate() {
-        for round in 0..rounds {
-            for (port, pool) in &pools {
-                let rate = load_phase(pool, conns, secs, &format!("{tag}/{phase}/{round}")).await?;
-                println!("port={port} conns={conns} round={round} req_per_s={rate:.0}");
+    for &depth in &depths {
+        for (phase, &conns) in phases.iter().enumerate() {
+            for round in 0..rounds {
+                for (port, pool) in pools.iter_mut() {
+                    let name = format!("{tag}/{depth}/{phase}/{round}");
+                    let rate = load_phase(pool, conns, depth, secs, &name).await?;
+                    println!(
+                        "port={port} conns={conns} depth={depth} round={round} req_per_s={rate:.0}"
+                    );
+                }
             }
         }
     }
     Ok(())
 }
 
+/// A validated raw connection (VALIDATE, then a PING round trip as PyTorch's client does).
+async fn raw_connect(
+    host: &str,
+    port: u16,
+    limit: Duration,
+) -> Result<tokio::net::TcpStream, Box<dyn std::error::Error + Send + Sync>> {
+    let deadline = Instant::now() + limit;
+    let mut s = loop {
+        match tokio::net::TcpStream::connect((host, port)).await {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => return Err(e.into()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    s.set_nodelay(true)?;
+    let mut buf = Vec::new();
+    Request::Validate {
+        magic: VALIDATION_MAGIC,
+    }
+    .encode(&mut buf);
+    Request::Ping { nonce: 7 }.encode(&mut buf);
+    s.write_all(&buf).await?;
+    let mut pong = [0u8; 4];
+    tokio::time::timeout(limit, s.read_exact(&mut pong)).await??;
+    if u32::from_ne_bytes(pong) != 7 {
+        return Err("PING answered with the wrong nonce".into());
+    }
+    Ok(s)
+}
+
+/// Bytes of the answers to one SET + GET (16-byte value) + ADD triple: SET has no answer, GET a
+/// u64 length and the value, ADD the new i64 (tcpstore-protocol spec).
+const TRIPLE_ANSWER: usize = 8 + 16 + 8;
+
+/// `conns` connections each loop SET, GET, ADD on their own keys for `secs`. With `depth` > 1
+/// a connection sends `depth` triples in one write before reading their answers (pipelining, as
+/// `redis-benchmark -P`): the generator's own cost per request falls, so the servers' cost
+/// shows. Answers are checked: the GET returns the value set, ADD counts up by one.
 async fn load_phase(
-    pool: &[Client],
+    pool: &mut Vec<tokio::net::TcpStream>,
     conns: usize,
+    depth: usize,
     secs: Duration,
     tag: &str,
 ) -> Result<f64, Box<dyn std::error::Error + Send + Sync>> {
@@ -271,21 +323,53 @@ async fn load_phase(
     let stop = Arc::new(AtomicBool::new(false));
     let start = Arc::new(tokio::sync::Barrier::new(conns + 1));
     let mut tasks = tokio::task::JoinSet::new();
-    for (i, c) in pool.iter().take(conns).cloned().enumerate() {
+    let mut rest = pool.split_off(conns.min(pool.len()));
+    for (i, mut s) in std::mem::take(pool).into_iter().enumerate() {
         let (count, stop, start) = (count.clone(), stop.clone(), start.clone());
-        let key = format!("{tag}/k{i}");
-        let ctr = format!("{tag}/c{i}");
+        let key = format!("{tag}/k{i}").into_bytes();
+        let ctr = format!("{tag}/c{i}").into_bytes();
         tasks.spawn(async move {
-            c.set_timeout(Duration::from_secs(60));
-            start.wait().await;
-            let value = [b'v'; 16];
-            while !stop.load(Ordering::Relaxed) {
-                c.set(&key, value).await?;
-                c.get_nowait(&key).await?;
-                c.add(&ctr, 1).await?;
-                count.fetch_add(3, Ordering::Relaxed);
+            let value = vec![b'v'; 16];
+            let mut batch = Vec::new();
+            for _ in 0..depth {
+                Request::Set {
+                    key: key.clone(),
+                    value: value.clone(),
+                }
+                .encode(&mut batch);
+                Request::Get { key: key.clone() }.encode(&mut batch);
+                Request::Add {
+                    key: ctr.clone(),
+                    delta: 1,
+                }
+                .encode(&mut batch);
             }
-            Ok::<(), rdrun::store::StoreError>(())
+            let mut answers = vec![0u8; TRIPLE_ANSWER * depth];
+            let mut expect_ctr = 0i64;
+            start.wait().await;
+            let limit = Duration::from_secs(60);
+            while !stop.load(Ordering::Relaxed) {
+                s.write_all(&batch).await?;
+                tokio::time::timeout(limit, s.read_exact(&mut answers)).await??;
+                for a in answers.chunks_exact(TRIPLE_ANSWER) {
+                    expect_ctr += 1;
+                    let len = u64::from_ne_bytes(a[..8].try_into().expect("8 bytes"));
+                    let got = i64::from_ne_bytes(a[24..].try_into().expect("8 bytes"));
+                    if len != 16 || a[8..24] != value[..] || got != expect_ctr {
+                        return Err::<
+                            tokio::net::TcpStream,
+                            Box<dyn std::error::Error + Send + Sync>,
+                        >(
+                            format!(
+                                "wrong answer: GET length {len}, ADD {got} (want {expect_ctr})"
+                            )
+                            .into(),
+                        );
+                    }
+                }
+                count.fetch_add(3 * depth as u64, Ordering::Relaxed);
+            }
+            Ok(s)
         });
     }
     start.wait().await;
@@ -294,9 +378,12 @@ async fn load_phase(
     let n = count.load(Ordering::Relaxed);
     let elapsed = t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
+    let mut back = Vec::with_capacity(conns + rest.len());
     while let Some(r) = tasks.join_next().await {
-        r??;
+        back.push(r??);
     }
+    back.append(&mut rest);
+    *pool = back;
     Ok(n as f64 / elapsed)
 }
 

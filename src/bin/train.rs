@@ -269,7 +269,10 @@ fn run(args: Args) -> Result<(), String> {
         // the CPU; scripts/gpu-check.sh looks for this line).
         #[cfg(feature = "nccl")]
         if let Some(n) = group.nccl() {
-            println!("train: nccl communicator on CUDA device {}", n.device_ordinal());
+            println!(
+                "train: nccl communicator on CUDA device {}",
+                n.device_ordinal()
+            );
         }
     }
     let restart: u32 = std::env::var("TORCHELASTIC_RESTART_COUNT")

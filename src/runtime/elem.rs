@@ -44,6 +44,8 @@ pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + std::fmt::Debug + '
     const DTYPE: DType;
     /// `dst[i] = dst[i] op src[i]` for Sum/Max/Min (Avg reduces as Sum).
     fn reduce(dst: &mut [Self], src: &[Self], op: ReduceOp);
+    /// `dst[i] = a[i] op b[i]` (one pass instead of a copy then [`Element::reduce`]).
+    fn reduce_into(dst: &mut [Self], a: &[Self], b: &[Self], op: ReduceOp);
     /// `dst[i] /= n` (the Avg epilogue).
     fn div(dst: &mut [Self], n: usize);
 }
@@ -67,6 +69,28 @@ macro_rules! native_elem {
                     ReduceOp::Min => {
                         for (d, s) in dst.iter_mut().zip(src) {
                             *d = $min(*d, *s);
+                        }
+                    }
+                }
+            }
+            fn reduce_into(dst: &mut [Self], a: &[Self], b: &[Self], op: ReduceOp) {
+                // Equal lengths up front let LLVM drop the bounds checks and vectorize.
+                let n = dst.len().min(a.len()).min(b.len());
+                let (dst, a, b) = (&mut dst[..n], &a[..n], &b[..n]);
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => {
+                        for i in 0..n {
+                            dst[i] = add(a[i], b[i]);
+                        }
+                    }
+                    ReduceOp::Max => {
+                        for i in 0..n {
+                            dst[i] = $max(a[i], b[i]);
+                        }
+                    }
+                    ReduceOp::Min => {
+                        for i in 0..n {
+                            dst[i] = $min(a[i], b[i]);
                         }
                     }
                 }
@@ -136,6 +160,17 @@ macro_rules! half_elem {
                     *d = <$t>::from_f32(r);
                 }
             }
+            fn reduce_into(dst: &mut [Self], a: &[Self], b: &[Self], op: ReduceOp) {
+                for ((d, x), y) in dst.iter_mut().zip(a).zip(b) {
+                    let (x, y) = (x.to_f32(), y.to_f32());
+                    let r = match op {
+                        ReduceOp::Sum | ReduceOp::Avg => x + y,
+                        ReduceOp::Max => x.max(y),
+                        ReduceOp::Min => x.min(y),
+                    };
+                    *d = <$t>::from_f32(r);
+                }
+            }
             fn div(dst: &mut [Self], n: usize) {
                 let n = n as f32;
                 for d in dst.iter_mut() {
@@ -182,6 +217,33 @@ pub fn reduce_bytes(dst: &mut [u8], src: &[u8], dtype: DType, op: ReduceOp) {
         DType::BF16 => go::<bf16>(dst, src, op),
         DType::I32 => go::<i32>(dst, src, op),
         DType::I64 => go::<i64>(dst, src, op),
+    }
+}
+
+/// Byte-level `dst = a op b` for buffers holding `dtype` elements (misaligned buffers go
+/// through [`reduce_bytes`]).
+pub fn reduce_into_bytes(dst: &mut [u8], a: &[u8], b: &[u8], dtype: DType, op: ReduceOp) {
+    fn go<T: Element>(dst: &mut [u8], a: &[u8], b: &[u8], op: ReduceOp) {
+        match (
+            bytemuck::try_cast_slice_mut::<u8, T>(dst),
+            bytemuck::try_cast_slice::<u8, T>(a),
+            bytemuck::try_cast_slice::<u8, T>(b),
+        ) {
+            (Ok(d), Ok(x), Ok(y)) => T::reduce_into(d, x, y, op),
+            _ => {
+                dst.copy_from_slice(a);
+                reduce_bytes(dst, b, T::DTYPE, op);
+            }
+        }
+    }
+    debug_assert!(dst.len() == a.len() && dst.len() == b.len());
+    match dtype {
+        DType::F32 => go::<f32>(dst, a, b, op),
+        DType::F64 => go::<f64>(dst, a, b, op),
+        DType::F16 => go::<f16>(dst, a, b, op),
+        DType::BF16 => go::<bf16>(dst, a, b, op),
+        DType::I32 => go::<i32>(dst, a, b, op),
+        DType::I64 => go::<i64>(dst, a, b, op),
     }
 }
 

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::backend::Backend;
-use super::elem::{div_bytes, reduce_bytes, DType, ReduceOp};
+use super::elem::{div_bytes, reduce_bytes, reduce_into_bytes, DType, ReduceOp};
 use super::error::{Result, RuntimeError};
 use super::tcp::chunk_bounds;
 
@@ -38,6 +38,17 @@ pub const NAIVE_THRESHOLD: usize = 128 * 1024;
 /// 1.5-2x the bandwidth of 4 MiB slots at 64 MiB.
 pub const DEFAULT_SLOT: usize = 512 * 1024;
 const MAGIC: u64 = 0x7264_7275_6e53_484d; // "rdrunSHM"
+/// Slot sets of the barrier-based collectives (alternating, see the module docs).
+const BARRIER_SETS: usize = 2;
+/// Slot sets the pipelined all-reduce cycles through (3: a rank may run one piece ahead).
+const PIPE_SETS: usize = 3;
+/// Words of a rank's header line: barrier arrivals, pid, (word 2: the futex sequence, 32 bits),
+/// and the pipelined all-reduce's per-piece progress counters (pieces copied in, folded, done).
+const W_ARRIVE: usize = 0;
+const W_PID: usize = 1;
+const W_IN: usize = 3;
+const W_RES: usize = 4;
+const W_DONE: usize = 5;
 pub use crate::workerenv::{
     cleanup_run_shm, cleanup_run_shm_in, fnv1a, run_shm_prefix, sanitize_run_id, SHM_DIR,
 };
@@ -119,7 +130,7 @@ fn futex_wake(word: &AtomicU32) {
 /// Sizes of the mapping for `world` ranks and `slot` bytes per slot.
 fn layout(world: usize, slot: usize) -> (usize, usize) {
     let header = (64 * (world + 1)).div_ceil(4096) * 4096;
-    (header, header + 2 * world * slot)
+    (header, header + (BARRIER_SETS + PIPE_SETS) * world * slot)
 }
 
 /// How setup steps that need the other ranks are performed (the group passes store calls in).
@@ -142,6 +153,8 @@ pub struct ShmComm {
     len: usize,
     epoch: u64,
     set: usize,
+    /// Pieces the pipelined all-reduce has processed (equal on every rank between calls).
+    pieces: u64,
     timeout: Duration,
     pids: Vec<i32>,
     path: PathBuf,
@@ -213,12 +226,14 @@ impl ShmComm {
         };
         // SAFETY: mapping a regular tmpfs file of exactly `len` bytes (checked above) read/write
         // and shared; the fd may be closed afterwards, the mapping keeps the pages alive.
+        // MAP_POPULATE pre-faults the pages (mmap(2)) so the first collectives do not pay a page
+        // fault per 4 KiB.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
                 file.as_raw_fd(),
                 0,
             )
@@ -239,6 +254,7 @@ impl ShmComm {
             len,
             epoch: 0,
             set: 0,
+            pieces: 0,
             timeout,
             pids: vec![0; world],
             path: path.clone(),
@@ -251,11 +267,11 @@ impl ShmComm {
         } else if me.word(0, 1).load(Ordering::Acquire) != MAGIC {
             return Err(shm_err(format!("{} is not initialized", path.display())));
         }
-        me.word(rank + 1, 1)
+        me.word(rank + 1, W_PID)
             .store(std::process::id() as u64, Ordering::Release);
         setup.all_mapped()?;
         for r in 0..world {
-            me.pids[r] = me.word(r + 1, 1).load(Ordering::Acquire) as i32;
+            me.pids[r] = me.word(r + 1, W_PID).load(Ordering::Acquire) as i32;
         }
         if rank == 0 {
             // Everyone has it mapped: the name is no longer needed, and unlinking now means a
@@ -276,7 +292,7 @@ impl ShmComm {
     }
 
     fn slot_ptr(&self, set: usize, rank: usize) -> *mut u8 {
-        // SAFETY: set < 2 and rank < world, so the offset is inside the mapping (see `layout`).
+        // SAFETY: set < BARRIER_SETS + PIPE_SETS and rank < world, so the offset is inside the mapping (see `layout`).
         unsafe {
             self.base
                 .add(self.header + (set * self.world + rank) * self.slot)
@@ -297,34 +313,53 @@ impl ShmComm {
         self.set
     }
 
-    /// Rank `r`'s 32-bit futex word (low bits of its arrival counter).
+    /// Rank `r`'s 32-bit futex word (a sequence bumped on every publication).
     fn fword(&self, r: usize) -> &AtomicU32 {
         // SAFETY: offset 16 of rank r's header line is inside the header, 4-byte aligned, and
         // only accessed atomically.
         unsafe { &*(self.base.add(64 * (r + 1) + 16) as *const AtomicU32) }
     }
 
-    /// All ranks arrive; bounded by the timeout and by peer liveness.
-    ///
-    /// Waiting: spin ~5 µs (a peer on another idle core arrives within a spin round trip,
-    /// 2.4 µs measured, spec §3.3), then `sched_yield` up to ~50 µs, then sleep in
-    /// `FUTEX_WAIT` on the missing rank's word (shared futex: the mapping is MAP_SHARED), waking
-    /// every 10 ms to check the deadline and peer pids. Arrivers `FUTEX_WAKE` only when the
-    /// header's sleeper count is non-zero; both sides use SeqCst so that either the arriver sees
-    /// the sleeper or the sleeper's futex sees the new value (Dekker-style).
-    fn barrier_wait(&mut self, op: &'static str) -> Result<()> {
-        self.epoch += 1;
-        let e = self.epoch;
-        self.word(self.rank + 1, 0).store(e, Ordering::SeqCst);
-        self.fword(self.rank).store(e as u32, Ordering::SeqCst);
+    /// Sets rank-line word `w` of this rank to `v` and wakes sleepers. Both sides use SeqCst
+    /// so that either a waiter sees the new value or this rank sees the waiter's sleeper count
+    /// and wakes it (Dekker-style); the futex word is a per-rank sequence bumped on every
+    /// publication, so a waiter that read it before the bump never sleeps past the change.
+    fn publish(&self, w: usize, v: u64) {
+        self.word(self.rank + 1, w).store(v, Ordering::SeqCst);
+        self.fword(self.rank).fetch_add(1, Ordering::SeqCst);
         if self.word(0, 4).load(Ordering::SeqCst) > 0 {
             futex_wake(self.fword(self.rank));
         }
+    }
+
+    /// All ranks arrive; bounded by the timeout and by peer liveness.
+    fn barrier_wait(&mut self, op: &'static str) -> Result<()> {
+        self.epoch += 1;
+        let e = self.epoch;
+        self.publish(W_ARRIVE, e);
+        self.wait_all(W_ARRIVE, e, op)
+    }
+
+    /// Waits until word `w` of every rank's line is at least `target`; bounded by the timeout
+    /// and by peer liveness.
+    ///
+    /// Waiting: spin ~5 µs (a peer on another idle core arrives within a spin round trip,
+    /// 2.4 µs measured, spec §3.3), then `sched_yield` up to ~50 µs, then sleep in
+    /// `FUTEX_WAIT` on the missing rank's sequence word (shared futex: the mapping is
+    /// MAP_SHARED), waking every 10 ms to check the deadline and peer pids. Publishers
+    /// `FUTEX_WAKE` only when the header's sleeper count is non-zero (see [`Self::publish`]).
+    fn wait_all(&self, w: usize, target: u64, op: &'static str) -> Result<()> {
+        let mut r = 0;
+        while r < self.world && self.word(r + 1, w).load(Ordering::Acquire) >= target {
+            r += 1;
+        }
+        if r == self.world {
+            return Ok(());
+        }
         let start = Instant::now();
         let mut last_check = start;
-        let mut r = 0;
         loop {
-            while r < self.world && self.word(r + 1, 0).load(Ordering::Acquire) >= e {
+            while r < self.world && self.word(r + 1, w).load(Ordering::Acquire) >= target {
                 r += 1;
             }
             if r == self.world {
@@ -341,14 +376,14 @@ impl ShmComm {
             }
             let v = self.fword(r).load(Ordering::SeqCst);
             self.word(0, 4).fetch_add(1, Ordering::SeqCst);
-            if self.word(r + 1, 0).load(Ordering::SeqCst) < e {
+            if self.word(r + 1, w).load(Ordering::SeqCst) < target {
                 futex_wait(self.fword(r), v, Duration::from_millis(10));
             }
             self.word(0, 4).fetch_sub(1, Ordering::SeqCst);
             let now = Instant::now();
             if now.duration_since(last_check) >= Duration::from_millis(10) {
                 last_check = now;
-                self.check_peers(op, e)?;
+                self.check_peers(op, w, target)?;
                 if now.duration_since(start) >= self.timeout {
                     return Err(RuntimeError::Timeout {
                         rank: self.rank,
@@ -361,15 +396,15 @@ impl ShmComm {
         }
     }
 
-    /// Fails if a rank that has not yet reached barrier `epoch` is dead. Ranks that arrived may
-    /// legitimately exit (after the last collective of a run), so they are not checked; the
+    /// Fails if a rank whose word `w` has not yet reached `target` is dead. Ranks that arrived
+    /// may legitimately exit (after the last collective of a run), so they are not checked; the
     /// arrival is read *after* the liveness probe so an arrive-then-exit peer is never blamed.
-    fn check_peers(&self, op: &'static str, epoch: u64) -> Result<()> {
+    fn check_peers(&self, op: &'static str, w: usize, target: u64) -> Result<()> {
         for (peer, pid) in self.pids.iter().enumerate() {
             if *pid <= 0 || peer == self.rank {
                 continue;
             }
-            if pid_alive(*pid) || self.word(peer + 1, 0).load(Ordering::Acquire) >= epoch {
+            if pid_alive(*pid) || self.word(peer + 1, w).load(Ordering::Acquire) >= target {
                 continue;
             }
             return Err(RuntimeError::Peer {
@@ -382,58 +417,108 @@ impl ShmComm {
         Ok(())
     }
 
-    fn all_reduce_piece(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    /// Small messages: copy in, barrier, every rank folds all slots in rank order.
+    fn all_reduce_naive(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         let (n, r, l) = (self.world, self.rank, buf.len());
         let set = self.next_set();
-        if l <= NAIVE_THRESHOLD {
-            self.slot(set, r, 0, l).copy_from_slice(buf);
-            self.barrier_wait("all_reduce")?;
-            buf.copy_from_slice(self.slot(set, 0, 0, l));
-            for i in 1..n {
-                reduce_bytes(buf, self.slot(set, i, 0, l), dtype, op);
-            }
-            if op == ReduceOp::Avg {
-                div_bytes(buf, dtype, n);
-            }
-            return Ok(());
-        }
-        // Sliced: rank r owns slice r. Its own slice is never read by others, so it is neither
-        // copied in nor copied out (about a quarter less memory traffic for 2 ranks). The
-        // owner folds in rank order, x0 op x1 op ..., reading its own contribution from `buf`;
-        // rank 0 accumulates in `buf` (its x0 is the first term), the others in slot 0's slice
-        // (rank 0 copied x0 there), so the result equals a sequential left fold.
-        let b = chunk_bounds(l, dtype.size(), n);
-        let (s0, s1) = (b[r], b[r + 1]);
-        let len = s1 - s0;
-        self.slot(set, r, 0, s0).copy_from_slice(&buf[..s0]);
-        self.slot(set, r, s1, l - s1).copy_from_slice(&buf[s1..]);
+        self.slot(set, r, 0, l).copy_from_slice(buf);
         self.barrier_wait("all_reduce")?;
-        if r == 0 {
-            let own = &mut buf[s0..s1];
-            for i in 1..n {
-                reduce_bytes(own, self.slot(set, i, s0, len), dtype, op);
-            }
-            if op == ReduceOp::Avg {
-                div_bytes(own, dtype, n);
-            }
-            self.slot(set, 0, s0, len).copy_from_slice(own);
-        } else {
-            let acc = self.slot(set, 0, s0, len);
-            for i in 1..n {
-                if i == r {
-                    reduce_bytes(acc, &buf[s0..s1], dtype, op);
-                } else {
-                    reduce_bytes(acc, self.slot(set, i, s0, len), dtype, op);
+        buf.copy_from_slice(self.slot(set, 0, 0, l));
+        for i in 1..n {
+            reduce_bytes(buf, self.slot(set, i, 0, l), dtype, op);
+        }
+        if op == ReduceOp::Avg {
+            div_bytes(buf, dtype, n);
+        }
+        Ok(())
+    }
+
+    /// Large messages, pipelined over pieces of one slot. Piece `g` (counted over the
+    /// communicator's life, equal on every rank) uses pipeline set `g % PIPE_SETS`; rank r owns
+    /// slice r of every piece. Per piece, three steps, each ending in a publication:
+    ///
+    /// * A (`W_IN = g+1`): copy the slices others own into my slot (my own slice is never
+    ///   copied in: I read it straight from `buf`);
+    /// * B (`W_RES = g+1`, after every `W_IN >= g+1`): fold slice r in rank order,
+    ///   `x0 op x1 op ...`, into my slot's slice r, then copy it to `buf`;
+    /// * C (`W_DONE = g+1`, after every `W_RES >= g+1`): copy every other rank's result slice
+    ///   into `buf`.
+    ///
+    /// Order per rank: A(0), then for each piece B(k), A(k+1), C(k) — so a rank has the next
+    /// piece's copy-in to do while a slower peer finishes its fold, instead of a barrier per step.
+    /// A(k) overwrites a set last read in C(k - PIPE_SETS), so it first waits for every
+    /// `W_DONE >= g - PIPE_SETS + 1` (already true with 3 sets unless a peer lags by a whole
+    /// piece). The barrier-based collectives use their own two sets, so mixing them with this
+    /// needs no extra synchronization.
+    fn all_reduce_pipelined(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        const OP: &str = "all_reduce";
+        let es = dtype.size();
+        let piece = (self.slot / es) * es;
+        let np = buf.len().div_ceil(piece) as u64;
+        let g0 = self.pieces;
+        let total = buf.len();
+        let piece_of = |k: u64| -> std::ops::Range<usize> {
+            let s = k as usize * piece;
+            s..(s + piece).min(total)
+        };
+        self.copy_in(g0, &buf[piece_of(0)], dtype)?;
+        for k in 0..np {
+            let g = g0 + k;
+            let set = BARRIER_SETS + (g % PIPE_SETS as u64) as usize;
+            let p = &mut buf[piece_of(k)];
+            let b = chunk_bounds(p.len(), es, self.world);
+            let (s0, s1) = (b[self.rank], b[self.rank + 1]);
+            // B: fold my slice.
+            self.wait_all(W_IN, g + 1, OP)?;
+            let res = self.slot(set, self.rank, s0, s1 - s0);
+            {
+                let own = &p[s0..s1];
+                let src = |i: usize| -> &[u8] {
+                    if i == self.rank {
+                        own
+                    } else {
+                        self.slot(set, i, s0, s1 - s0)
+                    }
+                };
+                reduce_into_bytes(res, src(0), src(1), dtype, op);
+                for i in 2..self.world {
+                    reduce_bytes(res, src(i), dtype, op);
                 }
             }
             if op == ReduceOp::Avg {
-                div_bytes(acc, dtype, n);
+                div_bytes(res, dtype, self.world);
             }
-            buf[s0..s1].copy_from_slice(acc);
+            p[s0..s1].copy_from_slice(res);
+            self.publish(W_RES, g + 1);
+            // A of the next piece while peers finish their folds.
+            if k + 1 < np {
+                self.copy_in(g + 1, &buf[piece_of(k + 1)], dtype)?;
+            }
+            // C: collect the other slices.
+            self.wait_all(W_RES, g + 1, OP)?;
+            let p = &mut buf[piece_of(k)];
+            for i in (0..self.world).filter(|i| *i != self.rank) {
+                p[b[i]..b[i + 1]].copy_from_slice(self.slot(set, i, b[i], b[i + 1] - b[i]));
+            }
+            self.publish(W_DONE, g + 1);
         }
-        self.barrier_wait("all_reduce")?;
-        buf[..s0].copy_from_slice(self.slot(set, 0, 0, s0));
-        buf[s1..].copy_from_slice(self.slot(set, 0, s1, l - s1));
+        self.pieces = g0 + np;
+        Ok(())
+    }
+
+    /// Step A of piece `g`: once every rank is done reading the set, copy the slices of `p` that
+    /// other ranks own into my slot and publish `W_IN = g + 1`.
+    fn copy_in(&self, g: u64, p: &[u8], dtype: DType) -> Result<()> {
+        if g + 1 > PIPE_SETS as u64 {
+            self.wait_all(W_DONE, g + 1 - PIPE_SETS as u64, "all_reduce")?;
+        }
+        let set = BARRIER_SETS + (g % PIPE_SETS as u64) as usize;
+        let b = chunk_bounds(p.len(), dtype.size(), self.world);
+        for i in (0..self.world).filter(|i| *i != self.rank) {
+            self.slot(set, self.rank, b[i], b[i + 1] - b[i])
+                .copy_from_slice(&p[b[i]..b[i + 1]]);
+        }
+        self.publish(W_IN, g + 1);
         Ok(())
     }
 }
@@ -460,11 +545,10 @@ impl Backend for ShmComm {
         if self.world == 1 || buf.is_empty() {
             return Ok(());
         }
-        let piece = (self.slot / dtype.size()) * dtype.size();
-        for p in buf.chunks_mut(piece) {
-            self.all_reduce_piece(p, dtype, op)?;
+        if buf.len() <= NAIVE_THRESHOLD.min(self.slot) {
+            return self.all_reduce_naive(buf, dtype, op);
         }
-        Ok(())
+        self.all_reduce_pipelined(buf, dtype, op)
     }
 
     fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
@@ -590,7 +674,7 @@ mod tests {
     fn layout_is_page_aligned() {
         let (h, len) = layout(4, 4096);
         assert_eq!(h, 4096);
-        assert_eq!(len, 4096 + 8 * 4096);
+        assert_eq!(len, 4096 + 5 * 4 * 4096);
         assert_eq!(layout(100, 64).0, 8192);
     }
 }

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::backend::Backend;
-use super::elem::{div_bytes, reduce_bytes, reduce_into_bytes, DType, ReduceOp};
+use super::elem::{div_bytes, fold_dual_bytes, reduce_bytes, reduce_into_bytes, DType, ReduceOp};
 use super::error::{Result, RuntimeError};
 use super::tcp::chunk_bounds;
 
@@ -322,12 +322,13 @@ impl ShmComm {
 
     /// Sets rank-line word `w` of this rank to `v` and wakes sleepers. Both sides use SeqCst
     /// so that either a waiter sees the new value or this rank sees the waiter's sleeper count
-    /// and wakes it (Dekker-style); the futex word is a per-rank sequence bumped on every
-    /// publication, so a waiter that read it before the bump never sleeps past the change.
+    /// (Dekker-style). The futex word is a per-rank sequence, bumped before the wake, so a
+    /// sleeper that read it before the bump either fails `FUTEX_WAIT`'s value check or is queued
+    /// before the wake (futex(2)); with no sleeper the bump is skipped (one atomic RMW less).
     fn publish(&self, w: usize, v: u64) {
         self.word(self.rank + 1, w).store(v, Ordering::SeqCst);
-        self.fword(self.rank).fetch_add(1, Ordering::SeqCst);
         if self.word(0, 4).load(Ordering::SeqCst) > 0 {
+            self.fword(self.rank).fetch_add(1, Ordering::SeqCst);
             futex_wake(self.fword(self.rank));
         }
     }
@@ -471,24 +472,30 @@ impl ShmComm {
             // B: fold my slice.
             self.wait_all(W_IN, g + 1, OP)?;
             let res = self.slot(set, self.rank, s0, s1 - s0);
-            {
-                let own = &p[s0..s1];
-                let src = |i: usize| -> &[u8] {
-                    if i == self.rank {
-                        own
-                    } else {
-                        self.slot(set, i, s0, s1 - s0)
+            if self.world == 2 && op != ReduceOp::Avg {
+                // One pass: x0 op x1 into both my buffer (holding my term) and my slot.
+                let peer = self.slot(set, 1 - self.rank, s0, s1 - s0);
+                fold_dual_bytes(res, &mut p[s0..s1], peer, self.rank == 0, dtype, op);
+            } else {
+                {
+                    let own = &p[s0..s1];
+                    let src = |i: usize| -> &[u8] {
+                        if i == self.rank {
+                            own
+                        } else {
+                            self.slot(set, i, s0, s1 - s0)
+                        }
+                    };
+                    reduce_into_bytes(res, src(0), src(1), dtype, op);
+                    for i in 2..self.world {
+                        reduce_bytes(res, src(i), dtype, op);
                     }
-                };
-                reduce_into_bytes(res, src(0), src(1), dtype, op);
-                for i in 2..self.world {
-                    reduce_bytes(res, src(i), dtype, op);
                 }
+                if op == ReduceOp::Avg {
+                    div_bytes(res, dtype, self.world);
+                }
+                p[s0..s1].copy_from_slice(res);
             }
-            if op == ReduceOp::Avg {
-                div_bytes(res, dtype, self.world);
-            }
-            p[s0..s1].copy_from_slice(res);
             self.publish(W_RES, g + 1);
             // A of the next piece while peers finish their folds.
             if k + 1 < np {

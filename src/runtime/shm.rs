@@ -134,60 +134,6 @@ fn layout(world: usize, slot: usize) -> (usize, usize) {
     (header, header + (BARRIER_SETS + PIPE_SETS) * world * slot)
 }
 
-/// Block size of the loops that stream the caller's buffer from memory: each block's successor
-/// is prefetched before the block is processed. A multiple of every element size.
-const PF_BLOCK: usize = 4096;
-
-/// Asks the CPU to fetch every cache line of `p` (a hint: no fault, no effect on results).
-/// Hardware prefetchers stop at 4 KiB page boundaries, so a stream of misses restarts on every
-/// page; prefetching the next page while working on this one measured +8-15% on a
-/// read-then-write stream with two processes on the 2-vCPU VM.
-#[inline]
-fn prefetch(p: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    for off in (0..p.len()).step_by(64) {
-        // SAFETY: the address lies inside `p`; PREFETCHT0 only hints the cache and never faults
-        // (SSE, part of the x86_64 baseline).
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                p.as_ptr().add(off) as *const i8,
-            );
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
-/// Splits `0..len` into [`PF_BLOCK`] ranges; calls `f` on each after prefetching the next one
-/// of `src` (which has `len` bytes).
-#[inline]
-fn blocked(src: &[u8], mut f: impl FnMut(std::ops::Range<usize>)) {
-    let len = src.len();
-    prefetch(&src[..len.min(PF_BLOCK)]);
-    let mut s = 0;
-    while s < len {
-        let e = (s + PF_BLOCK).min(len);
-        prefetch(&src[e..(e + PF_BLOCK).min(len)]);
-        f(s..e);
-        s = e;
-    }
-}
-
-/// [`blocked`] for a buffer that `f` also writes: `f` gets each block's range and the block.
-#[inline]
-fn blocked_mut(buf: &mut [u8], mut f: impl FnMut(std::ops::Range<usize>, &mut [u8])) {
-    let len = buf.len();
-    prefetch(&buf[..len.min(PF_BLOCK)]);
-    let mut s = 0;
-    while s < len {
-        let e = (s + PF_BLOCK).min(len);
-        let (cur, rest) = buf[s..].split_at_mut(e - s);
-        prefetch(&rest[..rest.len().min(PF_BLOCK)]);
-        f(s..e, cur);
-        s = e;
-    }
-}
-
 /// How setup steps that need the other ranks are performed (the group passes store calls in).
 pub trait ShmSetup {
     /// Rank 0 announces that the file exists, and its path.
@@ -527,36 +473,29 @@ impl ShmComm {
             // B: fold my slice.
             self.wait_all(W_IN, g + 1, OP)?;
             let res = self.slot(set, self.rank, s0, s1 - s0);
-            let mine = &mut p[s0..s1];
             if self.world == 2 && op != ReduceOp::Avg {
                 // One pass: x0 op x1 into both my buffer (holding my term) and my slot.
                 let peer = self.slot(set, 1 - self.rank, s0, s1 - s0);
-                let first = self.rank == 0;
-                blocked_mut(mine, |q, blk| {
-                    fold_dual_bytes(&mut res[q.clone()], blk, &peer[q], first, dtype, op)
-                });
+                fold_dual_bytes(res, &mut p[s0..s1], peer, self.rank == 0, dtype, op);
             } else {
-                blocked_mut(mine, |q, blk| {
-                    let out = &mut res[q.clone()];
-                    {
-                        let own: &[u8] = blk;
-                        let src = |i: usize| -> &[u8] {
-                            if i == self.rank {
-                                own
-                            } else {
-                                self.slot(set, i, s0 + q.start, q.len())
-                            }
-                        };
-                        reduce_into_bytes(out, src(0), src(1), dtype, op);
-                        for i in 2..self.world {
-                            reduce_bytes(out, src(i), dtype, op);
+                {
+                    let own = &p[s0..s1];
+                    let src = |i: usize| -> &[u8] {
+                        if i == self.rank {
+                            own
+                        } else {
+                            self.slot(set, i, s0, s1 - s0)
                         }
+                    };
+                    reduce_into_bytes(res, src(0), src(1), dtype, op);
+                    for i in 2..self.world {
+                        reduce_bytes(res, src(i), dtype, op);
                     }
-                    if op == ReduceOp::Avg {
-                        div_bytes(out, dtype, self.world);
-                    }
-                    blk.copy_from_slice(out);
-                });
+                }
+                if op == ReduceOp::Avg {
+                    div_bytes(res, dtype, self.world);
+                }
+                p[s0..s1].copy_from_slice(res);
             }
             self.publish(W_RES, g + 1);
             // A of the next piece while peers finish their folds.
@@ -584,11 +523,8 @@ impl ShmComm {
         let set = BARRIER_SETS + (g % PIPE_SETS as u64) as usize;
         let b = chunk_bounds(p.len(), dtype.size(), self.world);
         for i in (0..self.world).filter(|i| *i != self.rank) {
-            let (src, dst) = (
-                &p[b[i]..b[i + 1]],
-                self.slot(set, self.rank, b[i], b[i + 1] - b[i]),
-            );
-            blocked(src, |q| dst[q.clone()].copy_from_slice(&src[q]));
+            self.slot(set, self.rank, b[i], b[i + 1] - b[i])
+                .copy_from_slice(&p[b[i]..b[i + 1]]);
         }
         self.publish(W_IN, g + 1);
         Ok(())

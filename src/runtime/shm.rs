@@ -5,18 +5,21 @@
 //! rank 0 as soon as every rank has mapped it — so a crash after setup leaves nothing behind; only a
 //! crash *during* setup can leave a file, which the launcher removes with [`cleanup_run_shm`].
 //!
-//! Layout: a header (per-rank cache line: arrival counter, pid) then two sets (double buffering)
-//! of one slot per rank. Algorithms follow DeepSpeed's CPU SHM all-reduce
+//! Layout: a header (per-rank cache line: arrival counter, pid, futex sequence, pipeline
+//! progress counters) then five sets of one slot per rank: two for the barrier-based collectives,
+//! three for the pipelined all-reduce. Algorithms follow DeepSpeed's CPU SHM all-reduce
 //! (`csrc/cpu/comm/shm.cpp`): small messages — copy in, barrier, every rank reduces all slots in
-//! rank order; large messages — copy in, barrier, each rank reduces its 1/n slice in rank order
-//! into slot 0, barrier, every rank copies slot 0 out. Both orders are fixed, so every rank ends
-//! bit-identical and equal to a sequential left-to-right reduction.
+//! rank order; large messages — sliced (each rank folds its 1/n slice of a piece in rank order and
+//! the others copy the result out), but pipelined over slot-sized pieces with per-piece progress
+//! counters instead of two barriers per piece (see `ShmComm::all_reduce_pipelined`). Both
+//! orders are fixed, so every rank ends bit-identical and equal to a sequential left-to-right
+//! reduction.
 //!
-//! Alternating the two slot sets means an operation never overwrites a set that a slower rank may
-//! still read: reusing set A at op k+2 requires passing op k+1's barrier, which every rank enters
-//! only after finishing op k.
+//! Alternating the two barrier sets means an operation never overwrites a set that a slower rank
+//! may still read: reusing set A at op k+2 requires passing op k+1's barrier, which every rank
+//! enters only after finishing op k. The pipeline's sets are guarded by its own counters.
 //!
-//! Waiting spins briefly, then `sched_yield`s, then sleeps with growing naps (2 oversubscribed
+//! Waiting spins briefly, then `sched_yield`s, then sleeps in `FUTEX_WAIT` (2 oversubscribed
 //! cores make pure spinning collapse, spec runtime.md §3.3), checking the deadline and whether
 //! every peer pid is still alive (`kill(pid, 0)`), so a dead peer is reported within milliseconds.
 

@@ -44,6 +44,17 @@ pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + std::fmt::Debug + '
     const DTYPE: DType;
     /// `dst[i] = dst[i] op src[i]` for Sum/Max/Min (Avg reduces as Sum).
     fn reduce(dst: &mut [Self], src: &[Self], op: ReduceOp);
+    /// `dst[i] = a[i] op b[i]` (one pass instead of a copy then [`Element::reduce`]).
+    fn reduce_into(dst: &mut [Self], a: &[Self], b: &[Self], op: ReduceOp);
+    /// `v = inout[i] op other[i]` (or `other[i] op inout[i]` when `!inout_first`), stored in
+    /// both `inout[i]` and `dst[i]`: a fold plus a copy in one pass.
+    fn fold_dual(
+        dst: &mut [Self],
+        inout: &mut [Self],
+        other: &[Self],
+        inout_first: bool,
+        op: ReduceOp,
+    );
     /// `dst[i] /= n` (the Avg epilogue).
     fn div(dst: &mut [Self], n: usize);
 }
@@ -69,6 +80,61 @@ macro_rules! native_elem {
                             *d = $min(*d, *s);
                         }
                     }
+                }
+            }
+            fn reduce_into(dst: &mut [Self], a: &[Self], b: &[Self], op: ReduceOp) {
+                // Equal lengths up front let LLVM drop the bounds checks and vectorize.
+                let n = dst.len().min(a.len()).min(b.len());
+                let (dst, a, b) = (&mut dst[..n], &a[..n], &b[..n]);
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => {
+                        for i in 0..n {
+                            dst[i] = add(a[i], b[i]);
+                        }
+                    }
+                    ReduceOp::Max => {
+                        for i in 0..n {
+                            dst[i] = $max(a[i], b[i]);
+                        }
+                    }
+                    ReduceOp::Min => {
+                        for i in 0..n {
+                            dst[i] = $min(a[i], b[i]);
+                        }
+                    }
+                }
+            }
+            fn fold_dual(
+                dst: &mut [Self],
+                inout: &mut [Self],
+                other: &[Self],
+                inout_first: bool,
+                op: ReduceOp,
+            ) {
+                let n = dst.len().min(inout.len()).min(other.len());
+                let (dst, inout, other) = (&mut dst[..n], &mut inout[..n], &other[..n]);
+                // One loop per (operator, operand order) so each is a branch-free vector loop.
+                macro_rules! go {
+                    ($f:expr) => {
+                        if inout_first {
+                            for i in 0..n {
+                                let v = $f(inout[i], other[i]);
+                                inout[i] = v;
+                                dst[i] = v;
+                            }
+                        } else {
+                            for i in 0..n {
+                                let v = $f(other[i], inout[i]);
+                                inout[i] = v;
+                                dst[i] = v;
+                            }
+                        }
+                    };
+                }
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => go!(add),
+                    ReduceOp::Max => go!($max),
+                    ReduceOp::Min => go!($min),
                 }
             }
             fn div(dst: &mut [Self], n: usize) {
@@ -136,6 +202,39 @@ macro_rules! half_elem {
                     *d = <$t>::from_f32(r);
                 }
             }
+            fn reduce_into(dst: &mut [Self], a: &[Self], b: &[Self], op: ReduceOp) {
+                for ((d, x), y) in dst.iter_mut().zip(a).zip(b) {
+                    let (x, y) = (x.to_f32(), y.to_f32());
+                    let r = match op {
+                        ReduceOp::Sum | ReduceOp::Avg => x + y,
+                        ReduceOp::Max => x.max(y),
+                        ReduceOp::Min => x.min(y),
+                    };
+                    *d = <$t>::from_f32(r);
+                }
+            }
+            fn fold_dual(
+                dst: &mut [Self],
+                inout: &mut [Self],
+                other: &[Self],
+                inout_first: bool,
+                op: ReduceOp,
+            ) {
+                for ((d, io), o) in dst.iter_mut().zip(inout.iter_mut()).zip(other) {
+                    let (x, y) = if inout_first {
+                        (io.to_f32(), o.to_f32())
+                    } else {
+                        (o.to_f32(), io.to_f32())
+                    };
+                    let r = match op {
+                        ReduceOp::Sum | ReduceOp::Avg => x + y,
+                        ReduceOp::Max => x.max(y),
+                        ReduceOp::Min => x.min(y),
+                    };
+                    *io = <$t>::from_f32(r);
+                    *d = *io;
+                }
+            }
             fn div(dst: &mut [Self], n: usize) {
                 let n = n as f32;
                 for d in dst.iter_mut() {
@@ -182,6 +281,71 @@ pub fn reduce_bytes(dst: &mut [u8], src: &[u8], dtype: DType, op: ReduceOp) {
         DType::BF16 => go::<bf16>(dst, src, op),
         DType::I32 => go::<i32>(dst, src, op),
         DType::I64 => go::<i64>(dst, src, op),
+    }
+}
+
+/// Byte-level `dst = a op b` for buffers holding `dtype` elements (misaligned buffers go
+/// through [`reduce_bytes`]).
+pub fn reduce_into_bytes(dst: &mut [u8], a: &[u8], b: &[u8], dtype: DType, op: ReduceOp) {
+    fn go<T: Element>(dst: &mut [u8], a: &[u8], b: &[u8], op: ReduceOp) {
+        match (
+            bytemuck::try_cast_slice_mut::<u8, T>(dst),
+            bytemuck::try_cast_slice::<u8, T>(a),
+            bytemuck::try_cast_slice::<u8, T>(b),
+        ) {
+            (Ok(d), Ok(x), Ok(y)) => T::reduce_into(d, x, y, op),
+            _ => {
+                dst.copy_from_slice(a);
+                reduce_bytes(dst, b, T::DTYPE, op);
+            }
+        }
+    }
+    debug_assert!(dst.len() == a.len() && dst.len() == b.len());
+    match dtype {
+        DType::F32 => go::<f32>(dst, a, b, op),
+        DType::F64 => go::<f64>(dst, a, b, op),
+        DType::F16 => go::<f16>(dst, a, b, op),
+        DType::BF16 => go::<bf16>(dst, a, b, op),
+        DType::I32 => go::<i32>(dst, a, b, op),
+        DType::I64 => go::<i64>(dst, a, b, op),
+    }
+}
+
+/// Byte-level [`Element::fold_dual`]: `inout = inout op other` (operands swapped when
+/// `!inout_first`), also stored in `dst`.
+pub fn fold_dual_bytes(
+    dst: &mut [u8],
+    inout: &mut [u8],
+    other: &[u8],
+    inout_first: bool,
+    dtype: DType,
+    op: ReduceOp,
+) {
+    fn go<T: Element>(dst: &mut [u8], inout: &mut [u8], other: &[u8], first: bool, op: ReduceOp) {
+        match (
+            bytemuck::try_cast_slice_mut::<u8, T>(dst),
+            bytemuck::try_cast_slice_mut::<u8, T>(inout),
+            bytemuck::try_cast_slice::<u8, T>(other),
+        ) {
+            (Ok(d), Ok(io), Ok(o)) => T::fold_dual(d, io, o, first, op),
+            (_, _, _) => {
+                let mut d: Vec<T> = pod_to_vec(dst);
+                let mut io: Vec<T> = pod_to_vec(inout);
+                let o: Vec<T> = pod_to_vec(other);
+                T::fold_dual(&mut d, &mut io, &o, first, op);
+                dst.copy_from_slice(bytemuck::cast_slice(&d));
+                inout.copy_from_slice(bytemuck::cast_slice(&io));
+            }
+        }
+    }
+    debug_assert!(dst.len() == inout.len() && dst.len() == other.len());
+    match dtype {
+        DType::F32 => go::<f32>(dst, inout, other, inout_first, op),
+        DType::F64 => go::<f64>(dst, inout, other, inout_first, op),
+        DType::F16 => go::<f16>(dst, inout, other, inout_first, op),
+        DType::BF16 => go::<bf16>(dst, inout, other, inout_first, op),
+        DType::I32 => go::<i32>(dst, inout, other, inout_first, op),
+        DType::I64 => go::<i64>(dst, inout, other, inout_first, op),
     }
 }
 
@@ -276,6 +440,65 @@ mod tests {
         let mut d = [7i64, -7];
         i64::div(&mut d, 2);
         assert_eq!(d, [3, -3]);
+    }
+
+    /// The one-pass kernels equal the two-pass fold they replace, bit for bit, including the
+    /// operand order (f32 max of -0.0 and +0.0 depends on it).
+    #[test]
+    fn fused_kernels_match_plain_fold() {
+        let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.731).sin()).collect();
+        let mut b: Vec<f32> = (0..37).map(|i| (i as f32 * 1.37).cos()).collect();
+        b[3] = -0.0;
+        let mut a = a;
+        a[3] = 0.0;
+        for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
+            for first in [true, false] {
+                let (x, y) = if first { (&a, &b) } else { (&b, &a) };
+                let mut want = x.clone();
+                f32::reduce(&mut want, y, op);
+                let mut into = vec![9.0f32; 37];
+                f32::reduce_into(&mut into, x, y, op);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&into), bits(&want), "{op:?}");
+                let mut io = a.clone();
+                let mut dst = vec![9.0f32; 37];
+                f32::fold_dual(&mut dst, &mut io, &b, first, op);
+                assert_eq!(bits(&io), bits(&want), "{op:?} {first}");
+                assert_eq!(bits(&dst), bits(&want), "{op:?} {first}");
+            }
+        }
+        let mut io = [bf16::from_f32(1.5), bf16::from_f32(2.0)];
+        let mut dst = [bf16::ZERO; 2];
+        bf16::fold_dual(
+            &mut dst,
+            &mut io,
+            &[bf16::from_f32(0.5); 2],
+            false,
+            ReduceOp::Sum,
+        );
+        assert_eq!(io, [bf16::from_f32(2.0), bf16::from_f32(2.5)]);
+        assert_eq!(dst, io);
+        let mut raw = [0u8; 9];
+        raw[1..9].copy_from_slice(bytemuck::bytes_of(&3i64));
+        let mut d = [0u8; 8];
+        fold_dual_bytes(
+            &mut d,
+            &mut raw[1..9],
+            &5i64.to_ne_bytes(),
+            true,
+            DType::I64,
+            ReduceOp::Sum,
+        );
+        assert_eq!(i64::from_ne_bytes(d), 8);
+        let mut out = [0u8; 8];
+        reduce_into_bytes(
+            &mut out,
+            &raw[1..9],
+            &1i64.to_ne_bytes(),
+            DType::I64,
+            ReduceOp::Max,
+        );
+        assert_eq!(i64::from_ne_bytes(out), 8);
     }
 
     #[test]

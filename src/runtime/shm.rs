@@ -5,18 +5,21 @@
 //! rank 0 as soon as every rank has mapped it — so a crash after setup leaves nothing behind; only a
 //! crash *during* setup can leave a file, which the launcher removes with [`cleanup_run_shm`].
 //!
-//! Layout: a header (per-rank cache line: arrival counter, pid) then two sets (double buffering)
-//! of one slot per rank. Algorithms follow DeepSpeed's CPU SHM all-reduce
+//! Layout: a header (per-rank cache line: arrival counter, pid, futex sequence, pipeline
+//! progress counters) then five sets of one slot per rank: two for the barrier-based collectives,
+//! three for the pipelined all-reduce. Algorithms follow DeepSpeed's CPU SHM all-reduce
 //! (`csrc/cpu/comm/shm.cpp`): small messages — copy in, barrier, every rank reduces all slots in
-//! rank order; large messages — copy in, barrier, each rank reduces its 1/n slice in rank order
-//! into slot 0, barrier, every rank copies slot 0 out. Both orders are fixed, so every rank ends
-//! bit-identical and equal to a sequential left-to-right reduction.
+//! rank order; large messages — sliced (each rank folds its 1/n slice of a piece in rank order and
+//! the others copy the result out), but pipelined over slot-sized pieces with per-piece progress
+//! counters instead of two barriers per piece (see `ShmComm::all_reduce_pipelined`). Both
+//! orders are fixed, so every rank ends bit-identical and equal to a sequential left-to-right
+//! reduction.
 //!
-//! Alternating the two slot sets means an operation never overwrites a set that a slower rank may
-//! still read: reusing set A at op k+2 requires passing op k+1's barrier, which every rank enters
-//! only after finishing op k.
+//! Alternating the two barrier sets means an operation never overwrites a set that a slower rank
+//! may still read: reusing set A at op k+2 requires passing op k+1's barrier, which every rank
+//! enters only after finishing op k. The pipeline's sets are guarded by its own counters.
 //!
-//! Waiting spins briefly, then `sched_yield`s, then sleeps with growing naps (2 oversubscribed
+//! Waiting spins briefly, then `sched_yield`s, then sleeps in `FUTEX_WAIT` (2 oversubscribed
 //! cores make pure spinning collapse, spec runtime.md §3.3), checking the deadline and whether
 //! every peer pid is still alive (`kill(pid, 0)`), so a dead peer is reported within milliseconds.
 
@@ -27,17 +30,29 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::backend::Backend;
-use super::elem::{div_bytes, reduce_bytes, DType, ReduceOp};
+use super::elem::{div_bytes, fold_dual_bytes, reduce_bytes, reduce_into_bytes, DType, ReduceOp};
 use super::error::{Result, RuntimeError};
 use super::tcp::chunk_bounds;
 
 /// Messages up to this size use the "every rank reduces everything" path.
 pub const NAIVE_THRESHOLD: usize = 128 * 1024;
 /// Default bytes per rank slot (`RDRUN_SHM_SLOT_BYTES` overrides). Small enough that a piece
-/// (copy in, reduce, copy out) stays in cache: measured on the 2-vCPU VM, 256-512 KiB slots gave
-/// 1.5-2x the bandwidth of 4 MiB slots at 64 MiB.
-pub const DEFAULT_SLOT: usize = 512 * 1024;
+/// (copy in, reduce, copy out) stays in cache: measured on the 2-vCPU VM (512 KiB L2 per core),
+/// 256-512 KiB slots gave 1.5-2x the bandwidth of 4 MiB slots at 64 MiB; with the pipeline,
+/// which keeps two pieces in flight, 256 KiB beat 512 KiB by ~15%.
+pub const DEFAULT_SLOT: usize = 256 * 1024;
 const MAGIC: u64 = 0x7264_7275_6e53_484d; // "rdrunSHM"
+/// Slot sets of the barrier-based collectives (alternating, see the module docs).
+const BARRIER_SETS: usize = 2;
+/// Slot sets the pipelined all-reduce cycles through (3: a rank may run one piece ahead).
+const PIPE_SETS: usize = 3;
+/// Words of a rank's header line: barrier arrivals, pid, (word 2: the futex sequence, 32 bits),
+/// and the pipelined all-reduce's per-piece progress counters (pieces copied in, folded, done).
+const W_ARRIVE: usize = 0;
+const W_PID: usize = 1;
+const W_IN: usize = 3;
+const W_RES: usize = 4;
+const W_DONE: usize = 5;
 pub use crate::workerenv::{
     cleanup_run_shm, cleanup_run_shm_in, fnv1a, run_shm_prefix, sanitize_run_id, SHM_DIR,
 };
@@ -119,7 +134,7 @@ fn futex_wake(word: &AtomicU32) {
 /// Sizes of the mapping for `world` ranks and `slot` bytes per slot.
 fn layout(world: usize, slot: usize) -> (usize, usize) {
     let header = (64 * (world + 1)).div_ceil(4096) * 4096;
-    (header, header + 2 * world * slot)
+    (header, header + (BARRIER_SETS + PIPE_SETS) * world * slot)
 }
 
 /// How setup steps that need the other ranks are performed (the group passes store calls in).
@@ -142,6 +157,8 @@ pub struct ShmComm {
     len: usize,
     epoch: u64,
     set: usize,
+    /// Pieces the pipelined all-reduce has processed (equal on every rank between calls).
+    pieces: u64,
     timeout: Duration,
     pids: Vec<i32>,
     path: PathBuf,
@@ -213,12 +230,14 @@ impl ShmComm {
         };
         // SAFETY: mapping a regular tmpfs file of exactly `len` bytes (checked above) read/write
         // and shared; the fd may be closed afterwards, the mapping keeps the pages alive.
+        // MAP_POPULATE pre-faults the pages (mmap(2)) so the first collectives do not pay a page
+        // fault per 4 KiB.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
                 file.as_raw_fd(),
                 0,
             )
@@ -239,6 +258,7 @@ impl ShmComm {
             len,
             epoch: 0,
             set: 0,
+            pieces: 0,
             timeout,
             pids: vec![0; world],
             path: path.clone(),
@@ -251,11 +271,11 @@ impl ShmComm {
         } else if me.word(0, 1).load(Ordering::Acquire) != MAGIC {
             return Err(shm_err(format!("{} is not initialized", path.display())));
         }
-        me.word(rank + 1, 1)
+        me.word(rank + 1, W_PID)
             .store(std::process::id() as u64, Ordering::Release);
         setup.all_mapped()?;
         for r in 0..world {
-            me.pids[r] = me.word(r + 1, 1).load(Ordering::Acquire) as i32;
+            me.pids[r] = me.word(r + 1, W_PID).load(Ordering::Acquire) as i32;
         }
         if rank == 0 {
             // Everyone has it mapped: the name is no longer needed, and unlinking now means a
@@ -276,7 +296,7 @@ impl ShmComm {
     }
 
     fn slot_ptr(&self, set: usize, rank: usize) -> *mut u8 {
-        // SAFETY: set < 2 and rank < world, so the offset is inside the mapping (see `layout`).
+        // SAFETY: set < BARRIER_SETS + PIPE_SETS and rank < world, so the offset is inside the mapping (see `layout`).
         unsafe {
             self.base
                 .add(self.header + (set * self.world + rank) * self.slot)
@@ -297,34 +317,54 @@ impl ShmComm {
         self.set
     }
 
-    /// Rank `r`'s 32-bit futex word (low bits of its arrival counter).
+    /// Rank `r`'s 32-bit futex word (a sequence bumped on every publication).
     fn fword(&self, r: usize) -> &AtomicU32 {
         // SAFETY: offset 16 of rank r's header line is inside the header, 4-byte aligned, and
         // only accessed atomically.
         unsafe { &*(self.base.add(64 * (r + 1) + 16) as *const AtomicU32) }
     }
 
+    /// Sets rank-line word `w` of this rank to `v` and wakes sleepers. Both sides use SeqCst
+    /// so that either a waiter sees the new value or this rank sees the waiter's sleeper count
+    /// (Dekker-style). The futex word is a per-rank sequence, bumped before the wake, so a
+    /// sleeper that read it before the bump either fails `FUTEX_WAIT`'s value check or is queued
+    /// before the wake (futex(2)); with no sleeper the bump is skipped (one atomic RMW less).
+    fn publish(&self, w: usize, v: u64) {
+        self.word(self.rank + 1, w).store(v, Ordering::SeqCst);
+        if self.word(0, 4).load(Ordering::SeqCst) > 0 {
+            self.fword(self.rank).fetch_add(1, Ordering::SeqCst);
+            futex_wake(self.fword(self.rank));
+        }
+    }
+
     /// All ranks arrive; bounded by the timeout and by peer liveness.
-    ///
-    /// Waiting: spin ~5 µs (a peer on another idle core arrives within a spin round trip,
-    /// 2.4 µs measured, spec §3.3), then `sched_yield` up to ~50 µs, then sleep in
-    /// `FUTEX_WAIT` on the missing rank's word (shared futex: the mapping is MAP_SHARED), waking
-    /// every 10 ms to check the deadline and peer pids. Arrivers `FUTEX_WAKE` only when the
-    /// header's sleeper count is non-zero; both sides use SeqCst so that either the arriver sees
-    /// the sleeper or the sleeper's futex sees the new value (Dekker-style).
     fn barrier_wait(&mut self, op: &'static str) -> Result<()> {
         self.epoch += 1;
         let e = self.epoch;
-        self.word(self.rank + 1, 0).store(e, Ordering::SeqCst);
-        self.fword(self.rank).store(e as u32, Ordering::SeqCst);
-        if self.word(0, 4).load(Ordering::SeqCst) > 0 {
-            futex_wake(self.fword(self.rank));
+        self.publish(W_ARRIVE, e);
+        self.wait_all(W_ARRIVE, e, op)
+    }
+
+    /// Waits until word `w` of every rank's line is at least `target`; bounded by the timeout
+    /// and by peer liveness.
+    ///
+    /// Waiting: spin ~5 µs (a peer on another idle core arrives within a spin round trip,
+    /// 2.4 µs measured, spec §3.3), then `sched_yield` up to ~50 µs, then sleep in
+    /// `FUTEX_WAIT` on the missing rank's sequence word (shared futex: the mapping is
+    /// MAP_SHARED), waking every 10 ms to check the deadline and peer pids. Publishers
+    /// `FUTEX_WAKE` only when the header's sleeper count is non-zero (see [`Self::publish`]).
+    fn wait_all(&self, w: usize, target: u64, op: &'static str) -> Result<()> {
+        let mut r = 0;
+        while r < self.world && self.word(r + 1, w).load(Ordering::Acquire) >= target {
+            r += 1;
+        }
+        if r == self.world {
+            return Ok(());
         }
         let start = Instant::now();
         let mut last_check = start;
-        let mut r = 0;
         loop {
-            while r < self.world && self.word(r + 1, 0).load(Ordering::Acquire) >= e {
+            while r < self.world && self.word(r + 1, w).load(Ordering::Acquire) >= target {
                 r += 1;
             }
             if r == self.world {
@@ -341,14 +381,14 @@ impl ShmComm {
             }
             let v = self.fword(r).load(Ordering::SeqCst);
             self.word(0, 4).fetch_add(1, Ordering::SeqCst);
-            if self.word(r + 1, 0).load(Ordering::SeqCst) < e {
+            if self.word(r + 1, w).load(Ordering::SeqCst) < target {
                 futex_wait(self.fword(r), v, Duration::from_millis(10));
             }
             self.word(0, 4).fetch_sub(1, Ordering::SeqCst);
             let now = Instant::now();
             if now.duration_since(last_check) >= Duration::from_millis(10) {
                 last_check = now;
-                self.check_peers(op, e)?;
+                self.check_peers(op, w, target)?;
                 if now.duration_since(start) >= self.timeout {
                     return Err(RuntimeError::Timeout {
                         rank: self.rank,
@@ -361,15 +401,15 @@ impl ShmComm {
         }
     }
 
-    /// Fails if a rank that has not yet reached barrier `epoch` is dead. Ranks that arrived may
-    /// legitimately exit (after the last collective of a run), so they are not checked; the
+    /// Fails if a rank whose word `w` has not yet reached `target` is dead. Ranks that arrived
+    /// may legitimately exit (after the last collective of a run), so they are not checked; the
     /// arrival is read *after* the liveness probe so an arrive-then-exit peer is never blamed.
-    fn check_peers(&self, op: &'static str, epoch: u64) -> Result<()> {
+    fn check_peers(&self, op: &'static str, w: usize, target: u64) -> Result<()> {
         for (peer, pid) in self.pids.iter().enumerate() {
             if *pid <= 0 || peer == self.rank {
                 continue;
             }
-            if pid_alive(*pid) || self.word(peer + 1, 0).load(Ordering::Acquire) >= epoch {
+            if pid_alive(*pid) || self.word(peer + 1, w).load(Ordering::Acquire) >= target {
                 continue;
             }
             return Err(RuntimeError::Peer {
@@ -382,58 +422,114 @@ impl ShmComm {
         Ok(())
     }
 
-    fn all_reduce_piece(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+    /// Small messages: copy in, barrier, every rank folds all slots in rank order.
+    fn all_reduce_naive(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
         let (n, r, l) = (self.world, self.rank, buf.len());
         let set = self.next_set();
-        if l <= NAIVE_THRESHOLD {
-            self.slot(set, r, 0, l).copy_from_slice(buf);
-            self.barrier_wait("all_reduce")?;
-            buf.copy_from_slice(self.slot(set, 0, 0, l));
-            for i in 1..n {
-                reduce_bytes(buf, self.slot(set, i, 0, l), dtype, op);
-            }
-            if op == ReduceOp::Avg {
-                div_bytes(buf, dtype, n);
-            }
-            return Ok(());
-        }
-        // Sliced: rank r owns slice r. Its own slice is never read by others, so it is neither
-        // copied in nor copied out (about a quarter less memory traffic for 2 ranks). The
-        // owner folds in rank order, x0 op x1 op ..., reading its own contribution from `buf`;
-        // rank 0 accumulates in `buf` (its x0 is the first term), the others in slot 0's slice
-        // (rank 0 copied x0 there), so the result equals a sequential left fold.
-        let b = chunk_bounds(l, dtype.size(), n);
-        let (s0, s1) = (b[r], b[r + 1]);
-        let len = s1 - s0;
-        self.slot(set, r, 0, s0).copy_from_slice(&buf[..s0]);
-        self.slot(set, r, s1, l - s1).copy_from_slice(&buf[s1..]);
+        self.slot(set, r, 0, l).copy_from_slice(buf);
         self.barrier_wait("all_reduce")?;
-        if r == 0 {
-            let own = &mut buf[s0..s1];
-            for i in 1..n {
-                reduce_bytes(own, self.slot(set, i, s0, len), dtype, op);
-            }
-            if op == ReduceOp::Avg {
-                div_bytes(own, dtype, n);
-            }
-            self.slot(set, 0, s0, len).copy_from_slice(own);
-        } else {
-            let acc = self.slot(set, 0, s0, len);
-            for i in 1..n {
-                if i == r {
-                    reduce_bytes(acc, &buf[s0..s1], dtype, op);
-                } else {
-                    reduce_bytes(acc, self.slot(set, i, s0, len), dtype, op);
+        buf.copy_from_slice(self.slot(set, 0, 0, l));
+        for i in 1..n {
+            reduce_bytes(buf, self.slot(set, i, 0, l), dtype, op);
+        }
+        if op == ReduceOp::Avg {
+            div_bytes(buf, dtype, n);
+        }
+        Ok(())
+    }
+
+    /// Large messages, pipelined over pieces of one slot. Piece `g` (counted over the
+    /// communicator's life, equal on every rank) uses pipeline set `g % PIPE_SETS`; rank r owns
+    /// slice r of every piece. Per piece, three steps, each ending in a publication:
+    ///
+    /// * A (`W_IN = g+1`): copy the slices others own into my slot (my own slice is never
+    ///   copied in: I read it straight from `buf`);
+    /// * B (`W_RES = g+1`, after every `W_IN >= g+1`): fold slice r in rank order,
+    ///   `x0 op x1 op ...`, into my slot's slice r, then copy it to `buf`;
+    /// * C (`W_DONE = g+1`, after every `W_RES >= g+1`): copy every other rank's result slice
+    ///   into `buf`.
+    ///
+    /// Order per rank: A(0), then for each piece B(k), A(k+1), C(k) — so a rank has the next
+    /// piece's copy-in to do while a slower peer finishes its fold, instead of a barrier per step.
+    /// A(k) overwrites a set last read in C(k - PIPE_SETS), so it first waits for every
+    /// `W_DONE >= g - PIPE_SETS + 1` (already true with 3 sets unless a peer lags by a whole
+    /// piece). The barrier-based collectives use their own two sets, so mixing them with this
+    /// needs no extra synchronization.
+    fn all_reduce_pipelined(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        const OP: &str = "all_reduce";
+        let es = dtype.size();
+        let piece = (self.slot / es) * es;
+        let np = buf.len().div_ceil(piece) as u64;
+        let g0 = self.pieces;
+        let total = buf.len();
+        let piece_of = |k: u64| -> std::ops::Range<usize> {
+            let s = k as usize * piece;
+            s..(s + piece).min(total)
+        };
+        self.copy_in(g0, &buf[piece_of(0)], dtype)?;
+        for k in 0..np {
+            let g = g0 + k;
+            let set = BARRIER_SETS + (g % PIPE_SETS as u64) as usize;
+            let p = &mut buf[piece_of(k)];
+            let b = chunk_bounds(p.len(), es, self.world);
+            let (s0, s1) = (b[self.rank], b[self.rank + 1]);
+            // B: fold my slice.
+            self.wait_all(W_IN, g + 1, OP)?;
+            let res = self.slot(set, self.rank, s0, s1 - s0);
+            if self.world == 2 && op != ReduceOp::Avg {
+                // One pass: x0 op x1 into both my buffer (holding my term) and my slot.
+                let peer = self.slot(set, 1 - self.rank, s0, s1 - s0);
+                fold_dual_bytes(res, &mut p[s0..s1], peer, self.rank == 0, dtype, op);
+            } else {
+                {
+                    let own = &p[s0..s1];
+                    let src = |i: usize| -> &[u8] {
+                        if i == self.rank {
+                            own
+                        } else {
+                            self.slot(set, i, s0, s1 - s0)
+                        }
+                    };
+                    reduce_into_bytes(res, src(0), src(1), dtype, op);
+                    for i in 2..self.world {
+                        reduce_bytes(res, src(i), dtype, op);
+                    }
                 }
+                if op == ReduceOp::Avg {
+                    div_bytes(res, dtype, self.world);
+                }
+                p[s0..s1].copy_from_slice(res);
             }
-            if op == ReduceOp::Avg {
-                div_bytes(acc, dtype, n);
+            self.publish(W_RES, g + 1);
+            // A of the next piece while peers finish their folds.
+            if k + 1 < np {
+                self.copy_in(g + 1, &buf[piece_of(k + 1)], dtype)?;
             }
-            buf[s0..s1].copy_from_slice(acc);
+            // C: collect the other slices.
+            self.wait_all(W_RES, g + 1, OP)?;
+            let p = &mut buf[piece_of(k)];
+            for i in (0..self.world).filter(|i| *i != self.rank) {
+                p[b[i]..b[i + 1]].copy_from_slice(self.slot(set, i, b[i], b[i + 1] - b[i]));
+            }
+            self.publish(W_DONE, g + 1);
         }
-        self.barrier_wait("all_reduce")?;
-        buf[..s0].copy_from_slice(self.slot(set, 0, 0, s0));
-        buf[s1..].copy_from_slice(self.slot(set, 0, s1, l - s1));
+        self.pieces = g0 + np;
+        Ok(())
+    }
+
+    /// Step A of piece `g`: once every rank is done reading the set, copy the slices of `p` that
+    /// other ranks own into my slot and publish `W_IN = g + 1`.
+    fn copy_in(&self, g: u64, p: &[u8], dtype: DType) -> Result<()> {
+        if g + 1 > PIPE_SETS as u64 {
+            self.wait_all(W_DONE, g + 1 - PIPE_SETS as u64, "all_reduce")?;
+        }
+        let set = BARRIER_SETS + (g % PIPE_SETS as u64) as usize;
+        let b = chunk_bounds(p.len(), dtype.size(), self.world);
+        for i in (0..self.world).filter(|i| *i != self.rank) {
+            self.slot(set, self.rank, b[i], b[i + 1] - b[i])
+                .copy_from_slice(&p[b[i]..b[i + 1]]);
+        }
+        self.publish(W_IN, g + 1);
         Ok(())
     }
 }
@@ -460,11 +556,10 @@ impl Backend for ShmComm {
         if self.world == 1 || buf.is_empty() {
             return Ok(());
         }
-        let piece = (self.slot / dtype.size()) * dtype.size();
-        for p in buf.chunks_mut(piece) {
-            self.all_reduce_piece(p, dtype, op)?;
+        if buf.len() <= NAIVE_THRESHOLD.min(self.slot) {
+            return self.all_reduce_naive(buf, dtype, op);
         }
-        Ok(())
+        self.all_reduce_pipelined(buf, dtype, op)
     }
 
     fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
@@ -586,11 +681,141 @@ mod tests {
         assert!(!pid_alive(pid));
     }
 
+    /// Deterministic pseudo-random floats in [-1, 1) with signed zeros that differ between
+    /// ranks (f32 max/min of -0.0 and +0.0 depend on the operand order, so a reordered fold
+    /// would show).
+    fn floats(rank: usize, len: usize, salt: u32) -> Vec<f32> {
+        let mut x = 0x9e37_79b9u32.wrapping_mul(rank as u32 + 1) ^ salt.wrapping_mul(0x85eb_ca6b);
+        (0..len)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let zero = if (rank + i) % 2 == 0 { 0.0 } else { -0.0 };
+                match i % 97 {
+                    0 | 1 => zero,
+                    _ => (x as f32 / u32::MAX as f32) * 2.0 - 1.0,
+                }
+            })
+            .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    /// The pipelined all-reduce with tiny (4 KiB) slots, so messages span many pieces whose
+    /// count is not a multiple of the 3 pipeline sets, sizes are not multiples of the piece or
+    /// of the world, and ranks lag each other (rank 1 naps): every rank must hold the bits of a
+    /// sequential left-to-right fold. Broadcasts and all-gathers in between use the barrier
+    /// sets, so a mix-up of slot sets would corrupt one side or the other.
+    #[test]
+    fn pipelined_all_reduce_matches_left_fold() {
+        use crate::runtime::tests::run_world;
+        use crate::runtime::{BackendChoice, Element};
+        // Elements; a 4 KiB piece holds 1024 f32.
+        const LENS: [usize; 7] = [1025, 2048, 3071, 5 * 1024 + 3, 7001, 1, 1023];
+        const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
+        for n in [2usize, 3, 4] {
+            let outs = run_world(
+                n,
+                BackendChoice::Shm,
+                4096,
+                Duration::from_secs(120),
+                |pg| {
+                    let r = pg.rank();
+                    let mut got = Vec::new();
+                    for (k, len) in LENS.iter().enumerate() {
+                        for (j, op) in OPS.iter().enumerate() {
+                            if r == 1 && (k + j) % 3 == 0 {
+                                std::thread::sleep(Duration::from_millis(3));
+                            }
+                            let mut b = floats(r, *len, (k * 4 + j) as u32);
+                            pg.all_reduce(&mut b, *op).expect("all_reduce");
+                            got.push(bits(&b));
+                            let mut c = vec![r as f32; 1500];
+                            pg.broadcast(&mut c, (k + j) % pg.world_size())
+                                .expect("broadcast");
+                            assert!(c.iter().all(|x| *x == ((k + j) % pg.world_size()) as f32));
+                            let mut g = vec![0.0f32; 1500 * pg.world_size()];
+                            pg.all_gather(&vec![r as f32; 1500], &mut g)
+                                .expect("all_gather");
+                            assert!(g.iter().enumerate().all(|(i, x)| *x == (i / 1500) as f32));
+                        }
+                    }
+                    got
+                },
+            );
+            let mut want = Vec::new();
+            for (k, len) in LENS.iter().enumerate() {
+                for (j, op) in OPS.iter().enumerate() {
+                    let salt = (k * 4 + j) as u32;
+                    let mut acc = floats(0, *len, salt);
+                    for r in 1..n {
+                        f32::reduce(&mut acc, &floats(r, *len, salt), *op);
+                    }
+                    if *op == ReduceOp::Avg {
+                        f32::div(&mut acc, n);
+                    }
+                    want.push(bits(&acc));
+                }
+            }
+            for (r, got) in outs.iter().enumerate() {
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        g == w,
+                        "n {n} rank {r} case {i}: differs from the left fold"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Integer and half types through the 2-rank one-pass fold and the general path.
+    #[test]
+    fn pipelined_all_reduce_other_dtypes() {
+        use crate::runtime::tests::run_world;
+        use crate::runtime::BackendChoice;
+        for n in [2usize, 3] {
+            let outs = run_world(
+                n,
+                BackendChoice::Shm,
+                4096,
+                Duration::from_secs(120),
+                |pg| {
+                    let r = pg.rank() as i64;
+                    let mut a: Vec<i64> = (0..3001).map(|i| (i * 7 + r * 13) % 29 - 14).collect();
+                    pg.all_reduce(&mut a, ReduceOp::Max).expect("max");
+                    let mut b: Vec<half::bf16> = (0..5003)
+                        .map(|i| half::bf16::from_f32(((i + r) % 17) as f32 - 8.0))
+                        .collect();
+                    pg.all_reduce(&mut b, ReduceOp::Sum).expect("sum");
+                    let mut c: Vec<i32> = vec![r as i32 + 1; 4097];
+                    pg.all_reduce(&mut c, ReduceOp::Avg).expect("avg");
+                    (a, b, c)
+                },
+            );
+            let n64 = n as i64;
+            for (a, b, c) in &outs {
+                for (i, x) in a.iter().enumerate() {
+                    let want = (0..n64).map(|r| (i as i64 * 7 + r * 13) % 29 - 14).max();
+                    assert_eq!(Some(*x), want, "max at {i}");
+                }
+                for (i, x) in b.iter().enumerate() {
+                    let want: f32 = (0..n).map(|r| ((i + r) % 17) as f32 - 8.0).sum();
+                    assert_eq!(x.to_f32(), want, "bf16 sum at {i}");
+                }
+                let want = (1..=n as i32).sum::<i32>() / n as i32;
+                assert!(c.iter().all(|x| *x == want), "i32 avg");
+            }
+        }
+    }
+
     #[test]
     fn layout_is_page_aligned() {
         let (h, len) = layout(4, 4096);
         assert_eq!(h, 4096);
-        assert_eq!(len, 4096 + 8 * 4096);
+        assert_eq!(len, 4096 + 5 * 4 * 4096);
         assert_eq!(layout(100, 64).0, 8192);
     }
 }

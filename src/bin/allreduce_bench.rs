@@ -4,7 +4,8 @@
 //!
 //! Under a launcher (RANK set) each process is one rank and joins through `init_from_env`.
 //! Started by hand it launches `--nproc` copies of itself on this host with a directory store
-//! (`RDRUN_FILE_STORE`), so it needs neither rdrun nor a TCP store.
+//! (`RDRUN_FILE_STORE`), so it needs neither rdrun nor a TCP store. `--copy-ceiling` measures
+//! this machine's memory-copy ceiling for the same sizes instead.
 
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -43,6 +44,12 @@ struct Args {
     /// ranks as separate hosts (test-only; spec runtime.md §4.2).
     #[arg(long)]
     nccl_fake_hosts: bool,
+    /// Instead of all-reducing: `--nproc` threads at once each copy their own buffer of each
+    /// size (read the input once, write the output once: the least memory traffic one rank of
+    /// any all-reduce needs), printed as the bus bandwidth an all-reduce would reach at that
+    /// speed. A ceiling for the shared-memory backend on this machine.
+    #[arg(long)]
+    copy_ceiling: bool,
     /// Overall bound for a launch by hand.
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
@@ -251,13 +258,52 @@ fn launch(a: &Args) -> Result<(), String> {
     }
 }
 
+/// See `Args::copy_ceiling`. Threads share the memory system as rank processes do; each time is
+/// the slowest thread's, as for an all-reduce.
+fn copy_ceiling(a: &Args) {
+    let n = a.nproc.max(1);
+    for bytes in sizes(a) {
+        let count = bytes / 4;
+        let iters = iters_for(bytes, a.iters_scale);
+        let start = std::sync::Barrier::new(n);
+        let times: Vec<f64> = std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..n)
+                .map(|_| {
+                    let start = &start;
+                    sc.spawn(move || {
+                        let src = vec![1.0f32; count];
+                        let mut dst = vec![0.0f32; count];
+                        dst.copy_from_slice(&src);
+                        start.wait();
+                        let t0 = Instant::now();
+                        for _ in 0..iters {
+                            dst.copy_from_slice(std::hint::black_box(&src));
+                            std::hint::black_box(&mut dst);
+                        }
+                        t0.elapsed().as_secs_f64() / iters as f64
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("copy thread"))
+                .collect()
+        });
+        let t = times.iter().cloned().fold(0.0, f64::max);
+        report(a, 0, n, "copy", bytes, count, t);
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("RDRUN_LOG"))
         .with_writer(std::io::stderr)
         .init();
     let a = Args::parse();
-    let res = if std::env::var_os("RANK").is_some() {
+    let res = if a.copy_ceiling {
+        copy_ceiling(&a);
+        Ok(())
+    } else if std::env::var_os("RANK").is_some() {
         worker(&a)
     } else {
         launch(&a)

@@ -70,6 +70,7 @@ fn python_traceback_from_stderr_without_record() {
             error_file: None,
             stderr_tail: summary.stderr_tail.clone(),
             traceback: summary.traceback.clone(),
+            abandoned: false,
         }],
     };
     let text = render(&report);
@@ -136,6 +137,7 @@ fn error_file_written_by_worker_is_reported_copied_and_kept() {
                 error_file: Some(a.ranks[lr].error_file.clone().into()),
                 stderr_tail: summaries[lr].stderr_tail.clone(),
                 traceback: summaries[lr].traceback.clone(),
+                abandoned: false,
             });
         }
     }

@@ -250,6 +250,14 @@ fn unkillable_worker_is_reported_and_rdrun_exits() {
         .find(|l| l.contains("still alive after SIGKILL"))
         .unwrap_or_else(|| panic!("no report of the unkillable worker: {out:?}"));
     assert!(line.contains(&pids[0].to_string()), "{out:?}");
+    // The report says what happened to it, not that it died of the signal.
+    assert!(
+        out.stderr.contains(&format!(
+            "SIGKILL sent to PID {}, which did not exit (uninterruptible sleep?)",
+            pids[0]
+        )),
+        "{out:?}"
+    );
     // Thawed, the task receives the SIGKILL rdrun sent.
     drop(frozen);
     assert_no_leak(&pids, Duration::from_secs(10));

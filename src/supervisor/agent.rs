@@ -858,6 +858,7 @@ impl Agent {
                         error_file: s.error_file.clone(),
                         stderr_tail: Vec::new(),
                         traceback: None,
+                        abandoned: false,
                     });
                 }
                 failed_slots.clear();
@@ -990,6 +991,7 @@ impl Agent {
                     error_file: s.error_file.clone(),
                     stderr_tail: Vec::new(),
                     traceback: None,
+                    abandoned: false,
                 });
             }
         }
@@ -1010,6 +1012,7 @@ impl Agent {
                     error_file: s.error_file.clone(),
                     stderr_tail: Vec::new(),
                     traceback: None,
+                    abandoned: true,
                 });
             }
         }

@@ -51,6 +51,9 @@ pub struct Failure {
     /// Python traceback captured from the worker's stderr
     /// ([`super::output::OutputSummary::traceback`]).
     pub traceback: Option<Vec<String>>,
+    /// rdrun sent SIGKILL but the worker never exited (uninterruptible sleep) and was left
+    /// behind; the report must not claim that it died of the signal.
+    pub abandoned: bool,
 }
 
 impl Failure {
@@ -253,6 +256,13 @@ fn resolve(f: &Failure) -> Resolved {
     if r.message.is_empty() {
         // torchrun: no (usable) message → a signal line or the hint. rdrun: or the traceback.
         let (message, short) = match f.status {
+            _ if f.abandoned => {
+                let m = format!(
+                    "SIGKILL sent to PID {}, which did not exit (uninterruptible sleep?); rdrun left it behind",
+                    f.pid
+                );
+                (m.clone(), m)
+            }
             WorkerStatus::Signaled(n) => {
                 let m = format!(
                     "Signal {n} ({}) received by PID {}",
@@ -629,6 +639,7 @@ mod tests {
             error_file: None,
             stderr_tail: Vec::new(),
             traceback: None,
+            abandoned: false,
         }
     }
 
@@ -906,6 +917,15 @@ Root Cause (first observed failure):
             msg.contains("  traceback : Signal 2 (SIGINT) received by PID 9\n"),
             "{msg}"
         );
+        // A worker that outlived SIGKILL is not said to have received it.
+        let mut a = failure(0, 9, WorkerStatus::Signaled(libc::SIGKILL), T);
+        a.abandoned = true;
+        let msg = message(&report("t.py", vec![a]));
+        assert!(
+            msg.contains("  traceback : SIGKILL sent to PID 9, which did not exit (uninterruptible sleep?); rdrun left it behind\n"),
+            "{msg}"
+        );
+        assert!(!msg.contains("received by PID"), "{msg}");
     }
 
     #[test]

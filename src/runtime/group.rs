@@ -254,15 +254,7 @@ pub fn nccl_decision(
 /// driver, no libnccl, no device for its local rank). Never panics.
 #[cfg(feature = "nccl")]
 fn nccl_probe(opts: &GroupOptions) -> std::result::Result<usize, String> {
-    let (count, _) = super::nccl::preflight(opts.rank).map_err(|e| match e {
-        RuntimeError::Unavailable { why, .. } => why,
-        other => other.to_string(),
-    })?;
-    let vis = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    let over = std::env::var("RDRUN_CUDA_DEVICE")
-        .ok()
-        .and_then(|v| v.trim().parse().ok());
-    super::nccl::device_ordinal(opts.local_rank, vis.as_deref(), over, count)
+    super::nccl::probe_device(opts.rank, opts.local_rank)
 }
 
 #[cfg(not(feature = "nccl"))]

@@ -170,6 +170,20 @@ pub fn preflight(rank: usize) -> Result<(usize, i32)> {
     Ok((count as usize, version))
 }
 
+/// The CUDA device `local_rank` would use (see [`device_ordinal`]; `CUDA_VISIBLE_DEVICES`,
+/// `RDRUN_CUDA_DEVICE`) once [`preflight`] passed, or why NCCL cannot be used here.
+pub fn probe_device(rank: usize, local_rank: usize) -> std::result::Result<usize, String> {
+    let (count, _) = preflight(rank).map_err(|e| match e {
+        RuntimeError::Unavailable { why, .. } => why,
+        other => other.to_string(),
+    })?;
+    let vis = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let over = std::env::var("RDRUN_CUDA_DEVICE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok());
+    device_ordinal(local_rank, vis.as_deref(), over, count)
+}
+
 type Job = Box<dyn FnOnce(&Comm) + Send>;
 
 /// An NCCL communicator owned by one thread. Host-slice collectives stage through the device;
@@ -308,19 +322,12 @@ impl NcclGroup {
             source,
         })?;
         let opts = super::group::GroupOptions::from_worker_env(&env)?;
-        let (count, _) = preflight(env.rank)?;
-        let vis = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-        let over = std::env::var("RDRUN_CUDA_DEVICE")
-            .ok()
-            .and_then(|v| v.trim().parse().ok());
         let ordinal =
-            device_ordinal(env.local_rank, vis.as_deref(), over, count).map_err(|why| {
-                RuntimeError::Unavailable {
-                    rank: env.rank,
-                    op: "init",
-                    backend: "nccl".into(),
-                    why,
-                }
+            probe_device(env.rank, env.local_rank).map_err(|why| RuntimeError::Unavailable {
+                rank: env.rank,
+                op: "init",
+                backend: "nccl".into(),
+                why,
             })?;
         let prefix = format!("rdrun/{}/{}/nccl/", env.run_id, env.restart_count);
         let store: Box<dyn Rendezvous> = match std::env::var_os("RDRUN_FILE_STORE") {

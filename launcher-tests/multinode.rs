@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::rendezvous::{bounded, Netns};
-use crate::util::{assert_no_leak, free_port, parse_env0, worker, Output, Rdrun, TempDir};
+use crate::util::{assert_no_leak, free_port, parse_env0, worker, Output, Rdrun, Running, TempDir};
 
 /// Hard bound on one agent of these tests.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -572,21 +572,25 @@ fn c10d_late_joiner_grows_the_job_without_a_restart() {
     });
 }
 
+/// Two static agents (`nproc` workers each) whose workers hold until stopped, once every worker
+/// runs: (node 0's agent, node 1's agent).
+fn held_static_pair(dir: &TempDir, nproc: usize) -> (Running, Running) {
+    let port = free_port();
+    let mut runs = (0..2).map(|rank| {
+        agent(dir, &static_args(port, 2, rank, nproc))
+            .env("MN_HOLD_GWS", "2")
+            .spawn()
+    });
+    let pair = (runs.next().expect("agent 0"), runs.next().expect("agent 1"));
+    wait_records(dir.path(), 2, 0, 2 * nproc, Duration::from_secs(60));
+    pair
+}
+
 #[test]
 fn sigterm_to_one_static_agent_stops_the_job_on_every_node() {
     bounded(Duration::from_secs(240), || {
         let dir = TempDir::new("mn_sigterm");
-        let port = free_port();
-        let runs: Vec<_> = (0..2)
-            .map(|rank| {
-                agent(&dir, &static_args(port, 2, rank, 2))
-                    .env("MN_HOLD_GWS", "2")
-                    .spawn()
-            })
-            .collect();
-        wait_records(dir.path(), 2, 0, 4, Duration::from_secs(60));
-        let mut runs = runs.into_iter();
-        let (a, b) = (runs.next().expect("agent 0"), runs.next().expect("agent 1"));
+        let (a, b) = held_static_pair(&dir, 2);
         a.signal(libc::SIGTERM);
         let a = a.wait();
         // The signal is forwarded to the workers and rdrun exits 128 + SIGTERM, as single-node.
@@ -603,18 +607,8 @@ fn sigterm_to_one_static_agent_stops_the_job_on_every_node() {
 fn static_sigkilled_peer_is_detected_and_named() {
     bounded(Duration::from_secs(240), || {
         let dir = TempDir::new("mn_static_kill");
-        let port = free_port();
-        let runs: Vec<_> = (0..2)
-            .map(|rank| {
-                agent(&dir, &static_args(port, 2, rank, 1))
-                    .env("MN_HOLD_GWS", "2")
-                    .spawn()
-            })
-            .collect();
-        wait_records(dir.path(), 2, 0, 2, Duration::from_secs(60));
+        let (a, b) = held_static_pair(&dir, 1);
         let pids = recorded_pids(dir.path());
-        let mut runs = runs.into_iter();
-        let (a, b) = (runs.next().expect("agent 0"), runs.next().expect("agent 1"));
         b.signal(libc::SIGKILL);
         assert_eq!(b.wait().signal, Some(libc::SIGKILL));
         // No restarts left: node 0 names the lost node instead of hanging until a timeout.
@@ -634,18 +628,8 @@ fn static_sigkilled_peer_is_detected_and_named() {
 fn static_sigkilled_store_host_ends_the_other_node() {
     bounded(Duration::from_secs(240), || {
         let dir = TempDir::new("mn_static_kill_host");
-        let port = free_port();
-        let runs: Vec<_> = (0..2)
-            .map(|rank| {
-                agent(&dir, &static_args(port, 2, rank, 1))
-                    .env("MN_HOLD_GWS", "2")
-                    .spawn()
-            })
-            .collect();
-        wait_records(dir.path(), 2, 0, 2, Duration::from_secs(60));
+        let (a, b) = held_static_pair(&dir, 1);
         let pids = recorded_pids(dir.path());
-        let mut runs = runs.into_iter();
-        let (a, b) = (runs.next().expect("agent 0"), runs.next().expect("agent 1"));
         let t0 = Instant::now();
         a.signal(libc::SIGKILL);
         assert_eq!(a.wait().signal, Some(libc::SIGKILL));

@@ -230,14 +230,55 @@ pub fn host_c10d_store(
     if !addr::is_host(host, is_host) {
         return Ok(None);
     }
-    match serve_all_interfaces(port) {
-        Ok(s) => Ok(Some(s)),
-        Err(e) if is_host.is_none() => {
-            tracing::info!(port, error = %e, "rendezvous port taken; joining as a client");
-            Ok(None)
+    let mut attempt = 0u32;
+    loop {
+        match serve_all_interfaces(port) {
+            Ok(s) => return Ok(Some(s)),
+            // Two agents of one machine that both infer they host can both lose: with
+            // SO_REUSEADDR both bind(2) calls succeed, then each listen(2) sees the other socket
+            // already marked listening and fails with EADDRINUSE, and nobody serves the store.
+            // While nothing answers on the port, take a short, different nap and try again.
+            Err(e)
+                if is_host.is_none()
+                    && e.kind() == std::io::ErrorKind::AddrInUse
+                    && attempt < 8
+                    && !someone_listens(port) =>
+            {
+                attempt += 1;
+                std::thread::sleep(host_retry_nap(attempt));
+            }
+            Err(e) if is_host.is_none() => {
+                tracing::info!(port, error = %e, "rendezvous port taken; joining as a client");
+                return Ok(None);
+            }
+            Err(source) => return Err(HostError { port, source }),
         }
-        Err(source) => Err(HostError { port, source }),
     }
+}
+
+/// Whether a listener answers on `port` on this machine's loopback (either family).
+fn someone_listens(port: u16) -> bool {
+    let limit = Duration::from_millis(200);
+    [
+        SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)),
+        SocketAddr::from(([127, 0, 0, 1], port)),
+    ]
+    .iter()
+    .any(|a| std::net::TcpStream::connect_timeout(a, limit).is_ok())
+}
+
+/// 2-65 ms, growing with `attempt` and different for every caller (a process-wide counter and
+/// the clock), so that two agents that collided do not collide again.
+fn host_retry_nap(attempt: u32) -> Duration {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let salt = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0);
+    let mix = (nanos ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id()))
+        .wrapping_mul(0x2545_F491_4F6C_DD1D);
+    Duration::from_millis(2 + (mix >> 59) + 4 * u64::from(attempt.min(8)))
 }
 
 /// static: node rank 0 serves the store on `master_port`; no fallback (the job's store must be
@@ -272,6 +313,47 @@ pub async fn connect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two agents that both infer they host, started at the same instant: exactly one serves
+    /// (both used to lose the bind/listen race now and then, and nobody served the store).
+    #[test]
+    fn two_simultaneous_hosts_one_serves() {
+        for _ in 0..30 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .unwrap();
+            let go = Arc::new(std::sync::Barrier::new(2));
+            let (tx, rx) = std::sync::mpsc::channel();
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let (go, tx) = (go.clone(), tx.clone());
+                    std::thread::spawn(move || {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .unwrap();
+                        rt.block_on(async {
+                            go.wait();
+                            let served = host_c10d_store("127.0.0.1", port, None).unwrap();
+                            tx.send(served.is_some()).unwrap();
+                            // Keep serving until both have decided.
+                            go.wait();
+                            if let Some(s) = served {
+                                s.shutdown().await;
+                            }
+                        });
+                    })
+                })
+                .collect();
+            let a = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+            let b = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert!(a ^ b, "port {port}: hosts {a} {b}");
+        }
+    }
 
     #[tokio::test]
     async fn reconnects_after_the_server_restarts_and_maps_wait_timeout() {

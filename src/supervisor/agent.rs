@@ -115,6 +115,24 @@ struct Slot {
     error_file: Option<PathBuf>,
 }
 
+impl Slot {
+    /// This worker's entry for the failure report (stderr tail and traceback come later, from
+    /// its output task).
+    fn failure(&self, status: WorkerStatus, observed_at: SystemTime, abandoned: bool) -> Failure {
+        Failure {
+            local_rank: self.local_rank,
+            rank: self.rank,
+            pid: self.pid as u32,
+            status,
+            observed_at,
+            error_file: self.error_file.clone(),
+            stderr_tail: Vec::new(),
+            traceback: None,
+            abandoned,
+        }
+    }
+}
+
 /// Where the current attempt's stop stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {
@@ -849,17 +867,7 @@ impl Agent {
                             self.config.command.program.display()
                         );
                     }
-                    failures.push(Failure {
-                        local_rank: s.local_rank,
-                        rank: s.rank,
-                        pid: s.pid as u32,
-                        status,
-                        observed_at: now,
-                        error_file: s.error_file.clone(),
-                        stderr_tail: Vec::new(),
-                        traceback: None,
-                        abandoned: false,
-                    });
+                    failures.push(s.failure(status, now, false));
                 }
                 failed_slots.clear();
                 if stop == Stop::None {
@@ -982,17 +990,7 @@ impl Agent {
         for i in unrecorded {
             let s = &slots[i];
             if let Some(status) = s.status.filter(|st| !st.success()) {
-                failures.push(Failure {
-                    local_rank: s.local_rank,
-                    rank: s.rank,
-                    pid: s.pid as u32,
-                    status,
-                    observed_at: now,
-                    error_file: s.error_file.clone(),
-                    stderr_tail: Vec::new(),
-                    traceback: None,
-                    abandoned: false,
-                });
+                failures.push(s.failure(status, now, false));
             }
         }
         // A worker never reaped after SIGKILL is reported as killed.
@@ -1003,17 +1001,7 @@ impl Agent {
                 "worker could not be reaped"
             );
             if !failures.iter().any(|f| f.local_rank == s.local_rank) {
-                failures.push(Failure {
-                    local_rank: s.local_rank,
-                    rank: s.rank,
-                    pid: s.pid as u32,
-                    status: WorkerStatus::Signaled(libc::SIGKILL),
-                    observed_at: now,
-                    error_file: s.error_file.clone(),
-                    stderr_tail: Vec::new(),
-                    traceback: None,
-                    abandoned: true,
-                });
+                failures.push(s.failure(WorkerStatus::Signaled(libc::SIGKILL), now, true));
             }
         }
         // Output: what is still in the pipes is forwarded; a pipe still held open after

@@ -2,7 +2,9 @@
 import math
 
 import pytest
-from conftest import SCRIPTS, read_json
+import shutil
+
+from conftest import SCRIPTS, read_json, run_retrying_torch_exit_abort
 
 N_SAMPLES = 64  # ddp_train.py
 
@@ -42,9 +44,12 @@ def test_ddp_training(launcher, procs, tmp_path, nproc, compat_results):
         opts = ["--standalone", "--nproc-per-node", "2"]
     else:
         opts = ["--nproc_per_node=4"]  # the seeds' spelling, no --standalone
-    r = procs.run(
+    r = run_retrying_torch_exit_abort(
+        procs,
         launcher.cmd(*opts, SCRIPTS / "ddp_train.py", "--out", out, "--epochs", "2"),
         timeout=300 if nproc == 4 else 180,
+        complete=lambda: all((out / f"rank{i}.json").is_file() for i in range(nproc)),
+        reset=lambda: (shutil.rmtree(out), out.mkdir()),
     )
     assert r.rc == 0, r.describe()
     results = [read_json(out / f"rank{i}.json") for i in range(nproc)]
@@ -63,12 +68,15 @@ def test_checkpoint_pattern(launcher, procs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     ckpt = tmp_path / "ckpt.pt"
-    r = procs.run(
+    r = run_retrying_torch_exit_abort(
+        procs,
         launcher.cmd(
             "--standalone", "--nproc-per-node", "2",
             SCRIPTS / "ddp_train.py", "--out", out, "--epochs", "2", "--checkpoint", ckpt,
         ),
         timeout=180,
+        complete=lambda: all((out / f"rank{i}.json").is_file() for i in range(2)),
+        reset=lambda: (shutil.rmtree(out), out.mkdir(), ckpt.unlink(missing_ok=True)),
     )
     assert r.rc == 0, r.describe()
     assert ckpt.is_file()
@@ -79,3 +87,19 @@ def test_checkpoint_pattern(launcher, procs, tmp_path):
         assert cp is not None, "checkpoint branch did not run"
         assert cp["equal_to_rank0"] is True
         assert cp["keys"] and all(k.startswith("module.") for k in cp["keys"]), cp["keys"]
+
+
+def test_torch_exit_abort_signature_is_exact():
+    """The retry above fires only on torch's at-exit abort, never on another failure."""
+    from conftest import Result, is_torch_exit_abort
+
+    def res(rc, err, timed_out=False):
+        return Result(cmd=["x"], rc=rc, out="", err=err, elapsed=1.0, timed_out=timed_out)
+
+    abort = "terminate called without an active exception\n"
+    assert is_torch_exit_abort(res(134, abort))
+    assert is_torch_exit_abort(res(1, abort + "exitcode  : -6 (pid: 7)\nSignal 6 (SIGABRT) received"))
+    assert not is_torch_exit_abort(res(0, abort))  # success is never retried
+    assert not is_torch_exit_abort(res(1, abort))  # no SIGABRT death: another failure
+    assert not is_torch_exit_abort(res(134, "Fatal Python error: Aborted\n"))  # another abort
+    assert not is_torch_exit_abort(res(134, abort, timed_out=True))  # a hang is a hang

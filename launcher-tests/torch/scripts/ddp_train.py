@@ -6,6 +6,7 @@ state_dict, barrier, every rank loads it with map_location, training continues.
 Writes <out>/rank<R>.json with what the test checks.
 """
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -109,6 +110,12 @@ def main():
     with open(tmp, "w") as f:
         json.dump(result, f)
     os.rename(tmp, os.path.join(args.out, f"rank{rank}.json"))
+    # Orderly shutdown: no rank tears gloo down while a peer is still in a collective, and the
+    # DDP reducer (which holds the process group) is freed while the interpreter is whole, so
+    # the group's threads are joined by destroy_process_group, not by interpreter finalisation.
+    dist.barrier()
+    del ddp, opt
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -4,7 +4,9 @@
 //! and no added newline, so that progress bars (tqdm) still redraw in place. A line longer than
 //! [`MAX_LINE`] (1 MiB) is emitted in pieces of that size, each written whole; on the console each
 //! piece gets a newline (and the prefix); this bounds memory at about 1 MiB per stream. A final
-//! line without newline at EOF is emitted, with a newline added on the console.
+//! line without newline at EOF is emitted, with a newline added on the console. The unfinished
+//! line stays readable ([`Splitter::held`]) so that the pump can show a prompt before its line
+//! ends; segments are still emitted whole, for the filtered logs and the stderr tail.
 
 /// Longest piece of a line kept in memory before it is emitted in pieces.
 pub const MAX_LINE: usize = 1 << 20;
@@ -76,6 +78,16 @@ impl Splitter {
             start += self.cap;
         }
         self.buf.drain(..start);
+    }
+
+    /// The unfinished line held so far (it may end with a `\r` that waits for a possible `\n`).
+    pub(crate) fn held(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Bytes of [`Splitter::held`] that are line content for sure (a final `\r` is not yet).
+    pub(crate) fn held_len(&self) -> usize {
+        self.buf.len() - usize::from(self.buf.last() == Some(&b'\r'))
     }
 
     /// The stream ended: emits what is held.

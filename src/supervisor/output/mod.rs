@@ -20,8 +20,10 @@
 //! - [`pump`]: the forwarding task per worker that ties the others together.
 //!
 //! Every stream passes through rdrun, so lines are never split or interleaved mid-line (torchrun
-//! passes untee'd streams through raw, and its tail threads split partial lines). Log files
-//! receive the bytes exactly as the worker wrote them, written as soon as they are read.
+//! passes untee'd streams through raw, and its tail threads split partial lines); a prompt left
+//! without newline is shown after a short idle time and keeps the terminal to itself while open
+//! ([`console`] states the rule). Log files receive the bytes exactly as the worker wrote them,
+//! written as soon as they are read. Writing to rdrun's console never panics ([`console`]).
 
 pub mod console;
 pub mod lines;

@@ -1,6 +1,11 @@
 //! The forwarding pump: one task per worker reads both pipes, writes log files byte for byte as
 //! soon as bytes are read (a killed worker loses nothing), splits lines for the console and the
 //! filtered logs, and feeds the stderr tracker; it ends at EOF on both pipes or on a stop request.
+//!
+//! A console stream whose worker stops mid-line for [`PARTIAL_IDLE`] (a prompt) has the line's
+//! start sent as an open [`Chunk`]; the rest follows as its continuation (rules in `console`).
+//! When the console becomes a closed pipe, a stream with no other destination has its pipe
+//! closed (the worker's next write fails as under torchrun); a tee'd one keeps its log file.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -10,7 +15,7 @@ use std::path::PathBuf;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::watch;
 
-use super::console::{Console, Stream};
+use super::console::{Chunk, Console, Stream};
 use super::lines::{content, End, Splitter, MAX_LINE};
 use super::logdir::RankSink;
 use super::prefix::RankIdentity;
@@ -18,6 +23,9 @@ use super::tail::{OutputSummary, StderrTracker};
 
 /// Read size from a worker pipe.
 const READ_CHUNK: usize = 64 << 10;
+/// A console stream whose worker wrote nothing for this long in the middle of a line gets the
+/// line's start shown (prompts); a line written in one burst is never cut.
+pub const PARTIAL_IDLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Destinations of one stream of one worker.
 struct StreamPlan {
@@ -94,6 +102,14 @@ fn into_reader(fd: OwnedFd) -> Box<dyn AsyncRead + Unpin + Send> {
     }
 }
 
+/// How one wait on a worker pipe ended.
+enum Step {
+    Read(io::Result<usize>),
+    Stop,
+    ConsoleBroken,
+    Idle,
+}
+
 async fn pump(
     id: RankIdentity,
     fd: OwnedFd,
@@ -106,30 +122,77 @@ async fn pump(
     let mut splitter = Splitter::new(MAX_LINE);
     let mut buf = vec![0u8; READ_CHUNK];
     let mut stopping = false;
+    let source = Console::source_id();
+    let mut broken = console.broken(plan.stream);
+    // Bytes of the held (unfinished) line already on the console.
+    let mut shown = 0usize;
     loop {
-        let read = if stopping {
+        let idle_armed = plan.console && splitter.held_len() > shown;
+        let step = if stopping {
             // Stop requested: take only what is already in the pipe, then end as at EOF.
             match tokio::time::timeout(std::time::Duration::ZERO, reader.read(&mut buf)).await {
-                Ok(r) => r,
-                Err(_) => Ok(0),
-            }
-        } else if let Some(rx) = &mut stop {
-            tokio::select! {
-                r = reader.read(&mut buf) => r,
-                _ = wait_stop(rx) => {
-                    stopping = true;
-                    continue;
-                }
+                Ok(r) => Step::Read(r),
+                Err(_) => Step::Read(Ok(0)),
             }
         } else {
-            reader.read(&mut buf).await
+            tokio::select! {
+                r = reader.read(&mut buf) => Step::Read(r),
+                _ = wait_stop(&mut stop) => Step::Stop,
+                _ = wait_true(&mut broken), if plan.console => Step::ConsoleBroken,
+                _ = tokio::time::sleep(PARTIAL_IDLE), if idle_armed => Step::Idle,
+            }
         };
-        let n = match read {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
+        let n = match step {
+            Step::Read(Ok(n)) => n,
+            Step::Read(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Step::Read(Err(e)) => {
                 tracing::warn!(local_rank = id.local_rank, error = %e, "cannot read worker output");
                 0
+            }
+            Step::Stop => {
+                stopping = true;
+                continue;
+            }
+            Step::ConsoleBroken => {
+                plan.console = false;
+                if plan.file.is_none() {
+                    // The console was this stream's only destination: close the pipe so that
+                    // the worker's next write fails as it would under torchrun (SIGPIPE/EPIPE).
+                    drop(std::mem::replace(&mut reader, Box::new(tokio::io::empty())));
+                    tracing::debug!(local_rank = id.local_rank, stream = ?plan.stream,
+                        "console closed: worker pipe closed");
+                }
+                continue;
+            }
+            Step::Idle => {
+                // The worker stopped mid-line (a prompt): show what it wrote so far; the line
+                // stays open on the console until its rest comes (see `console`).
+                let held = &splitter.held()[..splitter.held_len()];
+                let chunk = if shown > 0 {
+                    Chunk {
+                        continues: true,
+                        cont: held[shown..].to_vec(),
+                        prefix: plan.prefix.clone(),
+                        ..Chunk::default()
+                    }
+                } else {
+                    let mut body = plan.prefix.clone();
+                    body.extend_from_slice(held);
+                    Chunk {
+                        body,
+                        ..Chunk::default()
+                    }
+                };
+                shown = held.len();
+                console
+                    .send(Chunk {
+                        source,
+                        stream: Some(plan.stream),
+                        open: true,
+                        ..chunk
+                    })
+                    .await;
+                continue;
             }
         };
         if n > 0 {
@@ -141,14 +204,27 @@ async fn pump(
                 }
             }
         }
-        let mut out = Vec::new();
+        let mut chunk = Chunk {
+            source,
+            stream: Some(plan.stream),
+            prefix: plan.prefix.clone(),
+            ..Chunk::default()
+        };
         let mut filtered = Vec::new();
         let mut sink = |seg: &[u8], end: End| {
             let nl: &[u8] = if end.needs_newline() { b"\n" } else { b"" };
             if plan.console {
-                out.extend_from_slice(&plan.prefix);
-                out.extend_from_slice(seg);
-                out.extend_from_slice(nl);
+                if shown > 0 {
+                    // The first segment ends the line whose start is already on the console.
+                    chunk.continues = true;
+                    chunk.cont.extend_from_slice(&seg[shown.min(seg.len())..]);
+                    chunk.cont.extend_from_slice(nl);
+                    shown = 0;
+                } else {
+                    chunk.body.extend_from_slice(&plan.prefix);
+                    chunk.body.extend_from_slice(seg);
+                    chunk.body.extend_from_slice(nl);
+                }
             }
             if let Some((_, filters)) = &plan.filtered {
                 let text = content(seg, end);
@@ -167,21 +243,32 @@ async fn pump(
         } else {
             splitter.finish(&mut sink);
         }
+        if !plan.console {
+            shown = 0;
+        }
         if !filtered.is_empty() {
             if let Some((f, _)) = &mut plan.filtered {
                 // O_APPEND: one write per batch of whole lines, shared by all ranks.
                 let _ = f.write_all(&filtered);
             }
         }
-        console.write(plan.stream, out).await;
+        console.send(chunk).await;
         if n == 0 {
             return tracker;
         }
     }
 }
 
+/// Resolves when `rx` holds `true`; never if there is none or its sender is gone.
+async fn wait_stop(rx: &mut Option<watch::Receiver<bool>>) {
+    match rx {
+        Some(rx) => wait_true(rx).await,
+        None => std::future::pending::<()>().await,
+    }
+}
+
 /// Resolves when `rx` holds `true`; never if its sender is gone without setting it.
-async fn wait_stop(rx: &mut watch::Receiver<bool>) {
+async fn wait_true(rx: &mut watch::Receiver<bool>) {
     if rx.wait_for(|stop| *stop).await.is_err() {
         std::future::pending::<()>().await;
     }
@@ -530,5 +617,152 @@ mod tests {
         });
         assert_eq!(out.text(), "from a file\n");
         assert!(summary.stderr_tail.is_empty());
+    }
+
+    /// Waits (bounded) until `buf` shows `want`.
+    fn wait_for_text(buf: &Buf, want: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while buf.text() != want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "console shows {:?}, want {want:?}",
+                buf.text()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn prompt_without_newline_is_shown_before_its_rest() {
+        let (c, out, _) = console();
+        let sink = RankSink {
+            stdout_console: true,
+            stderr_console: true,
+            prefix: None,
+            ..RankSink::default()
+        };
+        let seen = out.clone();
+        run_forward(c, id(0), sink, move |mut o, _e| {
+            o.write_all(b"line\nName? ").expect("w");
+            // The worker waits for input: its prompt must reach the console first.
+            wait_for_text(&seen, "line\nName? ");
+            o.write_all(b"(y/n) ").expect("w");
+            wait_for_text(&seen, "line\nName? (y/n) ");
+            o.write_all(b"bob\nnext\n").expect("w");
+        });
+        // The continuation is written as is: no prefix, no added newline.
+        assert_eq!(out.text(), "line\nName? (y/n) bob\nnext\n");
+    }
+
+    #[test]
+    fn tee_prompt_continues_unprefixed() {
+        let scratch = Scratch::new();
+        let file = scratch.0.join("out.log");
+        File::create(&file).expect("create");
+        let (c, out, _) = console();
+        let sink = RankSink {
+            stdout_file: Some(file.clone()),
+            stdout_console: true,
+            prefix: Some("[default0]:".into()),
+            ..RankSink::default()
+        };
+        let seen = out.clone();
+        run_forward(c, id(0), sink, move |mut o, _e| {
+            o.write_all(b"(Pdb) ").expect("w");
+            wait_for_text(&seen, "[default0]:(Pdb) ");
+            o.write_all(b"done\nlast").expect("w");
+        });
+        assert_eq!(out.text(), "[default0]:(Pdb) done\n[default0]:last\n");
+        assert_eq!(fs::read(&file).expect("r"), b"(Pdb) done\nlast");
+    }
+
+    /// A console stream that fails with EPIPE after `ok` bytes.
+    struct Closed {
+        ok: usize,
+        written: Arc<Mutex<Vec<u8>>>,
+    }
+    impl Write for Closed {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            let mut v = self.written.lock().expect("lock");
+            if v.len() >= self.ok {
+                return Err(io::Error::from(io::ErrorKind::BrokenPipe));
+            }
+            v.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn closed_console_closes_console_only_pipes() {
+        use std::os::unix::process::ExitStatusExt;
+        use std::process::{Command, Stdio};
+        let scratch = Scratch::new();
+        let file = scratch.0.join("out.log");
+        File::create(&file).expect("create");
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let closed = Closed {
+            ok: 1,
+            written: written.clone(),
+        };
+        let c = Console::new(Box::new(closed), Box::new(Buf::default())).expect("console");
+        // Worker 0 writes to the console only: it gets SIGPIPE as under torchrun. Worker 1 is
+        // tee'd: its file keeps everything and it runs to its end.
+        // Killed (by PID) and reaped if the test fails half-way.
+        struct Reap(std::process::Child);
+        impl Drop for Reap {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let spawn = |script: &str| {
+            let mut child = Command::new("sh")
+                .args(["-c", script])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn");
+            let o = OwnedFd::from(child.stdout.take().expect("stdout"));
+            let e = OwnedFd::from(child.stderr.take().expect("stderr"));
+            (Reap(child), o, e)
+        };
+        let (mut w0, o0, e0) = spawn("while :; do echo spam; done");
+        let (mut w1, o1, e1) = spawn("i=0; while [ $i -lt 3000 ]; do echo l$i; i=$((i+1)); done");
+        let tee = RankSink {
+            stdout_file: Some(file.clone()),
+            stdout_console: true,
+            stderr_console: true,
+            prefix: Some("[default1]:".into()),
+            ..RankSink::default()
+        };
+        rt().block_on(async {
+            let h0 = forward_to(c.clone(), id(0), plain(), o0, e0, None);
+            let h1 = forward_to(c.clone(), id(1), tee, o1, e1, None);
+            for h in [h0, h1] {
+                tokio::time::timeout(Duration::from_secs(60), h)
+                    .await
+                    .expect("forwarding ended in time")
+                    .expect("task");
+            }
+        });
+        let kill_bound = |child: &mut std::process::Child| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                if let Some(s) = child.try_wait().expect("wait") {
+                    return s;
+                }
+                assert!(std::time::Instant::now() < deadline, "worker still running");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        assert_eq!(kill_bound(&mut w0.0).signal(), Some(libc::SIGPIPE));
+        assert!(kill_bound(&mut w1.0).success());
+        let logged = fs::read_to_string(&file).expect("read");
+        assert_eq!(logged.lines().count(), 3000);
+        assert!(logged.ends_with("l2999\n"));
     }
 }

@@ -1,0 +1,607 @@
+//! The console writer: one thread per [`Console`] owns rdrun's stdout and stderr (the
+//! process-wide one writes to them under their std locks, which `tracing` also takes). The
+//! forwarders never block a runtime thread on a slow terminal: they wait (async) on a byte budget
+//! ([`CONSOLE_BUDGET`]) that the writer thread returns after each write.
+//!
+//! # Line atomicity with partial lines
+//! Each message ([`Chunk`]) comes from one stream of one worker (a *source*) and is written with
+//! one `write_all` + `flush`. Usually it is a run of whole lines. A forwarder whose worker left a
+//! line unfinished for a short idle time (a prompt: `input()`, `(Pdb) `) sends that partial line
+//! as a chunk that leaves the line *open*; the rest of the line comes later as a continuation.
+//! The rule, per terminal (stdout and stderr count as one terminal when both are the same file,
+//! as with a TTY or `2>&1`; otherwise each is its own):
+//! - While a source has a line open, only that source's chunks for that stream are written; every
+//!   other chunk for the terminal waits, in order, so nothing is ever written into the open line.
+//! - When the source's continuation ends the line, the waiting chunks are written.
+//! - If chunks have waited [`OPEN_LINE_HOLD`] (a prompt waiting for the user), the writer ends
+//!   the open line with a `\n`, writes the waiting chunks, and the line is no longer open. The
+//!   source's continuation then starts a line of its own: with the stream's prefix (tee'd
+//!   streams), and nothing at all if it is only the line terminator.
+//!
+//! # Output that cannot be written
+//! A write error never panics and never stops the forwarding of other streams. `EPIPE` (rdrun's
+//! stdout or stderr is a closed pipe: `rdrun … | head -1`) marks the stream broken: nothing more
+//! is written to it, and [`Console::broken`] tells the forwarders, which then close the read end
+//! of every worker pipe that had no other destination than that stream, so the worker's next
+//! write fails as it would under torchrun (SIGPIPE, or `EPIPE` where ignored: Python's
+//! `BrokenPipeError`). Other errors (`ENOSPC` on `>/dev/full`, `EIO`) drop the output of that
+//! write, are logged once per stream, and later writes are tried again.
+
+use std::collections::VecDeque;
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
+
+/// Console bytes queued (all workers together) before forwarders wait for the terminal.
+pub const CONSOLE_BUDGET: usize = 4 << 20;
+/// Longest time other output waits behind a worker's open (partial) line before that line is
+/// ended with a newline.
+pub const OPEN_LINE_HOLD: Duration = Duration::from_secs(2);
+
+/// Which console stream a message goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    fn index(self) -> usize {
+        match self {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        }
+    }
+}
+
+/// One message of one source (a stream of one worker) for the console.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Chunk {
+    pub source: u64,
+    pub stream: Option<Stream>,
+    /// The chunk begins with the rest of the line this source left open (`cont`).
+    pub continues: bool,
+    /// The rest of the open line, unprefixed, with its terminator when it ends here.
+    pub cont: Vec<u8>,
+    /// Written before `cont` when the writer had to end the open line meanwhile.
+    pub prefix: Vec<u8>,
+    /// Whole lines, each prefixed; or, when `open`, a new partial line (prefixed).
+    pub body: Vec<u8>,
+    /// The chunk ends mid-line: the line stays open.
+    pub open: bool,
+}
+
+impl Chunk {
+    fn len(&self) -> usize {
+        self.cont.len() + self.prefix.len() + self.body.len()
+    }
+}
+
+enum ConsoleMsg {
+    Data(Chunk, OwnedSemaphorePermit),
+    Flush(oneshot::Sender<()>),
+}
+
+/// A console: one writer thread owning a stdout and a stderr writer. Cheap to clone.
+#[derive(Clone)]
+pub struct Console {
+    tx: std_mpsc::Sender<ConsoleMsg>,
+    budget: Arc<Semaphore>,
+    broken: Arc<[watch::Sender<bool>; 2]>,
+}
+
+impl std::fmt::Debug for Console {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Console").finish_non_exhaustive()
+    }
+}
+
+impl Console {
+    /// Starts a writer thread over these writers, each its own terminal (tests pass in-memory
+    /// writers).
+    pub fn new(
+        stdout: Box<dyn Write + Send>,
+        stderr: Box<dyn Write + Send>,
+    ) -> io::Result<Console> {
+        Console::with_terminal(stdout, stderr, false)
+    }
+
+    /// [`Console::new`]; `shared`: stdout and stderr end up on one terminal (a TTY, `2>&1`), so
+    /// an open line on one of them holds back the other as well.
+    pub fn with_terminal(
+        stdout: Box<dyn Write + Send>,
+        stderr: Box<dyn Write + Send>,
+        shared: bool,
+    ) -> io::Result<Console> {
+        let (tx, rx) = std_mpsc::channel::<ConsoleMsg>();
+        let broken = Arc::new([watch::channel(false).0, watch::channel(false).0]);
+        let mut writer = Writer::new([stdout, stderr], shared, broken.clone());
+        std::thread::Builder::new()
+            .name("rdrun-console".into())
+            .spawn(move || loop {
+                let msg = match writer.deadline() {
+                    Some(at) => {
+                        match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                            Ok(m) => Some(m),
+                            Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                            Err(std_mpsc::RecvTimeoutError::Disconnected) => break writer.close(),
+                        }
+                    }
+                    None => match rx.recv() {
+                        Ok(m) => Some(m),
+                        Err(_) => break writer.close(),
+                    },
+                };
+                let now = Instant::now();
+                match msg {
+                    Some(ConsoleMsg::Data(chunk, permit)) => writer.accept(chunk, permit, now),
+                    Some(ConsoleMsg::Flush(ack)) => writer.flush_request(ack),
+                    None => {}
+                }
+                writer.tick(now);
+            })?;
+        Ok(Console {
+            tx,
+            budget: Arc::new(Semaphore::new(CONSOLE_BUDGET)),
+            broken,
+        })
+    }
+
+    /// The process-wide console: rdrun's own stdout and stderr.
+    pub fn global() -> Console {
+        static GLOBAL: OnceLock<Console> = OnceLock::new();
+        GLOBAL
+            .get_or_init(|| {
+                Console::with_terminal(
+                    Box::new(io::stdout()),
+                    Box::new(io::stderr()),
+                    same_file(1, 2),
+                )
+                .expect("cannot start the console writer thread")
+            })
+            .clone()
+    }
+
+    /// A fresh source id for one stream of one worker.
+    pub(crate) fn source_id() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Becomes `true` once writing to `stream` failed with `EPIPE`.
+    pub fn broken(&self, stream: Stream) -> watch::Receiver<bool> {
+        self.broken[stream.index()].subscribe()
+    }
+
+    /// Queues a chunk; waits while [`CONSOLE_BUDGET`] bytes are queued.
+    pub(crate) async fn send(&self, chunk: Chunk) {
+        if !chunk.continues && chunk.body.is_empty() {
+            return;
+        }
+        let n = chunk.len().clamp(1, CONSOLE_BUDGET) as u32;
+        let Ok(permit) = self.budget.clone().acquire_many_owned(n).await else {
+            return; // the semaphore is never closed
+        };
+        let _ = self.tx.send(ConsoleMsg::Data(chunk, permit));
+    }
+
+    /// Waits until everything queued before this call is written and flushed (chunks held behind
+    /// an open line included, so at most [`OPEN_LINE_HOLD`] more).
+    pub async fn flush(&self) {
+        let (ack, done) = oneshot::channel();
+        if self.tx.send(ConsoleMsg::Flush(ack)).is_ok() {
+            let _ = done.await;
+        }
+    }
+}
+
+/// Whether two fds refer to the same file (one terminal, or `2>&1`).
+fn same_file(a: i32, b: i32) -> bool {
+    let stat = |fd: i32| -> Option<(u64, u64)> {
+        // SAFETY: fstat writes into the zeroed struct we own; an invalid fd only returns -1.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    };
+    matches!((stat(a), stat(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// Per-terminal state: which source has a line open, and what waits behind it.
+#[derive(Default)]
+struct Term {
+    open: Option<(u64, Stream)>,
+    held: VecDeque<(u64, Chunk, OwnedSemaphorePermit)>,
+    /// When the oldest waiting chunk started to wait behind the current open line.
+    held_since: Option<Instant>,
+}
+
+/// The writer thread's state; pure apart from the two writers, so tests drive it with a clock of
+/// their own.
+struct Writer {
+    outs: [Box<dyn Write + Send>; 2],
+    shared: bool,
+    terms: [Term; 2],
+    broken: Arc<[watch::Sender<bool>; 2]>,
+    is_broken: [bool; 2],
+    /// A non-EPIPE write error was logged for this stream.
+    warned: [bool; 2],
+    /// Sequence number of the next message (orders flushes against held chunks).
+    seq: u64,
+    flushes: Vec<(u64, oneshot::Sender<()>)>,
+    hold: Duration,
+}
+
+impl Writer {
+    fn new(
+        outs: [Box<dyn Write + Send>; 2],
+        shared: bool,
+        broken: Arc<[watch::Sender<bool>; 2]>,
+    ) -> Writer {
+        Writer {
+            outs,
+            shared,
+            terms: [Term::default(), Term::default()],
+            broken,
+            is_broken: [false, false],
+            warned: [false, false],
+            seq: 0,
+            flushes: Vec::new(),
+            hold: OPEN_LINE_HOLD,
+        }
+    }
+
+    fn term(&self, stream: Stream) -> usize {
+        if self.shared {
+            0
+        } else {
+            stream.index()
+        }
+    }
+
+    fn accept(&mut self, chunk: Chunk, permit: OwnedSemaphorePermit, now: Instant) {
+        self.seq += 1;
+        let Some(stream) = chunk.stream else {
+            return;
+        };
+        let t = self.term(stream);
+        let term = &mut self.terms[t];
+        let mine = match term.open {
+            None => term.held.is_empty(),
+            Some(owner) => owner == (chunk.source, stream),
+        };
+        if mine {
+            self.write_chunk(t, chunk);
+            drop(permit);
+            self.drain(t, now);
+        } else {
+            if term.held.is_empty() {
+                term.held_since = Some(now);
+            }
+            term.held.push_back((self.seq, chunk, permit));
+        }
+    }
+
+    fn flush_request(&mut self, ack: oneshot::Sender<()>) {
+        self.seq += 1;
+        self.flushes.push((self.seq, ack));
+        self.ack_flushes();
+    }
+
+    /// The next time [`Writer::tick`] has something to do.
+    fn deadline(&self) -> Option<Instant> {
+        self.terms
+            .iter()
+            .filter_map(|t| t.held_since.map(|s| s + self.hold))
+            .min()
+    }
+
+    /// Ends open lines that made others wait [`OPEN_LINE_HOLD`].
+    fn tick(&mut self, now: Instant) {
+        for t in 0..2 {
+            let due = matches!(self.terms[t].held_since, Some(s) if now >= s + self.hold);
+            if due {
+                if let Some((_, stream)) = self.terms[t].open.take() {
+                    self.write_raw(stream, b"\n");
+                }
+                self.drain(t, now);
+            }
+        }
+    }
+
+    /// All senders are gone: write everything still held.
+    fn close(&mut self) {
+        for t in 0..2 {
+            if let Some((_, stream)) = self.terms[t].open.take() {
+                if !self.terms[t].held.is_empty() {
+                    self.write_raw(stream, b"\n");
+                }
+            }
+            while let Some((_, c, _)) = self.terms[t].held.pop_front() {
+                self.terms[t].open = None;
+                self.write_chunk(t, c);
+            }
+        }
+        self.ack_flushes();
+    }
+
+    /// Writes the held chunks that may go now, in order.
+    fn drain(&mut self, t: usize, now: Instant) {
+        loop {
+            let term = &self.terms[t];
+            let Some((_, front, _)) = term.held.front() else {
+                break;
+            };
+            let go = match term.open {
+                None => true,
+                Some(owner) => Some(owner) == front.stream.map(|s| (front.source, s)),
+            };
+            if !go {
+                break;
+            }
+            let (_, chunk, permit) = self.terms[t].held.pop_front().expect("front");
+            self.write_chunk(t, chunk);
+            drop(permit);
+        }
+        let term = &mut self.terms[t];
+        term.held_since = if term.held.is_empty() {
+            None
+        } else {
+            Some(now)
+        };
+        self.ack_flushes();
+    }
+
+    fn ack_flushes(&mut self) {
+        let oldest_held = self
+            .terms
+            .iter()
+            .filter_map(|t| t.held.front().map(|(seq, _, _)| *seq))
+            .min();
+        let flushes = std::mem::take(&mut self.flushes);
+        for (seq, ack) in flushes {
+            if oldest_held.is_some_and(|h| h < seq) {
+                self.flushes.push((seq, ack));
+            } else {
+                for w in &mut self.outs {
+                    let _ = w.flush();
+                }
+                let _ = ack.send(());
+            }
+        }
+    }
+
+    /// Writes a chunk that may go now (terminal `t` has no open line, or it is this chunk's).
+    fn write_chunk(&mut self, t: usize, chunk: Chunk) {
+        let Some(stream) = chunk.stream else {
+            return;
+        };
+        let still_open = self.terms[t].open == Some((chunk.source, stream));
+        let mut bytes = Vec::with_capacity(chunk.len());
+        if chunk.continues {
+            if still_open {
+                bytes.extend_from_slice(&chunk.cont);
+            } else if !chunk.cont.iter().all(|b| *b == b'\n' || *b == b'\r') {
+                // The writer ended this line for others: the rest starts a line of its own.
+                bytes.extend_from_slice(&chunk.prefix);
+                bytes.extend_from_slice(&chunk.cont);
+            }
+        }
+        bytes.extend_from_slice(&chunk.body);
+        self.terms[t].open = chunk.open.then_some((chunk.source, stream));
+        self.write_raw(stream, &bytes);
+    }
+
+    fn write_raw(&mut self, stream: Stream, bytes: &[u8]) {
+        let i = stream.index();
+        if bytes.is_empty() || self.is_broken[i] {
+            return;
+        }
+        let w = &mut self.outs[i];
+        match w.write_all(bytes).and_then(|()| w.flush()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+                self.is_broken[i] = true;
+                self.broken[i].send_replace(true);
+                tracing::debug!(
+                    ?stream,
+                    "console is a closed pipe: worker output to it stops"
+                );
+                // An open line on a dead stream holds nobody back.
+                for t in 0..2 {
+                    if self.terms[t].open.is_some_and(|(_, s)| s == stream) {
+                        self.terms[t].open = None;
+                        self.terms[t].held_since = self.terms[t].held_since.map(|_| {
+                            Instant::now()
+                                .checked_sub(self.hold)
+                                .unwrap_or_else(Instant::now)
+                        });
+                    }
+                }
+            }
+            Err(e) => {
+                if !self.warned[i] {
+                    self.warned[i] = true;
+                    tracing::warn!(?stream, error = %e,
+                        "cannot write worker output to rdrun's console; that output is lost \
+                         (log files are not affected)");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A writer that records bytes, or fails with `fail` once `fail_after` bytes were written.
+    #[derive(Clone, Default)]
+    struct Rec {
+        bytes: Arc<Mutex<Vec<u8>>>,
+        fail: Option<(usize, io::ErrorKind)>,
+    }
+    impl Write for Rec {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            let mut v = self.bytes.lock().expect("lock");
+            if let Some((after, kind)) = self.fail {
+                if v.len() >= after {
+                    return Err(io::Error::from(kind));
+                }
+            }
+            v.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    impl Rec {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.bytes.lock().expect("lock")).into_owned()
+        }
+    }
+
+    fn writer(shared: bool, out: &Rec, err: &Rec) -> (Writer, Arc<Semaphore>) {
+        let broken = Arc::new([watch::channel(false).0, watch::channel(false).0]);
+        let w = Writer::new(
+            [Box::new(out.clone()), Box::new(err.clone())],
+            shared,
+            broken,
+        );
+        (w, Arc::new(Semaphore::new(1 << 20)))
+    }
+
+    fn permit(s: &Arc<Semaphore>) -> OwnedSemaphorePermit {
+        s.clone().try_acquire_owned().expect("permit")
+    }
+
+    fn lines(source: u64, stream: Stream, body: &str) -> Chunk {
+        Chunk {
+            source,
+            stream: Some(stream),
+            body: body.into(),
+            ..Chunk::default()
+        }
+    }
+
+    fn partial(source: u64, stream: Stream, prefix: &str, text: &str) -> Chunk {
+        Chunk {
+            open: true,
+            body: format!("{prefix}{text}").into(),
+            ..lines(source, stream, "")
+        }
+    }
+
+    fn cont(source: u64, stream: Stream, prefix: &str, rest: &str, open: bool) -> Chunk {
+        Chunk {
+            continues: true,
+            cont: rest.into(),
+            prefix: prefix.into(),
+            open,
+            ..lines(source, stream, "")
+        }
+    }
+
+    #[test]
+    fn open_line_holds_others_until_it_ends() {
+        use Stream::*;
+        let (out, err) = (Rec::default(), Rec::default());
+        let (mut w, s) = writer(false, &out, &err);
+        let t0 = Instant::now();
+        w.accept(partial(1, Stdout, "[a]:", "Name? "), permit(&s), t0);
+        // Another rank's line and a stderr line (its own terminal here).
+        w.accept(lines(2, Stdout, "[b]:hello\n"), permit(&s), t0);
+        w.accept(lines(3, Stderr, "warn\n"), permit(&s), t0);
+        assert_eq!(out.text(), "[a]:Name? ");
+        assert_eq!(err.text(), "warn\n");
+        w.tick(t0 + Duration::from_millis(500));
+        assert_eq!(out.text(), "[a]:Name? ");
+        // The owner extends its line, then ends it: the held line follows.
+        w.accept(cont(1, Stdout, "[a]:", "(y/n) ", true), permit(&s), t0);
+        w.accept(cont(1, Stdout, "[a]:", "ok\n", false), permit(&s), t0);
+        assert_eq!(out.text(), "[a]:Name? (y/n) ok\n[b]:hello\n");
+        assert_eq!(w.deadline(), None);
+    }
+
+    #[test]
+    fn open_line_ended_after_the_hold() {
+        use Stream::*;
+        let (out, err) = (Rec::default(), Rec::default());
+        let (mut w, s) = writer(true, &out, &err);
+        let t0 = Instant::now();
+        w.accept(partial(1, Stdout, "", "(Pdb) "), permit(&s), t0);
+        // Shared terminal: a stderr line waits too.
+        w.accept(lines(2, Stderr, "[b]:late\n"), permit(&s), t0);
+        assert_eq!((out.text().as_str(), err.text().as_str()), ("(Pdb) ", ""));
+        assert_eq!(w.deadline(), Some(t0 + OPEN_LINE_HOLD));
+        w.tick(t0 + OPEN_LINE_HOLD);
+        assert_eq!(out.text(), "(Pdb) \n");
+        assert_eq!(err.text(), "[b]:late\n");
+        // The continuation starts a line of its own, with the prefix; a bare terminator is
+        // dropped (the writer already ended the line).
+        w.accept(cont(1, Stdout, "[a]:", "rest\n", false), permit(&s), t0);
+        assert_eq!(out.text(), "(Pdb) \n[a]:rest\n");
+        w.accept(partial(1, Stdout, "[a]:", "x"), permit(&s), t0);
+        w.accept(lines(2, Stdout, "[b]:y\n"), permit(&s), t0);
+        w.tick(t0 + OPEN_LINE_HOLD * 3);
+        w.accept(cont(1, Stdout, "[a]:", "\n", false), permit(&s), t0);
+        assert_eq!(out.text(), "(Pdb) \n[a]:rest\n[a]:x\n[b]:y\n");
+    }
+
+    #[test]
+    fn flush_waits_for_held_chunks() {
+        use Stream::*;
+        let (out, err) = (Rec::default(), Rec::default());
+        let (mut w, s) = writer(false, &out, &err);
+        let t0 = Instant::now();
+        w.accept(partial(1, Stdout, "", "p"), permit(&s), t0);
+        w.accept(lines(2, Stdout, "b\n"), permit(&s), t0);
+        let (ack, mut done) = oneshot::channel();
+        w.flush_request(ack);
+        assert!(
+            done.try_recv().is_err(),
+            "acked before the held line was written"
+        );
+        w.accept(cont(1, Stdout, "", "\n", false), permit(&s), t0);
+        assert!(done.try_recv().is_ok());
+        assert_eq!(out.text(), "p\nb\n");
+        // A flush with nothing held is acked at once.
+        let (ack, mut done) = oneshot::channel();
+        w.flush_request(ack);
+        assert!(done.try_recv().is_ok());
+    }
+
+    #[test]
+    fn write_errors_never_panic() {
+        use Stream::*;
+        // EPIPE on stdout: marked broken, nothing more tried there; stderr goes on.
+        let out = Rec {
+            fail: Some((3, io::ErrorKind::BrokenPipe)),
+            ..Rec::default()
+        };
+        let err = Rec {
+            fail: Some((0, io::ErrorKind::StorageFull)),
+            ..Rec::default()
+        };
+        let (mut w, s) = writer(false, &out, &err);
+        let broken = w.broken[0].subscribe();
+        let t0 = Instant::now();
+        w.accept(lines(1, Stdout, "ab\n"), permit(&s), t0);
+        assert!(!*broken.borrow());
+        w.accept(partial(1, Stdout, "", "open"), permit(&s), t0);
+        assert!(*broken.borrow());
+        // The dead stream's open line holds nobody back.
+        w.accept(lines(2, Stdout, "c\n"), permit(&s), t0);
+        w.tick(t0);
+        assert_eq!(w.deadline(), None);
+        assert_eq!(out.text(), "ab\n");
+        // ENOSPC: dropped, not broken.
+        w.accept(lines(1, Stderr, "e\n"), permit(&s), t0);
+        assert!(!*w.broken[1].subscribe().borrow());
+        assert_eq!(s.available_permits(), 1 << 20, "permits returned");
+    }
+}

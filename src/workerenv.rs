@@ -9,6 +9,8 @@
 //! [`virtual_local_rank_devices`] and [`signal_names`] (TORCHELASTIC_SIGNALS_TO_HANDLE).
 
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 /// Per-worker values set by the launcher.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -269,33 +271,35 @@ pub fn virtual_local_rank_devices(
 /// torchrun's arg macro: `${local_rank}` and `$local_rank` become the local rank. Unlike
 /// Python's `string.Template`, `$$` is not collapsed to `$` (it is kept, and `$$local_rank` stays
 /// literal), and every other `$` is kept as typed.
-pub fn substitute_local_rank(arg: &str, local_rank: usize) -> String {
-    const NAME: &str = "local_rank";
+pub fn substitute_local_rank(arg: &OsStr, local_rank: usize) -> OsString {
+    // On bytes: an argument need not be UTF-8, and is passed on byte for byte.
+    const NAME: &[u8] = b"local_rank";
     let rank = local_rank.to_string();
-    let mut out = String::with_capacity(arg.len());
-    let mut rest = arg;
-    while let Some(pos) = rest.find('$') {
-        out.push_str(&rest[..pos]);
+    let mut out: Vec<u8> = Vec::with_capacity(arg.len());
+    let mut rest = arg.as_bytes();
+    while let Some(pos) = rest.iter().position(|&b| b == b'$') {
+        out.extend_from_slice(&rest[..pos]);
         let after = &rest[pos + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            out.push_str("$$");
+        if let Some(tail) = after.strip_prefix(b"$") {
+            out.extend_from_slice(b"$$");
             rest = tail;
-        } else if let Some(tail) = after.strip_prefix("{local_rank}") {
-            out.push_str(&rank);
+        } else if let Some(tail) = after.strip_prefix(b"{local_rank}") {
+            out.extend_from_slice(rank.as_bytes());
             rest = tail;
         } else if let Some(tail) = after.strip_prefix(NAME).filter(|t| {
             // `$local_rankX` is the identifier `local_rankX`, not this macro.
-            !t.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+            !t.first()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_')
         }) {
-            out.push_str(&rank);
+            out.extend_from_slice(rank.as_bytes());
             rest = tail;
         } else {
-            out.push('$');
+            out.push(b'$');
             rest = after;
         }
     }
-    out.push_str(rest);
-    out
+    out.extend_from_slice(rest);
+    OsString::from_vec(out)
 }
 
 /// Signal numbers back to their `SIG*` names, comma-joined (the TORCHELASTIC_SIGNALS_TO_HANDLE
@@ -419,8 +423,14 @@ mod tests {
             ("é$local_rankü", "é3ü"),
         ];
         for (arg, want) in cases {
-            assert_eq!(substitute_local_rank(arg, 3), want, "{arg}");
+            assert_eq!(substitute_local_rank(OsStr::new(arg), 3), want, "{arg}");
         }
+        // Bytes that are not UTF-8 pass through untouched, around a substituted macro too.
+        let arg = OsString::from_vec(b"\xff${local_rank}\xfe$".to_vec());
+        assert_eq!(
+            substitute_local_rank(&arg, 3).as_bytes(),
+            b"\xff3\xfe$".as_slice()
+        );
     }
 
     #[test]

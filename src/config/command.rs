@@ -2,6 +2,8 @@
 //! the program lookup (`execvp` rules), the Python interpreter lookup, and the `--run-path`
 //! bootstrap program (`run_path_bootstrap.py`, embedded).
 
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::{ConfigError, EntrypointKind, FileKind, Host, WorkerCommand};
@@ -17,11 +19,12 @@ pub const RUN_PATH_BOOTSTRAP: &str = include_str!("run_path_bootstrap.py");
 
 /// Finds `name` the way `execvp` does: a name with a `/` is a path; otherwise the first
 /// executable regular file in the PATH directories.
-pub fn find_program(name: &str, env: EnvFn<'_>, host: &dyn Host) -> Option<PathBuf> {
+pub fn find_program(name: impl AsRef<OsStr>, env: EnvFn<'_>, host: &dyn Host) -> Option<PathBuf> {
+    let name = name.as_ref();
     if name.is_empty() {
         return None;
     }
-    if name.contains('/') {
+    if has_slash(name) {
         return matches!(host.file(Path::new(name)), FileKind::File { .. }).then(|| name.into());
     }
     let path = env("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
@@ -30,6 +33,10 @@ pub fn find_program(name: &str, env: EnvFn<'_>, host: &dyn Host) -> Option<PathB
         let candidate = Path::new(dir).join(name);
         matches!(host.file(&candidate), FileKind::File { executable: true }).then_some(candidate)
     })
+}
+
+fn has_slash(name: &OsStr) -> bool {
+    name.as_bytes().contains(&b'/')
 }
 
 /// The interpreter for Python workers: `$PYTHON_EXEC`, else `$VIRTUAL_ENV/bin/python`, else
@@ -63,20 +70,20 @@ pub fn resolve_command(
     env: EnvFn<'_>,
     host: &dyn Host,
 ) -> Result<WorkerCommand, ConfigError> {
-    let script = args.training_script.as_str();
+    // The script and its arguments stay bytes (they reach execve as typed); only the name in
+    // messages and the report is text.
+    let script = args.training_script.as_os_str();
+    let name = script.to_string_lossy().into_owned();
     let rest = args.training_script_args.iter().cloned();
+    let words = |w: &[&str]| w.iter().map(OsString::from).collect::<Vec<_>>();
     let require_script = || match host.file(Path::new(script)) {
         FileKind::File { .. } => Ok(()),
-        _ => Err(ConfigError::ScriptNotFound(script.to_string())),
+        _ => Err(ConfigError::ScriptNotFound(name.clone())),
     };
     if args.run_path {
         require_script()?;
-        let mut a = vec![
-            "-u".to_string(),
-            "-c".into(),
-            RUN_PATH_BOOTSTRAP.into(),
-            script.into(),
-        ];
+        let mut a = words(&["-u", "-c", RUN_PATH_BOOTSTRAP]);
+        a.push(script.to_owned());
         a.extend(rest);
         let python = find_python(env, host)?;
         return Ok(WorkerCommand {
@@ -91,14 +98,15 @@ pub fn resolve_command(
         return Err(ConfigError::ModuleWithNoPython);
     }
     if args.module {
-        let mut a = vec!["-u".to_string(), "-m".into(), script.into()];
+        let mut a = words(&["-u", "-m"]);
+        a.push(script.to_owned());
         a.extend(rest);
         let python = find_python(env, host)?;
         return Ok(WorkerCommand {
             kind: EntrypointKind::PythonModule,
             program: python.clone(),
             args: a,
-            display_name: script.into(),
+            display_name: name.clone(),
             python: Some(python),
         });
     }
@@ -106,30 +114,31 @@ pub fn resolve_command(
         kind: EntrypointKind::Exec,
         program,
         args: args.training_script_args.clone(),
-        display_name: script.into(),
+        display_name: name.clone(),
         // A program run directly may still use the Python environment's NCCL (see the field).
         python: find_python(env, host).ok(),
     };
     let python_script = || -> Result<WorkerCommand, ConfigError> {
-        let mut a = vec!["-u".to_string(), script.into()];
+        let mut a = words(&["-u"]);
+        a.push(script.to_owned());
         a.extend(args.training_script_args.iter().cloned());
         let python = find_python(env, host)?;
         Ok(WorkerCommand {
             kind: EntrypointKind::PythonScript,
             program: python.clone(),
             args: a,
-            display_name: script.into(),
+            display_name: name.clone(),
             python: Some(python),
         })
     };
     if args.no_python {
         return match find_program(script, env, host) {
             Some(p) if matches!(host.file(&p), FileKind::File { executable: true }) => Ok(exec(p)),
-            Some(_) => Err(ConfigError::NotExecutable(script.into())),
-            None => Err(ConfigError::ProgramNotFound(script.into())),
+            Some(_) => Err(ConfigError::NotExecutable(name)),
+            None => Err(ConfigError::ProgramNotFound(name)),
         };
     }
-    if script.ends_with(".py") {
+    if script.as_bytes().ends_with(b".py") {
         require_script()?;
         return python_script();
     }
@@ -137,7 +146,7 @@ pub fn resolve_command(
     // torchrun); a bare name that is no file here is looked up on PATH.
     match host.file(Path::new(script)) {
         FileKind::File { executable: true } => {
-            let program = if script.contains('/') {
+            let program = if has_slash(script) {
                 PathBuf::from(script)
             } else {
                 // execvp would search PATH for a bare name; the file meant is the one here.
@@ -150,12 +159,10 @@ pub fn resolve_command(
             // `python dir` runs dir/__main__.py, as torchrun would.
             python_script()
         }
-        FileKind::Missing => {
-            match find_program(script, env, host).filter(|_| !script.contains('/')) {
-                Some(p) => Ok(exec(p)),
-                None => Err(ConfigError::ScriptNotFound(script.into())),
-            }
-        }
+        FileKind::Missing => match find_program(script, env, host).filter(|_| !has_slash(script)) {
+            Some(p) => Ok(exec(p)),
+            None => Err(ConfigError::ScriptNotFound(name)),
+        },
     }
 }
 
@@ -172,7 +179,7 @@ mod tests {
     #[test]
     fn worker_commands() {
         use EntrypointKind::*;
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let s = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
         type Case<'a> = (
             &'a [&'a str],
             &'a [(&'a str, &'a str)],

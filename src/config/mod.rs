@@ -90,8 +90,8 @@ pub struct WorkerCommand {
     pub kind: EntrypointKind,
     /// Program to exec (the Python interpreter, or the program itself).
     pub program: PathBuf,
-    /// Full argv after the program (e.g. `["-u", "train.py", "--lr", "0.1"]`).
-    pub args: Vec<String>,
+    /// Full argv after the program (e.g. `["-u", "train.py", "--lr", "0.1"]`), bytes as typed.
+    pub args: Vec<std::ffi::OsString>,
     /// Name used in the failure report title (script as typed, module, or binary).
     pub display_name: String,
     /// The launch's Python environment, resolved here once: the interpreter of a Python launch,

@@ -88,7 +88,8 @@ pub fn worker_env(
 #[derive(Debug)]
 pub struct SpawnSpec {
     pub program: PathBuf,
-    pub args: Vec<String>,
+    /// Passed to execve byte for byte.
+    pub args: Vec<OsString>,
     /// Overlay on rdrun's inherited environment.
     pub env: Vec<(String, String)>,
     /// Writer end of the watchdog socket: the child registers its process group there before exec.
@@ -110,7 +111,7 @@ pub struct Spawned {
 /// The child is not reaped by std: the agent reaps every descendant with `waitpid(-1)` ([`reap`]).
 pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     let mut cmd = Command::new(&spec.program);
-    cmd.args(spec.args.iter().map(OsString::from))
+    cmd.args(&spec.args)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::inherit())
         .stdout(Stdio::piped())

@@ -18,6 +18,7 @@
 //! - A non-integer `PET_<FLAG>` for a boolean flag is a usage error naming the variable (torchrun
 //!   crashes with a Python traceback).
 
+use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
@@ -78,6 +79,9 @@ pub struct LaunchArgs {
     /// Everything after the training script, byte for byte (after the `--` rules of spec §1.1):
     /// it reaches the workers' `execve` unchanged, UTF-8 or not.
     pub training_script_args: Vec<OsString>,
+    /// Values that came from `PET_*` variables: dest (e.g. `nproc_per_node`) -> variable name,
+    /// so that an error found later (in `config`) names the variable the user set.
+    pub from_env: BTreeMap<String, String>,
 }
 
 /// Result of a successful parse.
@@ -595,8 +599,13 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         return Err(UsageError::Unrecognized(unknown));
     }
 
-    let mut b = Builder { given, flags, env };
-    let args = LaunchArgs {
+    let mut b = Builder {
+        given,
+        flags,
+        env,
+        from_env: BTreeMap::new(),
+    };
+    let mut args = LaunchArgs {
         nnodes: b.string("nnodes")?,
         nproc_per_node: b.string("nproc_per_node")?,
         rdzv_backend: b.string("rdzv_backend")?,
@@ -632,7 +641,9 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         exit_barrier_timeout: b.float("exit_barrier_timeout")?.unwrap_or(300.0),
         training_script,
         training_script_args,
+        from_env: BTreeMap::new(),
     };
+    args.from_env = b.from_env;
     check_supported(&args)?;
     Ok(Invocation::Launch(Box::new(args)))
 }
@@ -694,6 +705,8 @@ struct Builder<'e> {
     given: Vec<Option<Given>>,
     flags: Vec<bool>,
     env: EnvFn<'e>,
+    /// dest -> `PET_*` variable, for every value taken from the environment.
+    from_env: BTreeMap<String, String>,
 }
 
 impl Builder<'_> {
@@ -718,7 +731,9 @@ impl Builder<'_> {
             return None;
         }
         let var = Self::pet_name(dest);
-        (self.env)(&var).map(|text| Given {
+        let text = (self.env)(&var)?;
+        self.from_env.insert(dest.to_string(), var.clone());
+        Some(Given {
             text,
             var: Some(var),
         })

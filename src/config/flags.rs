@@ -46,6 +46,7 @@ pub fn resolve_nproc(text: &str, env: EnvFn<'_>, host: &dyn Host) -> Result<usiz
                 return Err(ConfigError::NoDevices {
                     value: text.into(),
                     reason,
+                    var: None,
                 })
             }
         },
@@ -68,6 +69,7 @@ pub fn resolve_nproc(text: &str, env: EnvFn<'_>, host: &dyn Host) -> Result<usiz
         return Err(ConfigError::NoDevices {
             value: text.into(),
             reason: "found 0 devices".into(),
+            var: None,
         });
     }
     tracing::info!("Using nproc_per_node={text}, setting nproc_per_node to {n}");

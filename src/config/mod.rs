@@ -195,18 +195,26 @@ pub const DEFAULT_ETCD_PORT: u16 = 2379;
 /// Why a parsed command line cannot be turned into a launch.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    /// A flag value that is wrong whatever the machine: a usage error (exit 2).
-    #[error("{flag} '{value}': {reason}")]
+    /// A flag value that is wrong whatever the machine: a usage error (exit 2). Named by the
+    /// `PET_*` variable (`PET_NPROC_PER_NODE='abc': …`) when the value came from one.
+    #[error("{}'{value}': {reason}", source_name(flag, var))]
     Invalid {
         flag: &'static str,
         value: String,
         reason: String,
+        /// The `PET_*` variable the value came from (set by [`resolve_with`]).
+        var: Option<String>,
     },
     /// torchrun's own message for this combination.
     #[error("don't use both the '--no-python' flag and the '--module' flag at the same time")]
     ModuleWithNoPython,
-    #[error("--nproc-per-node {value}: {reason}")]
-    NoDevices { value: String, reason: String },
+    #[error("{} {value}: {reason}", var.as_deref().map_or("--nproc-per-node", |v| v))]
+    NoDevices {
+        value: String,
+        reason: String,
+        /// `PET_NPROC_PER_NODE` when the value came from it.
+        var: Option<String>,
+    },
     #[error("training script not found: {0}")]
     ScriptNotFound(String),
     #[error("program not found: {0} (no such file, and not an executable on PATH)")]
@@ -235,6 +243,48 @@ impl ConfigError {
     }
 }
 
+impl ConfigError {
+    /// Names the `PET_*` variable in an error about a flag whose value came from one
+    /// (`from_env`: [`LaunchArgs::from_env`]).
+    fn attributed(self, from_env: &BTreeMap<String, String>) -> ConfigError {
+        let var_of = |flag: &str| {
+            let dest = flag.trim_start_matches('-').replace('-', "_");
+            from_env.get(&dest).cloned()
+        };
+        match self {
+            ConfigError::Invalid {
+                flag,
+                value,
+                reason,
+                var: None,
+            } => ConfigError::Invalid {
+                var: var_of(flag),
+                flag,
+                value,
+                reason,
+            },
+            ConfigError::NoDevices {
+                value,
+                reason,
+                var: None,
+            } => ConfigError::NoDevices {
+                var: var_of("--nproc-per-node"),
+                value,
+                reason,
+            },
+            other => other,
+        }
+    }
+}
+
+/// `--flag ` or `PET_FLAG=`: what an [`ConfigError::Invalid`] message starts with.
+fn source_name(flag: &str, var: &Option<String>) -> String {
+    match var {
+        Some(v) => format!("{v}="),
+        None => format!("{flag} "),
+    }
+}
+
 pub(crate) fn invalid(
     flag: &'static str,
     value: impl Into<String>,
@@ -244,6 +294,7 @@ pub(crate) fn invalid(
         flag,
         value: value.into(),
         reason: reason.into(),
+        var: None,
     }
 }
 
@@ -254,6 +305,15 @@ pub fn resolve(args: LaunchArgs, env: EnvFn<'_>) -> Result<LaunchConfig, ConfigE
 
 /// [`resolve`] with explicit machine facts.
 pub fn resolve_with(
+    args: LaunchArgs,
+    env: EnvFn<'_>,
+    host: &dyn Host,
+) -> Result<LaunchConfig, ConfigError> {
+    let from_env = args.from_env.clone();
+    resolve_args(args, env, host).map_err(|e| e.attributed(&from_env))
+}
+
+fn resolve_args(
     args: LaunchArgs,
     env: EnvFn<'_>,
     host: &dyn Host,
@@ -354,6 +414,7 @@ mod testkit;
 mod tests {
     use super::testkit::*;
     use super::*;
+    use crate::cli::{parse_from, Invocation};
 
     #[test]
     fn numeric_flag_ranges() {
@@ -421,6 +482,57 @@ mod tests {
             &host
         )
         .is_ok());
+    }
+
+    #[test]
+    fn pet_values_are_named_by_their_variable() {
+        let resolve_pet = |argv: &[&str], env: &[(&str, &str)]| {
+            let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+            let lookup = env_of(env);
+            let Ok(Invocation::Launch(a)) = parse_from(&argv, &lookup) else {
+                panic!("parses");
+            };
+            resolve_with(*a, &lookup, &FakeHost::new())
+        };
+        type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case] = &[
+            (
+                &["t.py"],
+                &[("PET_NPROC_PER_NODE", "abc")],
+                "PET_NPROC_PER_NODE='abc': expected a positive integer, cpu, gpu or auto",
+            ),
+            (
+                &["t.py"],
+                &[("PET_NPROC_PER_NODE", "gpu")],
+                "PET_NPROC_PER_NODE gpu: no NVIDIA GPU found",
+            ),
+            (
+                &["t.py"],
+                &[("PET_RDZV_BACKEND", "zk")],
+                "PET_RDZV_BACKEND='zk': unknown rendezvous backend",
+            ),
+            (
+                &["t.py"],
+                &[("PET_MAX_RESTARTS", "-1")],
+                "PET_MAX_RESTARTS='-1': must be >= 0",
+            ),
+            // The command line wins, and is named as the flag.
+            (
+                &["--nproc-per-node", "x", "t.py"],
+                &[("PET_NPROC_PER_NODE", "2")],
+                "--nproc-per-node 'x': expected",
+            ),
+            // A PET value elsewhere does not relabel another flag's error.
+            (
+                &["--nnodes", "0", "t.py"],
+                &[("PET_NPROC_PER_NODE", "2")],
+                "--nnodes '0': ",
+            ),
+        ];
+        for (argv, env, want) in cases {
+            let e = resolve_pet(argv, env).unwrap_err();
+            assert!(e.to_string().starts_with(want), "{argv:?} {env:?}: {e}");
+        }
     }
 
     #[test]

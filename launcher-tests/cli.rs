@@ -203,6 +203,12 @@ fn usage_errors_exit_2_with_one_line() {
             &[("PET_NPROC_PER_NODE", "abc")],
             "PET_NPROC_PER_NODE='abc': expected a positive integer, cpu, gpu or auto",
         ),
+        // Bounded at once (issue 10: 100000 created as many rank directories first).
+        (
+            &["--nproc-per-node", "100000", "/bin/true"],
+            &[],
+            "--nproc-per-node '100000': more workers than rdrun starts on one node (at most 4096)",
+        ),
         (
             &["/bin/true"],
             &[("PET_NNODES", "2:1")],

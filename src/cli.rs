@@ -199,7 +199,7 @@ static OPTIONS: &[OptSpec] = &[
     opt("nnodes", &["--nnodes"], Kind::Str, "1:1",
         "Number of nodes, or the range of nodes in form <minimum_nodes>:<maximum_nodes> (rdrun: one node only for now)."),
     opt("nproc_per_node", &["--nproc-per-node", "--nproc_per_node"], Kind::Str, "1",
-        "Number of workers per node; supported values: [auto, cpu, gpu, int]."),
+        "Number of workers per node; supported values: [auto, cpu, gpu, int] (int: at most 4096)."),
     opt("rdzv_backend", &["--rdzv-backend", "--rdzv_backend"], Kind::Str, "static",
         "Rendezvous backend: static, c10d, etcd, etcd-v2."),
     opt("rdzv_endpoint", &["--rdzv-endpoint", "--rdzv_endpoint"], Kind::Str, "",

@@ -36,7 +36,13 @@ pub fn parse_nnodes(text: &str) -> Result<NodeRange, ConfigError> {
     })
 }
 
-/// `--nproc-per-node`: a positive integer, `cpu`, `gpu` or `auto`.
+/// The most workers rdrun starts on one node when given a number: far above any real node
+/// (CPU or accelerator count), low enough that a typo (`100000`) fails at once instead of
+/// creating that many rank directories before the first spawn fails.
+pub const MAX_NPROC_PER_NODE: usize = 4096;
+
+/// `--nproc-per-node`: a positive integer (at most [`MAX_NPROC_PER_NODE`] and what the process
+/// limit allows), `cpu`, `gpu` or `auto`.
 pub fn resolve_nproc(text: &str, env: EnvFn<'_>, host: &dyn Host) -> Result<usize, ConfigError> {
     let n = match text {
         "cpu" => host.cpu_count(),
@@ -59,10 +65,23 @@ pub fn resolve_nproc(text: &str, env: EnvFn<'_>, host: &dyn Host) -> Result<usiz
                     "expected a positive integer, cpu, gpu or auto",
                 )
             })?;
-            return usize::try_from(v)
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| invalid("--nproc-per-node", text, "must be > 0"));
+            if v <= 0 {
+                return Err(invalid("--nproc-per-node", text, "must be > 0"));
+            }
+            let n = usize::try_from(v).unwrap_or(usize::MAX);
+            if n > MAX_NPROC_PER_NODE {
+                return Err(invalid(
+                    "--nproc-per-node",
+                    text,
+                    format!(
+                        "more workers than rdrun starts on one node (at most {MAX_NPROC_PER_NODE})"
+                    ),
+                ));
+            }
+            if let Some(limit) = host.process_limit().filter(|l| n as u64 >= *l) {
+                return Err(ConfigError::ProcessLimit { workers: n, limit });
+            }
+            return Ok(n);
         }
     };
     if n == 0 {
@@ -258,6 +277,29 @@ mod tests {
             let e = resolve_nproc(bad, &none, &host).unwrap_err();
             assert_eq!(e.exit_code(), crate::exit::USAGE, "{bad}");
         }
+        // Bounded, with a one-line error naming the count (issue 10: 100000 created as many
+        // rank directories before the first spawn failed).
+        assert_eq!(
+            resolve_nproc(&MAX_NPROC_PER_NODE.to_string(), &none, &host).unwrap(),
+            MAX_NPROC_PER_NODE
+        );
+        for big in ["100000", "4097"] {
+            let e = resolve_nproc(big, &none, &host).unwrap_err();
+            assert_eq!(e.exit_code(), crate::exit::USAGE, "{big}");
+            assert_eq!(
+                e.to_string(),
+                format!("--nproc-per-node '{big}': more workers than rdrun starts on one node (at most 4096)")
+            );
+        }
+        host.nproc_limit = Some(64);
+        assert_eq!(resolve_nproc("63", &none, &host).unwrap(), 63);
+        let e = resolve_nproc("64", &none, &host).unwrap_err();
+        assert_eq!(e.exit_code(), crate::exit::LAUNCHER_FAILURE);
+        assert_eq!(
+            e.to_string(),
+            "--nproc-per-node 64: more workers than this user's process limit allows (ulimit -u: 64)"
+        );
+        host.nproc_limit = None;
         let e = resolve_nproc("gpu", &none, &host).unwrap_err();
         assert_eq!(e.exit_code(), crate::exit::LAUNCHER_FAILURE);
         assert!(

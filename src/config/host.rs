@@ -25,6 +25,9 @@ pub trait Host {
     fn file(&self, path: &Path) -> FileKind;
     /// 16 random bytes for a run id.
     fn random_bytes(&self) -> [u8; 16];
+    /// How many processes this user may have (the soft RLIMIT_NPROC); `None` when unbounded
+    /// (unlimited, or root, whom the kernel does not hold to it).
+    fn process_limit(&self) -> Option<u64>;
 }
 
 /// The real machine.
@@ -60,6 +63,18 @@ impl Host for RealHost {
             Ok(m) => FileKind::File {
                 executable: m.permissions().mode() & 0o111 != 0,
             },
+        }
+    }
+
+    fn process_limit(&self) -> Option<u64> {
+        use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            return None;
+        }
+        match getrlimit(Resource::RLIMIT_NPROC) {
+            Ok((soft, _)) if soft != RLIM_INFINITY => Some(soft),
+            _ => None,
         }
     }
 

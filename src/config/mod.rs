@@ -32,7 +32,7 @@ pub use command::{find_program, find_python, resolve_command, RUN_PATH_BOOTSTRAP
 pub use endpoint::{parse_backend, parse_endpoint, parse_rdzv_conf, uuid4};
 pub use flags::{
     parse_local_ranks_filter, parse_nnodes, parse_signals, parse_std_spec, resolve_nproc,
-    resolve_shutdown_timeout,
+    resolve_shutdown_timeout, MAX_NPROC_PER_NODE,
 };
 pub use host::{FileKind, Host, RealHost};
 
@@ -215,6 +215,9 @@ pub enum ConfigError {
         /// `PET_NPROC_PER_NODE` when the value came from it.
         var: Option<String>,
     },
+    /// More workers than this user may have processes (RLIMIT_NPROC): a machine limit (exit 1).
+    #[error("--nproc-per-node {workers}: more workers than this user's process limit allows (ulimit -u: {limit})")]
+    ProcessLimit { workers: usize, limit: u64 },
     #[error("training script not found: {0}")]
     ScriptNotFound(String),
     #[error("program not found: {0} (no such file, and not an executable on PATH)")]

@@ -9,6 +9,7 @@ use crate::cli::{parse_from, Invocation};
 pub(crate) struct FakeHost {
     pub cpus: usize,
     pub gpus: Option<usize>,
+    pub nproc_limit: Option<u64>,
     pub files: HashMap<PathBuf, FileKind>,
 }
 
@@ -34,6 +35,7 @@ impl FakeHost {
         FakeHost {
             cpus: 6,
             gpus: None,
+            nproc_limit: None,
             files,
         }
     }
@@ -48,6 +50,9 @@ impl Host for FakeHost {
     }
     fn file(&self, path: &Path) -> FileKind {
         self.files.get(path).copied().unwrap_or(FileKind::Missing)
+    }
+    fn process_limit(&self) -> Option<u64> {
+        self.nproc_limit
     }
     fn random_bytes(&self) -> [u8; 16] {
         [0xab; 16]

@@ -192,10 +192,32 @@ fn usage_errors_exit_2_with_one_line() {
             &[],
             "--max-restarts '-1': must be >= 0",
         ),
+        // A value from PET_* is named by its variable (issue 10), not by the flag.
         (
             &["/bin/true"],
             &[("PET_MAX_RESTARTS", "-3")],
-            "--max-restarts '-3': must be >= 0",
+            "PET_MAX_RESTARTS='-3': must be >= 0",
+        ),
+        (
+            &["/bin/true"],
+            &[("PET_NPROC_PER_NODE", "abc")],
+            "PET_NPROC_PER_NODE='abc': expected a positive integer, cpu, gpu or auto",
+        ),
+        // Bounded at once (issue 10: 100000 created as many rank directories first).
+        (
+            &["--nproc-per-node", "100000", "/bin/true"],
+            &[],
+            "--nproc-per-node '100000': more workers than rdrun starts on one node (at most 4096)",
+        ),
+        (
+            &["/bin/true"],
+            &[("PET_NNODES", "2:1")],
+            "PET_NNODES='2:1': the node counts must satisfy 0 < MIN <= MAX",
+        ),
+        (
+            &["--nproc-per-node", "abc", "/bin/true"],
+            &[("PET_NPROC_PER_NODE", "2")],
+            "--nproc-per-node 'abc': expected a positive integer, cpu, gpu or auto",
         ),
         (
             &["--max-restarts", "many", "/bin/true"],

@@ -1,6 +1,7 @@
 //! The worker environment contract (spec torchrun-compat §2): every variable torchrun sets, with
 //! torchrun's values, for nproc 1 and 4; inheritance; `${local_rank}` substitution;
-//! `--virtual-local-rank`; each worker in its own session and process group.
+//! `--virtual-local-rank`; each worker in its own session and process group; arguments passed
+//! byte for byte.
 
 use std::collections::BTreeMap;
 
@@ -159,6 +160,30 @@ fn local_rank_substitution() {
         let args = std::fs::read_to_string(dir.join(format!("args.{lr}.0"))).unwrap();
         let want = format!("--rank={lr}\n{lr}\na$$b\n$local_rankx\n${{other}}\n");
         assert_eq!(args, want, "rank {lr}");
+    }
+}
+
+/// Issue 10: arguments that are not UTF-8 reach the workers byte for byte (they were replaced
+/// with U+FFFD), `${local_rank}` next to such bytes included.
+#[test]
+fn script_arguments_pass_byte_for_byte() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let dir = TempDir::new("env_bytes");
+    let out = Rdrun::new()
+        .args(["--standalone", "--nproc-per-node=2", "--no-python"])
+        .arg(worker("print_env"))
+        .arg(dir.path())
+        .arg(OsString::from_vec(b"\xff\xfe-raw".to_vec()))
+        .arg(OsString::from_vec(b"--x=\xe9${local_rank}\x80".to_vec()))
+        .run();
+    out.assert_code(0);
+    for lr in 0..2u8 {
+        let args = std::fs::read(dir.join(format!("args.{lr}.0"))).unwrap();
+        let mut want = b"\xff\xfe-raw\n--x=\xe9".to_vec();
+        want.push(b'0' + lr);
+        want.extend_from_slice(b"\x80\n");
+        assert_eq!(args, want, "rank {lr}: {out:?}");
     }
 }
 

@@ -18,6 +18,8 @@
 //! - A non-integer `PET_<FLAG>` for a boolean flag is a usage error naming the variable (torchrun
 //!   crashes with a Python traceback).
 
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
 /// Reads one environment variable; `None` when unset. Tests pass a closure over a map.
@@ -72,10 +74,14 @@ pub struct LaunchArgs {
     pub report_json: Option<PathBuf>,
     /// rdrun's `--exit-barrier-timeout SECS` (torchrun hard-codes 300).
     pub exit_barrier_timeout: f64,
-    /// The script path, module name (`-m`) or program (`--no-python`), as typed.
-    pub training_script: String,
-    /// Everything after the training script, verbatim (after the `--` rules of spec §1.1).
-    pub training_script_args: Vec<String>,
+    /// The script path, module name (`-m`) or program (`--no-python`), as typed (any bytes).
+    pub training_script: OsString,
+    /// Everything after the training script, byte for byte (after the `--` rules of spec §1.1):
+    /// it reaches the workers' `execve` unchanged, UTF-8 or not.
+    pub training_script_args: Vec<OsString>,
+    /// Values that came from `PET_*` variables: dest (e.g. `nproc_per_node`) -> variable name,
+    /// so that an error found later (in `config`) names the variable the user set.
+    pub from_env: BTreeMap<String, String>,
 }
 
 /// Result of a successful parse.
@@ -98,6 +104,8 @@ pub enum UsageError {
     ExpectedValue { flag: String },
     #[error("argument {flag}: ignored explicit argument '{value}'")]
     IgnoredExplicit { flag: String, value: String },
+    #[error("argument {flag}: the value {value:?} is not valid UTF-8")]
+    NotText { flag: String, value: String },
     #[error("argument {flag}: invalid {kind} value: '{value}'{}", from_env(.var))]
     InvalidValue {
         flag: String,
@@ -191,7 +199,7 @@ static OPTIONS: &[OptSpec] = &[
     opt("nnodes", &["--nnodes"], Kind::Str, "1:1",
         "Number of nodes, or the range of nodes in form <minimum_nodes>:<maximum_nodes> (rdrun: one node only for now)."),
     opt("nproc_per_node", &["--nproc-per-node", "--nproc_per_node"], Kind::Str, "1",
-        "Number of workers per node; supported values: [auto, cpu, gpu, int]."),
+        "Number of workers per node; supported values: [auto, cpu, gpu, int] (int: at most 4096)."),
     opt("rdzv_backend", &["--rdzv-backend", "--rdzv_backend"], Kind::Str, "static",
         "Rendezvous backend: static, c10d, etcd, etcd-v2."),
     opt("rdzv_endpoint", &["--rdzv-endpoint", "--rdzv_endpoint"], Kind::Str, "",
@@ -442,11 +450,35 @@ struct Given {
 }
 
 /// Parses torchrun's command line (without the program name) plus `PET_*` defaults from `env`.
-pub fn parse_from(argv: &[String], env: EnvFn<'_>) -> Result<Invocation, UsageError> {
+///
+/// Words are classified as text (a non-UTF-8 flag value is a usage error naming the flag); the
+/// training script and its arguments are kept as the bytes given.
+pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocation, UsageError> {
+    let argv: Vec<String> = raw
+        .iter()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect();
+    let verbatim = |from: usize| -> Vec<OsString> {
+        raw.get(from..)
+            .unwrap_or_default()
+            .iter()
+            .map(|a| a.as_ref().to_owned())
+            .collect()
+    };
+    // A flag's value must be text: the lossy copy of a non-UTF-8 word is not what was typed.
+    let text_word = |word: usize, id: OptId, value: &str| -> Result<(), UsageError> {
+        match raw[word].as_ref().to_str() {
+            Some(_) => Ok(()),
+            None => Err(UsageError::NotText {
+                flag: display(id),
+                value: value.to_string(),
+            }),
+        }
+    };
     let mut given: Vec<Option<Given>> = vec![None; OPTIONS.len()];
     let mut flags: Vec<bool> = vec![false; OPTIONS.len()];
     let mut unknown: Vec<String> = Vec::new();
-    let mut script: Option<(String, Vec<String>)> = None;
+    let mut script: Option<(OsString, Vec<OsString>)> = None;
     // argparse runs the actions of one word (e.g. `-mh`) after reading all of it; help exits.
     let mut help = false;
 
@@ -456,8 +488,8 @@ pub fn parse_from(argv: &[String], env: EnvFn<'_>) -> Result<Invocation, UsageEr
         if arg == "--" {
             // A `--` before the script ends option parsing and is dropped; everything after it
             // is the script and its arguments, verbatim (even a second `--`).
-            if let Some(s) = argv.get(i + 1) {
-                script = Some((s.clone(), argv[i + 2..].to_vec()));
+            if let Some(s) = raw.get(i + 1) {
+                script = Some((s.as_ref().to_owned(), verbatim(i + 2)));
             }
             break;
         }
@@ -469,7 +501,7 @@ pub fn parse_from(argv: &[String], env: EnvFn<'_>) -> Result<Invocation, UsageEr
                 if argv.get(j).map(String::as_str) == Some("--") {
                     j += 1;
                 }
-                script = Some((arg.to_string(), argv[j..].to_vec()));
+                script = Some((raw[i].as_ref().to_owned(), verbatim(j)));
                 break;
             }
             Class::Unknown => {
@@ -481,6 +513,7 @@ pub fn parse_from(argv: &[String], env: EnvFn<'_>) -> Result<Invocation, UsageEr
                 mut name,
                 mut explicit,
             } => {
+                let word = i;
                 i += 1;
                 loop {
                     let spec = &OPTIONS[id];
@@ -517,7 +550,10 @@ pub fn parse_from(argv: &[String], env: EnvFn<'_>) -> Result<Invocation, UsageEr
                         }
                         _ => {
                             let value = match explicit {
-                                Some(v) => v.to_string(),
+                                Some(v) => {
+                                    text_word(word, id, v)?;
+                                    v.to_string()
+                                }
                                 None => {
                                     let next = argv.get(i).map(String::as_str);
                                     let ok = match next {
@@ -529,6 +565,7 @@ pub fn parse_from(argv: &[String], env: EnvFn<'_>) -> Result<Invocation, UsageEr
                                             flag: display(id),
                                         });
                                     }
+                                    text_word(i, id, &argv[i])?;
                                     i += 1;
                                     argv[i - 1].clone()
                                 }
@@ -562,8 +599,13 @@ pub fn parse_from(argv: &[String], env: EnvFn<'_>) -> Result<Invocation, UsageEr
         return Err(UsageError::Unrecognized(unknown));
     }
 
-    let mut b = Builder { given, flags, env };
-    let args = LaunchArgs {
+    let mut b = Builder {
+        given,
+        flags,
+        env,
+        from_env: BTreeMap::new(),
+    };
+    let mut args = LaunchArgs {
         nnodes: b.string("nnodes")?,
         nproc_per_node: b.string("nproc_per_node")?,
         rdzv_backend: b.string("rdzv_backend")?,
@@ -599,7 +641,9 @@ pub fn parse_from(argv: &[String], env: EnvFn<'_>) -> Result<Invocation, UsageEr
         exit_barrier_timeout: b.float("exit_barrier_timeout")?.unwrap_or(300.0),
         training_script,
         training_script_args,
+        from_env: BTreeMap::new(),
     };
+    args.from_env = b.from_env;
     check_supported(&args)?;
     Ok(Invocation::Launch(Box::new(args)))
 }
@@ -661,6 +705,8 @@ struct Builder<'e> {
     given: Vec<Option<Given>>,
     flags: Vec<bool>,
     env: EnvFn<'e>,
+    /// dest -> `PET_*` variable, for every value taken from the environment.
+    from_env: BTreeMap<String, String>,
 }
 
 impl Builder<'_> {
@@ -685,7 +731,9 @@ impl Builder<'_> {
             return None;
         }
         let var = Self::pet_name(dest);
-        (self.env)(&var).map(|text| Given {
+        let text = (self.env)(&var)?;
+        self.from_env.insert(dest.to_string(), var.clone());
+        Some(Given {
             text,
             var: Some(var),
         })
@@ -1162,7 +1210,47 @@ mod tests {
         for (argv, script, rest) in cases {
             let a = parse(argv).unwrap();
             assert_eq!(a.training_script, *script, "{argv:?}");
-            assert_eq!(a.training_script_args, sv(rest), "{argv:?}");
+            let rest: Vec<OsString> = rest.iter().map(OsString::from).collect();
+            assert_eq!(a.training_script_args, rest, "{argv:?}");
+        }
+    }
+
+    #[test]
+    fn script_and_arguments_keep_their_bytes() {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        let bytes = |b: &[u8]| OsString::from_vec(b.to_vec());
+        let argv = vec![
+            OsString::from("--nproc-per-node"),
+            OsString::from("2"),
+            bytes(b"s\xff.py"),
+            bytes(b"--lr=\xfe\x80"),
+            OsString::from("${local_rank}"),
+        ];
+        let Ok(Invocation::Launch(a)) = parse_from(&argv, &|_| None) else {
+            panic!("parses");
+        };
+        assert_eq!(a.training_script.as_bytes(), b"s\xff.py");
+        assert_eq!(a.training_script_args, argv[3..].to_vec());
+        // The same after `--`.
+        let argv = vec![OsString::from("--"), bytes(b"t.py"), bytes(b"\xff")];
+        let Ok(Invocation::Launch(a)) = parse_from(&argv, &|_| None) else {
+            panic!("parses");
+        };
+        assert_eq!(a.training_script_args, vec![bytes(b"\xff")]);
+        // A flag value must be text: rdrun would otherwise use a lossy copy.
+        for argv in [
+            vec![
+                OsString::from("--role"),
+                bytes(b"r\xff"),
+                OsString::from("t.py"),
+            ],
+            vec![bytes(b"--role=r\xff"), OsString::from("t.py")],
+        ] {
+            let e = parse_from(&argv, &|_| None).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "argument --role: the value \"r\u{fffd}\" is not valid UTF-8"
+            );
         }
     }
 

@@ -3,8 +3,11 @@
 //!
 //! # Map
 //! - [`cli`]: hand-written argparse-compatible parser of every torchrun flag (both spellings, PET_* fallback); parse only.
-//! - [`config`]: parsed args -> [`config::LaunchConfig`] (nproc, nnodes, standalone, command, logs).
-//! - [`workerenv`]: the launcher <-> worker environment contract.
+//! - [`config`]: parsed args -> [`config::LaunchConfig`], resolved once against the machine (contract
+//!   types + `resolve`; `host` machine facts; `flags` per-flag parsers; `endpoint` rendezvous and
+//!   MASTER_ADDR/PORT; `command` the worker command).
+//! - [`workerenv`]: the launcher <-> worker environment contract, and the per-worker rules applied
+//!   at spawn time (`${local_rank}`, OMP_NUM_THREADS, virtual devices).
 //! - [`exit`]: every exit code rdrun can return.
 //! - [`store`]: TCPStore-compatible key-value server and client (PyTorch's wire protocol).
 //! - [`supervisor`]: spawns, watches, stops and restarts the local worker group; output and report.

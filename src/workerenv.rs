@@ -3,8 +3,14 @@
 //! The supervisor builds one [`WorkerEnv`] per local rank and applies [`WorkerEnv::to_pairs`] on
 //! top of the inherited environment; the worker runtime reads it back with
 //! [`WorkerEnv::from_env`]. Values and spellings copy torchrun 2.15 (spec torchrun-compat §2).
+//!
+//! The pure launcher-side rules applied per worker at spawn time live here too:
+//! [`substitute_local_rank`] (the `${local_rank}` argument macro), [`should_set_omp_num_threads`],
+//! [`virtual_local_rank_devices`] and [`signal_names`] (TORCHELASTIC_SIGNALS_TO_HANDLE).
 
 use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 /// Per-worker values set by the launcher.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,6 +218,101 @@ pub fn cleanup_run_shm_in(dir: &std::path::Path, run_id: &str) -> std::io::Resul
     Ok(removed)
 }
 
+// ---------------------------------------------------------------------------------------------
+// Launcher-side rules applied per worker at spawn time (torchrun-compat §1.3, §2).
+
+/// `--virtual-local-rank` with fewer visible devices than local ranks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--virtual-local-rank: local_rank {local_rank} exceeds available GPUs in {var}={value}")]
+pub struct VirtualDevicesError {
+    pub local_rank: usize,
+    pub var: &'static str,
+    pub value: String,
+}
+
+/// Whether rdrun must set OMP_NUM_THREADS=1 for the workers: only when the user has not set it
+/// (any value, even empty, is passed through) and more than one worker shares the node.
+pub fn should_set_omp_num_threads(existing: Option<&str>, nproc_per_node: usize) -> bool {
+    existing.is_none() && nproc_per_node > 1
+}
+
+/// `--virtual-local-rank`: the variables one worker gets so that it sees only its own GPU, as
+/// torchrun: the `local_rank`-th entry of the parent's HIP_VISIBLE_DEVICES (then both HIP_ and
+/// CUDA_VISIBLE_DEVICES are set) or CUDA_VISIBLE_DEVICES, else the local rank itself.
+pub fn virtual_local_rank_devices(
+    local_rank: usize,
+    hip_visible_devices: Option<&str>,
+    cuda_visible_devices: Option<&str>,
+) -> Result<Vec<(&'static str, String)>, VirtualDevicesError> {
+    let hip = hip_visible_devices.filter(|h| !h.is_empty());
+    let (var, parent) = match hip {
+        Some(h) => ("HIP_VISIBLE_DEVICES", Some(h)),
+        None => ("CUDA_VISIBLE_DEVICES", cuda_visible_devices),
+    };
+    let device = match parent {
+        Some(list) => list
+            .split(',')
+            .nth(local_rank)
+            .map(|d| d.trim().to_string())
+            .ok_or_else(|| VirtualDevicesError {
+                local_rank,
+                var,
+                value: list.to_string(),
+            })?,
+        None => local_rank.to_string(),
+    };
+    let mut vars = vec![("CUDA_VISIBLE_DEVICES", device.clone())];
+    if hip.is_some() {
+        vars.push(("HIP_VISIBLE_DEVICES", device));
+    }
+    Ok(vars)
+}
+
+/// torchrun's arg macro: `${local_rank}` and `$local_rank` become the local rank. Unlike
+/// Python's `string.Template`, `$$` is not collapsed to `$` (it is kept, and `$$local_rank` stays
+/// literal), and every other `$` is kept as typed.
+pub fn substitute_local_rank(arg: &OsStr, local_rank: usize) -> OsString {
+    // On bytes: an argument need not be UTF-8, and is passed on byte for byte.
+    const NAME: &[u8] = b"local_rank";
+    let rank = local_rank.to_string();
+    let mut out: Vec<u8> = Vec::with_capacity(arg.len());
+    let mut rest = arg.as_bytes();
+    while let Some(pos) = rest.iter().position(|&b| b == b'$') {
+        out.extend_from_slice(&rest[..pos]);
+        let after = &rest[pos + 1..];
+        if let Some(tail) = after.strip_prefix(b"$") {
+            out.extend_from_slice(b"$$");
+            rest = tail;
+        } else if let Some(tail) = after.strip_prefix(b"{local_rank}") {
+            out.extend_from_slice(rank.as_bytes());
+            rest = tail;
+        } else if let Some(tail) = after.strip_prefix(NAME).filter(|t| {
+            // `$local_rankX` is the identifier `local_rankX`, not this macro.
+            !t.first()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_')
+        }) {
+            out.extend_from_slice(rank.as_bytes());
+            rest = tail;
+        } else {
+            out.push(b'$');
+            rest = after;
+        }
+    }
+    out.extend_from_slice(rest);
+    OsString::from_vec(out)
+}
+
+/// Signal numbers back to their `SIG*` names, comma-joined (the TORCHELASTIC_SIGNALS_TO_HANDLE
+/// text torchrun exports to workers).
+pub fn signal_names(signals: &[i32]) -> String {
+    signals
+        .iter()
+        .filter_map(|s| nix::sys::signal::Signal::try_from(*s).ok())
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,5 +368,77 @@ mod tests {
             WorkerEnv::from_map(&map),
             Err(WorkerEnvError::Invalid { name: "RANK", .. })
         ));
+    }
+
+    #[test]
+    fn omp_num_threads() {
+        assert!(should_set_omp_num_threads(None, 2));
+        assert!(!should_set_omp_num_threads(None, 1));
+        assert!(!should_set_omp_num_threads(Some("4"), 8));
+        assert!(!should_set_omp_num_threads(Some(""), 8));
+    }
+
+    #[test]
+    fn virtual_devices() {
+        let v = |lr, hip, cuda| virtual_local_rank_devices(lr, hip, cuda);
+        assert_eq!(
+            v(2, None, None).unwrap(),
+            vec![("CUDA_VISIBLE_DEVICES", "2".to_string())]
+        );
+        assert_eq!(
+            v(1, None, Some("4, 5")).unwrap(),
+            vec![("CUDA_VISIBLE_DEVICES", "5".to_string())]
+        );
+        assert_eq!(
+            v(0, Some("7,6"), Some("0,1")).unwrap(),
+            vec![
+                ("CUDA_VISIBLE_DEVICES", "7".to_string()),
+                ("HIP_VISIBLE_DEVICES", "7".to_string())
+            ]
+        );
+        assert_eq!(
+            v(2, None, Some("0,1")).unwrap_err().to_string(),
+            "--virtual-local-rank: local_rank 2 exceeds available GPUs in CUDA_VISIBLE_DEVICES=0,1"
+        );
+    }
+
+    #[test]
+    fn local_rank_macro() {
+        let cases = [
+            ("${local_rank}", "3"),
+            ("$local_rank", "3"),
+            ("--out=/x/$local_rank.log", "--out=/x/3.log"),
+            ("${local_rank}${local_rank}", "33"),
+            ("$local_rankx", "$local_rankx"),
+            ("$local_rank_1", "$local_rank_1"),
+            ("$$", "$$"),
+            ("a$$b", "a$$b"),
+            ("$$local_rank", "$$local_rank"),
+            ("$$$local_rank", "$$3"),
+            ("$other ${other}", "$other ${other}"),
+            ("${local_rank", "${local_rank"),
+            ("$", "$"),
+            ("x$", "x$"),
+            ("plain", "plain"),
+            ("é$local_rankü", "é3ü"),
+        ];
+        for (arg, want) in cases {
+            assert_eq!(substitute_local_rank(OsStr::new(arg), 3), want, "{arg}");
+        }
+        // Bytes that are not UTF-8 pass through untouched, around a substituted macro too.
+        let arg = OsString::from_vec(b"\xff${local_rank}\xfe$".to_vec());
+        assert_eq!(
+            substitute_local_rank(&arg, 3).as_bytes(),
+            b"\xff3\xfe$".as_slice()
+        );
+    }
+
+    #[test]
+    fn signal_list_text() {
+        use libc::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+        assert_eq!(
+            signal_names(&[SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2]),
+            "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+        );
     }
 }

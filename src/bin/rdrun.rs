@@ -9,14 +9,12 @@ use rdrun::exit;
 
 fn main() {
     init_tracing();
-    let argv: Vec<String> = std::env::args_os()
-        .skip(1)
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    // OsString end to end: the script's arguments reach the workers byte for byte.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     std::process::exit(run(&argv));
 }
 
-fn run(argv: &[String]) -> i32 {
+fn run(argv: &[std::ffi::OsString]) -> i32 {
     let args = match cli::parse_from(argv, &cli::process_env) {
         Ok(Invocation::Launch(args)) => *args,
         Ok(Invocation::Help) => {

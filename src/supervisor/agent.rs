@@ -27,13 +27,13 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::config::{self, LaunchConfig, RdzvBackend};
+use crate::config::{LaunchConfig, RdzvBackend};
 use crate::exit::{self, WorkerStatus};
 use crate::rendezvous::{
     Assignment, RdzvEvent, Rendezvous, RendezvousError, RoundReason, RoundRequest,
 };
 use crate::store::server::{self, ServerConfig, ServerExit, StoreServer};
-use crate::workerenv::WorkerEnv;
+use crate::workerenv::{self, WorkerEnv};
 
 use super::events::Event;
 use super::ncclpath;
@@ -291,7 +291,7 @@ impl Agent {
             .ok()
             .and_then(|h| h.into_string().ok())
             .unwrap_or_else(|| "localhost".to_string());
-        if config::should_set_omp_num_threads(
+        if workerenv::should_set_omp_num_threads(
             std::env::var("OMP_NUM_THREADS").ok().as_deref(),
             config.nproc_per_node,
         ) {
@@ -300,7 +300,7 @@ impl Agent {
             );
         }
         let grace = config.shutdown_timeout;
-        let signals_env = config::signal_names(&config.signals_to_handle);
+        let signals_env = workerenv::signal_names(&config.signals_to_handle);
         let extra_env = pip_nccl_env(&config);
         let mut agent = Agent {
             config,
@@ -675,7 +675,7 @@ impl Agent {
                     .command
                     .args
                     .iter()
-                    .map(|a| config::substitute_local_rank(a, lr))
+                    .map(|a| workerenv::substitute_local_rank(a, lr))
                     .collect(),
                 env,
                 watchdog_fd: self.watchdog.as_ref().map(Watchdog::fd),
@@ -1203,14 +1203,8 @@ fn is_loopback(addr: &str) -> bool {
 /// started directly typically shares the venv that holds torch and its NCCL wheel. Failures only
 /// log: a missing shim must never stop a launch that may not use NCCL at all.
 fn pip_nccl_env(config: &LaunchConfig) -> Vec<(String, String)> {
-    let python = match config.command.kind {
-        config::EntrypointKind::Exec => {
-            match config::find_python(&crate::cli::process_env, &config::RealHost) {
-                Ok(p) => p,
-                Err(_) => return Vec::new(),
-            }
-        }
-        _ => config.command.program.clone(),
+    let Some(python) = config.command.python.clone() else {
+        return Vec::new();
     };
     let Some(cache) = ncclpath::default_cache_dir() else {
         return Vec::new();
@@ -1293,6 +1287,7 @@ mod tests {
                 program: "true".into(),
                 args: Vec::new(),
                 display_name: "true".into(),
+                python: None,
             },
             log: LogConfig::default(),
             signals_to_handle: vec![libc::SIGTERM],

@@ -3,7 +3,7 @@
 //! and its group are signalled, and how exits of any descendant are reaped.
 //!
 //! The pure parts ([`worker_env`], [`descendants`]) are table-tested (the per-variable rules they
-//! apply live in `config`: `should_set_omp_num_threads`, `virtual_local_rank_devices`);
+//! apply live in `workerenv`: `should_set_omp_num_threads`, `virtual_local_rank_devices`);
 //! the agent owns the state and calls the effectful ones ([`spawn`], [`reap`], [`signal_group`]).
 
 use std::ffi::OsString;
@@ -13,16 +13,15 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use crate::config::{self, ConfigError};
 use crate::exit::WorkerStatus;
-use crate::workerenv::WorkerEnv;
+use crate::workerenv::{self, VirtualDevicesError, WorkerEnv};
 
 /// Why the environment of a worker could not be built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EnvError {
     /// `--virtual-local-rank` with fewer visible devices than local ranks.
     #[error(transparent)]
-    Devices(#[from] ConfigError),
+    Devices(#[from] VirtualDevicesError),
 }
 
 /// Why a worker could not be started.
@@ -65,7 +64,7 @@ pub fn worker_env(
     if parent("TORCH_NCCL_ASYNC_ERROR_HANDLING").is_none() {
         set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".to_string());
     }
-    if config::should_set_omp_num_threads(parent("OMP_NUM_THREADS").as_deref(), nproc_per_node) {
+    if workerenv::should_set_omp_num_threads(parent("OMP_NUM_THREADS").as_deref(), nproc_per_node) {
         set("OMP_NUM_THREADS", "1".to_string());
     }
     set(
@@ -74,7 +73,7 @@ pub fn worker_env(
     );
     if virtual_local_rank {
         set("LOCAL_RANK", "0".to_string());
-        for (k, v) in config::virtual_local_rank_devices(
+        for (k, v) in workerenv::virtual_local_rank_devices(
             env.local_rank,
             parent("HIP_VISIBLE_DEVICES").as_deref(),
             parent("CUDA_VISIBLE_DEVICES").as_deref(),
@@ -89,7 +88,8 @@ pub fn worker_env(
 #[derive(Debug)]
 pub struct SpawnSpec {
     pub program: PathBuf,
-    pub args: Vec<String>,
+    /// Passed to execve byte for byte.
+    pub args: Vec<OsString>,
     /// Overlay on rdrun's inherited environment.
     pub env: Vec<(String, String)>,
     /// Writer end of the watchdog socket: the child registers its process group there before exec.
@@ -111,7 +111,7 @@ pub struct Spawned {
 /// The child is not reaped by std: the agent reaps every descendant with `waitpid(-1)` ([`reap`]).
 pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     let mut cmd = Command::new(&spec.program);
-    cmd.args(spec.args.iter().map(OsString::from))
+    cmd.args(&spec.args)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::inherit())
         .stdout(Stdio::piped())

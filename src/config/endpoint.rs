@@ -1,0 +1,451 @@
+//! Where the job meets: explicit and automatic standalone, the rendezvous backend, endpoint,
+//! conf and run id, and the MASTER_ADDR/MASTER_PORT workers get (torchrun-compat §1.3 step 2).
+//!
+//! Everything that turns `--standalone`, `--rdzv-*`, `--master-addr`, `--master-port` and
+//! `--local-addr` into addresses is in this file, so that address rules have one home.
+
+use std::collections::BTreeMap;
+
+use super::{
+    invalid, ConfigError, Endpoint, Host, NodeRange, RdzvBackend, RdzvConfig, DEFAULT_C10D_PORT,
+    DEFAULT_ETCD_PORT, DEFAULT_STATIC_MASTER_PORT,
+};
+use crate::cli::LaunchArgs;
+
+/// The rendezvous part of [`super::resolve`]: `(standalone, rendezvous, MASTER_ADDR,
+/// MASTER_PORT)`. `master_port` is `--master-port`, already range-checked.
+pub(super) fn resolve_rendezvous(
+    args: &LaunchArgs,
+    backend: RdzvBackend,
+    conf: BTreeMap<String, String>,
+    nnodes: NodeRange,
+    node_rank: usize,
+    master_port: Option<u16>,
+    host: &dyn Host,
+) -> Result<(bool, RdzvConfig, String, Option<u16>), ConfigError> {
+    // Spec §1.3 step 2: explicit and automatic standalone.
+    let standalone = args.standalone
+        || (backend == RdzvBackend::Static
+            && args.rdzv_endpoint.is_empty()
+            && master_port.is_none()
+            && nnodes.max == 1);
+
+    let (rdzv, master_addr, master_port) = if standalone {
+        let rdzv = RdzvConfig {
+            backend: RdzvBackend::C10d,
+            endpoint: None,
+            run_id: uuid4(host.random_bytes()),
+            conf,
+        };
+        (rdzv, "127.0.0.1".to_string(), master_port)
+    } else {
+        if backend != RdzvBackend::Static && node_rank != 0 {
+            tracing::warn!(
+                "node_rank is only used for static rdzv_backend. It will be ignored for rdzv_backend={}.",
+                args.rdzv_backend
+            );
+        }
+        if backend != RdzvBackend::Static && args.rdzv_endpoint.is_empty() {
+            tracing::warn!(
+                "master_addr is only used for static rdzv_backend and when rdzv_endpoint is not specified."
+            );
+        }
+        if backend == RdzvBackend::Static && node_rank >= nnodes.max {
+            return Err(invalid(
+                "--node-rank",
+                node_rank.to_string(),
+                format!("must be less than the number of nodes ({})", nnodes.max),
+            ));
+        }
+        let run_id = if args.rdzv_id.is_empty() {
+            // torchrun: `str(uuid.uuid4().int)` with a warning.
+            let id = u128::from_be_bytes(uuid4_bytes(host.random_bytes())).to_string();
+            tracing::warn!("config has no run_id, generated a random run_id: {id}");
+            id
+        } else {
+            args.rdzv_id.clone()
+        };
+        let endpoint_text = if backend == RdzvBackend::Static && args.rdzv_endpoint.is_empty() {
+            format!(
+                "{}:{}",
+                args.master_addr,
+                master_port.unwrap_or(DEFAULT_STATIC_MASTER_PORT)
+            )
+        } else {
+            args.rdzv_endpoint.clone()
+        };
+        let endpoint = parse_endpoint(&endpoint_text, backend)?;
+        let (addr, port) = if backend == RdzvBackend::Static {
+            (endpoint.host.clone(), Some(endpoint.port))
+        } else {
+            (
+                args.local_addr
+                    .clone()
+                    .unwrap_or_else(|| args.master_addr.clone()),
+                master_port,
+            )
+        };
+        let rdzv = RdzvConfig {
+            backend,
+            endpoint: Some(endpoint),
+            run_id,
+            conf,
+        };
+        (rdzv, addr, port)
+    };
+    Ok((standalone, rdzv, master_addr, master_port))
+}
+
+/// `--rdzv-backend`.
+pub fn parse_backend(text: &str) -> Result<RdzvBackend, ConfigError> {
+    match text {
+        "static" => Ok(RdzvBackend::Static),
+        "c10d" => Ok(RdzvBackend::C10d),
+        "etcd" => Ok(RdzvBackend::Etcd),
+        "etcd-v2" => Ok(RdzvBackend::EtcdV2),
+        _ => Err(invalid(
+            "--rdzv-backend",
+            text,
+            "unknown rendezvous backend (expected static, c10d, etcd or etcd-v2)",
+        )),
+    }
+}
+
+/// `--rdzv-conf`: `k1=v1,k2=v2`, stripped, split on the first `=`; empty keys or values are errors.
+pub fn parse_rdzv_conf(text: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut conf = BTreeMap::new();
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(conf);
+    }
+    for kv in text.split(',') {
+        let (key, value) = match kv.split_once('=') {
+            Some((k, v)) => (k.trim(), v.trim()),
+            None => (kv.trim(), ""),
+        };
+        if key.is_empty() {
+            return Err(invalid(
+                "--rdzv-conf",
+                text,
+                "expected <key1>=<value1>,...,<keyN>=<valueN>",
+            ));
+        }
+        if value.is_empty() {
+            return Err(invalid(
+                "--rdzv-conf",
+                text,
+                format!("option '{key}' must have a value"),
+            ));
+        }
+        conf.insert(key.to_string(), value.to_string());
+    }
+    Ok(conf)
+}
+
+/// A rendezvous endpoint (torchrun `parse_rendezvous_endpoint`): `host[:port]`, `[v6]` or
+/// `[v6]:port`, split on the last `:`; the backend's default port when none is given (the static
+/// backend needs one).
+pub fn parse_endpoint(text: &str, backend: RdzvBackend) -> Result<Endpoint, ConfigError> {
+    let default_port = match backend {
+        RdzvBackend::Static => None,
+        RdzvBackend::C10d => Some(DEFAULT_C10D_PORT),
+        RdzvBackend::Etcd | RdzvBackend::EtcdV2 => Some(DEFAULT_ETCD_PORT),
+    };
+    let t = text.trim();
+    if t.is_empty() {
+        return match default_port {
+            Some(port) => Ok(Endpoint {
+                host: "localhost".into(),
+                port,
+            }),
+            None => Err(invalid("--rdzv-endpoint", text, "a port is required")),
+        };
+    }
+    let (mut host, port_text) = if t.starts_with('[') && t.ends_with(']') {
+        (t, None)
+    } else {
+        match t.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (t, None),
+        }
+    };
+    if host.len() > 1 && host.starts_with('[') && host.ends_with(']') {
+        host = &host[1..host.len() - 1];
+    }
+    let port = match port_text {
+        Some(p) => {
+            let ok = !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit());
+            match p
+                .parse::<u32>()
+                .ok()
+                .filter(|_| ok)
+                .and_then(|v| u16::try_from(v).ok())
+            {
+                Some(v) => v,
+                None => {
+                    return Err(invalid(
+                        "--rdzv-endpoint",
+                        text,
+                        "the port must be an integer between 0 and 65535",
+                    ))
+                }
+            }
+        }
+        None => match default_port {
+            Some(p) => p,
+            None => {
+                return Err(invalid(
+                    "--rdzv-endpoint",
+                    text,
+                    "a port is required (try --master-port)",
+                ))
+            }
+        },
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'));
+    if !host_ok {
+        return Err(invalid(
+            "--rdzv-endpoint",
+            text,
+            "the host must be a hostname, an IPv4 address, or an IPv6 address in brackets",
+        ));
+    }
+    Ok(Endpoint {
+        host: host.to_string(),
+        port,
+    })
+}
+
+/// A random (version 4) UUID's 16 bytes.
+fn uuid4_bytes(mut b: [u8; 16]) -> [u8; 16] {
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    b
+}
+
+/// `str(uuid.uuid4())`: lowercase 8-4-4-4-12 hex.
+pub fn uuid4(random: [u8; 16]) -> String {
+    let b = uuid4_bytes(random);
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::super::*;
+    use super::*;
+
+    #[test]
+    fn multi_node_resolves_to_a_rendezvous() {
+        // Static: node 0 hosts the store at --master-addr:--master-port (torchrun's default).
+        let c = ok(&[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "10.0.0.1",
+            "--master-port",
+            "1234",
+            "t.py",
+        ]);
+        assert_eq!(
+            (c.nnodes, c.node_rank, c.standalone),
+            (NodeRange { min: 2, max: 2 }, 1, false)
+        );
+        assert_eq!(c.rdzv.backend, RdzvBackend::Static);
+        assert_eq!(
+            c.rdzv.endpoint,
+            Some(Endpoint {
+                host: "10.0.0.1".into(),
+                port: 1234
+            })
+        );
+        // c10d MIN:MAX with an endpoint.
+        let c = ok(&[
+            "--nnodes",
+            "1:4",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "h:5",
+            "--rdzv-id",
+            "j",
+            "t.py",
+        ]);
+        assert_eq!(c.nnodes, NodeRange { min: 1, max: 4 });
+        assert_eq!(
+            (c.rdzv.backend, c.rdzv.run_id.as_str()),
+            (RdzvBackend::C10d, "j")
+        );
+        // A node rank outside the static job is still refused.
+        let e = fail(&[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "2",
+            "--master-port",
+            "1",
+            "t.py",
+        ]);
+        assert!(e.to_string().starts_with("--node-rank '2'"), "{e}");
+    }
+
+    #[test]
+    fn standalone_and_auto_standalone() {
+        let uuid = "abababab-abab-4bab-abab-abababababab";
+        // Plain run: auto-standalone (static default, no endpoint, no master port, one node).
+        let c = ok(&["t.py"]);
+        assert!(c.standalone);
+        assert_eq!(c.rdzv.backend, RdzvBackend::C10d);
+        assert_eq!(c.rdzv.endpoint, None);
+        assert_eq!(c.rdzv.run_id, uuid);
+        assert_eq!((c.master_addr.as_str(), c.master_port), ("127.0.0.1", None));
+        // --standalone ignores the user's backend, endpoint and id.
+        let c = ok(&[
+            "--standalone",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-id",
+            "job",
+            "--rdzv-endpoint",
+            "h:1",
+            "t.py",
+        ]);
+        assert!(c.standalone);
+        assert_eq!(c.rdzv.run_id, uuid);
+        assert_eq!(c.rdzv.endpoint, None);
+        // --standalone with --master-port: that port, loopback.
+        let c = ok(&["--standalone", "--master-port", "29511", "t.py"]);
+        assert!(c.standalone);
+        assert_eq!(c.master_port, Some(29511));
+        // --master-port disables auto-standalone: static at master_addr:master_port.
+        let c = ok(&["--master-port", "29555", "t.py"]);
+        assert!(!c.standalone);
+        assert_eq!(c.rdzv.backend, RdzvBackend::Static);
+        assert_eq!(c.rdzv.run_id, "none");
+        assert_eq!(
+            c.rdzv.endpoint,
+            Some(Endpoint {
+                host: "127.0.0.1".into(),
+                port: 29555
+            })
+        );
+        assert_eq!(
+            (c.master_addr.as_str(), c.master_port),
+            ("127.0.0.1", Some(29555))
+        );
+        // Static with an explicit endpoint: MASTER_* come from it (IPv6 without brackets).
+        let c = ok(&["--rdzv-endpoint", "[::1]:29600", "t.py"]);
+        assert!(!c.standalone);
+        assert_eq!(
+            (c.master_addr.as_str(), c.master_port),
+            ("::1", Some(29600))
+        );
+        let c = ok(&["--master-addr", "[::1]", "--master-port", "1", "t.py"]);
+        assert_eq!(c.master_addr, "::1");
+        // c10d on one node: not standalone, kernel-chosen MASTER_PORT, the user's run id.
+        let c = ok(&[
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "localhost:29400",
+            "--rdzv-id",
+            "j1",
+            "t.py",
+        ]);
+        assert!(!c.standalone);
+        assert_eq!(c.rdzv.backend, RdzvBackend::C10d);
+        assert_eq!(c.rdzv.run_id, "j1");
+        assert_eq!(c.master_port, None);
+        let c = ok(&["--rdzv-backend", "c10d", "--local-addr", "node7", "t.py"]);
+        assert_eq!(
+            c.rdzv.endpoint,
+            Some(Endpoint {
+                host: "localhost".into(),
+                port: 29400
+            })
+        );
+        assert_eq!(c.master_addr, "node7");
+        // Empty run id outside standalone: torchrun's decimal uuid4().int.
+        let c = ok(&["--rdzv-backend", "c10d", "--rdzv-id", "", "t.py"]);
+        assert!(c.rdzv.run_id.bytes().all(|b| b.is_ascii_digit()) && c.rdzv.run_id.len() > 30);
+    }
+
+    #[test]
+    fn endpoints() {
+        use RdzvBackend::*;
+        let ep = |h: &str, p| Endpoint {
+            host: h.into(),
+            port: p,
+        };
+        let cases = [
+            ("", C10d, ep("localhost", 29400)),
+            ("  ", Etcd, ep("localhost", 2379)),
+            ("host", C10d, ep("host", 29400)),
+            ("host:1234", Static, ep("host", 1234)),
+            ("10.0.0.1:0", C10d, ep("10.0.0.1", 0)),
+            ("[::1]", EtcdV2, ep("::1", 2379)),
+            ("[fe80::1]:29400", Static, ep("fe80::1", 29400)),
+            (
+                "node-1.example.com:65535",
+                C10d,
+                ep("node-1.example.com", 65535),
+            ),
+        ];
+        for (text, b, want) in cases {
+            assert_eq!(parse_endpoint(text, b).unwrap(), want, "{text}");
+        }
+        for (text, b) in [
+            ("host", Static),
+            ("", Static),
+            ("host:65536", C10d),
+            ("host:123456", C10d),
+            ("host:x", C10d),
+            ("host:", C10d),
+            ("ho st:1", C10d),
+            (":1", C10d),
+        ] {
+            assert!(parse_endpoint(text, b).is_err(), "{text}");
+        }
+    }
+
+    #[test]
+    fn rdzv_conf() {
+        let c = parse_rdzv_conf(" join_timeout = 5 ,is_host=1,x=a=b ").unwrap();
+        assert_eq!(c.get("join_timeout").map(String::as_str), Some("5"));
+        assert_eq!(c.get("is_host").map(String::as_str), Some("1"));
+        assert_eq!(c.get("x").map(String::as_str), Some("a=b"));
+        assert!(parse_rdzv_conf("").unwrap().is_empty());
+        for bad in ["a", "a=", "=1", "a=1,,b=2", "a=1,"] {
+            let e = parse_rdzv_conf(bad).unwrap_err();
+            assert_eq!(e.exit_code(), crate::exit::USAGE, "{bad}");
+        }
+        assert_eq!(
+            parse_rdzv_conf("a=").unwrap_err().to_string(),
+            "--rdzv-conf 'a=': option 'a' must have a value"
+        );
+    }
+
+    #[test]
+    fn uuid_format() {
+        let u = uuid4([0xff; 16]);
+        assert_eq!(u, "ffffffff-ffff-4fff-bfff-ffffffffffff");
+        let u = uuid4([0; 16]);
+        assert_eq!(u, "00000000-0000-4000-8000-000000000000");
+        let a = RealHost.random_bytes();
+        let b = RealHost.random_bytes();
+        assert_ne!(a, b, "two run ids must differ");
+    }
+}

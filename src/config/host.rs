@@ -1,0 +1,184 @@
+//! Machine facts resolution needs, behind the [`Host`] trait so that every decision is testable:
+//! CPUs in the affinity mask, NVIDIA GPUs (procfs, else `nvidia-smi -L`, bounded), what is at a
+//! path, randomness for run ids; and the GPU count a CUDA program would see.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::cli::EnvFn;
+
+/// What [`Host::file`] found at a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Missing,
+    Dir,
+    File { executable: bool },
+}
+
+/// The machine facts resolution needs; [`RealHost`] in production, a fake in tests.
+pub trait Host {
+    /// CPUs in this process's affinity mask (torchrun: `os.sched_getaffinity`).
+    fn cpu_count(&self) -> usize;
+    /// NVIDIA GPUs the driver lists; `None` when there is no NVIDIA driver.
+    fn nvidia_gpu_count(&self) -> Option<usize>;
+    /// What is at `path` (relative paths against the current directory).
+    fn file(&self, path: &Path) -> FileKind;
+    /// 16 random bytes for a run id.
+    fn random_bytes(&self) -> [u8; 16];
+    /// How many processes this user may have (the soft RLIMIT_NPROC); `None` when unbounded
+    /// (unlimited, or root, whom the kernel does not hold to it).
+    fn process_limit(&self) -> Option<u64>;
+}
+
+/// The real machine.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealHost;
+
+impl Host for RealHost {
+    fn cpu_count(&self) -> usize {
+        use nix::sched::{sched_getaffinity, CpuSet};
+        use nix::unistd::Pid;
+        match sched_getaffinity(Pid::from_raw(0)) {
+            Ok(set) => (0..CpuSet::count())
+                .filter(|&i| set.is_set(i).unwrap_or(false))
+                .count()
+                .max(1),
+            Err(_) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+
+    fn nvidia_gpu_count(&self) -> Option<usize> {
+        // The driver lists one directory per GPU here (nvidia kernel module's procfs).
+        if let Ok(entries) = std::fs::read_dir("/proc/driver/nvidia/gpus") {
+            return Some(entries.filter(Result::is_ok).count());
+        }
+        nvidia_smi_count()
+    }
+
+    fn file(&self, path: &Path) -> FileKind {
+        use std::os::unix::fs::PermissionsExt;
+        match std::fs::metadata(path) {
+            Err(_) => FileKind::Missing,
+            Ok(m) if m.is_dir() => FileKind::Dir,
+            Ok(m) => FileKind::File {
+                executable: m.permissions().mode() & 0o111 != 0,
+            },
+        }
+    }
+
+    fn process_limit(&self) -> Option<u64> {
+        use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            return None;
+        }
+        match getrlimit(Resource::RLIMIT_NPROC) {
+            Ok((soft, _)) if soft != RLIM_INFINITY => Some(soft),
+            _ => None,
+        }
+    }
+
+    fn random_bytes(&self) -> [u8; 16] {
+        let mut buf = [0u8; 16];
+        // SAFETY: `buf` is a valid, writable 16-byte buffer for the duration of the call.
+        let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n != buf.len() as isize {
+            use std::io::Read;
+            let ok = std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| f.read_exact(&mut buf))
+                .is_ok();
+            if !ok {
+                // Last resort: time and pid are unique enough for a single-node run id.
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos());
+                buf = (t ^ (u128::from(std::process::id()) << 64)).to_le_bytes();
+            }
+        }
+        buf
+    }
+}
+
+/// `nvidia-smi -L` line count, with a bound so that a wedged driver cannot hang rdrun.
+fn nvidia_smi_count() -> Option<usize> {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("nvidia-smi")
+        .arg("-L")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .stdin(Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let mut out = String::new();
+                child.stdout.take()?.read_to_string(&mut out).ok()?;
+                if !status.success() {
+                    return None;
+                }
+                return Some(out.lines().filter(|l| l.starts_with("GPU ")).count());
+            }
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                tracing::warn!("nvidia-smi -L did not answer within 10 s; assuming no GPUs");
+                return None;
+            }
+        }
+    }
+}
+
+/// GPUs a CUDA program would see: CUDA_VISIBLE_DEVICES if set (entries up to the first invalid
+/// one, as the CUDA runtime reads it), capped by what the driver lists; else the driver's count.
+pub(super) fn gpu_count(env: EnvFn<'_>, host: &dyn Host) -> Result<usize, String> {
+    let driver = host.nvidia_gpu_count();
+    if let Some(cvd) = env("CUDA_VISIBLE_DEVICES") {
+        let listed = visible_device_entries(&cvd);
+        let n = driver.map_or(listed, |d| listed.min(d));
+        if n == 0 {
+            return Err(format!("no GPU is visible (CUDA_VISIBLE_DEVICES={cvd:?})"));
+        }
+        return Ok(n);
+    }
+    match driver {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(
+            "no NVIDIA GPU found (no /proc/driver/nvidia/gpus entries, nvidia-smi -L lists none)"
+                .into(),
+        ),
+    }
+}
+
+/// Number of usable entries in a CUDA_VISIBLE_DEVICES list: the CUDA runtime stops at the first
+/// entry that is not a device index or a `GPU-`/`MIG-` UUID (e.g. `-1` hides every device).
+fn visible_device_entries(list: &str) -> usize {
+    list.split(',')
+        .map(str::trim)
+        .take_while(|e| {
+            (!e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()))
+                || e.starts_with("GPU-")
+                || e.starts_with("MIG-")
+        })
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_host_counts_cpus() {
+        assert!(RealHost.cpu_count() >= 1);
+        assert_eq!(
+            RealHost.file(Path::new("/definitely/missing")),
+            FileKind::Missing
+        );
+        assert_eq!(RealHost.file(Path::new("/")), FileKind::Dir);
+    }
+}

@@ -1,0 +1,569 @@
+//! Resolution of parsed arguments ([`crate::cli::LaunchArgs`]) into a [`LaunchConfig`].
+//!
+//! Parsing (what the user typed) lives in `cli.rs`; this folder decides what it means on this
+//! machine. The supervisor consumes a `LaunchConfig` and never looks at raw arguments, and
+//! nothing here is consulted again once [`resolve`] has returned.
+//!
+//! This file holds the contract between `cli`/`config` and `supervisor` (the types below), the
+//! error and [`resolve`]. The rest is split by what it owns:
+//! - [`host`]: machine facts ([`Host`], [`RealHost`]): CPU affinity, GPU probing, files, randomness,
+//!   so that every decision is testable with a fake machine;
+//! - [`flags`]: per-flag parsers (nnodes, nproc, `-r`/`-t`, filters, signals, timeouts);
+//! - [`endpoint`]: standalone, the rendezvous backend/endpoint/conf/run id, and MASTER_ADDR/PORT,
+//!   in one place;
+//! - [`command`]: the worker command (program and python lookup, the `--run-path` bootstrap).
+//!
+//! The per-worker rules the supervisor applies at spawn time (`${local_rank}`, OMP_NUM_THREADS,
+//! `--virtual-local-rank` devices, the signal list) live in [`crate::workerenv`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::cli::{EnvFn, LaunchArgs};
+use flags::resolve_logs;
+
+mod command;
+mod endpoint;
+mod flags;
+mod host;
+
+pub use command::{find_program, find_python, resolve_command, RUN_PATH_BOOTSTRAP};
+pub use endpoint::{parse_backend, parse_endpoint, parse_rdzv_conf, uuid4};
+pub use flags::{
+    parse_local_ranks_filter, parse_nnodes, parse_signals, parse_std_spec, resolve_nproc,
+    resolve_shutdown_timeout, MAX_NPROC_PER_NODE,
+};
+pub use host::{FileKind, Host, RealHost};
+
+/// `--nnodes`: `N` (min = max = N) or `MIN:MAX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeRange {
+    pub min: usize,
+    pub max: usize,
+}
+
+/// `--rdzv-backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdzvBackend {
+    Static,
+    C10d,
+    Etcd,
+    EtcdV2,
+}
+
+/// A `host:port` endpoint; `host` is kept without IPv6 brackets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+}
+
+/// Rendezvous settings after resolution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdzvConfig {
+    pub backend: RdzvBackend,
+    /// `None` only for a single-node (standalone) run, where rdrun binds loopback port 0.
+    pub endpoint: Option<Endpoint>,
+    /// TORCHELASTIC_RUN_ID: `--rdzv-id`, or a fresh UUID for standalone.
+    pub run_id: String,
+    /// `--rdzv-conf` key/value pairs, whitespace-stripped, values kept as text.
+    pub conf: BTreeMap<String, String>,
+}
+
+/// How the worker program is started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntrypointKind {
+    /// `python -u script.py args…`.
+    PythonScript,
+    /// `python -u -m module args…`.
+    PythonModule,
+    /// Exec the program directly (`--no-python`, or a non-`.py` executable).
+    Exec,
+    /// `--run-path`: `python -u -c <bootstrap>` running the script with runpy, error file always written.
+    RunPath,
+}
+
+/// The command each worker runs, before `${local_rank}` substitution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerCommand {
+    pub kind: EntrypointKind,
+    /// Program to exec (the Python interpreter, or the program itself).
+    pub program: PathBuf,
+    /// Full argv after the program (e.g. `["-u", "train.py", "--lr", "0.1"]`), bytes as typed.
+    pub args: Vec<std::ffi::OsString>,
+    /// Name used in the failure report title (script as typed, module, or binary).
+    pub display_name: String,
+    /// The launch's Python environment, resolved here once: the interpreter of a Python launch,
+    /// else the one a Python launch would use (`PYTHON_EXEC`, `$VIRTUAL_ENV`, `python3` on PATH;
+    /// `None` when there is none). The supervisor looks there for pip's NCCL.
+    pub python: Option<PathBuf>,
+}
+
+/// Which of a worker's streams a `-r`/`-t` value selects (torchrun's `Std`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StdSelect {
+    #[default]
+    None,
+    Out,
+    Err,
+    All,
+}
+
+impl StdSelect {
+    pub fn stdout(self) -> bool {
+        matches!(self, StdSelect::Out | StdSelect::All)
+    }
+    pub fn stderr(self) -> bool {
+        matches!(self, StdSelect::Err | StdSelect::All)
+    }
+}
+
+/// A `-r`/`-t` value: one selection for all ranks, or per local rank (unlisted ranks: `None`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StdSpec {
+    pub all: StdSelect,
+    pub per_rank: BTreeMap<usize, StdSelect>,
+}
+
+impl StdSpec {
+    pub fn for_rank(&self, local_rank: usize) -> StdSelect {
+        if self.per_rank.is_empty() {
+            self.all
+        } else {
+            self.per_rank.get(&local_rank).copied().unwrap_or_default()
+        }
+    }
+}
+
+/// Output and log-directory settings.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LogConfig {
+    /// `--log-dir`; `None` = no log directory unless something must be written.
+    pub log_dir: Option<PathBuf>,
+    pub redirects: StdSpec,
+    pub tee: StdSpec,
+    /// `--local-ranks-filter`; `None` = every rank reaches the console.
+    pub local_ranks_filter: Option<Vec<usize>>,
+    /// `--log-line-prefix-template` or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
+    pub prefix_template: Option<String>,
+    pub duplicate_stdout_filters: Vec<String>,
+    pub duplicate_stderr_filters: Vec<String>,
+}
+
+/// Everything the supervisor needs to run one launch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchConfig {
+    pub nproc_per_node: usize,
+    pub nnodes: NodeRange,
+    pub node_rank: usize,
+    pub rdzv: RdzvConfig,
+    /// `--standalone` or the auto-standalone case (spec §1.3 step 2).
+    pub standalone: bool,
+    /// MASTER_ADDR: `127.0.0.1` for standalone (loopback only); for `static` the host of the
+    /// endpoint (`--master-addr` by default, IPv6 without brackets); otherwise `--local-addr` if
+    /// given, else `--master-addr`.
+    pub master_addr: String,
+    /// MASTER_PORT: for `static`, the port of `--rdzv-endpoint` or `--master-port` (29500 when
+    /// neither is given), always `Some`; otherwise `--master-port` if given, `None` = let the
+    /// kernel pick (standalone, c10d, etcd: torchrun's agent store also uses a kernel-chosen port).
+    pub master_port: Option<u16>,
+    pub local_addr: Option<String>,
+    pub max_restarts: u32,
+    pub role: String,
+    pub command: WorkerCommand,
+    pub log: LogConfig,
+    /// Signal numbers to catch and forward (`--signals-to-handle`).
+    pub signals_to_handle: Vec<i32>,
+    /// Grace between the stop signal and SIGKILL (`--shutdown-timeout`, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s).
+    pub shutdown_timeout: Duration,
+    pub virtual_local_rank: bool,
+    /// rdrun's `--report-json PATH`.
+    pub report_json: Option<PathBuf>,
+    /// rdrun's `--exit-barrier-timeout` (multi-node; default 300 s as torchrun).
+    pub exit_barrier_timeout: Duration,
+}
+
+/// Default stop grace when neither `--shutdown-timeout` nor TORCH_ELASTIC_SHUTDOWN_TIMEOUT is set.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
+/// torchrun's `master_port` default for the static backend.
+pub const DEFAULT_STATIC_MASTER_PORT: u16 = 29500;
+/// Default rendezvous ports when an endpoint has none (c10d; etcd and etcd-v2).
+pub const DEFAULT_C10D_PORT: u16 = 29400;
+pub const DEFAULT_ETCD_PORT: u16 = 2379;
+
+/// Why a parsed command line cannot be turned into a launch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A flag value that is wrong whatever the machine: a usage error (exit 2). Named by the
+    /// `PET_*` variable (`PET_NPROC_PER_NODE='abc': …`) when the value came from one.
+    #[error("{}'{value}': {reason}", source_name(flag, var))]
+    Invalid {
+        flag: &'static str,
+        value: String,
+        reason: String,
+        /// The `PET_*` variable the value came from (set by [`resolve_with`]).
+        var: Option<String>,
+    },
+    /// torchrun's own message for this combination.
+    #[error("don't use both the '--no-python' flag and the '--module' flag at the same time")]
+    ModuleWithNoPython,
+    #[error("{} {value}: {reason}", var.as_deref().map_or("--nproc-per-node", |v| v))]
+    NoDevices {
+        value: String,
+        reason: String,
+        /// `PET_NPROC_PER_NODE` when the value came from it.
+        var: Option<String>,
+    },
+    /// More workers than this user may have processes (RLIMIT_NPROC): a machine limit (exit 1).
+    #[error("--nproc-per-node {workers}: more workers than this user's process limit allows (ulimit -u: {limit})")]
+    ProcessLimit { workers: usize, limit: u64 },
+    #[error("training script not found: {0}")]
+    ScriptNotFound(String),
+    #[error("program not found: {0} (no such file, and not an executable on PATH)")]
+    ProgramNotFound(String),
+    #[error("program is not executable: {0}")]
+    NotExecutable(String),
+    #[error("python interpreter not found: {0}")]
+    PythonNotFound(String),
+    #[error("--log-dir '{0}' exists and is not a directory")]
+    LogDirNotDirectory(String),
+    #[error(transparent)]
+    VirtualDevices(#[from] crate::workerenv::VirtualDevicesError),
+}
+
+impl ConfigError {
+    /// The process exit status for this error (see docs/compat.md, "exit paths").
+    ///
+    /// A value that is wrong on any machine is a usage error (2), like argparse's type errors;
+    /// what this machine lacks (GPUs, the script, an interpreter) or does not support yet is a
+    /// launcher failure (1). torchrun exits 1 for all of these, with a Python traceback.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ConfigError::Invalid { .. } | ConfigError::ModuleWithNoPython => crate::exit::USAGE,
+            _ => crate::exit::LAUNCHER_FAILURE,
+        }
+    }
+}
+
+impl ConfigError {
+    /// Names the `PET_*` variable in an error about a flag whose value came from one
+    /// (`from_env`: [`LaunchArgs::from_env`]).
+    fn attributed(self, from_env: &BTreeMap<String, String>) -> ConfigError {
+        let var_of = |flag: &str| {
+            let dest = flag.trim_start_matches('-').replace('-', "_");
+            from_env.get(&dest).cloned()
+        };
+        match self {
+            ConfigError::Invalid {
+                flag,
+                value,
+                reason,
+                var: None,
+            } => ConfigError::Invalid {
+                var: var_of(flag),
+                flag,
+                value,
+                reason,
+            },
+            ConfigError::NoDevices {
+                value,
+                reason,
+                var: None,
+            } => ConfigError::NoDevices {
+                var: var_of("--nproc-per-node"),
+                value,
+                reason,
+            },
+            other => other,
+        }
+    }
+}
+
+/// `--flag ` or `PET_FLAG=`: what an [`ConfigError::Invalid`] message starts with.
+fn source_name(flag: &str, var: &Option<String>) -> String {
+    match var {
+        Some(v) => format!("{v}="),
+        None => format!("{flag} "),
+    }
+}
+
+pub(crate) fn invalid(
+    flag: &'static str,
+    value: impl Into<String>,
+    reason: impl Into<String>,
+) -> ConfigError {
+    ConfigError::Invalid {
+        flag,
+        value: value.into(),
+        reason: reason.into(),
+        var: None,
+    }
+}
+
+/// Resolves the parsed command line against this machine and the process environment.
+pub fn resolve(args: LaunchArgs, env: EnvFn<'_>) -> Result<LaunchConfig, ConfigError> {
+    resolve_with(args, env, &RealHost)
+}
+
+/// [`resolve`] with explicit machine facts.
+pub fn resolve_with(
+    args: LaunchArgs,
+    env: EnvFn<'_>,
+    host: &dyn Host,
+) -> Result<LaunchConfig, ConfigError> {
+    let from_env = args.from_env.clone();
+    resolve_args(args, env, host).map_err(|e| e.attributed(&from_env))
+}
+
+fn resolve_args(
+    args: LaunchArgs,
+    env: EnvFn<'_>,
+    host: &dyn Host,
+) -> Result<LaunchConfig, ConfigError> {
+    let nnodes = parse_nnodes(&args.nnodes)?;
+    let max_restarts = u32::try_from(args.max_restarts).map_err(|_| {
+        invalid(
+            "--max-restarts",
+            args.max_restarts.to_string(),
+            "must be >= 0",
+        )
+    })?;
+    if args.monitor_interval.is_nan() || args.monitor_interval <= 0.0 {
+        return Err(invalid(
+            "--monitor-interval",
+            args.monitor_interval.to_string(),
+            "must be > 0",
+        ));
+    }
+    if !(args.exit_barrier_timeout >= 0.0 && args.exit_barrier_timeout.is_finite()) {
+        return Err(invalid(
+            "--exit-barrier-timeout",
+            args.exit_barrier_timeout.to_string(),
+            "must be a finite number of seconds >= 0",
+        ));
+    }
+    let backend = parse_backend(&args.rdzv_backend)?;
+    let conf = parse_rdzv_conf(&args.rdzv_conf)?;
+    let node_rank = usize::try_from(args.node_rank)
+        .map_err(|_| invalid("--node-rank", args.node_rank.to_string(), "must be >= 0"))?;
+    let master_port = args
+        .master_port
+        .map(|p| {
+            u16::try_from(p).map_err(|_| {
+                invalid(
+                    "--master-port",
+                    p.to_string(),
+                    "must be between 0 and 65535",
+                )
+            })
+        })
+        .transpose()?;
+    if args.start_method != "spawn" {
+        tracing::info!(
+            "--start-method {} is ignored: rdrun starts every worker as a new process",
+            args.start_method
+        );
+    }
+    if args.run_path && args.module {
+        tracing::warn!("--module is ignored with --run-path (as torchrun)");
+    }
+
+    let (standalone, rdzv, master_addr, master_port) =
+        endpoint::resolve_rendezvous(&args, backend, conf, nnodes, node_rank, master_port, host)?;
+
+    let log = resolve_logs(&args, env, host)?;
+    let signals_to_handle = parse_signals(&args.signals_to_handle);
+    let shutdown_timeout = resolve_shutdown_timeout(args.shutdown_timeout, env)?;
+    let command = resolve_command(&args, env, host)?;
+
+    let nproc_per_node = resolve_nproc(&args.nproc_per_node, env, host)?;
+    if args.virtual_local_rank {
+        // Fail before any worker starts, not when the first surplus rank is spawned.
+        for local_rank in 0..nproc_per_node {
+            crate::workerenv::virtual_local_rank_devices(
+                local_rank,
+                env("HIP_VISIBLE_DEVICES").as_deref(),
+                env("CUDA_VISIBLE_DEVICES").as_deref(),
+            )?;
+        }
+    }
+
+    Ok(LaunchConfig {
+        nproc_per_node,
+        nnodes,
+        node_rank,
+        rdzv,
+        standalone,
+        master_addr,
+        master_port,
+        local_addr: args.local_addr.clone(),
+        max_restarts,
+        role: args.role.clone(),
+        command,
+        log,
+        signals_to_handle,
+        shutdown_timeout,
+        virtual_local_rank: args.virtual_local_rank,
+        report_json: args.report_json.clone(),
+        exit_barrier_timeout: Duration::from_secs_f64(args.exit_barrier_timeout),
+    })
+}
+
+#[cfg(test)]
+mod testkit;
+
+#[cfg(test)]
+mod tests {
+    use super::testkit::*;
+    use super::*;
+    use crate::cli::{parse_from, Invocation};
+
+    #[test]
+    fn numeric_flag_ranges() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--max-restarts", "-1", "t.py"], "--max-restarts '-1': must be >= 0"),
+            (&["--monitor-interval", "0", "t.py"], "--monitor-interval '0': must be > 0"),
+            (&["--monitor-interval", "nan", "t.py"], "--monitor-interval 'NaN': must be > 0"),
+            (&["--node-rank", "-2", "t.py"], "--node-rank '-2': must be >= 0"),
+            (&["--master-port", "70000", "t.py"], "--master-port '70000': must be between 0 and 65535"),
+            (&["--shutdown-timeout", "-1", "t.py"], "--shutdown-timeout '-1': must be >= 0"),
+            (
+                &["--exit-barrier-timeout", "-5", "t.py"],
+                "--exit-barrier-timeout '-5': must be a finite number of seconds >= 0",
+            ),
+            (
+                &["--master-port", "29555", "--node-rank", "1", "t.py"],
+                "--node-rank '1': must be less than the number of nodes (1)",
+            ),
+            (
+                &["--rdzv-backend", "zookeeper", "t.py"],
+                "--rdzv-backend 'zookeeper': unknown rendezvous backend (expected static, c10d, etcd or etcd-v2)",
+            ),
+        ];
+        for (argv, msg) in cases {
+            let e = fail(argv);
+            assert_eq!(e.to_string(), *msg, "{argv:?}");
+            assert_eq!(e.exit_code(), crate::exit::USAGE, "{argv:?}");
+        }
+        let c = ok(&[
+            "--max-restarts",
+            "3",
+            "--exit-barrier-timeout",
+            "1.5",
+            "t.py",
+        ]);
+        assert_eq!(c.max_restarts, 3);
+        assert_eq!(c.exit_barrier_timeout, Duration::from_millis(1500));
+        assert_eq!(ok(&["t.py"]).exit_barrier_timeout, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn virtual_devices_checked_up_front() {
+        // Checked up front for every local rank.
+        let host = FakeHost::new();
+        let env = [("CUDA_VISIBLE_DEVICES", "0,1")];
+        let e = resolve_env(
+            &["--virtual-local-rank", "--nproc-per-node", "4", "t.py"],
+            &env,
+            &host,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ConfigError::VirtualDevices(crate::workerenv::VirtualDevicesError {
+                    local_rank: 2,
+                    ..
+                })
+            ),
+            "{e}"
+        );
+        assert!(resolve_env(
+            &["--virtual-local-rank", "--nproc-per-node", "2", "t.py"],
+            &env,
+            &host
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn pet_values_are_named_by_their_variable() {
+        let resolve_pet = |argv: &[&str], env: &[(&str, &str)]| {
+            let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+            let lookup = env_of(env);
+            let Ok(Invocation::Launch(a)) = parse_from(&argv, &lookup) else {
+                panic!("parses");
+            };
+            resolve_with(*a, &lookup, &FakeHost::new())
+        };
+        type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case] = &[
+            (
+                &["t.py"],
+                &[("PET_NPROC_PER_NODE", "abc")],
+                "PET_NPROC_PER_NODE='abc': expected a positive integer, cpu, gpu or auto",
+            ),
+            (
+                &["t.py"],
+                &[("PET_NPROC_PER_NODE", "gpu")],
+                "PET_NPROC_PER_NODE gpu: no NVIDIA GPU found",
+            ),
+            (
+                &["t.py"],
+                &[("PET_RDZV_BACKEND", "zk")],
+                "PET_RDZV_BACKEND='zk': unknown rendezvous backend",
+            ),
+            (
+                &["t.py"],
+                &[("PET_MAX_RESTARTS", "-1")],
+                "PET_MAX_RESTARTS='-1': must be >= 0",
+            ),
+            // The command line wins, and is named as the flag.
+            (
+                &["--nproc-per-node", "x", "t.py"],
+                &[("PET_NPROC_PER_NODE", "2")],
+                "--nproc-per-node 'x': expected",
+            ),
+            // A PET value elsewhere does not relabel another flag's error.
+            (
+                &["--nnodes", "0", "t.py"],
+                &[("PET_NPROC_PER_NODE", "2")],
+                "--nnodes '0': ",
+            ),
+        ];
+        for (argv, env, want) in cases {
+            let e = resolve_pet(argv, env).unwrap_err();
+            assert!(e.to_string().starts_with(want), "{argv:?} {env:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn full_resolution_keeps_every_field() {
+        let c = ok(&[
+            "--nproc-per-node",
+            "3",
+            "--max-restarts",
+            "2",
+            "--role",
+            "trainer",
+            "--virtual-local-rank",
+            "--report-json",
+            "/tmp/r.json",
+            "--shutdown-timeout",
+            "4",
+            "t.py",
+            "x",
+        ]);
+        assert_eq!(c.nproc_per_node, 3);
+        assert_eq!(c.nnodes, NodeRange { min: 1, max: 1 });
+        assert_eq!(c.node_rank, 0);
+        assert_eq!(c.max_restarts, 2);
+        assert_eq!(c.role, "trainer");
+        assert!(c.virtual_local_rank);
+        assert_eq!(c.report_json, Some(PathBuf::from("/tmp/r.json")));
+        assert_eq!(c.shutdown_timeout, Duration::from_secs(4));
+        assert_eq!(c.command.args, vec!["-u", "t.py", "x"]);
+        assert_eq!(c.local_addr, None);
+    }
+}

@@ -1,5 +1,5 @@
-//! Store clients: the async [`Client`] and the [`BlockingClient`] wrapper for the worker runtime.
-//! They speak PyTorch 2.15.0's TCPStore protocol (`torch/csrc/distributed/c10d/TCPStore.cpp`) to
+//! The async store [`Client`] (the blocking wrapper for the worker runtime is
+//! [`super::blocking::BlockingClient`], re-exported here). It speaks PyTorch 2.15.0's TCPStore protocol (`torch/csrc/distributed/c10d/TCPStore.cpp`) to
 //! rdrun's server or to PyTorch's own.
 //!
 //! Conventions copied from PyTorch so that keys written from Rust and Python agree:
@@ -23,20 +23,19 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 use tokio::time::{timeout_at, Instant};
 
+pub use super::blocking::BlockingClient;
 use super::protocol::{
-    QueryType, Request, CHECK_READY, STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
+    Limits, Reply, ReplyDecoder, ReplyShape, Request, CHECK_READY, STOP_WAITING, VALIDATION_MAGIC,
+    WAIT_CANCELED,
 };
 
 /// PyTorch's default store timeout (`Store::kDefaultTimeout`, 300 s).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// Longest reply string the client accepts (guards against a misbehaving server).
-const MAX_REPLY_STR: u64 = 1 << 31;
 
 /// A store operation that failed.
 #[derive(Debug, Error)]
@@ -109,7 +108,9 @@ impl Default for Backoff {
 }
 
 struct Conn {
-    stream: BufReader<TcpStream>,
+    stream: TcpStream,
+    /// Reply bytes read but not yet decoded.
+    rbuf: Vec<u8>,
     /// Set while a request is in flight; still set afterwards means the stream is out of step.
     broken: bool,
 }
@@ -127,28 +128,6 @@ pub struct Client {
     prefix: String,
 }
 
-/// Reply layouts (see the spec's per-opcode sections).
-enum Shape {
-    Nothing,
-    Byte,
-    U32,
-    I64,
-    Str,
-    Strs(usize),
-    QueuePop,
-    ListKeys,
-}
-
-enum Reply {
-    Nothing,
-    Byte(u8),
-    U32(u32),
-    I64(i64),
-    Str(Vec<u8>),
-    Strs(Vec<Vec<u8>>),
-    Popped(Option<Vec<u8>>),
-}
-
 impl Client {
     /// Connects, validates and pings, retrying with backoff until `connect_timeout` has passed.
     pub async fn connect(
@@ -164,7 +143,8 @@ impl Client {
                     return Ok(Client {
                         shared: Arc::new(Shared {
                             conn: Mutex::new(Conn {
-                                stream: BufReader::new(stream),
+                                stream,
+                                rbuf: Vec::new(),
                                 broken: false,
                             }),
                             timeout: StdMutex::new(DEFAULT_TIMEOUT),
@@ -243,15 +223,31 @@ impl Client {
         keys.iter().map(|k| self.wire_key(k)).collect()
     }
 
-    /// One request/reply exchange under the default timeout.
+    /// One request and its reply (if it has one) under the default timeout.
     async fn exchange(
         &self,
         op: &'static str,
         key: &str,
-        bytes: &[u8],
-        shape: Shape,
-    ) -> Result<Reply, StoreError> {
+        req: &Request,
+    ) -> Result<Option<Reply>, StoreError> {
+        let mut replies = self
+            .exchange_all(op, key, std::slice::from_ref(req))
+            .await?;
+        Ok(replies.pop())
+    }
+
+    /// Requests pipelined in one write, then their replies in order, under the default timeout.
+    async fn exchange_all(
+        &self,
+        op: &'static str,
+        key: &str,
+        reqs: &[Request],
+    ) -> Result<Vec<Reply>, StoreError> {
         let deadline = Instant::now() + self.timeout();
+        let mut bytes = Vec::new();
+        for r in reqs {
+            r.encode(&mut bytes);
+        }
         let fut = async {
             let mut conn = self.shared.conn.lock().await;
             if conn.broken {
@@ -261,13 +257,15 @@ impl Client {
             }
             conn.broken = true;
             conn.stream
-                .get_mut()
-                .write_all(bytes)
+                .write_all(&bytes)
                 .await
                 .map_err(StoreError::lost)?;
-            let reply = read_reply(&mut conn.stream, shape).await?;
+            let mut replies = Vec::with_capacity(reqs.len());
+            for shape in reqs.iter().filter_map(Request::reply_shape) {
+                replies.push(conn.read_reply(shape).await?);
+            }
             conn.broken = false;
-            Ok(reply)
+            Ok(replies)
         };
         match timeout_at(deadline, fut).await {
             Ok(r) => r,
@@ -284,7 +282,7 @@ impl Client {
         &self,
         op: &'static str,
         key: String,
-        bytes: &[u8],
+        req: &Request,
         timeout: Duration,
     ) -> Result<(), StoreError> {
         let deadline = Instant::now() + timeout;
@@ -302,17 +300,17 @@ impl Client {
         }
         conn.broken = true;
         conn.stream
-            .get_mut()
-            .write_all(bytes)
+            .write_all(&req.to_bytes())
             .await
             .map_err(StoreError::lost)?;
-        match timeout_at(deadline, conn.stream.read_u8()).await {
-            Ok(Ok(STOP_WAITING)) => {
+        // A one-byte reply is never half-read, so abandoning this read on the deadline is safe.
+        match timeout_at(deadline, conn.read_reply(ReplyShape::Byte)).await {
+            Ok(Ok(Reply::Byte(STOP_WAITING))) => {
                 conn.broken = false;
                 return Ok(());
             }
-            Ok(Ok(b)) => return Err(StoreError::Protocol(format!("{op} replied {b}"))),
-            Ok(Err(e)) => return Err(StoreError::lost(e)),
+            Ok(Ok(r)) => return Err(StoreError::Protocol(format!("{op} replied {r:?}"))),
+            Ok(Err(e)) => return Err(e),
             Err(_) => {}
         }
         // Timed out: cancel (`TCPStore::doWait`), bounded by the default timeout so that a dead
@@ -320,24 +318,24 @@ impl Client {
         let cancel_deadline = Instant::now() + self.timeout();
         let cancel = async {
             conn.stream
-                .get_mut()
-                .write_all(&[QueryType::CancelWait as u8])
-                .await?;
-            let mut b = conn.stream.read_u8().await?;
-            if b == STOP_WAITING {
-                b = conn.stream.read_u8().await?;
+                .write_all(&Request::CancelWait.to_bytes())
+                .await
+                .map_err(StoreError::lost)?;
+            let mut r = conn.read_reply(ReplyShape::Byte).await?;
+            if r == Reply::Byte(STOP_WAITING) {
+                r = conn.read_reply(ReplyShape::Byte).await?;
             }
-            io::Result::Ok(b)
+            Ok::<_, StoreError>(r)
         };
         match timeout_at(cancel_deadline, cancel).await {
-            Ok(Ok(WAIT_CANCELED)) => {
+            Ok(Ok(Reply::Byte(WAIT_CANCELED))) => {
                 conn.broken = false;
                 Err(timed_out())
             }
-            Ok(Ok(b)) => Err(StoreError::Protocol(format!(
-                "CANCEL_WAIT replied {b} instead of WAIT_CANCELED"
+            Ok(Ok(r)) => Err(StoreError::Protocol(format!(
+                "CANCEL_WAIT replied {r:?} instead of WAIT_CANCELED"
             ))),
-            Ok(Err(e)) => Err(StoreError::lost(e)),
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(timed_out()),
         }
     }
@@ -348,9 +346,7 @@ impl Client {
             key: self.wire_key(key),
             value: value.as_ref().to_vec(),
         };
-        self.exchange("set", key, &req.to_bytes(), Shape::Nothing)
-            .await
-            .map(|_| ())
+        self.exchange("set", key, &req).await.map(|_| ())
     }
 
     /// GET with PyTorch semantics: waits for the key up to the default timeout, then reads it.
@@ -364,30 +360,26 @@ impl Client {
         let req = Request::Get {
             key: self.wire_key(key),
         };
-        match self
-            .exchange("get", key, &req.to_bytes(), Shape::Str)
-            .await?
-        {
-            Reply::Str(v) => Ok(v),
-            _ => unreachable_reply(),
+        match self.exchange("get", key, &req).await? {
+            Some(Reply::Str(v)) => Ok(v),
+            r => mismatch(r),
         }
     }
 
     /// CHECK then GET pipelined in one write: `None` if the key is missing.
     pub async fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let wk = self.wire_key(key);
-        let mut bytes = Request::Check {
-            keys: vec![wk.clone()],
-        }
-        .to_bytes();
-        Request::Get { key: wk }.encode(&mut bytes);
-        match self.exchange("get", key, &bytes, Shape::Strs(0)).await? {
-            // Shape::Strs(0) is special-cased in read_reply as "byte then string".
-            Reply::Strs(mut v) if v.len() == 2 => {
-                let value = v.pop().unwrap_or_default();
-                Ok((v[0] == [CHECK_READY]).then_some(value))
+        let reqs = [
+            Request::Check {
+                keys: vec![wk.clone()],
+            },
+            Request::Get { key: wk },
+        ];
+        match self.exchange_all("get", key, &reqs).await?.as_mut_slice() {
+            [Reply::Byte(ready), Reply::Str(value)] => {
+                Ok((*ready == CHECK_READY).then(|| std::mem::take(value)))
             }
-            _ => unreachable_reply(),
+            _ => mismatch(None),
         }
     }
 
@@ -397,12 +389,9 @@ impl Client {
             key: self.wire_key(key),
             delta,
         };
-        match self
-            .exchange("add", key, &req.to_bytes(), Shape::I64)
-            .await?
-        {
-            Reply::I64(v) => Ok(v),
-            _ => unreachable_reply(),
+        match self.exchange("add", key, &req).await? {
+            Some(Reply::I64(v)) => Ok(v),
+            r => mismatch(r),
         }
     }
 
@@ -418,12 +407,9 @@ impl Client {
             expected: expected.as_ref().to_vec(),
             desired: desired.as_ref().to_vec(),
         };
-        match self
-            .exchange("compare_set", key, &req.to_bytes(), Shape::Str)
-            .await?
-        {
-            Reply::Str(v) => Ok(v),
-            _ => unreachable_reply(),
+        match self.exchange("compare_set", key, &req).await? {
+            Some(Reply::Str(v)) => Ok(v),
+            r => mismatch(r),
         }
     }
 
@@ -432,12 +418,9 @@ impl Client {
         let req = Request::Check {
             keys: self.wire_keys(keys),
         };
-        match self
-            .exchange("check", &keys.join(","), &req.to_bytes(), Shape::Byte)
-            .await?
-        {
-            Reply::Byte(b) => Ok(b == CHECK_READY),
-            _ => unreachable_reply(),
+        match self.exchange("check", &keys.join(","), &req).await? {
+            Some(Reply::Byte(b)) => Ok(b == CHECK_READY),
+            r => mismatch(r),
         }
     }
 
@@ -446,8 +429,7 @@ impl Client {
         let req = Request::Wait {
             keys: self.wire_keys(keys),
         };
-        self.deferred("wait", keys.join(","), &req.to_bytes(), timeout)
-            .await
+        self.deferred("wait", keys.join(","), &req, timeout).await
     }
 
     /// DELETE_KEY: whether the key existed.
@@ -455,24 +437,18 @@ impl Client {
         let req = Request::DeleteKey {
             key: self.wire_key(key),
         };
-        match self
-            .exchange("delete_key", key, &req.to_bytes(), Shape::I64)
-            .await?
-        {
-            Reply::I64(v) => Ok(v == 1),
-            _ => unreachable_reply(),
+        match self.exchange("delete_key", key, &req).await? {
+            Some(Reply::I64(v)) => Ok(v == 1),
+            r => mismatch(r),
         }
     }
 
     /// GETNUMKEYS: every key in the store (not prefixed; includes PyTorch's internal ones).
     pub async fn num_keys(&self) -> Result<i64, StoreError> {
         let req = Request::GetNumKeys;
-        match self
-            .exchange("num_keys", "", &req.to_bytes(), Shape::I64)
-            .await?
-        {
-            Reply::I64(v) => Ok(v),
-            _ => unreachable_reply(),
+        match self.exchange("num_keys", "", &req).await? {
+            Some(Reply::I64(v)) => Ok(v),
+            r => mismatch(r),
         }
     }
 
@@ -482,9 +458,7 @@ impl Client {
             key: self.wire_key(key),
             value: value.as_ref().to_vec(),
         };
-        self.exchange("append", key, &req.to_bytes(), Shape::Nothing)
-            .await
-            .map(|_| ())
+        self.exchange("append", key, &req).await.map(|_| ())
     }
 
     /// WAIT for all keys (default timeout), then MULTI_GET: values in order.
@@ -493,17 +467,9 @@ impl Client {
         let req = Request::MultiGet {
             keys: self.wire_keys(keys),
         };
-        match self
-            .exchange(
-                "multi_get",
-                &keys.join(","),
-                &req.to_bytes(),
-                Shape::Strs(keys.len()),
-            )
-            .await?
-        {
-            Reply::Strs(v) => Ok(v),
-            _ => unreachable_reply(),
+        match self.exchange("multi_get", &keys.join(","), &req).await? {
+            Some(Reply::Strs(v)) => Ok(v),
+            r => mismatch(r),
         }
     }
 
@@ -515,9 +481,7 @@ impl Client {
                 .map(|(k, v)| (self.wire_key(k), v.as_ref().to_vec()))
                 .collect(),
         };
-        self.exchange("multi_set", "", &req.to_bytes(), Shape::Nothing)
-            .await
-            .map(|_| ())
+        self.exchange("multi_set", "", &req).await.map(|_| ())
     }
 
     /// QUEUE_PUSH (no reply).
@@ -526,9 +490,7 @@ impl Client {
             key: self.wire_key(key),
             value: value.as_ref().to_vec(),
         };
-        self.exchange("queue_push", key, &req.to_bytes(), Shape::Nothing)
-            .await
-            .map(|_| ())
+        self.exchange("queue_push", key, &req).await.map(|_| ())
     }
 
     /// Non-blocking QUEUE_POP: `None` when the queue is empty.
@@ -536,12 +498,9 @@ impl Client {
         let req = Request::QueuePop {
             key: self.wire_key(key),
         };
-        match self
-            .exchange("queue_pop", key, &req.to_bytes(), Shape::QueuePop)
-            .await?
-        {
-            Reply::Popped(v) => Ok(v),
-            _ => unreachable_reply(),
+        match self.exchange("queue_pop", key, &req).await? {
+            Some(Reply::QueuePop { value, .. }) => Ok(value),
+            r => mismatch(r),
         }
     }
 
@@ -573,12 +532,9 @@ impl Client {
         let req = Request::QueueLen {
             key: self.wire_key(key),
         };
-        match self
-            .exchange("queue_len", key, &req.to_bytes(), Shape::I64)
-            .await?
-        {
-            Reply::I64(v) => Ok(v),
-            _ => unreachable_reply(),
+        match self.exchange("queue_len", key, &req).await? {
+            Some(Reply::I64(v)) => Ok(v),
+            r => mismatch(r),
         }
     }
 
@@ -586,18 +542,15 @@ impl Client {
     /// PrefixStore). Keys that are not UTF-8 are converted lossily.
     pub async fn list_keys(&self) -> Result<Vec<String>, StoreError> {
         let req = Request::ListKeys;
-        match self
-            .exchange("list_keys", "", &req.to_bytes(), Shape::ListKeys)
-            .await?
-        {
-            Reply::Strs(keys) => Ok(keys
+        match self.exchange("list_keys", "", &req).await? {
+            Some(Reply::ListKeys(keys)) => Ok(keys
                 .into_iter()
                 .filter_map(|k| {
                     k.strip_prefix(self.prefix.as_bytes())
                         .map(|k| String::from_utf8_lossy(k).into_owned())
                 })
                 .collect()),
-            _ => unreachable_reply(),
+            r => mismatch(r),
         }
     }
 
@@ -613,7 +566,7 @@ impl Client {
             key: self.wire_key(key),
             world_size,
         };
-        self.deferred("barrier", key.to_string(), &req.to_bytes(), timeout)
+        self.deferred("barrier", key.to_string(), &req, timeout)
             .await
     }
 
@@ -621,73 +574,53 @@ impl Client {
     pub async fn ping(&self) -> Result<(), StoreError> {
         let nonce = std::process::id() ^ 0x5a5a_0000;
         let req = Request::Ping { nonce };
-        match self
-            .exchange("ping", "", &req.to_bytes(), Shape::U32)
-            .await?
-        {
-            Reply::U32(v) if v == nonce => Ok(()),
-            Reply::U32(v) => Err(StoreError::Protocol(format!(
+        match self.exchange("ping", "", &req).await? {
+            Some(Reply::U32(v)) if v == nonce => Ok(()),
+            Some(Reply::U32(v)) => Err(StoreError::Protocol(format!(
                 "ping echoed {v:#x} instead of {nonce:#x}"
             ))),
-            _ => unreachable_reply(),
+            r => mismatch(r),
         }
     }
 }
 
-fn unreachable_reply<T>() -> Result<T, StoreError> {
-    Err(StoreError::Protocol(
-        "reply shape mismatch (client bug)".into(),
-    ))
+fn mismatch<T>(got: Option<Reply>) -> Result<T, StoreError> {
+    Err(StoreError::Protocol(format!(
+        "reply {got:?} does not fit the request (client bug)"
+    )))
 }
 
-async fn read_str(r: &mut BufReader<TcpStream>) -> Result<Vec<u8>, StoreError> {
-    let len = r.read_u64_le().await.map_err(StoreError::lost)?;
-    if len > MAX_REPLY_STR {
-        return Err(StoreError::Protocol(format!("reply string of {len} bytes")));
+/// Read room for replies: most are a few bytes; a big value arrives in chunks of this size.
+const REPLY_READ: usize = 64 * 1024;
+
+impl Conn {
+    /// Reads one reply of `shape` with the shared codec ([`ReplyDecoder`]); bytes read past its
+    /// end stay buffered for the next reply.
+    async fn read_reply(&mut self, shape: ReplyShape) -> Result<Reply, StoreError> {
+        let mut decoder = ReplyDecoder::new(shape, Limits::REPLY);
+        loop {
+            let (n, reply) = decoder
+                .decode(&self.rbuf)
+                .map_err(|e| StoreError::Protocol(format!("bad reply: {e}")))?;
+            self.rbuf.drain(..n);
+            if let Some(reply) = reply {
+                return Ok(reply);
+            }
+            self.rbuf
+                .reserve(REPLY_READ.min(4096.max(self.rbuf.capacity())));
+            let got = self
+                .stream
+                .read_buf(&mut self.rbuf)
+                .await
+                .map_err(StoreError::lost)?;
+            if got == 0 {
+                return Err(StoreError::lost(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the store closed the connection",
+                )));
+            }
+        }
     }
-    let mut v = vec![0u8; len as usize];
-    r.read_exact(&mut v).await.map_err(StoreError::lost)?;
-    Ok(v)
-}
-
-async fn read_reply(r: &mut BufReader<TcpStream>, shape: Shape) -> Result<Reply, StoreError> {
-    Ok(match shape {
-        Shape::Nothing => Reply::Nothing,
-        Shape::Byte => Reply::Byte(r.read_u8().await.map_err(StoreError::lost)?),
-        Shape::U32 => Reply::U32(r.read_u32_le().await.map_err(StoreError::lost)?),
-        Shape::I64 => Reply::I64(r.read_i64_le().await.map_err(StoreError::lost)?),
-        Shape::Str => Reply::Str(read_str(r).await?),
-        Shape::Strs(0) => {
-            let b = r.read_u8().await.map_err(StoreError::lost)?;
-            Reply::Strs(vec![vec![b], read_str(r).await?])
-        }
-        Shape::Strs(n) => {
-            let mut v = Vec::with_capacity(n);
-            for _ in 0..n {
-                v.push(read_str(r).await?);
-            }
-            Reply::Strs(v)
-        }
-        Shape::QueuePop => {
-            let len = r.read_i64_le().await.map_err(StoreError::lost)?;
-            Reply::Popped(if len > 0 {
-                Some(read_str(r).await?)
-            } else {
-                None
-            })
-        }
-        Shape::ListKeys => {
-            let n = r.read_i64_le().await.map_err(StoreError::lost)?;
-            if !(0..=1 << 28).contains(&n) {
-                return Err(StoreError::Protocol(format!("LIST_KEYS count {n}")));
-            }
-            let mut v = Vec::with_capacity(n as usize);
-            for _ in 0..n {
-                v.push(read_str(r).await?);
-            }
-            Reply::Strs(v)
-        }
-    })
 }
 
 /// One connect + VALIDATE + PING attempt over every resolved address.
@@ -733,156 +666,6 @@ async fn handshake(addr: SocketAddr) -> io::Result<TcpStream> {
         ));
     }
     Ok(s)
-}
-
-/// Blocking client for threads outside any tokio runtime (the worker runtime). Owns a small
-/// current-thread runtime; every call runs the async [`Client`] to completion on it. Do not call
-/// or drop it from inside an async task (tokio forbids nested runtimes).
-#[derive(Clone)]
-pub struct BlockingClient {
-    rt: Arc<tokio::runtime::Runtime>,
-    inner: Client,
-}
-
-impl BlockingClient {
-    /// See [`Client::connect`].
-    pub fn connect(
-        host: &str,
-        port: u16,
-        connect_timeout: Duration,
-    ) -> Result<BlockingClient, StoreError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| StoreError::Connect {
-                addr: format!("{host}:{port}"),
-                source: e,
-            })?;
-        let inner = rt.block_on(Client::connect(host, port, connect_timeout))?;
-        Ok(BlockingClient {
-            rt: Arc::new(rt),
-            inner,
-        })
-    }
-
-    /// The async client underneath (usable only on this client's runtime, via `block_on`).
-    pub fn inner(&self) -> &Client {
-        &self.inner
-    }
-
-    /// See [`Client::with_prefix`].
-    pub fn with_prefix(&self, prefix: &str) -> BlockingClient {
-        BlockingClient {
-            rt: self.rt.clone(),
-            inner: self.inner.with_prefix(prefix),
-        }
-    }
-
-    /// See [`Client::raw_keys`].
-    pub fn raw_keys(&self) -> BlockingClient {
-        BlockingClient {
-            rt: self.rt.clone(),
-            inner: self.inner.raw_keys(),
-        }
-    }
-
-    /// See [`Client::set_timeout`].
-    pub fn set_timeout(&self, timeout: Duration) {
-        self.inner.set_timeout(timeout);
-    }
-
-    /// See [`Client::timeout`].
-    pub fn timeout(&self) -> Duration {
-        self.inner.timeout()
-    }
-
-    /// See [`Client::set`].
-    pub fn set(&self, key: &str, value: impl AsRef<[u8]>) -> Result<(), StoreError> {
-        self.rt.block_on(self.inner.set(key, value))
-    }
-    /// See [`Client::get`].
-    pub fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.rt.block_on(self.inner.get(key))
-    }
-    /// See [`Client::get_nowait`].
-    pub fn get_nowait(&self, key: &str) -> Result<Vec<u8>, StoreError> {
-        self.rt.block_on(self.inner.get_nowait(key))
-    }
-    /// See [`Client::try_get`].
-    pub fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.rt.block_on(self.inner.try_get(key))
-    }
-    /// See [`Client::add`].
-    pub fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
-        self.rt.block_on(self.inner.add(key, delta))
-    }
-    /// See [`Client::compare_set`].
-    pub fn compare_set(
-        &self,
-        key: &str,
-        expected: impl AsRef<[u8]>,
-        desired: impl AsRef<[u8]>,
-    ) -> Result<Vec<u8>, StoreError> {
-        self.rt
-            .block_on(self.inner.compare_set(key, expected, desired))
-    }
-    /// See [`Client::check`].
-    pub fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
-        self.rt.block_on(self.inner.check(keys))
-    }
-    /// See [`Client::wait`].
-    pub fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError> {
-        self.rt.block_on(self.inner.wait(keys, timeout))
-    }
-    /// See [`Client::delete_key`].
-    pub fn delete_key(&self, key: &str) -> Result<bool, StoreError> {
-        self.rt.block_on(self.inner.delete_key(key))
-    }
-    /// See [`Client::num_keys`].
-    pub fn num_keys(&self) -> Result<i64, StoreError> {
-        self.rt.block_on(self.inner.num_keys())
-    }
-    /// See [`Client::append`].
-    pub fn append(&self, key: &str, value: impl AsRef<[u8]>) -> Result<(), StoreError> {
-        self.rt.block_on(self.inner.append(key, value))
-    }
-    /// See [`Client::multi_get`].
-    pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>, StoreError> {
-        self.rt.block_on(self.inner.multi_get(keys))
-    }
-    /// See [`Client::multi_set`].
-    pub fn multi_set<V: AsRef<[u8]>>(&self, pairs: &[(&str, V)]) -> Result<(), StoreError> {
-        self.rt.block_on(self.inner.multi_set(pairs))
-    }
-    /// See [`Client::queue_push`].
-    pub fn queue_push(&self, key: &str, value: impl AsRef<[u8]>) -> Result<(), StoreError> {
-        self.rt.block_on(self.inner.queue_push(key, value))
-    }
-    /// See [`Client::queue_pop`].
-    pub fn queue_pop(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.rt.block_on(self.inner.queue_pop(key))
-    }
-    /// See [`Client::queue_pop_wait`].
-    pub fn queue_pop_wait(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, StoreError> {
-        self.rt.block_on(self.inner.queue_pop_wait(key, timeout))
-    }
-    /// See [`Client::queue_len`].
-    pub fn queue_len(&self, key: &str) -> Result<i64, StoreError> {
-        self.rt.block_on(self.inner.queue_len(key))
-    }
-    /// See [`Client::list_keys`].
-    pub fn list_keys(&self) -> Result<Vec<String>, StoreError> {
-        self.rt.block_on(self.inner.list_keys())
-    }
-    /// See [`Client::barrier`].
-    pub fn barrier(&self, key: &str, world_size: i64, timeout: Duration) -> Result<(), StoreError> {
-        self.rt
-            .block_on(self.inner.barrier(key, world_size, timeout))
-    }
-    /// See [`Client::ping`].
-    pub fn ping(&self) -> Result<(), StoreError> {
-        self.rt.block_on(self.inner.ping())
-    }
 }
 
 #[cfg(test)]

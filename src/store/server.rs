@@ -7,8 +7,17 @@
 //!   legacy server's clean semantics; libuv's quirks are not reproduced).
 //! - Requests are buffered and decoded incrementally; pipelined requests are answered in order.
 //!   WAIT/BARRIER replies are deferred while later requests (CANCEL_WAIT above all) are served.
-//! - Bad input (unknown opcode, limits, non-numeric ADD target) closes only that connection, with
-//!   a `warn` log line saying why. The per-connection buffer is bounded by the limits.
+//! - Bad input (unknown opcode, limits, non-numeric ADD target) closes only that connection. The
+//!   warnings are rate-limited: the first bad connection of an interval is logged at once, the
+//!   rest as one summary line per interval ([`LogLimiter`]), so a flood cannot fill the job's
+//!   stderr.
+//! - No client can stall or end the job: a partial request is decoded where it stopped (O(n) per
+//!   request, however it is split); a request is bounded by [`Limits`]; the partial requests of
+//!   all connections together are bounded by [`ServerConfig::max_buffered_bytes`] (the connection
+//!   that would exceed it is closed); a connection that does not complete VALIDATE within
+//!   [`ServerConfig::validate_timeout`] is closed; and accept failures (EMFILE when descriptors run
+//!   out, ENFILE, ENOBUFS, ...) only make the listener back off while existing connections keep
+//!   being served: the server never stops because accept failed.
 //! - No reverse DNS on accept (both PyTorch servers call `getnameinfo` per connection), listen
 //!   backlog as large as the kernel allows, TCP_NODELAY on every accepted socket, dual-stack on a
 //!   wildcard IPv6 address.
@@ -18,17 +27,18 @@ use std::future::Future;
 use std::io;
 use std::net::{Ipv6Addr, SocketAddr, TcpListener as StdTcpListener};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::protocol::{
-    decode_request, put_i64, put_str, Decoded, Limits, Request, CHECK_NOT_READY, CHECK_READY,
-    STOP_WAITING, VALIDATION_MAGIC, WAIT_CANCELED,
+    Decoder, Limits, QueryType, Reply, Request, CHECK_NOT_READY, CHECK_READY, STOP_WAITING,
+    VALIDATION_MAGIC, WAIT_CANCELED,
 };
 use super::state::{ConnId, Store, WaitOutcome};
 
@@ -43,6 +53,15 @@ pub struct ServerConfig {
     /// Most WAIT/BARRIER requests one connection may have pending at once (PyTorch's client has
     /// at most one); more closes the connection, so pipelined waits cannot grow state unbounded.
     pub max_pending_waits: usize,
+    /// Most bytes of partial requests buffered across all connections together; the connection
+    /// whose bytes would go beyond it is closed (the others keep working).
+    pub max_buffered_bytes: u64,
+    /// A connection that has not completed VALIDATE this long after accept is closed (PyTorch's
+    /// client sends it right after connecting; port scanners and half-open probes never do).
+    pub validate_timeout: Duration,
+    /// At most one warning line per this interval for bad connections, and one for accept
+    /// failures; what was held back is summarised with a count.
+    pub log_interval: Duration,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +70,9 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             max_pending_output: 256 * 1024,
             max_pending_waits: 1024,
+            max_buffered_bytes: 512 << 20,
+            validate_timeout: Duration::from_secs(10),
+            log_interval: Duration::from_secs(10),
         }
     }
 }
@@ -60,7 +82,8 @@ impl Default for ServerConfig {
 pub enum ServerExit {
     /// [`StoreServer::shutdown`] was called.
     Shutdown,
-    /// The accept loop failed for good (message of the last error) or its task panicked.
+    /// The listening socket itself is unusable (EBADF, EINVAL, ENOTSOCK: never a resource
+    /// shortage, which only backs off) or the accept task panicked.
     Failed(String),
 }
 
@@ -136,13 +159,25 @@ impl StoreServer {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let (exit_tx, exit_rx) = watch::channel(None);
         let (conns_done_tx, conns_done_rx) = mpsc::channel(1);
+        let shared = Arc::new(Shared {
+            bad_conns: Mutex::new(LogLimiter::new(
+                config.log_interval,
+                "bad store connections closed",
+            )),
+            accept_failures: Mutex::new(LogLimiter::new(
+                config.log_interval,
+                "store accept failures",
+            )),
+            store: store.clone(),
+            config,
+            buffered: AtomicU64::new(0),
+            shutdown_rx,
+            next_id: AtomicU64::new(1),
+        });
         let accept = AcceptLoop {
             listener,
-            store: store.clone(),
-            config: Arc::new(config),
-            shutdown_rx,
+            shared,
             conns_done_tx,
-            next_id: AtomicU64::new(1),
         };
         let accept_task = tokio::spawn(async move {
             // Publish the exit reason even if the loop panics.
@@ -234,52 +269,183 @@ impl Drop for ExitGuard {
     }
 }
 
-struct AcceptLoop {
-    listener: TcpListener,
+/// What the accept loop and every connection task share.
+struct Shared {
     store: Arc<Store>,
-    config: Arc<ServerConfig>,
+    config: ServerConfig,
+    /// Bytes of partial requests held by all connections together.
+    buffered: AtomicU64,
+    bad_conns: Mutex<LogLimiter>,
+    accept_failures: Mutex<LogLimiter>,
     shutdown_rx: watch::Receiver<bool>,
-    conns_done_tx: mpsc::Sender<()>,
     next_id: AtomicU64,
 }
 
+impl Shared {
+    fn report_bad_conn(&self, what: String) {
+        let line = lock(&self.bad_conns).event(Instant::now(), what);
+        if let Some(line) = line {
+            warn!("closing store connection: {line}");
+        }
+    }
+
+    fn report_accept_failure(&self, e: &io::Error) {
+        let what =
+            format!("{e}; not accepting for a while (connections already open are still served)");
+        let line = lock(&self.accept_failures).event(Instant::now(), what);
+        if let Some(line) = line {
+            warn!("store accept failed: {line}");
+        }
+    }
+
+    /// Prints the summaries whose interval has passed.
+    fn flush_logs(&self) {
+        let now = Instant::now();
+        if let Some(line) = lock(&self.bad_conns).flush(now) {
+            warn!("closing store connection: {line}");
+        }
+        if let Some(line) = lock(&self.accept_failures).flush(now) {
+            warn!("store accept failed: {line}");
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Rate limit for one kind of warning: the first event of a quiet period is printed at once; later
+/// ones within `interval` of the last printed line are counted and printed as one summary line
+/// (with the latest event) once the interval has passed, so at most one line per interval. Pure:
+/// the caller passes the time and prints what it returns.
+#[derive(Debug)]
+pub struct LogLimiter {
+    interval: Duration,
+    noun: &'static str,
+    last_line: Option<Instant>,
+    held: u64,
+    latest: String,
+}
+
+impl LogLimiter {
+    /// A limiter for events described, in summaries, as `noun` ("bad store connections closed").
+    pub fn new(interval: Duration, noun: &'static str) -> LogLimiter {
+        LogLimiter {
+            interval,
+            noun,
+            last_line: None,
+            held: 0,
+            latest: String::new(),
+        }
+    }
+
+    fn quiet(&self, now: Instant) -> bool {
+        match self.last_line {
+            None => true,
+            Some(t) => now.saturating_duration_since(t) >= self.interval,
+        }
+    }
+
+    /// Records one event; returns the line to print now, if any.
+    pub fn event(&mut self, now: Instant, what: String) -> Option<String> {
+        if !self.quiet(now) {
+            self.held += 1;
+            self.latest = what;
+            return None;
+        }
+        self.last_line = Some(now);
+        if self.held == 0 {
+            return Some(what);
+        }
+        self.held += 1;
+        self.latest = what;
+        Some(self.summary())
+    }
+
+    /// The summary of held-back events, once the interval since the last line has passed.
+    pub fn flush(&mut self, now: Instant) -> Option<String> {
+        if self.held == 0 || !self.quiet(now) {
+            return None;
+        }
+        self.last_line = Some(now);
+        Some(self.summary())
+    }
+
+    fn summary(&mut self) -> String {
+        let line = format!(
+            "{} more {} in the last {}s (latest: {})",
+            self.held,
+            self.noun,
+            self.interval.as_secs_f64().ceil() as u64,
+            self.latest
+        );
+        self.held = 0;
+        self.latest.clear();
+        line
+    }
+}
+
+struct AcceptLoop {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    conns_done_tx: mpsc::Sender<()>,
+}
+
+/// Pause after a failed accept, doubling while failures go on.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Accept errors that mean the listening socket itself is unusable; everything else (EMFILE,
+/// ENFILE, ENOBUFS, ENOMEM, ECONNABORTED, EPERM, EPROTO, ...) is a shortage or a failed client
+/// and passes: the pending connection stays in the backlog until descriptors free up.
+fn accept_error_is_fatal(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EBADF | libc::EINVAL | libc::ENOTSOCK | libc::EOPNOTSUPP | libc::EFAULT)
+    )
+}
+
 impl AcceptLoop {
-    async fn run(mut self) -> ServerExit {
-        let mut consecutive_errors = 0u32;
+    async fn run(self) -> ServerExit {
+        let mut shutdown_rx = self.shared.shutdown_rx.clone();
+        let mut backoff = ACCEPT_BACKOFF_MIN;
+        let mut resume: Option<Instant> = None;
+        let mut tick = tokio::time::interval(self.shared.config.log_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let accepted = tokio::select! {
+            tokio::select! {
                 biased;
-                _ = self.shutdown_rx.changed() => return ServerExit::Shutdown,
-                r = self.listener.accept() => r,
-            };
-            match accepted {
-                Ok((stream, peer)) => {
-                    consecutive_errors = 0;
-                    let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                    let conn = Connection {
-                        id,
-                        peer,
-                        store: self.store.clone(),
-                        config: self.config.clone(),
-                        shutdown_rx: self.shutdown_rx.clone(),
-                        _done: self.conns_done_tx.clone(),
-                        notify: Arc::new(Notify::new()),
-                    };
-                    tokio::spawn(conn.run(stream));
+                _ = shutdown_rx.changed() => {
+                    self.shared.flush_logs();
+                    return ServerExit::Shutdown;
                 }
-                Err(e) => {
-                    // EMFILE/ENFILE/ENOBUFS/ECONNABORTED are transient: the pending connection
-                    // stays in the backlog (or the client retries); back off briefly.
-                    consecutive_errors += 1;
-                    warn!(error = %e, "store accept failed");
-                    if consecutive_errors > 10_000 {
-                        return ServerExit::Failed(format!("accept keeps failing: {e}"));
-                    }
-                    tokio::select! {
-                        _ = self.shutdown_rx.changed() => return ServerExit::Shutdown,
-                        _ = tokio::time::sleep(Duration::from_millis(10)) => {}
-                    }
+                _ = tick.tick() => self.shared.flush_logs(),
+                _ = tokio::time::sleep_until(resume.unwrap_or_else(Instant::now)), if resume.is_some() => {
+                    resume = None;
                 }
+                r = self.listener.accept(), if resume.is_none() => match r {
+                    Ok((stream, peer)) => {
+                        backoff = ACCEPT_BACKOFF_MIN;
+                        let conn = Connection {
+                            id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
+                            peer,
+                            shared: self.shared.clone(),
+                            _done: self.conns_done_tx.clone(),
+                            notify: Arc::new(Notify::new()),
+                        };
+                        tokio::spawn(conn.run(stream));
+                    }
+                    Err(e) if accept_error_is_fatal(&e) => {
+                        return ServerExit::Failed(format!("store listening socket failed: {e}"));
+                    }
+                    Err(e) => {
+                        // Never fatal: back off (a level-triggered listener would otherwise spin
+                        // on the connection it cannot take) and keep serving the others.
+                        self.shared.report_accept_failure(&e);
+                        resume = Some(Instant::now() + backoff);
+                        backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    }
+                },
             }
         }
     }
@@ -288,9 +454,7 @@ impl AcceptLoop {
 struct Connection {
     id: ConnId,
     peer: SocketAddr,
-    store: Arc<Store>,
-    config: Arc<ServerConfig>,
-    shutdown_rx: watch::Receiver<bool>,
+    shared: Arc<Shared>,
     _done: mpsc::Sender<()>,
     notify: Arc<Notify>,
 }
@@ -303,10 +467,44 @@ enum Close {
     Bad(String),
 }
 
-/// Largest read-buffer growth step; buffers above this are freed once drained.
+/// Largest read size; buffers above the idle size are freed once drained.
 const READ_CHUNK: usize = 64 * 1024;
 /// Read room kept while idle: TCPStore requests are small, so idle connections stay cheap.
 const SMALL_READ: usize = 512;
+
+/// This connection's share of [`Shared::buffered`]; given back when dropped.
+struct Held<'a> {
+    total: &'a AtomicU64,
+    mine: u64,
+}
+
+impl Held<'_> {
+    /// Accounts `now` bytes for this connection; `Err` when all connections together would hold
+    /// more than `cap`.
+    fn set(&mut self, now: u64, cap: u64) -> Result<(), String> {
+        if now > self.mine {
+            let grow = now - self.mine;
+            let before = self.total.fetch_add(grow, Ordering::Relaxed);
+            self.mine = now;
+            if before + grow > cap {
+                return Err(format!(
+                    "partial requests of all connections would hold more than {cap} bytes \
+                     (this one: {now})"
+                ));
+            }
+        } else {
+            self.total.fetch_sub(self.mine - now, Ordering::Relaxed);
+            self.mine = now;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.mine, Ordering::Relaxed);
+    }
+}
 
 impl Connection {
     async fn run(self, stream: TcpStream) {
@@ -314,7 +512,7 @@ impl Connection {
             debug!(peer = %self.peer, error = %e, "set TCP_NODELAY failed");
         }
         let close = self.serve(stream).await;
-        self.store.disconnect(self.id);
+        self.shared.store.disconnect(self.id);
         match close {
             Close::Eof | Close::Shutdown => {
                 debug!(conn = self.id, peer = %self.peer, "store connection closed")
@@ -322,42 +520,50 @@ impl Connection {
             Close::Io(e) => {
                 debug!(conn = self.id, peer = %self.peer, error = %e, "store connection error")
             }
-            Close::Bad(why) => {
-                warn!(conn = self.id, peer = %self.peer, "closing store connection: {why}")
-            }
+            Close::Bad(why) => self
+                .shared
+                .report_bad_conn(format!("{} (conn {}): {why}", self.peer, self.id)),
         }
     }
 
     async fn serve(&self, mut stream: TcpStream) -> Close {
+        let cfg = &self.shared.config;
+        let mut decoder = Decoder::new(cfg.limits);
+        let mut held = Held {
+            total: &self.shared.buffered,
+            mine: 0,
+        };
         let mut inbuf: Vec<u8> = Vec::with_capacity(SMALL_READ);
         let mut out: Vec<u8> = Vec::new();
         let mut validated = false;
         let mut streaming = false;
-        let mut shutdown_rx = self.shutdown_rx.clone();
+        let validate_by = Instant::now() + cfg.validate_timeout;
+        let mut shutdown_rx = self.shared.shutdown_rx.clone();
         if *shutdown_rx.borrow_and_update() {
             return Close::Shutdown;
         }
         loop {
-            // Serve every complete request buffered so far, in order.
+            // Serve every complete request buffered so far, in order; the decoder keeps the
+            // partial one (and resumes at its last byte next time).
             let mut pos = 0;
             let mut bad = None;
             while pos < inbuf.len() {
-                if !validated && inbuf[pos] != 0 {
+                if !validated && decoder.at_boundary() && inbuf[pos] != QueryType::Validate as u8 {
                     bad = Some(format!(
                         "first request is opcode {} instead of VALIDATE",
                         inbuf[pos]
                     ));
                     break;
                 }
-                match decode_request(&inbuf[pos..], &self.config.limits) {
-                    Ok(Decoded::Incomplete) => break,
-                    Ok(Decoded::Complete { request, consumed }) => {
-                        pos += consumed;
+                match decoder.decode(&inbuf[pos..]) {
+                    Ok((n, request)) => {
+                        pos += n;
+                        let Some(request) = request else { continue };
                         if let Err(why) = self.handle(request, &mut validated, &mut out) {
                             bad = Some(why);
                             break;
                         }
-                        if out.len() >= self.config.max_pending_output {
+                        if out.len() >= cfg.max_pending_output {
                             if let Err(e) = stream.write_all(&out).await {
                                 return Close::Io(e);
                             }
@@ -370,16 +576,17 @@ impl Connection {
                     }
                 }
             }
-            if pos == inbuf.len() {
-                // Release big buffers once drained and the client is not streaming; idle
-                // connections keep a small one.
-                if inbuf.capacity() > 4 * SMALL_READ && !streaming {
-                    inbuf = Vec::new();
-                } else {
-                    inbuf.clear();
+            // Every byte read is now served or held by the decoder. Release a big buffer once
+            // the client stops streaming; idle connections keep a small one.
+            if inbuf.capacity() > 4 * SMALL_READ && !streaming {
+                inbuf = Vec::new();
+            } else {
+                inbuf.clear();
+            }
+            if bad.is_none() {
+                if let Err(why) = held.set(decoder.buffered(), cfg.max_buffered_bytes) {
+                    bad = Some(why);
                 }
-            } else if pos > 0 {
-                inbuf.drain(..pos);
             }
             if !out.is_empty() {
                 if let Err(e) = stream.write_all(&out).await {
@@ -394,24 +601,23 @@ impl Connection {
                 return Close::Bad(why);
             }
 
-            // Room for the next read: small while idle, growing with a partial large request.
-            let want = if streaming {
-                READ_CHUNK
-            } else if inbuf.is_empty() {
-                SMALL_READ
-            } else {
-                inbuf.len().clamp(SMALL_READ, READ_CHUNK)
-            };
-            if inbuf.capacity() - inbuf.len() < want {
-                inbuf.reserve(want);
-            }
+            // Room for the next read: small while idle, big while the client streams.
+            let want = if streaming { READ_CHUNK } else { SMALL_READ };
+            inbuf.reserve(want);
             let room = inbuf.capacity() - inbuf.len();
             tokio::select! {
                 biased;
                 _ = shutdown_rx.changed() => return Close::Shutdown,
+                _ = tokio::time::sleep_until(validate_by), if !validated => {
+                    return Close::Bad(format!(
+                        "no VALIDATE within {} s of connecting",
+                        cfg.validate_timeout.as_secs_f64()
+                    ));
+                }
                 _ = self.notify.notified() => {
-                    let n = self.store.take_ready(self.id);
-                    out.resize(out.len() + n as usize, STOP_WAITING);
+                    for _ in 0..self.shared.store.take_ready(self.id) {
+                        Reply::Byte(STOP_WAITING).encode(&mut out);
+                    }
                 }
                 // read_buf is cancel-safe, and tokio clears the readiness on a short read, which
                 // saves the extra EAGAIN read per request that a readable()/try_read loop costs.
@@ -428,20 +634,21 @@ impl Connection {
     }
 
     fn check_pending_waits(&self) -> Result<(), String> {
-        let n = self.store.pending_waits(self.id);
-        if n >= self.config.max_pending_waits {
+        let n = self.shared.store.pending_waits(self.id);
+        let limit = self.shared.config.max_pending_waits;
+        if n >= limit {
             return Err(format!(
-                "{n} WAIT/BARRIER requests pending on one connection (limit {})",
-                self.config.max_pending_waits
+                "{n} WAIT/BARRIER requests pending on one connection (limit {limit})"
             ));
         }
         Ok(())
     }
 
-    /// Applies one request, appending its reply (if any) to `out`. `Err` closes the connection.
+    /// Applies one request and appends its reply (if it has one now) to `out`. `Err` closes the
+    /// connection.
     fn handle(&self, req: Request, validated: &mut bool, out: &mut Vec<u8>) -> Result<(), String> {
-        let store = &self.store;
-        match req {
+        let store = &self.shared.store;
+        let reply = match req {
             Request::Validate { magic } => {
                 if *validated {
                     return Err("second VALIDATE on one connection".into());
@@ -450,69 +657,164 @@ impl Connection {
                     return Err(format!("wrong validation magic {magic:#010x}"));
                 }
                 *validated = true;
+                return Ok(());
             }
-            Request::Set { key, value } => store.set(key, value),
+            Request::Set { key, value } => {
+                store.set(key, value);
+                return Ok(());
+            }
             Request::CompareSet {
                 key,
                 expected,
                 desired,
-            } => put_str(out, &store.compare_set(&key, &expected, desired)),
-            Request::Get { key } => put_str(out, &store.get(&key).unwrap_or_default()),
+            } => Reply::Str(store.compare_set(&key, &expected, desired)),
+            Request::Get { key } => Reply::Str(store.get(&key).unwrap_or_default()),
             Request::Add { key, delta } => {
-                put_i64(out, store.add(&key, delta).map_err(|e| e.to_string())?)
+                Reply::I64(store.add(&key, delta).map_err(|e| e.to_string())?)
             }
-            Request::Check { keys } => out.push(if store.check(&keys) {
+            Request::Check { keys } => Reply::Byte(if store.check(&keys) {
                 CHECK_READY
             } else {
                 CHECK_NOT_READY
             }),
             Request::Wait { keys } => {
                 self.check_pending_waits()?;
-                if store.wait(self.id, &self.notify, &keys) == WaitOutcome::Ready {
-                    out.push(STOP_WAITING);
+                if store.wait(self.id, &self.notify, &keys) != WaitOutcome::Ready {
+                    return Ok(());
                 }
+                Reply::Byte(STOP_WAITING)
             }
-            Request::GetNumKeys => put_i64(out, store.num_keys()),
-            Request::DeleteKey { key } => put_i64(out, i64::from(store.delete(&key))),
-            Request::Append { key, value } => store.append(&key, &value),
-            Request::MultiGet { keys } => {
-                for v in store.multi_get(&keys) {
-                    put_str(out, &v.unwrap_or_default());
-                }
+            Request::GetNumKeys => Reply::I64(store.num_keys()),
+            Request::DeleteKey { key } => Reply::I64(i64::from(store.delete(&key))),
+            Request::Append { key, value } => {
+                store.append(&key, &value);
+                return Ok(());
             }
-            Request::MultiSet { pairs } => store.multi_set(pairs),
+            Request::MultiGet { keys } => Reply::Strs(
+                store
+                    .multi_get(&keys)
+                    .into_iter()
+                    .map(Option::unwrap_or_default)
+                    .collect(),
+            ),
+            Request::MultiSet { pairs } => {
+                store.multi_set(pairs);
+                return Ok(());
+            }
             Request::CancelWait => {
-                let finished = store.cancel_waits(self.id);
-                out.resize(out.len() + finished as usize, STOP_WAITING);
-                out.push(WAIT_CANCELED);
+                // Waits that finished before the cancel still get their STOP_WAITING first.
+                for _ in 0..store.cancel_waits(self.id) {
+                    Reply::Byte(STOP_WAITING).encode(out);
+                }
+                Reply::Byte(WAIT_CANCELED)
             }
-            Request::Ping { nonce } => out.extend_from_slice(&nonce.to_le_bytes()),
-            Request::QueuePush { key, value } => store.queue_push(&key, value),
+            Request::Ping { nonce } => Reply::U32(nonce),
+            Request::QueuePush { key, value } => {
+                store.queue_push(&key, value);
+                return Ok(());
+            }
             Request::QueuePop { key } => {
-                let (len, v) = store.queue_pop(&key);
-                put_i64(out, len);
-                if let Some(v) = v {
-                    put_str(out, &v);
-                }
+                let (len_before, value) = store.queue_pop(&key);
+                Reply::QueuePop { len_before, value }
             }
-            Request::QueueLen { key } => put_i64(out, store.queue_len(&key)),
-            Request::ListKeys => {
-                let keys = store.list_keys();
-                put_i64(out, keys.len() as i64);
-                for k in keys {
-                    put_str(out, &k);
-                }
-            }
+            Request::QueueLen { key } => Reply::I64(store.queue_len(&key)),
+            Request::ListKeys => Reply::ListKeys(store.list_keys()),
             Request::Barrier { key, world_size } => {
                 self.check_pending_waits()?;
                 let outcome = store
                     .barrier(self.id, &self.notify, &key, world_size)
                     .map_err(|e| e.to_string())?;
-                if outcome == WaitOutcome::Ready {
-                    out.push(STOP_WAITING);
+                if outcome != WaitOutcome::Ready {
+                    return Ok(());
                 }
+                Reply::Byte(STOP_WAITING)
+            }
+        };
+        reply.encode(out);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A flood of bad connections: the first is printed, then at most one summary line per
+    /// interval, and the counts add up to every event.
+    #[test]
+    fn log_limiter_prints_at_most_one_line_per_interval() {
+        let t0 = Instant::now();
+        let interval = Duration::from_secs(10);
+        let mut l = LogLimiter::new(interval, "bad store connections closed");
+        let mut lines = Vec::new();
+        // 60 s of events every 10 ms, flushed every second as the accept loop does.
+        for ms in (0..60_000u64).step_by(10) {
+            let now = t0 + Duration::from_millis(ms);
+            lines.extend(l.event(now, format!("event at {ms} ms")));
+            if ms % 1000 == 0 {
+                lines.extend(l.flush(now));
             }
         }
-        Ok(())
+        lines.extend(l.flush(t0 + Duration::from_secs(75)));
+        assert_eq!(lines[0], "event at 0 ms");
+        assert!(lines.len() <= 60 / 10 + 2, "{lines:#?}");
+        let counted: u64 = lines[1..]
+            .iter()
+            .map(|l| {
+                l.split(' ')
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("summary line {l:?}"))
+            })
+            .sum();
+        assert_eq!(counted + 1, 6000);
+        assert!(lines[1].contains("more bad store connections closed in the last 10s"));
+        assert!(lines
+            .last()
+            .is_some_and(|l| l.contains("latest: event at 59990 ms")));
+        // Nothing held back: nothing to flush; a quiet period prints the next event at once.
+        assert_eq!(l.flush(t0 + Duration::from_secs(100)), None);
+        assert_eq!(
+            l.event(t0 + Duration::from_secs(100), "again".into()),
+            Some("again".into())
+        );
+    }
+
+    #[test]
+    fn held_bytes_are_capped_globally_and_given_back() {
+        let total = AtomicU64::new(0);
+        let mut a = Held {
+            total: &total,
+            mine: 0,
+        };
+        let mut b = Held {
+            total: &total,
+            mine: 0,
+        };
+        assert!(a.set(600, 1000).is_ok());
+        assert!(b.set(400, 1000).is_ok());
+        assert!(b.set(401, 1000).is_err());
+        drop(b);
+        assert_eq!(total.load(Ordering::Relaxed), 600);
+        assert!(a.set(100, 1000).is_ok());
+        assert_eq!(total.load(Ordering::Relaxed), 100);
+        drop(a);
+        assert_eq!(total.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn only_a_broken_listener_is_fatal() {
+        for errno in [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOBUFS,
+            libc::ENOMEM,
+            libc::ECONNABORTED,
+        ] {
+            assert!(!accept_error_is_fatal(&io::Error::from_raw_os_error(errno)));
+        }
+        assert!(accept_error_is_fatal(&io::Error::from_raw_os_error(
+            libc::EBADF
+        )));
     }
 }

@@ -723,3 +723,45 @@ fn c10d_ipv6_loopback_endpoint() {
         "MASTER_ADDR is the IPv6 address, without brackets"
     );
 }
+
+/// Heartbeats every 0.25 s, a node is dead after 2 s without one: test-sized, and shorter than
+/// the exit barrier's 1 s WAIT slices times the keeper's store operations per beat.
+const FAST_BEATS: &str = "keep_alive_interval=0.25,keep_alive_max_attempt=8";
+
+/// Issue 17.1: a static node whose worker finished at once waits in the exit barrier while the
+/// other node's straggler works; its heartbeats used to queue behind the barrier's WAITs on the
+/// one store connection, and the working node was declared dead. Both orders: the finished node
+/// hosting the store, then the working one.
+#[test]
+fn static_finished_node_waits_for_a_straggler_without_being_declared_dead() {
+    bounded(Duration::from_secs(240), || {
+        for straggler in [1, 0] {
+            let dir = TempDir::new("mn_straggler");
+            let port = free_port();
+            let run = |rank| {
+                agent(
+                    &dir,
+                    &[
+                        static_args(port, 2, rank, 1),
+                        strings(&["--rdzv-conf", FAST_BEATS]),
+                    ]
+                    .concat(),
+                )
+                .env("MN_STRAGGLE", format!("{straggler}:8"))
+                .spawn()
+            };
+            let (a, b) = (run(0), run(1));
+            let t0 = Instant::now();
+            let outs = [a.wait(), b.wait()];
+            assert_ok(&outs);
+            assert!(
+                t0.elapsed() >= Duration::from_secs(8),
+                "the straggler ran to its end"
+            );
+            for o in &outs {
+                assert!(!o.stderr.contains("stopped heartbeating"), "{o:?}");
+            }
+            assert_eq!(records(dir.path()).len(), 2);
+        }
+    });
+}

@@ -27,8 +27,8 @@ pub async fn exit_barrier<S: RdzvStore>(
     if arrived == group_world_size as i64 {
         store.set(&last_key, b"1").await?;
     }
-    // Wait in slices of at most a second: the agent's heartbeats share the store connection and
-    // must not stall behind one long WAIT.
+    // Wait in slices of at most a second, so the wait ends soon after its deadline. (A WAIT holds
+    // its connection: the rendezvous keeper beats on a connection of its own, issue 17.1.)
     let deadline = tokio::time::Instant::now() + timeout;
     let keys = [last_key];
     loop {

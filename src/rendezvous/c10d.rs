@@ -263,6 +263,9 @@ fn watched_ids(state: &RdzvState, me: &str) -> Vec<String> {
 /// `exit_barrier` (on success) and `close`.
 pub struct C10dRendezvous<S: RdzvStore> {
     store: Arc<S>,
+    /// The keeper's own connection: heartbeats must never queue behind a WAIT of the join loop
+    /// or the exit barrier, or peers see them stall and declare this node dead.
+    keeper_store: Arc<S>,
     settings: C10dSettings,
     keys: Keys,
     me: Member,
@@ -294,6 +297,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
     ) -> Self {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         Self {
+            keeper_store: store.clone(),
             store,
             settings,
             keys: Keys::new(run_id),
@@ -304,6 +308,12 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             events_rx,
             keeper: None,
         }
+    }
+
+    /// Gives the background keeper (heartbeats, monitoring) its own store connection.
+    pub fn with_keeper_store(mut self, store: Arc<S>) -> Self {
+        self.keeper_store = store;
+        self
     }
 
     /// Overrides the pid of the node descriptor (simulated nodes in one process).
@@ -348,7 +358,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             return;
         }
         let keeper = Keeper {
-            store: self.store.clone(),
+            store: self.keeper_store.clone(),
             settings: self.settings.clone(),
             keys: self.keys.clone(),
             me: self.me.id.clone(),

@@ -123,6 +123,10 @@ impl Rendezvous {
                 let store =
                     tcp::connect(&endpoint.host, endpoint.port, deadline, settings.read_timeout)
                         .await?;
+                // The keeper's own connection (see `StaticRendezvous::with_keeper_store`).
+                let keeper =
+                    tcp::connect(&endpoint.host, endpoint.port, deadline, settings.read_timeout)
+                        .await?;
                 let r = StaticRendezvous::new(
                     store.clone(),
                     settings,
@@ -132,7 +136,8 @@ impl Rendezvous {
                     config.nproc_per_node,
                     &endpoint.host,
                     endpoint.port,
-                )?;
+                )?
+                .with_keeper_store(keeper);
                 Ok(Rendezvous {
                     rdzv: Backend::Static(r),
                     store: Some(store),
@@ -164,6 +169,9 @@ impl Rendezvous {
                 // process (tests, embedders) stay distinct even with the same address.
                 static LOCAL_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
                 let local_id = LOCAL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let keeper =
+                    tcp::connect(&endpoint.host, endpoint.port, deadline, settings.read_timeout)
+                        .await?;
                 let r = C10dRendezvous::new(
                     store.clone(),
                     settings,
@@ -171,7 +179,8 @@ impl Rendezvous {
                     &me,
                     local_id,
                     config.nproc_per_node,
-                );
+                )
+                .with_keeper_store(keeper);
                 Ok(Rendezvous {
                     rdzv: Backend::C10d(r),
                     store: Some(store),

@@ -63,6 +63,9 @@ impl Keys {
 /// One agent's handle on a static rendezvous (same loop shape as `C10dRendezvous`).
 pub struct StaticRendezvous<S: RdzvStore> {
     store: Arc<S>,
+    /// The keeper's own connection: heartbeats must never queue behind a WAIT of the agent's
+    /// (the exit barrier's), or peers see them stall and declare this node dead.
+    keeper_store: Arc<S>,
     settings: StaticSettings,
     keys: Keys,
     node_rank: usize,
@@ -104,6 +107,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         }
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         Ok(Self {
+            keeper_store: store.clone(),
             store,
             settings,
             keys: Keys {
@@ -120,6 +124,12 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             events_rx,
             keeper: None,
         })
+    }
+
+    /// Gives the background keeper (heartbeats, monitoring) its own store connection.
+    pub fn with_keeper_store(mut self, store: Arc<S>) -> Self {
+        self.keeper_store = store;
+        self
     }
 
     /// Always 0: a static job never admits waiting nodes.
@@ -307,7 +317,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         if self.keeper.as_ref().is_some_and(|k| !k.is_finished()) {
             return;
         }
-        let store = self.store.clone();
+        let store = self.keeper_store.clone();
         let keys = self.keys.clone();
         let settings = self.settings.clone();
         let running = self.running.clone();

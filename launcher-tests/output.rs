@@ -797,3 +797,64 @@ fn head_one_ends_the_pipeline_with_the_workers_status() {
     assert_eq!(code, Some(7), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn full_console_drops_output_and_keeps_the_status() {
+    use std::io::Read;
+    if !Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full");
+        return;
+    }
+    let full = fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("open /dev/full");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdrun"));
+    cmd.args([
+        "--standalone",
+        "--nproc_per_node=2",
+        "--no-python",
+        "sh",
+        "-c",
+        "for i in 1 2 3; do echo out$i; done; echo err$LOCAL_RANK >&2; exit 3",
+    ])
+    .stdin(Stdio::null())
+    .stdout(full)
+    .stderr(Stdio::piped());
+    for k in ["TORCHELASTIC_ERROR_FILE", "RUST_LOG", "LOGLEVEL"] {
+        cmd.env_remove(k);
+    }
+    let mut child = Worker(cmd.spawn().expect("spawn rdrun"));
+    let mut stderr = child.0.stderr.take().expect("stderr");
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let deadline = std::time::Instant::now() + BOUND;
+    let status = loop {
+        if let Some(s) = child.0.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rdrun >/dev/full hung"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let stderr = err.join().expect("stderr reader");
+    // The workers' real status, their stderr still on the console, one warning, no panic.
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("err0") && stderr.contains("err1"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr
+            .matches("cannot write worker output to rdrun's console")
+            .count(),
+        1,
+        "{stderr}"
+    );
+}

@@ -1464,3 +1464,55 @@ async fn slow_large_request_completes_while_others_are_served() {
     })
     .await;
 }
+
+/// Issue 10: rdrun raises its own open-file soft limit to the hard limit at start (every worker
+/// holds one store connection, one descriptor in rdrun). rdrun is started with a soft limit of
+/// 256; its worker reads rdrun's limits from /proc.
+#[test]
+fn rdrun_raises_its_open_file_soft_limit_to_the_hard_limit() {
+    use std::process::{Command, Stdio};
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .expect("getrlimit");
+    if hard <= 256 {
+        eprintln!("hard open-file limit {hard} <= 256; skipped");
+        return;
+    }
+    let mut child = Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -Sn 256 && exec \"$0\" --nproc-per-node 1 --no-python sh -c \
+             'echo ppid=$PPID; grep \"Max open files\" /proc/$PPID/limits'",
+        ])
+        .arg(env!("CARGO_BIN_EXE_rdrun"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rdrun");
+    let pid = child.id();
+    let deadline = std::time::Instant::now() + BOUND;
+    while child.try_wait().expect("try_wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("rdrun did not finish in time");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{:?}: {stdout} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // exec kept the pid: the worker's parent is rdrun itself.
+    assert!(stdout.contains(&format!("ppid={pid}\n")), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("Max open files"))
+        .unwrap_or_else(|| panic!("no limits line: {stdout}"));
+    let nums: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(nums, [hard.to_string(), hard.to_string()], "{line}");
+}

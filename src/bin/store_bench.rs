@@ -4,7 +4,8 @@
 //!
 //! Modes:
 //! - `serve`: run rdrun's store server on `--host`/`--port` (0 = any), print `port=N`, serve until
-//!   killed (SIGINT shuts down cleanly).
+//!   killed (SIGINT shuts down cleanly, exit 0; a server that stopped by itself exits 1). The store
+//!   tests run it under a lowered descriptor limit and read its warnings.
 //! - `load`: for each pipeline depth in `--depth` and count in `--conns` (e.g. `1,64,1024`), that
 //!   many raw connections of one pool per server in `--ports` each loop SET, GET, ADD (depth
 //!   triples per write, answers checked) for `--secs`, servers interleaved, `--rounds` times;
@@ -46,6 +47,12 @@ enum Mode {
         /// Tokio worker threads; 0 = a current-thread runtime (as the launcher may use).
         #[arg(long, default_value_t = 0)]
         threads: usize,
+        /// Close connections that have not sent VALIDATE this long after connecting.
+        #[arg(long)]
+        validate_timeout_secs: Option<f64>,
+        /// At most one warning line per kind per this many seconds.
+        #[arg(long)]
+        log_interval_secs: Option<f64>,
     },
     /// SET/GET/ADD mix over N connections.
     Load {
@@ -144,7 +151,22 @@ type Res = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 async fn run(mode: Mode) -> Res {
     match mode {
-        Mode::Serve { host, port, .. } => serve(&host, port).await,
+        Mode::Serve {
+            host,
+            port,
+            validate_timeout_secs,
+            log_interval_secs,
+            ..
+        } => {
+            let mut config = ServerConfig::default();
+            if let Some(s) = validate_timeout_secs {
+                config.validate_timeout = Duration::try_from_secs_f64(s)?;
+            }
+            if let Some(s) = log_interval_secs {
+                config.log_interval = Duration::try_from_secs_f64(s)?;
+            }
+            serve(&host, port, config).await
+        }
         Mode::Load {
             host,
             ports,
@@ -214,9 +236,9 @@ async fn stdin_closed() {
     .await;
 }
 
-async fn serve(host: &str, port: u16) -> Res {
+async fn serve(host: &str, port: u16, config: ServerConfig) -> Res {
     let ip: std::net::IpAddr = host.parse()?;
-    let server = StoreServer::bind((ip, port).into(), ServerConfig::default())?;
+    let server = StoreServer::bind((ip, port).into(), config)?;
     println!("port={}", server.port());
     let closed = server.closed();
     tokio::select! {

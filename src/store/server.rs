@@ -92,6 +92,7 @@ pub enum ServerExit {
 pub struct StoreServer {
     addr: SocketAddr,
     store: Arc<Store>,
+    shared: Arc<Shared>,
     shutdown_tx: watch::Sender<bool>,
     exit_rx: watch::Receiver<Option<ServerExit>>,
     accept_task: Option<tokio::task::JoinHandle<()>>,
@@ -176,7 +177,7 @@ impl StoreServer {
         });
         let accept = AcceptLoop {
             listener,
-            shared,
+            shared: shared.clone(),
             conns_done_tx,
         };
         let accept_task = tokio::spawn(async move {
@@ -191,6 +192,7 @@ impl StoreServer {
         Ok(StoreServer {
             addr,
             store,
+            shared,
             shutdown_tx,
             exit_rx,
             accept_task: Some(accept_task),
@@ -211,6 +213,12 @@ impl StoreServer {
     /// The served state (in-process access without a socket).
     pub fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    /// Bytes of partial requests all connections hold right now (bounded by
+    /// [`ServerConfig::max_buffered_bytes`]).
+    pub fn buffered_bytes(&self) -> u64 {
+        self.shared.buffered.load(Ordering::Relaxed)
     }
 
     /// Drops every key and queue (between restart attempts, so an attempt never sees the previous
@@ -298,13 +306,14 @@ impl Shared {
         }
     }
 
-    /// Prints the summaries whose interval has passed.
-    fn flush_logs(&self) {
+    /// Prints the summaries whose interval has passed (all of them when `force`, at shutdown).
+    fn flush_logs(&self, force: bool) {
         let now = Instant::now();
-        if let Some(line) = lock(&self.bad_conns).flush(now) {
+        let flush = |l: &mut LogLimiter| if force { l.flush_all() } else { l.flush(now) };
+        if let Some(line) = flush(&mut lock(&self.bad_conns)) {
             warn!("closing store connection: {line}");
         }
-        if let Some(line) = lock(&self.accept_failures).flush(now) {
+        if let Some(line) = flush(&mut lock(&self.accept_failures)) {
             warn!("store accept failed: {line}");
         }
     }
@@ -371,6 +380,11 @@ impl LogLimiter {
         Some(self.summary())
     }
 
+    /// The summary of held-back events now, interval or not (nothing is lost at shutdown).
+    pub fn flush_all(&mut self) -> Option<String> {
+        (self.held > 0).then(|| self.summary())
+    }
+
     fn summary(&mut self) -> String {
         let line = format!(
             "{} more {} in the last {}s (latest: {})",
@@ -410,16 +424,22 @@ impl AcceptLoop {
         let mut shutdown_rx = self.shared.shutdown_rx.clone();
         let mut backoff = ACCEPT_BACKOFF_MIN;
         let mut resume: Option<Instant> = None;
-        let mut tick = tokio::time::interval(self.shared.config.log_interval);
+        // interval() panics on a zero period.
+        let period = self
+            .shared
+            .config
+            .log_interval
+            .max(Duration::from_millis(1));
+        let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 biased;
                 _ = shutdown_rx.changed() => {
-                    self.shared.flush_logs();
+                    self.shared.flush_logs(true);
                     return ServerExit::Shutdown;
                 }
-                _ = tick.tick() => self.shared.flush_logs(),
+                _ = tick.tick() => self.shared.flush_logs(false),
                 _ = tokio::time::sleep_until(resume.unwrap_or_else(Instant::now)), if resume.is_some() => {
                     resume = None;
                 }
@@ -507,11 +527,11 @@ impl Drop for Held<'_> {
 }
 
 impl Connection {
-    async fn run(self, stream: TcpStream) {
+    async fn run(self, mut stream: TcpStream) {
         if let Err(e) = stream.set_nodelay(true) {
             debug!(peer = %self.peer, error = %e, "set TCP_NODELAY failed");
         }
-        let close = self.serve(stream).await;
+        let close = self.serve(&mut stream).await;
         self.shared.store.disconnect(self.id);
         match close {
             Close::Eof | Close::Shutdown => {
@@ -524,9 +544,11 @@ impl Connection {
                 .shared
                 .report_bad_conn(format!("{} (conn {}): {why}", self.peer, self.id)),
         }
+        // Closed only now, so that a client seeing the close knows it was already reported.
+        drop(stream);
     }
 
-    async fn serve(&self, mut stream: TcpStream) -> Close {
+    async fn serve(&self, stream: &mut TcpStream) -> Close {
         let cfg = &self.shared.config;
         let mut decoder = Decoder::new(cfg.limits);
         let mut held = Held {
@@ -772,10 +794,21 @@ mod tests {
         assert!(lines
             .last()
             .is_some_and(|l| l.contains("latest: event at 59990 ms")));
-        // Nothing held back: nothing to flush; a quiet period prints the next event at once.
-        assert_eq!(l.flush(t0 + Duration::from_secs(100)), None);
+        // At shutdown everything held back is printed at once.
         assert_eq!(
-            l.event(t0 + Duration::from_secs(100), "again".into()),
+            l.event(t0 + Duration::from_secs(90), "a".into()),
+            Some("a".into())
+        );
+        assert_eq!(l.event(t0 + Duration::from_secs(91), "b".into()), None);
+        assert_eq!(l.flush(t0 + Duration::from_secs(92)), None);
+        assert_eq!(
+            l.flush_all(),
+            Some("1 more bad store connections closed in the last 10s (latest: b)".into())
+        );
+        // Nothing held back: nothing to flush; a quiet period prints the next event at once.
+        assert_eq!(l.flush(t0 + Duration::from_secs(110)), None);
+        assert_eq!(
+            l.event(t0 + Duration::from_secs(110), "again".into()),
             Some("again".into())
         );
     }

@@ -7,7 +7,22 @@ use rdrun::cli::{self, Invocation};
 use rdrun::config;
 use rdrun::exit;
 
+/// Runs [`block_early`] before `main`, from the ELF constructors: the earliest code of rdrun's own
+/// that runs after exec (only the dynamic loader comes before it).
+#[used]
+#[link_section = ".init_array"]
+static BLOCK_EARLY: extern "C" fn() = block_early;
+
+/// Blocks the handled signals until the supervisor's handlers exist (see
+/// `supervisor::signals::STARTUP_BLOCKED`): a SIGTERM or SIGUSR1 in rdrun's first milliseconds
+/// used to kill it by the default action.
+extern "C" fn block_early() {
+    rdrun::supervisor::signals::block_at_startup();
+}
+
 fn main() {
+    // Again, in case the constructor did not run (idempotent): before anything else.
+    rdrun::supervisor::signals::block_at_startup();
     init_tracing();
     // OsString end to end: the script's arguments reach the workers byte for byte.
     let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();

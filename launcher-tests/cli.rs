@@ -486,3 +486,62 @@ fn signals_right_after_start_never_kill_rdrun_by_default_action() {
         2 * TRIES
     );
 }
+
+/// Issue 10: rdrun's own output must not panic when it cannot be written. `rdrun --help | true`
+/// panicked (exit 101) 18/20 times, and a usage error with `2>/dev/full` exited 101, not 2.
+/// The closed pipe is made deterministic: its read end is closed before rdrun starts.
+#[test]
+fn closed_or_full_output_is_not_a_panic() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    /// A pipe whose read end is already closed: every write gets EPIPE.
+    fn broken_pipe() -> Stdio {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2(2) fills two descriptors we then own.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both descriptors were just created and are owned here only.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(read);
+        Stdio::from(write)
+    }
+    fn full() -> Stdio {
+        Stdio::from(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .expect("open /dev/full"),
+        )
+    }
+    fn code(args: &[&str], stdout: Stdio, stderr: Stdio) -> Option<i32> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rdrun"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn rdrun");
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("rdrun {args:?} did not finish within {LIMIT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    for _ in 0..5 {
+        assert_eq!(code(&["--help"], broken_pipe(), Stdio::null()), Some(0));
+        assert_eq!(code(&["--help"], full(), Stdio::null()), Some(0));
+        // A panic would also try stderr: a broken stderr must not change the code either.
+        assert_eq!(code(&["--help"], broken_pipe(), broken_pipe()), Some(0));
+        let usage = ["--nproc-per-node", "0", "x"];
+        assert_eq!(code(&usage, Stdio::null(), full()), Some(2));
+        assert_eq!(code(&usage, Stdio::null(), broken_pipe()), Some(2));
+        // A launcher refusal (exit 1) with its one line unwritable.
+        let refusal = ["--no-python", "/definitely/missing"];
+        assert_eq!(code(&refusal, Stdio::null(), full()), Some(1));
+    }
+}

@@ -33,21 +33,36 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
     let args = match cli::parse_from(argv, &cli::process_env) {
         Ok(Invocation::Launch(args)) => *args,
         Ok(Invocation::Help) => {
-            print!("{}", cli::help_text());
+            print_out(&cli::help_text());
             return exit::SUCCESS;
         }
         Err(e) => {
-            eprintln!("rdrun: error: {e}");
+            print_err(&format!("rdrun: error: {e}\n"));
             return exit::USAGE;
         }
     };
     match config::resolve(args, &cli::process_env) {
         Ok(cfg) => rdrun::supervisor::run(cfg),
         Err(e) => {
-            eprintln!("rdrun: error: {e}");
+            print_err(&format!("rdrun: error: {e}\n"));
             e.exit_code()
         }
     }
+}
+
+/// rdrun's own text on stdout. A closed pipe (`rdrun --help | true`) or a full disk must not
+/// become a panic (exit 101, issue 10): the text is lost, the exit code stays the real one.
+fn print_out(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+/// [`print_out`] for stderr (`rdrun: error: …` lines; `2>/dev/full` still exits 2, not 101).
+fn print_err(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
 /// rdrun's own log on stderr: level from RUST_LOG (full filter syntax), else LOGLEVEL (torchrun's

@@ -545,3 +545,69 @@ fn closed_or_full_output_is_not_a_panic() {
         assert_eq!(code(&refusal, Stdio::null(), full()), Some(1));
     }
 }
+
+/// True for `YYYY-MM-DDTHH:MM:SS[.frac]Z` or with a `+HH:MM`/`-HH:MM` offset (RFC 3339).
+fn is_rfc3339(t: &str) -> bool {
+    let b = t.as_bytes();
+    let digits = |r: std::ops::Range<usize>| {
+        b.get(r.clone())
+            .is_some_and(|s| s.len() == r.len() && s.iter().all(u8::is_ascii_digit))
+    };
+    if !(digits(0..4)
+        && b.get(4) == Some(&b'-')
+        && digits(5..7)
+        && b.get(7) == Some(&b'-')
+        && digits(8..10)
+        && matches!(b.get(10), Some(b'T' | b't'))
+        && digits(11..13)
+        && b.get(13) == Some(&b':')
+        && digits(14..16)
+        && b.get(16) == Some(&b':')
+        && digits(17..19))
+    {
+        return false;
+    }
+    let mut rest = &t[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            return false;
+        }
+        rest = &frac[n..];
+    }
+    rest == "Z" || {
+        let o = rest.as_bytes();
+        o.len() == 6
+            && matches!(o[0], b'+' | b'-')
+            && o[1..3].iter().all(u8::is_ascii_digit)
+            && o[3] == b':'
+            && o[4..6].iter().all(u8::is_ascii_digit)
+    }
+}
+
+/// Issue 17 item 8: rdrun's log lines carry an RFC 3339 timestamp, as torchrun's carry their
+/// time. The `rdrun: error:` line is not a log line and stays as it is.
+#[test]
+fn log_lines_carry_rfc3339_timestamps() {
+    assert!(is_rfc3339("2026-12-01T11:37:17.123456Z"));
+    assert!(is_rfc3339("2026-12-01T11:37:17+01:00"));
+    assert!(!is_rfc3339("INFO"));
+    assert!(!is_rfc3339("2026-12-01 11:37:17"));
+    let args = ["--start-method", "fork", "missing_script_for_rdrun_test.py"];
+    let run = rdrun(&args, &[("LOGLEVEL", "INFO")]);
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let logs: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| !l.starts_with("rdrun: error: "))
+        .collect();
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("--start-method fork is ignored")),
+        "{run:?}"
+    );
+    for line in logs {
+        let stamp = line.split_whitespace().next().unwrap_or("");
+        assert!(is_rfc3339(stamp), "no RFC 3339 time first on {line:?}");
+    }
+}

@@ -65,7 +65,7 @@ fn print_err(text: &str) {
     let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
-/// rdrun's own log on stderr: level from RUST_LOG (full filter syntax), else LOGLEVEL (torchrun's
+/// rdrun's own log on stderr, each line stamped with its RFC 3339 time: level from RUST_LOG (full filter syntax), else LOGLEVEL (torchrun's
 /// variable: DEBUG, INFO, WARNING, ERROR, CRITICAL), else warnings and errors only.
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
@@ -82,7 +82,9 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         // Colour codes only on a terminal: logs captured by schedulers and CI stay plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .without_time()
+        // RFC 3339 UTC timestamps with microseconds (2026-12-01T11:37:17.123456Z): torchrun's
+        // log lines carry their time too, and interleaved logs of several nodes need it.
+        .with_timer(tracing_subscriber::fmt::time::SystemTime)
         .with_target(false)
         .try_init();
 }

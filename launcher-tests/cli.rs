@@ -368,3 +368,246 @@ fn loglevel_controls_rdrun_messages() {
         "{info:?}"
     );
 }
+
+/// The signal masks of `pid`'s main thread from /proc: (blocked, caught), bit N-1 = signal N.
+fn signal_masks(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    };
+    Some((field("SigBlk:")?, field("SigCgt:")?))
+}
+
+/// Issue 10: a handled signal in rdrun's first milliseconds (before its handlers existed) killed
+/// it by the default action (17/100 SIGTERM, 31/100 SIGUSR1). rdrun now blocks them from its
+/// first instruction (an ELF constructor) until the handlers are installed.
+///
+/// Each try waits until rdrun's own code runs (the signals show as blocked, or as caught) and
+/// sends SIGTERM or SIGUSR1 at once; rdrun must then never die by the default action. Sending
+/// earlier would test the kernel and the dynamic loader, which run before any code of rdrun (on
+/// a loaded machine the child may not even be scheduled for milliseconds after exec). The test
+/// also requires that some signals really landed in the blocked start-up window: before the fix
+/// that window did not exist (nothing was blocked), which is what the count catches.
+#[test]
+fn signals_right_after_start_never_kill_rdrun_by_default_action() {
+    use std::os::unix::process::ExitStatusExt;
+    const TRIES: u32 = 100;
+    let bit = |sig: i32| 1u64 << (sig - 1);
+    let both = bit(libc::SIGTERM) | bit(libc::SIGUSR1);
+    let mut died = Vec::new();
+    let mut in_window = 0;
+    let mut term_lost = Vec::new();
+    for i in 0..2 * TRIES {
+        let sig = if i % 2 == 0 {
+            libc::SIGTERM
+        } else {
+            libc::SIGUSR1
+        };
+        // SIGTERM ends any run at once, so its worker can be long (a lost SIGTERM then shows as
+        // a run of 30 s with exit 0); a SIGUSR1 that lands before the spawn is dropped, so its
+        // worker must end by itself.
+        let worker: &[&str] = if sig == libc::SIGTERM {
+            &["sleep", "30"]
+        } else {
+            &["true"]
+        };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rdrun"))
+            .args(["--standalone", "--no-python"])
+            .args(worker)
+            .env_remove("RUST_LOG")
+            .env_remove("LOGLEVEL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn rdrun");
+        let pid = child.id();
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            match signal_masks(pid) {
+                Some((blocked, _)) if blocked & both == both => {
+                    in_window += 1;
+                    break;
+                }
+                Some((_, caught)) if caught & both == both => break,
+                // Gone already (or a zombie without status lines): nothing to send to.
+                None => break,
+                Some(_) if Instant::now() > deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("rdrun never blocked nor caught SIGTERM/SIGUSR1 within {LIMIT:?}");
+                }
+                Some(_) => std::thread::yield_now(),
+            }
+        }
+        // SAFETY: kill(2) of our own unreaped child, by PID.
+        unsafe {
+            libc::kill(pid as i32, sig);
+        }
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("rdrun did not finish within {LIMIT:?} after signal {sig}");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        if let Some(s) = status.signal() {
+            died.push((i, sig, s));
+        }
+        if sig == libc::SIGTERM && status.code() != Some(128 + libc::SIGTERM) {
+            term_lost.push((i, status));
+        }
+    }
+    assert!(
+        died.is_empty(),
+        "rdrun died by a signal's default action in {} of {} tries (try, sent, died of): {died:?}",
+        died.len(),
+        2 * TRIES
+    );
+    assert!(
+        in_window > 0,
+        "no signal of {} landed while rdrun held them blocked at start-up",
+        2 * TRIES
+    );
+    // A held signal must reach the handler once it exists (not stay blocked for good).
+    assert!(
+        term_lost.is_empty(),
+        "SIGTERM did not end these runs with 128+15: {term_lost:?}"
+    );
+    eprintln!(
+        "{in_window} of {} signals landed in the blocked start-up window",
+        2 * TRIES
+    );
+}
+
+/// Issue 10: rdrun's own output must not panic when it cannot be written. `rdrun --help | true`
+/// panicked (exit 101) 18/20 times, and a usage error with `2>/dev/full` exited 101, not 2.
+/// The closed pipe is made deterministic: its read end is closed before rdrun starts.
+#[test]
+fn closed_or_full_output_is_not_a_panic() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    /// A pipe whose read end is already closed: every write gets EPIPE.
+    fn broken_pipe() -> Stdio {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2(2) fills two descriptors we then own.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both descriptors were just created and are owned here only.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(read);
+        Stdio::from(write)
+    }
+    fn full() -> Stdio {
+        Stdio::from(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .expect("open /dev/full"),
+        )
+    }
+    fn code(args: &[&str], stdout: Stdio, stderr: Stdio) -> Option<i32> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rdrun"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn rdrun");
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("rdrun {args:?} did not finish within {LIMIT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    for _ in 0..5 {
+        assert_eq!(code(&["--help"], broken_pipe(), Stdio::null()), Some(0));
+        assert_eq!(code(&["--help"], full(), Stdio::null()), Some(0));
+        // A panic would also try stderr: a broken stderr must not change the code either.
+        assert_eq!(code(&["--help"], broken_pipe(), broken_pipe()), Some(0));
+        let usage = ["--nproc-per-node", "0", "x"];
+        assert_eq!(code(&usage, Stdio::null(), full()), Some(2));
+        assert_eq!(code(&usage, Stdio::null(), broken_pipe()), Some(2));
+        // A launcher refusal (exit 1) with its one line unwritable.
+        let refusal = ["--no-python", "/definitely/missing"];
+        assert_eq!(code(&refusal, Stdio::null(), full()), Some(1));
+    }
+}
+
+/// True for `YYYY-MM-DDTHH:MM:SS[.frac]Z` or with a `+HH:MM`/`-HH:MM` offset (RFC 3339).
+fn is_rfc3339(t: &str) -> bool {
+    let b = t.as_bytes();
+    let digits = |r: std::ops::Range<usize>| {
+        b.get(r.clone())
+            .is_some_and(|s| s.len() == r.len() && s.iter().all(u8::is_ascii_digit))
+    };
+    if !(digits(0..4)
+        && b.get(4) == Some(&b'-')
+        && digits(5..7)
+        && b.get(7) == Some(&b'-')
+        && digits(8..10)
+        && matches!(b.get(10), Some(b'T' | b't'))
+        && digits(11..13)
+        && b.get(13) == Some(&b':')
+        && digits(14..16)
+        && b.get(16) == Some(&b':')
+        && digits(17..19))
+    {
+        return false;
+    }
+    let mut rest = &t[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            return false;
+        }
+        rest = &frac[n..];
+    }
+    rest == "Z" || {
+        let o = rest.as_bytes();
+        o.len() == 6
+            && matches!(o[0], b'+' | b'-')
+            && o[1..3].iter().all(u8::is_ascii_digit)
+            && o[3] == b':'
+            && o[4..6].iter().all(u8::is_ascii_digit)
+    }
+}
+
+/// Issue 17 item 8: rdrun's log lines carry an RFC 3339 timestamp, as torchrun's carry their
+/// time. The `rdrun: error:` line is not a log line and stays as it is.
+#[test]
+fn log_lines_carry_rfc3339_timestamps() {
+    assert!(is_rfc3339("2026-12-01T11:37:17.123456Z"));
+    assert!(is_rfc3339("2026-12-01T11:37:17+01:00"));
+    assert!(!is_rfc3339("INFO"));
+    assert!(!is_rfc3339("2026-12-01 11:37:17"));
+    let args = ["--start-method", "fork", "missing_script_for_rdrun_test.py"];
+    let run = rdrun(&args, &[("LOGLEVEL", "INFO")]);
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let logs: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| !l.starts_with("rdrun: error: "))
+        .collect();
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("--start-method fork is ignored")),
+        "{run:?}"
+    );
+    for line in logs {
+        let stamp = line.split_whitespace().next().unwrap_or("");
+        assert!(is_rfc3339(stamp), "no RFC 3339 time first on {line:?}");
+    }
+}

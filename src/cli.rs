@@ -197,7 +197,7 @@ static OPTIONS: &[OptSpec] = &[
         ..opt("help", &["-h", "--help"], Kind::Help, "", "show this help message and exit")
     },
     opt("nnodes", &["--nnodes"], Kind::Str, "1:1",
-        "Number of nodes, or the range of nodes in form <minimum_nodes>:<maximum_nodes> (rdrun: one node only for now)."),
+        "Number of nodes, or the range of nodes in form <minimum_nodes>:<maximum_nodes>; more than one node runs the --rdzv-backend rendezvous (static: node ranks; c10d: elastic)."),
     opt("nproc_per_node", &["--nproc-per-node", "--nproc_per_node"], Kind::Str, "1",
         "Number of workers per node; supported values: [auto, cpu, gpu, int] (int: at most 4096)."),
     opt("rdzv_backend", &["--rdzv-backend", "--rdzv_backend"], Kind::Str, "static",
@@ -258,7 +258,7 @@ static OPTIONS: &[OptSpec] = &[
     },
     opt("signals_to_handle", &["--signals-to-handle", "--signals_to_handle"], Kind::Str,
         "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
-        "Comma-separated signals to catch and forward to every worker's process group. TERM/INT/HUP/QUIT stop the run; USR1/USR2 are forwarded and the run goes on."),
+        "Comma-separated signals to catch and forward to every worker's process group. TERM/INT/HUP/QUIT stop the run; USR1/USR2 (e.g. a scheduler's preemption notice) are forwarded and the run goes on, but a worker that does not handle them dies of them (exit 138/140) and fails the run: list only TERM,INT,HUP,QUIT (torchrun's default) not to forward them (a USR1/USR2 then ends rdrun by its default action, as torchrun)."),
     opt("shutdown_timeout", &["--shutdown-timeout", "--shutdown_timeout"], Kind::Int, "30",
         "Seconds between the stop signal and SIGKILL, for every stop (also after a worker failure). Else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30."),
     opt("virtual_local_rank", &["--virtual-local-rank", "--virtual_local_rank"], Kind::Flag, "off",
@@ -1396,5 +1396,8 @@ mod tests {
         }
         assert!(h.contains("[default: 1:1; env: PET_NNODES]"));
         assert!(h.contains("[default: SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2;"));
+        // Stale text (issue 9/10): multi-node has been supported for a while.
+        assert!(!h.contains("one node only"), "{h}");
+        assert!(h.contains("a worker that does not handle them dies of them"));
     }
 }

@@ -7,7 +7,22 @@ use rdrun::cli::{self, Invocation};
 use rdrun::config;
 use rdrun::exit;
 
+/// Runs [`block_early`] before `main`, from the ELF constructors: the earliest code of rdrun's own
+/// that runs after exec (only the dynamic loader comes before it).
+#[used]
+#[link_section = ".init_array"]
+static BLOCK_EARLY: extern "C" fn() = block_early;
+
+/// Blocks the handled signals until the supervisor's handlers exist (see
+/// `supervisor::signals::STARTUP_BLOCKED`): a SIGTERM or SIGUSR1 in rdrun's first milliseconds
+/// used to kill it by the default action.
+extern "C" fn block_early() {
+    rdrun::supervisor::signals::block_at_startup();
+}
+
 fn main() {
+    // Again, in case the constructor did not run (idempotent): before anything else.
+    rdrun::supervisor::signals::block_at_startup();
     init_tracing();
     // OsString end to end: the script's arguments reach the workers byte for byte.
     let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -18,24 +33,39 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
     let args = match cli::parse_from(argv, &cli::process_env) {
         Ok(Invocation::Launch(args)) => *args,
         Ok(Invocation::Help) => {
-            print!("{}", cli::help_text());
+            print_out(&cli::help_text());
             return exit::SUCCESS;
         }
         Err(e) => {
-            eprintln!("rdrun: error: {e}");
+            print_err(&format!("rdrun: error: {e}\n"));
             return exit::USAGE;
         }
     };
     match config::resolve(args, &cli::process_env) {
         Ok(cfg) => rdrun::supervisor::run(cfg),
         Err(e) => {
-            eprintln!("rdrun: error: {e}");
+            print_err(&format!("rdrun: error: {e}\n"));
             e.exit_code()
         }
     }
 }
 
-/// rdrun's own log on stderr: level from RUST_LOG (full filter syntax), else LOGLEVEL (torchrun's
+/// rdrun's own text on stdout. A closed pipe (`rdrun --help | true`) or a full disk must not
+/// become a panic (exit 101, issue 10): the text is lost, the exit code stays the real one.
+fn print_out(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    let _ = out.flush();
+}
+
+/// [`print_out`] for stderr (`rdrun: error: …` lines; `2>/dev/full` still exits 2, not 101).
+fn print_err(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// rdrun's own log on stderr, each line stamped with its RFC 3339 time: level from RUST_LOG (full filter syntax), else LOGLEVEL (torchrun's
 /// variable: DEBUG, INFO, WARNING, ERROR, CRITICAL), else warnings and errors only.
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
@@ -52,7 +82,9 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         // Colour codes only on a terminal: logs captured by schedulers and CI stay plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .without_time()
+        // RFC 3339 UTC timestamps with microseconds (2026-12-01T11:37:17.123456Z): torchrun's
+        // log lines carry their time too, and interleaved logs of several nodes need it.
+        .with_timer(tracing_subscriber::fmt::time::SystemTime)
         .with_target(false)
         .try_init();
 }

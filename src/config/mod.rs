@@ -375,9 +375,11 @@ fn resolve_args(
     let log = resolve_logs(&args, env, host)?;
     let signals_to_handle = parse_signals(&args.signals_to_handle);
     let shutdown_timeout = resolve_shutdown_timeout(args.shutdown_timeout, env)?;
+    // --nproc-per-node before the command: a value wrong on any machine (0, 100000) is a usage
+    // error even when the script is missing too.
+    let nproc_per_node = resolve_nproc(&args.nproc_per_node, env, host)?;
     let command = resolve_command(&args, env, host)?;
 
-    let nproc_per_node = resolve_nproc(&args.nproc_per_node, env, host)?;
     if args.virtual_local_rank {
         // Fail before any worker starts, not when the first surplus rank is spawned.
         for local_rank in 0..nproc_per_node {
@@ -426,6 +428,8 @@ mod tests {
             (&["--monitor-interval", "0", "t.py"], "--monitor-interval '0': must be > 0"),
             (&["--monitor-interval", "nan", "t.py"], "--monitor-interval 'NaN': must be > 0"),
             (&["--node-rank", "-2", "t.py"], "--node-rank '-2': must be >= 0"),
+            // A usage error wins over a missing script (issue 10: `--nproc-per-node 0 x`).
+            (&["--nproc-per-node", "0", "missing.py"], "--nproc-per-node '0': must be > 0"),
             (&["--master-port", "70000", "t.py"], "--master-port '70000': must be between 0 and 65535"),
             (&["--shutdown-timeout", "-1", "t.py"], "--shutdown-timeout '-1': must be >= 0"),
             (

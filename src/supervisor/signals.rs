@@ -3,7 +3,8 @@
 //!
 //! Handlers are installed by [`Signals::install`] as the first thing `supervisor::run` does, before
 //! any worker exists (torchrun installs its handlers only just before the first spawn, spec
-//! torchrun-compat §3.6). Classification is pure ([`action`]); the agent decides what to do.
+//! torchrun-compat §3.6); until then the binary keeps the default list blocked from its first
+//! instruction ([`block_at_startup`]), so that none of them can kill rdrun by its default action. Classification is pure ([`action`]); the agent decides what to do.
 
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -66,6 +67,56 @@ pub fn name(sig: i32) -> String {
     }
 }
 
+/// The signals `rdrun` blocks from its first instruction (`block_at_startup`, called by the
+/// binary before `main`'s first line) until [`Signals::install`] has its handlers: the default
+/// `--signals-to-handle` list. Without the block, one of them in rdrun's first milliseconds (before
+/// the runtime exists) took its default action and killed rdrun. Blocked, it stays pending and
+/// reaches the handler once installed; one the user left out of `--signals-to-handle` then takes
+/// its default action, as it would have on arrival.
+pub const STARTUP_BLOCKED: [i32; 6] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+fn startup_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset only write the local set, which is fully initialised by
+    // sigemptyset before use; the signal numbers are valid.
+    unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        for sig in STARTUP_BLOCKED {
+            libc::sigaddset(&mut set, sig);
+        }
+        set
+    }
+}
+
+/// Blocks [`STARTUP_BLOCKED`] in the calling thread (threads created later inherit the mask).
+/// Async-signal-safe and allocation-free, so that it can run before `main`. Worker processes do
+/// not inherit the block: `std::process::Command` resets the signal mask before exec.
+pub fn block_at_startup() {
+    let set = startup_set();
+    // SAFETY: pthread_sigmask with a valid set and a null old-set pointer.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Undoes [`block_at_startup`] in the calling thread: pending signals are delivered now (to the
+/// handlers [`Signals::install`] has just set up, or by their default action). A no-op when
+/// nothing was blocked.
+fn release_startup_block() {
+    let set = startup_set();
+    // SAFETY: as in block_at_startup.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 /// Caught signals, in arrival order.
 #[derive(Debug)]
 pub struct Signals {
@@ -98,6 +149,8 @@ impl Signals {
                 }
             }
         }
+        // Handlers are in place: signals held since rdrun's first instruction may come now.
+        release_startup_block();
         Signals { rx, _tx: tx }
     }
 

@@ -10,6 +10,9 @@
 //! flag" test for values (`--max-restarts -1` is a value, `--rdzv-conf -x` is not), and defaults
 //! read from `PET_<DEST>` converted exactly like command-line text.
 //!
+//! One responsibility despite the length (about 850 lines of code, the rest tests): the option
+//! table, the argparse rules and the `--help` text belong together.
+//!
 //! Deliberate differences from argparse (recorded in docs/compat.md):
 //! - Arguments after the training script are never inspected. argparse classifies them too, so
 //!   `torchrun t.py --nproc 2` fails with "ambiguous option"; rdrun passes `--nproc 2` to the script.

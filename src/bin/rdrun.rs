@@ -1,4 +1,4 @@
-//! The `rdrun` binary: tracing -> parse -> resolve -> supervisor -> exit code.
+//! The `rdrun` binary: block signals -> tracing -> parse -> resolve -> supervisor -> exit code.
 //!
 //! Thin on purpose: every decision lives in the library. Errors are printed here, once, as
 //! `rdrun: error: <message>`, with the exit codes of `rdrun::exit`.

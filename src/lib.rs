@@ -3,6 +3,7 @@
 //!
 //! # Map
 //! - [`cli`]: hand-written argparse-compatible parser of every torchrun flag (both spellings, PET_* fallback); parse only.
+//! - [`cluster`]: scheduler detection (Slurm, Kubernetes, MPI, LSF, hostfiles) -> a topology with per-field sources (not yet wired).
 //! - [`config`]: parsed args -> [`config::LaunchConfig`] (nproc, nnodes, standalone, command, logs).
 //! - [`workerenv`]: the launcher <-> worker environment contract.
 //! - [`exit`]: every exit code rdrun can return.
@@ -26,6 +27,7 @@
 //! `store` and `workerenv`.
 
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod exit;
 pub mod rendezvous;

@@ -1,0 +1,4 @@
+//! Cluster detection: reading what a scheduler put in the environment. So far only the
+//! Slurm hostlist grammar ([`hostlist`]); the readers and the topology follow.
+
+pub mod hostlist;

@@ -896,3 +896,78 @@ fn pet_typed_by_hand_is_not_a_cluster() {
         (1, "PET_NODE_RANK".into())
     );
 }
+
+mod never_panics {
+    use super::*;
+    use proptest::prelude::*;
+
+    const VARS: &[&str] = &[
+        "SLURM_JOB_ID",
+        "SLURM_STEP_ID",
+        "SLURM_STEP_NODELIST",
+        "SLURM_STEP_NUM_NODES",
+        "SLURM_STEP_NUM_TASKS",
+        "SLURM_STEP_TASKS_PER_NODE",
+        "SLURM_NODEID",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURMD_NODENAME",
+        "SLURM_JOB_NUM_NODES",
+        "SLURM_STEP_RESV_PORTS",
+        "KUBERNETES_SERVICE_HOST",
+        "PET_NNODES",
+        "PET_NODE_RANK",
+        "PET_MASTER_ADDR",
+        "PET_MASTER_PORT",
+        "PET_RDZV_ENDPOINT",
+        "RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "JOB_COMPLETION_INDEX",
+        "VC_TASK_INDEX",
+        "VC_W_HOSTS",
+        "VC_W_NUM",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "LSB_JOBID",
+        "LSB_HOSTS",
+        "LSB_MCPU_HOSTS",
+        "RDRUN_NNODES",
+        "RDRUN_NODE_RANK",
+        "RDRUN_RDZV_ENDPOINT",
+    ];
+
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (0u32..6).prop_map(|n| n.to_string()),
+            Just("h0".to_string()),
+            Just("h[0-2]".to_string()),
+            Just("2(x2)".to_string()),
+            Just("h0 2 h1".to_string()),
+            Just("[::1]:1".to_string()),
+            "[a-z0-9\\[\\],:()x -]{0,10}",
+        ]
+    }
+
+    proptest! {
+        /// Any mix of scheduler variables gives a topology or a one-line error, never a panic.
+        #[test]
+        fn detect_is_total(pairs in prop::collection::vec((prop::sample::select(VARS), value()), 0..12),
+                           host in prop::sample::select(vec!["h0", "h1", "h-1", "x"])) {
+            let e: BTreeMap<String, String> = pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            let h = HostFacts { ppid: Some(1), ..HostFacts::named(host) };
+            match detect(&e, &h, ClusterChoice::Auto, &Fields::default()) {
+                Ok(Some(t)) => {
+                    let _ = render::text(&t);
+                    let _ = render::json(&t);
+                }
+                Ok(None) => {}
+                Err(err) => prop_assert!(!err.0.contains('\n'), "{}", err.0),
+            }
+        }
+    }
+}

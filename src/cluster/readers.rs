@@ -928,3 +928,84 @@ pub fn hostfile(
         notes,
     }))
 }
+
+/// DeepSpeed's *documented* `-i/--include` and `-e/--exclude` semantics
+/// (`parse_resource_filter`; its CLI deviates since PR #6530): `NAME[:SLOT[,SLOT…]]` specs joined
+/// by `@`; include starts empty, exclude starts from every slot; an unknown host or slot is an
+/// error; hosts left empty are dropped; hostfile order kept; slots merged and sorted. Not yet
+/// reachable from a flag.
+pub fn resource_filter(
+    hosts: &[(String, usize)],
+    include: Option<&str>,
+    exclude: Option<&str>,
+) -> R<Vec<(String, Vec<usize>)>> {
+    let spec = match (include, exclude) {
+        (Some(_), Some(_)) => return fail("--include and --exclude are mutually exclusive".into()),
+        (None, None) => {
+            return Ok(hosts
+                .iter()
+                .map(|(h, n)| (h.clone(), (0..*n).collect()))
+                .collect())
+        }
+        (Some(s), None) | (None, Some(s)) => s,
+    };
+    let including = include.is_some();
+    let mut chosen: Vec<Vec<usize>> = hosts
+        .iter()
+        .map(|(_, n)| {
+            if including {
+                Vec::new()
+            } else {
+                (0..*n).collect()
+            }
+        })
+        .collect();
+    let flag = if including { "--include" } else { "--exclude" };
+    for node in spec.split('@').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, slots) = match node.split_once(':') {
+            Some((n, s)) => (n, Some(s)),
+            None => (node, None),
+        };
+        let Some(i) = hosts.iter().position(|(h, _)| h == name) else {
+            return fail(format!(
+                "{flag} {spec:?}: host {name:?} is not in the hostfile"
+            ));
+        };
+        let slots: Vec<usize> = match slots {
+            None => (0..hosts[i].1).collect(),
+            Some(s) => {
+                let mut v = Vec::new();
+                for t in s.split(',') {
+                    let n: usize = t.trim().parse().map_err(|_| {
+                        ClusterError(format!(
+                            "{flag} {spec:?}: slot {t:?} of {name} is not a number"
+                        ))
+                    })?;
+                    if n >= hosts[i].1 {
+                        return fail(format!(
+                            "{flag} {spec:?}: No slot '{n}' specified on host '{name}'"
+                        ));
+                    }
+                    v.push(n);
+                }
+                v
+            }
+        };
+        if including {
+            chosen[i].extend(slots);
+        } else if node.contains(':') {
+            chosen[i].retain(|s| !slots.contains(s));
+        } else {
+            chosen[i].clear();
+        }
+    }
+    Ok(hosts
+        .iter()
+        .zip(chosen)
+        .filter_map(|((h, _), mut s)| {
+            s.sort_unstable();
+            s.dedup();
+            (!s.is_empty()).then(|| (h.clone(), s))
+        })
+        .collect())
+}

@@ -971,3 +971,43 @@ mod never_panics {
         }
     }
 }
+
+#[test]
+fn deepspeed_documented_include_exclude() {
+    use readers::resource_filter as rf;
+    let hosts = vec![("worker-0".to_string(), 4), ("worker-1".to_string(), 4)];
+    let m = |v: &[(&str, &[usize])]| {
+        v.iter()
+            .map(|(h, s)| (h.to_string(), s.to_vec()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        rf(&hosts, Some("worker-0@worker-1:0,2"), None).unwrap(),
+        m(&[("worker-0", &[0, 1, 2, 3]), ("worker-1", &[0, 2])])
+    );
+    assert_eq!(
+        rf(&hosts, None, Some("worker-1:0")).unwrap(),
+        m(&[("worker-0", &[0, 1, 2, 3]), ("worker-1", &[1, 2, 3])])
+    );
+    assert_eq!(
+        rf(&hosts, None, Some("worker-1")).unwrap(),
+        m(&[("worker-0", &[0, 1, 2, 3])])
+    );
+    assert_eq!(
+        rf(&hosts, Some("worker-1:0@worker-1:2"), None).unwrap(),
+        m(&[("worker-1", &[0, 2])])
+    );
+    assert_eq!(
+        rf(&hosts, Some("worker-2"), None).unwrap_err().0,
+        "--include \"worker-2\": host \"worker-2\" is not in the hostfile"
+    );
+    assert_eq!(
+        rf(&hosts, Some("worker-1:9"), None).unwrap_err().0,
+        "--include \"worker-1:9\": No slot '9' specified on host 'worker-1'"
+    );
+    assert!(rf(&hosts, Some("worker-0"), Some("worker-1"))
+        .unwrap_err()
+        .0
+        .contains("mutually exclusive"));
+    assert_eq!(rf(&hosts, None, None).unwrap().len(), 2);
+}

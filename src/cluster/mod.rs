@@ -483,6 +483,19 @@ pub fn validate(t: &Topology) -> Result<(), ClusterError> {
     Ok(())
 }
 
+/// The nested-launch guard (spec §6.2 step 0): a torchrun or rdrun worker (both export
+/// `TORCHELASTIC_RUN_ID`) that starts rdrun would inherit the scheduler's variables and form a
+/// second world; refused unless `allowed` (a later `--nested`). Separate from [`detect`] so the
+/// caller decides where it runs.
+pub fn nested_guard(env: &dyn Env, allowed: bool) -> Result<(), ClusterError> {
+    match env.get("TORCHELASTIC_RUN_ID") {
+        Some(id) if !allowed => Err(ClusterError(format!(
+            "rdrun was started by a torchrun/rdrun worker (TORCHELASTIC_RUN_ID={id}); a nested launch forms its own world; pass --nested if that is intended"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// A port in 10000–32767 (below Linux's default ephemeral range) from two job identifiers, so
 /// consecutive jobs and concurrent steps of one job get different ports.
 pub fn derived_port(job: u64, step: u64) -> u16 {

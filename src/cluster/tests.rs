@@ -1011,3 +1011,14 @@ fn deepspeed_documented_include_exclude() {
         .contains("mutually exclusive"));
     assert_eq!(rf(&hosts, None, None).unwrap().len(), 2);
 }
+
+#[test]
+fn nested_launch_is_refused_unless_allowed() {
+    let e = env(&[("TORCHELASTIC_RUN_ID", "abc")]);
+    assert_eq!(
+        nested_guard(&e, false).unwrap_err().0,
+        "rdrun was started by a torchrun/rdrun worker (TORCHELASTIC_RUN_ID=abc); a nested launch forms its own world; pass --nested if that is intended"
+    );
+    assert!(nested_guard(&e, true).is_ok());
+    assert!(nested_guard(&env(&[]), false).is_ok());
+}

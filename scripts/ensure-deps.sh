@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs the system tools the test suite needs, idempotently (nothing happens when present):
-# iproute2 (`ip`) for the network-namespace multi-node tests (scripts/netns.sh).
+# iproute2 (`ip`) for the network-namespace multi-node tests (scripts/netns.sh), and slurm-client
+# (`scontrol`) as the differential oracle of the Slurm hostlist parser (src/cluster/hostlist.rs; it needs
+# no controller, only a generated slurm.conf).
 set -euo pipefail
 
 missing=()
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v scontrol >/dev/null 2>&1 || missing+=(slurm-client)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

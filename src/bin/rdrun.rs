@@ -1,11 +1,15 @@
 //! The `rdrun` binary: tracing -> parse -> resolve -> supervisor -> exit code.
 //!
-//! Thin on purpose: every decision lives in the library. Errors are printed here, once, as
-//! `rdrun: error: <message>`, with the exit codes of `rdrun::exit`.
+//! Thin on purpose: every decision lives in the library. How the run ended (a
+//! `supervisor::RunEnd`) is printed here, once: the failure report, or `rdrun: error: <message
+//! and its causes>`; the report's files (`--report-json`, the parent TORCHELASTIC_ERROR_FILE) are
+//! written from the same resolved report; the status is `exit::for_run_end`'s.
 
 use rdrun::cli::{self, Invocation};
 use rdrun::config;
 use rdrun::exit;
+use rdrun::supervisor;
+use std::path::PathBuf;
 
 fn main() {
     init_tracing();
@@ -28,13 +32,26 @@ fn run(argv: &[String]) -> i32 {
             return exit::USAGE;
         }
     };
-    match config::resolve(args, &cli::process_env) {
-        Ok(cfg) => rdrun::supervisor::run(cfg),
+    let cfg = match config::resolve(args, &cli::process_env) {
+        Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("rdrun: error: {e}");
-            e.exit_code()
+            return e.exit_code();
         }
+    };
+    let report_json = cfg.report_json.clone();
+    let end = supervisor::run(cfg);
+    if let Some(report) = end.report() {
+        // Nested under a scheduler that gave rdrun its own error file: the root cause goes there.
+        let parent = std::env::var_os("TORCHELASTIC_ERROR_FILE")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        supervisor::write_report_files(report, report_json.as_deref(), parent.as_deref());
     }
+    if let Some(msg) = end.message() {
+        eprintln!("{msg}");
+    }
+    exit::for_run_end(&end)
 }
 
 /// rdrun's own log on stderr: level from RUST_LOG (full filter syntax), else LOGLEVEL (torchrun's

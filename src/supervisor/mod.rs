@@ -11,6 +11,7 @@ pub mod ncclpath;
 pub mod output;
 pub mod report;
 pub mod restart;
+mod setup;
 pub mod signals;
 mod stop;
 mod watchdog;

@@ -11,7 +11,7 @@
 //! [`restart`] decides. The worker store ([`StoreServer`]) lives as long as the run and is
 //! cleared between attempts.
 //!
-//! Multi-node ([`uses_rendezvous`]): every attempt starts with a rendezvous round
+//! Multi-node ([`rdzvlink::uses_rendezvous`]): every attempt starts with a rendezvous round
 //! ([`Rendezvous::next_round`]) whose [`Assignment`] gives the ranks, and the attempt also
 //! watches the rendezvous: a membership change (late joiner, lost peer, another node's restart)
 //! stops the workers and joins the next round; what it costs is [`restart::decide`]'s, with the
@@ -29,16 +29,15 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::config::{self, LaunchConfig, LeftoverPolicy, RdzvBackend};
+use crate::config::{self, LaunchConfig, LeftoverPolicy};
 use crate::exit::WorkerStatus;
-use crate::rendezvous::{
-    Assignment, RdzvEvent, Rendezvous, RendezvousError, RoundReason, RoundRequest,
-};
+use crate::rendezvous::{Assignment, RdzvEvent, Rendezvous, RoundReason};
 use crate::store::server::{self, ServerConfig, ServerExit, StoreServer};
 
-use super::end::{self, RunEnd};
+use super::end::RunEnd;
 use super::events::Event;
 use super::output::{self, OutputSummary, RankIdentity, RunLogs};
+use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
 use super::report::{Failure, FailureReport};
 use super::restart::{self, AttemptEnd, Decision};
 use super::setup::{bind_store, bind_worker_store_any, fqdn_of, is_loopback, short_host};
@@ -47,9 +46,6 @@ use super::stop::{self, GroupGuard, GroupStop, Phase, StopReason, KILL_WAIT};
 use super::watchdog::Watchdog;
 use super::worker::{self, RunWorkerEnv};
 
-/// How long a node that does not host the rendezvous store tries to close the rendezvous after
-/// a successful exit barrier (the host closes it anyway and may be gone already).
-const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// How long rdrun waits for a worker's output pipes to close once its processes are gone (a
 /// pipe may still be held by a process rdrun cannot kill).
 const OUTPUT_WAIT: Duration = Duration::from_secs(2);
@@ -501,82 +497,21 @@ impl Agent {
     /// Joins the next rendezvous round; on failure, how the run ends.
     async fn join_round(&mut self, reason: RoundReason) -> Result<Assignment, RunEnd> {
         let rdzv = self.rdzv.as_mut().expect("multi-node run has a rendezvous");
-        let req = RoundRequest {
-            reason,
-            master_port: self.master_port,
-        };
-        match until_shutdown(&mut self.signals, rdzv.next_round(req)).await {
-            Ok(Ok(asg)) => {
-                tracing::info!(
-                    round = asg.round,
-                    group_rank = asg.group_rank,
-                    group_world_size = asg.group_world_size,
-                    world_size = asg.world_size,
-                    restart_count = asg.restart_count,
-                    master = %format!("{}:{}", asg.master_addr, asg.master_port),
-                    "rendezvous round complete"
-                );
-                Ok(asg)
-            }
-            Ok(Err(RendezvousError::Closed { redundant: true })) => {
-                tracing::warn!("the job finished while this node waited to join; nothing to do");
-                Err(RunEnd::Succeeded)
-            }
-            Ok(Err(err)) => Err(RunEnd::from_error(err)),
-            Err(signal) => {
-                tracing::warn!(
-                    "received {} during the rendezvous, exiting",
-                    signals::name(signal)
-                );
-                Err(RunEnd::Interrupted {
-                    signal,
-                    report: None,
-                })
-            }
-        }
+        rdzvlink::join_round(rdzv, &mut self.signals, reason, self.master_port).await
     }
 
-    /// After local success: the exit barrier (errors are only logged, as torchrun), then close.
+    /// After local success: the exit barrier, then close.
     async fn finish_rdzv(&mut self, asg: &Assignment) {
-        let Some(rdzv) = self.rdzv.as_ref() else {
-            return;
-        };
-        let timeout = self.config.exit_barrier_timeout;
-        match until_shutdown(&mut self.signals, rdzv.exit_barrier(asg, timeout)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => tracing::error!("exit barrier: {}", end::error_chain(&err)),
-            Err(sig) => {
-                tracing::warn!("received {} in the exit barrier", signals::name(sig));
-                return;
-            }
-        }
-        // The store's host lingers in the barrier until every agent has departed, then closes
-        // (for nodes still waiting to join). The others try briefly: the host may be gone.
-        if rdzv.server.is_some() {
-            self.close_rdzv().await;
-        } else if tokio::time::timeout(CLOSE_WAIT, self.close_rdzv_quiet())
-            .await
-            .is_err()
-        {
-            tracing::debug!("rendezvous store gone after the exit barrier; not closing it");
-        }
-    }
-
-    /// [`Agent::close_rdzv`] with failures at debug level (the store may be gone already).
-    async fn close_rdzv_quiet(&mut self) {
         if let Some(rdzv) = self.rdzv.as_mut() {
-            if let Err(err) = rdzv.close().await {
-                tracing::debug!("cannot close the rendezvous: {}", end::error_chain(&err));
-            }
+            let timeout = self.config.exit_barrier_timeout;
+            rdzvlink::finish(rdzv, &mut self.signals, asg, timeout).await;
         }
     }
 
     /// Closes the rendezvous for every node (the job is over); errors are only logged.
     async fn close_rdzv(&mut self) {
         if let Some(rdzv) = self.rdzv.as_mut() {
-            if let Err(err) = rdzv.close().await {
-                tracing::warn!("cannot close the rendezvous: {}", end::error_chain(&err));
-            }
+            rdzvlink::close(rdzv).await;
         }
     }
 
@@ -969,14 +904,6 @@ impl Agent {
     }
 }
 
-/// The next rendezvous event; pending forever without a rendezvous.
-async fn watch_opt(rdzv: Option<&mut Rendezvous>) -> RdzvEvent {
-    match rdzv {
-        Some(r) => r.watch().await,
-        None => std::future::pending().await,
-    }
-}
-
 /// What a rendezvous event means for the running attempt. A static job cannot shrink: a lost
 /// peer is a failure of the job (charged, `PeerLost`); a c10d job regroups without it.
 fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
@@ -1002,33 +929,6 @@ fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
     }
 }
 
-/// Runs `fut` unless a shutdown signal arrives first (then `Err(signal)`). Other handled
-/// signals have no worker to go to while no attempt runs; they are logged and dropped.
-async fn until_shutdown<T>(signals: &mut Signals, fut: impl Future<Output = T>) -> Result<T, i32> {
-    tokio::pin!(fut);
-    loop {
-        tokio::select! {
-            v = &mut fut => return Ok(v),
-            sig = signals.recv() => {
-                if signals::action(sig) == SignalAction::Shutdown {
-                    return Err(sig);
-                }
-                tracing::info!("received {} while no worker runs; ignoring it", signals::name(sig));
-            }
-        }
-    }
-}
-
-/// Whether this launch goes through a rendezvous: several nodes, or a c10d endpoint even for
-/// one node (as torchrun). A one-node static launch with `--master-port` keeps the single-node
-/// path (same ranks, same store, no rendezvous traffic), and so does a one-node etcd launch
-/// (rdrun has no etcd backend; one node needs none).
-pub fn uses_rendezvous(config: &LaunchConfig) -> bool {
-    !config.standalone
-        && config.rdzv.endpoint.is_some()
-        && (config.nnodes.max > 1 || config.rdzv.backend == RdzvBackend::C10d)
-}
-
 async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -1039,66 +939,6 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn config(standalone: bool, master_addr: &str, master_port: Option<u16>) -> LaunchConfig {
-        use crate::config::*;
-        LaunchConfig {
-            nproc_per_node: 1,
-            nnodes: NodeRange { min: 1, max: 1 },
-            node_rank: 0,
-            rdzv: RdzvConfig {
-                backend: RdzvBackend::Static,
-                endpoint: None,
-                run_id: "t".into(),
-                conf: Default::default(),
-            },
-            standalone,
-            master_addr: master_addr.into(),
-            master_port,
-            local_addr: None,
-            max_restarts: 0,
-            role: "default".into(),
-            command: WorkerCommand {
-                kind: EntrypointKind::Exec,
-                program: "true".into(),
-                args: Vec::new(),
-                display_name: "true".into(),
-            },
-            log: LogConfig::default(),
-            signals_to_handle: vec![libc::SIGTERM],
-            shutdown_timeout: Duration::from_secs(1),
-            virtual_local_rank: false,
-            report_json: None,
-            exit_barrier_timeout: Duration::from_secs(300),
-            leftovers: LeftoverPolicy::Kill,
-        }
-    }
-
-    #[test]
-    fn which_launches_use_the_rendezvous() {
-        use crate::config::{Endpoint, NodeRange};
-        let ep = Some(Endpoint {
-            host: "h".into(),
-            port: 1,
-        });
-        // (standalone, backend, endpoint, nnodes max, expected)
-        let table = [
-            (true, RdzvBackend::C10d, None, 1, false),
-            (false, RdzvBackend::Static, ep.clone(), 1, false),
-            (false, RdzvBackend::Static, ep.clone(), 2, true),
-            (false, RdzvBackend::C10d, ep.clone(), 1, true),
-            (false, RdzvBackend::C10d, ep.clone(), 4, true),
-            (false, RdzvBackend::Etcd, ep.clone(), 1, false),
-            (false, RdzvBackend::Etcd, ep.clone(), 2, true),
-        ];
-        for (standalone, backend, endpoint, max, want) in table {
-            let mut c = config(standalone, "127.0.0.1", None);
-            c.rdzv.backend = backend;
-            c.rdzv.endpoint = endpoint;
-            c.nnodes = NodeRange { min: 1, max };
-            assert_eq!(uses_rendezvous(&c), want, "{standalone} {backend:?} {max}");
-        }
-    }
 
     #[test]
     fn rendezvous_events_to_outcomes() {

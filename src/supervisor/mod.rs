@@ -9,6 +9,7 @@ mod end;
 pub mod events;
 pub mod ncclpath;
 pub mod output;
+mod rdzvlink;
 pub mod report;
 pub mod restart;
 mod setup;

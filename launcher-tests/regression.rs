@@ -46,6 +46,82 @@ fn torchrun_leaves_grandchildren_of_exited_workers() {
     assert_eq!(pids.len(), 4, "{out:?}");
     // rdrun returned only after its stop: nothing may be alive now (small slack for /proc).
     assert_no_leak(&pids, Duration::from_secs(2));
+    // Issue 11: each process stopped is named at WARN, pid and command (the command may still
+    // be the worker's script if the grandchild had not exec'd yet).
+    for lr in 0..2 {
+        let gpid = std::fs::read_to_string(dir.join(format!("gpid.{lr}"))).expect("gpid");
+        let line = format!("stopping a process they left behind: pid {}: ", gpid.trim());
+        let named = out
+            .stderr
+            .lines()
+            .find(|l| l.contains(&line))
+            .unwrap_or_else(|| panic!("{line:?} not in {out:?}"));
+        assert!(
+            named.contains(" WARN ") || named.starts_with("WARN"),
+            "{named}"
+        );
+        assert!(named.contains("sh"), "{named}");
+    }
+}
+
+/// `--leftovers=wait` waits for what the workers left behind; RDRUN_LEFTOVERS=leave leaves it
+/// running (torchrun's behaviour). Issue 11: an opt-out of the no-orphans default.
+#[test]
+fn leftovers_can_be_waited_for_or_left() {
+    // wait: the grandchild ignores SIGTERM and writes its marker after 2 s; rdrun must not
+    // signal it and may only exit once it is gone.
+    let dir = TempDir::new("leftovers_wait");
+    let out = Rdrun::new()
+        .args(["--standalone", "--nproc-per-node=1", "--leftovers=wait"])
+        .arg("--no-python")
+        .arg(worker("spawn_grandchild"))
+        .arg(dir.path())
+        .args(["2", "exit"])
+        .run();
+    out.assert_code(0);
+    assert!(dir.join("marker.0").exists(), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("waiting for a process they left behind: pid "),
+        "{out:?}"
+    );
+    // leave: rdrun exits at once; the grandchild still runs (then this test ends it by pid).
+    let dir = TempDir::new("leftovers_leave");
+    let out = Rdrun::new()
+        .env("RDRUN_LEFTOVERS", "leave")
+        .args(["--standalone", "--nproc-per-node=1"])
+        .arg("--no-python")
+        .arg(worker("spawn_grandchild"))
+        .arg(dir.path())
+        .args(["30", "exit"])
+        .run();
+    out.assert_code(0);
+    let gpid: i32 = std::fs::read_to_string(dir.join("gpid.0"))
+        .expect("gpid")
+        .trim()
+        .parse()
+        .expect("pid");
+    // SAFETY: signal 0 only checks that the process exists.
+    let alive = unsafe { libc::kill(gpid, 0) } == 0;
+    // SAFETY: plain kill(2) of the grandchild this test's fixture started.
+    unsafe { libc::kill(gpid, libc::SIGKILL) };
+    assert!(alive, "the left-behind process was stopped: {out:?}");
+    assert!(
+        out.stderr
+            .contains(&format!("leaving a process they left behind: pid {gpid}: ")),
+        "{out:?}"
+    );
+    // A bad value is a usage error naming the flag.
+    let out = Rdrun::new()
+        .args([
+            "--standalone",
+            "--leftovers=sometimes",
+            "--no-python",
+            "true",
+        ])
+        .run();
+    out.assert_code(2);
+    assert!(out.stderr.contains("--leftovers"), "{out:?}");
 }
 
 /// The same after a failure: rank 0 exited 0 early leaving a grandchild, then rank 1 failed.

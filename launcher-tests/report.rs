@@ -11,7 +11,7 @@ use rdrun::config::LogConfig;
 use rdrun::exit::WorkerStatus;
 use rdrun::supervisor::output::{RankSink, RunLogs};
 use rdrun::supervisor::report::{
-    copy_to_parent_error_file, render, root_cause, to_json, Failure, FailureReport,
+    copy_to_parent_error_file, render, to_json, Failure, FailureReport,
 };
 
 use crate::output::{console, forward_all, ident, spawn, Scratch};
@@ -71,8 +71,10 @@ fn python_traceback_from_stderr_without_record() {
             stderr_tail: summary.stderr_tail.clone(),
             traceback: summary.traceback.clone(),
             abandoned: false,
+            stop_sent_at: None,
         }],
-    };
+    }
+    .resolve();
     let text = render(&report);
     // W = the longest block line (the traceback's `File "<string>"` line) here, under 60.
     let width = text
@@ -138,6 +140,7 @@ fn error_file_written_by_worker_is_reported_copied_and_kept() {
                 stderr_tail: summaries[lr].stderr_tail.clone(),
                 traceback: summaries[lr].traceback.clone(),
                 abandoned: false,
+                stop_sent_at: None,
             });
         }
     }
@@ -145,8 +148,9 @@ fn error_file_written_by_worker_is_reported_copied_and_kept() {
         name: "t.py".into(),
         host: "host".into(),
         failures,
-    };
-    assert_eq!(root_cause(&report.failures), Some(0));
+    }
+    .resolve();
+    assert_eq!(report.root_cause(), Some(0));
     let text = render(&report);
     let ef = &a.ranks[1].error_file;
     assert!(text.contains(&format!("  error_file: {ef}\n")), "{text}");
@@ -269,4 +273,50 @@ fn cli_python_traceback_without_record() {
         !e.contains("Root cause stderr"),
         "the tail is the traceback itself: {e}"
     );
+}
+
+/// Issue 11: rank 1 is SIGKILLed; rank 0, stopped by rdrun, writes an `@record`-style error file
+/// from its SIGTERM handler (whole-second timestamp, as torch's) and exits 1. The bystander's file
+/// used to win the root cause whenever it was written in the same second as rank 1's death
+/// (nearly always), giving exit 1 and "Connection reset by peer". Rank 1 dies only once rank 0's
+/// handler is installed, so every try has the race; 5 tries.
+#[test]
+fn cli_bystander_error_file_on_sigterm_is_not_the_root_cause() {
+    let sync = crate::util::TempDir::new("bystander");
+    let script = r#"if [ "$LOCAL_RANK" = 1 ]; then
+  while [ ! -e "$SYNC_DIR/ready" ]; do sleep 0.02; done
+  kill -9 $$
+fi
+trap 'printf "{\"message\": {\"message\": \"ConnectionResetError: Connection reset by peer\", \"extraInfo\": {\"py_callstack\": \"ConnectionResetError: Connection reset by peer\", \"timestamp\": \"%s\"}}}" "$(date +%s)" > "$TORCHELASTIC_ERROR_FILE"; exit 1' TERM
+touch "$SYNC_DIR/ready"
+sleep 30 &
+wait"#;
+    let sync_dir = sync.path().display().to_string();
+    for attempt in 0..5 {
+        let _ = fs::remove_file(sync.path().join("ready"));
+        let r = rdrun(
+            &[
+                "--standalone",
+                "--nproc_per_node=2",
+                "--no-python",
+                "sh",
+                "-c",
+                script,
+            ],
+            &[("SYNC_DIR", &sync_dir)],
+        );
+        let e = &r.stderr;
+        // The bystander really wrote its file (the race happened), and is listed, not blamed.
+        assert!(e.contains("ConnectionResetError"), "try {attempt}: {e}");
+        assert_eq!(r.code, Some(137), "try {attempt}: {r:?}");
+        let root = e
+            .split("Root Cause (first observed failure):")
+            .nth(1)
+            .unwrap_or_else(|| panic!("try {attempt}: no root cause block: {e}"));
+        assert!(
+            root.contains("  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: "),
+            "try {attempt}: {e}"
+        );
+        assert!(!root.contains("ConnectionResetError"), "try {attempt}: {e}");
+    }
 }

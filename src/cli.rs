@@ -77,6 +77,8 @@ pub struct LaunchArgs {
     pub report_json: Option<PathBuf>,
     /// rdrun's `--exit-barrier-timeout SECS` (torchrun hard-codes 300).
     pub exit_barrier_timeout: f64,
+    /// rdrun's `--leftovers kill|wait|leave` (else RDRUN_LEFTOVERS, read by `config`).
+    pub leftovers: Option<String>,
     /// The script path, module name (`-m`) or program (`--no-python`), as typed (any bytes).
     pub training_script: OsString,
     /// Everything after the training script, byte for byte (after the `--` rules of spec §1.1):
@@ -280,6 +282,12 @@ static OPTIONS: &[OptSpec] = &[
         abbreviable: false,
         ..opt("exit_barrier_timeout", &["--exit-barrier-timeout", "--exit_barrier_timeout"], Kind::Float, "300",
             "rdrun: seconds to wait for the other nodes after local success (multi-node).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("leftovers", &["--leftovers"], Kind::Str, "kill",
+            "rdrun: processes the workers leave behind after a successful run: kill (stop them, each named at WARN), wait (until they exit), leave. Else RDRUN_LEFTOVERS.")
     },
 ];
 
@@ -642,6 +650,7 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         virtual_local_rank: b.flag("virtual_local_rank")?,
         report_json: b.opt_string("report_json")?.map(PathBuf::from),
         exit_barrier_timeout: b.float("exit_barrier_timeout")?.unwrap_or(300.0),
+        leftovers: b.opt_string("leftovers")?,
         training_script,
         training_script_args,
         from_env: BTreeMap::new(),

@@ -4,6 +4,8 @@
 //! worker failure, exits with the root-cause worker's own status (its code, or 128+N for death by
 //! signal N, as `srun` does). See docs/compat.md for the table against torchrun.
 
+use crate::supervisor::RunEnd;
+
 /// All workers exited 0.
 pub const SUCCESS: i32 = 0;
 /// A launcher-level failure: rendezvous timeout, a config error found after parsing, a worker that
@@ -15,6 +17,17 @@ pub const USAGE: i32 = 2;
 /// Shell convention for "terminated by signal N".
 pub const fn for_signal(signal: i32) -> i32 {
     128 + signal
+}
+
+/// The status of a run that ended as `end`: 0 on success, the root cause's own status for a
+/// worker failure, 128+N after signal N, 1 for a launcher error or a lost rendezvous.
+pub fn for_run_end(end: &RunEnd) -> i32 {
+    match end {
+        RunEnd::Succeeded => SUCCESS,
+        RunEnd::WorkersFailed(report) => report.exit_code(),
+        RunEnd::Interrupted { signal, .. } => for_signal(*signal),
+        RunEnd::LauncherError(_) | RunEnd::RendezvousLost(_) => LAUNCHER_FAILURE,
+    }
 }
 
 /// How a worker process ended, as seen by `waitpid`.
@@ -72,5 +85,48 @@ mod tests {
         );
         assert!(WorkerStatus::Exited(0).success());
         assert!(!WorkerStatus::Signaled(0).success());
+    }
+
+    #[test]
+    fn run_ends() {
+        use crate::supervisor::report::{Failure, FailureReport};
+        let failed = |status| {
+            RunEnd::WorkersFailed(
+                FailureReport {
+                    name: "x".into(),
+                    host: "h".into(),
+                    failures: vec![Failure {
+                        local_rank: 0,
+                        rank: 0,
+                        pid: 1,
+                        status,
+                        observed_at: std::time::SystemTime::now(),
+                        error_file: None,
+                        stderr_tail: Vec::new(),
+                        traceback: None,
+                        abandoned: false,
+                        stop_sent_at: None,
+                    }],
+                }
+                .resolve(),
+            )
+        };
+        let table = [
+            (RunEnd::Succeeded, SUCCESS),
+            (failed(WorkerStatus::Exited(3)), 3),
+            (failed(WorkerStatus::Signaled(9)), 137),
+            (
+                RunEnd::Interrupted {
+                    signal: 2,
+                    report: None,
+                },
+                130,
+            ),
+            (RunEnd::error("x"), LAUNCHER_FAILURE),
+            (RunEnd::RendezvousLost("gone".into()), LAUNCHER_FAILURE),
+        ];
+        for (end, want) in table {
+            assert_eq!(for_run_end(&end), want, "{end:?}");
+        }
     }
 }

@@ -1,11 +1,15 @@
 //! The `rdrun` binary: block signals -> tracing -> parse -> resolve -> supervisor -> exit code.
 //!
-//! Thin on purpose: every decision lives in the library. Errors are printed here, once, as
-//! `rdrun: error: <message>`, with the exit codes of `rdrun::exit`.
+//! Thin on purpose: every decision lives in the library. How the run ended (a
+//! `supervisor::RunEnd`) is printed here, once: the failure report, or `rdrun: error: <message
+//! and its causes>`; the report's files (`--report-json`, the parent TORCHELASTIC_ERROR_FILE) are
+//! written from the same resolved report; the status is `exit::for_run_end`'s.
 
 use rdrun::cli::{self, Invocation};
 use rdrun::config;
 use rdrun::exit;
+use rdrun::supervisor;
+use std::path::PathBuf;
 
 /// Runs [`block_early`] before `main`, from the ELF constructors: the earliest code of rdrun's own
 /// that runs after exec (only the dynamic loader comes before it).
@@ -41,13 +45,29 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
             return exit::USAGE;
         }
     };
-    match config::resolve(args, &cli::process_env) {
-        Ok(cfg) => rdrun::supervisor::run(cfg),
+    let cfg = match config::resolve(args, &cli::process_env) {
+        Ok(cfg) => cfg,
         Err(e) => {
-            print_err(&format!("rdrun: error: {e}\n"));
-            e.exit_code()
+            print_err(&format!(
+                "rdrun: error: {e}
+"
+            ));
+            return e.exit_code();
         }
+    };
+    let report_json = cfg.report_json.clone();
+    let end = supervisor::run(cfg);
+    if let Some(report) = end.report() {
+        // Nested under a scheduler that gave rdrun its own error file: the root cause goes there.
+        let parent = std::env::var_os("TORCHELASTIC_ERROR_FILE")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        supervisor::write_report_files(report, report_json.as_deref(), parent.as_deref());
     }
+    if let Some(msg) = end.message() {
+        print_err(&format!("{msg}\n"));
+    }
+    exit::for_run_end(&end)
 }
 
 /// rdrun's own text on stdout. A closed pipe (`rdrun --help | true`) or a full disk must not

@@ -182,6 +182,34 @@ pub struct LaunchConfig {
     pub report_json: Option<PathBuf>,
     /// rdrun's `--exit-barrier-timeout` (multi-node; default 300 s as torchrun).
     pub exit_barrier_timeout: Duration,
+    /// rdrun's `--leftovers` / RDRUN_LEFTOVERS: processes left behind after a successful run.
+    pub leftovers: LeftoverPolicy,
+}
+
+/// What rdrun does with processes the workers left behind once every worker exited 0
+/// (`--leftovers`, RDRUN_LEFTOVERS; docs/compat.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LeftoverPolicy {
+    /// Stop them as any stop does (SIGTERM, grace, SIGKILL), each named at WARN. The default:
+    /// no orphans, as Slurm at the end of a step.
+    #[default]
+    Kill,
+    /// Wait until they have exited on their own (a shutdown signal still stops them).
+    Wait,
+    /// Leave them running and exit (torchrun's behaviour).
+    Leave,
+}
+
+impl LeftoverPolicy {
+    /// `kill`, `wait` or `leave`.
+    pub fn parse(text: &str) -> Option<LeftoverPolicy> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "kill" => Some(LeftoverPolicy::Kill),
+            "wait" => Some(LeftoverPolicy::Wait),
+            "leave" => Some(LeftoverPolicy::Leave),
+            _ => None,
+        }
+    }
 }
 
 /// Default stop grace when neither `--shutdown-timeout` nor TORCH_ELASTIC_SHUTDOWN_TIMEOUT is set.
@@ -343,6 +371,16 @@ fn resolve_args(
             "must be a finite number of seconds >= 0",
         ));
     }
+    let leftovers = match args.leftovers.clone().or_else(|| env("RDRUN_LEFTOVERS")) {
+        None => LeftoverPolicy::default(),
+        Some(text) => LeftoverPolicy::parse(&text).ok_or_else(|| {
+            invalid(
+                "--leftovers",
+                text.clone(),
+                "must be kill, wait or leave (also RDRUN_LEFTOVERS)",
+            )
+        })?,
+    };
     let backend = parse_backend(&args.rdzv_backend)?;
     let conf = parse_rdzv_conf(&args.rdzv_conf)?;
     let node_rank = usize::try_from(args.node_rank)
@@ -409,6 +447,7 @@ fn resolve_args(
         virtual_local_rank: args.virtual_local_rank,
         report_json: args.report_json.clone(),
         exit_barrier_timeout: Duration::from_secs_f64(args.exit_barrier_timeout),
+        leftovers,
     })
 }
 

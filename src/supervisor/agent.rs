@@ -1,25 +1,27 @@
-//! The agent: the one owner of the local worker group's state. It hosts the worker store, runs
-//! attempts (spawn every local rank, watch, stop), decides restarts through [`restart::decide`],
-//! and turns the end of the run into an exit code.
+//! The agent: the one owner of the local worker group's state, and the select loop that reacts
+//! to everything happening to it. It hosts the worker store, runs attempts (spawn every local
+//! rank, watch, stop), asks [`restart::decide`] what follows each attempt, and returns how the
+//! run ended as a [`RunEnd`] (the binary prints it and `exit` maps it to a status).
 //!
 //! Everything reaches it as an [`Event`]: SIGCHLD (then `waitpid(-1)` reaps every descendant, as
-//! rdrun is a child subreaper), handled signals, and stop deadlines. It never polls. Worker output
-//! goes through [`output::forward_until`]; failures are rendered by [`report`]; the agent only
-//! decides. The worker store ([`StoreServer`]) lives as long as the run and is cleared between
-//! attempts.
+//! rdrun is a child subreaper), handled signals, stop deadlines, rendezvous changes and the worker
+//! store's end. It never polls (except `--leftovers=wait`, which checks once a second). The
+//! others do the work: [`worker`] builds each worker's spawn spec and spawns it, [`stop`] owns the
+//! stop sequence, [`output`] forwards output, [`report`] resolves and renders failures,
+//! [`restart`] decides. The worker store ([`StoreServer`]) lives as long as the run and is
+//! cleared between attempts.
 //!
-//! Multi-node ([`uses_rendezvous`]): every attempt starts with a rendezvous round
+//! Multi-node ([`rdzvlink::uses_rendezvous`]): every attempt starts with a rendezvous round
 //! ([`Rendezvous::next_round`]) whose [`Assignment`] gives the ranks, and the attempt also
 //! watches the rendezvous: a membership change (late joiner, lost peer, another node's restart)
-//! stops the workers and joins the next round without charging a restart; the restart budget is
-//! the job-wide `asg.restart_count`. Static jobs give the workers the rendezvous store itself
-//! (MASTER_ADDR:PORT = the endpoint); c10d agents serve one worker store on every interface and
-//! publish its port each round.
+//! stops the workers and joins the next round; what it costs is [`restart::decide`]'s, with the
+//! job-wide `asg.restart_count` as the budget used. Static jobs give the workers the rendezvous
+//! store itself (MASTER_ADDR:PORT = the endpoint); c10d agents serve one worker store on every
+//! interface and publish its port each round.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
@@ -27,41 +29,37 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::config::{LaunchConfig, RdzvBackend};
-use crate::exit::{self, WorkerStatus};
-use crate::rendezvous::{
-    Assignment, RdzvEvent, Rendezvous, RendezvousError, RoundReason, RoundRequest,
-};
+use crate::config::{LaunchConfig, LeftoverPolicy};
+use crate::exit::WorkerStatus;
+use crate::rendezvous::{Assignment, RdzvEvent, Rendezvous, RoundReason};
 use crate::store::server::{self, ServerConfig, ServerExit, StoreServer};
-use crate::workerenv::{self, WorkerEnv};
 
+use super::end::RunEnd;
 use super::events::Event;
-use super::ncclpath;
 use super::output::{self, OutputSummary, RankIdentity, RunLogs};
-use super::report::{self, Failure, FailureReport};
+use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
+use super::report::{Failure, FailureReport};
 use super::restart::{self, AttemptEnd, Decision};
+use super::setup::{bind_store, bind_worker_store_any, fqdn_of, is_loopback, short_host};
 use super::signals::{self, SignalAction, SignalReaction, Signals};
+use super::stop::{self, GroupGuard, GroupStop, Phase, StopReason, KILL_WAIT};
 use super::watchdog::Watchdog;
-use super::worker::{self, SpawnSpec};
+use super::worker::{self, RunWorkerEnv};
 
-/// How long rdrun waits for processes to disappear after SIGKILL before it gives up on them
-/// (a process in uninterruptible sleep cannot die until its I/O ends).
-const KILL_WAIT: Duration = Duration::from_secs(5);
-/// How long a node that does not host the rendezvous store tries to close the rendezvous after
-/// a successful exit barrier (the host closes it anyway and may be gone already).
-const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// How long rdrun waits for a worker's output pipes to close once its processes are gone (a
 /// pipe may still be held by a process rdrun cannot kill).
 const OUTPUT_WAIT: Duration = Duration::from_secs(2);
+/// How often `--leftovers=wait` looks whether the processes left behind are gone (a grandchild
+/// of a leftover exits without a SIGCHLD to rdrun).
+const LEFTOVER_POLL: Duration = Duration::from_secs(1);
 
-/// Runs one launch to the end and returns the process exit code (see [`crate::exit`]).
+/// Runs one launch to the end and says how it ended (see [`crate::exit::for_run_end`]).
 ///
 /// Call it from the main thread: workers are spawned on the calling thread (a current-thread
 /// tokio runtime), and their PR_SET_PDEATHSIG fires when that thread ends.
-pub fn run(config: LaunchConfig) -> i32 {
+pub fn run(config: LaunchConfig) -> RunEnd {
     if config.nproc_per_node == 0 {
-        eprintln!("rdrun: error: --nproc-per-node must be at least 1");
-        return exit::LAUNCHER_FAILURE;
+        return RunEnd::error("--nproc-per-node must be at least 1");
     }
     // SAFETY: plain syscalls without arguments.
     if unsafe { libc::gettid() != libc::getpid() } {
@@ -92,15 +90,12 @@ pub fn run(config: LaunchConfig) -> i32 {
         .build()
     {
         Ok(rt) => rt,
-        Err(err) => {
-            eprintln!("rdrun: error: cannot start the async runtime: {err}");
-            return exit::LAUNCHER_FAILURE;
-        }
+        Err(err) => return RunEnd::error(format!("cannot start the async runtime: {err}")),
     };
-    let code = runtime.block_on(Agent::run(config, watchdog));
+    let end = runtime.block_on(Agent::run(config, watchdog));
     // Signal-forwarding tasks never end on their own.
     runtime.shutdown_background();
-    code
+    end
 }
 
 /// One worker of the current attempt.
@@ -111,6 +106,8 @@ struct Slot {
     /// Process id = process group id = session id.
     pid: i32,
     status: Option<WorkerStatus>,
+    /// When rdrun had begun stopping the group at the moment it reaped this worker.
+    stop_sent_at: Option<SystemTime>,
     output: Option<JoinHandle<OutputSummary>>,
     error_file: Option<PathBuf>,
 }
@@ -129,35 +126,21 @@ impl Slot {
             stderr_tail: Vec::new(),
             traceback: None,
             abandoned,
+            stop_sent_at: self.stop_sent_at,
         }
     }
 }
 
-/// Where the current attempt's stop stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    /// Workers run; nothing asked them to stop.
-    None,
-    /// The stop signal went out; SIGKILL at the deadline.
-    Grace(Instant),
-    /// SIGKILL went out; give up on what is left at the deadline.
-    Killed(Instant),
-}
-
-impl Stop {
-    fn deadline(self) -> Option<Instant> {
-        match self {
-            Stop::None => None,
-            Stop::Grace(d) | Stop::Killed(d) => Some(d),
-        }
-    }
-}
-
-/// How one attempt ended, with what the report needs.
+/// How one attempt ended, with what the report and the decision need.
 #[derive(Debug)]
 enum Outcome {
     Succeeded,
-    Failed(Vec<Failure>),
+    /// Workers failed; `peer_loss`: a peer node was reported lost close to the first failure
+    /// (the reason the round would have had, and the lost nodes).
+    Failed {
+        failures: Vec<Failure>,
+        peer_loss: Option<(RoundReason, Vec<String>)>,
+    },
     Interrupted {
         signal: i32,
         failures: Vec<Failure>,
@@ -172,16 +155,26 @@ enum Outcome {
     RendezvousLost(String),
 }
 
-/// Kills every process group it holds when dropped while armed (a panic in the agent).
-#[derive(Debug, Default)]
-struct GroupGuard {
-    pgids: Vec<i32>,
-}
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        for &pgid in &self.pgids {
-            worker::signal_group(pgid, libc::SIGKILL);
+impl Outcome {
+    /// What [`restart::decide`] needs to know of it.
+    fn attempt_end(&self) -> AttemptEnd {
+        match self {
+            Outcome::Succeeded => AttemptEnd::Succeeded,
+            Outcome::Failed {
+                peer_loss: None, ..
+            } => AttemptEnd::Failed,
+            Outcome::Failed {
+                peer_loss: Some((reason, _)),
+                ..
+            } => AttemptEnd::FailedWithPeerLoss {
+                charged: *reason == RoundReason::PeerLost,
+            },
+            Outcome::Regroup { reason, .. } => AttemptEnd::Regroup {
+                charged: *reason == RoundReason::PeerLost,
+            },
+            Outcome::Interrupted { .. } => AttemptEnd::Interrupted,
+            Outcome::LauncherError(_) => AttemptEnd::LauncherError,
+            Outcome::RendezvousLost(_) => AttemptEnd::RendezvousLost,
         }
     }
 }
@@ -191,13 +184,14 @@ struct Agent {
     watchdog: Option<Watchdog>,
     signals: Signals,
     sigchld: Signal,
+    /// `gethostname()`: the `${hostname}` of log prefixes (up to the first dot).
     host: String,
+    /// The fully qualified name the failure report shows (torchrun's `socket.getfqdn()`).
+    report_host: String,
     master_addr: String,
     master_port: u16,
-    /// TORCHELASTIC_SIGNALS_TO_HANDLE for every worker.
-    signals_env: String,
-    /// Extra worker variables computed once per run (LD_LIBRARY_PATH for a pip NCCL).
-    extra_env: Vec<(String, String)>,
+    /// What every worker's spawn spec shares.
+    worker_env: RunWorkerEnv,
     /// Grace between the stop signal and SIGKILL, for every kind of stop.
     grace: Duration,
     /// The worker store (TCPStore-compatible), for the whole run; taken at shutdown.
@@ -213,17 +207,15 @@ struct Agent {
 }
 
 impl Agent {
-    async fn run(config: LaunchConfig, watchdog: Option<Watchdog>) -> i32 {
+    async fn run(config: LaunchConfig, watchdog: Option<Watchdog>) -> RunEnd {
         // Handlers first: from here on no handled signal can kill rdrun with workers left behind.
-        let signals = Signals::install(&config.signals_to_handle);
+        let mut signals = Signals::install(&config.signals_to_handle);
         let sigchld = match signal(SignalKind::child()) {
             Ok(s) => s,
             Err(err) => {
-                eprintln!("rdrun: error: cannot watch child processes (SIGCHLD): {err}");
-                return exit::LAUNCHER_FAILURE;
+                return RunEnd::error(format!("cannot watch child processes (SIGCHLD): {err}"))
             }
         };
-        let mut signals = signals;
         // Every worker holds one store connection (one descriptor here).
         if let Err(err) = server::raise_nofile_limit() {
             tracing::debug!("cannot raise the open-file limit: {err}");
@@ -232,16 +224,16 @@ impl Agent {
         if uses_rendezvous(&config) {
             match until_shutdown(&mut signals, Rendezvous::start(&config)).await {
                 Ok(Ok(r)) => rdzv = Some(r),
-                Ok(Err(err)) => {
-                    eprintln!("rdrun: error: {}", error_chain(&err));
-                    return exit::LAUNCHER_FAILURE;
-                }
-                Err(sig) => {
+                Ok(Err(err)) => return RunEnd::from_error(err),
+                Err(signal) => {
                     tracing::warn!(
                         "received {} during the rendezvous, exiting",
-                        signals::name(sig)
+                        signals::name(signal)
                     );
-                    return exit::for_signal(sig);
+                    return RunEnd::Interrupted {
+                        signal,
+                        report: None,
+                    };
                 }
             }
         }
@@ -252,26 +244,19 @@ impl Agent {
             // group rank 0 publishes its port as MASTER_PORT.
             Some(_) => match bind_worker_store_any(config.master_port.unwrap_or(0)) {
                 Ok(store) => Some(store),
-                Err(msg) => {
-                    eprintln!("rdrun: error: {msg}");
-                    return exit::LAUNCHER_FAILURE;
-                }
+                Err(msg) => return RunEnd::error(msg),
             },
             None => {
                 let (listener, _) = match bind_store(&config) {
                     Ok(v) => v,
-                    Err(msg) => {
-                        eprintln!("rdrun: error: {msg}");
-                        return exit::LAUNCHER_FAILURE;
-                    }
+                    Err(msg) => return RunEnd::error(msg),
                 };
                 // The store serves the very socket bound above, for the whole run (torchrun's
                 // agent store, spec torchrun-compat §2.3); workers connect as TCPStore clients.
                 match StoreServer::start(listener, ServerConfig::default()) {
                     Ok(store) => Some(store),
                     Err(err) => {
-                        eprintln!("rdrun: error: cannot start the worker store: {err}");
-                        return exit::LAUNCHER_FAILURE;
+                        return RunEnd::error(format!("cannot start the worker store: {err}"))
                     }
                 }
             }
@@ -291,7 +276,8 @@ impl Agent {
             .ok()
             .and_then(|h| h.into_string().ok())
             .unwrap_or_else(|| "localhost".to_string());
-        if workerenv::should_set_omp_num_threads(
+        let report_host = fqdn_of(&host).await;
+        if crate::workerenv::should_set_omp_num_threads(
             std::env::var("OMP_NUM_THREADS").ok().as_deref(),
             config.nproc_per_node,
         ) {
@@ -300,18 +286,17 @@ impl Agent {
             );
         }
         let grace = config.shutdown_timeout;
-        let signals_env = workerenv::signal_names(&config.signals_to_handle);
-        let extra_env = pip_nccl_env(&config);
+        let worker_env = RunWorkerEnv::new(&config, watchdog.as_ref().map(Watchdog::fd));
         let mut agent = Agent {
             config,
             watchdog,
             signals,
             sigchld,
             host,
+            report_host,
             master_addr,
             master_port,
-            signals_env,
-            extra_env,
+            worker_env,
             grace,
             store,
             store_closed,
@@ -319,7 +304,7 @@ impl Agent {
             rdzv,
             rdzv_end: None,
         };
-        let code = agent.attempts().await;
+        let end = agent.attempts().await;
         // The runtime unlinks its shared-memory segments once every rank has opened them; a
         // crash during that setup leaves one behind. The shared default id "none" may belong to
         // a concurrent job, so only a run-specific id is swept.
@@ -341,81 +326,48 @@ impl Agent {
         if let Some(w) = &agent.watchdog {
             w.disarm();
         }
-        code
+        end
     }
 
     /// The restart loop (one rendezvous round per attempt when multi-node).
-    async fn attempts(&mut self) -> i32 {
+    async fn attempts(&mut self) -> RunEnd {
         let mut logs = RunLogs::new(&self.config.log, &self.config.rdzv.run_id);
         let mut restart_count = 0u32;
         let mut reason = RoundReason::Initial;
-        let code = loop {
+        let end = loop {
             // A shutdown signal that arrived between attempts ends the run before a new spawn.
-            while let Some(sig) = self.signals.try_recv() {
-                if signals::action(sig) == SignalAction::Shutdown {
-                    tracing::warn!(
-                        "received {} before the workers started, exiting",
-                        signals::name(sig)
-                    );
-                    self.forget_dir();
-                    logs.finish();
-                    return exit::for_signal(sig);
-                }
+            if let Some(signal) = self.queued_shutdown() {
+                tracing::warn!(
+                    "received {} before the workers started, exiting",
+                    signals::name(signal)
+                );
+                break RunEnd::Interrupted {
+                    signal,
+                    report: None,
+                };
             }
             let asg = match self.rdzv.is_some() {
                 true => match self.join_round(reason).await {
                     Ok(asg) => asg,
-                    Err(code) => break code,
+                    Err(end) => break end,
                 },
                 false => self.single_node_assignment(restart_count, reason),
             };
             restart_count = asg.restart_count;
             let outcome = self.attempt(&mut logs, &asg).await;
-            let end = match &outcome {
-                Outcome::Succeeded => AttemptEnd::Succeeded,
-                Outcome::Failed(_) => AttemptEnd::Failed,
-                Outcome::Interrupted { .. } => AttemptEnd::Interrupted,
-                Outcome::LauncherError(_) | Outcome::RendezvousLost(_) => AttemptEnd::LauncherError,
-                Outcome::Regroup { .. } => AttemptEnd::Failed,
-            };
-            match (
-                restart::decide(end, restart_count, self.config.max_restarts),
-                outcome,
-            ) {
-                (_, Outcome::Regroup { reason: why, lost })
-                    if why != RoundReason::PeerLost || restart_count < self.config.max_restarts =>
-                {
-                    if lost.is_empty() {
-                        tracing::warn!("rendezvous membership changed; stopping the workers and joining the next round");
-                    } else {
-                        tracing::warn!(?lost, "peer node(s) stopped heartbeating; stopping the workers and joining the next round");
-                    }
-                    self.between_attempts();
-                    reason = why;
-                }
-                (_, Outcome::Regroup { lost, .. }) => {
-                    eprintln!(
-                        "rdrun: error: node(s) {} of the static job stopped heartbeating and no restarts are left ({} used)",
-                        lost.join(", "),
-                        restart_count
-                    );
-                    self.close_rdzv().await;
-                    break exit::LAUNCHER_FAILURE;
-                }
-                (_, Outcome::RendezvousLost(msg)) => {
-                    eprintln!("rdrun: error: {msg}");
-                    break exit::LAUNCHER_FAILURE;
-                }
-                (Decision::Finish, _) => {
+            let decision = restart::decide(
+                outcome.attempt_end(),
+                restart_count,
+                self.config.max_restarts,
+            );
+            match decision {
+                Decision::Finish => {
                     self.finish_rdzv(&asg).await;
-                    break exit::SUCCESS;
+                    break RunEnd::Succeeded;
                 }
-                (
-                    Decision::Restart {
-                        restart_count: next,
-                    },
-                    _,
-                ) => {
+                Decision::Restart {
+                    restart_count: next,
+                } => {
                     tracing::warn!(
                         "worker group failed; {}/{} restarts left, restarting (attempt {next})",
                         self.config.max_restarts - restart_count,
@@ -425,32 +377,91 @@ impl Agent {
                     restart_count = next;
                     reason = RoundReason::WorkerFailure;
                 }
-                (_, Outcome::LauncherError(msg)) => {
-                    self.close_rdzv().await;
-                    eprintln!("rdrun: error: {msg}");
-                    break exit::LAUNCHER_FAILURE;
-                }
-                (_, Outcome::Interrupted { signal, failures }) => {
-                    // As torchrun: a signalled agent leaves the rendezvous open, so that the
-                    // node can come back (preemption) and the others carry on (c10d).
-                    if !failures.is_empty() {
-                        self.print_report(failures);
+                Decision::Regroup { charged } => {
+                    let lost = match &outcome {
+                        Outcome::Regroup { lost, .. } => lost.clone(),
+                        Outcome::Failed {
+                            peer_loss: Some((_, lost)),
+                            ..
+                        } => {
+                            tracing::warn!(
+                                ?lost,
+                                "the workers failed while peer node(s) were lost; counting the failure as the membership change"
+                            );
+                            lost.clone()
+                        }
+                        _ => Vec::new(),
+                    };
+                    if lost.is_empty() {
+                        tracing::warn!("rendezvous membership changed; stopping the workers and joining the next round");
+                    } else {
+                        tracing::warn!(?lost, "peer node(s) stopped heartbeating; stopping the workers and joining the next round");
                     }
-                    tracing::warn!("stopped the workers after {}", signals::name(signal));
-                    break exit::for_signal(signal);
+                    self.between_attempts();
+                    reason = if charged {
+                        RoundReason::PeerLost
+                    } else {
+                        RoundReason::Membership
+                    };
                 }
-                (_, Outcome::Failed(failures)) => {
-                    self.close_rdzv().await;
-                    break self.print_report(failures);
-                }
-                (_, Outcome::Succeeded) => break exit::SUCCESS,
+                Decision::GiveUp => break self.give_up(outcome, restart_count).await,
             }
         };
         // Before finish: what finish keeps (error files the report named) must stay even if
-        // rdrun is killed right after.
+        // rdrun is killed right after. The report was resolved (error files read) above.
         self.forget_dir();
         logs.finish();
-        code
+        end
+    }
+
+    /// The end of the run after an attempt that is not followed by another one.
+    async fn give_up(&mut self, outcome: Outcome, restart_count: u32) -> RunEnd {
+        match outcome {
+            Outcome::Succeeded => RunEnd::Succeeded,
+            Outcome::Failed { failures, .. } => {
+                self.close_rdzv().await;
+                RunEnd::WorkersFailed(self.resolve(failures))
+            }
+            Outcome::Interrupted { signal, failures } => {
+                // As torchrun: a signalled agent leaves the rendezvous open, so that the node can
+                // come back (preemption) and the others carry on (c10d).
+                tracing::warn!("stopped the workers after {}", signals::name(signal));
+                let report = (!failures.is_empty()).then(|| self.resolve(failures));
+                RunEnd::Interrupted { signal, report }
+            }
+            Outcome::LauncherError(msg) => {
+                self.close_rdzv().await;
+                RunEnd::error(msg)
+            }
+            Outcome::Regroup { lost, .. } => {
+                self.close_rdzv().await;
+                RunEnd::error(format!(
+                    "node(s) {} of the static job stopped heartbeating and no restarts are left ({restart_count} used)",
+                    lost.join(", ")
+                ))
+            }
+            Outcome::RendezvousLost(msg) => RunEnd::RendezvousLost(msg),
+        }
+    }
+
+    /// The report of `failures`, error files read now (once).
+    fn resolve(&self, failures: Vec<Failure>) -> super::report::ResolvedReport {
+        FailureReport {
+            name: self.config.command.display_name.clone(),
+            host: self.report_host.clone(),
+            failures,
+        }
+        .resolve()
+    }
+
+    /// A shutdown signal already queued (other handled signals have no worker to go to).
+    fn queued_shutdown(&mut self) -> Option<i32> {
+        while let Some(sig) = self.signals.try_recv() {
+            if signals::action(sig) == SignalAction::Shutdown {
+                return Some(sig);
+            }
+        }
+        None
     }
 
     /// Between two attempts: the new one must see none of the previous attempt's keys (torchrun
@@ -483,85 +494,24 @@ impl Agent {
         }
     }
 
-    /// Joins the next rendezvous round; on failure prints why and returns the exit code.
-    async fn join_round(&mut self, reason: RoundReason) -> Result<Assignment, i32> {
+    /// Joins the next rendezvous round; on failure, how the run ends.
+    async fn join_round(&mut self, reason: RoundReason) -> Result<Assignment, RunEnd> {
         let rdzv = self.rdzv.as_mut().expect("multi-node run has a rendezvous");
-        let req = RoundRequest {
-            reason,
-            master_port: self.master_port,
-        };
-        match until_shutdown(&mut self.signals, rdzv.next_round(req)).await {
-            Ok(Ok(asg)) => {
-                tracing::info!(
-                    round = asg.round,
-                    group_rank = asg.group_rank,
-                    group_world_size = asg.group_world_size,
-                    world_size = asg.world_size,
-                    restart_count = asg.restart_count,
-                    master = %format!("{}:{}", asg.master_addr, asg.master_port),
-                    "rendezvous round complete"
-                );
-                Ok(asg)
-            }
-            Ok(Err(RendezvousError::Closed { redundant: true })) => {
-                tracing::warn!("the job finished while this node waited to join; nothing to do");
-                Err(exit::SUCCESS)
-            }
-            Ok(Err(err)) => {
-                eprintln!("rdrun: error: {}", error_chain(&err));
-                Err(exit::LAUNCHER_FAILURE)
-            }
-            Err(sig) => {
-                tracing::warn!(
-                    "received {} during the rendezvous, exiting",
-                    signals::name(sig)
-                );
-                Err(exit::for_signal(sig))
-            }
-        }
+        rdzvlink::join_round(rdzv, &mut self.signals, reason, self.master_port).await
     }
 
-    /// After local success: the exit barrier (errors are only logged, as torchrun), then close.
+    /// After local success: the exit barrier, then close.
     async fn finish_rdzv(&mut self, asg: &Assignment) {
-        let Some(rdzv) = self.rdzv.as_ref() else {
-            return;
-        };
-        let timeout = self.config.exit_barrier_timeout;
-        match until_shutdown(&mut self.signals, rdzv.exit_barrier(asg, timeout)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => tracing::error!("exit barrier: {}", error_chain(&err)),
-            Err(sig) => {
-                tracing::warn!("received {} in the exit barrier", signals::name(sig));
-                return;
-            }
-        }
-        // The store's host lingers in the barrier until every agent has departed, then closes
-        // (for nodes still waiting to join). The others try briefly: the host may be gone.
-        if rdzv.server.is_some() {
-            self.close_rdzv().await;
-        } else if tokio::time::timeout(CLOSE_WAIT, self.close_rdzv_quiet())
-            .await
-            .is_err()
-        {
-            tracing::debug!("rendezvous store gone after the exit barrier; not closing it");
-        }
-    }
-
-    /// [`Agent::close_rdzv`] with failures at debug level (the store may be gone already).
-    async fn close_rdzv_quiet(&mut self) {
         if let Some(rdzv) = self.rdzv.as_mut() {
-            if let Err(err) = rdzv.close().await {
-                tracing::debug!("cannot close the rendezvous: {}", error_chain(&err));
-            }
+            let timeout = self.config.exit_barrier_timeout;
+            rdzvlink::finish(rdzv, &mut self.signals, asg, timeout).await;
         }
     }
 
     /// Closes the rendezvous for every node (the job is over); errors are only logged.
     async fn close_rdzv(&mut self) {
         if let Some(rdzv) = self.rdzv.as_mut() {
-            if let Err(err) = rdzv.close().await {
-                tracing::warn!("cannot close the rendezvous: {}", error_chain(&err));
-            }
+            rdzvlink::close(rdzv).await;
         }
     }
 
@@ -571,39 +521,9 @@ impl Agent {
         }
     }
 
-    /// Prints the failure summary and returns the root cause's exit code.
-    fn print_report(&self, failures: Vec<Failure>) -> i32 {
-        let report = FailureReport {
-            name: self.config.command.display_name.clone(),
-            host: self.host.clone(),
-            failures,
-        };
-        let code = report::root_cause(&report.failures)
-            .map(|i| report.failures[i].status.launcher_exit_code())
-            .unwrap_or(exit::LAUNCHER_FAILURE);
-        eprintln!("{}", report::render(&report));
-        if let Some(path) = &self.config.report_json {
-            if let Err(err) = report::write_json(path, &report) {
-                tracing::error!("--report-json: {err}");
-            }
-        }
-        // Nested under a scheduler that gave rdrun its own error file: copy the root cause there,
-        // as torchrun's @record-wrapped main does (spec torchrun-compat §3.9).
-        match std::env::var_os("TORCHELASTIC_ERROR_FILE").filter(|p| !p.is_empty()) {
-            Some(parent) => {
-                if let Err(err) = report::copy_to_parent_error_file(Path::new(&parent), &report) {
-                    tracing::error!("cannot copy the root cause to TORCHELASTIC_ERROR_FILE: {err}");
-                }
-            }
-            None => tracing::debug!("no error file defined for parent, to copy child error file"),
-        }
-        code
-    }
-
     /// One attempt: spawn every local rank, supervise until the group is gone, collect failures.
     async fn attempt(&mut self, logs: &mut RunLogs, asg: &Assignment) -> Outcome {
         let nproc = self.config.nproc_per_node;
-        let restart_count = asg.restart_count;
         let ids: Vec<RankIdentity> = (0..nproc)
             .map(|lr| RankIdentity {
                 role: self.config.role.clone(),
@@ -612,7 +532,7 @@ impl Agent {
                 hostname: short_host(&self.host),
             })
             .collect();
-        let attempt_logs = logs.attempt(restart_count, &ids);
+        let attempt_logs = logs.attempt(asg.restart_count, &ids);
         if let Some(w) = &self.watchdog {
             match logs.disposable_dir() {
                 Some(dir) => w.set_dir(dir),
@@ -633,52 +553,18 @@ impl Agent {
         let mut launch_error = None;
         for (lr, id) in ids.iter().enumerate() {
             let rank_logs = &attempt_logs.ranks[lr];
-            // ROLE_RANK/ROLE_WORLD_SIZE equal RANK/WORLD_SIZE: every node runs one role.
-            let contract = WorkerEnv {
-                rank: asg.base_rank + lr,
-                local_rank: lr,
-                world_size: asg.world_size,
-                local_world_size: nproc,
-                group_rank: asg.group_rank,
-                group_world_size: asg.group_world_size,
-                role_rank: asg.base_rank + lr,
-                role_world_size: asg.world_size,
-                role_name: self.config.role.clone(),
-                master_addr: asg.master_addr.clone(),
-                master_port: asg.master_port,
-                restart_count,
-                max_restarts: self.config.max_restarts,
-                run_id: self.config.rdzv.run_id.clone(),
-                use_agent_store: true,
-                error_file: rank_logs.error_file.clone(),
-            };
-            let env = match worker::worker_env(
-                &contract,
-                nproc,
-                &self.signals_env,
-                self.config.virtual_local_rank,
-                |k| std::env::var(k).ok(),
+            let spec = match worker::spawn_spec(
+                &self.config,
+                asg,
+                lr,
+                &rank_logs.error_file,
+                &self.worker_env,
             ) {
-                Ok(mut env) => {
-                    env.extend(self.extra_env.iter().cloned());
-                    env
-                }
+                Ok(spec) => spec,
                 Err(err) => {
                     launch_error = Some(err.to_string());
                     break;
                 }
-            };
-            let spec = SpawnSpec {
-                program: self.config.command.program.clone(),
-                args: self
-                    .config
-                    .command
-                    .args
-                    .iter()
-                    .map(|a| workerenv::substitute_local_rank(a, lr))
-                    .collect(),
-                env,
-                watchdog_fd: self.watchdog.as_ref().map(Watchdog::fd),
             };
             match worker::spawn(&spec) {
                 Ok(spawned) => {
@@ -696,6 +582,7 @@ impl Agent {
                         rank: asg.base_rank + lr,
                         pid: spawned.pid,
                         status: None,
+                        stop_sent_at: None,
                         output: Some(handle),
                         error_file: Some(rank_logs.error_file.as_str())
                             .filter(|s| !s.is_empty())
@@ -703,17 +590,7 @@ impl Agent {
                     });
                 }
                 Err(err) => {
-                    let mut msg = match std::error::Error::source(&err) {
-                        Some(src) => format!("{err}: {src}"),
-                        None => err.to_string(),
-                    };
-                    // execve(2) says ENOENT also when the file exists but its `#!` interpreter
-                    // (or dynamic loader) does not.
-                    let worker::SpawnError::Exec { program, source } = &err;
-                    if source.kind() == std::io::ErrorKind::NotFound && program.is_file() {
-                        msg.push_str(" (the file exists: its interpreter or loader is missing)");
-                    }
-                    launch_error = Some(msg);
+                    launch_error = Some(err.describe());
                     break;
                 }
             }
@@ -734,14 +611,22 @@ impl Agent {
     ) -> Outcome {
         let by_pid: HashMap<i32, usize> =
             slots.iter().enumerate().map(|(i, s)| (s.pid, i)).collect();
-        let pgids: Vec<i32> = slots.iter().map(|s| s.pid).collect();
+        let mut stop = GroupStop::new(
+            slots.iter().map(|s| s.pid).collect(),
+            self.watchdog.as_ref().map(Watchdog::pid),
+            self.grace,
+        );
         let mut failures: Vec<Failure> = Vec::new();
         let mut failed_slots: Vec<usize> = Vec::new();
         let mut interrupted: Option<i32> = None;
+        // When the first failure was seen, and a peer loss reported close to it.
+        let mut first_failure: Option<Instant> = None;
+        let mut peer_loss: Option<(RoundReason, Vec<String>)> = None;
+        // `--leftovers=wait`: every worker exited 0, rdrun waits for what they left behind.
+        let mut waiting_for_leftovers = false;
         self.rdzv_end = None;
-        let mut stop = Stop::None;
         if launch_error.is_some() {
-            stop = self.begin_stop(&pgids, libc::SIGTERM);
+            stop.begin(StopReason::LaunchError);
         }
         // Exits that happened before the SIGCHLD stream saw them are picked up here.
         let mut pending: Vec<Event> = Vec::new();
@@ -757,16 +642,17 @@ impl Agent {
                             continue;
                         };
                         slots[i].status = Some(status);
+                        slots[i].stop_sent_at = stop.sent_at();
                         if !status.success() {
                             failed_slots.push(i);
                         }
                     }
                     Event::Signal(sig) => {
-                        let in_grace = matches!(stop, Stop::Grace(_));
+                        let in_grace = matches!(stop.phase(), Phase::Grace(_));
                         match signals::react(sig, interrupted.is_some(), in_grace) {
                             SignalReaction::Forward => {
                                 tracing::info!("forwarding {} to the workers", signals::name(sig));
-                                self.signal_everything(&pgids, sig);
+                                stop.forward(sig);
                             }
                             SignalReaction::Shutdown => {
                                 tracing::warn!(
@@ -774,17 +660,14 @@ impl Agent {
                                     signals::name(sig)
                                 );
                                 interrupted = Some(sig);
-                                self.signal_everything(&pgids, sig);
-                                if stop == Stop::None {
-                                    stop = Stop::Grace(Instant::now() + self.grace);
-                                }
+                                stop.shutdown(sig);
                             }
                             SignalReaction::KillNow => {
                                 tracing::warn!(
                                     "received {} again, killing the workers now",
                                     signals::name(sig)
                                 );
-                                stop = self.kill_all(&pgids);
+                                stop.kill_all();
                             }
                         }
                     }
@@ -797,16 +680,24 @@ impl Agent {
                         );
                         let lost = matches!(end, Outcome::RendezvousLost(_));
                         // After this node's own failure the failure decides: its restart joins
-                        // whatever round the others started.
+                        // whatever round the others started; a peer lost close to it is
+                        // remembered (restart::PEER_LOSS_WINDOW).
                         let own_failure = !failures.is_empty() || !failed_slots.is_empty();
+                        if let (Outcome::Regroup { reason, lost }, Some(at)) = (&end, first_failure)
+                        {
+                            if !lost.is_empty()
+                                && peer_loss.is_none()
+                                && restart::attributed_to_peer_loss(at.elapsed())
+                            {
+                                peer_loss = Some((*reason, lost.clone()));
+                            }
+                        }
                         if lost
                             || (!own_failure && interrupted.is_none() && self.rdzv_end.is_none())
                         {
                             tracing::info!(?end, "rendezvous event; stopping the workers");
                             self.rdzv_end = Some(end);
-                            if stop == Stop::None {
-                                stop = self.begin_stop(&pgids, libc::SIGTERM);
-                            }
+                            stop.begin(StopReason::Rendezvous);
                         }
                     }
                     Event::StoreStopped(why) => {
@@ -814,37 +705,42 @@ impl Agent {
                         if launch_error.is_none() {
                             launch_error = Some(format!("the worker store stopped: {why}"));
                         }
-                        if stop == Stop::None {
-                            stop = self.begin_stop(&pgids, libc::SIGTERM);
-                        }
+                        stop.begin(StopReason::StoreStopped);
                     }
-                    Event::Deadline => match stop {
-                        Stop::None => {}
-                        Stop::Grace(_) => {
+                    Event::Deadline => match stop.phase() {
+                        Phase::Running => {}
+                        Phase::Grace(_) => {
                             for s in slots.iter().filter(|s| s.status.is_none()) {
                                 tracing::warn!(
                                     pid = s.pid,
                                     local_rank = s.local_rank,
                                     "worker did not stop within {:?}, sending SIGKILL",
-                                    self.grace
+                                    stop.grace()
                                 );
                             }
-                            stop = self.kill_all(&pgids);
+                            stop.kill_all();
                         }
-                        Stop::Killed(_) => {
-                            let left = describe_leftovers(&self.leftovers(), slots);
+                        Phase::Killed(_) => {
+                            let left = stop::describe_leftovers(&stop.leftovers(), |pid| {
+                                slots
+                                    .iter()
+                                    .find(|s| s.pid == pid)
+                                    .map(|s| (s.local_rank, s.rank))
+                            });
                             tracing::error!(
                                 "processes still alive after SIGKILL and {:?} (uninterruptible sleep?), abandoning them: {left}",
                                 KILL_WAIT
                             );
+                            let unrecorded = std::mem::take(&mut failed_slots);
                             return self
                                 .finish(
                                     slots,
                                     failures,
-                                    failed_slots,
+                                    unrecorded,
                                     interrupted,
                                     launch_error,
                                     stop_output,
+                                    peer_loss,
                                 )
                                 .await;
                         }
@@ -870,13 +766,17 @@ impl Agent {
                     failures.push(s.failure(status, now, false));
                 }
                 failed_slots.clear();
-                if stop == Stop::None {
-                    stop = self.begin_stop(&pgids, libc::SIGTERM);
-                }
+                first_failure.get_or_insert_with(Instant::now);
+                stop.begin(StopReason::WorkerFailed);
             }
             let all_exited = slots.iter().all(|s| s.status.is_some());
             if all_exited {
-                if self.leftovers().is_empty() {
+                let left = stop.leftovers();
+                let done = left.is_empty()
+                    || (stop.phase() == Phase::Running
+                        && !waiting_for_leftovers
+                        && !stop.handle_leftovers(self.config.leftovers, &left));
+                if done {
                     return self
                         .finish(
                             slots,
@@ -885,16 +785,16 @@ impl Agent {
                             interrupted,
                             launch_error,
                             stop_output,
+                            peer_loss,
                         )
                         .await;
                 }
-                if stop == Stop::None {
-                    // Every worker exited 0: stop whatever they left behind, with the same grace.
-                    tracing::info!("workers exited, stopping the processes they left behind");
-                    stop = self.begin_stop(&pgids, libc::SIGTERM);
+                if self.config.leftovers == LeftoverPolicy::Wait && stop.phase() == Phase::Running {
+                    waiting_for_leftovers = true;
                 }
             }
             let deadline = stop.deadline();
+            let poll_leftovers = waiting_for_leftovers && stop.phase() == Phase::Running;
             let watch_rdzv =
                 self.rdzv.is_some() && !matches!(self.rdzv_end, Some(Outcome::RendezvousLost(_)));
             tokio::select! {
@@ -914,68 +814,13 @@ impl Agent {
                     pending.push(Event::StoreStopped(why));
                 }
                 _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
+                _ = tokio::time::sleep(LEFTOVER_POLL), if poll_leftovers => {}
             }
         }
     }
 
-    /// Sends `sig` to every group and to every stray descendant, and starts the grace period.
-    fn begin_stop(&self, pgids: &[i32], sig: i32) -> Stop {
-        self.signal_everything(pgids, sig);
-        Stop::Grace(Instant::now() + self.grace)
-    }
-
-    /// Sends `sig` to every worker group and to every descendant that left them (setsid).
-    fn signal_everything(&self, pgids: &[i32], sig: i32) {
-        for &pgid in pgids {
-            tracing::info!(pgid, "sending {} to process group", signals::name(sig));
-        }
-        forward_to_all(pgids, sig);
-        for pid in self.stray_descendants(pgids) {
-            tracing::info!(pid, "sending {} to stray descendant", signals::name(sig));
-            worker::signal_pid(pid, sig);
-        }
-    }
-
-    /// SIGKILLs every group and every descendant of rdrun (except the watchdog).
-    fn kill_all(&self, pgids: &[i32]) -> Stop {
-        forward_to_all(pgids, libc::SIGKILL);
-        for pid in self.descendants() {
-            worker::signal_pid(pid, libc::SIGKILL);
-        }
-        Stop::Killed(Instant::now() + KILL_WAIT)
-    }
-
-    /// Live descendants of rdrun, the watchdog excluded. Every member of a worker group is one
-    /// (a group only gains members by fork or by setpgid within its session), so this is also
-    /// everything left of the attempt.
-    fn tree(&self) -> Vec<worker::ProcEntry> {
-        let me = std::process::id() as i32;
-        let watchdog = self.watchdog.as_ref().map(Watchdog::pid);
-        worker::scan_tree(me)
-            .into_iter()
-            .filter(|p| !p.zombie && Some(p.pid) != watchdog)
-            .collect()
-    }
-
-    fn descendants(&self) -> Vec<i32> {
-        self.tree().into_iter().map(|p| p.pid).collect()
-    }
-
-    /// Descendants outside every worker group (they called setsid themselves).
-    fn stray_descendants(&self, pgids: &[i32]) -> Vec<i32> {
-        self.tree()
-            .into_iter()
-            .filter(|p| !pgids.contains(&p.pgid))
-            .map(|p| p.pid)
-            .collect()
-    }
-
-    /// Live processes that still belong to the attempt.
-    fn leftovers(&self) -> Vec<i32> {
-        self.descendants()
-    }
-
     /// Collects output summaries and turns the attempt into an [`Outcome`].
+    #[allow(clippy::too_many_arguments)]
     async fn finish(
         &mut self,
         slots: &mut [Slot],
@@ -984,6 +829,7 @@ impl Agent {
         interrupted: Option<i32>,
         launch_error: Option<String>,
         stop_output: &tokio::sync::watch::Sender<bool>,
+        peer_loss: Option<(RoundReason, Vec<String>)>,
     ) -> Outcome {
         // Workers whose exit came in the very last batch (after a deadline) are failures too.
         let now = SystemTime::now();
@@ -994,13 +840,15 @@ impl Agent {
             }
         }
         // A worker never reaped after SIGKILL is reported as killed.
-        for s in slots.iter().filter(|s| s.status.is_none()) {
+        for s in slots.iter_mut().filter(|s| s.status.is_none()) {
             tracing::error!(
                 pid = s.pid,
                 local_rank = s.local_rank,
                 "worker could not be reaped"
             );
             if !failures.iter().any(|f| f.local_rank == s.local_rank) {
+                // rdrun's SIGKILL went out before: never a cause on its own.
+                s.stop_sent_at = s.stop_sent_at.or(Some(now));
                 failures.push(s.failure(WorkerStatus::Signaled(libc::SIGKILL), now, true));
             }
         }
@@ -1048,24 +896,11 @@ impl Agent {
         if failures.is_empty() {
             Outcome::Succeeded
         } else {
-            Outcome::Failed(failures)
+            Outcome::Failed {
+                failures,
+                peer_loss,
+            }
         }
-    }
-}
-
-/// `sig` to every worker group (leaders that already exited included: their group lives on as
-/// long as a grandchild is in it, kill(2)).
-fn forward_to_all(pgids: &[i32], sig: i32) {
-    for &pgid in pgids {
-        worker::signal_group(pgid, sig);
-    }
-}
-
-/// The next rendezvous event; pending forever without a rendezvous.
-async fn watch_opt(rdzv: Option<&mut Rendezvous>) -> RdzvEvent {
-    match rdzv {
-        Some(r) => r.watch().await,
-        None => std::future::pending().await,
     }
 }
 
@@ -1094,63 +929,6 @@ fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
     }
 }
 
-/// Runs `fut` unless a shutdown signal arrives first (then `Err(signal)`). Other handled
-/// signals have no worker to go to while no attempt runs; they are logged and dropped.
-async fn until_shutdown<T>(signals: &mut Signals, fut: impl Future<Output = T>) -> Result<T, i32> {
-    tokio::pin!(fut);
-    loop {
-        tokio::select! {
-            v = &mut fut => return Ok(v),
-            sig = signals.recv() => {
-                if signals::action(sig) == SignalAction::Shutdown {
-                    return Err(sig);
-                }
-                tracing::info!("received {} while no worker runs; ignoring it", signals::name(sig));
-            }
-        }
-    }
-}
-
-/// An error and its sources on one line (`a: b: c`).
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut msg = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        source = s.source();
-    }
-    msg
-}
-
-/// Whether this launch goes through a rendezvous: several nodes, or a c10d endpoint even for
-/// one node (as torchrun). A one-node static launch with `--master-port` keeps the single-node
-/// path (same ranks, same store, no rendezvous traffic), and so does a one-node etcd launch
-/// (rdrun has no etcd backend; one node needs none).
-pub fn uses_rendezvous(config: &LaunchConfig) -> bool {
-    !config.standalone
-        && config.rdzv.endpoint.is_some()
-        && (config.nnodes.max > 1 || config.rdzv.backend == RdzvBackend::C10d)
-}
-
-/// The c10d worker store: every interface, dual-stack `[::]` (IPv4 peers too), else `0.0.0.0`
-/// where IPv6 is disabled; on `port` (`--master-port`) or one the kernel picks.
-fn bind_worker_store_any(port: u16) -> Result<StoreServer, String> {
-    let v6 = SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), port);
-    match StoreServer::bind(v6, ServerConfig::default()) {
-        Ok(s) => Ok(s),
-        Err(e6) => {
-            let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
-            tracing::debug!("cannot bind the worker store on {v6}: {e6}; trying {v4}");
-            StoreServer::bind(v4, ServerConfig::default())
-                .map_err(|err| format!("cannot bind the worker store on {v4}: {err}"))
-        }
-    }
-}
-
 async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -1158,171 +936,9 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     }
 }
 
-/// `gethostname` up to the first dot (torchrun's `${hostname}` is `socket.gethostname()`).
-fn short_host(host: &str) -> String {
-    host.split('.').next().unwrap_or(host).to_string()
-}
-
-/// Binds the worker store's listening socket and returns it with the MASTER_ADDR workers get.
-///
-/// Standalone (or a loopback master address): 127.0.0.1 only. The port is `--master-port` (the
-/// config's resolved MASTER_PORT) or, when `None`, one the kernel picks; either way the socket
-/// stays open from bind to use, so no other process can take it (no probe-then-bind race).
-/// torchrun gives its FQDN as MASTER_ADDR in standalone; rdrun gives 127.0.0.1, the address it
-/// actually listens on. Any other master address binds every interface, as torchrun's agent
-/// store does (`*:port`, spec torchrun-compat §2.3).
-fn bind_store(config: &LaunchConfig) -> Result<(TcpListener, String), String> {
-    let loopback = config.standalone || is_loopback(&config.master_addr);
-    let (ip, master_addr) = if loopback {
-        (IpAddr::V4(Ipv4Addr::LOCALHOST), "127.0.0.1".to_string())
-    } else {
-        (
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            config.master_addr.clone(),
-        )
-    };
-    let addr = SocketAddr::new(ip, config.master_port.unwrap_or(0));
-    let listener = TcpListener::bind(addr)
-        .map_err(|err| format!("cannot bind the worker store on {addr}: {err}"))?;
-    Ok((listener, master_addr))
-}
-
-fn is_loopback(addr: &str) -> bool {
-    addr == "localhost"
-        || addr
-            .parse::<IpAddr>()
-            .map(|ip| ip.is_loopback())
-            .unwrap_or(false)
-}
-
-/// `LD_LIBRARY_PATH` for workers when their Python environment has a pip-installed NCCL, so that
-/// cudarc (which only tries `libnccl.so`) can load it (issue #6, spec runtime.md §1.4).
-///
-/// The environment is the worker's interpreter for Python launches, else the Python that a
-/// Python launch would use (`PYTHON_EXEC`, `$VIRTUAL_ENV`, `python3` on PATH): a Rust trainer
-/// started directly typically shares the venv that holds torch and its NCCL wheel. Failures only
-/// log: a missing shim must never stop a launch that may not use NCCL at all.
-fn pip_nccl_env(config: &LaunchConfig) -> Vec<(String, String)> {
-    let Some(python) = config.command.python.clone() else {
-        return Vec::new();
-    };
-    let Some(cache) = ncclpath::default_cache_dir() else {
-        return Vec::new();
-    };
-    let existing = std::env::var_os("LD_LIBRARY_PATH");
-    match ncclpath::pip_nccl_ld_library_path(&python, &cache, existing.as_deref()) {
-        Ok(Some(value)) => {
-            tracing::debug!(
-                ?value,
-                "pip NCCL found; LD_LIBRARY_PATH extended for workers"
-            );
-            vec![(
-                "LD_LIBRARY_PATH".to_string(),
-                value.to_string_lossy().into_owned(),
-            )]
-        }
-        Ok(None) => Vec::new(),
-        Err(err) => {
-            tracing::warn!("could not make the pip NCCL loadable for workers: {err}");
-            Vec::new()
-        }
-    }
-}
-
-/// `pid 12 (local rank 0, rank 4), pid 13` for the error line about processes that outlived
-/// SIGKILL: worker pids get their ranks so that the user knows which worker to look at.
-fn describe_leftovers(pids: &[i32], slots: &[Slot]) -> String {
-    if pids.is_empty() {
-        return "none left by the time of this check".to_string();
-    }
-    pids.iter()
-        .map(|&pid| match slots.iter().find(|s| s.pid == pid) {
-            Some(s) => format!("pid {pid} (local rank {}, rank {})", s.local_rank, s.rank),
-            None => format!("pid {pid}"),
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loopback_detection() {
-        for (addr, want) in [
-            ("127.0.0.1", true),
-            ("127.1.2.3", true),
-            ("localhost", true),
-            ("::1", true),
-            ("10.0.0.1", false),
-            ("node1", false),
-        ] {
-            assert_eq!(is_loopback(addr), want, "{addr}");
-        }
-        assert_eq!(short_host("node1.cluster.local"), "node1");
-        assert_eq!(short_host("vm"), "vm");
-    }
-
-    fn config(standalone: bool, master_addr: &str, master_port: Option<u16>) -> LaunchConfig {
-        use crate::config::*;
-        LaunchConfig {
-            nproc_per_node: 1,
-            nnodes: NodeRange { min: 1, max: 1 },
-            node_rank: 0,
-            rdzv: RdzvConfig {
-                backend: RdzvBackend::Static,
-                endpoint: None,
-                run_id: "t".into(),
-                conf: Default::default(),
-            },
-            standalone,
-            master_addr: master_addr.into(),
-            master_port,
-            local_addr: None,
-            max_restarts: 0,
-            role: "default".into(),
-            command: WorkerCommand {
-                kind: EntrypointKind::Exec,
-                program: "true".into(),
-                args: Vec::new(),
-                display_name: "true".into(),
-                python: None,
-            },
-            log: LogConfig::default(),
-            signals_to_handle: vec![libc::SIGTERM],
-            shutdown_timeout: Duration::from_secs(1),
-            virtual_local_rank: false,
-            report_json: None,
-            exit_barrier_timeout: Duration::from_secs(300),
-        }
-    }
-
-    #[test]
-    fn which_launches_use_the_rendezvous() {
-        use crate::config::{Endpoint, NodeRange};
-        let ep = Some(Endpoint {
-            host: "h".into(),
-            port: 1,
-        });
-        // (standalone, backend, endpoint, nnodes max, expected)
-        let table = [
-            (true, RdzvBackend::C10d, None, 1, false),
-            (false, RdzvBackend::Static, ep.clone(), 1, false),
-            (false, RdzvBackend::Static, ep.clone(), 2, true),
-            (false, RdzvBackend::C10d, ep.clone(), 1, true),
-            (false, RdzvBackend::C10d, ep.clone(), 4, true),
-            (false, RdzvBackend::Etcd, ep.clone(), 1, false),
-            (false, RdzvBackend::Etcd, ep.clone(), 2, true),
-        ];
-        for (standalone, backend, endpoint, max, want) in table {
-            let mut c = config(standalone, "127.0.0.1", None);
-            c.rdzv.backend = backend;
-            c.rdzv.endpoint = endpoint;
-            c.nnodes = NodeRange { min: 1, max };
-            assert_eq!(uses_rendezvous(&c), want, "{standalone} {backend:?} {max}");
-        }
-    }
 
     #[test]
     fn rendezvous_events_to_outcomes() {
@@ -1367,40 +983,5 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
-    }
-
-    #[test]
-    fn error_chain_is_one_line_without_repeats() {
-        let inner = std::io::Error::other("connection refused");
-        let err = RendezvousError::Host {
-            endpoint: "h:1".into(),
-            source: inner,
-        };
-        assert_eq!(
-            error_chain(&err),
-            "cannot serve the rendezvous store at h:1: connection refused"
-        );
-    }
-
-    #[test]
-    fn store_binding() {
-        // Standalone: loopback, a kernel-picked port, kept bound.
-        let (l, addr) = bind_store(&config(true, "node1", None)).unwrap();
-        let local = l.local_addr().unwrap();
-        assert_eq!(addr, "127.0.0.1");
-        assert!(local.ip().is_loopback() && local.port() != 0);
-        // The port stays ours until the listener is dropped.
-        assert!(TcpListener::bind(local).is_err());
-        // --master-port given: exactly that port.
-        let port = local.port();
-        drop(l);
-        let (l, addr) = bind_store(&config(false, "127.0.0.1", Some(port))).unwrap();
-        assert_eq!(
-            (addr.as_str(), l.local_addr().unwrap().port()),
-            ("127.0.0.1", port)
-        );
-        // A taken port is a clear error naming the address.
-        let err = bind_store(&config(false, "127.0.0.1", Some(port))).unwrap_err();
-        assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     }
 }

@@ -1,15 +1,22 @@
 //! Supervision of the local worker group: spawn, watch, stop, restart, forward output, report.
 //!
-//! [`run`] is the entry point the binary calls; `agent` owns the group state and drives the rest.
+//! [`run`] is the entry point the binary calls and returns a [`RunEnd`]; `agent` owns the group
+//! state and the select loop, `stop` the stop sequence, `restart` the restart decision, `report`
+//! the failure report, `worker` each worker's spawn spec and process.
 
 mod agent;
+mod end;
 pub mod events;
 pub mod ncclpath;
 pub mod output;
+mod rdzvlink;
 pub mod report;
 pub mod restart;
+mod setup;
 pub mod signals;
+mod stop;
 mod watchdog;
 pub mod worker;
 
 pub use agent::run;
+pub use end::{error_chain, write_report_files, LaunchError, RunEnd};

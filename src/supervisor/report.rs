@@ -1,14 +1,27 @@
 //! The failure report: torchrun's ChildFailedError summary layout plus rdrun's extras (stderr
 //! tail, Python traceback taken from stderr), `--report-json`, and the nested error-file copy.
 //!
-//! Pure rendering: the agent collects [`Failure`]s in detection order and calls these functions;
-//! this file never decides whether to stop or restart. Error files (TORCHELASTIC_ERROR_FILE,
-//! spec torchrun-compat.md §3.9) are read here, so call these functions before
-//! [`super::output::RunLogs::finish`].
+//! Two steps. [`FailureReport::resolve`] reads every worker's error file (TORCHELASTIC_ERROR_FILE,
+//! spec torchrun-compat.md §3.9) exactly once and chooses the root cause, giving a
+//! [`ResolvedReport`]; the agent resolves before [`super::output::RunLogs::finish`] may remove the
+//! files. Everything after that is a pure function of the resolved value: [`render`], [`to_json`],
+//! [`parent_error_json`] and [`ResolvedReport::exit_code`], so that the exit status and the
+//! rendered root cause can never disagree. This file never decides whether to stop or restart.
+//!
+//! Root cause (issue 11): the first failure rdrun observed that it did not cause itself. A worker
+//! that exited after rdrun had begun stopping the group ([`Failure::stop_sent_at`]) is a
+//! bystander, unless its error file was written a whole second before that stop (timestamps have
+//! whole-second resolution, so only an earlier second proves it). Among the workers that failed
+//! on their own, the order is (whole second, observation time, detection order), where the whole
+//! second is the error file's timestamp when there is one: a timestamp refines the order only
+//! when it names an earlier second than the observation. Only when every failure was caused by
+//! rdrun (a shutdown signal, a regroup) is the same order applied to all of them. torchrun orders
+//! by the error file's timestamp alone, so a bystander that writes its file on SIGTERM in the same
+//! second can become its root cause.
 //!
 //! Block layout (spec §3.8, torch `ChildFailedError.format_msg`): W = min(60, max(len(title),
-//! longest line of any failure block)); `[idx]` = detection order; root cause = earliest time,
-//! ties in detection order. Each failure's time, message and error_file follow torchrun:
+//! longest line of any failure block)); `[idx]` = detection order. Each failure's time, message
+//! and error_file follow torchrun:
 //! - error file with a dict message: time = `message.extraInfo.timestamp`, traceback =
 //!   `extraInfo.py_callstack` (else `message.message`, else `<N/A>`) with every "\n" indented by 2;
 //!   a string message is shown as is, time = top-level `timestamp` (0 if absent).
@@ -25,6 +38,7 @@
 //!   `error_file: <path> (invalid: <why>)`, and the failure is shown as if there were none.
 //! - After torchrun's block, the root cause's last stderr lines (up to 20), unless they are just
 //!   the end of the traceback already shown.
+//! - `host` is the fully qualified name (torchrun's `socket.getfqdn()`), see [`fqdn`].
 
 use std::fs;
 use std::io;
@@ -54,10 +68,13 @@ pub struct Failure {
     /// rdrun sent SIGKILL but the worker never exited (uninterruptible sleep) and was left
     /// behind; the report must not claim that it died of the signal.
     pub abandoned: bool,
+    /// When rdrun began stopping the group (its first stop signal), if it had before it observed
+    /// this failure: then the worker is presumed a bystander that rdrun stopped, not a cause.
+    pub stop_sent_at: Option<SystemTime>,
 }
 
 impl Failure {
-    /// Takes the stderr tail and traceback that [`super::output::forward`] yielded.
+    /// Takes the stderr tail and traceback that the worker's output forwarder yielded.
     pub fn set_output(&mut self, summary: &super::output::OutputSummary) {
         self.stderr_tail = summary.stderr_tail.clone();
         self.traceback = summary.traceback.clone();
@@ -73,6 +90,53 @@ pub struct FailureReport {
     pub host: String,
     /// Failures in detection order (first-observed first).
     pub failures: Vec<Failure>,
+}
+
+impl FailureReport {
+    /// Reads every error file once and chooses the root cause (module doc).
+    pub fn resolve(self) -> ResolvedReport {
+        let resolved: Vec<Resolved> = self.failures.iter().map(resolve).collect();
+        let root = root_of(&self.failures, &resolved);
+        ResolvedReport {
+            name: self.name,
+            host: self.host,
+            failures: self.failures,
+            resolved,
+            root,
+        }
+    }
+}
+
+/// A [`FailureReport`] whose error files were read and whose root cause was chosen; every
+/// output (the printed block, `--report-json`, the parent error file, the exit status) derives
+/// from it without touching the file system again.
+#[derive(Debug, Clone)]
+pub struct ResolvedReport {
+    name: String,
+    host: String,
+    failures: Vec<Failure>,
+    resolved: Vec<Resolved>,
+    root: Option<usize>,
+}
+
+impl ResolvedReport {
+    /// Index of the root cause in detection order; `None` without failures.
+    pub fn root_cause(&self) -> Option<usize> {
+        self.root
+    }
+
+    /// The failures in detection order.
+    pub fn failures(&self) -> &[Failure] {
+        &self.failures
+    }
+
+    /// rdrun's exit status for this report: the root cause's own (see
+    /// [`WorkerStatus::launcher_exit_code`]), or a launcher failure when there is none.
+    pub fn exit_code(&self) -> i32 {
+        self.root
+            .map(|i| self.failures[i].status.launcher_exit_code())
+            .unwrap_or(crate::exit::LAUNCHER_FAILURE)
+    }
 }
 
 /// What a worker's error file holds (spec §3.9).
@@ -156,11 +220,12 @@ const NOT_AVAILABLE: &str = "<N/A>";
 const HINT: &str = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html";
 
 /// Everything derived from one failure, computed once.
+#[derive(Debug, Clone)]
 struct Resolved {
     /// Whole seconds shown as `time`.
     time: i64,
-    /// Ordering key for the root cause.
-    order: SystemTime,
+    /// The error file's timestamp (whole seconds), when a valid one was read.
+    written_at: Option<i64>,
     /// `error_file:` value.
     error_file: String,
     error_file_path: Option<String>,
@@ -195,7 +260,7 @@ fn resolve(f: &Failure) -> Resolved {
     let path_text = f.error_file.as_ref().map(|p| p.display().to_string());
     let mut r = Resolved {
         time: epoch_secs(f.observed_at),
-        order: f.observed_at,
+        written_at: None,
         error_file: NOT_AVAILABLE.to_string(),
         error_file_path: None,
         error_file_problem: None,
@@ -215,11 +280,7 @@ fn resolve(f: &Failure) -> Resolved {
         }
         ErrorFile::Valid { data, timestamp } => {
             r.time = timestamp;
-            r.order = if timestamp >= 0 {
-                UNIX_EPOCH + std::time::Duration::from_secs(timestamp as u64)
-            } else {
-                UNIX_EPOCH
-            };
+            r.written_at = Some(timestamp);
             r.error_file = path_text.clone().unwrap_or_default();
             r.error_file_path = path_text;
             match &data["message"] {
@@ -286,19 +347,36 @@ fn resolve(f: &Failure) -> Resolved {
     r
 }
 
-fn root_of(resolved: &[Resolved]) -> Option<usize> {
-    resolved
-        .iter()
-        .enumerate()
-        .min_by_key(|(i, r)| (r.order, *i))
-        .map(|(i, _)| i)
+/// True when the worker failed on its own: rdrun had not begun stopping the group when it saw
+/// the exit, or the worker's error file names a second before that stop began.
+fn failed_on_its_own(f: &Failure, r: &Resolved) -> bool {
+    match f.stop_sent_at {
+        None => true,
+        Some(stop) => r.written_at.is_some_and(|ts| ts < epoch_secs(stop)),
+    }
 }
 
-/// Index of the root cause in `failures` (earliest time, ties -> detection order). The time is
-/// the error file's timestamp when the worker wrote one, else when the failure was observed.
-pub fn root_cause(failures: &[Failure]) -> Option<usize> {
-    let resolved: Vec<Resolved> = failures.iter().map(resolve).collect();
-    root_of(&resolved)
+/// The root cause (module doc): the workers that failed on their own first (all of them when
+/// none did), then by (whole second, observation time, detection order); the whole second is the
+/// error file's timestamp where one was read, but never later than the observation's.
+fn root_of(failures: &[Failure], resolved: &[Resolved]) -> Option<usize> {
+    let own: Vec<bool> = failures
+        .iter()
+        .zip(resolved)
+        .map(|(f, r)| failed_on_its_own(f, r))
+        .collect();
+    let any_own = own.iter().any(|&o| o);
+    failures
+        .iter()
+        .zip(resolved)
+        .enumerate()
+        .filter(|(i, _)| own[*i] || !any_own)
+        .min_by_key(|(i, (f, r))| {
+            let seen = epoch_secs(f.observed_at);
+            let second = r.written_at.map_or(seen, |ts| ts.min(seen));
+            (second, f.observed_at, *i)
+        })
+        .map(|(i, _)| i)
 }
 
 /// `YYYY-MM-DD_HH:MM:SS` in local time, as Python's `datetime.fromtimestamp(t).isoformat("_")`.
@@ -369,23 +447,17 @@ fn block(
     )
 }
 
-/// The ChildFailedError message exactly as torchrun builds it: starts with "\n", lines joined by
-/// "\n", no trailing newline. Empty when there is no failure.
-pub fn torchrun_message(report: &FailureReport) -> String {
-    torchrun_message_with(report, &format_local_time).0
-}
-
-/// The message and its width W.
-fn torchrun_message_with(report: &FailureReport, time: &dyn Fn(i64) -> String) -> (String, usize) {
-    let resolved: Vec<Resolved> = report.failures.iter().map(resolve).collect();
-    let Some(root) = root_of(&resolved) else {
+/// The ChildFailedError message exactly as torchrun builds it (starts with "\n", lines joined by
+/// "\n", no trailing newline; empty when there is no failure) and its width W.
+fn torchrun_message_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> (String, usize) {
+    let Some(root) = report.root else {
         return (String::new(), 0);
     };
     let title = format!("{} FAILED", report.name);
     let mut width = title.chars().count();
     let mut root_block = String::new();
     let mut others = Vec::new();
-    for (i, (f, r)) in report.failures.iter().zip(&resolved).enumerate() {
+    for (i, (f, r)) in report.failures.iter().zip(&report.resolved).enumerate() {
         let b = block(i, f, r, &report.host, time);
         width = width.max(b.split('\n').map(|l| l.chars().count()).max().unwrap_or(0));
         if i == root {
@@ -411,21 +483,21 @@ fn torchrun_message_with(report: &FailureReport, time: &dyn Fn(i64) -> String) -
 /// Renders the summary block printed on stderr at the end of a failed run: torchrun's block
 /// (without its leading empty line) then rdrun's stderr section; lines joined by "\n", no final
 /// newline (print it with `eprintln!`). Empty when there is no failure.
-pub fn render(report: &FailureReport) -> String {
+pub fn render(report: &ResolvedReport) -> String {
     render_with(report, &format_local_time)
 }
 
-fn render_with(report: &FailureReport, time: &dyn Fn(i64) -> String) -> String {
+fn render_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> String {
     let (msg, width) = torchrun_message_with(report, time);
     if msg.is_empty() {
         return msg;
     }
     let mut out = msg.trim_start_matches('\n').to_string();
-    let Some(root) = root_cause(&report.failures) else {
+    let Some(root) = report.root else {
         return out;
     };
     let f = &report.failures[root];
-    let r = resolve(f);
+    let r = &report.resolved[root];
     let mut tail = &f.stderr_tail[f.stderr_tail.len().saturating_sub(20)..];
     // Lines that end the traceback the block already shows (from stderr, or the printed twin of
     // the error file's callstack) are not repeated: only what came before them is.
@@ -479,17 +551,16 @@ fn suffix_overlap(tail: &[String], tb: &[String]) -> usize {
 /// `{schema, name, host, exit_code, root_cause, failures: [{index, rank, local_rank, pid,
 /// exitcode, signal, time, timestamp, error_file, error_file_error, message, traceback,
 /// stderr_tail}]}`. `exitcode` is torchrun's (negative for a signal); `exit_code` is rdrun's.
-pub fn to_json(report: &FailureReport) -> Value {
+pub fn to_json(report: &ResolvedReport) -> Value {
     to_json_with(report, &format_local_time)
 }
 
-fn to_json_with(report: &FailureReport, time: &dyn Fn(i64) -> String) -> Value {
-    let resolved: Vec<Resolved> = report.failures.iter().map(resolve).collect();
-    let root = root_of(&resolved);
+fn to_json_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> Value {
+    let root = report.root;
     let failures: Vec<Value> = report
         .failures
         .iter()
-        .zip(&resolved)
+        .zip(&report.resolved)
         .enumerate()
         .map(|(i, (f, r))| {
             let signal = match f.status {
@@ -517,14 +588,14 @@ fn to_json_with(report: &FailureReport, time: &dyn Fn(i64) -> String) -> Value {
         "schema": "rdrun.failure-report/1",
         "name": report.name,
         "host": report.host,
-        "exit_code": root.map(|i| report.failures[i].status.launcher_exit_code()),
+        "exit_code": root.map(|_| report.exit_code()),
         "root_cause": root,
         "failures": failures,
     })
 }
 
 /// Writes [`to_json`] (pretty, with a final newline) to `path`.
-pub fn write_json(path: &Path, report: &FailureReport) -> io::Result<()> {
+pub fn write_json(path: &Path, report: &ResolvedReport) -> io::Result<()> {
     let mut text = serde_json::to_string_pretty(&to_json(report)).map_err(io::Error::other)?;
     text.push('\n');
     fs::write(path, text)
@@ -537,12 +608,12 @@ pub fn write_json(path: &Path, report: &FailureReport) -> io::Result<()> {
 /// rdrun synthesizes the dict form: `{"message": {"message": <exception line, signal line or
 /// hint>, "extraInfo": {"py_callstack": <captured traceback, else the last stderr lines, else
 /// the message>, "timestamp": "<secs>"}, "errorCode": <exitcode>}}`. `None` without failures.
-pub fn parent_error_json(report: &FailureReport) -> Option<Value> {
-    let root = root_cause(&report.failures)?;
+pub fn parent_error_json(report: &ResolvedReport) -> Option<Value> {
+    let root = report.root?;
     let f = &report.failures[root];
-    let r = resolve(f);
+    let r = &report.resolved[root];
     let code = f.status.torchrun_code();
-    if let Some(mut data) = r.data {
+    if let Some(mut data) = r.data.clone() {
         if code != 0 {
             if let Some(m) = data.get_mut("message").and_then(Value::as_object_mut) {
                 m.insert("errorCode".into(), json!(code));
@@ -568,7 +639,7 @@ pub fn parent_error_json(report: &FailureReport) -> Option<Value> {
 }
 
 /// Writes [`parent_error_json`] to `parent_path` (replacing any file there, as torchrun does).
-pub fn copy_to_parent_error_file(parent_path: &Path, report: &FailureReport) -> io::Result<()> {
+pub fn copy_to_parent_error_file(parent_path: &Path, report: &ResolvedReport) -> io::Result<()> {
     let Some(data) = parent_error_json(report) else {
         return Ok(());
     };
@@ -640,18 +711,24 @@ mod tests {
             stderr_tail: Vec::new(),
             traceback: None,
             abandoned: false,
+            stop_sent_at: None,
         }
     }
 
-    fn report(name: &str, failures: Vec<Failure>) -> FailureReport {
+    fn report(name: &str, failures: Vec<Failure>) -> ResolvedReport {
         FailureReport {
             name: name.into(),
             host: "localhost".into(),
             failures,
         }
+        .resolve()
     }
 
-    fn message(r: &FailureReport) -> String {
+    fn root_cause(failures: &[Failure]) -> Option<usize> {
+        report("x", failures.to_vec()).root_cause()
+    }
+
+    fn message(r: &ResolvedReport) -> String {
         torchrun_message_with(r, &format_utc_time).0
     }
 
@@ -719,7 +796,8 @@ Root Cause (first observed failure):
         assert_eq!(message(&r), want);
         // render: the same block without the leading empty line.
         assert_eq!(render_with(&r, &format_utc_time), &want[1..]);
-        assert_eq!(root_cause(&r.failures), Some(0));
+        assert_eq!(r.root_cause(), Some(0));
+        assert_eq!(r.exit_code(), 3);
     }
 
     const CALLSTACK: &str = "Traceback (most recent call last):\n  File \"/root/.cache/rdrun/torch-venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py\", line 384, in wrapper\n    result = f(*args, **kwargs)\n             ^^^^^^^^^^^^^^^^^^\n  File \"/tmp/rdrun-scn/rec.py\", line 6, in main\n    raise ValueError(\"bad value\")\nValueError: bad value\n";
@@ -960,6 +1038,65 @@ Root Cause (first observed failure):
             ..failure(1, 2, WorkerStatus::Exited(1), T)
         };
         assert_eq!(root_cause(&[a, b]), Some(1));
+    }
+
+    /// Issue 11: rank 1 dies on its own; rank 0, stopped by rdrun, writes its error file on
+    /// SIGTERM within the same second. The bystander's whole-second timestamp must not win.
+    #[test]
+    fn bystander_error_file_is_not_the_root_cause() {
+        let s = Scratch::new();
+        let died = at(T) + Duration::from_millis(300);
+        let stop = died;
+        let root = Failure {
+            observed_at: died,
+            ..failure(1, 11, WorkerStatus::Signaled(9), T)
+        };
+        let mut bystander = Failure {
+            observed_at: died + Duration::from_millis(40),
+            stop_sent_at: Some(stop),
+            ..failure(0, 10, WorkerStatus::Exited(1), T)
+        };
+        bystander.error_file = Some(s.file("b.json", &record_json(&T.to_string())));
+        let r = report("t.py", vec![root.clone(), bystander.clone()]);
+        assert_eq!(r.root_cause(), Some(0));
+        assert_eq!(r.exit_code(), 137);
+        // The rendered root cause and the JSON agree with the exit status.
+        let out = render_with(&r, &format_utc_time);
+        let block = out.split("Root Cause").nth(1).expect("root block");
+        assert!(block.contains("rank      : 1 (local_rank: 1)"), "{out}");
+        assert_eq!(to_json_with(&r, &format_utc_time)["exit_code"], 137);
+        // Detection order does not matter either.
+        let r = report("t.py", vec![bystander.clone(), root.clone()]);
+        assert_eq!(r.root_cause(), Some(1));
+        // An error file written a whole second before the stop proves an own failure: it
+        // refines the order (it failed before rank 1 was seen).
+        let mut early = bystander.clone();
+        early.error_file = Some(s.file("e.json", &record_json(&(T - 1).to_string())));
+        let r = report("t.py", vec![root.clone(), early]);
+        assert_eq!(r.root_cause(), Some(1));
+        assert_eq!(r.exit_code(), 1);
+        // Among own failures of one batch, an earlier second on file wins; the same second
+        // keeps the observation order.
+        let mut a = failure(0, 1, WorkerStatus::Exited(2), T);
+        a.error_file = Some(s.file("a.json", &record_json(&T.to_string())));
+        let mut b = failure(1, 2, WorkerStatus::Exited(3), T);
+        b.error_file = Some(s.file("b2.json", &record_json(&(T - 2).to_string())));
+        assert_eq!(root_cause(&[a.clone(), b]), Some(1));
+        let c = failure(1, 2, WorkerStatus::Exited(3), T);
+        assert_eq!(root_cause(&[a.clone(), c.clone()]), Some(0));
+        assert_eq!(root_cause(&[c, a]), Some(0));
+        // Every failure caused by rdrun (a shutdown signal): the same order among all of them.
+        let x = Failure {
+            stop_sent_at: Some(at(T)),
+            observed_at: at(T) + Duration::from_millis(20),
+            ..failure(0, 1, WorkerStatus::Signaled(15), T)
+        };
+        let y = Failure {
+            stop_sent_at: Some(at(T)),
+            observed_at: at(T) + Duration::from_millis(10),
+            ..failure(1, 2, WorkerStatus::Signaled(15), T)
+        };
+        assert_eq!(root_cause(&[x, y]), Some(1));
     }
 
     #[test]

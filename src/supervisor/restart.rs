@@ -1,8 +1,24 @@
 //! The restart decision: pure and synchronous, table-tested.
 //!
-//! The agent reports how an attempt ended and how many restarts it has used; this file says what
-//! happens next. It never touches processes (spec torchrun-compat §3.2 step 4: a failed group is
-//! restarted while restarts remain, each restart consuming one).
+//! The agent reports how an attempt ended and how many restarts the job has used; this file says
+//! what happens next. It never touches processes (spec torchrun-compat §3.2 step 4: a failed group
+//! is restarted while restarts remain, each restart consuming one). The rules, in one place:
+//!
+//! - success finishes the run; a shutdown signal, a launcher error or a lost rendezvous ends it
+//!   at once (as torchrun, only failures are retried);
+//! - a worker failure restarts the group while restarts remain (charged), else the run fails;
+//! - a membership change (late joiner, another node's new round, a c10d peer lost) regroups
+//!   without charging a restart; a static job's lost peer is charged (a static job cannot
+//!   shrink: it regroups only while restarts remain);
+//! - a worker failure with a peer node lost within [`PEER_LOSS_WINDOW`] of it is attributed to
+//!   the membership change (issue 17: a SIGKILLed node makes its peers' collectives fail before
+//!   the heartbeats tell that it is gone), so it is charged exactly as that loss would be.
+
+use std::time::Duration;
+
+/// How close a lost peer must be to a worker failure for the failure to count as the loss's.
+/// A little more than the rendezvous's default detection time (5 heartbeats of 1 s).
+pub const PEER_LOSS_WINDOW: Duration = Duration::from_secs(10);
 
 /// How one attempt of the worker group ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,10 +27,18 @@ pub enum AttemptEnd {
     Succeeded,
     /// At least one worker exited non-zero or died by a signal.
     Failed,
+    /// Workers failed and a peer node was reported lost within [`PEER_LOSS_WINDOW`] of the first
+    /// failure; `charged` as for [`AttemptEnd::Regroup`].
+    FailedWithPeerLoss { charged: bool },
+    /// The rendezvous membership changed; `charged` when it counts as a failure of the job (a
+    /// static job's lost peer).
+    Regroup { charged: bool },
     /// rdrun received a shutdown signal (TERM, INT, HUP, QUIT) and stopped the group.
     Interrupted,
     /// rdrun itself could not run the attempt (a worker could not be started, bad environment).
     LauncherError,
+    /// The rendezvous was closed by another node or its store became unreachable.
+    RendezvousLost,
 }
 
 /// What the agent does after an attempt.
@@ -22,26 +46,44 @@ pub enum AttemptEnd {
 pub enum Decision {
     /// The run is over and succeeded.
     Finish,
-    /// Start attempt `restart_count` (the value of TORCHELASTIC_RESTART_COUNT for the new attempt).
+    /// A charged restart after a worker failure: start attempt `restart_count` (the value of
+    /// TORCHELASTIC_RESTART_COUNT for the new attempt).
     Restart { restart_count: u32 },
+    /// Join the next rendezvous round; `charged`: the round counts as a restart of the job.
+    Regroup { charged: bool },
     /// The run is over and failed (or was interrupted); no restart.
     GiveUp,
 }
 
 /// Decides what follows an attempt that ran with TORCHELASTIC_RESTART_COUNT = `restart_count`.
-///
-/// Only worker failures are retried, as torchrun: a signal to the launcher or a launcher error
-/// ends the run at once.
 pub fn decide(end: AttemptEnd, restart_count: u32, max_restarts: u32) -> Decision {
+    let restarts_left = restart_count < max_restarts;
     match end {
         AttemptEnd::Succeeded => Decision::Finish,
-        AttemptEnd::Failed if restart_count < max_restarts => Decision::Restart {
+        AttemptEnd::Failed if restarts_left => Decision::Restart {
             restart_count: restart_count + 1,
         },
-        AttemptEnd::Failed | AttemptEnd::Interrupted | AttemptEnd::LauncherError => {
-            Decision::GiveUp
+        AttemptEnd::Regroup { charged: false }
+        | AttemptEnd::FailedWithPeerLoss { charged: false } => Decision::Regroup { charged: false },
+        AttemptEnd::Regroup { charged: true }
+        | AttemptEnd::FailedWithPeerLoss { charged: true }
+            if restarts_left =>
+        {
+            Decision::Regroup { charged: true }
         }
+        AttemptEnd::Failed
+        | AttemptEnd::Regroup { .. }
+        | AttemptEnd::FailedWithPeerLoss { .. }
+        | AttemptEnd::Interrupted
+        | AttemptEnd::LauncherError
+        | AttemptEnd::RendezvousLost => Decision::GiveUp,
     }
+}
+
+/// Whether a peer loss noticed `gap` away from the first worker failure (either side) is close
+/// enough to be the failure's cause.
+pub fn attributed_to_peer_loss(gap: Duration) -> bool {
+    gap <= PEER_LOSS_WINDOW
 }
 
 #[cfg(test)]
@@ -51,6 +93,7 @@ mod tests {
 
     #[test]
     fn decision_table() {
+        let regroup = |charged| Decision::Regroup { charged };
         let table = [
             // (end, restart_count, max_restarts, expected)
             (Succeeded, 0, 0, Decision::Finish),
@@ -71,9 +114,31 @@ mod tests {
             (Failed, u32::MAX, u32::MAX, Decision::GiveUp),
             (Interrupted, 0, 5, Decision::GiveUp),
             (LauncherError, 0, 5, Decision::GiveUp),
+            (RendezvousLost, 0, 5, Decision::GiveUp),
+            // Membership changes are free, whatever the budget.
+            (Regroup { charged: false }, 0, 0, regroup(false)),
+            (Regroup { charged: false }, 7, 3, regroup(false)),
+            // A static job's lost peer: charged, only while restarts remain.
+            (Regroup { charged: true }, 0, 1, regroup(true)),
+            (Regroup { charged: true }, 1, 1, Decision::GiveUp),
+            // A failure next to a lost peer is the loss's (issue 17: max-restarts 0 survives a
+            // SIGKILLed c10d node).
+            (FailedWithPeerLoss { charged: false }, 0, 0, regroup(false)),
+            (FailedWithPeerLoss { charged: false }, 3, 3, regroup(false)),
+            (FailedWithPeerLoss { charged: true }, 0, 2, regroup(true)),
+            (FailedWithPeerLoss { charged: true }, 2, 2, Decision::GiveUp),
         ];
         for (end, count, max, want) in table {
             assert_eq!(decide(end, count, max), want, "{end:?} {count}/{max}");
         }
+    }
+
+    #[test]
+    fn peer_loss_window() {
+        assert!(attributed_to_peer_loss(Duration::ZERO));
+        assert!(attributed_to_peer_loss(PEER_LOSS_WINDOW));
+        assert!(!attributed_to_peer_loss(
+            PEER_LOSS_WINDOW + Duration::from_millis(1)
+        ));
     }
 }

@@ -1,4 +1,5 @@
-//! One worker process, seen from the launcher: the environment and argv it gets, how it is
+//! One worker process, seen from the launcher: the environment and argv it gets (its
+//! [`SpawnSpec`], built by [`spawn_spec`] from the config and the round's assignment), how it is
 //! spawned (own session and process group, parent-death signal, piped stdout/stderr), how it
 //! and its group are signalled, and how exits of any descendant are reaped.
 //!
@@ -13,8 +14,12 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use crate::config::LaunchConfig;
 use crate::exit::WorkerStatus;
+use crate::rendezvous::Assignment;
 use crate::workerenv::{self, VirtualDevicesError, WorkerEnv};
+
+use super::ncclpath;
 
 /// Why the environment of a worker could not be built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -33,6 +38,19 @@ pub enum SpawnError {
         #[source]
         source: io::Error,
     },
+}
+
+impl SpawnError {
+    /// One line for the user: the error, its cause, and a hint where execve(2)'s ENOENT is
+    /// misleading (the file exists but its `#!` interpreter or dynamic loader does not).
+    pub fn describe(&self) -> String {
+        let SpawnError::Exec { program, source } = self;
+        let mut msg = format!("{self}: {source}");
+        if source.kind() == io::ErrorKind::NotFound && program.is_file() {
+            msg.push_str(" (the file exists: its interpreter or loader is missing)");
+        }
+        msg
+    }
 }
 
 /// The variables a worker gets on top of rdrun's own environment (which it inherits whole).
@@ -94,6 +112,112 @@ pub struct SpawnSpec {
     pub env: Vec<(String, String)>,
     /// Writer end of the watchdog socket: the child registers its process group there before exec.
     pub watchdog_fd: Option<RawFd>,
+}
+
+/// What every worker of a run shares, computed once per run.
+#[derive(Debug, Clone, Default)]
+pub struct RunWorkerEnv {
+    /// TORCHELASTIC_SIGNALS_TO_HANDLE.
+    pub signals_env: String,
+    /// Extra variables (LD_LIBRARY_PATH for a pip NCCL, [`pip_nccl_env`]).
+    pub extra: Vec<(String, String)>,
+    /// Writer end of the watchdog socket.
+    pub watchdog_fd: Option<RawFd>,
+}
+
+impl RunWorkerEnv {
+    /// The per-run part for `config`: signal names and the pip NCCL library path.
+    pub fn new(config: &LaunchConfig, watchdog_fd: Option<RawFd>) -> RunWorkerEnv {
+        RunWorkerEnv {
+            signals_env: workerenv::signal_names(&config.signals_to_handle),
+            extra: pip_nccl_env(config),
+            watchdog_fd,
+        }
+    }
+}
+
+/// The spawn spec of local rank `local_rank` in the attempt that `asg` describes: the
+/// [`WorkerEnv`] contract (ROLE_RANK/ROLE_WORLD_SIZE equal RANK/WORLD_SIZE: every node runs one
+/// role), [`worker_env`]'s additions, and the command with `%local_rank%`-style substitution.
+pub fn spawn_spec(
+    config: &LaunchConfig,
+    asg: &Assignment,
+    local_rank: usize,
+    error_file: &str,
+    run_env: &RunWorkerEnv,
+) -> Result<SpawnSpec, EnvError> {
+    let nproc = config.nproc_per_node;
+    let contract = WorkerEnv {
+        rank: asg.base_rank + local_rank,
+        local_rank,
+        world_size: asg.world_size,
+        local_world_size: nproc,
+        group_rank: asg.group_rank,
+        group_world_size: asg.group_world_size,
+        role_rank: asg.base_rank + local_rank,
+        role_world_size: asg.world_size,
+        role_name: config.role.clone(),
+        master_addr: asg.master_addr.clone(),
+        master_port: asg.master_port,
+        restart_count: asg.restart_count,
+        max_restarts: config.max_restarts,
+        run_id: config.rdzv.run_id.clone(),
+        use_agent_store: true,
+        error_file: error_file.to_string(),
+    };
+    let mut env = worker_env(
+        &contract,
+        nproc,
+        &run_env.signals_env,
+        config.virtual_local_rank,
+        |k| std::env::var(k).ok(),
+    )?;
+    env.extend(run_env.extra.iter().cloned());
+    Ok(SpawnSpec {
+        program: config.command.program.clone(),
+        args: config
+            .command
+            .args
+            .iter()
+            .map(|a| workerenv::substitute_local_rank(a, local_rank))
+            .collect(),
+        env,
+        watchdog_fd: run_env.watchdog_fd,
+    })
+}
+
+/// `LD_LIBRARY_PATH` for workers when their Python environment has a pip-installed NCCL, so that
+/// cudarc (which only tries `libnccl.so`) can load it (issue #6, spec runtime.md §1.4).
+///
+/// The environment is the worker's interpreter for Python launches, else the Python that a
+/// Python launch would use (`PYTHON_EXEC`, `$VIRTUAL_ENV`, `python3` on PATH): a Rust trainer
+/// started directly typically shares the venv that holds torch and its NCCL wheel. Failures only
+/// log: a missing shim must never stop a launch that may not use NCCL at all.
+pub fn pip_nccl_env(config: &LaunchConfig) -> Vec<(String, String)> {
+    let Some(python) = config.command.python.clone() else {
+        return Vec::new();
+    };
+    let Some(cache) = ncclpath::default_cache_dir() else {
+        return Vec::new();
+    };
+    let existing = std::env::var_os("LD_LIBRARY_PATH");
+    match ncclpath::pip_nccl_ld_library_path(&python, &cache, existing.as_deref()) {
+        Ok(Some(value)) => {
+            tracing::debug!(
+                ?value,
+                "pip NCCL found; LD_LIBRARY_PATH extended for workers"
+            );
+            vec![(
+                "LD_LIBRARY_PATH".to_string(),
+                value.to_string_lossy().into_owned(),
+            )]
+        }
+        Ok(None) => Vec::new(),
+        Err(err) => {
+            tracing::warn!("could not make the pip NCCL loadable for workers: {err}");
+            Vec::new()
+        }
+    }
 }
 
 /// A started worker: its pid (= its process group and session id) and its output pipes.
@@ -163,6 +287,15 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
 
 /// Reaps every exited child (workers, orphaned grandchildren re-parented to rdrun as child
 /// subreaper, the watchdog) without blocking; returns (pid, status) of each.
+///
+/// `waitpid(-1)` on purpose: as child subreaper rdrun inherits orphans whose pids it never knew,
+/// and only a wildcard wait reaps them (else they stay zombies). The price: it would also reap a
+/// child some other code spawned with `std::process::Command` and waits for itself (its `wait`
+/// then fails with ECHILD and the status is lost). rdrun runs such helpers (the pip NCCL probe
+/// of [`pip_nccl_env`]) only before the first attempt, to completion on the agent's one thread,
+/// and `reap` runs only while an attempt is supervised, so the two never overlap. Code that
+/// starts a helper process during an attempt must not wait for it with `std`: it gets its exit
+/// here, as a `Reaped` event for an unknown pid.
 pub fn reap() -> Vec<(i32, WorkerStatus)> {
     let mut out = Vec::new();
     loop {

@@ -1,0 +1,182 @@
+//! How a run ended: the value [`super::run`] returns. `crate::exit` maps it to the process
+//! status; the binary prints it (the error chain, or the failure report) once. Nothing in the
+//! supervisor prints an error itself.
+
+use std::fmt;
+use std::path::Path;
+
+use super::report::{self, ResolvedReport};
+
+/// The end of one launch.
+#[derive(Debug)]
+pub enum RunEnd {
+    /// Every worker exited 0 (or the job was over before this node could join it).
+    Succeeded,
+    /// Workers failed and no restart was left: the report, error files read once.
+    WorkersFailed(ResolvedReport),
+    /// A shutdown signal reached rdrun; the workers that failed while being stopped, if any.
+    Interrupted {
+        signal: i32,
+        report: Option<ResolvedReport>,
+    },
+    /// rdrun itself failed: a worker could not be started, a bind failed, a rendezvous timed out.
+    LauncherError(LaunchError),
+    /// The rendezvous was closed elsewhere or its store was lost: the run cannot go on.
+    RendezvousLost(String),
+}
+
+impl RunEnd {
+    /// A launcher error from a message.
+    pub fn error(msg: impl Into<String>) -> RunEnd {
+        RunEnd::LauncherError(LaunchError::Message(msg.into()))
+    }
+
+    /// A launcher error from an error value (its whole source chain is printed).
+    pub fn from_error(err: impl std::error::Error + Send + Sync + 'static) -> RunEnd {
+        RunEnd::LauncherError(LaunchError::Error(Box::new(err)))
+    }
+
+    /// The failure report of this end, if it has one.
+    pub fn report(&self) -> Option<&ResolvedReport> {
+        match self {
+            RunEnd::WorkersFailed(r) => Some(r),
+            RunEnd::Interrupted { report, .. } => report.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// What the binary prints on stderr at the end (`None`: nothing): the report block, or
+    /// `rdrun: error: <chain>`.
+    pub fn message(&self) -> Option<String> {
+        match self {
+            RunEnd::Succeeded => None,
+            RunEnd::WorkersFailed(r) => Some(report::render(r)),
+            RunEnd::Interrupted { report, .. } => report.as_ref().map(report::render),
+            RunEnd::LauncherError(e) => Some(format!("rdrun: error: {e}")),
+            RunEnd::RendezvousLost(msg) => Some(format!("rdrun: error: {msg}")),
+        }
+    }
+}
+
+/// Why rdrun itself failed.
+#[derive(Debug)]
+pub enum LaunchError {
+    Message(String),
+    Error(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl fmt::Display for LaunchError {
+    /// The message with its source chain on one line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LaunchError::Message(m) => f.write_str(m),
+            LaunchError::Error(e) => f.write_str(&error_chain(e.as_ref())),
+        }
+    }
+}
+
+/// An error and its sources on one line (`a: b: c`). A source whose text the line already ends
+/// with (an error that prints its source, `#[error("…: {source}")]`) is not repeated; any other
+/// source is kept, even when its text occurs elsewhere in the line.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut msg = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !text.is_empty() && !msg.ends_with(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
+/// Writes the report's two files: `--report-json` (`json`), and the root cause's copy into a
+/// parent scheduler's TORCHELASTIC_ERROR_FILE (`parent`), as torchrun's `@record`-wrapped main
+/// does (spec torchrun-compat §3.9). Errors are logged: the report on stderr stays the output.
+pub fn write_report_files(report: &ResolvedReport, json: Option<&Path>, parent: Option<&Path>) {
+    if let Some(path) = json {
+        if let Err(err) = report::write_json(path, report) {
+            tracing::error!("--report-json: {err}");
+        }
+    }
+    match parent {
+        Some(parent) => {
+            if let Err(err) = report::copy_to_parent_error_file(parent, report) {
+                tracing::error!("cannot copy the root cause to TORCHELASTIC_ERROR_FILE: {err}");
+            }
+        }
+        None => tracing::debug!("no error file defined for parent, to copy child error file"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{msg}")]
+    struct E {
+        msg: String,
+        #[source]
+        source: Option<Box<E>>,
+    }
+
+    fn e(msg: &str, source: Option<E>) -> E {
+        E {
+            msg: msg.into(),
+            source: source.map(Box::new),
+        }
+    }
+
+    #[test]
+    fn error_chain_is_one_line_without_repeats() {
+        // An error that prints its source: not repeated.
+        let err = e(
+            "cannot serve the rendezvous store at h:1: connection refused",
+            Some(e("connection refused", None)),
+        );
+        assert_eq!(
+            error_chain(&err),
+            "cannot serve the rendezvous store at h:1: connection refused"
+        );
+        // Issue 9: a distinct cause whose text occurs inside the message is kept.
+        let err = e(
+            "connection refused twice, giving up",
+            Some(e("refused", None)),
+        );
+        assert_eq!(
+            error_chain(&err),
+            "connection refused twice, giving up: refused"
+        );
+        // Three levels, the middle one printing its source.
+        let err = e(
+            "join failed",
+            Some(e("store: timed out", Some(e("timed out", None)))),
+        );
+        assert_eq!(error_chain(&err), "join failed: store: timed out");
+    }
+
+    #[test]
+    fn messages() {
+        assert_eq!(RunEnd::Succeeded.message(), None);
+        assert_eq!(
+            RunEnd::error("bad").message().as_deref(),
+            Some("rdrun: error: bad")
+        );
+        let err = e("outer", Some(e("inner", None)));
+        assert_eq!(
+            RunEnd::from_error(err).message().as_deref(),
+            Some("rdrun: error: outer: inner")
+        );
+        assert_eq!(
+            RunEnd::Interrupted {
+                signal: 15,
+                report: None
+            }
+            .message(),
+            None
+        );
+    }
+}

@@ -1,0 +1,206 @@
+//! The agent's side of the rendezvous (multi-node): whether a launch uses one, joining a round,
+//! the exit barrier and closing after success, and waiting on either while only a shutdown
+//! signal can interrupt. What a rendezvous event means for a running attempt stays with the
+//! agent's select loop; what it costs is [`super::restart::decide`]'s.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::config::{LaunchConfig, RdzvBackend};
+use crate::rendezvous::{
+    Assignment, RdzvEvent, Rendezvous, RendezvousError, RoundReason, RoundRequest,
+};
+
+use super::end::{error_chain, RunEnd};
+use super::signals::{self, SignalAction, Signals};
+
+/// How long a node that does not host the rendezvous store tries to close the rendezvous after
+/// a successful exit barrier (the host closes it anyway and may be gone already).
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether this launch goes through a rendezvous: several nodes, or a c10d endpoint even for
+/// one node (as torchrun). A one-node static launch with `--master-port` keeps the single-node
+/// path (same ranks, same store, no rendezvous traffic), and so does a one-node etcd launch
+/// (rdrun has no etcd backend; one node needs none).
+pub(crate) fn uses_rendezvous(config: &LaunchConfig) -> bool {
+    !config.standalone
+        && config.rdzv.endpoint.is_some()
+        && (config.nnodes.max > 1 || config.rdzv.backend == RdzvBackend::C10d)
+}
+
+/// The next rendezvous event; pending forever without a rendezvous.
+pub(crate) async fn watch_opt(rdzv: Option<&mut Rendezvous>) -> RdzvEvent {
+    match rdzv {
+        Some(r) => r.watch().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs `fut` unless a shutdown signal arrives first (then `Err(signal)`). Other handled
+/// signals have no worker to go to while no attempt runs; they are logged and dropped.
+pub(crate) async fn until_shutdown<T>(
+    signals: &mut Signals,
+    fut: impl Future<Output = T>,
+) -> Result<T, i32> {
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            v = &mut fut => return Ok(v),
+            sig = signals.recv() => {
+                if signals::action(sig) == SignalAction::Shutdown {
+                    return Err(sig);
+                }
+                tracing::info!("received {} while no worker runs; ignoring it", signals::name(sig));
+            }
+        }
+    }
+}
+
+/// Joins the next rendezvous round; on failure, how the run ends.
+pub(crate) async fn join_round(
+    rdzv: &mut Rendezvous,
+    signals: &mut Signals,
+    reason: RoundReason,
+    master_port: u16,
+) -> Result<Assignment, RunEnd> {
+    let req = RoundRequest {
+        reason,
+        master_port,
+    };
+    match until_shutdown(signals, rdzv.next_round(req)).await {
+        Ok(Ok(asg)) => {
+            tracing::info!(
+                round = asg.round,
+                group_rank = asg.group_rank,
+                group_world_size = asg.group_world_size,
+                world_size = asg.world_size,
+                restart_count = asg.restart_count,
+                master = %format!("{}:{}", asg.master_addr, asg.master_port),
+                "rendezvous round complete"
+            );
+            Ok(asg)
+        }
+        Ok(Err(RendezvousError::Closed { redundant: true })) => {
+            tracing::warn!("the job finished while this node waited to join; nothing to do");
+            Err(RunEnd::Succeeded)
+        }
+        Ok(Err(err)) => Err(RunEnd::from_error(err)),
+        Err(signal) => {
+            tracing::warn!(
+                "received {} during the rendezvous, exiting",
+                signals::name(signal)
+            );
+            Err(RunEnd::Interrupted {
+                signal,
+                report: None,
+            })
+        }
+    }
+}
+
+/// After local success: the exit barrier (errors are only logged, as torchrun), then close.
+pub(crate) async fn finish(
+    rdzv: &mut Rendezvous,
+    signals: &mut Signals,
+    asg: &Assignment,
+    timeout: Duration,
+) {
+    match until_shutdown(signals, rdzv.exit_barrier(asg, timeout)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::error!("exit barrier: {}", error_chain(&err)),
+        Err(sig) => {
+            tracing::warn!("received {} in the exit barrier", signals::name(sig));
+            return;
+        }
+    }
+    // The store's host lingers in the barrier until every agent has departed, then closes
+    // (for nodes still waiting to join). The others try briefly: the host may be gone.
+    if rdzv.server.is_some() {
+        close(rdzv).await;
+    } else if tokio::time::timeout(CLOSE_WAIT, close_quiet(rdzv))
+        .await
+        .is_err()
+    {
+        tracing::debug!("rendezvous store gone after the exit barrier; not closing it");
+    }
+}
+
+/// [`close`] with failures at debug level (the store may be gone already).
+async fn close_quiet(rdzv: &mut Rendezvous) {
+    if let Err(err) = rdzv.close().await {
+        tracing::debug!("cannot close the rendezvous: {}", error_chain(&err));
+    }
+}
+
+/// Closes the rendezvous for every node (the job is over); errors are only logged.
+pub(crate) async fn close(rdzv: &mut Rendezvous) {
+    if let Err(err) = rdzv.close().await {
+        tracing::warn!("cannot close the rendezvous: {}", error_chain(&err));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(standalone: bool, master_addr: &str, master_port: Option<u16>) -> LaunchConfig {
+        use crate::config::*;
+        LaunchConfig {
+            nproc_per_node: 1,
+            nnodes: NodeRange { min: 1, max: 1 },
+            node_rank: 0,
+            rdzv: RdzvConfig {
+                backend: RdzvBackend::Static,
+                endpoint: None,
+                run_id: "t".into(),
+                conf: Default::default(),
+            },
+            standalone,
+            master_addr: master_addr.into(),
+            master_port,
+            local_addr: None,
+            max_restarts: 0,
+            role: "default".into(),
+            command: WorkerCommand {
+                kind: EntrypointKind::Exec,
+                program: "true".into(),
+                args: Vec::new(),
+                display_name: "true".into(),
+                python: None,
+            },
+            log: LogConfig::default(),
+            signals_to_handle: vec![libc::SIGTERM],
+            shutdown_timeout: Duration::from_secs(1),
+            virtual_local_rank: false,
+            report_json: None,
+            exit_barrier_timeout: Duration::from_secs(300),
+            leftovers: LeftoverPolicy::Kill,
+        }
+    }
+
+    #[test]
+    fn which_launches_use_the_rendezvous() {
+        use crate::config::{Endpoint, NodeRange};
+        let ep = Some(Endpoint {
+            host: "h".into(),
+            port: 1,
+        });
+        // (standalone, backend, endpoint, nnodes max, expected)
+        let table = [
+            (true, RdzvBackend::C10d, None, 1, false),
+            (false, RdzvBackend::Static, ep.clone(), 1, false),
+            (false, RdzvBackend::Static, ep.clone(), 2, true),
+            (false, RdzvBackend::C10d, ep.clone(), 1, true),
+            (false, RdzvBackend::C10d, ep.clone(), 4, true),
+            (false, RdzvBackend::Etcd, ep.clone(), 1, false),
+            (false, RdzvBackend::Etcd, ep.clone(), 2, true),
+        ];
+        for (standalone, backend, endpoint, max, want) in table {
+            let mut c = config(standalone, "127.0.0.1", None);
+            c.rdzv.backend = backend;
+            c.rdzv.endpoint = endpoint;
+            c.nnodes = NodeRange { min: 1, max };
+            assert_eq!(uses_rendezvous(&c), want, "{standalone} {backend:?} {max}");
+        }
+    }
+}

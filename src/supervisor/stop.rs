@@ -1,0 +1,280 @@
+//! The stop sequence of one attempt's worker group: why it stops, the stop signal to every worker
+//! group and to every descendant that left them, the grace, SIGKILL of everything, the bounded
+//! wait for what cannot die, the processes workers leave behind, and the drop guard that
+//! SIGKILLs every group if the agent panics.
+//!
+//! The agent decides *when* to stop; this file owns *how*, and remembers when the stop began, so
+//! that the report can tell a worker that failed on its own from one rdrun stopped
+//! ([`super::report::Failure::stop_sent_at`]). It never waits itself: the agent's select loop
+//! sleeps until [`GroupStop::deadline`].
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use crate::config::LeftoverPolicy;
+
+use super::signals;
+use super::worker::{self, ProcEntry};
+
+/// How long rdrun waits for processes to disappear after SIGKILL before it gives up on them
+/// (a process in uninterruptible sleep cannot die until its I/O ends).
+pub(crate) const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// Why rdrun stops the worker group (for the log; the sequence is the same for every reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StopReason {
+    /// A worker failed: its peers are stopped.
+    WorkerFailed,
+    /// A shutdown signal reached rdrun (it is forwarded as is).
+    Signal(i32),
+    /// The rendezvous asked for a new round, or was lost.
+    Rendezvous,
+    /// The worker store stopped serving.
+    StoreStopped,
+    /// A worker could not be started: the ones already started are stopped.
+    LaunchError,
+    /// Every worker exited 0 but processes they started are still alive.
+    Leftovers,
+}
+
+/// Where the stop stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Workers run; nothing asked them to stop.
+    Running,
+    /// The stop signal went out; SIGKILL at the deadline.
+    Grace(Instant),
+    /// SIGKILL went out; give up on what is left at the deadline.
+    Killed(Instant),
+}
+
+/// The stop of one attempt's group: every worker's process group (pgid = the worker's pid).
+#[derive(Debug)]
+pub(crate) struct GroupStop {
+    pgids: Vec<i32>,
+    /// Never signalled, never counted as left behind.
+    watchdog_pid: Option<i32>,
+    grace: Duration,
+    phase: Phase,
+    /// When the first stop signal went out.
+    sent_at: Option<SystemTime>,
+}
+
+impl GroupStop {
+    pub(crate) fn new(pgids: Vec<i32>, watchdog_pid: Option<i32>, grace: Duration) -> GroupStop {
+        GroupStop {
+            pgids,
+            watchdog_pid,
+            grace,
+            phase: Phase::Running,
+            sent_at: None,
+        }
+    }
+
+    pub(crate) fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// When the current phase runs out (`None` while the group runs).
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Running => None,
+            Phase::Grace(d) | Phase::Killed(d) => Some(d),
+        }
+    }
+
+    /// When rdrun sent its first stop signal to the group, if it did.
+    pub(crate) fn sent_at(&self) -> Option<SystemTime> {
+        self.sent_at
+    }
+
+    pub(crate) fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// Starts the stop (SIGTERM, or the shutdown signal itself) unless one is under way.
+    pub(crate) fn begin(&mut self, reason: StopReason) {
+        if self.phase != Phase::Running {
+            return;
+        }
+        let sig = match reason {
+            StopReason::Signal(sig) => sig,
+            _ => libc::SIGTERM,
+        };
+        tracing::debug!(?reason, "stopping the worker group");
+        self.signal_everything(sig);
+        self.phase = Phase::Grace(Instant::now() + self.grace);
+    }
+
+    /// A shutdown signal: always passed on (also during a stop already under way), and starts
+    /// the grace if nothing did yet.
+    pub(crate) fn shutdown(&mut self, sig: i32) {
+        if self.phase == Phase::Running {
+            self.begin(StopReason::Signal(sig));
+        } else {
+            self.signal_everything(sig);
+        }
+    }
+
+    /// Sends `sig` to every worker group and to every descendant that left them (setsid),
+    /// without changing the phase (SIGUSR1 and the like).
+    pub(crate) fn forward(&mut self, sig: i32) {
+        self.signal_everything(sig);
+    }
+
+    fn signal_everything(&mut self, sig: i32) {
+        if self.sent_at.is_none() && sig != libc::SIGUSR1 && sig != libc::SIGUSR2 {
+            self.sent_at = Some(SystemTime::now());
+        }
+        for &pgid in &self.pgids {
+            tracing::info!(pgid, "sending {} to process group", signals::name(sig));
+            worker::signal_group(pgid, sig);
+        }
+        for p in self.stray_descendants() {
+            tracing::info!(
+                pid = p.pid,
+                "sending {} to stray descendant",
+                signals::name(sig)
+            );
+            worker::signal_pid(p.pid, sig);
+        }
+    }
+
+    /// SIGKILLs every group and every descendant of rdrun (except the watchdog); the bounded
+    /// wait for them to disappear starts.
+    pub(crate) fn kill_all(&mut self) {
+        if self.sent_at.is_none() {
+            self.sent_at = Some(SystemTime::now());
+        }
+        for &pgid in &self.pgids {
+            worker::signal_group(pgid, libc::SIGKILL);
+        }
+        for p in self.tree() {
+            worker::signal_pid(p.pid, libc::SIGKILL);
+        }
+        self.phase = Phase::Killed(Instant::now() + KILL_WAIT);
+    }
+
+    /// Live descendants of rdrun, the watchdog excluded. Every member of a worker group is one
+    /// (a group only gains members by fork or by setpgid within its session), so this is also
+    /// everything left of the attempt.
+    pub(crate) fn tree(&self) -> Vec<ProcEntry> {
+        let me = std::process::id() as i32;
+        worker::scan_tree(me)
+            .into_iter()
+            .filter(|p| !p.zombie && Some(p.pid) != self.watchdog_pid)
+            .collect()
+    }
+
+    /// Descendants outside every worker group (they called setsid themselves).
+    fn stray_descendants(&self) -> Vec<ProcEntry> {
+        self.tree()
+            .into_iter()
+            .filter(|p| !self.pgids.contains(&p.pgid))
+            .collect()
+    }
+
+    /// Pids of the live processes that still belong to the attempt.
+    pub(crate) fn leftovers(&self) -> Vec<i32> {
+        self.tree().into_iter().map(|p| p.pid).collect()
+    }
+
+    /// Every worker exited 0 and `left` are still alive: one WARN line per process (pid and
+    /// command), then the policy's action. Returns false when rdrun should not wait for them.
+    pub(crate) fn handle_leftovers(&mut self, policy: LeftoverPolicy, left: &[i32]) -> bool {
+        let what = match policy {
+            LeftoverPolicy::Kill => "stopping",
+            LeftoverPolicy::Wait => "waiting for",
+            LeftoverPolicy::Leave => "leaving",
+        };
+        for &pid in left {
+            tracing::warn!(
+                "workers exited 0; {what} a process they left behind: pid {pid}: {} (see --leftovers=kill|wait|leave)",
+                command_line(pid)
+            );
+        }
+        match policy {
+            LeftoverPolicy::Kill => {
+                self.begin(StopReason::Leftovers);
+                true
+            }
+            LeftoverPolicy::Wait => true,
+            LeftoverPolicy::Leave => false,
+        }
+    }
+}
+
+/// `/proc/<pid>/cmdline` with spaces between arguments (`[comm]` for a process without one,
+/// `?` when it is gone).
+pub(crate) fn command_line(pid: i32) -> String {
+    match std::fs::read(format!("/proc/{pid}/cmdline")) {
+        Ok(raw) if !raw.is_empty() => {
+            let text = String::from_utf8_lossy(&raw);
+            text.trim_end_matches('\0').replace('\0', " ")
+        }
+        _ => match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+            Ok(comm) => format!("[{}]", comm.trim_end()),
+            Err(_) => "?".to_string(),
+        },
+    }
+}
+
+/// `pid 12 (local rank 0, rank 4), pid 13` for the error line about processes that outlived
+/// SIGKILL: worker pids get their ranks (from `ranks`: pid -> (local rank, rank)) so that the user
+/// knows which worker to look at.
+pub(crate) fn describe_leftovers(
+    pids: &[i32],
+    ranks: impl Fn(i32) -> Option<(usize, usize)>,
+) -> String {
+    if pids.is_empty() {
+        return "none left by the time of this check".to_string();
+    }
+    pids.iter()
+        .map(|&pid| match ranks(pid) {
+            Some((lr, rank)) => format!("pid {pid} (local rank {lr}, rank {rank})"),
+            None => format!("pid {pid}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Kills every process group it holds when dropped while armed (a panic in the agent).
+#[derive(Debug, Default)]
+pub(crate) struct GroupGuard {
+    pub(crate) pgids: Vec<i32>,
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        for &pgid in &self.pgids {
+            worker::signal_group(pgid, libc::SIGKILL);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leftover_descriptions() {
+        let ranks = |pid| (pid == 12).then_some((0, 4));
+        assert_eq!(
+            describe_leftovers(&[12, 13], ranks),
+            "pid 12 (local rank 0, rank 4), pid 13"
+        );
+        assert_eq!(
+            describe_leftovers(&[], ranks),
+            "none left by the time of this check"
+        );
+    }
+
+    #[test]
+    fn own_command_line() {
+        let me = std::process::id() as i32;
+        let line = command_line(me);
+        assert!(!line.is_empty() && !line.contains('\0'), "{line}");
+        assert_eq!(command_line(-1), "?");
+    }
+}

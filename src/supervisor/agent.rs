@@ -440,7 +440,7 @@ impl Agent {
                     break exit::for_signal(signal);
                 }
                 (_, Outcome::Failed(failures)) => {
-                    self.close_rdzv().await;
+                    self.close_rdzv_failed().await;
                     break self.print_report(failures);
                 }
                 (_, Outcome::Succeeded) => break exit::SUCCESS,
@@ -523,7 +523,7 @@ impl Agent {
 
     /// After local success: the exit barrier (errors are only logged, as torchrun), then close.
     async fn finish_rdzv(&mut self, asg: &Assignment) {
-        let Some(rdzv) = self.rdzv.as_ref() else {
+        let Some(rdzv) = self.rdzv.as_mut() else {
             return;
         };
         let timeout = self.config.exit_barrier_timeout;
@@ -552,6 +552,16 @@ impl Agent {
         if let Some(rdzv) = self.rdzv.as_mut() {
             if let Err(err) = rdzv.close().await {
                 tracing::debug!("cannot close the rendezvous: {}", error_chain(&err));
+            }
+        }
+    }
+
+    /// Closes the rendezvous after this node's failure (the others name this node); errors are
+    /// only logged.
+    async fn close_rdzv_failed(&mut self) {
+        if let Some(rdzv) = self.rdzv.as_mut() {
+            if let Err(err) = rdzv.close_failed().await {
+                tracing::warn!("cannot close the rendezvous: {}", error_chain(&err));
             }
         }
     }
@@ -789,17 +799,19 @@ impl Agent {
                         }
                     }
                     Event::Rendezvous(ev) => {
+                        // Only a lost store outranks this node's own failure (a close by another
+                        // node does not: the own failure is reported, issue 11.3).
+                        let store_lost = matches!(ev, RdzvEvent::StoreUnreachable(_));
                         let end = rendezvous_end(
                             ev,
                             self.rdzv
                                 .as_ref()
                                 .is_some_and(Rendezvous::uses_rendezvous_store),
                         );
-                        let lost = matches!(end, Outcome::RendezvousLost(_));
                         // After this node's own failure the failure decides: its restart joins
                         // whatever round the others started.
                         let own_failure = !failures.is_empty() || !failed_slots.is_empty();
-                        if lost
+                        if store_lost
                             || (!own_failure && interrupted.is_none() && self.rdzv_end.is_none())
                         {
                             tracing::info!(?end, "rendezvous event; stopping the workers");
@@ -1078,6 +1090,9 @@ fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
         ),
         RdzvEvent::StoreUnreachable(msg) => {
             Outcome::RendezvousLost(format!("lost the rendezvous store: {msg}"))
+        }
+        RdzvEvent::JobFailed(why) => {
+            Outcome::RendezvousLost(format!("the job {why}; its agent closed the rendezvous"))
         }
         RdzvEvent::PeersLost(lost) => Outcome::Regroup {
             reason: if static_job {

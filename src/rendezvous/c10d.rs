@@ -48,6 +48,8 @@ pub enum RdzvEvent {
     PeersLost(Vec<String>),
     /// The rendezvous was closed (the job finished or gave up elsewhere).
     Closed,
+    /// Another node's workers failed and its agent closed the rendezvous (`failed on node N`).
+    JobFailed(String),
     /// This agent's heartbeats failed `keep_alive_max_attempt` times in a row.
     StoreUnreachable(String),
 }
@@ -145,6 +147,8 @@ struct Shared {
     /// The round this agent runs (keeper monitors it), `None` while joining or closed.
     running: Option<u64>,
     waiting: usize,
+    /// Set for good once the keeper found the store lost (see [`StoreLoss`]).
+    lost: Option<String>,
 }
 
 type SharedRef = Arc<Mutex<Shared>>;
@@ -182,6 +186,62 @@ impl Keys {
     }
     fn joiners(&self, round: u64) -> String {
         format!("{}/joiners/{round}", self.prefix)
+    }
+    /// Appended `<nnodes> <id>\n` by every agent (see [`nnodes_disagreement`]).
+    fn nnodes(&self) -> String {
+        format!("{}/nnodes", self.prefix)
+    }
+    /// Appended `<id>\n` by every agent that learnt the rendezvous is closed.
+    fn closed_acks(&self) -> String {
+        format!("{}/closed_acks", self.prefix)
+    }
+}
+
+/// `--nnodes` as the user wrote it: `2`, or `2:4`.
+pub(super) fn nnodes_text(min: usize, max: usize) -> String {
+    if min == max {
+        format!("{min}")
+    } else {
+        format!("{min}:{max}")
+    }
+}
+
+/// Every agent appends `<nnodes> <who>` to `key` once; the first line that says another
+/// `--nnodes` than `mine` is returned as (who, what it said) (issue 17.8: nodes that disagree
+/// used to wait for each other until a confusing timeout).
+pub(super) async fn nnodes_disagreement<S: RdzvStore>(
+    store: &S,
+    key: &str,
+    mine: &str,
+    who: &str,
+    said: &mut bool,
+) -> Result<Option<(String, String)>, StoreOpError> {
+    if !*said {
+        store
+            .append(key, format!("{mine} {who}\n").as_bytes())
+            .await?;
+        *said = true;
+    }
+    let list = try_get(store, key).await?.unwrap_or_default();
+    Ok(String::from_utf8_lossy(&list).lines().find_map(|l| {
+        let (n, w) = l.split_once(' ')?;
+        (n != mine).then(|| (w.to_string(), n.to_string()))
+    }))
+}
+
+/// Says that this agent learnt the rendezvous is closed (the store's host waits for that before
+/// it leaves, so no agent sees the store vanish instead of the close). Best effort.
+async fn ack_closed<S: RdzvStore>(store: &S, keys: &Keys, me: &str) {
+    let _ = store
+        .append(&keys.closed_acks(), format!("{me}\n").as_bytes())
+        .await;
+}
+
+/// What a closed state means for an agent of it.
+fn closed_event(state: &RdzvState) -> RdzvEvent {
+    match &state.closed_reason {
+        Some(why) => RdzvEvent::JobFailed(why.clone()),
+        None => RdzvEvent::Closed,
     }
 }
 
@@ -274,6 +334,8 @@ pub struct C10dRendezvous<S: RdzvStore> {
     events_tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
     events_rx: mpsc::UnboundedReceiver<(u64, RdzvEvent)>,
     keeper: Option<JoinHandle<()>>,
+    /// This agent appended its `--nnodes` (see [`nnodes_disagreement`]).
+    said_nnodes: bool,
 }
 
 impl<S: RdzvStore> Drop for C10dRendezvous<S> {
@@ -307,6 +369,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             events_tx,
             events_rx,
             keeper: None,
+            said_nnodes: false,
         }
     }
 
@@ -404,6 +467,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         let max_backoff = Duration::from_millis(100).min(self.settings.poll_interval);
         let mut jitter = Jitter::new(&self.me.id);
         let mut announced: Option<u64> = None;
+        let nnodes = nnodes_text(min, max);
         let mut text = self
             .retry_store(deadline, |s, _| {
                 let key = state_key.clone();
@@ -469,18 +533,16 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                         sh.running = Some(state.round);
                         sh.waiting = state.num_nodes_waiting();
                     }
-                    tracing::info!(
-                        round = asg.round,
-                        group_rank = asg.group_rank,
-                        group_world_size = asg.group_world_size,
-                        world_size = asg.world_size,
-                        restart_count = asg.restart_count,
-                        "rendezvous round complete"
-                    );
+                    // The agent logs the completed round at INFO (once per round).
+                    tracing::debug!(round = asg.round, "c10d round complete");
                     return Ok(asg);
                 }
                 JoinStep::Closed { redundant } => {
-                    return Err(RendezvousError::Closed { redundant })
+                    ack_closed(&*self.store, &self.keys, id).await;
+                    return Err(match &state.closed_reason {
+                        Some(why) if !redundant => RendezvousError::JobFailed(why.clone()),
+                        _ => RendezvousError::Closed { redundant },
+                    });
                 }
                 JoinStep::TimedOut(leave) => {
                     if let Some(new) = leave {
@@ -498,6 +560,28 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 }
                 JoinStep::Write(new) => Some(new),
                 JoinStep::Wait => {
+                    if let Ok(Some((other_node, other))) = nnodes_disagreement(
+                        &*self.store,
+                        &self.keys.nnodes(),
+                        &nnodes,
+                        id,
+                        &mut self.said_nnodes,
+                    )
+                    .await
+                    {
+                        let mut new = state.clone();
+                        new.remove_everywhere(id);
+                        // Best effort: leave the lists so the others do not wait for us.
+                        let _ = self
+                            .store
+                            .compare_set(&state_key, &text, &new.encode())
+                            .await;
+                        return Err(RendezvousError::NnodesDisagree {
+                            mine: nnodes,
+                            other_node,
+                            other,
+                        });
+                    }
                     // A PyTorch torchrun agent on the same endpoint and run id waits in a
                     // rendezvous of its own: say so instead of timing out much later.
                     if let Ok(Some(_)) = try_get(&*self.store, &self.keys.torch_state()).await {
@@ -602,6 +686,9 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             match op(self.store.clone(), &self.keys).await {
                 Ok(v) => return Ok(v),
                 Err(e) => {
+                    if let Some(why) = lock(&self.shared).lost.clone() {
+                        return Err(RendezvousError::StoreLost(why));
+                    }
                     let now = Instant::now();
                     if now >= deadline {
                         return Err(RendezvousError::Unreachable {
@@ -619,14 +706,19 @@ impl<S: RdzvStore> C10dRendezvous<S> {
     }
 
     /// Marks the rendezvous closed for every node (torchrun's `shutdown()`), within
-    /// `close_timeout`, and stops this agent's heartbeats.
-    pub async fn close(&mut self) -> Result<(), RendezvousError> {
+    /// `close_timeout`, and stops this agent's heartbeats. `reason` (`failed on node N`) tells
+    /// the others why; `None` = the job finished. A store already found lost fails at once.
+    pub async fn close(&mut self, reason: Option<&str>) -> Result<(), RendezvousError> {
         lock(&self.shared).running = None;
         if let Some(k) = self.keeper.take() {
             k.abort();
         }
+        if let Some(why) = lock(&self.shared).lost.clone() {
+            return Err(RendezvousError::StoreLost(why));
+        }
         let deadline = Instant::now() + self.settings.close_timeout;
         let key = self.keys.state();
+        let mut backoff = Duration::from_millis(20);
         loop {
             let text = self
                 .retry_store(deadline, |s, _| {
@@ -636,22 +728,55 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 .await?;
             let st = RdzvState::decode(&text)?;
             if st.closed {
+                ack_closed(&*self.store, &self.keys, &self.me.id).await;
                 return Ok(());
             }
-            let desired = state::close(&st).encode();
+            let desired = state::close(&st, reason).encode();
             if let Ok(got) = self.store.compare_set(&key, &text, &desired).await {
                 if got == desired {
+                    ack_closed(&*self.store, &self.keys, &self.me.id).await;
                     return Ok(());
                 }
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(RendezvousError::Unreachable {
                     endpoint: self.store.describe(),
                     waited: self.settings.close_timeout,
                     source: StoreOpError("could not mark the rendezvous closed".into()),
                 });
             }
+            // Lost a race or the store failed: pause before the next try (issue 9).
+            tokio::time::sleep(backoff.min(deadline - now)).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
         }
+    }
+
+    /// The agents of the closed rendezvous that have not yet said they saw the close (every
+    /// agent in the state but this one); empty when the store cannot be read.
+    pub async fn unacked_close(&self) -> Vec<String> {
+        let Ok(text) = read_text(&*self.store, &self.keys.state()).await else {
+            return Vec::new();
+        };
+        let Ok(state) = RdzvState::decode(&text) else {
+            return Vec::new();
+        };
+        let acks = match try_get(&*self.store, &self.keys.closed_acks()).await {
+            Ok(v) => String::from_utf8_lossy(&v.unwrap_or_default()).into_owned(),
+            Err(_) => return Vec::new(),
+        };
+        let acked: HashSet<&str> = acks.lines().collect();
+        state
+            .watched_members(&self.me.id)
+            .into_iter()
+            .map(|m| m.id.clone())
+            .filter(|id| !acked.contains(id.as_str()))
+            .collect()
+    }
+
+    /// This agent's poll period (how soon it notices a change such as a close).
+    pub fn poll_interval(&self) -> Duration {
+        self.settings.poll_interval
     }
 }
 
@@ -687,10 +812,17 @@ impl<S: RdzvStore> Keeper<S> {
                     self.store.add(&hb_key, 1),
                 )
                 .await;
-                match beat {
-                    Ok(Ok(_)) => loss.ok(Instant::now()),
+                let lost = match beat {
+                    Ok(Ok(_)) => {
+                        loss.ok(Instant::now());
+                        false
+                    }
                     Ok(Err(e)) => self.beat_failed(&mut loss, running, e.to_string()),
                     Err(_) => self.beat_failed(&mut loss, running, "heartbeat timed out".into()),
+                };
+                if lost {
+                    // Fatal (no node can take the store over): nothing left to beat or watch.
+                    return;
                 }
             }
             if let Some(round) = running {
@@ -709,7 +841,9 @@ impl<S: RdzvStore> Keeper<S> {
         }
     }
 
-    fn beat_failed(&self, loss: &mut StoreLoss, running: Option<u64>, why: String) {
+    /// Records a failed beat; true once the store counts as lost (then it is recorded for
+    /// `next_round`/`close`, and reported to a running round).
+    fn beat_failed(&self, loss: &mut StoreLoss, running: Option<u64>, why: String) -> bool {
         let lost = loss.failed(
             Instant::now(),
             self.settings.keep_alive_interval,
@@ -717,10 +851,12 @@ impl<S: RdzvStore> Keeper<S> {
         );
         tracing::warn!(failures = loss.failures(), error = %why, "rendezvous heartbeat failed");
         if lost {
+            lock(&self.shared).lost = Some(why.clone());
             if let Some(round) = running {
                 let _ = self.tx.send((round, RdzvEvent::StoreUnreachable(why)));
             }
         }
+        lost
     }
 
     async fn monitor(
@@ -740,7 +876,8 @@ impl<S: RdzvStore> Keeper<S> {
         let mon = monitored.as_mut().expect("set by the caller");
         if state.closed {
             mon.2 = true;
-            send(RdzvEvent::Closed);
+            ack_closed(&*self.store, &self.keys, &self.me).await;
+            send(closed_event(&state));
             return Ok(());
         }
         if state.round != round {
@@ -1164,7 +1301,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(20)).await;
         assert!(!extra_task.is_finished());
         assert_eq!(nodes[0].num_nodes_waiting(), 0);
-        nodes[0].close().await.unwrap();
+        nodes[0].close(None).await.unwrap();
         let r = tokio::time::timeout(Duration::from_secs(10), extra_task)
             .await
             .unwrap()
@@ -1223,5 +1360,39 @@ mod tests {
         let mut n = node(&store, &s, 1, 1);
         let err = n.next_round(req(RoundReason::Initial)).await.unwrap_err();
         assert!(matches!(err, RendezvousError::State(_)), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nodes_that_disagree_on_nnodes_say_so_naming_both_values() {
+        let store = MemStore::new();
+        let mut a = node(&store, &settings(2, 2, &[]), 1, 1);
+        let mut b = node(&store, &settings(3, 3, &[]), 2, 1);
+        let (ra, rb) = tokio::time::timeout(Duration::from_secs(30), async {
+            tokio::join!(
+                a.next_round(req(RoundReason::Initial)),
+                b.next_round(req(RoundReason::Initial))
+            )
+        })
+        .await
+        .unwrap();
+        let msgs: Vec<String> = [ra, rb]
+            .into_iter()
+            .map(|r| r.unwrap_err().to_string())
+            .collect();
+        assert!(
+            msgs.contains(
+                &"the nodes disagree on --nnodes: this node says 2, 10.0.0.2_100_0 says 3"
+                    .to_string()
+            ) || msgs.contains(
+                &"the nodes disagree on --nnodes: this node says 3, 10.0.0.1_100_0 says 2"
+                    .to_string()
+            ),
+            "{msgs:?}"
+        );
+        assert!(
+            msgs.iter()
+                .all(|m| m.starts_with("the nodes disagree on --nnodes")),
+            "{msgs:?}"
+        );
     }
 }

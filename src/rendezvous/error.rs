@@ -20,6 +20,12 @@ pub enum RendezvousError {
         /// This agent was only on the redundancy list (nothing was lost by closing).
         redundant: bool,
     },
+    /// The store stopped answering (its host is gone): fatal at once, on every path.
+    #[error("lost the rendezvous store: {0}")]
+    StoreLost(String),
+    /// Another node's workers failed and its agent closed the rendezvous (`failed on node N`).
+    #[error("the job {0}; its agent closed the rendezvous")]
+    JobFailed(String),
     #[error("invalid rendezvous state")]
     State(#[from] StateError),
     #[error("invalid rendezvous configuration")]
@@ -33,6 +39,14 @@ pub enum RendezvousError {
     },
     #[error("rendezvous store operation failed")]
     Store(#[from] StoreOpError),
+    #[error("the nodes disagree on --nnodes: this node says {mine}, {other_node} says {other}")]
+    NnodesDisagree {
+        mine: String,
+        other_node: String,
+        other: String,
+    },
+    #[error("node rank {node_rank} is already taken by the agent on {other}; give every node its own --node-rank")]
+    RankTaken { node_rank: usize, other: String },
     #[error("node rank {node_rank} is outside 0..{nnodes}")]
     NodeRank { node_rank: usize, nnodes: usize },
     #[error("exit barrier timed out after {:.0}s: {arrived} of {expected} node(s) arrived", waited.as_secs_f64())]
@@ -41,6 +55,9 @@ pub enum RendezvousError {
         arrived: i64,
         expected: usize,
     },
+    /// The exit barrier ended before every node arrived because the job ended elsewhere.
+    #[error("exit barrier ended early: {0}")]
+    BarrierEnded(String),
     #[error("{0}")]
     Addr(#[from] super::addr::AddrError),
     #[error("cannot serve the rendezvous store at {endpoint}")]

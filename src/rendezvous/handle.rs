@@ -38,7 +38,7 @@ use super::error::RendezvousError;
 use super::settings::{unknown_keys, C10dSettings, StaticSettings};
 use super::state::{Assignment, RoundReason};
 use super::static_::StaticRendezvous;
-use super::store::RdzvStore;
+use super::store::{RdzvStore, StoreOpError};
 use super::tcp::{self, TcpRdzvStore};
 use crate::config::{LaunchConfig, NodeRange, RdzvBackend, RdzvConfig};
 use crate::store::StoreServer;
@@ -73,7 +73,19 @@ pub struct Rendezvous {
     pub rdzv: Backend,
     pub store: Option<Arc<TcpRdzvStore>>,
     pub server: Option<StoreServer>,
+    /// This node as the others should read it in a failure (`node 1 (10.0.0.2)`), once it ran
+    /// a round.
+    me: Option<String>,
 }
+
+/// How long an agent that does not host the store tries to close the rendezvous: the host may
+/// be gone already, and the close is then not worth a wait (issue 11.3).
+const NON_HOST_CLOSE: Duration = Duration::from_secs(2);
+
+/// How long the store's host waits, after closing, for every agent it knows to say it saw the
+/// close (at least this, and at least 3 poll periods): then no agent, not even one waiting on
+/// the redundancy list, sees the store vanish instead of the close.
+const CLOSE_ACK_WAIT: Duration = Duration::from_secs(5);
 
 impl Rendezvous {
     /// Hosts or connects the store of `config`'s backend and chooses this node's address.
@@ -104,6 +116,7 @@ impl Rendezvous {
                 }),
                 store: None,
                 server: None,
+                me: None,
             });
         };
         let unknown = unknown_keys(&rdzv.conf);
@@ -138,10 +151,15 @@ impl Rendezvous {
                     endpoint.port,
                 )?
                 .with_keeper_store(keeper);
+                let r = match config.local_addr.as_deref() {
+                    Some(a) => r.with_identity(a),
+                    None => r,
+                };
                 Ok(Rendezvous {
                     rdzv: Backend::Static(r),
                     store: Some(store),
                     server,
+                    me: None,
                 })
             }
             RdzvBackend::C10d => {
@@ -185,6 +203,7 @@ impl Rendezvous {
                     rdzv: Backend::C10d(r),
                     store: Some(store),
                     server,
+                    me: None,
                 })
             }
             RdzvBackend::Etcd | RdzvBackend::EtcdV2 => Err(RendezvousError::Unsupported(
@@ -195,7 +214,32 @@ impl Rendezvous {
 
     /// Joins the next round; see [`Backend::next_round`].
     pub async fn next_round(&mut self, req: RoundRequest) -> Result<Assignment, RendezvousError> {
-        self.rdzv.next_round(req).await
+        let asg = match self.rdzv.next_round(req).await {
+            Ok(asg) => asg,
+            Err(e @ RendezvousError::NnodesDisagree { .. }) if self.server.is_some() => {
+                // The others read who said what from the store this agent serves: keep it up
+                // for two of their poll periods before leaving.
+                tokio::time::sleep(self.rdzv.poll_interval() * 2 + Duration::from_millis(500))
+                    .await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        let addr = asg
+            .nodes
+            .get(asg.group_rank)
+            .map(|n| n.0.clone())
+            .filter(|a| !a.is_empty())
+            .or_else(|| {
+                nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+            });
+        self.me = Some(match addr {
+            Some(a) => format!("node {} ({a})", asg.group_rank),
+            None => format!("node {}", asg.group_rank),
+        });
+        Ok(asg)
     }
 
     /// The next event of the running round (cancel-safe); see [`Backend::watch`].
@@ -208,9 +252,48 @@ impl Rendezvous {
         self.rdzv.num_nodes_waiting()
     }
 
-    /// Marks the rendezvous closed for every node and stops heartbeats (torchrun's `shutdown()`).
+    /// Marks the rendezvous closed for every node and stops heartbeats (torchrun's `shutdown()`):
+    /// the job finished.
     pub async fn close(&mut self) -> Result<(), RendezvousError> {
-        self.rdzv.close().await
+        self.close_with(None).await
+    }
+
+    /// Closes the rendezvous because this node's workers failed and no restart is left: the
+    /// others say `the job failed on node N (addr)` rather than that the store vanished.
+    pub async fn close_failed(&mut self) -> Result<(), RendezvousError> {
+        let why = format!("failed on {}", self.me.as_deref().unwrap_or("another node"));
+        self.close_with(Some(&why)).await
+    }
+
+    /// The store's host closes, then waits (bounded) until every agent it knows saw the close;
+    /// any other agent gives the close [`NON_HOST_CLOSE`], as the host may be gone.
+    async fn close_with(&mut self, reason: Option<&str>) -> Result<(), RendezvousError> {
+        if self.server.is_none() {
+            return match tokio::time::timeout(NON_HOST_CLOSE, self.rdzv.close(reason)).await {
+                Ok(r) => r,
+                Err(_) => Err(RendezvousError::Unreachable {
+                    endpoint: self
+                        .store
+                        .as_ref()
+                        .map_or_else(String::new, |s| s.describe()),
+                    waited: NON_HOST_CLOSE,
+                    source: StoreOpError("could not mark the rendezvous closed".into()),
+                }),
+            };
+        }
+        self.rdzv.close(reason).await?;
+        let until = Instant::now() + CLOSE_ACK_WAIT.max(self.rdzv.poll_interval() * 3);
+        loop {
+            let missing = self.rdzv.unacked_close().await;
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                tracing::info!(?missing, "agents did not confirm the close; leaving anyway");
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Whether workers use the rendezvous store at MASTER_ADDR:MASTER_PORT (static, as torchrun);
@@ -220,33 +303,82 @@ impl Rendezvous {
     }
 
     /// Waits for the other agents of the round (no-op for a single node); see [`exit_barrier`].
-    /// The agent hosting the store then lingers (at most 10 s) until every agent has read the
-    /// barrier's result, so that no peer sees the store vanish in its last operation.
+    /// It ends early when the job ends elsewhere (closed, a failure on another node, a lost
+    /// peer or store). The agent hosting the store then stays, even after its own barrier
+    /// timed out, until every agent has left the barrier, the job ended elsewhere, or a peer
+    /// stopped heartbeating: the others may still be working, and need the store (issue 17.3).
     pub async fn exit_barrier(
-        &self,
+        &mut self,
         asg: &Assignment,
         timeout: Duration,
     ) -> Result<(), RendezvousError> {
-        let Some(store) = &self.store else {
+        let Some(store) = self.store.clone() else {
             return Ok(());
         };
-        exit_barrier(&**store, &asg.store_prefix, asg.group_world_size, timeout).await?;
+        let barrier = exit_barrier(&*store, &asg.store_prefix, asg.group_world_size, timeout);
+        tokio::pin!(barrier);
+        let res = loop {
+            tokio::select! {
+                r = &mut barrier => break r,
+                ev = self.rdzv.watch() => {
+                    if let Some(why) = ends_the_wait(ev) {
+                        break Err(RendezvousError::BarrierEnded(why));
+                    }
+                }
+            }
+        };
+        if matches!(
+            res,
+            Err(RendezvousError::BarrierEnded(_) | RendezvousError::Store(_))
+        ) {
+            return res;
+        }
         let departed = format!(
             "{}/torchelastic/agent/terminal_state/departed",
             asg.store_prefix
         );
         store.add(&departed, 1).await?;
-        if self.server.is_some() {
-            let until = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < until {
-                match store.add(&departed, 0).await {
-                    Ok(n) if n >= asg.group_world_size as i64 => break,
-                    Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                    Err(_) => break,
+        if self.server.is_none() {
+            return res;
+        }
+        if let Err(e) = &res {
+            tracing::warn!(
+                "{e}; this node hosts the rendezvous store and keeps serving it until the other nodes leave"
+            );
+        }
+        loop {
+            match store.add(&departed, 0).await {
+                Ok(n) if n >= asg.group_world_size as i64 => break,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                ev = self.rdzv.watch() => {
+                    if let Some(why) = ends_the_wait(ev) {
+                        tracing::warn!("stopped waiting for the other nodes to leave: {why}");
+                        break;
+                    }
                 }
             }
         }
-        Ok(())
+        res
+    }
+}
+
+/// Why an event seen while waiting at the end of the job ends the wait (`None`: keep waiting).
+fn ends_the_wait(ev: RdzvEvent) -> Option<String> {
+    match ev {
+        RdzvEvent::NodesWaiting(_) => None,
+        RdzvEvent::Closed => Some("the rendezvous was closed by another node".into()),
+        RdzvEvent::JobFailed(why) => Some(format!("the job {why}")),
+        RdzvEvent::PeersLost(ids) => {
+            Some(format!("node(s) {} stopped heartbeating", ids.join(", ")))
+        }
+        RdzvEvent::RoundChanged { round, .. } => {
+            Some(format!("another node started round {round} (a restart)"))
+        }
+        RdzvEvent::StoreUnreachable(why) => Some(format!("lost the rendezvous store: {why}")),
     }
 }
 
@@ -297,12 +429,30 @@ impl Backend {
         }
     }
 
-    /// Marks the rendezvous closed for every node and stops heartbeats.
-    pub async fn close(&mut self) -> Result<(), RendezvousError> {
+    /// Marks the rendezvous closed for every node (with why, if a node gave up) and stops
+    /// heartbeats.
+    pub async fn close(&mut self, reason: Option<&str>) -> Result<(), RendezvousError> {
         match self {
-            Backend::C10d(r) => r.close().await,
-            Backend::Static(r) => r.close().await,
+            Backend::C10d(r) => r.close(reason).await,
+            Backend::Static(r) => r.close(reason).await,
             Backend::Single(_) => Ok(()),
+        }
+    }
+
+    /// Agents that have not yet said they saw the close.
+    async fn unacked_close(&self) -> Vec<String> {
+        match self {
+            Backend::C10d(r) => r.unacked_close().await,
+            Backend::Static(r) => r.unacked_close().await,
+            Backend::Single(_) => Vec::new(),
+        }
+    }
+
+    fn poll_interval(&self) -> Duration {
+        match self {
+            Backend::C10d(r) => r.poll_interval(),
+            Backend::Static(r) => r.poll_interval(),
+            Backend::Single(_) => Duration::ZERO,
         }
     }
 }

@@ -87,6 +87,9 @@ pub struct RdzvState {
     pub round: u64,
     pub complete: bool,
     pub closed: bool,
+    /// Why it was closed, when a node gave up (`failed on node N (addr)`); `None` = finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_reason: Option<String>,
     /// While incomplete: join order; once complete: group-rank order.
     pub participants: Vec<Member>,
     pub wait_list: Vec<Member>,
@@ -109,6 +112,7 @@ impl Default for RdzvState {
             round: 0,
             complete: false,
             closed: false,
+            closed_reason: None,
             participants: Vec::new(),
             wait_list: Vec::new(),
             redundancy_list: Vec::new(),
@@ -180,7 +184,8 @@ impl RdzvState {
             .collect()
     }
 
-    fn remove_everywhere(&mut self, id: &str) {
+    /// Drops `id` from every list (an agent leaving).
+    pub fn remove_everywhere(&mut self, id: &str) {
         self.participants.retain(|m| m.id != id);
         self.wait_list.retain(|m| m.id != id);
         self.redundancy_list.retain(|m| m.id != id);
@@ -296,10 +301,11 @@ pub fn prune_dead(state: &RdzvState, dead: &[String], min: usize, max: usize) ->
     Some(new)
 }
 
-/// Marks the rendezvous closed (no new rounds; joiners get an error).
-pub fn close(state: &RdzvState) -> RdzvState {
+/// Marks the rendezvous closed (no new rounds; joiners get an error), with why if a node gave up.
+pub fn close(state: &RdzvState, reason: Option<&str>) -> RdzvState {
     let mut new = state.clone();
     new.closed = true;
+    new.closed_reason = reason.map(str::to_string);
     new
 }
 
@@ -789,7 +795,7 @@ mod tests {
     #[test]
     fn closed_rendezvous_reports_redundancy() {
         let a = m("10.0.0.1", 1);
-        let mut s = close(&RdzvState::default());
+        let mut s = close(&RdzvState::default(), None);
         assert_eq!(
             join_step(&s, &view(&a, 1, 1)),
             JoinStep::Closed { redundant: false }

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::c10d::{HeartbeatTracker, RdzvEvent, StoreLoss};
+use super::c10d::{nnodes_disagreement, HeartbeatTracker, RdzvEvent, StoreLoss};
 use super::error::RendezvousError;
 use super::settings::StaticSettings;
 use super::state::{base_rank, Assignment, RoundReason};
@@ -32,6 +32,18 @@ use super::store::{try_get, RdzvStore, StoreOpError};
 
 fn parse_u64(bytes: &[u8]) -> Option<u64> {
     std::str::from_utf8(bytes).ok()?.trim().parse().ok()
+}
+
+/// The reason stored in the closed key, `None` when the job finished.
+fn closed_reason(value: &[u8]) -> Option<String> {
+    (value != b"1").then(|| String::from_utf8_lossy(value).into_owned())
+}
+
+/// Says that this agent learnt the job is closed (best effort; see `C10dRendezvous`).
+async fn ack_closed<S: RdzvStore>(store: &S, keys: &Keys, rank: usize) {
+    let _ = store
+        .append(&keys.closed_acks(), format!("{rank}\n").as_bytes())
+        .await;
 }
 
 #[derive(Debug, Clone)]
@@ -43,14 +55,27 @@ impl Keys {
     fn nproc(&self, rank: usize) -> String {
         format!("{}/nproc/{rank}", self.prefix)
     }
+    /// Appended `<nnodes> <who>` by every agent (see `c10d::nnodes_disagreement`).
+    fn nnodes(&self) -> String {
+        format!("{}/nnodes", self.prefix)
+    }
+    /// Who claimed a node rank (`<host> (pid P, agent N)`): one agent per rank.
+    fn owner(&self, rank: usize) -> String {
+        format!("{}/owner/{rank}", self.prefix)
+    }
     fn hb(&self, rank: usize) -> String {
         format!("{}/hb/{rank}", self.prefix)
     }
     fn gen(&self) -> String {
         format!("{}/gen", self.prefix)
     }
+    /// `1` when the job finished, `failed on node N` when a node gave up.
     fn closed(&self) -> String {
         format!("{}/closed", self.prefix)
+    }
+    /// Appended `<rank>\n` by every agent that learnt the job is closed.
+    fn closed_acks(&self) -> String {
+        format!("{}/closed_acks", self.prefix)
     }
     fn arrived(&self, gen: u64) -> String {
         format!("{}/round/{gen}/arrived", self.prefix)
@@ -75,9 +100,17 @@ pub struct StaticRendezvous<S: RdzvStore> {
     master_port: u16,
     round: Option<u64>,
     running: Arc<Mutex<Option<u64>>>,
+    /// Set for good once the keeper found the store lost.
+    lost: Arc<Mutex<Option<String>>>,
     events_tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
     events_rx: mpsc::UnboundedReceiver<(u64, RdzvEvent)>,
     keeper: Option<JoinHandle<()>>,
+    /// This agent's claim on its node rank, once made (see [`StaticRendezvous::claim_rank`]).
+    claim: Option<String>,
+    /// How the claim names this agent's machine (`--local-addr` or the host name).
+    who: String,
+    /// This agent appended its `--nnodes`.
+    said_nnodes: bool,
 }
 
 impl<S: RdzvStore> Drop for StaticRendezvous<S> {
@@ -120,10 +153,67 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             master_port,
             round: None,
             running: Arc::default(),
+            lost: Arc::default(),
             events_tx,
             events_rx,
             keeper: None,
+            claim: None,
+            said_nnodes: false,
+            who: nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "an unnamed host".into()),
         })
+    }
+
+    /// How this agent's rank claim names its machine (default: the host name).
+    pub fn with_identity(mut self, who: &str) -> Self {
+        self.who = who.to_string();
+        self
+    }
+
+    /// Claims this node rank for this agent, once (issue 17.6). A rank claimed by another agent
+    /// whose heartbeats still change is an error naming that agent; one whose heartbeats stopped
+    /// for the heartbeat budget (a node that died and comes back) is taken over.
+    async fn claim_rank(&mut self, deadline: Instant) -> Result<(), RendezvousError> {
+        if self.claim.is_some() {
+            return Ok(());
+        }
+        static AGENTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = AGENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let token = format!("{} (pid {}, agent {n})", self.who, std::process::id());
+        let (store, keys, rank) = (self.store.clone(), self.keys.clone(), self.node_rank);
+        let mut expected = String::new();
+        loop {
+            let got = self
+                .retry(deadline, || {
+                    let (store, key) = (store.clone(), keys.owner(rank));
+                    let (e, t) = (expected.clone(), token.clone());
+                    async move { store.compare_set(&key, e.as_bytes(), t.as_bytes()).await }
+                })
+                .await?;
+            if got == token.as_bytes() {
+                self.claim = Some(token);
+                return Ok(());
+            }
+            let other = String::from_utf8_lossy(&got).into_owned();
+            let beats = || {
+                let (store, key) = (store.clone(), keys.hb(rank));
+                async move { try_get(&*store, &key).await }
+            };
+            let before = self.retry(deadline, beats).await?;
+            tokio::time::sleep(self.settings.dead_after() + self.settings.keep_alive_interval)
+                .await;
+            let after = self.retry(deadline, beats).await?;
+            if before != after {
+                return Err(RendezvousError::RankTaken {
+                    node_rank: rank,
+                    other,
+                });
+            }
+            tracing::warn!(node_rank = rank, %other, "taking over the node rank of an agent that stopped heartbeating");
+            expected = other;
+        }
     }
 
     /// Gives the background keeper (heartbeats, monitoring) its own store connection.
@@ -151,6 +241,10 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         }
     }
 
+    fn lost(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     async fn retry<T, Fut>(
         &self,
         deadline: Instant,
@@ -164,6 +258,9 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         loop {
             match op().await {
                 Ok(v) => return Ok(v),
+                Err(_) if self.lost().is_some() => {
+                    return Err(RendezvousError::StoreLost(self.lost().unwrap_or_default()))
+                }
                 Err(e) if Instant::now() >= deadline => {
                     return Err(RendezvousError::Unreachable {
                         endpoint: self.store.describe(),
@@ -192,6 +289,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         let keys = self.keys.clone();
         let rank = self.node_rank;
         let nproc = self.nproc.to_string();
+        self.claim_rank(deadline).await?;
         self.retry(deadline, || {
             let (store, keys, nproc) = (store.clone(), keys.clone(), nproc.clone());
             async move {
@@ -223,13 +321,17 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                     let (store, keys) = (store.clone(), keys.clone());
                     async move {
                         let g = store.compare_set(&keys.gen(), b"", b"0").await?;
-                        let closed = try_get(&*store, &keys.closed()).await?.is_some();
+                        let closed = try_get(&*store, &keys.closed()).await?;
                         Ok((parse_u64(&g).unwrap_or(0), closed))
                     }
                 })
                 .await?;
-            if closed {
-                return Err(RendezvousError::Closed { redundant: false });
+            if let Some(value) = closed {
+                ack_closed(&*store, &keys, rank).await;
+                return Err(match closed_reason(&value) {
+                    Some(why) => RendezvousError::JobFailed(why),
+                    None => RendezvousError::Closed { redundant: false },
+                });
             }
             if arrived_in != Some(gen) {
                 arrived_in = Some(gen);
@@ -242,6 +344,20 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 if n == self.nnodes as i64 {
                     store.set(&keys.go(gen), b"1").await?;
                 }
+            }
+            let (mine, who) = (
+                self.nnodes.to_string(),
+                format!("node rank {rank} on {}", self.who),
+            );
+            if let Ok(Some((other_node, other))) =
+                nnodes_disagreement(&*store, &keys.nnodes(), &mine, &who, &mut self.said_nnodes)
+                    .await
+            {
+                return Err(RendezvousError::NnodesDisagree {
+                    mine,
+                    other_node,
+                    other,
+                });
             }
             all_keys.truncate(self.nnodes);
             all_keys.push(self.keys.go(gen));
@@ -303,14 +419,44 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         })
     }
 
-    /// Marks the job closed for every node and stops this agent's heartbeats.
-    pub async fn close(&mut self) -> Result<(), RendezvousError> {
+    /// Marks the job closed for every node (`reason`: `failed on node N`, `None` = finished; the
+    /// first close wins) and stops this agent's heartbeats. A lost store fails at once.
+    pub async fn close(&mut self, reason: Option<&str>) -> Result<(), RendezvousError> {
         *self.running.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if let Some(k) = self.keeper.take() {
             k.abort();
         }
-        self.store.set(&self.keys.closed(), b"1").await?;
+        if let Some(why) = self.lost() {
+            return Err(RendezvousError::StoreLost(why));
+        }
+        let value = reason.unwrap_or("1");
+        self.store
+            .compare_set(&self.keys.closed(), b"", value.as_bytes())
+            .await?;
+        ack_closed(&*self.store, &self.keys, self.node_rank).await;
         Ok(())
+    }
+
+    /// Node ranks (but this one) that have not yet said they saw the close; empty when the store
+    /// cannot be read.
+    pub async fn unacked_close(&self) -> Vec<String> {
+        let acks = match try_get(&*self.store, &self.keys.closed_acks()).await {
+            Ok(v) => String::from_utf8_lossy(&v.unwrap_or_default()).into_owned(),
+            Err(_) => return Vec::new(),
+        };
+        let acked: Vec<&str> = acks.lines().collect();
+        (0..self.nnodes)
+            .filter(|r| *r != self.node_rank)
+            .map(|r| r.to_string())
+            .filter(|r| !acked.contains(&r.as_str()))
+            .collect()
+    }
+
+    /// This agent's poll period (how soon it notices a change such as a close).
+    pub fn poll_interval(&self) -> Duration {
+        self.settings
+            .poll_interval
+            .min(self.settings.keep_alive_interval)
     }
 
     fn ensure_keeper(&mut self) {
@@ -321,6 +467,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         let keys = self.keys.clone();
         let settings = self.settings.clone();
         let running = self.running.clone();
+        let lost_flag = self.lost.clone();
         let tx = self.events_tx.clone();
         let (me, nnodes) = (self.node_rank, self.nnodes);
         self.keeper = Some(tokio::spawn(async move {
@@ -353,18 +500,26 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                                 "rendezvous heartbeat failed"
                             );
                             if lost {
+                                *lost_flag.lock().unwrap_or_else(|e| e.into_inner()) =
+                                    Some(e.to_string());
                                 if let Some(r) = round {
                                     let _ =
                                         tx.send((r, RdzvEvent::StoreUnreachable(e.to_string())));
                                 }
+                                // Fatal: nothing left to beat or watch.
+                                return;
                             }
                         }
                     }
                 }
                 if let Some(r) = round.filter(|r| done != Some(*r)) {
                     let check = async {
-                        if try_get(&*store, &keys.closed()).await?.is_some() {
-                            return Ok::<_, StoreOpError>(Some(RdzvEvent::Closed));
+                        if let Some(value) = try_get(&*store, &keys.closed()).await? {
+                            ack_closed(&*store, &keys, me).await;
+                            return Ok::<_, StoreOpError>(Some(match closed_reason(&value) {
+                                Some(why) => RdzvEvent::JobFailed(why),
+                                None => RdzvEvent::Closed,
+                            }));
                         }
                         let g = try_get(&*store, &keys.gen())
                             .await?
@@ -546,10 +701,56 @@ mod tests {
             .unwrap();
         assert_eq!(ev, RdzvEvent::PeersLost(vec!["1".into()]));
         assert!(t0.elapsed() <= s.dead_after() + Duration::from_secs(2));
-        ns[0].close().await.unwrap();
+        ns[0].close(None).await.unwrap();
         assert!(matches!(
             ns[0].next_round(RoundReason::WorkerFailure).await,
             Err(RendezvousError::Closed { .. })
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_taken_rank_is_refused_while_its_agent_beats_and_taken_over_after() {
+        let store = MemStore::new();
+        let s = settings(&[]);
+        let (mut ns, _) = round_all(nodes(&store, &s, &[1, 1]), RoundReason::Initial).await;
+        let dup = |who: &str| {
+            StaticRendezvous::new(
+                Arc::new(store.handle()),
+                s.clone(),
+                "none",
+                1,
+                2,
+                1,
+                "10.0.0.1",
+                29500,
+            )
+            .unwrap()
+            .with_identity(who)
+        };
+        let t0 = Instant::now();
+        let err = dup("10.0.0.9")
+            .next_round(RoundReason::Initial)
+            .await
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("node rank 1 is already taken by the agent on ")
+                && msg.contains(&format!("(pid {}", std::process::id())),
+            "{msg}"
+        );
+        assert!(t0.elapsed() <= s.dead_after() + Duration::from_secs(3));
+        // The first rank-1 agent dies: a new one takes the rank over and the job goes on.
+        drop(ns.pop());
+        let mut back = dup("10.0.0.2");
+        let (r0, r1) = tokio::join!(
+            async {
+                // Node 0 sees its peer lost, then waits for it in the next generation.
+                let _ = tokio::time::timeout(Duration::from_secs(30), ns[0].watch()).await;
+                ns[0].next_round(RoundReason::PeerLost).await
+            },
+            back.next_round(RoundReason::Initial)
+        );
+        assert_eq!(r1.unwrap().group_rank, 1);
+        assert_eq!(r0.unwrap().group_rank, 0);
     }
 }

@@ -419,7 +419,7 @@ impl Agent {
         match outcome {
             Outcome::Succeeded => RunEnd::Succeeded,
             Outcome::Failed { failures, .. } => {
-                self.close_rdzv().await;
+                self.close_rdzv_failed().await;
                 RunEnd::WorkersFailed(self.resolve(failures))
             }
             Outcome::Interrupted { signal, failures } => {
@@ -512,6 +512,14 @@ impl Agent {
     async fn close_rdzv(&mut self) {
         if let Some(rdzv) = self.rdzv.as_mut() {
             rdzvlink::close(rdzv).await;
+        }
+    }
+
+    /// Closes the rendezvous after this node's failure (the others name this node); errors are
+    /// only logged.
+    async fn close_rdzv_failed(&mut self) {
+        if let Some(rdzv) = self.rdzv.as_mut() {
+            rdzvlink::close_failed(rdzv).await;
         }
     }
 
@@ -672,13 +680,15 @@ impl Agent {
                         }
                     }
                     Event::Rendezvous(ev) => {
+                        // Only a lost store outranks this node's own failure (a close by another
+                        // node does not: the own failure is reported, issue 11.3).
+                        let store_lost = matches!(ev, RdzvEvent::StoreUnreachable(_));
                         let end = rendezvous_end(
                             ev,
                             self.rdzv
                                 .as_ref()
                                 .is_some_and(Rendezvous::uses_rendezvous_store),
                         );
-                        let lost = matches!(end, Outcome::RendezvousLost(_));
                         // After this node's own failure the failure decides: its restart joins
                         // whatever round the others started; a peer lost close to it is
                         // remembered (restart::PEER_LOSS_WINDOW).
@@ -692,7 +702,7 @@ impl Agent {
                                 peer_loss = Some((*reason, lost.clone()));
                             }
                         }
-                        if lost
+                        if store_lost
                             || (!own_failure && interrupted.is_none() && self.rdzv_end.is_none())
                         {
                             tracing::info!(?end, "rendezvous event; stopping the workers");
@@ -913,6 +923,9 @@ fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
         ),
         RdzvEvent::StoreUnreachable(msg) => {
             Outcome::RendezvousLost(format!("lost the rendezvous store: {msg}"))
+        }
+        RdzvEvent::JobFailed(why) => {
+            Outcome::RendezvousLost(format!("the job {why}; its agent closed the rendezvous"))
         }
         RdzvEvent::PeersLost(lost) => Outcome::Regroup {
             reason: if static_job {

@@ -132,6 +132,14 @@ async fn close_quiet(rdzv: &mut Rendezvous) {
     }
 }
 
+/// Closes the rendezvous after this node's failure (the others name this node); errors are
+/// only logged.
+pub(crate) async fn close_failed(rdzv: &mut Rendezvous) {
+    if let Err(err) = rdzv.close_failed().await {
+        tracing::warn!("cannot close the rendezvous: {}", error_chain(&err));
+    }
+}
+
 /// Closes the rendezvous for every node (the job is over); errors are only logged.
 pub(crate) async fn close(rdzv: &mut Rendezvous) {
     if let Err(err) = rdzv.close().await {

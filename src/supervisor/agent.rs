@@ -18,7 +18,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
@@ -30,9 +29,9 @@ use tokio::time::Instant;
 use crate::config::{self, LaunchConfig, RdzvBackend};
 use crate::exit::{self, WorkerStatus};
 use crate::rendezvous::{
-    Assignment, RdzvEvent, Rendezvous, RendezvousError, RoundReason, RoundRequest,
+    tcp, Assignment, RdzvEvent, Rendezvous, RendezvousError, RoundReason, RoundRequest,
 };
-use crate::store::server::{self, ServerConfig, ServerExit, StoreServer};
+use crate::store::server::{self, ServerExit, StoreServer};
 use crate::workerenv::WorkerEnv;
 
 use super::events::Event;
@@ -250,37 +249,28 @@ impl Agent {
             Some(r) if r.uses_rendezvous_store() => None,
             // c10d: one worker store on every interface for the whole run; the agent that becomes
             // group rank 0 publishes its port as MASTER_PORT.
-            Some(_) => match bind_worker_store_any(config.master_port.unwrap_or(0)) {
+            // It listens where this agent's advertised address is (its MASTER_ADDR).
+            Some(r) => {
+                match tcp::serve_at(r.advertised.as_deref(), config.master_port.unwrap_or(0)).await
+                {
+                    Ok(store) => Some(store),
+                    Err(err) => {
+                        eprintln!("rdrun: error: cannot bind the worker store: {err}");
+                        return exit::LAUNCHER_FAILURE;
+                    }
+                }
+            }
+            // The store serves for the whole run (torchrun's agent store, spec torchrun-compat
+            // §2.3); workers connect as TCPStore clients.
+            None => match bind_store(&config).await {
                 Ok(store) => Some(store),
                 Err(msg) => {
                     eprintln!("rdrun: error: {msg}");
                     return exit::LAUNCHER_FAILURE;
                 }
             },
-            None => {
-                let (listener, _) = match bind_store(&config) {
-                    Ok(v) => v,
-                    Err(msg) => {
-                        eprintln!("rdrun: error: {msg}");
-                        return exit::LAUNCHER_FAILURE;
-                    }
-                };
-                // The store serves the very socket bound above, for the whole run (torchrun's
-                // agent store, spec torchrun-compat §2.3); workers connect as TCPStore clients.
-                match StoreServer::start(listener, ServerConfig::default()) {
-                    Ok(store) => Some(store),
-                    Err(err) => {
-                        eprintln!("rdrun: error: cannot start the worker store: {err}");
-                        return exit::LAUNCHER_FAILURE;
-                    }
-                }
-            }
         };
-        let master_addr = if config.standalone || is_loopback(&config.master_addr) {
-            "127.0.0.1".to_string()
-        } else {
-            config.master_addr.clone()
-        };
+        let master_addr = single_node_master_addr(&config);
         let master_port = store.as_ref().map_or(0, StoreServer::port);
         let store_closed: Pin<Box<dyn Future<Output = ServerExit> + Send>> = match &store {
             Some(s) => Box::pin(s.closed()),
@@ -1074,7 +1064,9 @@ async fn watch_opt(rdzv: Option<&mut Rendezvous>) -> RdzvEvent {
 fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
     match ev {
         RdzvEvent::Closed => Outcome::RendezvousLost(
-            "the rendezvous was closed by another node (the job finished or gave up there)".into(),
+            "the rendezvous was marked closed in its store (normally by another node whose job \
+             finished or gave up; any client of the unauthenticated store can write that mark)"
+                .into(),
         ),
         RdzvEvent::StoreUnreachable(msg) => {
             Outcome::RendezvousLost(format!("lost the rendezvous store: {msg}"))
@@ -1136,21 +1128,6 @@ pub fn uses_rendezvous(config: &LaunchConfig) -> bool {
         && (config.nnodes.max > 1 || config.rdzv.backend == RdzvBackend::C10d)
 }
 
-/// The c10d worker store: every interface, dual-stack `[::]` (IPv4 peers too), else `0.0.0.0`
-/// where IPv6 is disabled; on `port` (`--master-port`) or one the kernel picks.
-fn bind_worker_store_any(port: u16) -> Result<StoreServer, String> {
-    let v6 = SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), port);
-    match StoreServer::bind(v6, ServerConfig::default()) {
-        Ok(s) => Ok(s),
-        Err(e6) => {
-            let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
-            tracing::debug!("cannot bind the worker store on {v6}: {e6}; trying {v4}");
-            StoreServer::bind(v4, ServerConfig::default())
-                .map_err(|err| format!("cannot bind the worker store on {v4}: {err}"))
-        }
-    }
-}
-
 async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -1163,36 +1140,26 @@ fn short_host(host: &str) -> String {
     host.split('.').next().unwrap_or(host).to_string()
 }
 
-/// Binds the worker store's listening socket and returns it with the MASTER_ADDR workers get.
-///
-/// Standalone (or a loopback master address): 127.0.0.1 only. The port is `--master-port` (the
-/// config's resolved MASTER_PORT) or, when `None`, one the kernel picks; either way the socket
-/// stays open from bind to use, so no other process can take it (no probe-then-bind race).
-/// torchrun gives its FQDN as MASTER_ADDR in standalone; rdrun gives 127.0.0.1, the address it
-/// actually listens on. Any other master address binds every interface, as torchrun's agent
-/// store does (`*:port`, spec torchrun-compat §2.3).
-fn bind_store(config: &LaunchConfig) -> Result<(TcpListener, String), String> {
-    let loopback = config.standalone || is_loopback(&config.master_addr);
-    let (ip, master_addr) = if loopback {
-        (IpAddr::V4(Ipv4Addr::LOCALHOST), "127.0.0.1".to_string())
+/// The MASTER_ADDR of a single-node run: the user's `--master-addr` as given (torchrun passes
+/// `localhost`, `127.0.0.2`, `::1` through, issue 11.2), or 127.0.0.1 for standalone, the
+/// address rdrun then listens on (torchrun gives its FQDN, which may not resolve).
+fn single_node_master_addr(config: &LaunchConfig) -> String {
+    if config.standalone {
+        "127.0.0.1".to_string()
     } else {
-        (
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            config.master_addr.clone(),
-        )
-    };
-    let addr = SocketAddr::new(ip, config.master_port.unwrap_or(0));
-    let listener = TcpListener::bind(addr)
-        .map_err(|err| format!("cannot bind the worker store on {addr}: {err}"))?;
-    Ok((listener, master_addr))
+        config.master_addr.clone()
+    }
 }
 
-fn is_loopback(addr: &str) -> bool {
-    addr == "localhost"
-        || addr
-            .parse::<IpAddr>()
-            .map(|ip| ip.is_loopback())
-            .unwrap_or(false)
+/// Binds and serves the single-node worker store where its MASTER_ADDR says (`tcp::serve_at`:
+/// loopback stays loopback, a specific address is bound alone). The port is `--master-port`
+/// (the config's resolved MASTER_PORT) or, when `None`, one the kernel picks; either way the
+/// socket stays open from bind to use, so no other process can take it (no probe-then-bind race).
+async fn bind_store(config: &LaunchConfig) -> Result<StoreServer, String> {
+    let host = (!config.standalone).then_some(config.master_addr.as_str());
+    tcp::serve_at(host, config.master_port.unwrap_or(0))
+        .await
+        .map_err(|err| format!("cannot bind the worker store on {err}"))
 }
 
 /// `LD_LIBRARY_PATH` for workers when their Python environment has a pip-installed NCCL, so that
@@ -1255,17 +1222,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_detection() {
-        for (addr, want) in [
-            ("127.0.0.1", true),
-            ("127.1.2.3", true),
-            ("localhost", true),
-            ("::1", true),
-            ("10.0.0.1", false),
-            ("node1", false),
-        ] {
-            assert_eq!(is_loopback(addr), want, "{addr}");
+    fn loopback_master_addr_reaches_workers_as_given() {
+        // Issue 11.2: it used to become 127.0.0.1 for every loopback spelling.
+        for addr in ["127.0.0.1", "127.0.0.2", "localhost", "::1", "node1"] {
+            assert_eq!(single_node_master_addr(&config(false, addr, Some(1))), addr);
         }
+        assert_eq!(
+            single_node_master_addr(&config(true, "node1", None)),
+            "127.0.0.1"
+        );
         assert_eq!(short_host("node1.cluster.local"), "node1");
         assert_eq!(short_host("vm"), "vm");
     }
@@ -1360,7 +1325,7 @@ mod tests {
         for (ev, want) in [
             (
                 RdzvEvent::Closed,
-                "the rendezvous was closed by another node",
+                "the rendezvous was marked closed in its store",
             ),
             (
                 RdzvEvent::StoreUnreachable("x:1 refused".into()),
@@ -1387,25 +1352,27 @@ mod tests {
         );
     }
 
-    #[test]
-    fn store_binding() {
+    #[tokio::test]
+    async fn store_binding() {
         // Standalone: loopback, a kernel-picked port, kept bound.
-        let (l, addr) = bind_store(&config(true, "node1", None)).unwrap();
-        let local = l.local_addr().unwrap();
-        assert_eq!(addr, "127.0.0.1");
+        let store = bind_store(&config(true, "node1", None)).await.unwrap();
+        let local = store.local_addr();
         assert!(local.ip().is_loopback() && local.port() != 0);
-        // The port stays ours until the listener is dropped.
-        assert!(TcpListener::bind(local).is_err());
+        // The port stays ours until the store is shut down.
+        assert!(std::net::TcpListener::bind(local).is_err());
         // --master-port given: exactly that port.
         let port = local.port();
-        drop(l);
-        let (l, addr) = bind_store(&config(false, "127.0.0.1", Some(port))).unwrap();
-        assert_eq!(
-            (addr.as_str(), l.local_addr().unwrap().port()),
-            ("127.0.0.1", port)
-        );
+        store.shutdown().await;
+        let store = bind_store(&config(false, "127.0.0.1", Some(port)))
+            .await
+            .unwrap();
+        assert_eq!(store.port(), port);
         // A taken port is a clear error naming the address.
-        let err = bind_store(&config(false, "127.0.0.1", Some(port))).unwrap_err();
+        let err = bind_store(&config(false, "127.0.0.1", Some(port)))
+            .await
+            .err()
+            .expect("port taken");
         assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+        store.shutdown().await;
     }
 }

@@ -5,6 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
+use crate::rendezvous::{bounded, Netns};
 use crate::util::{free_port, parse_env0, wait_for_file, worker, Rdrun, TempDir};
 
 fn has_ipv6_loopback() -> bool {
@@ -256,4 +257,29 @@ fn refused_store_is_reported_as_refused() {
     out.assert_code(1);
     assert!(out.stderr.to_lowercase().contains("refused"), "{out:?}");
     assert!(!out.stderr.contains("timed out"), "{out:?}");
+}
+
+/// Issue 9 (defect): a single-node run with a non-loopback IPv6 `--master-addr` served the
+/// store on 0.0.0.0 only, so workers got an address nothing listened on. In a network namespace
+/// with its own IPv6 address (skipped where namespaces cannot be created).
+#[test]
+fn single_node_non_loopback_ipv6_master_addr_is_served() {
+    bounded(Duration::from_secs(120), || {
+        let Some(net) = Netns::create(1) else { return };
+        let v6 = net.addr6(0);
+        let dir = TempDir::new("master-addr-v6");
+        let out = Rdrun::new()
+            .netns(&net.name(0))
+            .args(["--nproc-per-node", "1", "--master-addr"])
+            .arg(format!("[{v6}]"))
+            .args(["--master-port", "29577"])
+            .arg(worker("connect_master"))
+            .arg(dir.path())
+            .timeout(Duration::from_secs(60))
+            .run();
+        out.assert_code(0);
+        let got = std::fs::read_to_string(dir.join("ok.0"))
+            .unwrap_or_else(|e| panic!("rank 0 did not connect ({e}): {out:?}"));
+        assert_eq!(got, v6);
+    });
 }

@@ -13,8 +13,8 @@
 //! watches the rendezvous: a membership change (late joiner, lost peer, another node's restart)
 //! stops the workers and joins the next round without charging a restart; the restart budget is
 //! the job-wide `asg.restart_count`. Static jobs give the workers the rendezvous store itself
-//! (MASTER_ADDR:PORT = the endpoint); c10d agents serve one worker store on every interface and
-//! publish its port each round.
+//! (MASTER_ADDR:PORT = the endpoint); c10d agents serve one worker store on their advertised
+//! address and publish its port each round.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -247,9 +247,8 @@ impl Agent {
         let store = match &rdzv {
             // Static: workers use the rendezvous store on node 0 (TORCHELASTIC_USE_AGENT_STORE).
             Some(r) if r.uses_rendezvous_store() => None,
-            // c10d: one worker store on every interface for the whole run; the agent that becomes
-            // group rank 0 publishes its port as MASTER_PORT.
-            // It listens where this agent's advertised address is (its MASTER_ADDR).
+            // c10d: one worker store for the whole run, where this agent's advertised address
+            // is; the agent that becomes group rank 0 publishes its port as MASTER_PORT.
             Some(r) => {
                 match tcp::serve_at(r.advertised.as_deref(), config.master_port.unwrap_or(0)).await
                 {
@@ -1064,8 +1063,8 @@ async fn watch_opt(rdzv: Option<&mut Rendezvous>) -> RdzvEvent {
 fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
     match ev {
         RdzvEvent::Closed => Outcome::RendezvousLost(
-            "the rendezvous was marked closed in its store (normally by another node whose job \
-             finished or gave up; any client of the unauthenticated store can write that mark)"
+            "the rendezvous was closed: its store says so (normally another node's job finished \
+             or gave up there; any client of the unauthenticated store can write that mark)"
                 .into(),
         ),
         RdzvEvent::StoreUnreachable(msg) => {
@@ -1325,7 +1324,7 @@ mod tests {
         for (ev, want) in [
             (
                 RdzvEvent::Closed,
-                "the rendezvous was marked closed in its store",
+                "the rendezvous was closed: its store says so",
             ),
             (
                 RdzvEvent::StoreUnreachable("x:1 refused".into()),

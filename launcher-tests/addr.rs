@@ -283,3 +283,39 @@ fn single_node_non_loopback_ipv6_master_addr_is_served() {
         assert_eq!(got, v6);
     });
 }
+
+/// Issue 17.9: the endpoint's host whose port is blocked while nothing answers there (client
+/// sockets in TIME_WAIT; here a socket bound without SO_REUSEADDR that never listens) keeps
+/// trying (saying so at WARN after 1 s) and hosts once the port is free. It used to join as a client of nobody and wait
+/// until its join timeout.
+#[test]
+fn endpoint_host_with_a_blocked_port_hosts_once_it_is_free() {
+    use socket2::{Domain, Socket, Type};
+    let blocker = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    blocker
+        .bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .expect("bind");
+    let port = blocker
+        .local_addr()
+        .expect("local addr")
+        .as_socket()
+        .expect("inet")
+        .port();
+    let running = Rdrun::new()
+        .args([
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+        ])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--rdzv-conf", "join_timeout=30", "/bin/true"])
+        .timeout(Duration::from_secs(90))
+        .spawn();
+    // Whenever the port frees up (before or after rdrun first tries it), rdrun must host.
+    std::thread::sleep(Duration::from_secs(3));
+    drop(blocker);
+    let out = running.wait();
+    out.assert_code(0);
+}

@@ -7,8 +7,10 @@
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 //! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
+//! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
+mod addr;
 mod cli;
 mod env;
 mod multinode;

@@ -187,8 +187,8 @@ fn netns_hosts_talk_tcp_and_advertise_their_route_address() {
                 (
                     a4,
                     a6,
-                    addr::is_host(&e4, None),
-                    addr::is_host(&me4_in, None),
+                    addr::is_host(&e4, None).await,
+                    addr::is_host(&me4_in, None).await,
                 )
             })
         });
@@ -980,7 +980,7 @@ fn scale_run(n: usize) -> Duration {
         .build()
         .expect("runtime");
     rt.block_on(async move {
-        let server = tcp::serve_all_interfaces(0).expect("serve");
+        let server = tcp::serve_on(&addr::ListenOn::Any, 0).expect("serve");
         let port = server.port();
         let nodes = NodeRange { min: n, max: n };
         let settings = C10dSettings::from_conf(nodes, &conf(&[])).expect("conf");

@@ -65,16 +65,34 @@ pub(super) fn resolve_rendezvous(
         } else {
             args.rdzv_id.clone()
         };
-        let endpoint_text = if backend == RdzvBackend::Static && args.rdzv_endpoint.is_empty() {
-            format!(
-                "{}:{}",
-                args.master_addr,
-                master_port.unwrap_or(DEFAULT_STATIC_MASTER_PORT)
-            )
+        let from_master = backend == RdzvBackend::Static && args.rdzv_endpoint.is_empty();
+        let endpoint_text = if from_master {
+            // An IPv6 --master-addr gets brackets, so that its port is never ambiguous.
+            let a = args.master_addr.as_str();
+            let port = master_port.unwrap_or(DEFAULT_STATIC_MASTER_PORT);
+            if a.contains(':') && !a.starts_with('[') {
+                format!("[{a}]:{port}")
+            } else {
+                format!("{a}:{port}")
+            }
         } else {
             args.rdzv_endpoint.clone()
         };
         let endpoint = parse_endpoint(&endpoint_text, backend)?;
+        // Issue 17.5: port 0 means "pick a free port"; only one node can know which it got.
+        if endpoint.port == 0 && nnodes.max > 1 {
+            let (flag, value) = if from_master {
+                ("--master-port", "0".to_string())
+            } else {
+                ("--rdzv-endpoint", endpoint_text.clone())
+            };
+            return Err(invalid(
+                flag,
+                value,
+                "port 0 (pick a free port) works only for one node: the other nodes cannot \
+                 learn which port was picked; give a fixed port",
+            ));
+        }
         let (addr, port) = if backend == RdzvBackend::Static {
             (endpoint.host.clone(), Some(endpoint.port))
         } else {
@@ -163,6 +181,27 @@ pub fn parse_endpoint(text: &str, backend: RdzvBackend) -> Result<Endpoint, Conf
     }
     let (mut host, port_text) = if t.starts_with('[') && t.ends_with(']') {
         (t, None)
+    } else if !t.starts_with('[') && t.matches(':').count() >= 2 {
+        // An unbracketed IPv6 literal (issue 10): `::1` is that address, not host ":" port 1.
+        // `ADDR:PORT` is accepted as torchrun reads it when ADDR alone is an IPv6 address and
+        // the whole is not; when both readings are addresses, brackets must say which.
+        let whole = t.parse::<std::net::Ipv6Addr>().is_ok();
+        let split = t.rsplit_once(':').filter(|(h, p)| {
+            h.parse::<std::net::Ipv6Addr>().is_ok()
+                && !p.is_empty()
+                && p.bytes().all(|b| b.is_ascii_digit())
+        });
+        match (whole, split) {
+            (true, None) => (t, None),
+            (false, Some((h, p))) => (h, Some(p)),
+            _ => {
+                return Err(invalid(
+                    "--rdzv-endpoint",
+                    text,
+                    "write an IPv6 address in brackets: [ADDR] or [ADDR]:PORT",
+                ))
+            }
+        }
     } else {
         match t.rsplit_once(':') {
             Some((h, p)) => (h, Some(p)),
@@ -383,6 +422,59 @@ mod tests {
         assert!(c.rdzv.run_id.bytes().all(|b| b.is_ascii_digit()) && c.rdzv.run_id.len() > 30);
     }
 
+    /// Issue 17.5: port 0 is "pick a free port" for one node (the host tells itself the port),
+    /// a one-line usage error for several (the others cannot learn it).
+    #[test]
+    fn port_zero_is_one_node_only() {
+        let c = ok(&[
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "localhost:0",
+            "t.py",
+        ]);
+        assert_eq!(c.rdzv.endpoint.unwrap().port, 0);
+        for argv in [
+            &[
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                "localhost:0",
+                "--nnodes",
+                "2",
+                "t.py",
+            ][..],
+            &[
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                "localhost:0",
+                "--nnodes",
+                "1:3",
+                "t.py",
+            ],
+            &["--nnodes", "2", "--master-port", "0", "t.py"],
+        ] {
+            let e = fail(argv);
+            assert_eq!(e.exit_code(), crate::exit::USAGE, "{argv:?}");
+            let msg = e.to_string();
+            assert!(msg.contains("port 0") && msg.contains("one node"), "{msg}");
+            assert!(!msg.contains('\n'), "{msg}");
+        }
+        // An IPv6 --master-addr is bracketed before its port is added (never ambiguous).
+        let c = ok(&[
+            "--master-addr",
+            "fe80::1:2",
+            "--master-port",
+            "1234",
+            "t.py",
+        ]);
+        assert_eq!(c.rdzv.endpoint.unwrap().host, "fe80::1:2");
+        assert_eq!(c.master_addr, "fe80::1:2");
+        let e = parse_endpoint("fe80::1:2940", RdzvBackend::C10d).unwrap_err();
+        assert!(e.to_string().contains("brackets"), "{e}");
+    }
+
     #[test]
     fn endpoints() {
         use RdzvBackend::*;
@@ -398,6 +490,11 @@ mod tests {
             ("10.0.0.1:0", C10d, ep("10.0.0.1", 0)),
             ("[::1]", EtcdV2, ep("::1", 2379)),
             ("[fe80::1]:29400", Static, ep("fe80::1", 29400)),
+            // Issue 10: unbracketed IPv6 literals (they used to be host ":" port 1).
+            ("::1", C10d, ep("::1", 29400)),
+            ("fe80::1", C10d, ep("fe80::1", 29400)),
+            ("2001:db8::7", Etcd, ep("2001:db8::7", 2379)),
+            ("::1:29401", C10d, ep("::1", 29401)),
             (
                 "node-1.example.com:65535",
                 C10d,
@@ -416,6 +513,9 @@ mod tests {
             ("host:", C10d),
             ("ho st:1", C10d),
             (":1", C10d),
+            ("::1", Static),
+            ("fe80::1:2940", C10d),
+            ("a:b:c", C10d),
         ] {
             assert!(parse_endpoint(text, b).is_err(), "{text}");
         }

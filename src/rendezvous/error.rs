@@ -15,7 +15,7 @@ pub enum RendezvousError {
         joined: usize,
         min: usize,
     },
-    #[error("rendezvous is closed (the job finished or gave up on another node)")]
+    #[error("rendezvous is closed (marked so in its store: normally the job finished or gave up on another node)")]
     Closed {
         /// This agent was only on the redundancy list (nothing was lost by closing).
         redundant: bool,

@@ -60,6 +60,29 @@ pub struct SingleNode {
     restarts: u32,
 }
 
+/// The endpoint to connect to: port 0 (issue 17.5, one node only, checked by the config) means
+/// the port the kernel picked for the store this agent hosts; an agent that does not host it
+/// cannot know that port.
+fn served_endpoint(
+    endpoint: crate::config::Endpoint,
+    server: Option<&StoreServer>,
+) -> Result<crate::config::Endpoint, RendezvousError> {
+    if endpoint.port != 0 {
+        return Ok(endpoint);
+    }
+    match server {
+        Some(s) => Ok(crate::config::Endpoint {
+            port: s.port(),
+            ..endpoint
+        }),
+        None => Err(RendezvousError::Unsupported(format!(
+            "rendezvous endpoint {}: port 0 means \"pick a free port\", which only the agent \
+             hosting the store can do; this agent does not host it (give a fixed port)",
+            addr::host_port(&endpoint.host, 0)
+        ))),
+    }
+}
+
 /// One rendezvous of any backend.
 pub enum Backend {
     Single(SingleNode),
@@ -76,6 +99,9 @@ pub struct Rendezvous {
     /// This node as the others should read it in a failure (`node 1 (10.0.0.2)`), once it ran
     /// a round.
     me: Option<String>,
+    /// The address this agent advertises (c10d; MASTER_ADDR if it becomes group rank 0): its
+    /// worker store listens there.
+    pub advertised: Option<String>,
 }
 
 /// How long an agent that does not host the store tries to close the rendezvous: the host may
@@ -117,6 +143,7 @@ impl Rendezvous {
                 store: None,
                 server: None,
                 me: None,
+                advertised: None,
             });
         };
         let unknown = unknown_keys(&rdzv.conf);
@@ -126,12 +153,14 @@ impl Rendezvous {
         match rdzv.backend {
             RdzvBackend::Static => {
                 let settings = StaticSettings::from_conf(&rdzv.conf)?;
-                let server = tcp::host_static_store(config.node_rank, endpoint.port).map_err(|e| {
-                    RendezvousError::Host {
-                        endpoint: addr::host_port(&endpoint.host, endpoint.port),
-                        source: e.source,
-                    }
-                })?;
+                let server =
+                    tcp::host_static_store(config.node_rank, &endpoint.host, endpoint.port)
+                        .await
+                        .map_err(|e| RendezvousError::Host {
+                            endpoint: addr::host_port(&endpoint.host, endpoint.port),
+                            source: e.source,
+                        })?;
+                let endpoint = served_endpoint(endpoint, server.as_ref())?;
                 let deadline = Instant::now() + settings.timeout;
                 let store =
                     tcp::connect(&endpoint.host, endpoint.port, deadline, settings.read_timeout)
@@ -160,15 +189,18 @@ impl Rendezvous {
                     store: Some(store),
                     server,
                     me: None,
+                    advertised: None,
                 })
             }
             RdzvBackend::C10d => {
                 let settings = C10dSettings::from_conf(config.nnodes, &rdzv.conf)?;
                 let server = tcp::host_c10d_store(&endpoint.host, endpoint.port, settings.is_host)
+                    .await
                     .map_err(|e| RendezvousError::Host {
                         endpoint: addr::host_port(&endpoint.host, endpoint.port),
                         source: e.source,
                     })?;
+                let endpoint = served_endpoint(endpoint, server.as_ref())?;
                 // Peers start unevenly: keep trying for the whole join timeout (pain point 13).
                 let deadline = Instant::now() + settings.join_timeout;
                 let store =
@@ -204,6 +236,7 @@ impl Rendezvous {
                     store: Some(store),
                     server,
                     me: None,
+                    advertised: Some(me),
                 })
             }
             RdzvBackend::Etcd | RdzvBackend::EtcdV2 => Err(RendezvousError::Unsupported(

@@ -5,7 +5,8 @@
 //! - `c10d` + `state`: rdrun's dynamic rendezvous (MIN:MAX nodes) over the store.
 //! - `barrier`: the exit barrier. `addr`: which address to advertise, is_host inference.
 //! - `store`: the store operations used ([`RdzvStore`]) and an in-memory store for tests.
-//! - `tcp`: the store over TCP: hosting (is_host), connecting, a reconnecting client.
+//! - `tcp`: the store over TCP: the one store binder, hosting (is_host), connecting, a
+//!   reconnecting client. `addr` also says where a store listens (`listen_plan`).
 //! - `settings`: `--rdzv-conf` parsing. `error`: [`RendezvousError`].
 
 pub mod addr;

@@ -160,12 +160,14 @@ impl Client {
             };
             let now = Instant::now();
             if now >= deadline {
-                return Err(StoreError::Connect {
-                    addr: format!("{host}:{port}"),
-                    source: last,
-                });
+                return Err(connect_error(host, port, last));
             }
             tokio::time::sleep(backoff.next_delay().min(deadline - now)).await;
+            // Report the last real failure (e.g. "connection refused"): another try now would
+            // only find its deadline passed before the lookup started ("resolve timed out").
+            if Instant::now() >= deadline {
+                return Err(connect_error(host, port, last));
+            }
         }
     }
 
@@ -624,6 +626,16 @@ impl Conn {
 }
 
 /// One connect + VALIDATE + PING attempt over every resolved address.
+/// The error of a connect that ran out of time, naming `host:port` (IPv6 in brackets).
+fn connect_error(host: &str, port: u16, source: io::Error) -> StoreError {
+    let addr = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    StoreError::Connect { addr, source }
+}
+
 async fn try_connect(
     host: &str,
     port: u16,

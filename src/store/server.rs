@@ -87,6 +87,9 @@ pub enum ServerExit {
     Failed(String),
 }
 
+/// Base of the next server's connection ids (see `start_with_store`).
+static NEXT_CONN_BASE: AtomicU64 = AtomicU64::new(0);
+
 /// A running store server. Dropping it without [`StoreServer::shutdown`] stops accepting and
 /// closes every connection in the background.
 pub struct StoreServer {
@@ -173,7 +176,9 @@ impl StoreServer {
             config,
             buffered: AtomicU64::new(0),
             shutdown_rx,
-            next_id: AtomicU64::new(1),
+            // Connection ids are unique in the process: servers sharing one store (one per
+            // listening address) must not mix up each other's connections' waits.
+            next_id: AtomicU64::new(NEXT_CONN_BASE.fetch_add(1 << 40, Ordering::Relaxed) + 1),
         });
         let accept = AcceptLoop {
             listener,

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use crate::config::{LaunchConfig, LeftoverPolicy};
 use crate::exit::WorkerStatus;
 use crate::rendezvous::{Assignment, RdzvEvent, Rendezvous, RoundReason};
-use crate::store::server::{self, ServerConfig, ServerExit, StoreServer};
+use crate::store::server::{self, ServerExit, StoreServer};
 
 use super::end::RunEnd;
 use super::events::Event;
@@ -40,7 +40,7 @@ use super::output::{self, OutputSummary, RankIdentity, RunLogs};
 use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
 use super::report::{Failure, FailureReport};
 use super::restart::{self, AttemptEnd, Decision};
-use super::setup::{bind_store, bind_worker_store_any, fqdn_of, is_loopback, short_host};
+use super::setup::{bind_store, bind_worker_store, fqdn_of, short_host, single_node_master_addr};
 use super::signals::{self, SignalAction, SignalReaction, Signals};
 use super::stop::{self, GroupGuard, GroupStop, Phase, StopReason, KILL_WAIT};
 use super::watchdog::Watchdog;
@@ -240,32 +240,24 @@ impl Agent {
         let store = match &rdzv {
             // Static: workers use the rendezvous store on node 0 (TORCHELASTIC_USE_AGENT_STORE).
             Some(r) if r.uses_rendezvous_store() => None,
-            // c10d: one worker store on every interface for the whole run; the agent that becomes
-            // group rank 0 publishes its port as MASTER_PORT.
-            Some(_) => match bind_worker_store_any(config.master_port.unwrap_or(0)) {
+            // c10d: one worker store for the whole run, where this agent's advertised address
+            // is; the agent that becomes group rank 0 publishes its port as MASTER_PORT.
+            Some(r) => {
+                match bind_worker_store(r.advertised.as_deref(), config.master_port.unwrap_or(0))
+                    .await
+                {
+                    Ok(store) => Some(store),
+                    Err(msg) => return RunEnd::error(msg),
+                }
+            }
+            // The store serves for the whole run (torchrun's agent store, spec torchrun-compat
+            // §2.3); workers connect as TCPStore clients.
+            None => match bind_store(&config).await {
                 Ok(store) => Some(store),
                 Err(msg) => return RunEnd::error(msg),
             },
-            None => {
-                let (listener, _) = match bind_store(&config) {
-                    Ok(v) => v,
-                    Err(msg) => return RunEnd::error(msg),
-                };
-                // The store serves the very socket bound above, for the whole run (torchrun's
-                // agent store, spec torchrun-compat §2.3); workers connect as TCPStore clients.
-                match StoreServer::start(listener, ServerConfig::default()) {
-                    Ok(store) => Some(store),
-                    Err(err) => {
-                        return RunEnd::error(format!("cannot start the worker store: {err}"))
-                    }
-                }
-            }
         };
-        let master_addr = if config.standalone || is_loopback(&config.master_addr) {
-            "127.0.0.1".to_string()
-        } else {
-            config.master_addr.clone()
-        };
+        let master_addr = single_node_master_addr(&config);
         let master_port = store.as_ref().map_or(0, StoreServer::port);
         let store_closed: Pin<Box<dyn Future<Output = ServerExit> + Send>> = match &store {
             Some(s) => Box::pin(s.closed()),
@@ -919,7 +911,9 @@ impl Agent {
 fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
     match ev {
         RdzvEvent::Closed => Outcome::RendezvousLost(
-            "the rendezvous was closed by another node (the job finished or gave up there)".into(),
+            "the rendezvous was closed: its store says so (normally another node's job finished \
+             or gave up there; any client of the unauthenticated store can write that mark)"
+                .into(),
         ),
         RdzvEvent::StoreUnreachable(msg) => {
             Outcome::RendezvousLost(format!("lost the rendezvous store: {msg}"))
@@ -984,7 +978,7 @@ mod tests {
         for (ev, want) in [
             (
                 RdzvEvent::Closed,
-                "the rendezvous was closed by another node",
+                "the rendezvous was closed: its store says so",
             ),
             (
                 RdzvEvent::StoreUnreachable("x:1 refused".into()),

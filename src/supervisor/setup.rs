@@ -1,26 +1,22 @@
-//! What a run sets up once, before its first attempt: the worker store's listening socket (which
-//! address, which port, which MASTER_ADDR workers get) and the host names (the `${hostname}` of
+//! What a run sets up once, before its first attempt: the worker store (where it listens, which
+//! port, which MASTER_ADDR workers get) and the host names (the `${hostname}` of
 //! log prefixes, the fully qualified name of the failure report).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::time::Duration;
 
 use crate::config::LaunchConfig;
-use crate::store::server::{ServerConfig, StoreServer};
+use crate::rendezvous::tcp;
+use crate::store::server::StoreServer;
 
-/// The c10d worker store: every interface, dual-stack `[::]` (IPv4 peers too), else `0.0.0.0`
-/// where IPv6 is disabled; on `port` (`--master-port`) or one the kernel picks.
-pub(crate) fn bind_worker_store_any(port: u16) -> Result<StoreServer, String> {
-    let v6 = SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), port);
-    match StoreServer::bind(v6, ServerConfig::default()) {
-        Ok(s) => Ok(s),
-        Err(e6) => {
-            let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
-            tracing::debug!("cannot bind the worker store on {v6}: {e6}; trying {v4}");
-            StoreServer::bind(v4, ServerConfig::default())
-                .map_err(|err| format!("cannot bind the worker store on {v4}: {err}"))
-        }
-    }
+/// The c10d worker store for the whole run, where this agent's advertised address is
+/// (`tcp::serve_at`); on `port` (`--master-port`) or one the kernel picks.
+pub(crate) async fn bind_worker_store(
+    advertised: Option<&str>,
+    port: u16,
+) -> Result<StoreServer, String> {
+    tcp::serve_at(advertised, port)
+        .await
+        .map_err(|err| format!("cannot bind the worker store: {err}"))
 }
 
 /// `gethostname` up to the first dot (torchrun's `${hostname}` is `socket.gethostname()`).
@@ -28,36 +24,26 @@ pub(crate) fn short_host(host: &str) -> String {
     host.split('.').next().unwrap_or(host).to_string()
 }
 
-/// Binds the worker store's listening socket and returns it with the MASTER_ADDR workers get.
-///
-/// Standalone (or a loopback master address): 127.0.0.1 only. The port is `--master-port` (the
-/// config's resolved MASTER_PORT) or, when `None`, one the kernel picks; either way the socket
-/// stays open from bind to use, so no other process can take it (no probe-then-bind race).
-/// torchrun gives its FQDN as MASTER_ADDR in standalone; rdrun gives 127.0.0.1, the address it
-/// actually listens on. Any other master address binds every interface, as torchrun's agent
-/// store does (`*:port`, spec torchrun-compat §2.3).
-pub(crate) fn bind_store(config: &LaunchConfig) -> Result<(TcpListener, String), String> {
-    let loopback = config.standalone || is_loopback(&config.master_addr);
-    let (ip, master_addr) = if loopback {
-        (IpAddr::V4(Ipv4Addr::LOCALHOST), "127.0.0.1".to_string())
+/// The MASTER_ADDR of a single-node run: the user's `--master-addr` as given (torchrun passes
+/// `localhost`, `127.0.0.2`, `::1` through, issue 11.2), or 127.0.0.1 for standalone, the
+/// address rdrun then listens on (torchrun gives its FQDN, which may not resolve).
+pub(crate) fn single_node_master_addr(config: &LaunchConfig) -> String {
+    if config.standalone {
+        "127.0.0.1".to_string()
     } else {
-        (
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            config.master_addr.clone(),
-        )
-    };
-    let addr = SocketAddr::new(ip, config.master_port.unwrap_or(0));
-    let listener = TcpListener::bind(addr)
-        .map_err(|err| format!("cannot bind the worker store on {addr}: {err}"))?;
-    Ok((listener, master_addr))
+        config.master_addr.clone()
+    }
 }
 
-pub(crate) fn is_loopback(addr: &str) -> bool {
-    addr == "localhost"
-        || addr
-            .parse::<IpAddr>()
-            .map(|ip| ip.is_loopback())
-            .unwrap_or(false)
+/// Binds and serves the single-node worker store where its MASTER_ADDR says (`tcp::serve_at`:
+/// loopback stays loopback, a specific address is bound alone). The port is `--master-port`
+/// (the config's resolved MASTER_PORT) or, when `None`, one the kernel picks; either way the
+/// socket stays open from bind to use, so no other process can take it (no probe-then-bind race).
+pub(crate) async fn bind_store(config: &LaunchConfig) -> Result<StoreServer, String> {
+    let host = (!config.standalone).then_some(config.master_addr.as_str());
+    tcp::serve_at(host, config.master_port.unwrap_or(0))
+        .await
+        .map_err(|err| format!("cannot bind the worker store on {err}"))
 }
 
 /// The fully qualified name of `host` for the failure report, as torchrun's `socket.getfqdn()`:
@@ -105,17 +91,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_detection() {
-        for (addr, want) in [
-            ("127.0.0.1", true),
-            ("127.1.2.3", true),
-            ("localhost", true),
-            ("::1", true),
-            ("10.0.0.1", false),
-            ("node1", false),
-        ] {
-            assert_eq!(is_loopback(addr), want, "{addr}");
+    fn loopback_master_addr_reaches_workers_as_given() {
+        // Issue 11.2: it used to become 127.0.0.1 for every loopback spelling.
+        for addr in ["127.0.0.1", "127.0.0.2", "localhost", "::1", "node1"] {
+            assert_eq!(single_node_master_addr(&config(false, addr, Some(1))), addr);
         }
+        assert_eq!(
+            single_node_master_addr(&config(true, "node1", None)),
+            "127.0.0.1"
+        );
         assert_eq!(short_host("node1.cluster.local"), "node1");
         assert_eq!(short_host("vm"), "vm");
     }
@@ -155,26 +139,28 @@ mod tests {
         }
     }
 
-    #[test]
-    fn store_binding() {
+    #[tokio::test]
+    async fn store_binding() {
         // Standalone: loopback, a kernel-picked port, kept bound.
-        let (l, addr) = bind_store(&config(true, "node1", None)).unwrap();
-        let local = l.local_addr().unwrap();
-        assert_eq!(addr, "127.0.0.1");
+        let store = bind_store(&config(true, "node1", None)).await.unwrap();
+        let local = store.local_addr();
         assert!(local.ip().is_loopback() && local.port() != 0);
-        // The port stays ours until the listener is dropped.
-        assert!(TcpListener::bind(local).is_err());
+        // The port stays ours until the store is shut down.
+        assert!(std::net::TcpListener::bind(local).is_err());
         // --master-port given: exactly that port.
         let port = local.port();
-        drop(l);
-        let (l, addr) = bind_store(&config(false, "127.0.0.1", Some(port))).unwrap();
-        assert_eq!(
-            (addr.as_str(), l.local_addr().unwrap().port()),
-            ("127.0.0.1", port)
-        );
+        store.shutdown().await;
+        let store = bind_store(&config(false, "127.0.0.1", Some(port)))
+            .await
+            .unwrap();
+        assert_eq!(store.port(), port);
         // A taken port is a clear error naming the address.
-        let err = bind_store(&config(false, "127.0.0.1", Some(port))).unwrap_err();
+        let err = bind_store(&config(false, "127.0.0.1", Some(port)))
+            .await
+            .err()
+            .expect("port taken");
         assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+        store.shutdown().await;
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 mod agent;
 pub mod events;
+pub mod hang;
 pub mod ncclpath;
 pub mod output;
 pub mod report;

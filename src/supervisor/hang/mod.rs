@@ -13,13 +13,17 @@
 //! * [`detector`]: the pure rules ([`Detector`]) and the poll-driven [`HangMonitor`].
 //! * [`capture`]: bounded, parallel capture, suspect selection, the stderr block and
 //!   `rank<R>.txt` files ([`capture()`], [`HangReport`]).
+//! * [`filetimer`]: torch's FileTimer protocol — line parser, timer table, FIFO reader task.
+//!   Expiry handling (signal only the worker tree, never rdrun) is the agent's job once wired.
 
 pub mod capture;
 pub mod detector;
+pub mod filetimer;
 pub mod sample;
 pub mod settings;
 
 pub use capture::{capture, CaptureOptions, CaptureTarget, HangReport, StackStatus};
 pub use detector::{Detector, HangMonitor, HangReason, Phase, Verdict};
+pub use filetimer::{TimerFifo, TimerMsg, TimerTable};
 pub use sample::{OutputCounter, ProcFs, ProcSource, RankProcs, RankSample};
 pub use settings::{parse_duration, HangMode, HangSettings};

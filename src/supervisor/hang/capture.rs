@@ -125,12 +125,45 @@ pub struct HangReport {
     pub files_dir: Option<PathBuf>,
 }
 
-/// Finds py-spy: the explicit path, then `search_path`, then next to the worker's executable
-/// (a venv's `bin/`, where `pip install py-spy` puts it).
+/// Directories the worker's python was started from: the directory of `argv[0]` when it names
+/// a path (a venv's `bin/`; `/proc/<pid>/exe` resolves the venv symlink away), then the
+/// directory of `/proc/<pid>/exe`.
+pub fn worker_bin_dirs(proc_root: &Path, pid: i32) -> Vec<PathBuf> {
+    let base = proc_root.join(pid.to_string());
+    let mut dirs = Vec::new();
+    if let Ok(cmdline) = fs::read(base.join("cmdline")) {
+        let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+        let argv0 = Path::new(<OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(argv0));
+        if argv0.components().count() > 1 {
+            let full = if argv0.is_absolute() {
+                argv0.to_path_buf()
+            } else {
+                fs::read_link(base.join("cwd"))
+                    .unwrap_or_default()
+                    .join(argv0)
+            };
+            if let Some(d) = full.parent() {
+                dirs.push(d.to_path_buf());
+            }
+        }
+    }
+    if let Some(d) = fs::read_link(base.join("exe"))
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        if !dirs.contains(&d) {
+            dirs.push(d);
+        }
+    }
+    dirs
+}
+
+/// Finds py-spy: the explicit path, then `search_path`, then in the worker's bin directories
+/// ([`worker_bin_dirs`]: a venv's `bin/`, where `pip install py-spy` puts it).
 pub fn find_py_spy(
     explicit: Option<&Path>,
     search_path: Option<&OsStr>,
-    worker_exe: Option<&Path>,
+    worker_dirs: &[PathBuf],
 ) -> Result<PathBuf, String> {
     let is_exe = |p: &Path| {
         use std::os::unix::fs::PermissionsExt;
@@ -151,7 +184,7 @@ pub fn find_py_spy(
             }
         }
     }
-    if let Some(dir) = worker_exe.and_then(Path::parent) {
+    for dir in worker_dirs {
         let c = dir.join("py-spy");
         if is_exe(&c) {
             return Ok(c);
@@ -258,15 +291,12 @@ async fn run_py_spy(bin: &Path, pid: i32, bound: Duration) -> (StackStatus, Stri
 }
 
 async fn capture_rank(t: CaptureTarget, opts: CaptureOptions) -> RankCapture {
-    let exe = fs::read_link(opts.proc_root.join(t.pid.to_string()).join("exe")).ok();
-    let (stack_status, stack) = match find_py_spy(
-        opts.py_spy.as_deref(),
-        opts.search_path.as_deref(),
-        exe.as_deref(),
-    ) {
-        Ok(bin) => run_py_spy(&bin, t.pid, opts.tool_timeout).await,
-        Err(why) => (StackStatus::Unavailable(why), String::new()),
-    };
+    let dirs = worker_bin_dirs(&opts.proc_root, t.pid);
+    let (stack_status, stack) =
+        match find_py_spy(opts.py_spy.as_deref(), opts.search_path.as_deref(), &dirs) {
+            Ok(bin) => run_py_spy(&bin, t.pid, opts.tool_timeout).await,
+            Err(why) => (StackStatus::Unavailable(why), String::new()),
+        };
     let main_frames = if stack_status == StackStatus::Ok {
         parse_py_spy_main_frames(&stack)
     } else {
@@ -683,19 +713,26 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
         let exe = bin.join("py-spy");
         fs::write(&exe, "#!/bin/sh\n").unwrap();
         fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
-        let python = bin.join("python3");
-        // Next to the worker's python.
-        assert_eq!(
-            find_py_spy(None, Some(OsStr::new("")), Some(&python)).unwrap(),
-            exe
-        );
+        let dirs = [dir.clone(), bin.clone()];
+        // In the worker's bin directories.
+        assert_eq!(find_py_spy(None, Some(OsStr::new("")), &dirs).unwrap(), exe);
         // On PATH.
-        assert_eq!(find_py_spy(None, Some(bin.as_os_str()), None).unwrap(), exe);
+        assert_eq!(find_py_spy(None, Some(bin.as_os_str()), &[]).unwrap(), exe);
         // Explicit, and an explicit one that is missing is an error naming it.
-        assert_eq!(find_py_spy(Some(&exe), None, None).unwrap(), exe);
-        let e = find_py_spy(Some(&dir.join("nope")), Some(bin.as_os_str()), None).unwrap_err();
+        assert_eq!(find_py_spy(Some(&exe), None, &[]).unwrap(), exe);
+        let e = find_py_spy(Some(&dir.join("nope")), Some(bin.as_os_str()), &[]).unwrap_err();
         assert!(e.contains("nope"), "{e}");
-        assert!(find_py_spy(None, Some(OsStr::new("/nonexistent")), None).is_err());
+        assert!(find_py_spy(None, Some(OsStr::new("/nonexistent")), &[]).is_err());
+
+        // argv[0]'s directory comes first: a child started by absolute path.
+        let kid = sleeper_at(Path::new("/bin/sleep"));
+        let d = worker_bin_dirs(Path::new("/proc"), kid.0.id() as i32);
+        assert_eq!(
+            d.first().map(PathBuf::as_path),
+            Some(Path::new("/bin")),
+            "{d:?}"
+        );
+        drop(kid);
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -736,7 +773,11 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
     }
 
     fn sleeper() -> Kid {
-        Kid(std::process::Command::new("sleep")
+        sleeper_at(Path::new("sleep"))
+    }
+
+    fn sleeper_at(p: &Path) -> Kid {
+        Kid(std::process::Command::new(p)
             .arg("300")
             .stdin(Stdio::null())
             .spawn()
@@ -900,5 +941,68 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
         // The /proc part still ran.
         assert!(rep.ranks.iter().all(|r| !r.threads.is_empty()));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The real py-spy, when this machine has one (`RDRUN_PY_SPY` or PATH); skipped, saying so,
+    /// otherwise. When py-spy sits next to a python, that python runs the worker by absolute
+    /// path and the lookup must find py-spy from the worker alone.
+    #[tokio::test]
+    async fn real_py_spy_on_a_python_child_when_available() {
+        let found = find_py_spy(
+            std::env::var_os("RDRUN_PY_SPY").as_deref().map(Path::new),
+            std::env::var_os("PATH").as_deref(),
+            &[],
+        );
+        let Ok(py_spy) = found else {
+            eprintln!("SKIPPED real_py_spy_on_a_python_child_when_available: py-spy absent");
+            return;
+        };
+        let beside = py_spy.with_file_name("python3");
+        let (python, explicit) = if beside.exists() {
+            (beside, None)
+        } else {
+            (PathBuf::from("python3"), Some(py_spy.clone()))
+        };
+        let script = "import time\ndef inner_wait():\n    time.sleep(300)\ndef train_step():\n    inner_wait()\nprint('ready', flush=True)\ntrain_step()\n";
+        let mut child = std::process::Command::new(&python)
+            .args(["-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let kid = Kid(child);
+        let pid = kid.0.id() as i32;
+        assert_eq!(line.trim(), "ready");
+        wait_sleeping(pid);
+        let targets = [CaptureTarget {
+            rank: 1,
+            pid,
+            last_output: vec![],
+        }];
+        let rep = capture(&verdict(&[(1, pid)]), &targets, &opts(explicit)).await;
+        let r = &rep.ranks[0];
+        if let StackStatus::Failed(why) = &r.stack_status {
+            // No ptrace rights here (Yama, containers): recorded, never fatal. Say so loudly.
+            eprintln!("SKIPPED stack assertions: py-spy failed: {why}");
+            return;
+        }
+        assert_eq!(r.stack_status, StackStatus::Ok, "{:?}", r.stack_status);
+        assert!(
+            r.top_frame().unwrap().starts_with("inner_wait ("),
+            "{:?}",
+            r.main_frames
+        );
+        assert!(
+            r.main_frames.iter().any(|f| f.starts_with("train_step (")),
+            "{:?}",
+            r.main_frames
+        );
+        assert!(rep.render().contains("inner_wait ("));
     }
 }

@@ -311,13 +311,25 @@ mod tests {
     /// worker itself (the shell, blocked in wait) uses none; a SIGSTOPped worker reads as exempt.
     #[test]
     fn procfs_counts_the_whole_tree_and_sees_stop() {
+        use std::os::unix::process::CommandExt;
+        // Own process group, so cleanup reaches the busy grandchild whatever happens.
         let mut child = Command::new("sh")
             .arg("-c")
             .arg("i=0; (while :; do i=$((i+1)); done) & wait")
             .stdin(Stdio::null())
+            .process_group(0)
             .spawn()
             .unwrap();
         let pid = child.id() as i32;
+        /// Kills the whole group even when an assertion panics first.
+        struct Group(i32);
+        impl Drop for Group {
+            fn drop(&mut self) {
+                // SAFETY: plain syscall; the group is this test's own child's.
+                unsafe { libc::kill(-self.0, libc::SIGKILL) };
+            }
+        }
+        let group = Group(pid);
         let ranks = [RankProcs {
             rank: 0,
             pid,
@@ -331,12 +343,19 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(100));
             let s = fs.sample(&ranks)[0].sample.unwrap();
             if s.cpu_secs >= first.cpu_secs + 0.05 {
+                // The shell itself only waits: the growth is its child's.
+                let own = parse_stat(&fs.read(pid, "stat").unwrap()).unwrap();
+                let own_secs = (own.ticks + own.child_ticks) as f64 / fs.ticks_per_sec;
+                assert!(
+                    own_secs + 0.04 < s.cpu_secs,
+                    "own {own_secs} tree {}",
+                    s.cpu_secs
+                );
                 grew = true;
                 break;
             }
         }
-        // Stop the tree (the shell and its busy child share the process group? no: signal each).
-        let kids: Vec<i32> = fs.children_map().0.get(&pid).cloned().unwrap_or_default();
+        // SAFETY: plain syscall on our own child.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
         let mut stopped = false;
         for _ in 0..600 {
@@ -348,10 +367,7 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        for k in kids {
-            unsafe { libc::kill(k, libc::SIGKILL) };
-        }
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        drop(group);
         child.wait().unwrap();
         assert!(grew, "tree CPU time did not grow within 60 s");
         assert!(stopped, "SIGSTOPped worker never read as exempt");

@@ -726,7 +726,16 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
 
         // argv[0]'s directory comes first: a child started by absolute path.
         let kid = sleeper_at(Path::new("/bin/sleep"));
-        let d = worker_bin_dirs(Path::new("/proc"), kid.0.id() as i32);
+        // Polled (bounded): right after spawn the child may not have finished its exec.
+        let pid = kid.0.id() as i32;
+        let mut d = Vec::new();
+        for _ in 0..600 {
+            d = worker_bin_dirs(Path::new("/proc"), pid);
+            if d.first().map(PathBuf::as_path) == Some(Path::new("/bin")) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         assert_eq!(
             d.first().map(PathBuf::as_path),
             Some(Path::new("/bin")),

@@ -7,6 +7,7 @@
 mod agent;
 mod end;
 pub mod events;
+pub mod hang;
 pub mod ncclpath;
 pub mod output;
 mod rdzvlink;

@@ -1,0 +1,1017 @@
+//! Capture after a verdict: per rank, in parallel and bounded in wall time, the Python stack
+//! (`py-spy dump --nonblocking`), each thread's kernel wait (`wchan`, `syscall`) and the last
+//! output lines; then the suspect, the one stderr block, and `rank<R>.txt` files.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt::Write as _;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use super::detector::{HangReason, Verdict};
+use super::sample::{parse_stat, ProcState};
+use super::settings::HangMode;
+
+/// One rank to capture.
+#[derive(Debug, Clone)]
+pub struct CaptureTarget {
+    pub rank: u32,
+    pub pid: i32,
+    /// The rank's last output lines, oldest first (from the output pump's tail).
+    pub last_output: Vec<String>,
+}
+
+/// How to capture.
+#[derive(Debug, Clone)]
+pub struct CaptureOptions {
+    /// `--py-spy` / `$RDRUN_PY_SPY`, tried first.
+    pub py_spy: Option<PathBuf>,
+    /// The PATH to search for `py-spy` (production: `std::env::var_os("PATH")`).
+    pub search_path: Option<OsString>,
+    /// Bound of the whole capture.
+    pub timeout: Duration,
+    /// Bound of one py-spy run.
+    pub tool_timeout: Duration,
+    /// Procfs root (`/proc`).
+    pub proc_root: PathBuf,
+}
+
+impl CaptureOptions {
+    /// Options from the settings and this process's PATH.
+    pub fn from_settings(s: &super::settings::HangSettings) -> Self {
+        CaptureOptions {
+            py_spy: s.py_spy.clone(),
+            search_path: std::env::var_os("PATH"),
+            timeout: s.capture_timeout,
+            tool_timeout: s.tool_timeout.min(s.capture_timeout),
+            proc_root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+/// Outcome of the stack capture of one rank.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StackStatus {
+    /// py-spy ran; its text output is in `RankCapture::stack`.
+    Ok,
+    /// No py-spy binary found (where we looked).
+    Unavailable(String),
+    /// py-spy ran and failed (exit status and the first stderr line: permission hints live there).
+    Failed(String),
+    /// py-spy did not finish within the bound and was killed.
+    Timeout,
+}
+
+impl StackStatus {
+    pub fn name(&self) -> &'static str {
+        match self {
+            StackStatus::Ok => "ok",
+            StackStatus::Unavailable(_) => "unavailable",
+            StackStatus::Failed(_) => "failed",
+            StackStatus::Timeout => "timeout",
+        }
+    }
+}
+
+/// One thread's kernel wait.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThreadWait {
+    pub tid: i32,
+    pub name: String,
+    pub state: Option<ProcState>,
+    /// `wchan` symbol; None when unreadable or `0` (running, or no ptrace-read right).
+    pub wchan: Option<String>,
+    /// Current syscall number; None when running or unreadable.
+    pub syscall: Option<i64>,
+}
+
+/// Everything captured for one rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankCapture {
+    pub rank: u32,
+    pub pid: i32,
+    pub state: Option<ProcState>,
+    /// Threads, main thread first.
+    pub threads: Vec<ThreadWait>,
+    pub stack_status: StackStatus,
+    /// py-spy's text dump.
+    pub stack: String,
+    /// Main thread's frames, innermost first ("func (file:line)").
+    pub main_frames: Vec<String>,
+    pub last_output: Vec<String>,
+}
+
+impl RankCapture {
+    pub fn top_frame(&self) -> Option<&str> {
+        self.main_frames.first().map(String::as_str)
+    }
+    pub fn main_wchan(&self) -> Option<&str> {
+        self.threads.first().and_then(|t| t.wchan.as_deref())
+    }
+}
+
+/// The capture's result: what to print, put in the report, and write to files.
+#[derive(Debug, Clone)]
+pub struct HangReport {
+    pub verdict: Verdict,
+    pub ranks: Vec<RankCapture>,
+    pub suspects: Vec<u32>,
+    /// Why those ranks are suspects ("not in a collective", ...); empty without suspects.
+    pub suspect_reason: String,
+    pub duration: Duration,
+    /// Where [`HangReport::write_files`] put the per-rank files.
+    pub files_dir: Option<PathBuf>,
+}
+
+/// Directories the worker's python was started from: the directory of `argv[0]` when it names
+/// a path (a venv's `bin/`; `/proc/<pid>/exe` resolves the venv symlink away), then the
+/// directory of `/proc/<pid>/exe`.
+pub fn worker_bin_dirs(proc_root: &Path, pid: i32) -> Vec<PathBuf> {
+    let base = proc_root.join(pid.to_string());
+    let mut dirs = Vec::new();
+    if let Ok(cmdline) = fs::read(base.join("cmdline")) {
+        let argv0 = cmdline.split(|&b| b == 0).next().unwrap_or_default();
+        let argv0 = Path::new(<OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(argv0));
+        if argv0.components().count() > 1 {
+            let full = if argv0.is_absolute() {
+                argv0.to_path_buf()
+            } else {
+                fs::read_link(base.join("cwd"))
+                    .unwrap_or_default()
+                    .join(argv0)
+            };
+            if let Some(d) = full.parent() {
+                dirs.push(d.to_path_buf());
+            }
+        }
+    }
+    if let Some(d) = fs::read_link(base.join("exe"))
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        if !dirs.contains(&d) {
+            dirs.push(d);
+        }
+    }
+    dirs
+}
+
+/// Finds py-spy: the explicit path, then `search_path`, then in the worker's bin directories
+/// ([`worker_bin_dirs`]: a venv's `bin/`, where `pip install py-spy` puts it).
+pub fn find_py_spy(
+    explicit: Option<&Path>,
+    search_path: Option<&OsStr>,
+    worker_dirs: &[PathBuf],
+) -> Result<PathBuf, String> {
+    let is_exe = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt;
+        fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if let Some(p) = explicit {
+        return if is_exe(p) {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!("py-spy {} is not an executable file", p.display()))
+        };
+    }
+    if let Some(path) = search_path {
+        for dir in std::env::split_paths(path) {
+            let c = dir.join("py-spy");
+            if is_exe(&c) {
+                return Ok(c);
+            }
+        }
+    }
+    for dir in worker_dirs {
+        let c = dir.join("py-spy");
+        if is_exe(&c) {
+            return Ok(c);
+        }
+    }
+    Err("py-spy not found (set --py-spy or RDRUN_PY_SPY, or pip install py-spy)".to_string())
+}
+
+/// The main thread's frames of a `py-spy dump` text, innermost first.
+pub fn parse_py_spy_main_frames(text: &str) -> Vec<String> {
+    let mut threads: Vec<(bool, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("Thread ") {
+            threads.push((line.contains("\"MainThread\""), Vec::new()));
+        } else if let Some((_, frames)) = threads.last_mut() {
+            let t = line.trim();
+            if line.starts_with(char::is_whitespace) && !t.is_empty() && !t.starts_with("Locals:") {
+                frames.push(t.to_string());
+            }
+        }
+    }
+    let pick = threads.iter().position(|t| t.0).unwrap_or(0);
+    threads
+        .into_iter()
+        .nth(pick)
+        .map(|t| t.1)
+        .unwrap_or_default()
+}
+
+fn read_threads(root: &Path, pid: i32) -> Vec<ThreadWait> {
+    let task = root.join(pid.to_string()).join("task");
+    let mut tids: Vec<i32> = fs::read_dir(&task)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    tids.sort_unstable();
+    // Main thread (tid == pid) first.
+    tids.sort_by_key(|&t| t != pid);
+    tids.into_iter()
+        .map(|tid| {
+            let dir = task.join(tid.to_string());
+            let read = |f: &str| fs::read_to_string(dir.join(f)).ok();
+            let wchan = read("wchan")
+                .map(|w| w.trim().to_string())
+                .filter(|w| !w.is_empty() && w != "0");
+            let syscall = read("syscall").and_then(|s| s.split_whitespace().next()?.parse().ok());
+            ThreadWait {
+                tid,
+                name: read("comm")
+                    .map(|c| c.trim().to_string())
+                    .unwrap_or_default(),
+                state: read("stat")
+                    .as_deref()
+                    .and_then(parse_stat)
+                    .map(|s| s.state),
+                wchan,
+                // -1 = not in a syscall (running).
+                syscall: syscall.filter(|&n: &i64| n >= 0),
+            }
+        })
+        .collect()
+}
+
+async fn run_py_spy(bin: &Path, pid: i32, bound: Duration) -> (StackStatus, String) {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(["dump", "--nonblocking", "--pid", &pid.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return (
+                StackStatus::Failed(format!("cannot run {}: {e}", bin.display())),
+                String::new(),
+            )
+        }
+    };
+    match tokio::time::timeout(bound, child.wait_with_output()).await {
+        Err(_) => (StackStatus::Timeout, String::new()),
+        Ok(Err(e)) => (StackStatus::Failed(e.to_string()), String::new()),
+        Ok(Ok(out)) => {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            if out.status.success() {
+                (StackStatus::Ok, text)
+            } else {
+                let err = String::from_utf8_lossy(&out.stderr);
+                let first = err
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .trim();
+                (
+                    StackStatus::Failed(format!("{}: {first}", out.status)),
+                    text,
+                )
+            }
+        }
+    }
+}
+
+async fn capture_rank(t: CaptureTarget, opts: CaptureOptions) -> RankCapture {
+    let dirs = worker_bin_dirs(&opts.proc_root, t.pid);
+    let (stack_status, stack) =
+        match find_py_spy(opts.py_spy.as_deref(), opts.search_path.as_deref(), &dirs) {
+            Ok(bin) => run_py_spy(&bin, t.pid, opts.tool_timeout).await,
+            Err(why) => (StackStatus::Unavailable(why), String::new()),
+        };
+    let main_frames = if stack_status == StackStatus::Ok {
+        parse_py_spy_main_frames(&stack)
+    } else {
+        Vec::new()
+    };
+    let root = opts.proc_root.clone();
+    let pid = t.pid;
+    let (state, threads) = tokio::task::spawn_blocking(move || {
+        let st = fs::read_to_string(root.join(pid.to_string()).join("stat"))
+            .ok()
+            .as_deref()
+            .and_then(parse_stat)
+            .map(|s| s.state);
+        (st, read_threads(&root, pid))
+    })
+    .await
+    .unwrap_or((None, Vec::new()));
+    RankCapture {
+        rank: t.rank,
+        pid: t.pid,
+        state,
+        threads,
+        stack_status,
+        stack,
+        main_frames,
+        last_output: t.last_output,
+    }
+}
+
+/// Captures every target in parallel; returns within `opts.timeout` (plus scheduling): a rank
+/// whose capture did not finish is reported with `StackStatus::Timeout` and no thread data.
+pub async fn capture(
+    verdict: &Verdict,
+    targets: &[CaptureTarget],
+    opts: &CaptureOptions,
+) -> HangReport {
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for t in targets {
+        set.spawn(capture_rank(t.clone(), opts.clone()));
+    }
+    let mut done: Vec<RankCapture> = Vec::new();
+    let deadline = tokio::time::Instant::now() + opts.timeout;
+    while let Ok(Some(r)) = tokio::time::timeout_at(deadline, set.join_next()).await {
+        if let Ok(c) = r {
+            done.push(c);
+        }
+    }
+    // Dropping the set aborts what is left; kill_on_drop ends their py-spy children.
+    set.abort_all();
+    for t in targets {
+        if !done.iter().any(|c| c.rank == t.rank) {
+            done.push(RankCapture {
+                rank: t.rank,
+                pid: t.pid,
+                state: None,
+                threads: Vec::new(),
+                stack_status: StackStatus::Timeout,
+                stack: String::new(),
+                main_frames: Vec::new(),
+                last_output: t.last_output.clone(),
+            });
+        }
+    }
+    done.sort_by_key(|c| c.rank);
+    let (suspects, suspect_reason) = match &verdict.reason {
+        HangReason::Heartbeat { rank } => (vec![*rank], "heartbeat past its budget".to_string()),
+        _ => pick_suspects(&done),
+    };
+    HangReport {
+        verdict: verdict.clone(),
+        ranks: done,
+        suspects,
+        suspect_reason,
+        duration: started.elapsed(),
+        files_dir: None,
+    }
+}
+
+/// Whether a Python frame is a wait: a torch.distributed collective or `Work.wait`, a store
+/// get/wait, `queue.get`, a `threading` wait.
+pub fn is_wait_frame(frame: &str) -> bool {
+    const NAMES: &[&str] = &[
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "barrier",
+        "all_to_all",
+        "reduce (",
+        "gather (",
+        "scatter (",
+        "recv (",
+        "irecv",
+        "send (",
+        "monitored_barrier",
+        "wait (",
+        "wait_for",
+        "get (",
+        "acquire (",
+        "join (",
+        "select (",
+        "poll (",
+        "synchronize",
+    ];
+    frame.contains("torch/distributed")
+        || frame.contains("distributed_c10d")
+        || frame.contains("threading.py")
+        || frame.contains("queue.py")
+        || NAMES
+            .iter()
+            .any(|n| frame.starts_with(n) || frame.contains(&format!(" {n}")))
+}
+
+/// The rank(s) that differ: with stacks, those whose main thread is not in a wait while others
+/// are, else the odd one out among top frames; without stacks, the odd kernel wait.
+pub fn pick_suspects(ranks: &[RankCapture]) -> (Vec<u32>, String) {
+    let stacked: Vec<&RankCapture> = ranks.iter().filter(|r| !r.main_frames.is_empty()).collect();
+    if stacked.len() >= 2 {
+        let not_waiting: Vec<u32> = stacked
+            .iter()
+            .filter(|r| !r.main_frames.iter().any(|f| is_wait_frame(f)))
+            .map(|r| r.rank)
+            .collect();
+        if !not_waiting.is_empty() && not_waiting.len() < stacked.len() {
+            return (not_waiting, "not in a collective".to_string());
+        }
+        if let Some(odd) = odd_one_out(
+            stacked
+                .iter()
+                .map(|r| (r.rank, r.top_frame().unwrap_or(""))),
+        ) {
+            return (odd, "top frame differs from the other ranks".to_string());
+        }
+    }
+    let waits = ranks.iter().filter_map(|r| Some((r.rank, r.main_wchan()?)));
+    if let Some(odd) = odd_one_out(waits) {
+        return (odd, "kernel wait differs from the other ranks".to_string());
+    }
+    (Vec::new(), String::new())
+}
+
+/// The members of the smaller groups when one group holds a strict majority of ≥ 2.
+fn odd_one_out<'a>(items: impl Iterator<Item = (u32, &'a str)>) -> Option<Vec<u32>> {
+    let items: Vec<(u32, &str)> = items.collect();
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (_, k) in &items {
+        *counts.entry(k).or_default() += 1;
+    }
+    let (major, n) = counts.iter().max_by_key(|(_, n)| **n)?;
+    if *n < 2 || *n * 2 <= items.len() || *n == items.len() {
+        return None;
+    }
+    Some(
+        items
+            .iter()
+            .filter(|(_, k)| k != major)
+            .map(|(r, _)| *r)
+            .collect(),
+    )
+}
+
+fn secs(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 60 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+impl HangReport {
+    /// Writes `rank<R>.txt` (state, threads, stack, last output) for every rank into `dir`
+    /// (created 0700 if missing) and remembers `dir` for the rendering.
+    pub fn write_files(&mut self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let mut out = Vec::new();
+        for r in &self.ranks {
+            let mut s = String::new();
+            let _ = writeln!(
+                s,
+                "rank {} pid {} state {}",
+                r.rank,
+                r.pid,
+                r.state.map_or('?', |s| s.letter())
+            );
+            let _ = writeln!(s, "\nthreads (tid, name, state, wchan, syscall):");
+            for t in &r.threads {
+                let _ = writeln!(
+                    s,
+                    "  {} {} {} {} {}",
+                    t.tid,
+                    t.name,
+                    t.state.map_or('?', |s| s.letter()),
+                    t.wchan.as_deref().unwrap_or("-"),
+                    t.syscall.map_or("-".to_string(), |n| n.to_string())
+                );
+            }
+            let _ = writeln!(s, "\npython stack: {}", r.stack_status.name());
+            match &r.stack_status {
+                StackStatus::Unavailable(w) | StackStatus::Failed(w) => {
+                    let _ = writeln!(s, "  {w}");
+                }
+                _ => {}
+            }
+            s.push_str(&r.stack);
+            let _ = writeln!(s, "\nlast output:");
+            for l in &r.last_output {
+                let _ = writeln!(s, "  {l}");
+            }
+            let p = dir.join(format!("rank{}.txt", r.rank));
+            fs::write(&p, s)?;
+            out.push(p);
+        }
+        self.files_dir = Some(dir.to_path_buf());
+        Ok(out)
+    }
+
+    /// The one stderr block: the hang, the budget, each rank's state and top frame, the
+    /// suspect, and where the full stacks are.
+    pub fn render(&self) -> String {
+        let v = &self.verdict;
+        let mut s = String::new();
+        let what = match &v.reason {
+            HangReason::Quiescence => format!(
+                "no activity on any of {} ranks for {} (budget {})",
+                v.ranks.iter().filter(|r| r.alive).count(),
+                secs(v.quiet_for),
+                secs(v.budget)
+            ),
+            HangReason::ExitSkew { exited } => format!(
+                "rank(s) {exited:?} exited 0 and the others were quiet for {} (budget {})",
+                secs(v.quiet_for),
+                secs(v.budget)
+            ),
+            HangReason::Heartbeat { rank } => format!(
+                "rank {rank} sent no heartbeat for {} (budget {})",
+                secs(v.quiet_for),
+                secs(v.budget)
+            ),
+        };
+        let _ = writeln!(
+            s,
+            "[rdrun] HANG ({}): {what}; captured diagnostics in {:.1}s",
+            v.phase.as_str(),
+            self.duration.as_secs_f64()
+        );
+        for r in &self.ranks {
+            let view = v.ranks.iter().find(|x| x.rank == r.rank);
+            let top = match (&r.stack_status, r.top_frame()) {
+                (StackStatus::Ok, Some(f)) => f.to_string(),
+                (st, _) => format!("(stack {})", st.name()),
+            };
+            let _ = write!(
+                s,
+                "[rdrun]   rank {} pid {} {} {} cpu {:.1}% io {}B  {}",
+                r.rank,
+                r.pid,
+                r.state.map_or('?', |s| s.letter()),
+                r.main_wchan().unwrap_or("-"),
+                view.map_or(0.0, |x| x.cpu_pct),
+                view.map_or(0, |x| x.io_bytes),
+                top
+            );
+            if self.suspects.contains(&r.rank) {
+                let _ = write!(s, "   <- suspect: {}", self.suspect_reason);
+            }
+            s.push('\n');
+            if let Some(l) = r.last_output.last() {
+                let _ = writeln!(s, "[rdrun]   rank {} last output: {:?}", r.rank, l);
+            }
+        }
+        if self.suspects.is_empty() {
+            let _ = writeln!(s, "[rdrun]   suspect: none identified");
+        }
+        if let Some(d) = &self.files_dir {
+            let _ = writeln!(s, "[rdrun]   stacks: {}/rank<R>.txt", d.display());
+        }
+        let action = if v.action == HangMode::Kill {
+            "stopping the worker group"
+        } else {
+            "observe mode: workers left running"
+        };
+        let _ = writeln!(s, "[rdrun]   {action}");
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervisor::hang::detector::{Phase, RankView};
+    use std::os::unix::fs::PermissionsExt;
+
+    fn verdict(ranks: &[(u32, i32)]) -> Verdict {
+        Verdict {
+            reason: HangReason::Quiescence,
+            phase: Phase::Steady,
+            quiet_for: Duration::from_secs(900),
+            budget: Duration::from_secs(900),
+            action: HangMode::Kill,
+            ranks: ranks
+                .iter()
+                .map(|&(rank, pid)| RankView {
+                    rank,
+                    pid,
+                    alive: true,
+                    exempt: false,
+                    state: Some(ProcState::Sleeping),
+                    cpu_pct: 0.4,
+                    io_bytes: 0,
+                    quiet_for: Duration::from_secs(900),
+                    exit_code: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn rc(rank: u32, frames: &[&str], wchan: &str) -> RankCapture {
+        RankCapture {
+            rank,
+            pid: rank as i32 + 100,
+            state: Some(ProcState::Sleeping),
+            threads: vec![ThreadWait {
+                tid: rank as i32 + 100,
+                name: "python".into(),
+                state: Some(ProcState::Sleeping),
+                wchan: Some(wchan.into()),
+                syscall: Some(202),
+            }],
+            stack_status: if frames.is_empty() {
+                StackStatus::Unavailable("x".into())
+            } else {
+                StackStatus::Ok
+            },
+            stack: String::new(),
+            main_frames: frames.iter().map(|s| s.to_string()).collect(),
+            last_output: vec![],
+        }
+    }
+
+    const DUMP: &str = "Process 4183: python train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n\
+Thread 4190 (idle): \"Thread-1\"\n    wait (threading.py:320)\n\
+Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distributed_c10d.py:4181)\n    train_step (train.py:88)\n    <module> (train.py:95)\n";
+
+    #[test]
+    fn py_spy_text_main_thread_frames() {
+        let f = parse_py_spy_main_frames(DUMP);
+        assert_eq!(
+            f[0],
+            "all_reduce (torch/distributed/distributed_c10d.py:4181)"
+        );
+        assert_eq!(f.len(), 3);
+        assert!(parse_py_spy_main_frames("").is_empty());
+    }
+
+    #[test]
+    fn suspect_is_the_rank_not_in_a_collective() {
+        let ranks = [
+            rc(
+                0,
+                &[
+                    "all_reduce (torch/distributed/distributed_c10d.py:4181)",
+                    "<module> (t.py:12)",
+                ],
+                "futex_do_wait",
+            ),
+            rc(1, &["<module> (t.py:10)"], "hrtimer_nanosleep"),
+        ];
+        let (s, why) = pick_suspects(&ranks);
+        assert_eq!(s, vec![1]);
+        assert_eq!(why, "not in a collective");
+    }
+
+    #[test]
+    fn suspect_is_the_odd_top_frame_when_all_wait() {
+        let a = "all_reduce (torch/distributed/distributed_c10d.py:4181)";
+        let b = "barrier (torch/distributed/distributed_c10d.py:4700)";
+        let ranks = [
+            rc(0, &[a], "f"),
+            rc(1, &[a], "f"),
+            rc(2, &[b], "f"),
+            rc(3, &[a], "f"),
+        ];
+        assert_eq!(pick_suspects(&ranks).0, vec![2]);
+        // No majority: no suspect.
+        let ranks = [rc(0, &[a], "f"), rc(1, &[b], "f")];
+        assert!(pick_suspects(&ranks).0.is_empty());
+    }
+
+    #[test]
+    fn without_stacks_the_odd_kernel_wait() {
+        let ranks = [
+            rc(0, &[], "futex_do_wait"),
+            rc(1, &[], "hrtimer_nanosleep"),
+            rc(2, &[], "futex_do_wait"),
+        ];
+        let (s, why) = pick_suspects(&ranks);
+        assert_eq!(s, vec![1]);
+        assert!(why.contains("kernel wait"));
+        let same = [rc(0, &[], "futex_do_wait"), rc(1, &[], "futex_do_wait")];
+        assert!(pick_suspects(&same).0.is_empty());
+    }
+
+    #[test]
+    fn py_spy_lookup_order() {
+        let dir = tempdir("lookup");
+        let bin = dir.join("bin");
+        fs::create_dir_all(&bin).unwrap();
+        let exe = bin.join("py-spy");
+        fs::write(&exe, "#!/bin/sh\n").unwrap();
+        fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+        let dirs = [dir.clone(), bin.clone()];
+        // In the worker's bin directories.
+        assert_eq!(find_py_spy(None, Some(OsStr::new("")), &dirs).unwrap(), exe);
+        // On PATH.
+        assert_eq!(find_py_spy(None, Some(bin.as_os_str()), &[]).unwrap(), exe);
+        // Explicit, and an explicit one that is missing is an error naming it.
+        assert_eq!(find_py_spy(Some(&exe), None, &[]).unwrap(), exe);
+        let e = find_py_spy(Some(&dir.join("nope")), Some(bin.as_os_str()), &[]).unwrap_err();
+        assert!(e.contains("nope"), "{e}");
+        assert!(find_py_spy(None, Some(OsStr::new("/nonexistent")), &[]).is_err());
+
+        // argv[0]'s directory comes first: a child started by absolute path.
+        let kid = sleeper_at(Path::new("/bin/sleep"));
+        // Polled (bounded): right after spawn the child may not have finished its exec.
+        let pid = kid.0.id() as i32;
+        let mut d = Vec::new();
+        for _ in 0..600 {
+            d = worker_bin_dirs(Path::new("/proc"), pid);
+            if d.first().map(PathBuf::as_path) == Some(Path::new("/bin")) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            d.first().map(PathBuf::as_path),
+            Some(Path::new("/bin")),
+            "{d:?}"
+        );
+        drop(kid);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rdrun-hang-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Runs a freshly written script once with a probe argument, retrying while another test
+    /// thread's fork still holds the write descriptor (ETXTBSY), so the real run cannot hit it.
+    fn settle_exec(p: &Path) {
+        for _ in 0..200 {
+            match std::process::Command::new(p)
+                .arg("probe")
+                .stdin(Stdio::null())
+                .status()
+            {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                r => {
+                    r.unwrap();
+                    return;
+                }
+            }
+        }
+        panic!("{} stayed busy", p.display());
+    }
+
+    struct Kid(std::process::Child);
+    impl Drop for Kid {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn sleeper() -> Kid {
+        sleeper_at(Path::new("sleep"))
+    }
+
+    fn sleeper_at(p: &Path) -> Kid {
+        Kid(std::process::Command::new(p)
+            .arg("300")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap())
+    }
+
+    /// Waits (bounded) until the child sleeps in the kernel, so the /proc reads are meaningful.
+    fn wait_sleeping(pid: i32) {
+        for _ in 0..600 {
+            let st = fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+            if st.as_deref().and_then(parse_stat).map(|s| s.state) == Some(ProcState::Sleeping) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("child {pid} never slept");
+    }
+
+    fn opts(py_spy: Option<PathBuf>) -> CaptureOptions {
+        CaptureOptions {
+            py_spy,
+            search_path: Some(OsString::new()),
+            timeout: Duration::from_secs(20),
+            tool_timeout: Duration::from_secs(10),
+            proc_root: PathBuf::from("/proc"),
+        }
+    }
+
+    #[tokio::test]
+    async fn real_sleeping_child_without_py_spy() {
+        let kid = sleeper();
+        let pid = kid.0.id() as i32;
+        wait_sleeping(pid);
+        let targets = [CaptureTarget {
+            rank: 0,
+            pid,
+            last_output: vec!["epoch 3 step 1200".into()],
+        }];
+        let mut rep = capture(&verdict(&[(0, pid)]), &targets, &opts(None)).await;
+        let r = &rep.ranks[0];
+        assert!(
+            matches!(r.stack_status, StackStatus::Unavailable(_)),
+            "{:?}",
+            r.stack_status
+        );
+        assert_eq!(r.state, Some(ProcState::Sleeping));
+        assert_eq!(r.threads.len(), 1);
+        assert_eq!(r.threads[0].tid, pid);
+        assert_eq!(r.threads[0].name, "sleep");
+        // sleep(1) waits in clock_nanosleep (230) or nanosleep (35) on x86_64.
+        #[cfg(target_arch = "x86_64")]
+        assert!(
+            matches!(r.threads[0].syscall, Some(230) | Some(35)),
+            "{:?}",
+            r.threads[0]
+        );
+        let dir = tempdir("files");
+        let files = rep.write_files(&dir).unwrap();
+        let text = fs::read_to_string(&files[0]).unwrap();
+        assert!(
+            text.contains(&format!("rank 0 pid {pid} state S")),
+            "{text}"
+        );
+        assert!(
+            text.contains("python stack: unavailable") && text.contains("epoch 3 step 1200"),
+            "{text}"
+        );
+        let block = rep.render();
+        assert!(
+            block.starts_with(
+                "[rdrun] HANG (steady): no activity on any of 1 ranks for 15m00s (budget 15m00s)"
+            ),
+            "{block}"
+        );
+        assert!(
+            block.contains("(stack unavailable)")
+                && block.contains("last output: \"epoch 3 step 1200\""),
+            "{block}"
+        );
+        assert!(
+            block.contains(&format!("stacks: {}/rank<R>.txt", dir.display())),
+            "{block}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A stand-in py-spy (a shell script) exercises the real subprocess path, the parsing and
+    /// the suspect; a second one that never ends proves the capture is bounded.
+    #[tokio::test]
+    async fn fake_py_spy_output_and_bound() {
+        let dir = tempdir("fake");
+        let dump_file = dir.join("dump.txt");
+        fs::write(&dump_file, DUMP).unwrap();
+        let good = dir.join("good");
+        fs::write(
+            &good,
+            format!(
+                "#!/bin/sh\n[ \"$1 $2 $3\" = \"dump --nonblocking --pid\" ] || exit 3\nsed \"s/4183/$4/\" '{}'\n",
+                dump_file.display()
+            ),
+        )
+        .unwrap();
+        let slow = dir.join("slow");
+        fs::write(
+            &slow,
+            "#!/bin/sh\n[ \"$1\" = dump ] || exit 0\nexec sleep 300\n",
+        )
+        .unwrap();
+        for p in [&good, &slow] {
+            fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+            settle_exec(p);
+        }
+        let (a, b) = (sleeper(), sleeper());
+        let (pa, pb) = (a.0.id() as i32, b.0.id() as i32);
+        let targets = [
+            CaptureTarget {
+                rank: 0,
+                pid: pa,
+                last_output: vec![],
+            },
+            CaptureTarget {
+                rank: 1,
+                pid: pb,
+                last_output: vec![],
+            },
+        ];
+        let rep = capture(
+            &verdict(&[(0, pa), (1, pb)]),
+            &targets,
+            &opts(Some(good.clone())),
+        )
+        .await;
+        for r in &rep.ranks {
+            assert_eq!(r.stack_status, StackStatus::Ok, "{:?}", r);
+            assert_eq!(
+                r.top_frame(),
+                Some("all_reduce (torch/distributed/distributed_c10d.py:4181)")
+            );
+            assert!(
+                r.stack.contains(&format!("Thread {} (idle)", r.pid)),
+                "{}",
+                r.stack
+            );
+        }
+        assert!(rep.suspects.is_empty(), "identical ranks: no suspect");
+        assert!(rep.render().contains("suspect: none identified"));
+
+        let mut o = opts(Some(slow));
+        o.tool_timeout = Duration::from_millis(500);
+        let t = Instant::now();
+        let rep = capture(&verdict(&[(0, pa), (1, pb)]), &targets, &o).await;
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "capture not bounded: {:?}",
+            t.elapsed()
+        );
+        assert!(rep
+            .ranks
+            .iter()
+            .all(|r| r.stack_status == StackStatus::Timeout));
+        // The /proc part still ran.
+        assert!(rep.ranks.iter().all(|r| !r.threads.is_empty()));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The real py-spy, when this machine has one (`RDRUN_PY_SPY` or PATH); skipped, saying so,
+    /// otherwise. When py-spy sits next to a python, that python runs the worker by absolute
+    /// path and the lookup must find py-spy from the worker alone.
+    #[tokio::test]
+    async fn real_py_spy_on_a_python_child_when_available() {
+        let found = find_py_spy(
+            std::env::var_os("RDRUN_PY_SPY").as_deref().map(Path::new),
+            std::env::var_os("PATH").as_deref(),
+            &[],
+        );
+        let Ok(py_spy) = found else {
+            eprintln!("SKIPPED real_py_spy_on_a_python_child_when_available: py-spy absent");
+            return;
+        };
+        let beside = py_spy.with_file_name("python3");
+        let (python, explicit) = if beside.exists() {
+            (beside, None)
+        } else {
+            (PathBuf::from("python3"), Some(py_spy.clone()))
+        };
+        let script = "import time\ndef inner_wait():\n    time.sleep(300)\ndef train_step():\n    inner_wait()\nprint('ready', flush=True)\ntrain_step()\n";
+        let mut child = std::process::Command::new(&python)
+            .args(["-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let kid = Kid(child);
+        let pid = kid.0.id() as i32;
+        assert_eq!(line.trim(), "ready");
+        wait_sleeping(pid);
+        let targets = [CaptureTarget {
+            rank: 1,
+            pid,
+            last_output: vec![],
+        }];
+        let rep = capture(&verdict(&[(1, pid)]), &targets, &opts(explicit)).await;
+        let r = &rep.ranks[0];
+        if let StackStatus::Failed(why) = &r.stack_status {
+            // No ptrace rights here (Yama, containers): recorded, never fatal. Say so loudly.
+            eprintln!("SKIPPED stack assertions: py-spy failed: {why}");
+            return;
+        }
+        assert_eq!(r.stack_status, StackStatus::Ok, "{:?}", r.stack_status);
+        assert!(
+            r.top_frame().unwrap().starts_with("inner_wait ("),
+            "{:?}",
+            r.main_frames
+        );
+        assert!(
+            r.main_frames.iter().any(|f| f.starts_with("train_step (")),
+            "{:?}",
+            r.main_frames
+        );
+        assert!(rep.render().contains("inner_wait ("));
+    }
+}

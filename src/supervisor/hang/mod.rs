@@ -1,0 +1,29 @@
+//! Hang detection (issue 13): sample each rank's activity, decide when the whole job is quiet
+//! past its budget, then capture every rank's state — Python stack, kernel waits, last output —
+//! name the suspect rank and print one block, before anything is stopped.
+//!
+//! **Status: not yet wired into the agent.** Nothing here runs in a job yet: the agent's select
+//! loop does not poll a [`HangMonitor`], the CLI has no `--hang-*` flags, and the FileTimer
+//! FIFO is not served. The pieces are complete and unit-tested on their own:
+//! * [`settings`]: [`HangSettings`] (defaults: kill mode, 900 s steady / 1800 s startup budget,
+//!   300 s exit skew, 5 s poll, 5 % CPU, 64 KiB I/O; 20 s capture bound) and the parsers for
+//!   `off|observe|kill`, durations and `RDRUN_HANG_*` variables.
+//! * [`sample`]: per-rank `/proc` sampling of the whole process tree behind [`ProcSource`], and
+//!   the [`OutputCounter`] the output pump bumps.
+//! * [`detector`]: the pure rules ([`Detector`]) and the poll-driven [`HangMonitor`].
+//! * [`capture`]: bounded, parallel capture, suspect selection, the stderr block and
+//!   `rank<R>.txt` files ([`capture()`], [`HangReport`]).
+//! * [`filetimer`]: torch's FileTimer protocol — line parser, timer table, FIFO reader task.
+//!   Expiry handling (signal only the worker tree, never rdrun) is the agent's job once wired.
+
+pub mod capture;
+pub mod detector;
+pub mod filetimer;
+pub mod sample;
+pub mod settings;
+
+pub use capture::{capture, CaptureOptions, CaptureTarget, HangReport, StackStatus};
+pub use detector::{Detector, HangMonitor, HangReason, Phase, Verdict};
+pub use filetimer::{TimerFifo, TimerMsg, TimerTable};
+pub use sample::{OutputCounter, ProcFs, ProcSource, RankProcs, RankSample};
+pub use settings::{parse_duration, HangMode, HangSettings};

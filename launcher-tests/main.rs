@@ -7,9 +7,11 @@
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 //! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
+//! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod cli;
+mod contain;
 mod env;
 mod multinode;
 mod output;

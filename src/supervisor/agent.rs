@@ -70,7 +70,8 @@ pub fn run(config: LaunchConfig) -> i32 {
         );
     }
     // Forked first, while the process has a single thread.
-    let watchdog = match Watchdog::start() {
+    // Containment hook: the watchdog creates the run's cgroup; dropping it removes the cgroup.
+    let watchdog = match Watchdog::start(&config.rdzv.run_id) {
         Ok(w) => Some(w),
         Err(err) => {
             tracing::warn!(
@@ -338,8 +339,10 @@ impl Agent {
                 server.shutdown().await;
             }
         }
-        if let Some(w) = &agent.watchdog {
+        if let Some(w) = agent.watchdog.take() {
             w.disarm();
+            // Containment hook: removes the cgroup, ends and reaps the watchdog.
+            drop(w);
         }
         code
     }
@@ -679,6 +682,7 @@ impl Agent {
                     .collect(),
                 env,
                 watchdog_fd: self.watchdog.as_ref().map(Watchdog::fd),
+                cgroup_fd: self.watchdog.as_ref().and_then(Watchdog::cgroup_fd),
             };
             match worker::spawn(&spec) {
                 Ok(spawned) => {
@@ -939,6 +943,10 @@ impl Agent {
     /// SIGKILLs every group and every descendant of rdrun (except the watchdog).
     fn kill_all(&self, pgids: &[i32]) -> Stop {
         forward_to_all(pgids, libc::SIGKILL);
+        // Containment hook: everything in the run's cgroup, whatever session it made.
+        if let Some(w) = &self.watchdog {
+            w.kill_contained();
+        }
         for pid in self.descendants() {
             worker::signal_pid(pid, libc::SIGKILL);
         }

@@ -3,6 +3,7 @@
 //! [`run`] is the entry point the binary calls; `agent` owns the group state and drives the rest.
 
 mod agent;
+pub mod contain;
 pub mod events;
 pub mod ncclpath;
 pub mod output;

@@ -94,6 +94,8 @@ pub struct SpawnSpec {
     pub env: Vec<(String, String)>,
     /// Writer end of the watchdog socket: the child registers its process group there before exec.
     pub watchdog_fd: Option<RawFd>,
+    /// `cgroup.procs` of the run's cgroup: the child joins it before exec (containment hook).
+    pub cgroup_fd: Option<RawFd>,
 }
 
 /// A started worker: its pid (= its process group and session id) and its output pipes.
@@ -118,12 +120,17 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
         .stderr(Stdio::piped());
     let parent = std::process::id() as libc::pid_t;
     let watchdog_fd = spec.watchdog_fd;
+    let cgroup_fd = spec.cgroup_fd;
     // SAFETY: the closure runs between fork and exec and only calls async-signal-safe functions
-    // (setsid, getpid, send, prctl, getppid, raise) on values captured by copy; it allocates nothing.
+    // (setsid, write, getpid, send, prctl, getppid, raise) on values captured by copy; it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() == -1 {
                 return Err(io::Error::last_os_error());
+            }
+            // Containment hook: into the run's cgroup before anything can fork.
+            if let Some(fd) = cgroup_fd {
+                super::contain::join(fd)?;
             }
             if let Some(fd) = watchdog_fd {
                 // Registers the new process group before the program runs, so that even a

@@ -73,7 +73,9 @@ fn start(kind: &str, fail: bool, cgroup: Option<&str>) -> Job {
     let mut cmd = Command::new(rdrun_bin());
     cmd.args(["--standalone", "--nproc-per-node=2", "--no-python"]);
     if fail {
-        cmd.arg("--max-restarts=100000");
+        // A grandchild forked just after the stop's SIGTERM sweep never gets it: the grace,
+        // not containment, then decides when the restart comes.
+        cmd.args(["--max-restarts=100000", "--shutdown-timeout=1"]);
     }
     cmd.arg(worker("spawn_escapee")).arg(dir.path()).arg(kind);
     if fail {

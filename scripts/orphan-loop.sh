@@ -51,7 +51,7 @@ wait_lines() { local end=$((SECONDS + 30)); while [ "$(lines "$1")" -lt "$2" ]; 
 one_try() { # scenario kind i -> returns 0 clean, 1 survivors
   local sc=$1 kind=$2 i=$3 dir tag pid fail="" extra=()
   dir=$(mktemp -d); tag="loop-$$-$sc-$kind-$i"
-  if [ "$sc" = restart ]; then fail=fail; extra=(--max-restarts=100000); fi
+  if [ "$sc" = restart ]; then fail=fail; extra=(--max-restarts=100000 --shutdown-timeout=1); fi
   RDRUN_TEST_TAG=$tag RDRUN_CGROUP=$cg OMP_NUM_THREADS=1 "$bin" --standalone --nproc-per-node=2 \
     --no-python "${extra[@]}" "$worker" "$dir" "$kind" $fail >/dev/null 2>&1 </dev/null &
   pid=$!
@@ -73,8 +73,9 @@ shm_loop() {
   local left=0 readable=0 i
   for i in $(seq "$n"); do
     local id="shmloop-$$-$i" tag="loop-$$-shm-$i" prefix
-    RDRUN_TEST_TAG=$tag RDRUN_CGROUP=$cg "$bin" --nproc-per-node=2 --rdzv-backend=c10d \
-      --rdzv-endpoint=127.0.0.1:0 --rdzv-id="$id" --no-python "$train" --backend shm --steps 1000 \
+    # Static single node with a run-specific id (segments are named after it).
+    RDRUN_TEST_TAG=$tag RDRUN_CGROUP=$cg "$bin" --nproc-per-node=2 --master-port=$((20000 + RANDOM % 20000)) \
+      --rdzv-id="$id" --no-python "$train" --backend shm --epochs 1000 \
       >/dev/null 2>&1 </dev/null &
     local pid=$!
     sleep "0.$(printf %03d $(( (i * 37) % 400 )))"

@@ -21,7 +21,7 @@
 //!
 //! Messages (8 bytes: native-endian i32 kind, i32 value; a path's bytes follow its header):
 //! `GROUP pgid`, `FORGET_GROUPS`, `DIR len` + bytes, `FORGET_DIR`, `CONTAINED` (rdrun created
-//! the cgroup: no tree tracking needed). A unix stream socket pair rather than a pipe: writers
+//! the cgroup: no tree tracking needed), `FORGET_CGROUPS` (rdrun removed it at its end). A unix stream socket pair rather than a pipe: writers
 //! use `send(MSG_NOSIGNAL)`, so a dead watchdog costs an EPIPE, never a SIGPIPE that would kill
 //! a worker before its exec.
 //!
@@ -41,8 +41,11 @@ const PATH_CAP: usize = 4095;
 /// How often the watchdog records rdrun's process tree where there is no cgroup: processes
 /// that lived at least this long are killed if rdrun dies.
 pub const TRACK_EVERY: Duration = Duration::from_millis(100);
-/// How long the watchdog (and rdrun at its end) waits for the cgroup to empty after SIGKILL.
+/// How long the watchdog waits for the cgroup to empty after SIGKILL.
 const CGROUP_WAIT: Duration = Duration::from_secs(10);
+/// How long rdrun waits for it at its own end: it has already waited for every process it
+/// could see after SIGKILL (the agent's KILL_WAIT), so only a short extra bound.
+const FINAL_CGROUP_WAIT: Duration = Duration::from_secs(1);
 /// How long rdrun waits for the watchdog to exit at rdrun's end.
 const EXIT_WAIT: Duration = Duration::from_secs(5);
 
@@ -51,6 +54,7 @@ const FORGET_GROUPS: i32 = 2;
 const DIR: i32 = 3;
 const FORGET_DIR: i32 = 4;
 const CONTAINED: i32 = 5;
+const FORGET_CGROUPS: i32 = 6;
 
 /// Handle to the watchdog process (and the run's cgroup), held by rdrun for its whole life.
 /// Dropping it removes the cgroup (killing what is left in it), ends the watchdog and reaps it.
@@ -221,18 +225,25 @@ impl Watchdog {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
+        let mut wait = EXIT_WAIT;
         if let Some(cg) = self.cgroup.take() {
             let dir = cg.dir().to_path_buf();
-            if !cg.destroy(CGROUP_WAIT) {
+            if cg.destroy(FINAL_CGROUP_WAIT) {
+                // Removed: the watchdog need not look at it again.
+                self.send(&msg(FORGET_CGROUPS, 0));
+            } else {
+                // The watchdog goes on killing and removes it once it empties (within its
+                // own bound); rdrun does not wait for that.
                 tracing::error!(
-                    "processes of the run are still alive {CGROUP_WAIT:?} after SIGKILL (uninterruptible sleep?); their cgroup {} stays",
+                    "processes of the run are still alive after SIGKILL (uninterruptible sleep?); the watchdog keeps trying to remove their cgroup {}",
                     dir.display()
                 );
+                wait = Duration::ZERO;
             }
         }
         // EOF: the watchdog does what is left (nothing after a clean run) and exits.
         drop(self.write.take());
-        let deadline = Instant::now() + EXIT_WAIT;
+        let deadline = Instant::now() + wait;
         loop {
             let mut status = 0;
             // SAFETY: waitpid(2) on our own child with a valid out-pointer.
@@ -277,6 +288,8 @@ struct State {
     groups: Vec<i32>,
     dir: Option<Vec<u8>>,
     contained: bool,
+    /// rdrun removed (or gave up on) the cgroup itself at its end.
+    cgroups_done: bool,
     /// Processes seen in rdrun's tree: pid → start time (field 22 of /proc/<pid>/stat), so that
     /// a reused pid is never killed.
     tracked: HashMap<i32, u64>,
@@ -295,6 +308,7 @@ fn decode(buf: &mut Vec<u8>, st: &mut State) {
                 st.tracked.clear();
             }
             FORGET_DIR => st.dir = None,
+            FORGET_CGROUPS => st.cgroups_done = true,
             CONTAINED => {
                 st.contained = true;
                 st.tracked.clear();
@@ -474,8 +488,10 @@ fn child_main(read: RawFd, write: RawFd, plan: &Plan) -> ! {
             libc::kill(-pgid, libc::SIGKILL);
         }
     }
-    for dir in &plan.cgroups {
-        contain::kill_and_remove(dir, CGROUP_WAIT);
+    if !st.cgroups_done {
+        for dir in &plan.cgroups {
+            contain::kill_and_remove(dir, CGROUP_WAIT);
+        }
     }
     if !st.contained {
         kill_tracked(&st);
@@ -517,8 +533,9 @@ mod tests {
         assert!(st.contained && buf.is_empty());
         buf.extend_from_slice(&msg(FORGET_GROUPS, 0));
         buf.extend_from_slice(&msg(FORGET_DIR, 0));
+        buf.extend_from_slice(&msg(FORGET_CGROUPS, 0));
         decode(&mut buf, &mut st);
-        assert!(st.groups.is_empty() && st.dir.is_none());
+        assert!(st.groups.is_empty() && st.dir.is_none() && st.cgroups_done);
     }
 
     #[test]

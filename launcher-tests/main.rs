@@ -8,10 +8,12 @@
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 //! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
+//! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
 mod cli;
+mod contain;
 mod env;
 mod multinode;
 mod output;

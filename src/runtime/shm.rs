@@ -82,6 +82,18 @@ pub fn unique_segment_path(run_id: &str, restart: u32, tag: &str) -> PathBuf {
     )
 }
 
+/// Creates a segment file readable and writable by its owner only (0600, whatever the umask):
+/// the ranks of a job run as one user, and a segment holds the job's tensors.
+fn create_segment(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
 /// Whether process `pid` still runs: `kill(pid, 0)` fails with ESRCH once it is reaped, and a
 /// zombie (exited, not yet reaped by its parent) shows state `Z`/`X` in `/proc/<pid>/stat`
 /// (proc(5): the state follows the parenthesised command name).
@@ -190,11 +202,7 @@ impl ShmComm {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(shm_err(format!("remove stale {}: {e}", path.display()))),
             }
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(path)
+            let f = create_segment(path)
                 .map_err(|e| shm_err(format!("create {}: {e}", path.display())))?;
             f.set_len(len as u64)
                 .map_err(|e| shm_err(format!("size {}: {e}", path.display())))?;
@@ -663,6 +671,21 @@ mod tests {
         std::fs::write(dir.join(other.file_name().unwrap()), b"x").unwrap();
         assert_eq!(cleanup_run_shm_in(&dir, "job").unwrap(), 1);
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn segments_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("rdrun-shm-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("seg");
+        // Under the usual umask 022 a default-mode file would be 0644: world-readable.
+        create_segment(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // O_EXCL: an existing file is never reused.
+        assert!(create_segment(&path).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -68,7 +68,8 @@ pub fn run(config: LaunchConfig) -> RunEnd {
         );
     }
     // Forked first, while the process has a single thread.
-    let watchdog = match Watchdog::start() {
+    // Containment hook: the watchdog creates the run's cgroup; dropping it removes the cgroup.
+    let watchdog = match Watchdog::start(&config.rdzv.run_id) {
         Ok(w) => Some(w),
         Err(err) => {
             tracing::warn!(
@@ -278,7 +279,11 @@ impl Agent {
             );
         }
         let grace = config.shutdown_timeout;
-        let worker_env = RunWorkerEnv::new(&config, watchdog.as_ref().map(Watchdog::fd));
+        let worker_env = RunWorkerEnv::new(
+            &config,
+            watchdog.as_ref().map(Watchdog::fd),
+            watchdog.as_ref().and_then(Watchdog::cgroup_fd),
+        );
         let mut agent = Agent {
             config,
             watchdog,
@@ -315,8 +320,10 @@ impl Agent {
                 server.shutdown().await;
             }
         }
-        if let Some(w) = &agent.watchdog {
+        if let Some(w) = agent.watchdog.take() {
             w.disarm();
+            // Containment hook: removes the cgroup, ends and reaps the watchdog.
+            drop(w);
         }
         end
     }
@@ -614,6 +621,7 @@ impl Agent {
         let mut stop = GroupStop::new(
             slots.iter().map(|s| s.pid).collect(),
             self.watchdog.as_ref().map(Watchdog::pid),
+            self.watchdog.as_ref().and_then(Watchdog::cgroup_dir),
             self.grace,
         );
         let mut failures: Vec<Failure> = Vec::new();

@@ -5,6 +5,7 @@
 //! the failure report, `worker` each worker's spawn spec and process.
 
 mod agent;
+pub mod contain;
 mod end;
 pub mod events;
 pub mod hang;

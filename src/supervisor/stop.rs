@@ -55,6 +55,9 @@ pub(crate) struct GroupStop {
     pgids: Vec<i32>,
     /// Never signalled, never counted as left behind.
     watchdog_pid: Option<i32>,
+    /// The run's cgroup (containment): a hard stop kills everything in it, whatever session or
+    /// process group a descendant made for itself.
+    cgroup: Option<std::path::PathBuf>,
     grace: Duration,
     phase: Phase,
     /// When the first stop signal went out.
@@ -62,8 +65,14 @@ pub(crate) struct GroupStop {
 }
 
 impl GroupStop {
-    pub(crate) fn new(pgids: Vec<i32>, watchdog_pid: Option<i32>, grace: Duration) -> GroupStop {
+    pub(crate) fn new(
+        pgids: Vec<i32>,
+        watchdog_pid: Option<i32>,
+        cgroup: Option<std::path::PathBuf>,
+        grace: Duration,
+    ) -> GroupStop {
         GroupStop {
+            cgroup,
             pgids,
             watchdog_pid,
             grace,
@@ -149,6 +158,10 @@ impl GroupStop {
         }
         for &pgid in &self.pgids {
             worker::signal_group(pgid, libc::SIGKILL);
+        }
+        // Containment: everything in the run's cgroup, whatever session it made.
+        if let Some(dir) = &self.cgroup {
+            super::contain::kill(dir, Duration::from_millis(500));
         }
         for p in self.tree() {
             worker::signal_pid(p.pid, libc::SIGKILL);

@@ -112,6 +112,8 @@ pub struct SpawnSpec {
     pub env: Vec<(String, String)>,
     /// Writer end of the watchdog socket: the child registers its process group there before exec.
     pub watchdog_fd: Option<RawFd>,
+    /// `cgroup.procs` of the run's cgroup: the child joins it before exec (containment hook).
+    pub cgroup_fd: Option<RawFd>,
 }
 
 /// What every worker of a run shares, computed once per run.
@@ -123,15 +125,22 @@ pub struct RunWorkerEnv {
     pub extra: Vec<(String, String)>,
     /// Writer end of the watchdog socket.
     pub watchdog_fd: Option<RawFd>,
+    /// `cgroup.procs` of the run's cgroup (containment).
+    pub cgroup_fd: Option<RawFd>,
 }
 
 impl RunWorkerEnv {
     /// The per-run part for `config`: signal names and the pip NCCL library path.
-    pub fn new(config: &LaunchConfig, watchdog_fd: Option<RawFd>) -> RunWorkerEnv {
+    pub fn new(
+        config: &LaunchConfig,
+        watchdog_fd: Option<RawFd>,
+        cgroup_fd: Option<RawFd>,
+    ) -> RunWorkerEnv {
         RunWorkerEnv {
             signals_env: workerenv::signal_names(&config.signals_to_handle),
             extra: pip_nccl_env(config),
             watchdog_fd,
+            cgroup_fd,
         }
     }
 }
@@ -183,6 +192,7 @@ pub fn spawn_spec(
             .collect(),
         env,
         watchdog_fd: run_env.watchdog_fd,
+        cgroup_fd: run_env.cgroup_fd,
     })
 }
 
@@ -242,12 +252,17 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
         .stderr(Stdio::piped());
     let parent = std::process::id() as libc::pid_t;
     let watchdog_fd = spec.watchdog_fd;
+    let cgroup_fd = spec.cgroup_fd;
     // SAFETY: the closure runs between fork and exec and only calls async-signal-safe functions
-    // (setsid, getpid, send, prctl, getppid, raise) on values captured by copy; it allocates nothing.
+    // (setsid, write, getpid, send, prctl, getppid, raise) on values captured by copy; it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() == -1 {
                 return Err(io::Error::last_os_error());
+            }
+            // Containment hook: into the run's cgroup before anything can fork.
+            if let Some(fd) = cgroup_fd {
+                super::contain::join(fd)?;
             }
             if let Some(fd) = watchdog_fd {
                 // Registers the new process group before the program runs, so that even a

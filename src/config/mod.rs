@@ -452,7 +452,7 @@ fn resolve_args(
 }
 
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 
 #[cfg(test)]
 mod tests {

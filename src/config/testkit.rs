@@ -91,3 +91,43 @@ pub(crate) fn ok(argv: &[&str]) -> LaunchConfig {
 pub(crate) fn fail(argv: &[&str]) -> ConfigError {
     resolve_env(argv, &[], &FakeHost::new()).expect_err("must fail")
 }
+
+/// A single-node `LaunchConfig` running `true`, for the supervisor's unit tests (store binding,
+/// which launches use the rendezvous).
+pub(crate) fn launch_config(
+    standalone: bool,
+    master_addr: &str,
+    master_port: Option<u16>,
+) -> LaunchConfig {
+    LaunchConfig {
+        nproc_per_node: 1,
+        nnodes: NodeRange { min: 1, max: 1 },
+        node_rank: 0,
+        rdzv: RdzvConfig {
+            backend: RdzvBackend::Static,
+            endpoint: None,
+            run_id: "t".into(),
+            conf: Default::default(),
+        },
+        standalone,
+        master_addr: master_addr.into(),
+        master_port,
+        local_addr: None,
+        max_restarts: 0,
+        role: "default".into(),
+        command: WorkerCommand {
+            kind: EntrypointKind::Exec,
+            program: "true".into(),
+            args: Vec::new(),
+            display_name: "true".into(),
+            python: None,
+        },
+        log: LogConfig::default(),
+        signals_to_handle: vec![libc::SIGTERM],
+        shutdown_timeout: std::time::Duration::from_secs(1),
+        virtual_local_rank: false,
+        report_json: None,
+        exit_barrier_timeout: std::time::Duration::from_secs(300),
+        leftovers: LeftoverPolicy::Kill,
+    }
+}

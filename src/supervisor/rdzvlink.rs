@@ -151,40 +151,7 @@ pub(crate) async fn close(rdzv: &mut Rendezvous) {
 mod tests {
     use super::*;
 
-    fn config(standalone: bool, master_addr: &str, master_port: Option<u16>) -> LaunchConfig {
-        use crate::config::*;
-        LaunchConfig {
-            nproc_per_node: 1,
-            nnodes: NodeRange { min: 1, max: 1 },
-            node_rank: 0,
-            rdzv: RdzvConfig {
-                backend: RdzvBackend::Static,
-                endpoint: None,
-                run_id: "t".into(),
-                conf: Default::default(),
-            },
-            standalone,
-            master_addr: master_addr.into(),
-            master_port,
-            local_addr: None,
-            max_restarts: 0,
-            role: "default".into(),
-            command: WorkerCommand {
-                kind: EntrypointKind::Exec,
-                program: "true".into(),
-                args: Vec::new(),
-                display_name: "true".into(),
-                python: None,
-            },
-            log: LogConfig::default(),
-            signals_to_handle: vec![libc::SIGTERM],
-            shutdown_timeout: Duration::from_secs(1),
-            virtual_local_rank: false,
-            report_json: None,
-            exit_barrier_timeout: Duration::from_secs(300),
-            leftovers: LeftoverPolicy::Kill,
-        }
-    }
+    use crate::config::testkit::launch_config as config;
 
     #[test]
     fn which_launches_use_the_rendezvous() {

@@ -104,64 +104,7 @@ mod tests {
         assert_eq!(short_host("vm"), "vm");
     }
 
-    fn config(standalone: bool, master_addr: &str, master_port: Option<u16>) -> LaunchConfig {
-        use crate::config::*;
-        LaunchConfig {
-            nproc_per_node: 1,
-            nnodes: NodeRange { min: 1, max: 1 },
-            node_rank: 0,
-            rdzv: RdzvConfig {
-                backend: RdzvBackend::Static,
-                endpoint: None,
-                run_id: "t".into(),
-                conf: Default::default(),
-            },
-            standalone,
-            master_addr: master_addr.into(),
-            master_port,
-            local_addr: None,
-            max_restarts: 0,
-            role: "default".into(),
-            command: WorkerCommand {
-                kind: EntrypointKind::Exec,
-                program: "true".into(),
-                args: Vec::new(),
-                display_name: "true".into(),
-                python: None,
-            },
-            log: LogConfig::default(),
-            signals_to_handle: vec![libc::SIGTERM],
-            shutdown_timeout: Duration::from_secs(1),
-            virtual_local_rank: false,
-            report_json: None,
-            exit_barrier_timeout: Duration::from_secs(300),
-            leftovers: LeftoverPolicy::Kill,
-        }
-    }
-
-    #[tokio::test]
-    async fn store_binding() {
-        // Standalone: loopback, a kernel-picked port, kept bound.
-        let store = bind_store(&config(true, "node1", None)).await.unwrap();
-        let local = store.local_addr();
-        assert!(local.ip().is_loopback() && local.port() != 0);
-        // The port stays ours until the store is shut down.
-        assert!(std::net::TcpListener::bind(local).is_err());
-        // --master-port given: exactly that port.
-        let port = local.port();
-        store.shutdown().await;
-        let store = bind_store(&config(false, "127.0.0.1", Some(port)))
-            .await
-            .unwrap();
-        assert_eq!(store.port(), port);
-        // A taken port is a clear error naming the address.
-        let err = bind_store(&config(false, "127.0.0.1", Some(port)))
-            .await
-            .err()
-            .expect("port taken");
-        assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
-        store.shutdown().await;
-    }
+    use crate::config::testkit::launch_config as config;
 
     #[test]
     fn report_host_name() {

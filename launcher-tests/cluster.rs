@@ -408,3 +408,56 @@ fn pytorchjob_static_pods_form_one_world() {
         outs[0].stderr
     );
 }
+
+/// `--hostfile` (DeepSpeed dialect): this node's rank is its hostname's position, its workers
+/// the slots; `RDRUN_HOSTFILE` names the file too; a hostfile without this host is refused.
+#[test]
+fn hostfile_gives_node_rank_and_slots() {
+    let dir = TempDir::new("cl_hostfile");
+    let me = nix::unistd::gethostname()
+        .expect("hostname")
+        .into_string()
+        .expect("UTF-8 hostname");
+    let hf = dir.join("hostfile");
+    std::fs::write(&hf, format!("rdfirst slots=2\n{me} slots=3\n")).expect("write hostfile");
+    let hf_text = hf.to_string_lossy().into_owned();
+    for (args, env) in [
+        (vec!["--hostfile", hf_text.as_str(), "--dry-run"], vec![]),
+        (
+            vec!["--dry-run"],
+            vec![("RDRUN_HOSTFILE".to_string(), hf_text.clone())],
+        ),
+    ] {
+        let out = agent(&dir, &env, &args).run();
+        out.assert_code(0);
+        let s = &out.stdout;
+        assert!(s.contains("rdrun:   nnodes           2  (hostfile "), "{s}");
+        assert!(
+            s.contains("rdrun:   node_rank        1  (position of this host"),
+            "{s}"
+        );
+        assert!(
+            s.contains("rdrun:   master_addr      rdfirst  (first host"),
+            "{s}"
+        );
+        assert!(
+            s.contains("rdrun:   nproc_per_node   3  (slots of this host"),
+            "{s}"
+        );
+    }
+    std::fs::write(&hf, "rdfirst slots=2\nrdsecond\n").expect("write hostfile");
+    let out = agent(&dir, &[], &["--hostfile", &hf_text]).run();
+    out.assert_code(1);
+    assert!(
+        out.stderr
+            .contains(&format!("own host {me} is missing from hostfile")),
+        "{}",
+        out.stderr
+    );
+    let workers = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("w."))
+        .count();
+    assert_eq!(workers, 0, "nothing started");
+}

@@ -234,6 +234,17 @@ pub(super) fn apply(
             t.scheduler
         )));
     }
+    // `--standalone` under a multi-node scheduler is the headline bug again (a world per node).
+    let standalone = args.standalone || f.standalone.as_ref().is_some_and(|s| s.value);
+    if let Some(n) = f.nnodes.as_ref().filter(|n| n.value.max > 1) {
+        let scheduler_count = !n.source.starts_with("--") && !n.source.starts_with("PET_");
+        if standalone && scheduler_count {
+            return Err(ConfigError::Cluster(format!(
+                "--standalone runs one node but {} gives {} nodes ({}): drop --standalone, or pass --cluster none for a local run",
+                t.scheduler, n.value, n.source
+            )));
+        }
+    }
     // Write back what the command line did not give; an overwritten PET_* attribution would name
     // the wrong variable in a later error.
     let typed = args.cli_given.clone();
@@ -580,6 +591,11 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().starts_with("PET_NNODES='2:1': "), "{e}");
         assert_eq!(e.exit_code(), crate::exit::USAGE);
+        let e = launch(&["--standalone", "t.py"], STEP).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--standalone runs one node but slurm-step (job 81234 step 0) gives 2 nodes (SLURM_STEP_NUM_NODES): drop --standalone, or pass --cluster none for a local run"
+        );
         // Contradictions and refusals exit 1 with the module's one line.
         let e = launch(&["t.py"], &with(&[("SLURM_NODEID", "2")])).unwrap_err();
         assert!(matches!(e, ConfigError::Cluster(_)), "{e:?}");

@@ -265,13 +265,19 @@ pub(super) fn apply(
         args.nnodes = n.value.to_string();
         set("nnodes", &n.source, args);
     }
-    if let Some(r) = f.node_rank.as_ref().filter(|_| not_typed("node_rank")) {
-        args.node_rank = r.value as i64;
-        set("node_rank", &r.source, args);
-    }
     if let Some(b) = f.backend.as_ref().filter(|_| not_typed("rdzv_backend")) {
         args.rdzv_backend = b.value.clone();
         set("rdzv_backend", &b.source, args);
+    }
+    // The node rank only means something to the static backend (c10d assigns ranks itself, and
+    // warns about a node rank given to it).
+    if let Some(r) = f
+        .node_rank
+        .as_ref()
+        .filter(|_| not_typed("node_rank") && args.rdzv_backend == "static")
+    {
+        args.node_rank = r.value as i64;
+        set("node_rank", &r.source, args);
     }
     if let Some(id) = f.run_id.as_ref().filter(|_| not_typed("rdzv_id")) {
         args.rdzv_id = id.value.clone();
@@ -547,6 +553,11 @@ mod tests {
         // An elastic backend from the command line gets the step's endpoint as its store.
         let c = launch(&["--rdzv-backend", "c10d", "t.py"], STEP).expect("resolves");
         assert_eq!(c.rdzv.backend, RdzvBackend::C10d);
+        assert_eq!(
+            c.node_rank, 0,
+            "c10d assigns ranks; no node rank is passed to it"
+        );
+        assert_eq!(c.rdzv.run_id, "81234.0", "one run id on every node");
         assert_eq!(
             c.rdzv.endpoint,
             Some(Endpoint {

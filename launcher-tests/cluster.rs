@@ -50,6 +50,8 @@ fn slurm_step_env(node: usize, port: u16) -> Vec<(String, String)> {
         ("SLURMD_NODENAME", NODES[node]),
         ("SLURM_TOPOLOGY_ADDR", NODES[node]),
         ("SLURM_GPUS_ON_NODE", "2"),
+        // Set by the gres plugin beside SLURM_GPUS_ON_NODE (workers here use no GPU).
+        ("CUDA_VISIBLE_DEVICES", "0,1"),
         ("SLURM_CLUSTER_NAME", "rdtest"),
     ]
     .iter()
@@ -200,6 +202,7 @@ fn dry_run_prints_topology_with_sources_and_starts_nothing() {
         "rdrun:   run_id           81234.0  (SLURM_JOB_ID.SLURM_STEP_ID)".into(),
         "rdrun:   nproc_per_node   2  (SLURM_GPUS_ON_NODE)".into(),
         "rdrun:   node_list        [localhost, rdnode2]  (SLURM_STEP_NODELIST)".into(),
+        "rdrun:   devices          0,1  (CUDA_VISIBLE_DEVICES)".into(),
     ];
     let lines: Vec<&str> = out.stdout.lines().collect();
     for w in &want {

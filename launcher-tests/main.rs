@@ -7,12 +7,15 @@
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 //! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
+//! - `cluster`: scheduler environments (a Slurm step, a PyTorchJob pod) with no flag: one world,
+//!   the topology banner, `--dry-run`, refusals.
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
 mod cli;
+mod cluster;
 mod contain;
 mod env;
 mod multinode;

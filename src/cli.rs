@@ -21,7 +21,7 @@
 //! - A non-integer `PET_<FLAG>` for a boolean flag is a usage error naming the variable (torchrun
 //!   crashes with a Python traceback).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
@@ -79,6 +79,19 @@ pub struct LaunchArgs {
     pub exit_barrier_timeout: f64,
     /// rdrun's `--leftovers kill|wait|leave` (else RDRUN_LEFTOVERS, read by `config`).
     pub leftovers: Option<String>,
+    /// rdrun's `--cluster auto|none|slurm|k8s|mpi|lsf|hostfile` (else RDRUN_CLUSTER, read by
+    /// `config` through `cluster::ClusterChoice::resolve`).
+    pub cluster: Option<String>,
+    /// rdrun's `--hostfile PATH` (RDRUN_HOSTFILE and Open MPI's variable are read by the
+    /// cluster hostfile reader itself).
+    pub hostfile: Option<String>,
+    /// rdrun's `--dry-run`: resolve and print the topology, start nothing.
+    pub dry_run: bool,
+    /// rdrun's `--print-topology[=json]`: `Some("text")` or `Some("json")`; implies a dry run.
+    pub print_topology: Option<String>,
+    /// The dests typed on the command line (not defaults, not `PET_*`): the cluster layer's
+    /// "flags" win every field, so it must know which values the user actually gave.
+    pub cli_given: BTreeSet<&'static str>,
     /// The script path, module name (`-m`) or program (`--no-python`), as typed (any bytes).
     pub training_script: OsString,
     /// Everything after the training script, byte for byte (after the `--` rules of spec §1.1):
@@ -152,6 +165,9 @@ enum Kind {
     List,
     /// A string restricted to these values on the command line (not in `PET_*`, as argparse).
     Choice(&'static [&'static str]),
+    /// A flag that takes a value only as `--flag=VALUE` (one of these), like argparse's
+    /// `nargs='?'` with `const`: `--print-topology` or `--print-topology=json`.
+    OptionalChoice(&'static [&'static str]),
     Help,
     Completion,
 }
@@ -289,7 +305,33 @@ static OPTIONS: &[OptSpec] = &[
         ..opt("leftovers", &["--leftovers"], Kind::Str, "kill",
             "rdrun: processes the workers leave behind after a successful run: kill (stop them, each named at WARN), wait (until they exit), leave. Else RDRUN_LEFTOVERS.")
     },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("cluster", &["--cluster"], Kind::Str, "auto",
+            "rdrun: scheduler detection: auto (read Slurm, Kubernetes, MPI, LSF, hostfile environments), none (a local run as torchrun), or force one of slurm, k8s, mpi, lsf, hostfile. Else RDRUN_CLUSTER.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("hostfile", &["--hostfile"], Kind::Str, "none",
+            "rdrun: a hostfile (DeepSpeed 'host slots=N' or Open MPI dialect); this node's rank is its host's position. Else RDRUN_HOSTFILE or OMPI_MCA_orte_default_hostfile.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("dry_run", &["--dry-run", "--dry_run"], Kind::Flag, "off",
+            "rdrun: resolve the configuration, print the topology (where every value came from) and exit 0 without starting anything.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("print_topology", &["--print-topology", "--print_topology"], Kind::OptionalChoice(TOPOLOGY_FORMATS), "off",
+            "rdrun: as --dry-run; --print-topology=json prints the topology as JSON.")
+    },
 ];
+
+const TOPOLOGY_FORMATS: &[&str] = &["text", "json"];
 
 /// Index into [`OPTIONS`].
 type OptId = usize;
@@ -559,6 +601,22 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
                                 }
                             }
                         }
+                        Kind::OptionalChoice(choices) => {
+                            let value = explicit.unwrap_or(choices[0]);
+                            text_word(word, id, value)?;
+                            if !choices.contains(&value) {
+                                return Err(UsageError::InvalidChoice {
+                                    flag: display(id),
+                                    value: value.to_string(),
+                                    choices: quoted(choices),
+                                });
+                            }
+                            given[id] = Some(Given {
+                                text: value.to_string(),
+                                var: None,
+                            });
+                            break;
+                        }
                         _ => {
                             let value = match explicit {
                                 Some(v) => {
@@ -610,6 +668,12 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         return Err(UsageError::Unrecognized(unknown));
     }
 
+    let cli_given: BTreeSet<&'static str> = OPTIONS
+        .iter()
+        .enumerate()
+        .filter(|(id, _)| given[*id].is_some() || flags[*id])
+        .map(|(_, o)| o.dest)
+        .collect();
     let mut b = Builder {
         given,
         flags,
@@ -651,6 +715,11 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         report_json: b.opt_string("report_json")?.map(PathBuf::from),
         exit_barrier_timeout: b.float("exit_barrier_timeout")?.unwrap_or(300.0),
         leftovers: b.opt_string("leftovers")?,
+        cluster: b.opt_string("cluster")?,
+        hostfile: b.opt_string("hostfile")?,
+        dry_run: b.flags[Builder::id("dry_run")],
+        print_topology: b.opt_string("print_topology")?,
+        cli_given,
         training_script,
         training_script_args,
         from_env: BTreeMap::new(),
@@ -681,12 +750,17 @@ fn check_cli_value(id: OptId, value: &str) -> Result<(), UsageError> {
     Err(UsageError::InvalidChoice {
         flag: display(id),
         value: value.to_string(),
-        choices: choices
-            .iter()
-            .map(|c| format!("'{c}'"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        choices: quoted(choices),
     })
+}
+
+/// `'a', 'b'` as argparse lists choices.
+fn quoted(choices: &[&str]) -> String {
+    choices
+        .iter()
+        .map(|c| format!("'{c}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Flags that only make sense as Python plugins or are not built yet: rejected, never ignored.
@@ -832,6 +906,7 @@ pub fn help_text() -> String {
         let metavar = match o.kind {
             Kind::Flag | Kind::Help => String::new(),
             Kind::Choice(c) => format!(" {{{}}}", c.join(",")),
+            Kind::OptionalChoice(c) => format!("[={{{}}}]", c.join(",")),
             Kind::Completion => format!(" {{{}}}", SHELLS.join(",")),
             _ => format!(" {}", o.dest.to_ascii_uppercase()),
         };
@@ -1393,6 +1468,51 @@ mod tests {
         assert_eq!(comma_separated_list("a,b"), sv(&["a", "b"]));
         assert_eq!(comma_separated_list("a,,b"), sv(&["a,b"]));
         assert_eq!(comma_separated_list(""), sv(&[""]));
+    }
+
+    #[test]
+    fn cluster_flags() {
+        let a = parse(&["t.py"]).unwrap();
+        assert_eq!(
+            (a.cluster, a.hostfile, a.dry_run, a.print_topology),
+            (None, None, false, None)
+        );
+        assert!(a.cli_given.is_empty());
+        let a = parse(&[
+            "--cluster",
+            "slurm",
+            "--hostfile",
+            "h.txt",
+            "--dry-run",
+            "--print-topology",
+            "--nnodes",
+            "2",
+            "t.py",
+        ])
+        .unwrap();
+        assert_eq!(a.cluster.as_deref(), Some("slurm"));
+        assert_eq!(a.hostfile.as_deref(), Some("h.txt"));
+        assert!(a.dry_run);
+        assert_eq!(a.print_topology.as_deref(), Some("text"));
+        let given: Vec<&str> = a.cli_given.iter().copied().collect();
+        assert_eq!(
+            given,
+            ["cluster", "dry_run", "hostfile", "nnodes", "print_topology"]
+        );
+        let a = parse(&["--print-topology=json", "t.py"]).unwrap();
+        assert_eq!(a.print_topology.as_deref(), Some("json"));
+        assert_eq!(
+            err(&["--print-topology=yaml", "t.py"]),
+            "argument --print-topology/--print_topology: invalid choice: 'yaml' (choose from 'text', 'json')"
+        );
+        // `--print-topology json` is the flag and then the script `json`.
+        let a = parse(&["--print-topology", "json"]).unwrap();
+        assert_eq!(a.training_script, "json");
+        // PET_* values are not "given": the cluster layer names them itself.
+        let a = parse_env(&["t.py"], &[("PET_NNODES", "2")]).unwrap();
+        assert!(a.cli_given.is_empty());
+        // rdrun's own flags take part in no abbreviation.
+        assert_eq!(err(&["--dry", "t.py"]), "unrecognized arguments: --dry");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The `rdrun` binary: block signals -> tracing -> parse -> resolve -> supervisor -> exit code.
+//! The `rdrun` binary: block signals -> tracing -> parse -> resolve -> (topology banner; a dry run
+//! stops here) -> supervisor -> exit code.
 //!
 //! Thin on purpose: every decision lives in the library. How the run ended (a
 //! `supervisor::RunEnd`) is printed here, once: the failure report, or `rdrun: error: <message
@@ -55,6 +56,15 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
             return e.exit_code();
         }
     };
+    // The resolved topology: `--dry-run`/`--print-topology` print it on stdout and start nothing;
+    // a detected cluster run shows it on stderr before spawning (full on node 0).
+    if let Some(text) = cfg.cluster.banner() {
+        if cfg.cluster.dry_run.is_some() {
+            print_out(&text);
+            return exit::SUCCESS;
+        }
+        print_err(&text);
+    }
     let report_json = cfg.report_json.clone();
     let end = supervisor::run(cfg);
     if let Some(report) = end.report() {

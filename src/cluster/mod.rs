@@ -1,6 +1,6 @@
 //! Cluster detection: what a scheduler put in the environment, resolved field by field into a
-//! [`Topology`] that records where every value came from. **Detection layer only**: nothing
-//! here is wired into `config`/`cli` yet, and nothing spawns, binds or resolves names.
+//! [`Topology`] that records where every value came from. Detection only: nothing here spawns,
+//! binds or resolves names; `config::cluster` calls [`detect`] and applies the result.
 //!
 //! # What is read
 //! - [`hostlist`]: Slurm's hostlist grammar and `N(xM)` run-length lists, natively.
@@ -25,10 +25,12 @@
 //! oversubscription), a multi-node batch/salloc context without a step; each one line naming
 //! the variables involved.
 //!
-//! # Wiring (later)
-//! `cluster::detect(&ProcessEnv, &host_facts, ClusterChoice::resolve(flag, &env)?, &flag_fields)`
-//! then [`render::text`] / [`render::json`] for `--print-topology`, and the fields into
-//! `LaunchConfig`.
+//! # Wiring
+//! `config::cluster` calls `detect(&env, &host_facts, ClusterChoice::resolve(flag, &env)?,
+//! &flag_fields)` and [`nested_guard`] when something was detected, writes the fields into the
+//! arguments the user did not type, and renders with [`render::text`] / [`render::one_line`] /
+//! [`render::json`] for the banner and `--dry-run` / `--print-topology[=json]`. In-place mode
+//! is refused there (not supported yet).
 
 pub mod hostlist;
 pub mod readers;

@@ -11,7 +11,9 @@
 //! - [`flags`]: per-flag parsers (nnodes, nproc, `-r`/`-t`, filters, signals, timeouts);
 //! - [`endpoint`]: standalone, the rendezvous backend/endpoint/conf/run id, and MASTER_ADDR/PORT,
 //!   in one place;
-//! - [`command`]: the worker command (program and python lookup, the `--run-path` bootstrap).
+//! - [`command`]: the worker command (program and python lookup, the `--run-path` bootstrap);
+//! - [`cluster`]: scheduler detection ([`crate::cluster::detect`]) filling what the command line
+//!   did not give, and the topology printed before spawning (`--dry-run`, `--print-topology`).
 //!
 //! The per-worker rules the supervisor applies at spawn time (`${local_rank}`, OMP_NUM_THREADS,
 //! `--virtual-local-rank` devices, the signal list) live in [`crate::workerenv`].
@@ -23,11 +25,13 @@ use std::time::Duration;
 use crate::cli::{EnvFn, LaunchArgs};
 use flags::resolve_logs;
 
+mod cluster;
 mod command;
 mod endpoint;
 mod flags;
 mod host;
 
+pub use cluster::{ClusterPlan, TopologyFormat};
 pub use command::{find_program, find_python, resolve_command, RUN_PATH_BOOTSTRAP};
 pub use endpoint::{parse_backend, parse_endpoint, parse_rdzv_conf, uuid4};
 pub use flags::{
@@ -184,6 +188,8 @@ pub struct LaunchConfig {
     pub exit_barrier_timeout: Duration,
     /// rdrun's `--leftovers` / RDRUN_LEFTOVERS: processes left behind after a successful run.
     pub leftovers: LeftoverPolicy,
+    /// The resolved topology (detected scheduler or local) and whether this is a dry run.
+    pub cluster: ClusterPlan,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -256,6 +262,10 @@ pub enum ConfigError {
     PythonNotFound(String),
     #[error("--log-dir '{0}' exists and is not a directory")]
     LogDirNotDirectory(String),
+    /// A scheduler environment that cannot be launched from (a contradiction, a batch script
+    /// spanning several nodes, a nested launch): one line naming the variables.
+    #[error("{0}")]
+    Cluster(String),
     #[error(transparent)]
     VirtualDevices(#[from] crate::workerenv::VirtualDevicesError),
 }
@@ -340,12 +350,18 @@ pub fn resolve_with(
     env: EnvFn<'_>,
     host: &dyn Host,
 ) -> Result<LaunchConfig, ConfigError> {
+    let mut args = args;
+    // First the scheduler's values (they become the arguments not typed), so that a bad one is
+    // named by its variable like a PET_* value.
+    let pet = args.from_env.clone();
+    let detected = cluster::apply(&mut args, env).map_err(|e| e.attributed(&pet))?;
     let from_env = args.from_env.clone();
-    resolve_args(args, env, host).map_err(|e| e.attributed(&from_env))
+    resolve_args(args, detected, env, host).map_err(|e| e.attributed(&from_env))
 }
 
 fn resolve_args(
     args: LaunchArgs,
+    detected: Option<crate::cluster::Topology>,
     env: EnvFn<'_>,
     host: &dyn Host,
 ) -> Result<LaunchConfig, ConfigError> {
@@ -429,7 +445,7 @@ fn resolve_args(
         }
     }
 
-    Ok(LaunchConfig {
+    let mut cfg = LaunchConfig {
         nproc_per_node,
         nnodes,
         node_rank,
@@ -448,7 +464,10 @@ fn resolve_args(
         report_json: args.report_json.clone(),
         exit_barrier_timeout: Duration::from_secs_f64(args.exit_barrier_timeout),
         leftovers,
-    })
+        cluster: ClusterPlan::default(),
+    };
+    cfg.cluster = cluster::plan(detected, &args, &cfg)?;
+    Ok(cfg)
 }
 
 #[cfg(test)]

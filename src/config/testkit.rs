@@ -129,5 +129,6 @@ pub(crate) fn launch_config(
         report_json: None,
         exit_barrier_timeout: std::time::Duration::from_secs(300),
         leftovers: LeftoverPolicy::Kill,
+        cluster: ClusterPlan::default(),
     }
 }

@@ -1,0 +1,671 @@
+//! The cluster step of [`super::resolve`]: what a scheduler put in the environment
+//! ([`crate::cluster::detect`]) becomes the launch's nnodes, node rank, endpoint, backend, run id
+//! and workers per node, unless the command line said otherwise; and the resolved topology that
+//! rdrun prints before spawning (`--dry-run`, `--print-topology[=json]`).
+//!
+//! Precedence is the cluster module's: values typed on the command line
+//! ([`LaunchArgs::cli_given`]) are its "flags" layer and win every field; `RDRUN_*`, `PET_*` and
+//! the schedulers follow. The detected values are written back into the parsed arguments, so the
+//! rest of resolution (endpoint rules, nproc, checks) runs exactly as for typed flags.
+
+use crate::cli::{EnvFn, LaunchArgs};
+use crate::cluster::{self, ClusterChoice, Fields, HostFacts, Mode, NodeCount, Sourced, Topology};
+
+use super::{ConfigError, LaunchConfig, RdzvBackend};
+
+/// How the topology is printed by `--dry-run` / `--print-topology[=json]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopologyFormat {
+    Text,
+    Json,
+}
+
+/// The cluster part of a [`LaunchConfig`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterPlan {
+    /// Every field of the launch's topology with where it came from: the detected one, completed
+    /// with the values resolution settled on (defaults, flags, `PET_*` of a local run).
+    pub topology: Topology,
+    /// Whether a scheduler environment was detected (else a local run, as torchrun).
+    pub detected: bool,
+    /// `--dry-run` / `--print-topology`: print it and exit 0, start nothing.
+    pub dry_run: Option<TopologyFormat>,
+}
+
+/// A local run that is not a dry run (test fixtures; [`plan`] fills the real one).
+impl Default for ClusterPlan {
+    fn default() -> Self {
+        ClusterPlan {
+            topology: Topology {
+                scheduler: "local (no scheduler detected)".into(),
+                fields: Fields::default(),
+                notes: Vec::new(),
+            },
+            detected: false,
+            dry_run: None,
+        }
+    }
+}
+
+impl ClusterPlan {
+    /// What rdrun prints before spawning: the full block on node 0 (and for a dry run), one line
+    /// on the other nodes; `None` for a local run that is not a dry run (torchrun prints nothing).
+    pub fn banner(&self) -> Option<String> {
+        match self.dry_run {
+            Some(TopologyFormat::Json) => {
+                Some(format!("{}\n", cluster::render::json(&self.topology)))
+            }
+            Some(TopologyFormat::Text) => Some(cluster::render::text(&self.topology)),
+            None if !self.detected => None,
+            None => {
+                let rank = self.topology.fields.node_rank.as_ref().map(|r| r.value);
+                if rank == Some(0) {
+                    Some(cluster::render::text(&self.topology))
+                } else {
+                    Some(format!("{}\n", cluster::render::one_line(&self.topology)))
+                }
+            }
+        }
+    }
+}
+
+/// [`cluster::Env`] over the resolver's lookup function; names (only Volcano's `VC_*_HOSTS`
+/// needs them) are the process environment's that the lookup also sees.
+struct LookupEnv<'a>(EnvFn<'a>);
+
+impl cluster::Env for LookupEnv<'_> {
+    fn get(&self, name: &str) -> Option<String> {
+        (self.0)(name)
+    }
+    fn names(&self) -> Vec<String> {
+        std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| (self.0)(k).is_some())
+            .collect()
+    }
+}
+
+fn read_file(path: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
+}
+
+/// This machine's facts for the readers (hostname for Kubernetes/LSF/hostfile matching).
+fn host_facts() -> HostFacts<'static> {
+    let hostname = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default();
+    HostFacts {
+        hostname,
+        fqdn: None,
+        addresses: Vec::new(),
+        ppid: Some(std::os::unix::process::parent_id()),
+        read_file: &read_file,
+    }
+}
+
+fn cluster_error(e: cluster::ClusterError) -> ConfigError {
+    ConfigError::Cluster(e.0)
+}
+
+/// The command line's values as the cluster module's flag layer. A value that does not parse is
+/// left out here and reported by the normal resolution (with its usual message).
+fn flag_fields(args: &LaunchArgs) -> Fields {
+    let given = |dest: &str| args.cli_given.contains(dest);
+    let mut f = Fields::default();
+    if given("nnodes") {
+        if let Ok(n) = super::parse_nnodes(&args.nnodes) {
+            f.nnodes = cluster::src(
+                NodeCount {
+                    min: n.min,
+                    max: n.max,
+                },
+                "--nnodes",
+            );
+        }
+    }
+    if given("node_rank") {
+        if let Ok(r) = usize::try_from(args.node_rank) {
+            f.node_rank = cluster::src(r, "--node-rank");
+        }
+    }
+    if given("rdzv_endpoint") && !args.rdzv_endpoint.is_empty() {
+        let backend = super::parse_backend(&args.rdzv_backend).unwrap_or(RdzvBackend::C10d);
+        if let Ok(ep) = super::parse_endpoint(&args.rdzv_endpoint, backend) {
+            f.master_addr = cluster::src(ep.host, "--rdzv-endpoint");
+            f.master_port = cluster::src(ep.port, "--rdzv-endpoint");
+        }
+    } else {
+        if given("master_addr") {
+            f.master_addr = cluster::src(args.master_addr.clone(), "--master-addr");
+        }
+        if let Some(p) = args
+            .master_port
+            .filter(|_| given("master_port"))
+            .and_then(|p| u16::try_from(p).ok())
+        {
+            f.master_port = cluster::src(p, "--master-port");
+        }
+    }
+    if given("rdzv_backend") {
+        f.backend = cluster::src(args.rdzv_backend.clone(), "--rdzv-backend");
+    }
+    if given("rdzv_id") {
+        f.run_id = cluster::src(args.rdzv_id.clone(), "--rdzv-id");
+    }
+    if given("nproc_per_node") {
+        f.nproc = cluster::src(args.nproc_per_node.clone(), "--nproc-per-node");
+    }
+    if given("standalone") {
+        f.standalone = cluster::src(true, "--standalone");
+    }
+    if let Some(h) = &args.hostfile {
+        f.hostfile = cluster::src(h.clone(), "--hostfile");
+    }
+    f
+}
+
+/// Detects the scheduler and writes what it found into `args` (fields the command line did not
+/// give). `Ok(None)`: a local run (nothing detected, or `--cluster none`).
+pub(super) fn apply(
+    args: &mut LaunchArgs,
+    env: EnvFn<'_>,
+) -> Result<Option<Topology>, ConfigError> {
+    let lookup = LookupEnv(env);
+    let choice = ClusterChoice::resolve(args.cluster.as_deref(), &lookup).map_err(|_| {
+        super::invalid(
+            "--cluster",
+            args.cluster
+                .clone()
+                .or_else(|| env("RDRUN_CLUSTER"))
+                .unwrap_or_default(),
+            "must be one of auto, none, slurm, k8s, mpi, lsf, hostfile (also RDRUN_CLUSTER)",
+        )
+    })?;
+    if choice == ClusterChoice::None {
+        return Ok(None);
+    }
+    // The PET_* values the cluster layer also reads are checked first by the flag rules, so that
+    // a bad one keeps its torchrun-compatible usage error (`PET_NNODES='2:1': …`, exit 2).
+    if args.from_env.contains_key("nnodes") {
+        super::parse_nnodes(&args.nnodes)?;
+    }
+    if args.from_env.contains_key("node_rank") && args.node_rank < 0 {
+        return Err(super::invalid(
+            "--node-rank",
+            args.node_rank.to_string(),
+            "must be >= 0",
+        ));
+    }
+    if let Some(p) = args
+        .master_port
+        .filter(|_| args.from_env.contains_key("master_port"))
+    {
+        if u16::try_from(p).is_err() {
+            return Err(super::invalid(
+                "--master-port",
+                p.to_string(),
+                "must be between 0 and 65535",
+            ));
+        }
+    }
+    if args.from_env.contains_key("rdzv_endpoint") && !args.rdzv_endpoint.is_empty() {
+        super::parse_endpoint(&args.rdzv_endpoint, RdzvBackend::C10d)?;
+    }
+    let facts = host_facts();
+    let Some(t) =
+        cluster::detect(&lookup, &facts, choice, &flag_fields(args)).map_err(cluster_error)?
+    else {
+        return Ok(None);
+    };
+    // A worker of torchrun/rdrun inherits the scheduler's variables: a second rdrun would form a
+    // second world out of them.
+    cluster::nested_guard(&lookup, false).map_err(cluster_error)?;
+    let f = &t.fields;
+    if f.mode.as_ref().map(|m| m.value) == Some(Mode::InPlace) {
+        let k = f
+            .local_world_size
+            .as_ref()
+            .map_or("several".to_string(), |k| {
+                format!("{} ({})", k.value, k.source)
+            });
+        return Err(ConfigError::Cluster(format!(
+            "{}: {k} tasks on this node, each an rdrun in place (one worker per task): in-place mode is not supported yet; launch one task per node (e.g. srun --ntasks-per-node=1 rdrun --nproc-per-node=N ...)",
+            t.scheduler
+        )));
+    }
+    // `--standalone` under a multi-node scheduler is the headline bug again (a world per node).
+    let standalone = args.standalone || f.standalone.as_ref().is_some_and(|s| s.value);
+    if let Some(n) = f.nnodes.as_ref().filter(|n| n.value.max > 1) {
+        let scheduler_count = !n.source.starts_with("--") && !n.source.starts_with("PET_");
+        if standalone && scheduler_count {
+            return Err(ConfigError::Cluster(format!(
+                "--standalone runs one node but {} gives {} nodes ({}): drop --standalone, or pass --cluster none for a local run",
+                t.scheduler, n.value, n.source
+            )));
+        }
+    }
+    // Write back what the command line did not give; an overwritten PET_* attribution would name
+    // the wrong variable in a later error.
+    let typed = args.cli_given.clone();
+    let not_typed = |dest: &str| !typed.contains(dest);
+    // A value from one variable is named by it in a later error (`SLURM_GPUS_ON_NODE='x': …`).
+    fn set(dest: &str, source: &str, args: &mut LaunchArgs) {
+        let variable = !source.is_empty()
+            && source
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+        if variable {
+            args.from_env.insert(dest.to_string(), source.to_string());
+        } else {
+            args.from_env.remove(dest);
+        }
+    }
+    if let Some(n) = f.nnodes.as_ref().filter(|_| not_typed("nnodes")) {
+        args.nnodes = n.value.to_string();
+        set("nnodes", &n.source, args);
+    }
+    if let Some(b) = f.backend.as_ref().filter(|_| not_typed("rdzv_backend")) {
+        args.rdzv_backend = b.value.clone();
+        set("rdzv_backend", &b.source, args);
+    }
+    // The node rank only means something to the static backend (c10d assigns ranks itself, and
+    // warns about a node rank given to it).
+    if let Some(r) = f
+        .node_rank
+        .as_ref()
+        .filter(|_| not_typed("node_rank") && args.rdzv_backend == "static")
+    {
+        args.node_rank = r.value as i64;
+        set("node_rank", &r.source, args);
+    }
+    if let Some(id) = f.run_id.as_ref().filter(|_| not_typed("rdzv_id")) {
+        args.rdzv_id = id.value.clone();
+        set("rdzv_id", &id.source, args);
+    }
+    if let Some(n) = f.nproc.as_ref().filter(|_| not_typed("nproc_per_node")) {
+        args.nproc_per_node = n.value.clone();
+        set("nproc_per_node", &n.source, args);
+    }
+    if let Some(s) = f.standalone.as_ref().filter(|_| not_typed("standalone")) {
+        args.standalone = s.value;
+    }
+    let typed_endpoint = !not_typed("rdzv_endpoint") && !args.rdzv_endpoint.is_empty();
+    if let (Some(a), false) = (&f.master_addr, typed_endpoint) {
+        let static_backend = args.rdzv_backend == "static";
+        let port = f.master_port.as_ref().map(|p| p.value);
+        if static_backend {
+            if not_typed("master_addr") {
+                args.master_addr = a.value.clone();
+            }
+            if let Some(p) = port.filter(|_| not_typed("master_port")) {
+                args.master_port = Some(i64::from(p));
+            }
+        } else {
+            // c10d/etcd: the endpoint is the rendezvous store's.
+            let host = if a.value.contains(':') {
+                format!("[{}]", a.value)
+            } else {
+                a.value.clone()
+            };
+            args.rdzv_endpoint = match port {
+                Some(p) => format!("{host}:{p}"),
+                None => host,
+            };
+            args.from_env.remove("rdzv_endpoint");
+        }
+    }
+    Ok(Some(t))
+}
+
+/// The launch's topology for printing: the detected one completed with the values resolution
+/// settled on, each named by where it came from (flag, `PET_*`, default).
+pub(super) fn plan(
+    detected: Option<Topology>,
+    args: &LaunchArgs,
+    cfg: &LaunchConfig,
+) -> Result<ClusterPlan, ConfigError> {
+    let dry_run = match args.print_topology.as_deref() {
+        Some("json") => Some(TopologyFormat::Json),
+        Some(_) => Some(TopologyFormat::Text),
+        None if args.dry_run => Some(TopologyFormat::Text),
+        None => None,
+    };
+    let is_detected = detected.is_some();
+    let mut t = detected.unwrap_or_else(|| Topology {
+        scheduler: "local (no scheduler detected)".into(),
+        fields: Fields::default(),
+        notes: Vec::new(),
+    });
+    let source = |dest: &str, flag: &str| -> String {
+        if args.cli_given.contains(dest) {
+            flag.to_string()
+        } else if let Some(var) = args.from_env.get(dest) {
+            var.clone()
+        } else {
+            "default".to_string()
+        }
+    };
+    fn fill<T>(slot: &mut Option<Sourced<T>>, value: T, source: String) {
+        if slot.is_none() {
+            *slot = Some(Sourced { value, source });
+        }
+    }
+    let f = &mut t.fields;
+    fill(&mut f.mode, Mode::Node, "default".into());
+    fill(
+        &mut f.nnodes,
+        NodeCount {
+            min: cfg.nnodes.min,
+            max: cfg.nnodes.max,
+        },
+        source("nnodes", "--nnodes"),
+    );
+    fill(
+        &mut f.node_rank,
+        cfg.node_rank,
+        source("node_rank", "--node-rank"),
+    );
+    if cfg.standalone {
+        let why = if args.standalone {
+            source("standalone", "--standalone")
+        } else {
+            "auto (one node, static, no endpoint or port)".to_string()
+        };
+        fill(&mut f.standalone, true, why);
+        fill(
+            &mut f.master_addr,
+            cfg.master_addr.clone(),
+            "standalone (loopback)".into(),
+        );
+        fill(
+            &mut f.run_id,
+            cfg.rdzv.run_id.clone(),
+            "standalone (fresh)".into(),
+        );
+    } else {
+        if let Some(ep) = &cfg.rdzv.endpoint {
+            let (flag, dest) = if args.rdzv_endpoint.is_empty() {
+                ("--master-addr", "master_addr")
+            } else {
+                ("--rdzv-endpoint", "rdzv_endpoint")
+            };
+            fill(&mut f.master_addr, ep.host.clone(), source(dest, flag));
+            let (pflag, pdest) = if args.rdzv_endpoint.is_empty() {
+                ("--master-port", "master_port")
+            } else {
+                ("--rdzv-endpoint", "rdzv_endpoint")
+            };
+            fill(&mut f.master_port, ep.port, source(pdest, pflag));
+        }
+        fill(
+            &mut f.backend,
+            args.rdzv_backend.clone(),
+            source("rdzv_backend", "--rdzv-backend"),
+        );
+        fill(
+            &mut f.run_id,
+            cfg.rdzv.run_id.clone(),
+            source("rdzv_id", "--rdzv-id"),
+        );
+    }
+    let nproc = cfg.nproc_per_node.to_string();
+    match &mut f.nproc {
+        // `auto`/`gpu` from a variable: show the count it resolved to, keep the source.
+        Some(n) if n.value != nproc => n.value = format!("{nproc} ({})", n.value),
+        Some(_) => {}
+        None => f.nproc = cluster::src(nproc, source("nproc_per_node", "--nproc-per-node")),
+    }
+    Ok(ClusterPlan {
+        topology: t,
+        detected: is_detected,
+        dry_run,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::super::*;
+    use super::TopologyFormat;
+    use crate::cli::{parse_from, Invocation};
+
+    /// Parses `argv` with `env` as the process environment (so `PET_*` defaults apply) and
+    /// resolves it against a fake machine.
+    fn launch(argv: &[&str], env: &[(&str, &str)]) -> Result<LaunchConfig, ConfigError> {
+        let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+        let lookup = env_of(env);
+        let Ok(Invocation::Launch(a)) = parse_from(&argv, &lookup) else {
+            panic!("parses");
+        };
+        resolve_with(*a, &lookup, &FakeHost::new())
+    }
+
+    /// Node 1 of a 2-node srun step with one task per node and 2 GPUs per node.
+    const STEP: &[(&str, &str)] = &[
+        ("SLURM_JOB_ID", "81234"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_NNODES", "2"),
+        ("SLURM_STEP_NUM_NODES", "2"),
+        ("SLURM_STEP_NODELIST", "n[1-2]"),
+        ("SLURMD_NODENAME", "n2"),
+        ("SLURM_NODEID", "1"),
+        ("SLURM_PROCID", "1"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_STEP_NUM_TASKS", "2"),
+        ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
+        ("SLURM_STEP_RESV_PORTS", "12001-12002"),
+        ("SLURM_GPUS_ON_NODE", "2"),
+    ];
+
+    fn with(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+        let mut env: Vec<_> = STEP
+            .iter()
+            .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+            .copied()
+            .collect();
+        env.extend_from_slice(extra);
+        env
+    }
+
+    #[test]
+    fn slurm_step_fills_the_launch() {
+        let c = launch(&["t.py"], STEP).expect("resolves");
+        assert_eq!(c.nnodes, NodeRange { min: 2, max: 2 });
+        assert_eq!(c.node_rank, 1);
+        assert_eq!(c.nproc_per_node, 2);
+        assert!(!c.standalone);
+        assert_eq!(c.rdzv.backend, RdzvBackend::Static);
+        assert_eq!(c.rdzv.run_id, "81234.0");
+        assert_eq!(
+            c.rdzv.endpoint,
+            Some(Endpoint {
+                host: "n1".into(),
+                port: 12001
+            })
+        );
+        assert_eq!((c.master_addr.as_str(), c.master_port), ("n1", Some(12001)));
+        assert!(c.cluster.detected);
+        assert_eq!(c.cluster.dry_run, None);
+        let banner = c
+            .cluster
+            .banner()
+            .expect("a detected run prints its topology");
+        assert_eq!(
+            banner,
+            "rdrun: node 1/2 -> endpoint n1:12001 (slurm-step (job 81234 step 0)), mode node\n"
+        );
+        // Node 0 prints the full block.
+        let c = launch(
+            &["t.py"],
+            &with(&[("SLURM_NODEID", "0"), ("SLURMD_NODENAME", "n1")]),
+        )
+        .expect("resolves");
+        let banner = c.cluster.banner().expect("banner");
+        assert!(
+            banner.starts_with("rdrun: topology  source=slurm-step"),
+            "{banner}"
+        );
+        assert!(
+            banner.contains("nproc_per_node   2  (SLURM_GPUS_ON_NODE)"),
+            "{banner}"
+        );
+    }
+
+    #[test]
+    fn flags_win_their_fields() {
+        let c = launch(
+            &[
+                "--node-rank",
+                "0",
+                "--master-port",
+                "23456",
+                "--rdzv-id",
+                "mine",
+                "--nproc-per-node",
+                "1",
+                "t.py",
+            ],
+            STEP,
+        )
+        .expect("resolves");
+        assert_eq!(c.node_rank, 0);
+        assert_eq!(c.master_port, Some(23456));
+        assert_eq!(c.rdzv.run_id, "mine");
+        assert_eq!(c.nproc_per_node, 1);
+        // Still the step's node count and endpoint host.
+        assert_eq!(c.nnodes.max, 2);
+        assert_eq!(c.master_addr, "n1");
+        let f = &c.cluster.topology.fields;
+        assert_eq!(
+            f.node_rank.as_ref().map(|s| s.source.as_str()),
+            Some("--node-rank")
+        );
+        assert!(
+            c.cluster
+                .topology
+                .notes
+                .iter()
+                .any(|n| n.contains("SLURM_NODEID")),
+            "{:?}",
+            c.cluster.topology.notes
+        );
+        // An elastic backend from the command line gets the step's endpoint as its store.
+        let c = launch(&["--rdzv-backend", "c10d", "t.py"], STEP).expect("resolves");
+        assert_eq!(c.rdzv.backend, RdzvBackend::C10d);
+        assert_eq!(
+            c.node_rank, 0,
+            "c10d assigns ranks; no node rank is passed to it"
+        );
+        assert_eq!(c.rdzv.run_id, "81234.0", "one run id on every node");
+        assert_eq!(
+            c.rdzv.endpoint,
+            Some(Endpoint {
+                host: "n1".into(),
+                port: 12001
+            })
+        );
+        // --cluster none (or RDRUN_CLUSTER=none): a local run, as before.
+        for (argv, env) in [
+            (&["--cluster", "none", "t.py"][..], STEP.to_vec()),
+            (&["t.py"][..], with(&[("RDRUN_CLUSTER", "none")])),
+        ] {
+            let c = launch(argv, &env).expect("resolves");
+            assert!(c.standalone && !c.cluster.detected, "{argv:?}");
+            assert_eq!(c.cluster.banner(), None);
+        }
+    }
+
+    #[test]
+    fn bad_values_are_named_by_their_source() {
+        let e = launch(&["t.py"], &with(&[("SLURM_GPUS_ON_NODE", "x")])).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("SLURM_GPUS_ON_NODE='x': expected a positive integer"),
+            "{e}"
+        );
+        let e = launch(&["--cluster", "bogus", "t.py"], &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--cluster 'bogus': must be one of auto, none, slurm, k8s, mpi, lsf, hostfile (also RDRUN_CLUSTER)"
+        );
+        assert_eq!(e.exit_code(), crate::exit::USAGE);
+        // A PET_* value keeps torchrun's usage error even in a pod (checked before detection).
+        let e = launch(
+            &["t.py"],
+            &[
+                ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+                ("PET_MASTER_ADDR", "m"),
+                ("PET_NNODES", "2:1"),
+            ],
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("PET_NNODES='2:1': "), "{e}");
+        assert_eq!(e.exit_code(), crate::exit::USAGE);
+        let e = launch(&["--standalone", "t.py"], STEP).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--standalone runs one node but slurm-step (job 81234 step 0) gives 2 nodes (SLURM_STEP_NUM_NODES): drop --standalone, or pass --cluster none for a local run"
+        );
+        // Contradictions and refusals exit 1 with the module's one line.
+        let e = launch(&["t.py"], &with(&[("SLURM_NODEID", "2")])).unwrap_err();
+        assert!(matches!(e, ConfigError::Cluster(_)), "{e:?}");
+        assert_eq!(e.exit_code(), crate::exit::LAUNCHER_FAILURE);
+        // A nested launch under a scheduler.
+        let e = launch(&["t.py"], &with(&[("TORCHELASTIC_RUN_ID", "outer")])).unwrap_err();
+        assert!(e.to_string().contains("TORCHELASTIC_RUN_ID=outer"), "{e}");
+    }
+
+    #[test]
+    fn in_place_mode_is_refused_as_not_supported_yet() {
+        let env = with(&[
+            ("SLURM_STEP_TASKS_PER_NODE", "2(x2)"),
+            ("SLURM_STEP_NUM_TASKS", "4"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_PROCID", "3"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_GPUS_ON_NODE", "1"),
+        ]);
+        let e = launch(&["t.py"], &env).unwrap_err();
+        assert!(
+            e.to_string().contains("in-place mode is not supported yet"),
+            "{e}"
+        );
+        let e = launch(&["--nproc-per-node", "2", "t.py"], &env).unwrap_err();
+        assert!(e.to_string().contains("2x2=4 workers"), "{e}");
+    }
+
+    #[test]
+    fn dry_run_and_local_topology() {
+        let c = launch(&["--dry-run", "t.py"], &[]).expect("resolves");
+        assert_eq!(c.cluster.dry_run, Some(TopologyFormat::Text));
+        let text = c.cluster.banner().expect("a dry run prints");
+        assert!(text.starts_with("rdrun: topology  source=local"), "{text}");
+        assert!(text.contains("standalone       true  (auto"), "{text}");
+        let c = launch(
+            &[
+                "--print-topology=json",
+                "--nnodes",
+                "2",
+                "--master-addr",
+                "h",
+                "t.py",
+            ],
+            &[("PET_NPROC_PER_NODE", "3")],
+        )
+        .expect("resolves");
+        assert_eq!(c.cluster.dry_run, Some(TopologyFormat::Json));
+        let j: serde_json::Value =
+            serde_json::from_str(&c.cluster.banner().expect("json")).expect("valid JSON");
+        assert_eq!(j["fields"]["nnodes"]["source"], "--nnodes");
+        assert_eq!(j["fields"]["master_addr"]["value"], "h");
+        assert_eq!(j["fields"]["master_port"]["value"], 29500);
+        assert_eq!(j["fields"]["master_port"]["source"], "default");
+        assert_eq!(
+            j["fields"]["nproc_per_node"]["source"],
+            "PET_NPROC_PER_NODE"
+        );
+        // A local run that is not a dry run prints nothing (as torchrun).
+        assert_eq!(ok(&["t.py"]).cluster.banner(), None);
+    }
+}

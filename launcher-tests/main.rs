@@ -8,11 +8,13 @@
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 //! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
+//! - `hang`: hang detection wired into the agent, with small budgets.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
 mod cli;
 mod env;
+mod hang;
 mod multinode;
 mod output;
 mod regression;

@@ -184,6 +184,8 @@ pub struct LaunchConfig {
     pub exit_barrier_timeout: Duration,
     /// rdrun's `--leftovers` / RDRUN_LEFTOVERS: processes left behind after a successful run.
     pub leftovers: LeftoverPolicy,
+    /// Hang detection (issue 13): `RDRUN_HANG_*` / `RDRUN_PY_SPY`, then the `--hang-*` flags.
+    pub hang: crate::supervisor::hang::HangSettings,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -256,6 +258,9 @@ pub enum ConfigError {
     PythonNotFound(String),
     #[error("--log-dir '{0}' exists and is not a directory")]
     LogDirNotDirectory(String),
+    /// A `--hang-*` flag or `RDRUN_HANG_*` variable with a bad value (the message names it).
+    #[error("{0}")]
+    Hang(String),
     #[error(transparent)]
     VirtualDevices(#[from] crate::workerenv::VirtualDevicesError),
 }
@@ -268,7 +273,9 @@ impl ConfigError {
     /// launcher failure (1). torchrun exits 1 for all of these, with a Python traceback.
     pub fn exit_code(&self) -> i32 {
         match self {
-            ConfigError::Invalid { .. } | ConfigError::ModuleWithNoPython => crate::exit::USAGE,
+            ConfigError::Invalid { .. }
+            | ConfigError::ModuleWithNoPython
+            | ConfigError::Hang(_) => crate::exit::USAGE,
             _ => crate::exit::LAUNCHER_FAILURE,
         }
     }
@@ -381,6 +388,7 @@ fn resolve_args(
             )
         })?,
     };
+    let hang = resolve_hang(&args, env)?;
     let backend = parse_backend(&args.rdzv_backend)?;
     let conf = parse_rdzv_conf(&args.rdzv_conf)?;
     let node_rank = usize::try_from(args.node_rank)
@@ -448,7 +456,20 @@ fn resolve_args(
         report_json: args.report_json.clone(),
         exit_barrier_timeout: Duration::from_secs_f64(args.exit_barrier_timeout),
         leftovers,
+        hang,
     })
+}
+
+/// Hang settings: the defaults, the `RDRUN_HANG_*` variables, then the flags given.
+fn resolve_hang(
+    args: &LaunchArgs,
+    env: EnvFn<'_>,
+) -> Result<crate::supervisor::hang::HangSettings, ConfigError> {
+    let mut s = crate::supervisor::hang::HangSettings::from_env(env).map_err(ConfigError::Hang)?;
+    for (name, value) in &args.hang {
+        s.set(name, value).map_err(ConfigError::Hang)?;
+    }
+    Ok(s)
 }
 
 #[cfg(test)]

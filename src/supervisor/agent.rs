@@ -36,6 +36,8 @@ use crate::store::server::{self, ServerExit, StoreServer};
 
 use super::end::RunEnd;
 use super::events::Event;
+use super::hang::{OutputCounter, RankProcs};
+use super::hanglink::{hang_dir, HangFinding, HangLink};
 use super::output::{self, OutputSummary, RankIdentity, RunLogs};
 use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
 use super::report::{Failure, FailureReport};
@@ -110,6 +112,8 @@ struct Slot {
     stop_sent_at: Option<SystemTime>,
     output: Option<JoinHandle<OutputSummary>>,
     error_file: Option<PathBuf>,
+    /// Bytes of output so far (the hang detector's output signal).
+    activity: OutputCounter,
 }
 
 impl Slot {
@@ -140,6 +144,8 @@ enum Outcome {
     Failed {
         failures: Vec<Failure>,
         peer_loss: Option<(RoundReason, Vec<String>)>,
+        /// The group was stopped because it hung (kill mode): the report's root cause.
+        hang: Option<HangFinding>,
     },
     Interrupted {
         signal: i32,
@@ -410,9 +416,13 @@ impl Agent {
     async fn give_up(&mut self, outcome: Outcome, restart_count: u32) -> RunEnd {
         match outcome {
             Outcome::Succeeded => RunEnd::Succeeded,
-            Outcome::Failed { failures, .. } => {
+            Outcome::Failed { failures, hang, .. } => {
                 self.close_rdzv_failed().await;
-                RunEnd::WorkersFailed(self.resolve(failures))
+                let report = self.resolve(failures);
+                RunEnd::WorkersFailed(match hang {
+                    Some(h) => report.with_hang(h.suspect.map(|r| r as usize), h.summary),
+                    None => report,
+                })
             }
             Outcome::Interrupted { signal, failures } => {
                 // As torchrun: a signalled agent leaves the rendezvous open, so that the node can
@@ -570,12 +580,14 @@ impl Agent {
                 Ok(spawned) => {
                     tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
                     guard.pgids.push(spawned.pid);
+                    let activity = OutputCounter::new();
                     let handle = output::forward_until(
                         id.clone(),
                         rank_logs.sink.clone(),
                         spawned.stdout,
                         spawned.stderr,
                         stop_output.subscribe(),
+                        activity.clone(),
                     );
                     slots.push(Slot {
                         local_rank: lr,
@@ -587,6 +599,7 @@ impl Agent {
                         error_file: Some(rank_logs.error_file.as_str())
                             .filter(|s| !s.is_empty())
                             .map(PathBuf::from),
+                        activity,
                     });
                 }
                 Err(err) => {
@@ -595,7 +608,22 @@ impl Agent {
                 }
             }
         }
-        let outcome = self.supervise(&mut slots, launch_error, &stop_output).await;
+        // Hang detection starts with the workers (its startup budget counts from the spawn).
+        let hang = match launch_error {
+            Some(_) => None,
+            None => HangLink::new(
+                &self.config.hang,
+                hang_dir(
+                    self.config.log.log_dir.as_deref(),
+                    attempt_logs.dir.as_deref(),
+                    &self.config.rdzv.run_id,
+                    asg.restart_count,
+                ),
+            ),
+        };
+        let outcome = self
+            .supervise(&mut slots, launch_error, &stop_output, hang)
+            .await;
         // Everything is stopped (or abandoned after SIGKILL): the drop guard has nothing to do.
         guard.pgids.clear();
         outcome
@@ -608,7 +636,11 @@ impl Agent {
         slots: &mut [Slot],
         mut launch_error: Option<String>,
         stop_output: &tokio::sync::watch::Sender<bool>,
+        mut hang: Option<HangLink>,
     ) -> Outcome {
+        // A kill-mode hang verdict of this attempt, and whether a poll tick is due.
+        let mut hang_found: Option<HangFinding> = None;
+        let mut hang_due = false;
         let by_pid: HashMap<i32, usize> =
             slots.iter().enumerate().map(|(i, s)| (s.pid, i)).collect();
         let mut stop = GroupStop::new(
@@ -643,6 +675,9 @@ impl Agent {
                         };
                         slots[i].status = Some(status);
                         slots[i].stop_sent_at = stop.sent_at();
+                        if let Some(h) = hang.as_mut() {
+                            h.rank_exited(slots[i].rank as u32, status.torchrun_code());
+                        }
                         if !status.success() {
                             failed_slots.push(i);
                         }
@@ -743,6 +778,7 @@ impl Agent {
                                     launch_error,
                                     stop_output,
                                     peer_loss,
+                                    hang_found,
                                 )
                                 .await;
                         }
@@ -756,7 +792,7 @@ impl Agent {
                 for &i in &failed_slots {
                     let s = &slots[i];
                     let status = s.status.expect("failed slot has a status");
-                    if failures.is_empty() && self.rdzv_end.is_none() {
+                    if failures.is_empty() && self.rdzv_end.is_none() && hang_found.is_none() {
                         tracing::error!(
                             "failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
                             status.torchrun_code(),
@@ -788,12 +824,47 @@ impl Agent {
                             launch_error,
                             stop_output,
                             peer_loss,
+                            hang_found,
                         )
                         .await;
                 }
                 if self.config.leftovers == LeftoverPolicy::Wait && stop.phase() == Phase::Running {
                     waiting_for_leftovers = true;
                 }
+            }
+            // The hang poll: only while the group runs untouched (after a failure, a signal or
+            // a kill verdict the stop path is already under way).
+            let watch_hang = stop.phase() == Phase::Running
+                && failures.is_empty()
+                && interrupted.is_none()
+                && self.rdzv_end.is_none()
+                && !waiting_for_leftovers
+                && hang.as_ref().is_some_and(HangLink::active);
+            if std::mem::take(&mut hang_due) && watch_hang {
+                let live: Vec<RankProcs> = slots
+                    .iter()
+                    .filter(|s| s.status.is_none())
+                    .map(|s| RankProcs {
+                        rank: s.rank as u32,
+                        pid: s.pid,
+                        output: s.activity.clone(),
+                    })
+                    .collect();
+                if let Some(link) = hang.as_mut() {
+                    if let Some(found) = link.poll(&live).await {
+                        if found.kill {
+                            tracing::error!(
+                                "the worker group hangs ({}); stopping it",
+                                found.summary
+                            );
+                            hang_found = Some(found);
+                            first_failure.get_or_insert_with(Instant::now);
+                            stop.begin(StopReason::WorkerFailed);
+                        }
+                    }
+                }
+                // Exits during the capture are in `pending` after the next wake-up.
+                continue;
             }
             let deadline = stop.deadline();
             let poll_leftovers = waiting_for_leftovers && stop.phase() == Phase::Running;
@@ -817,6 +888,7 @@ impl Agent {
                 }
                 _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
                 _ = tokio::time::sleep(LEFTOVER_POLL), if poll_leftovers => {}
+                _ = tick_opt(hang.as_mut()), if watch_hang => hang_due = true,
             }
         }
     }
@@ -832,6 +904,7 @@ impl Agent {
         launch_error: Option<String>,
         stop_output: &tokio::sync::watch::Sender<bool>,
         peer_loss: Option<(RoundReason, Vec<String>)>,
+        hang: Option<HangFinding>,
     ) -> Outcome {
         // Workers whose exit came in the very last batch (after a deadline) are failures too.
         let now = SystemTime::now();
@@ -884,6 +957,17 @@ impl Agent {
                 }
             }
         }
+        if hang.is_some() {
+            // Stopped for a hang: every worker is part of the failure, even one that exited 0
+            // on rdrun's stop signal (the attempt failed; it must not count as a success).
+            for s in slots.iter() {
+                if let Some(status) = s.status {
+                    if !failures.iter().any(|f| f.local_rank == s.local_rank) {
+                        failures.push(s.failure(status, now, false));
+                    }
+                }
+            }
+        }
         if let Some(msg) = launch_error {
             return Outcome::LauncherError(msg);
         }
@@ -901,6 +985,7 @@ impl Agent {
             Outcome::Failed {
                 failures,
                 peer_loss,
+                hang,
             }
         }
     }
@@ -933,6 +1018,14 @@ fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
             reason: RoundReason::Membership,
             lost: Vec::new(),
         },
+    }
+}
+
+/// The next hang poll tick; never without detection.
+async fn tick_opt(hang: Option<&mut HangLink>) {
+    match hang {
+        Some(h) => h.tick().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -8,6 +8,7 @@ mod agent;
 mod end;
 pub mod events;
 pub mod hang;
+mod hanglink;
 pub mod ncclpath;
 pub mod output;
 mod rdzvlink;

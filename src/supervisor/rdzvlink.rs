@@ -183,6 +183,7 @@ mod tests {
             report_json: None,
             exit_barrier_timeout: Duration::from_secs(300),
             leftovers: LeftoverPolicy::Kill,
+            hang: Default::default(),
         }
     }
 

@@ -103,6 +103,7 @@ impl FailureReport {
             failures: self.failures,
             resolved,
             root,
+            hang: None,
         }
     }
 }
@@ -117,12 +118,42 @@ pub struct ResolvedReport {
     failures: Vec<Failure>,
     resolved: Vec<Resolved>,
     root: Option<usize>,
+    /// The hang that made rdrun stop the group (issue 13), when it did: the root cause.
+    hang: Option<String>,
 }
 
 impl ResolvedReport {
     /// Index of the root cause in detection order; `None` without failures.
     pub fn root_cause(&self) -> Option<usize> {
         self.root
+    }
+
+    /// Makes a hang the root cause (rdrun stopped the group because every rank was quiet): the
+    /// suspect `rank`'s failure (else the one already chosen) shows `hang: <summary>` as its
+    /// message in the block, the JSON and the parent error file. The exit status stays that
+    /// worker's own, but never 0 (a worker that exited 0 on the stop signal still failed).
+    pub fn with_hang(mut self, rank: Option<usize>, summary: String) -> ResolvedReport {
+        let root = rank
+            .and_then(|r| self.failures.iter().position(|f| f.rank == r))
+            .or(self.root)
+            .or((!self.failures.is_empty()).then_some(0));
+        if let Some(i) = root {
+            let r = &mut self.resolved[i];
+            let text = format!("hang: {summary}");
+            r.message = text.clone();
+            r.block_message = text.clone();
+            r.short = text;
+            r.traceback = None;
+            r.data = None;
+        }
+        self.root = root;
+        self.hang = Some(summary);
+        self
+    }
+
+    /// The hang that is the root cause, if any ([`ResolvedReport::with_hang`]).
+    pub fn hang(&self) -> Option<&str> {
+        self.hang.as_deref()
     }
 
     /// The failures in detection order.
@@ -135,6 +166,7 @@ impl ResolvedReport {
     pub fn exit_code(&self) -> i32 {
         self.root
             .map(|i| self.failures[i].status.launcher_exit_code())
+            .filter(|&c| c != 0 || self.hang.is_none())
             .unwrap_or(crate::exit::LAUNCHER_FAILURE)
     }
 }
@@ -550,7 +582,9 @@ fn suffix_overlap(tail: &[String], tb: &[String]) -> usize {
 /// The report as JSON for `--report-json` (schema `rdrun.failure-report/1`, see docs/compat.md):
 /// `{schema, name, host, exit_code, root_cause, failures: [{index, rank, local_rank, pid,
 /// exitcode, signal, time, timestamp, error_file, error_file_error, message, traceback,
-/// stderr_tail}]}`. `exitcode` is torchrun's (negative for a signal); `exit_code` is rdrun's.
+/// stderr_tail}], root_cause_kind, hang}`. `exitcode` is torchrun's (negative for a signal);
+/// `exit_code` is rdrun's; `root_cause_kind` is `"hang"` when rdrun stopped the group for a
+/// hang (then `hang` is its one-line summary, else null), otherwise `"failure"`.
 pub fn to_json(report: &ResolvedReport) -> Value {
     to_json_with(report, &format_local_time)
 }
@@ -590,6 +624,8 @@ fn to_json_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> Value 
         "host": report.host,
         "exit_code": root.map(|_| report.exit_code()),
         "root_cause": root,
+        "root_cause_kind": if report.hang.is_some() { "hang" } else { "failure" },
+        "hang": report.hang,
         "failures": failures,
     })
 }

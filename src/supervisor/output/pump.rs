@@ -20,6 +20,7 @@ use super::lines::{content, End, Splitter, MAX_LINE};
 use super::logdir::RankSink;
 use super::prefix::RankIdentity;
 use super::tail::{OutputSummary, StderrTracker};
+use crate::supervisor::hang::OutputCounter;
 
 /// Read size from a worker pipe.
 const READ_CHUNK: usize = 64 << 10;
@@ -117,6 +118,7 @@ async fn pump(
     console: Console,
     mut tracker: Option<StderrTracker>,
     mut stop: Option<watch::Receiver<bool>>,
+    activity: Option<OutputCounter>,
 ) -> Option<StderrTracker> {
     let mut reader = into_reader(fd);
     let mut splitter = Splitter::new(MAX_LINE);
@@ -196,6 +198,10 @@ async fn pump(
             }
         };
         if n > 0 {
+            // Output is activity for the hang detector, whatever its destination.
+            if let Some(a) = &activity {
+                a.add(n as u64);
+            }
             if let Some(f) = &mut plan.file {
                 // Bytes exactly as written, as soon as read: a killed worker loses nothing.
                 if let Err(e) = f.write_all(&buf[..n]) {
@@ -285,8 +291,17 @@ pub fn forward_until(
     stdout: OwnedFd,
     stderr: OwnedFd,
     stop: watch::Receiver<bool>,
+    activity: OutputCounter,
 ) -> tokio::task::JoinHandle<OutputSummary> {
-    forward_to(Console::global(), id, sink, stdout, stderr, Some(stop))
+    forward_counted(
+        Console::global(),
+        id,
+        sink,
+        stdout,
+        stderr,
+        Some(stop),
+        Some(activity),
+    )
 }
 
 /// [`forward_until`] onto a given console, `stop` optional (tests use in-memory consoles).
@@ -297,6 +312,20 @@ pub fn forward_to(
     stdout: OwnedFd,
     stderr: OwnedFd,
     stop: Option<watch::Receiver<bool>>,
+) -> tokio::task::JoinHandle<OutputSummary> {
+    forward_counted(console, id, sink, stdout, stderr, stop, None)
+}
+
+/// [`forward_to`], every byte read from either pipe also counted in `activity` (the hang
+/// detector's output signal).
+fn forward_counted(
+    console: Console,
+    id: RankIdentity,
+    sink: RankSink,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    stop: Option<watch::Receiver<bool>>,
+    activity: Option<OutputCounter>,
 ) -> tokio::task::JoinHandle<OutputSummary> {
     let out_plan = StreamPlan::new(
         Stream::Stdout,
@@ -324,6 +353,7 @@ pub fn forward_to(
             console.clone(),
             None,
             stop.clone(),
+            activity.clone(),
         );
         let err = pump(
             id,
@@ -332,6 +362,7 @@ pub fn forward_to(
             console.clone(),
             Some(StderrTracker::default()),
             stop,
+            activity,
         );
         let (_, tracker) = tokio::join!(out, err);
         console.flush().await;

@@ -5,7 +5,9 @@
 //!
 //! Everything reaches it as an [`Event`]: SIGCHLD (then `waitpid(-1)` reaps every descendant, as
 //! rdrun is a child subreaper), handled signals, stop deadlines, rendezvous changes and the worker
-//! store's end. It never polls (except `--leftovers=wait`, which checks once a second). The
+//! store's end. It polls only for `--leftovers=wait` (once a second) and for hang detection
+//! ([`HangLink`], every `--hang-poll-interval` while the group runs; a kill verdict stops the
+//! group as a failure, with the hang as the report's root cause). The
 //! others do the work: [`worker`] builds each worker's spawn spec and spawns it, [`stop`] owns the
 //! stop sequence, [`output`] forwards output, [`report`] resolves and renders failures,
 //! [`restart`] decides. The worker store ([`StoreServer`]) lives as long as the run and is

@@ -38,6 +38,8 @@
 //!   `error_file: <path> (invalid: <why>)`, and the failure is shown as if there were none.
 //! - After torchrun's block, the root cause's last stderr lines (up to 20), unless they are just
 //!   the end of the traceback already shown.
+//! - A group rdrun stopped because it hung ([`ResolvedReport::with_hang`]): the suspect's failure
+//!   is the root cause and its message is `hang: <summary>`.
 //! - `host` is the fully qualified name (torchrun's `socket.getfqdn()`), see [`fqdn`].
 
 use std::fs;
@@ -766,6 +768,37 @@ mod tests {
 
     fn message(r: &ResolvedReport) -> String {
         torchrun_message_with(r, &format_utc_time).0
+    }
+
+    #[test]
+    fn hang_is_the_root_cause_and_never_exit_zero() {
+        // Both stopped by rdrun (bystanders); rank 1 is the hang's suspect; rank 0 exited 0 on
+        // the stop signal.
+        let mut a = failure(0, 10, WorkerStatus::Exited(0), 5);
+        let mut b = failure(1, 11, WorkerStatus::Signaled(libc::SIGTERM), 6);
+        a.stop_sent_at = Some(at(4));
+        b.stop_sent_at = Some(at(4));
+        let plain = report("x", vec![a.clone(), b.clone()]);
+        assert_eq!(plain.root_cause(), Some(0));
+        assert!(plain.hang().is_none());
+        let r = report("x", vec![a.clone(), b]).with_hang(Some(1), "quiet 3s".into());
+        assert_eq!(r.root_cause(), Some(1));
+        assert_eq!(r.hang(), Some("quiet 3s"));
+        assert_eq!(r.exit_code(), 128 + libc::SIGTERM);
+        let msg = message(&r);
+        let root = msg.split("Root Cause").nth(1).unwrap();
+        assert!(root.contains("traceback : hang: quiet 3s"), "{msg}");
+        let v = to_json_with(&r, &format_utc_time);
+        assert_eq!(v["root_cause_kind"], "hang");
+        assert_eq!(v["failures"][1]["message"], "hang: quiet 3s");
+        assert_eq!(
+            to_json_with(&plain, &format_utc_time)["root_cause_kind"],
+            "failure"
+        );
+        // No suspect, and the chosen root exited 0: still a failure status.
+        let r = report("x", vec![a]).with_hang(None, "quiet".into());
+        assert_eq!(r.root_cause(), Some(0));
+        assert_eq!(r.exit_code(), crate::exit::LAUNCHER_FAILURE);
     }
 
     #[test]

@@ -205,3 +205,79 @@ fn find_dir(root: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
     }
     None
 }
+
+/// Attempt 0: rank 1 arms a FileTimer (torch's wire format, as `FileTimerClient` writes it)
+/// that expires in about a second with SIGKILL, then sleeps; rank 0 just sleeps. Attempt 1:
+/// every rank prints where the FIFO is and exits 0.
+const FILE_TIMER: &str = r#"
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+  if [ "$RANK" = 1 ]; then
+    printf '{"version": 1, "pid": %d, "scope_id": "test#1", "expiration_time": %d, "signal": 9}\n' \
+      $$ $(( $(date +%s) + 1 )) > "$TORCHELASTIC_TIMER_FILE"
+  fi
+  exec sleep 300
+fi
+echo "timer file $TORCHELASTIC_TIMER_FILE"
+"#;
+
+#[test]
+fn file_timer_expiry_kills_only_that_worker_and_restarts() {
+    let out = launch(2)
+        .args(["--hang-detect", "off", "--max-restarts=1"])
+        .env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
+        .env_remove("TORCHELASTIC_TIMER_FILE")
+        .args(["sh", "-c", FILE_TIMER])
+        .run();
+    // rdrun survived the expiry (torchrun SIGKILLs itself: 137) and restarted the group.
+    out.assert_code(0);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("FileTimer expired: sending SIGKILL to that worker process only"))
+        .unwrap_or_else(|| panic!("no expiry line: {out:?}"));
+    assert!(line.contains("rank=1"), "{line}");
+    assert!(line.contains("test#1"), "{line}");
+    // Rank 1 was the root of the failure (killed by the timer's signal), rank 0 a bystander.
+    assert!(
+        out.stderr.contains("failed (exitcode: -9) local_rank: 1"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("restarts left"), "{out:?}");
+    // The same private FIFO in both attempts, gone with its directory after the run.
+    let paths: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.split("timer file ").nth(1))
+        .collect();
+    assert_eq!(paths.len(), 2, "{out:?}");
+    assert_eq!(paths[0], paths[1]);
+    let fifo = std::path::Path::new(paths[0]);
+    assert!(
+        fifo.parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("rdrun-timer-"),
+        "{fifo:?}"
+    );
+    assert!(!fifo.exists(), "FIFO left behind: {fifo:?}");
+    assert!(!fifo.parent().unwrap().exists(), "dir left: {fifo:?}");
+}
+
+#[test]
+fn file_timer_off_without_enable() {
+    // As torchrun: without TORCHELASTIC_ENABLE_FILE_TIMER=1 nothing is served and no
+    // TORCHELASTIC_TIMER_FILE is invented.
+    let out = launch(1)
+        .env_remove("TORCHELASTIC_ENABLE_FILE_TIMER")
+        .env_remove("TORCHELASTIC_TIMER_FILE")
+        .args([
+            "sh",
+            "-c",
+            "echo \"file=[${TORCHELASTIC_TIMER_FILE-unset}]\"",
+        ])
+        .run();
+    out.assert_code(0);
+    assert!(out.stdout.contains("file=[unset]"), "{out:?}");
+}

@@ -39,7 +39,7 @@ use crate::store::server::{self, ServerExit, StoreServer};
 use super::end::RunEnd;
 use super::events::Event;
 use super::hang::{OutputCounter, RankProcs};
-use super::hanglink::{hang_dir, HangFinding, HangLink};
+use super::hanglink::{hang_dir, owning_worker, FileTimerServe, HangFinding, HangLink, TimerWake};
 use super::output::{self, OutputSummary, RankIdentity, RunLogs};
 use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
 use super::report::{Failure, FailureReport};
@@ -212,6 +212,8 @@ struct Agent {
     rdzv: Option<Rendezvous>,
     /// How the rendezvous ended the current attempt (`Regroup` or `RendezvousLost`), if it did.
     rdzv_end: Option<Outcome>,
+    /// torch's FileTimer FIFO, served for the whole run (`TORCHELASTIC_ENABLE_FILE_TIMER=1`).
+    timers: Option<FileTimerServe>,
 }
 
 impl Agent {
@@ -286,7 +288,20 @@ impl Agent {
             );
         }
         let grace = config.shutdown_timeout;
-        let worker_env = RunWorkerEnv::new(&config, watchdog.as_ref().map(Watchdog::fd));
+        let mut worker_env = RunWorkerEnv::new(&config, watchdog.as_ref().map(Watchdog::fd));
+        // Before any worker starts: a FileTimer client must never find the FIFO unread.
+        let timers = match FileTimerServe::start(|k| std::env::var(k).ok()) {
+            Ok(Some((t, path))) => {
+                if let Some(p) = path {
+                    worker_env
+                        .extra
+                        .push(("TORCHELASTIC_TIMER_FILE".to_string(), p));
+                }
+                Some(t)
+            }
+            Ok(None) => None,
+            Err(msg) => return RunEnd::error(msg),
+        };
         let mut agent = Agent {
             config,
             watchdog,
@@ -303,6 +318,7 @@ impl Agent {
             store_failed: None,
             rdzv,
             rdzv_end: None,
+            timers,
         };
         let end = agent.attempts().await;
         // The runtime unlinks its shared-memory segments once every rank has opened them; a
@@ -326,6 +342,8 @@ impl Agent {
         if let Some(w) = &agent.watchdog {
             w.disarm();
         }
+        // Removes the FIFO (and its private directory).
+        agent.timers = None;
         end
     }
 
@@ -643,6 +661,10 @@ impl Agent {
         // A kill-mode hang verdict of this attempt, and whether a poll tick is due.
         let mut hang_found: Option<HangFinding> = None;
         let mut hang_due = false;
+        let mut timer_wake: Option<TimerWake> = None;
+        if let Some(t) = self.timers.as_mut() {
+            t.clear();
+        }
         let by_pid: HashMap<i32, usize> =
             slots.iter().enumerate().map(|(i, s)| (s.pid, i)).collect();
         let mut stop = GroupStop::new(
@@ -842,6 +864,9 @@ impl Agent {
                 && self.rdzv_end.is_none()
                 && !waiting_for_leftovers
                 && hang.as_ref().is_some_and(HangLink::active);
+            if let Some(wake) = timer_wake.take() {
+                self.on_timer(wake, slots, hang.as_mut());
+            }
             if std::mem::take(&mut hang_due) && watch_hang {
                 let live: Vec<RankProcs> = slots
                     .iter()
@@ -891,6 +916,72 @@ impl Agent {
                 _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
                 _ = tokio::time::sleep(LEFTOVER_POLL), if poll_leftovers => {}
                 _ = tick_opt(hang.as_mut()), if watch_hang => hang_due = true,
+                w = timer_next(self.timers.as_mut()), if self.timers.is_some() => timer_wake = Some(w),
+            }
+        }
+    }
+
+    /// A FileTimer message (a heartbeat for the hang detector, then the table) or a check for
+    /// expired timers: the signal goes to the timer's process only if it is in a live worker's
+    /// tree (never rdrun, never anything else); its exit then takes the normal failure path.
+    fn on_timer(&mut self, wake: TimerWake, slots: &[Slot], hang: Option<&mut HangLink>) {
+        let Some(timers) = self.timers.as_mut() else {
+            return;
+        };
+        let live: Vec<i32> = slots
+            .iter()
+            .filter(|s| s.status.is_none())
+            .map(|s| s.pid)
+            .collect();
+        let slot_of =
+            |pid: i32| owning_worker(pid, &live).and_then(|w| slots.iter().find(|s| s.pid == w));
+        match wake {
+            TimerWake::Msg(Err(why)) => {
+                tracing::warn!("FileTimer: ignored a malformed request: {why}");
+            }
+            TimerWake::Msg(Ok(msg)) => {
+                if let (Some(h), Some(s)) = (hang, slot_of(msg.pid())) {
+                    h.heartbeat(s.rank as u32, s.pid);
+                }
+                timers.apply(msg);
+            }
+            TimerWake::Check => {
+                for e in timers.expired() {
+                    let scopes: Vec<&str> = e.timers.iter().map(|t| t.scope_id.as_str()).collect();
+                    let Some(s) = slot_of(e.pid) else {
+                        tracing::warn!(
+                            pid = e.pid,
+                            ?scopes,
+                            "FileTimer expired for a process outside every worker's tree; not signalled"
+                        );
+                        continue;
+                    };
+                    let Some(sig) = e.signal else {
+                        tracing::warn!(
+                            pid = e.pid,
+                            rank = s.rank,
+                            ?scopes,
+                            "FileTimer expired without a signal; not reaped"
+                        );
+                        continue;
+                    };
+                    tracing::error!(
+                        pid = e.pid,
+                        rank = s.rank,
+                        local_rank = s.local_rank,
+                        ?scopes,
+                        "FileTimer expired: sending {} to that worker process only",
+                        signals::name(sig)
+                    );
+                    // SAFETY: plain kill(2); the pid was just seen in a live worker's tree.
+                    if unsafe { libc::kill(e.pid, sig) } == -1 {
+                        tracing::warn!(
+                            pid = e.pid,
+                            "cannot signal the expired FileTimer's process: {}",
+                            std::io::Error::last_os_error()
+                        );
+                    }
+                }
             }
         }
     }
@@ -1020,6 +1111,14 @@ fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
             reason: RoundReason::Membership,
             lost: Vec::new(),
         },
+    }
+}
+
+/// The next FileTimer wake-up; never without a FIFO.
+async fn timer_next(timers: Option<&mut FileTimerServe>) -> TimerWake {
+    match timers {
+        Some(t) => t.next().await,
+        None => std::future::pending().await,
     }
 }
 

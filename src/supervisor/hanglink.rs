@@ -2,6 +2,8 @@
 //! [`HangMonitor`] and its poll timer, feeds it worker exits, and on a verdict captures every
 //! live rank, writes `rank<R>.txt` files and prints the one block on stderr. What follows the
 //! verdict (stop the group, restart) is the agent's: [`HangFinding::kill`] says whether to.
+//! [`FileTimerServe`] serves torch's FileTimer FIFO for the whole run; the agent signals what
+//! expires.
 //!
 //! Where the files go: `<log-dir>/attempt_<n>/hang/` when `--log-dir` names a directory (it
 //! outlives the run); otherwise a private directory `rdrun-hang-<run id>-<pid>/attempt_<n>/`
@@ -15,7 +17,8 @@ use std::time::Instant;
 use tokio::time::{Interval, MissedTickBehavior};
 
 use super::hang::{
-    capture, CaptureOptions, CaptureTarget, HangMode, HangMonitor, HangSettings, RankProcs, Verdict,
+    capture, CaptureOptions, CaptureTarget, HangMode, HangMonitor, HangSettings, RankProcs,
+    TimerFifo, TimerMsg, TimerTable, Verdict,
 };
 
 /// What the agent does with a verdict.
@@ -79,6 +82,13 @@ impl HangLink {
             .rank_exited(rank, code, Instant::now());
     }
 
+    /// A FileTimer message from `rank`'s tree: activity and progress.
+    pub fn heartbeat(&mut self, rank: u32, pid: i32) {
+        self.monitor
+            .detector()
+            .heartbeat(rank, pid, Instant::now(), None);
+    }
+
     /// Samples the live ranks; on a verdict captures them, writes the files, prints the block
     /// and says what to do.
     pub async fn poll(&mut self, live: &[RankProcs]) -> Option<HangFinding> {
@@ -135,6 +145,167 @@ impl HangLink {
             summary,
         }
     }
+}
+
+/// torch's FileTimer watchdog served the right way (issue 13): with
+/// `TORCHELASTIC_ENABLE_FILE_TIMER=1` in rdrun's environment, as torchrun, the FIFO is created
+/// before any worker starts (at `TORCHELASTIC_TIMER_FILE` if set, else in a private 0700
+/// directory whose FIFO path every worker gets), kept across restarts and removed at the end.
+/// An expired timer's signal goes to that process only, and only if it belongs to a worker's
+/// process tree — never to rdrun (torchrun SIGKILLs itself) — and the worker's death takes the
+/// normal failure path.
+pub(crate) struct FileTimerServe {
+    fifo: TimerFifo,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Result<TimerMsg, String>>,
+    table: TimerTable,
+    /// The private directory rdrun made for the FIFO (removed at the end).
+    private_dir: Option<PathBuf>,
+    interval: Interval,
+}
+
+/// What woke the FileTimer arm.
+pub(crate) enum TimerWake {
+    Msg(Result<TimerMsg, String>),
+    /// Time to look for expired timers.
+    Check,
+}
+
+/// How often armed timers are checked (torch's server: `max_interval` 0.1 s).
+const TIMER_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl FileTimerServe {
+    /// `None` unless `TORCHELASTIC_ENABLE_FILE_TIMER` is `"1"`; else the server and, when rdrun
+    /// chose the path, the `TORCHELASTIC_TIMER_FILE` value every worker must get. Must run
+    /// inside the tokio runtime.
+    pub fn start(
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<(FileTimerServe, Option<String>)>, String> {
+        if env("TORCHELASTIC_ENABLE_FILE_TIMER").as_deref() != Some("1") {
+            return Ok(None);
+        }
+        let (path, private_dir) = match env("TORCHELASTIC_TIMER_FILE").filter(|p| !p.is_empty()) {
+            Some(p) => (PathBuf::from(p), None),
+            None => {
+                let dir = private_dir().map_err(|e| {
+                    format!("cannot create a private directory for the FileTimer FIFO: {e}")
+                })?;
+                (dir.join("watchdog_timer"), Some(dir))
+            }
+        };
+        let cleanup = |d: &Option<PathBuf>| {
+            if let Some(d) = d {
+                let _ = std::fs::remove_dir(d);
+            }
+        };
+        let fifo = TimerFifo::create(&path).map_err(|e| {
+            cleanup(&private_dir);
+            format!(
+                "cannot create the FileTimer FIFO {} (TORCHELASTIC_ENABLE_FILE_TIMER=1): {e}",
+                path.display()
+            )
+        })?;
+        let rx = fifo.serve().map_err(|e| {
+            format!(
+                "cannot open the FileTimer FIFO {}: {e}",
+                fifo.path().display()
+            )
+        })?;
+        let mut interval = tokio::time::interval(TIMER_CHECK);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let worker_path = private_dir
+            .is_some()
+            .then(|| fifo.path().to_string_lossy().into_owned());
+        tracing::info!(path = %fifo.path().display(), "serving torch's FileTimer watchdog");
+        Ok(Some((
+            FileTimerServe {
+                fifo,
+                rx,
+                table: TimerTable::default(),
+                private_dir,
+                interval,
+            },
+            worker_path,
+        )))
+    }
+
+    /// The next message, or the next check while some timer is armed.
+    pub async fn next(&mut self) -> TimerWake {
+        let armed = !self.table.is_empty();
+        tokio::select! {
+            m = self.rx.recv() => match m {
+                Some(m) => TimerWake::Msg(m),
+                // The reader task ended (the FIFO failed): nothing more will come.
+                None => std::future::pending().await,
+            },
+            _ = self.interval.tick(), if armed => TimerWake::Check,
+        }
+    }
+
+    pub fn apply(&mut self, msg: TimerMsg) {
+        self.table.apply(msg);
+    }
+
+    /// Takes the timers expired by now (wall clock, as torch's client sets them).
+    pub fn expired(&mut self) -> Vec<super::hang::filetimer::Expired> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.table.take_expired(now)
+    }
+
+    /// A new attempt: the previous workers' timers are void.
+    pub fn clear(&mut self) {
+        self.table.clear();
+    }
+}
+
+impl Drop for FileTimerServe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.fifo.path());
+        if let Some(d) = &self.private_dir {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// A fresh 0700 directory `rdrun-timer-<pid>-<n>` under the temporary directory.
+fn private_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut last = None;
+    for i in 0..16u32 {
+        let d = base.join(format!(
+            "rdrun-timer-{}-{:08x}",
+            std::process::id(),
+            seed.wrapping_add(i.wrapping_mul(0x9e37_79b9))
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&d) {
+            Ok(()) => return Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free name")))
+}
+
+/// The worker (of `workers`, live main pids) whose process tree holds `pid`: `pid` itself or
+/// an ancestor, found by walking `/proc/<pid>/stat` parents.
+pub(crate) fn owning_worker(pid: i32, workers: &[i32]) -> Option<i32> {
+    let mut p = pid;
+    for _ in 0..64 {
+        if p <= 1 {
+            return None;
+        }
+        if workers.contains(&p) {
+            return Some(p);
+        }
+        let text = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        p = super::hang::sample::parse_stat(&text)?.ppid;
+    }
+    None
 }
 
 /// Where an attempt's hang files go (module doc).

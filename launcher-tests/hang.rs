@@ -29,9 +29,11 @@ fn launch(nproc: usize) -> Rdrun {
 }
 
 /// Attempt 0: ranks 0 and 2 sleep, rank 1 blocks opening a FIFO nobody writes (a different
-/// kernel wait: the odd one out, hence the suspect). Attempt 1: every rank prints and exits 0.
+/// kernel wait: the odd one out, hence the suspect), each after one line of output (kept as its
+/// last output). Attempt 1: every rank prints and exits 0.
 const HANG_THEN_OK: &str = r#"
 if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+  echo "before the hang $RANK"
   if [ "$RANK" = 1 ]; then exec cat "$FIFO"; fi
   exec sleep 300
 fi
@@ -87,7 +89,14 @@ fn silent_job_is_captured_stopped_and_restarted() {
             "{text}"
         );
         assert!(text.contains("python stack: "), "{text}");
+        let last = text.split("\nlast output:\n").nth(1).unwrap_or_default();
+        assert!(last.contains(&format!("before the hang {r}")), "{text}");
     }
+    assert!(
+        out.stderr
+            .contains("[rdrun]   rank 1 last output: \"before the hang 1\""),
+        "{out:?}"
+    );
     // The hang counted as a failure: attempt 1 ran (and succeeded).
     for r in 0..3 {
         assert!(

@@ -38,7 +38,7 @@ use crate::store::server::{self, ServerExit, StoreServer};
 
 use super::end::RunEnd;
 use super::events::Event;
-use super::hang::{OutputCounter, RankProcs};
+use super::hang::RankProcs;
 use super::hanglink::{hang_dir, owning_worker, FileTimerServe, HangFinding, HangLink, TimerWake};
 use super::output::{self, OutputSummary, RankIdentity, RunLogs};
 use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
@@ -114,8 +114,8 @@ struct Slot {
     stop_sent_at: Option<SystemTime>,
     output: Option<JoinHandle<OutputSummary>>,
     error_file: Option<PathBuf>,
-    /// Bytes of output so far (the hang detector's output signal).
-    activity: OutputCounter,
+    /// Output bytes so far and the last lines (the hang detector's output signal and capture).
+    activity: output::Activity,
 }
 
 impl Slot {
@@ -600,7 +600,7 @@ impl Agent {
                 Ok(spawned) => {
                     tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
                     guard.pgids.push(spawned.pid);
-                    let activity = OutputCounter::new();
+                    let activity = output::Activity::default();
                     let handle = output::forward_until(
                         id.clone(),
                         rank_logs.sink.clone(),
@@ -874,11 +874,18 @@ impl Agent {
                     .map(|s| RankProcs {
                         rank: s.rank as u32,
                         pid: s.pid,
-                        output: s.activity.clone(),
+                        output: s.activity.bytes.clone(),
                     })
                     .collect();
+                let last = |rank: u32| {
+                    slots
+                        .iter()
+                        .find(|s| s.rank as u32 == rank)
+                        .map(|s| s.activity.last.snapshot())
+                        .unwrap_or_default()
+                };
                 if let Some(link) = hang.as_mut() {
-                    if let Some(found) = link.poll(&live).await {
+                    if let Some(found) = link.poll(&live, last).await {
                         if found.kill {
                             tracing::error!(
                                 "the worker group hangs ({}); stopping it",

@@ -54,7 +54,10 @@ impl HangLink {
         if tty && settings.mode == HangMode::Kill {
             tracing::info!("stdin is a terminal: hang detection observes only (never kills)");
         }
-        let mut interval = tokio::time::interval(monitor.poll_interval());
+        // The first sample one interval after the spawn, not at once: nothing can be judged
+        // before, and the workers' start is left undisturbed by a /proc scan.
+        let poll = monitor.poll_interval();
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Some(HangLink {
             monitor,
@@ -91,19 +94,29 @@ impl HangLink {
 
     /// Samples the live ranks; on a verdict captures them, writes the files, prints the block
     /// and says what to do.
-    pub async fn poll(&mut self, live: &[RankProcs]) -> Option<HangFinding> {
+    /// `last_output(rank)`: that rank's last output lines, oldest first.
+    pub async fn poll(
+        &mut self,
+        live: &[RankProcs],
+        last_output: impl Fn(u32) -> Vec<String>,
+    ) -> Option<HangFinding> {
         let verdict = self.monitor.sample(Instant::now(), live)?;
-        Some(self.act(verdict, live).await)
+        Some(self.act(verdict, live, last_output).await)
     }
 
-    async fn act(&mut self, verdict: Verdict, live: &[RankProcs]) -> HangFinding {
+    async fn act(
+        &mut self,
+        verdict: Verdict,
+        live: &[RankProcs],
+        last_output: impl Fn(u32) -> Vec<String>,
+    ) -> HangFinding {
         let targets: Vec<CaptureTarget> = live
             .iter()
             .filter(|r| verdict.ranks.iter().any(|v| v.rank == r.rank && v.alive))
             .map(|r| CaptureTarget {
                 rank: r.rank,
                 pid: r.pid,
-                last_output: Vec::new(),
+                last_output: last_output(r.rank),
             })
             .collect();
         let mut report = capture(

@@ -290,3 +290,53 @@ fn file_timer_off_without_enable() {
     out.assert_code(0);
     assert!(out.stdout.contains("file=[unset]"), "{out:?}");
 }
+
+#[test]
+fn stopped_workers_are_exempt() {
+    // Each worker stops itself (no quiet spell before the stop that timing could stretch),
+    // stays stopped for 3 budgets, and prints as soon as it is continued.
+    let dir = TempDir::new("hang_stopped");
+    let script = r#"echo $$ > "$D/pid.$LOCAL_RANK.tmp"; mv "$D/pid.$LOCAL_RANK.tmp" "$D/pid.$LOCAL_RANK"
+kill -STOP $$
+echo "resumed $LOCAL_RANK""#;
+    let run = launch(2)
+        .env("D", dir.path())
+        .args(["sh", "-c", script])
+        .spawn();
+    let mut pids = Vec::new();
+    for lr in 0..2 {
+        let p = dir.join(format!("pid.{lr}"));
+        assert!(crate::util::wait_for_file(&p, Duration::from_secs(30)));
+        pids.push(crate::util::read_pid(&p));
+    }
+    let stopped = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|r| r.trim_start().starts_with('T'))
+            })
+            .unwrap_or(false)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !pids.iter().all(|&p| stopped(p)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let all_stopped = pids.iter().all(|&p| stopped(p));
+    if all_stopped {
+        std::thread::sleep(Duration::from_secs(6));
+    }
+    for &p in &pids {
+        // SAFETY: plain kill(2) on our workers' pids (still alive: rdrun has not reaped them).
+        unsafe { libc::kill(p, libc::SIGCONT) };
+    }
+    let out = run.wait();
+    assert!(all_stopped, "workers never stopped: {out:?}");
+    out.assert_code(0);
+    assert!(!out.stderr.contains("HANG"), "{out:?}");
+    assert!(
+        out.stdout.contains("resumed 0") && out.stdout.contains("resumed 1"),
+        "{out:?}"
+    );
+}

@@ -11,6 +11,7 @@
 //!   the topology banner, `--dry-run`, refusals.
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
+//! - `hang`: hang detection wired into the agent, with small budgets.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
@@ -18,6 +19,7 @@ mod cli;
 mod cluster;
 mod contain;
 mod env;
+mod hang;
 mod multinode;
 mod output;
 mod regression;

@@ -92,6 +92,9 @@ pub struct LaunchArgs {
     /// The dests typed on the command line (not defaults, not `PET_*`): the cluster layer's
     /// "flags" win every field, so it must know which values the user actually gave.
     pub cli_given: BTreeSet<&'static str>,
+    /// rdrun's hang-detection flags given on the command line, as (name without `--`, value)
+    /// in [`HANG_FLAGS`] order; `config` applies them over the `RDRUN_HANG_*` variables.
+    pub hang: Vec<(&'static str, String)>,
     /// The script path, module name (`-m`) or program (`--no-python`), as typed (any bytes).
     pub training_script: OsString,
     /// Everything after the training script, byte for byte (after the `--` rules of spec §1.1):
@@ -329,9 +332,54 @@ static OPTIONS: &[OptSpec] = &[
         ..opt("print_topology", &["--print-topology", "--print_topology"], Kind::OptionalChoice(TOPOLOGY_FORMATS), "off",
             "rdrun: as --dry-run; --print-topology=json prints the topology as JSON.")
     },
+    hang_opt("hang_detect", &["--hang-detect"],
+        "rdrun: hang detection: kill (capture stacks, then stop and restart the group), observe (capture and report only), off. Default kill; observe when rdrun's stdin is a terminal. Else RDRUN_HANG_DETECT."),
+    hang_opt("hang_timeout", &["--hang-timeout"],
+        "rdrun: a hang is every rank quiet (no CPU, I/O, output or heartbeat) for this long once running (seconds, or 90s/15m/1h). Default 900. Else RDRUN_HANG_TIMEOUT."),
+    hang_opt("hang_startup_timeout", &["--hang-startup-timeout"],
+        "rdrun: the same budget from spawn until every rank has shown progress (output or a heartbeat). Default 1800. Else RDRUN_HANG_STARTUP_TIMEOUT."),
+    hang_opt("hang_exit_skew_timeout", &["--hang-exit-skew-timeout"],
+        "rdrun: a hang is also some rank exited 0 and the others quiet for this long. Default 300. Else RDRUN_HANG_EXIT_SKEW_TIMEOUT."),
+    hang_opt("hang_poll_interval", &["--hang-poll-interval"],
+        "rdrun: how often every rank's activity is sampled from /proc. Default 5. Else RDRUN_HANG_POLL_INTERVAL."),
+    hang_opt("hang_cpu_idle", &["--hang-cpu-idle"],
+        "rdrun: a rank using less CPU than this percentage of one core in a poll interval is quiet. Default 5. Else RDRUN_HANG_CPU_IDLE."),
+    hang_opt("hang_io_idle", &["--hang-io-idle"],
+        "rdrun: a rank reading+writing fewer bytes than this in a poll interval is quiet. Default 65536. Else RDRUN_HANG_IO_IDLE."),
+    hang_opt("hang_capture_timeout", &["--hang-capture-timeout"],
+        "rdrun: wall-clock bound of the capture (stacks, kernel waits) after a hang. Default 20. Else RDRUN_HANG_CAPTURE_TIMEOUT."),
+    hang_opt("py_spy", &["--py-spy"],
+        "rdrun: the py-spy binary used for the Python stacks of a hung job (else RDRUN_PY_SPY, else py-spy on PATH or beside the worker's python; absent: stacks are recorded as unavailable)."),
 ];
 
 const TOPOLOGY_FORMATS: &[&str] = &["text", "json"];
+
+/// rdrun's hang-detection flags: (dest, name without `--`), as `HangSettings::set` names them.
+pub const HANG_FLAGS: &[(&str, &str)] = &[
+    ("hang_detect", "hang-detect"),
+    ("hang_timeout", "hang-timeout"),
+    ("hang_startup_timeout", "hang-startup-timeout"),
+    ("hang_exit_skew_timeout", "hang-exit-skew-timeout"),
+    ("hang_poll_interval", "hang-poll-interval"),
+    ("hang_cpu_idle", "hang-cpu-idle"),
+    ("hang_io_idle", "hang-io-idle"),
+    ("hang_capture_timeout", "hang-capture-timeout"),
+    ("py_spy", "py-spy"),
+];
+
+/// An rdrun hang-detection option: a string checked by `config` (through `HangSettings`), no
+/// `PET_*` variable (its `RDRUN_*` one is read by `config`), never abbreviated.
+const fn hang_opt(
+    dest: &'static str,
+    names: &'static [&'static str],
+    help: &'static str,
+) -> OptSpec {
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt(dest, names, Kind::Str, "none", help)
+    }
+}
 
 /// Index into [`OPTIONS`].
 type OptId = usize;
@@ -720,6 +768,15 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         dry_run: b.flags[Builder::id("dry_run")],
         print_topology: b.opt_string("print_topology")?,
         cli_given,
+        hang: {
+            let mut given = Vec::new();
+            for (dest, name) in HANG_FLAGS {
+                if let Some(v) = b.opt_string(dest)? {
+                    given.push((*name, v));
+                }
+            }
+            given
+        },
         training_script,
         training_script_args,
         from_env: BTreeMap::new(),

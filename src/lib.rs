@@ -8,7 +8,7 @@
 //!   MASTER_ADDR/PORT; `command` the worker command).
 //! - [`workerenv`]: the launcher <-> worker environment contract, and the per-worker rules applied
 //!   at spawn time (`${local_rank}`, OMP_NUM_THREADS, virtual devices).
-//! - [`cluster`]: scheduler detection (Slurm, Kubernetes, MPI, LSF, hostfiles) -> a topology with per-field sources (not yet wired).
+//! - [`cluster`]: scheduler detection (Slurm, Kubernetes, MPI, LSF, hostfiles) -> a topology with per-field sources, called by `config`.
 //! - [`exit`]: every exit code rdrun can return.
 //! - [`store`]: TCPStore-compatible key-value server and client (PyTorch's wire protocol).
 //! - [`supervisor`]: spawns, watches, stops and restarts the local worker group; output and report.

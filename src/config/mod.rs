@@ -190,6 +190,8 @@ pub struct LaunchConfig {
     pub leftovers: LeftoverPolicy,
     /// The resolved topology (detected scheduler or local) and whether this is a dry run.
     pub cluster: ClusterPlan,
+    /// Hang detection (issue 13): `RDRUN_HANG_*` / `RDRUN_PY_SPY`, then the `--hang-*` flags.
+    pub hang: crate::supervisor::hang::HangSettings,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -266,6 +268,9 @@ pub enum ConfigError {
     /// spanning several nodes, a nested launch): one line naming the variables.
     #[error("{0}")]
     Cluster(String),
+    /// A `--hang-*` flag or `RDRUN_HANG_*` variable with a bad value (the message names it).
+    #[error("{0}")]
+    Hang(String),
     #[error(transparent)]
     VirtualDevices(#[from] crate::workerenv::VirtualDevicesError),
 }
@@ -278,7 +283,9 @@ impl ConfigError {
     /// launcher failure (1). torchrun exits 1 for all of these, with a Python traceback.
     pub fn exit_code(&self) -> i32 {
         match self {
-            ConfigError::Invalid { .. } | ConfigError::ModuleWithNoPython => crate::exit::USAGE,
+            ConfigError::Invalid { .. }
+            | ConfigError::ModuleWithNoPython
+            | ConfigError::Hang(_) => crate::exit::USAGE,
             _ => crate::exit::LAUNCHER_FAILURE,
         }
     }
@@ -397,6 +404,7 @@ fn resolve_args(
             )
         })?,
     };
+    let hang = resolve_hang(&args, env)?;
     let backend = parse_backend(&args.rdzv_backend)?;
     let conf = parse_rdzv_conf(&args.rdzv_conf)?;
     let node_rank = usize::try_from(args.node_rank)
@@ -465,9 +473,22 @@ fn resolve_args(
         exit_barrier_timeout: Duration::from_secs_f64(args.exit_barrier_timeout),
         leftovers,
         cluster: ClusterPlan::default(),
+        hang,
     };
     cfg.cluster = cluster::plan(detected, &args, &cfg)?;
     Ok(cfg)
+}
+
+/// Hang settings: the defaults, the `RDRUN_HANG_*` variables, then the flags given.
+fn resolve_hang(
+    args: &LaunchArgs,
+    env: EnvFn<'_>,
+) -> Result<crate::supervisor::hang::HangSettings, ConfigError> {
+    let mut s = crate::supervisor::hang::HangSettings::from_env(env).map_err(ConfigError::Hang)?;
+    for (name, value) in &args.hang {
+        s.set(name, value).map_err(ConfigError::Hang)?;
+    }
+    Ok(s)
 }
 
 #[cfg(test)]

@@ -130,5 +130,6 @@ pub(crate) fn launch_config(
         exit_barrier_timeout: std::time::Duration::from_secs(300),
         leftovers: LeftoverPolicy::Kill,
         cluster: ClusterPlan::default(),
+        hang: Default::default(),
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! Everything reaches it as an [`Event`]: SIGCHLD (then `waitpid(-1)` reaps every descendant, as
 //! rdrun is a child subreaper), handled signals, stop deadlines, rendezvous changes and the worker
-//! store's end. It never polls (except `--leftovers=wait`, which checks once a second). The
+//! store's end. It polls only for `--leftovers=wait` (once a second) and for hang detection
+//! ([`HangLink`], every `--hang-poll-interval` while the group runs; a kill verdict stops the
+//! group as a failure, with the hang as the report's root cause). The
 //! others do the work: [`worker`] builds each worker's spawn spec and spawns it, [`stop`] owns the
 //! stop sequence, [`output`] forwards output, [`report`] resolves and renders failures,
 //! [`restart`] decides. The worker store ([`StoreServer`]) lives as long as the run and is
@@ -36,6 +38,8 @@ use crate::store::server::{self, ServerExit, StoreServer};
 
 use super::end::RunEnd;
 use super::events::Event;
+use super::hang::RankProcs;
+use super::hanglink::{hang_dir, owning_worker, FileTimerServe, HangFinding, HangLink, TimerWake};
 use super::output::{self, OutputSummary, RankIdentity, RunLogs};
 use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
 use super::report::{Failure, FailureReport};
@@ -111,6 +115,8 @@ struct Slot {
     stop_sent_at: Option<SystemTime>,
     output: Option<JoinHandle<OutputSummary>>,
     error_file: Option<PathBuf>,
+    /// Output bytes so far and the last lines (the hang detector's output signal and capture).
+    activity: output::Activity,
 }
 
 impl Slot {
@@ -141,6 +147,8 @@ enum Outcome {
     Failed {
         failures: Vec<Failure>,
         peer_loss: Option<(RoundReason, Vec<String>)>,
+        /// The group was stopped because it hung (kill mode): the report's root cause.
+        hang: Option<HangFinding>,
     },
     Interrupted {
         signal: i32,
@@ -205,6 +213,8 @@ struct Agent {
     rdzv: Option<Rendezvous>,
     /// How the rendezvous ended the current attempt (`Regroup` or `RendezvousLost`), if it did.
     rdzv_end: Option<Outcome>,
+    /// torch's FileTimer FIFO, served for the whole run (`TORCHELASTIC_ENABLE_FILE_TIMER=1`).
+    timers: Option<FileTimerServe>,
 }
 
 impl Agent {
@@ -279,11 +289,24 @@ impl Agent {
             );
         }
         let grace = config.shutdown_timeout;
-        let worker_env = RunWorkerEnv::new(
+        let mut worker_env = RunWorkerEnv::new(
             &config,
             watchdog.as_ref().map(Watchdog::fd),
             watchdog.as_ref().and_then(Watchdog::cgroup_fd),
         );
+        // Before any worker starts: a FileTimer client must never find the FIFO unread.
+        let timers = match FileTimerServe::start(|k| std::env::var(k).ok()) {
+            Ok(Some((t, path))) => {
+                if let Some(p) = path {
+                    worker_env
+                        .extra
+                        .push(("TORCHELASTIC_TIMER_FILE".to_string(), p));
+                }
+                Some(t)
+            }
+            Ok(None) => None,
+            Err(msg) => return RunEnd::error(msg),
+        };
         let mut agent = Agent {
             config,
             watchdog,
@@ -300,6 +323,7 @@ impl Agent {
             store_failed: None,
             rdzv,
             rdzv_end: None,
+            timers,
         };
         let end = agent.attempts().await;
         // The runtime unlinks its shared-memory segments once every rank has opened them; a
@@ -325,6 +349,8 @@ impl Agent {
             // Containment hook: removes the cgroup, ends and reaps the watchdog.
             drop(w);
         }
+        // Removes the FIFO (and its private directory).
+        agent.timers = None;
         end
     }
 
@@ -417,9 +443,13 @@ impl Agent {
     async fn give_up(&mut self, outcome: Outcome, restart_count: u32) -> RunEnd {
         match outcome {
             Outcome::Succeeded => RunEnd::Succeeded,
-            Outcome::Failed { failures, .. } => {
+            Outcome::Failed { failures, hang, .. } => {
                 self.close_rdzv_failed().await;
-                RunEnd::WorkersFailed(self.resolve(failures))
+                let report = self.resolve(failures);
+                RunEnd::WorkersFailed(match hang {
+                    Some(h) => report.with_hang(h.suspect.map(|r| r as usize), h.summary),
+                    None => report,
+                })
             }
             Outcome::Interrupted { signal, failures } => {
                 // As torchrun: a signalled agent leaves the rendezvous open, so that the node can
@@ -577,12 +607,14 @@ impl Agent {
                 Ok(spawned) => {
                     tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
                     guard.pgids.push(spawned.pid);
+                    let activity = output::Activity::default();
                     let handle = output::forward_until(
                         id.clone(),
                         rank_logs.sink.clone(),
                         spawned.stdout,
                         spawned.stderr,
                         stop_output.subscribe(),
+                        activity.clone(),
                     );
                     slots.push(Slot {
                         local_rank: lr,
@@ -594,6 +626,7 @@ impl Agent {
                         error_file: Some(rank_logs.error_file.as_str())
                             .filter(|s| !s.is_empty())
                             .map(PathBuf::from),
+                        activity,
                     });
                 }
                 Err(err) => {
@@ -602,7 +635,22 @@ impl Agent {
                 }
             }
         }
-        let outcome = self.supervise(&mut slots, launch_error, &stop_output).await;
+        // Hang detection starts with the workers (its startup budget counts from the spawn).
+        let hang = match launch_error {
+            Some(_) => None,
+            None => HangLink::new(
+                &self.config.hang,
+                hang_dir(
+                    self.config.log.log_dir.as_deref(),
+                    attempt_logs.dir.as_deref(),
+                    &self.config.rdzv.run_id,
+                    asg.restart_count,
+                ),
+            ),
+        };
+        let outcome = self
+            .supervise(&mut slots, launch_error, &stop_output, hang)
+            .await;
         // Everything is stopped (or abandoned after SIGKILL): the drop guard has nothing to do.
         guard.pgids.clear();
         outcome
@@ -615,7 +663,15 @@ impl Agent {
         slots: &mut [Slot],
         mut launch_error: Option<String>,
         stop_output: &tokio::sync::watch::Sender<bool>,
+        mut hang: Option<HangLink>,
     ) -> Outcome {
+        // A kill-mode hang verdict of this attempt, and whether a poll tick is due.
+        let mut hang_found: Option<HangFinding> = None;
+        let mut hang_due = false;
+        let mut timer_wake: Option<TimerWake> = None;
+        if let Some(t) = self.timers.as_mut() {
+            t.clear();
+        }
         let by_pid: HashMap<i32, usize> =
             slots.iter().enumerate().map(|(i, s)| (s.pid, i)).collect();
         let mut stop = GroupStop::new(
@@ -651,6 +707,9 @@ impl Agent {
                         };
                         slots[i].status = Some(status);
                         slots[i].stop_sent_at = stop.sent_at();
+                        if let Some(h) = hang.as_mut() {
+                            h.rank_exited(slots[i].rank as u32, status.torchrun_code());
+                        }
                         if !status.success() {
                             failed_slots.push(i);
                         }
@@ -751,6 +810,7 @@ impl Agent {
                                     launch_error,
                                     stop_output,
                                     peer_loss,
+                                    hang_found,
                                 )
                                 .await;
                         }
@@ -764,7 +824,7 @@ impl Agent {
                 for &i in &failed_slots {
                     let s = &slots[i];
                     let status = s.status.expect("failed slot has a status");
-                    if failures.is_empty() && self.rdzv_end.is_none() {
+                    if failures.is_empty() && self.rdzv_end.is_none() && hang_found.is_none() {
                         tracing::error!(
                             "failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
                             status.torchrun_code(),
@@ -796,12 +856,57 @@ impl Agent {
                             launch_error,
                             stop_output,
                             peer_loss,
+                            hang_found,
                         )
                         .await;
                 }
                 if self.config.leftovers == LeftoverPolicy::Wait && stop.phase() == Phase::Running {
                     waiting_for_leftovers = true;
                 }
+            }
+            // The hang poll: only while the group runs untouched (after a failure, a signal or
+            // a kill verdict the stop path is already under way).
+            let watch_hang = stop.phase() == Phase::Running
+                && failures.is_empty()
+                && interrupted.is_none()
+                && self.rdzv_end.is_none()
+                && !waiting_for_leftovers
+                && hang.as_ref().is_some_and(HangLink::active);
+            if let Some(wake) = timer_wake.take() {
+                self.on_timer(wake, slots, hang.as_mut());
+            }
+            if std::mem::take(&mut hang_due) && watch_hang {
+                let live: Vec<RankProcs> = slots
+                    .iter()
+                    .filter(|s| s.status.is_none())
+                    .map(|s| RankProcs {
+                        rank: s.rank as u32,
+                        pid: s.pid,
+                        output: s.activity.bytes.clone(),
+                    })
+                    .collect();
+                let last = |rank: u32| {
+                    slots
+                        .iter()
+                        .find(|s| s.rank as u32 == rank)
+                        .map(|s| s.activity.last.snapshot())
+                        .unwrap_or_default()
+                };
+                if let Some(link) = hang.as_mut() {
+                    if let Some(found) = link.poll(&live, last).await {
+                        if found.kill {
+                            tracing::error!(
+                                "the worker group hangs ({}); stopping it",
+                                found.summary
+                            );
+                            hang_found = Some(found);
+                            first_failure.get_or_insert_with(Instant::now);
+                            stop.begin(StopReason::WorkerFailed);
+                        }
+                    }
+                }
+                // Exits during the capture are in `pending` after the next wake-up.
+                continue;
             }
             let deadline = stop.deadline();
             let poll_leftovers = waiting_for_leftovers && stop.phase() == Phase::Running;
@@ -825,6 +930,73 @@ impl Agent {
                 }
                 _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
                 _ = tokio::time::sleep(LEFTOVER_POLL), if poll_leftovers => {}
+                _ = tick_opt(hang.as_mut()), if watch_hang => hang_due = true,
+                w = timer_next(self.timers.as_mut()), if self.timers.is_some() => timer_wake = Some(w),
+            }
+        }
+    }
+
+    /// A FileTimer message (a heartbeat for the hang detector, then the table) or a check for
+    /// expired timers: the signal goes to the timer's process only if it is in a live worker's
+    /// tree (never rdrun, never anything else); its exit then takes the normal failure path.
+    fn on_timer(&mut self, wake: TimerWake, slots: &[Slot], hang: Option<&mut HangLink>) {
+        let Some(timers) = self.timers.as_mut() else {
+            return;
+        };
+        let live: Vec<i32> = slots
+            .iter()
+            .filter(|s| s.status.is_none())
+            .map(|s| s.pid)
+            .collect();
+        let slot_of =
+            |pid: i32| owning_worker(pid, &live).and_then(|w| slots.iter().find(|s| s.pid == w));
+        match wake {
+            TimerWake::Msg(Err(why)) => {
+                tracing::warn!("FileTimer: ignored a malformed request: {why}");
+            }
+            TimerWake::Msg(Ok(msg)) => {
+                if let (Some(h), Some(s)) = (hang, slot_of(msg.pid())) {
+                    h.heartbeat(s.rank as u32, s.pid);
+                }
+                timers.apply(msg);
+            }
+            TimerWake::Check => {
+                for e in timers.expired() {
+                    let scopes: Vec<&str> = e.timers.iter().map(|t| t.scope_id.as_str()).collect();
+                    let Some(s) = slot_of(e.pid) else {
+                        tracing::warn!(
+                            pid = e.pid,
+                            ?scopes,
+                            "FileTimer expired for a process outside every worker's tree; not signalled"
+                        );
+                        continue;
+                    };
+                    let Some(sig) = e.signal else {
+                        tracing::warn!(
+                            pid = e.pid,
+                            rank = s.rank,
+                            ?scopes,
+                            "FileTimer expired without a signal; not reaped"
+                        );
+                        continue;
+                    };
+                    tracing::error!(
+                        pid = e.pid,
+                        rank = s.rank,
+                        local_rank = s.local_rank,
+                        ?scopes,
+                        "FileTimer expired: sending {} to that worker process only",
+                        signals::name(sig)
+                    );
+                    // SAFETY: plain kill(2); the pid was just seen in a live worker's tree.
+                    if unsafe { libc::kill(e.pid, sig) } == -1 {
+                        tracing::warn!(
+                            pid = e.pid,
+                            "cannot signal the expired FileTimer's process: {}",
+                            std::io::Error::last_os_error()
+                        );
+                    }
+                }
             }
         }
     }
@@ -840,6 +1012,7 @@ impl Agent {
         launch_error: Option<String>,
         stop_output: &tokio::sync::watch::Sender<bool>,
         peer_loss: Option<(RoundReason, Vec<String>)>,
+        hang: Option<HangFinding>,
     ) -> Outcome {
         // Workers whose exit came in the very last batch (after a deadline) are failures too.
         let now = SystemTime::now();
@@ -892,6 +1065,17 @@ impl Agent {
                 }
             }
         }
+        if hang.is_some() {
+            // Stopped for a hang: every worker is part of the failure, even one that exited 0
+            // on rdrun's stop signal (the attempt failed; it must not count as a success).
+            for s in slots.iter() {
+                if let Some(status) = s.status {
+                    if !failures.iter().any(|f| f.local_rank == s.local_rank) {
+                        failures.push(s.failure(status, now, false));
+                    }
+                }
+            }
+        }
         if let Some(msg) = launch_error {
             return Outcome::LauncherError(msg);
         }
@@ -909,6 +1093,7 @@ impl Agent {
             Outcome::Failed {
                 failures,
                 peer_loss,
+                hang,
             }
         }
     }
@@ -941,6 +1126,22 @@ fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
             reason: RoundReason::Membership,
             lost: Vec::new(),
         },
+    }
+}
+
+/// The next FileTimer wake-up; never without a FIFO.
+async fn timer_next(timers: Option<&mut FileTimerServe>) -> TimerWake {
+    match timers {
+        Some(t) => t.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next hang poll tick; never without detection.
+async fn tick_opt(hang: Option<&mut HangLink>) {
+    match hang {
+        Some(h) => h.tick().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -9,6 +9,7 @@ pub mod contain;
 mod end;
 pub mod events;
 pub mod hang;
+mod hanglink;
 pub mod ncclpath;
 pub mod output;
 mod rdzvlink;

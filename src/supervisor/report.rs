@@ -38,6 +38,8 @@
 //!   `error_file: <path> (invalid: <why>)`, and the failure is shown as if there were none.
 //! - After torchrun's block, the root cause's last stderr lines (up to 20), unless they are just
 //!   the end of the traceback already shown.
+//! - A group rdrun stopped because it hung ([`ResolvedReport::with_hang`]): the suspect's failure
+//!   is the root cause and its message is `hang: <summary>`.
 //! - `host` is the fully qualified name (torchrun's `socket.getfqdn()`), see [`fqdn`].
 
 use std::fs;
@@ -103,6 +105,7 @@ impl FailureReport {
             failures: self.failures,
             resolved,
             root,
+            hang: None,
         }
     }
 }
@@ -117,12 +120,42 @@ pub struct ResolvedReport {
     failures: Vec<Failure>,
     resolved: Vec<Resolved>,
     root: Option<usize>,
+    /// The hang that made rdrun stop the group (issue 13), when it did: the root cause.
+    hang: Option<String>,
 }
 
 impl ResolvedReport {
     /// Index of the root cause in detection order; `None` without failures.
     pub fn root_cause(&self) -> Option<usize> {
         self.root
+    }
+
+    /// Makes a hang the root cause (rdrun stopped the group because every rank was quiet): the
+    /// suspect `rank`'s failure (else the one already chosen) shows `hang: <summary>` as its
+    /// message in the block, the JSON and the parent error file. The exit status stays that
+    /// worker's own, but never 0 (a worker that exited 0 on the stop signal still failed).
+    pub fn with_hang(mut self, rank: Option<usize>, summary: String) -> ResolvedReport {
+        let root = rank
+            .and_then(|r| self.failures.iter().position(|f| f.rank == r))
+            .or(self.root)
+            .or((!self.failures.is_empty()).then_some(0));
+        if let Some(i) = root {
+            let r = &mut self.resolved[i];
+            let text = format!("hang: {summary}");
+            r.message = text.clone();
+            r.block_message = text.clone();
+            r.short = text;
+            r.traceback = None;
+            r.data = None;
+        }
+        self.root = root;
+        self.hang = Some(summary);
+        self
+    }
+
+    /// The hang that is the root cause, if any ([`ResolvedReport::with_hang`]).
+    pub fn hang(&self) -> Option<&str> {
+        self.hang.as_deref()
     }
 
     /// The failures in detection order.
@@ -135,6 +168,7 @@ impl ResolvedReport {
     pub fn exit_code(&self) -> i32 {
         self.root
             .map(|i| self.failures[i].status.launcher_exit_code())
+            .filter(|&c| c != 0 || self.hang.is_none())
             .unwrap_or(crate::exit::LAUNCHER_FAILURE)
     }
 }
@@ -550,7 +584,9 @@ fn suffix_overlap(tail: &[String], tb: &[String]) -> usize {
 /// The report as JSON for `--report-json` (schema `rdrun.failure-report/1`, see docs/compat.md):
 /// `{schema, name, host, exit_code, root_cause, failures: [{index, rank, local_rank, pid,
 /// exitcode, signal, time, timestamp, error_file, error_file_error, message, traceback,
-/// stderr_tail}]}`. `exitcode` is torchrun's (negative for a signal); `exit_code` is rdrun's.
+/// stderr_tail}], root_cause_kind, hang}`. `exitcode` is torchrun's (negative for a signal);
+/// `exit_code` is rdrun's; `root_cause_kind` is `"hang"` when rdrun stopped the group for a
+/// hang (then `hang` is its one-line summary, else null), otherwise `"failure"`.
 pub fn to_json(report: &ResolvedReport) -> Value {
     to_json_with(report, &format_local_time)
 }
@@ -590,6 +626,8 @@ fn to_json_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> Value 
         "host": report.host,
         "exit_code": root.map(|_| report.exit_code()),
         "root_cause": root,
+        "root_cause_kind": if report.hang.is_some() { "hang" } else { "failure" },
+        "hang": report.hang,
         "failures": failures,
     })
 }
@@ -730,6 +768,37 @@ mod tests {
 
     fn message(r: &ResolvedReport) -> String {
         torchrun_message_with(r, &format_utc_time).0
+    }
+
+    #[test]
+    fn hang_is_the_root_cause_and_never_exit_zero() {
+        // Both stopped by rdrun (bystanders); rank 1 is the hang's suspect; rank 0 exited 0 on
+        // the stop signal.
+        let mut a = failure(0, 10, WorkerStatus::Exited(0), 5);
+        let mut b = failure(1, 11, WorkerStatus::Signaled(libc::SIGTERM), 6);
+        a.stop_sent_at = Some(at(4));
+        b.stop_sent_at = Some(at(4));
+        let plain = report("x", vec![a.clone(), b.clone()]);
+        assert_eq!(plain.root_cause(), Some(0));
+        assert!(plain.hang().is_none());
+        let r = report("x", vec![a.clone(), b]).with_hang(Some(1), "quiet 3s".into());
+        assert_eq!(r.root_cause(), Some(1));
+        assert_eq!(r.hang(), Some("quiet 3s"));
+        assert_eq!(r.exit_code(), 128 + libc::SIGTERM);
+        let msg = message(&r);
+        let root = msg.split("Root Cause").nth(1).unwrap();
+        assert!(root.contains("traceback : hang: quiet 3s"), "{msg}");
+        let v = to_json_with(&r, &format_utc_time);
+        assert_eq!(v["root_cause_kind"], "hang");
+        assert_eq!(v["failures"][1]["message"], "hang: quiet 3s");
+        assert_eq!(
+            to_json_with(&plain, &format_utc_time)["root_cause_kind"],
+            "failure"
+        );
+        // No suspect, and the chosen root exited 0: still a failure status.
+        let r = report("x", vec![a]).with_hang(None, "quiet".into());
+        assert_eq!(r.root_cause(), Some(0));
+        assert_eq!(r.exit_code(), crate::exit::LAUNCHER_FAILURE);
     }
 
     #[test]

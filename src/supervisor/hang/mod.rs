@@ -2,9 +2,10 @@
 //! past its budget, then capture every rank's state — Python stack, kernel waits, last output —
 //! name the suspect rank and print one block, before anything is stopped.
 //!
-//! **Status: not yet wired into the agent.** Nothing here runs in a job yet: the agent's select
-//! loop does not poll a [`HangMonitor`], the CLI has no `--hang-*` flags, and the FileTimer
-//! FIFO is not served. The pieces are complete and unit-tested on their own:
+//! **Status: wired** through `supervisor::hanglink` (the agent's poll arm, capture, files and
+//! block; kill mode takes the failure path), the `--hang-*` flags, and the FileTimer server
+//! (`hanglink::FileTimerServe`; its messages reach the detector as heartbeats without a budget).
+//! The pieces:
 //! * [`settings`]: [`HangSettings`] (defaults: kill mode, 900 s steady / 1800 s startup budget,
 //!   300 s exit skew, 5 s poll, 5 % CPU, 64 KiB I/O; 20 s capture bound) and the parsers for
 //!   `off|observe|kill`, durations and `RDRUN_HANG_*` variables.
@@ -14,7 +15,7 @@
 //! * [`capture`]: bounded, parallel capture, suspect selection, the stderr block and
 //!   `rank<R>.txt` files ([`capture()`], [`HangReport`]).
 //! * [`filetimer`]: torch's FileTimer protocol — line parser, timer table, FIFO reader task.
-//!   Expiry handling (signal only the worker tree, never rdrun) is the agent's job once wired.
+//!   Expiry handling (signal only the worker tree, never rdrun) is the agent's job.
 
 pub mod capture;
 pub mod detector;

@@ -36,7 +36,7 @@ pub use console::{Console, Stream, CONSOLE_BUDGET};
 pub use lines::MAX_LINE;
 pub use logdir::{AttemptLogs, RankLogs, RankSink, RunLogs};
 pub use prefix::{line_prefix, substitute_template, RankIdentity};
-pub use pump::{forward_to, forward_until};
+pub use pump::{forward_to, forward_until, Activity, LastLines};
 pub use tail::{
     OutputSummary, KEPT_LINE_MAX, TAIL_LINES, TRACEBACK_MAX_LINES, TRACEBACK_RECENT_LINES,
 };

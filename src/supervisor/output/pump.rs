@@ -20,12 +20,50 @@ use super::lines::{content, End, Splitter, MAX_LINE};
 use super::logdir::RankSink;
 use super::prefix::RankIdentity;
 use super::tail::{OutputSummary, StderrTracker};
+use crate::supervisor::hang::OutputCounter;
 
 /// Read size from a worker pipe.
 const READ_CHUNK: usize = 64 << 10;
 /// A console stream whose worker wrote nothing for this long in the middle of a line gets the
 /// line's start shown (prompts); a line written in one burst is never cut.
 pub const PARTIAL_IDLE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How many of a worker's last output lines [`LastLines`] keeps, and how much of each.
+const LAST_LINES: usize = 5;
+const LAST_LINE_CHARS: usize = 200;
+
+/// A worker's last few output lines (both streams, in the order read), for the hang capture.
+/// Cloning shares the buffer.
+#[derive(Debug, Clone, Default)]
+pub struct LastLines(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>);
+
+impl LastLines {
+    fn push(&self, line: &[u8]) {
+        let text = String::from_utf8_lossy(line);
+        let text: String = text.chars().take(LAST_LINE_CHARS).collect();
+        if let Ok(mut q) = self.0.lock() {
+            if q.len() == LAST_LINES {
+                q.pop_front();
+            }
+            q.push_back(text);
+        }
+    }
+
+    /// The lines kept, oldest first.
+    pub fn snapshot(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// What the hang detector learns from a worker's output: its byte count and last lines.
+#[derive(Debug, Clone, Default)]
+pub struct Activity {
+    pub bytes: OutputCounter,
+    pub last: LastLines,
+}
 
 /// Destinations of one stream of one worker.
 struct StreamPlan {
@@ -117,6 +155,7 @@ async fn pump(
     console: Console,
     mut tracker: Option<StderrTracker>,
     mut stop: Option<watch::Receiver<bool>>,
+    activity: Option<Activity>,
 ) -> Option<StderrTracker> {
     let mut reader = into_reader(fd);
     let mut splitter = Splitter::new(MAX_LINE);
@@ -196,6 +235,10 @@ async fn pump(
             }
         };
         if n > 0 {
+            // Output is activity for the hang detector, whatever its destination.
+            if let Some(a) = &activity {
+                a.bytes.add(n as u64);
+            }
             if let Some(f) = &mut plan.file {
                 // Bytes exactly as written, as soon as read: a killed worker loses nothing.
                 if let Err(e) = f.write_all(&buf[..n]) {
@@ -236,6 +279,11 @@ async fn pump(
             }
             if let Some(t) = &mut tracker {
                 t.segment(seg, end);
+            }
+            if let Some(a) = &activity {
+                if end != End::Cap {
+                    a.last.push(content(seg, end));
+                }
             }
         };
         if n > 0 {
@@ -285,8 +333,17 @@ pub fn forward_until(
     stdout: OwnedFd,
     stderr: OwnedFd,
     stop: watch::Receiver<bool>,
+    activity: Activity,
 ) -> tokio::task::JoinHandle<OutputSummary> {
-    forward_to(Console::global(), id, sink, stdout, stderr, Some(stop))
+    forward_counted(
+        Console::global(),
+        id,
+        sink,
+        stdout,
+        stderr,
+        Some(stop),
+        Some(activity),
+    )
 }
 
 /// [`forward_until`] onto a given console, `stop` optional (tests use in-memory consoles).
@@ -297,6 +354,20 @@ pub fn forward_to(
     stdout: OwnedFd,
     stderr: OwnedFd,
     stop: Option<watch::Receiver<bool>>,
+) -> tokio::task::JoinHandle<OutputSummary> {
+    forward_counted(console, id, sink, stdout, stderr, stop, None)
+}
+
+/// [`forward_to`], every byte read from either pipe also counted in `activity` and every line
+/// kept in its tail (the hang detector's output signal and capture).
+fn forward_counted(
+    console: Console,
+    id: RankIdentity,
+    sink: RankSink,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    stop: Option<watch::Receiver<bool>>,
+    activity: Option<Activity>,
 ) -> tokio::task::JoinHandle<OutputSummary> {
     let out_plan = StreamPlan::new(
         Stream::Stdout,
@@ -324,6 +395,7 @@ pub fn forward_to(
             console.clone(),
             None,
             stop.clone(),
+            activity.clone(),
         );
         let err = pump(
             id,
@@ -332,6 +404,7 @@ pub fn forward_to(
             console.clone(),
             Some(StderrTracker::default()),
             stop,
+            activity,
         );
         let (_, tracker) = tokio::join!(out, err);
         console.flush().await;
@@ -346,6 +419,20 @@ mod tests {
     use std::fs;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
+
+    #[test]
+    fn last_lines_keep_the_newest_few_and_cut_long_ones() {
+        let l = LastLines::default();
+        for i in 0..8 {
+            l.push(format!("line {i}").as_bytes());
+        }
+        let got = l.snapshot();
+        assert_eq!(got.len(), LAST_LINES);
+        assert_eq!(got.first().map(String::as_str), Some("line 3"));
+        assert_eq!(got.last().map(String::as_str), Some("line 7"));
+        l.push(&[b'x'; 1000]);
+        assert_eq!(l.snapshot().last().unwrap().len(), LAST_LINE_CHARS);
+    }
 
     /// An in-memory console stream.
     #[derive(Clone, Default)]

@@ -1,0 +1,370 @@
+//! The agent's side of hang detection (issue 13): one [`HangLink`] per attempt holds the
+//! [`HangMonitor`] and its poll timer, feeds it worker exits, and on a verdict captures every
+//! live rank, writes `rank<R>.txt` files and prints the one block on stderr. What follows the
+//! verdict (stop the group, restart) is the agent's: [`HangFinding::kill`] says whether to.
+//! [`FileTimerServe`] serves torch's FileTimer FIFO for the whole run; the agent signals what
+//! expires.
+//!
+//! Where the files go: `<log-dir>/attempt_<n>/hang/` when `--log-dir` names a directory (it
+//! outlives the run); otherwise a private directory `rdrun-hang-<run id>-<pid>/attempt_<n>/`
+//! under the temporary directory, named in the block, which rdrun never removes (the temporary
+//! log directory is cleaned at the end of the run, and the stacks must survive it).
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use tokio::time::{Interval, MissedTickBehavior};
+
+use super::hang::{
+    capture, CaptureOptions, CaptureTarget, HangMode, HangMonitor, HangSettings, RankProcs,
+    TimerFifo, TimerMsg, TimerTable, Verdict,
+};
+
+/// What the agent does with a verdict.
+#[derive(Debug, Clone)]
+pub(crate) struct HangFinding {
+    /// Stop the group and take the failure path (kill mode); else only report (observe).
+    pub kill: bool,
+    /// The suspect the capture named first (global rank), if any.
+    pub suspect: Option<u32>,
+    /// One line for the failure report's root cause, e.g. `no activity on any of 2 ranks for
+    /// 3s (budget 3s), suspect rank 1; stacks in DIR`.
+    pub summary: String,
+}
+
+/// Hang detection for one attempt; `None` from [`HangLink::new`] when it is off.
+pub(crate) struct HangLink {
+    monitor: HangMonitor,
+    interval: Interval,
+    settings: HangSettings,
+    dir: PathBuf,
+    /// A kill verdict was acted on: no more sampling in this attempt.
+    done: bool,
+}
+
+impl HangLink {
+    /// Starts detection for ranks spawned now; files of a verdict go to `dir`.
+    pub fn new(settings: &HangSettings, dir: PathBuf) -> Option<HangLink> {
+        let tty = std::io::stdin().is_terminal();
+        let monitor = HangMonitor::new(settings, tty, Instant::now());
+        if !monitor.enabled() {
+            return None;
+        }
+        if tty && settings.mode == HangMode::Kill {
+            tracing::info!("stdin is a terminal: hang detection observes only (never kills)");
+        }
+        // The first sample one interval after the spawn, not at once: nothing can be judged
+        // before, and the workers' start is left undisturbed by a /proc scan.
+        let poll = monitor.poll_interval();
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Some(HangLink {
+            monitor,
+            interval,
+            settings: settings.clone(),
+            dir,
+            done: false,
+        })
+    }
+
+    /// Whether the poll arm should run.
+    pub fn active(&self) -> bool {
+        !self.done
+    }
+
+    /// Resolves at the next poll tick.
+    pub async fn tick(&mut self) {
+        self.interval.tick().await;
+    }
+
+    /// A worker exited with torchrun's code (negative: killed by that signal).
+    pub fn rank_exited(&mut self, rank: u32, code: i32) {
+        self.monitor
+            .detector()
+            .rank_exited(rank, code, Instant::now());
+    }
+
+    /// A FileTimer message from `rank`'s tree: activity and progress.
+    pub fn heartbeat(&mut self, rank: u32, pid: i32) {
+        self.monitor
+            .detector()
+            .heartbeat(rank, pid, Instant::now(), None);
+    }
+
+    /// Samples the live ranks; on a verdict captures them, writes the files, prints the block
+    /// and says what to do.
+    /// `last_output(rank)`: that rank's last output lines, oldest first.
+    pub async fn poll(
+        &mut self,
+        live: &[RankProcs],
+        last_output: impl Fn(u32) -> Vec<String>,
+    ) -> Option<HangFinding> {
+        let verdict = self.monitor.sample(Instant::now(), live)?;
+        Some(self.act(verdict, live, last_output).await)
+    }
+
+    async fn act(
+        &mut self,
+        verdict: Verdict,
+        live: &[RankProcs],
+        last_output: impl Fn(u32) -> Vec<String>,
+    ) -> HangFinding {
+        let targets: Vec<CaptureTarget> = live
+            .iter()
+            .filter(|r| verdict.ranks.iter().any(|v| v.rank == r.rank && v.alive))
+            .map(|r| CaptureTarget {
+                rank: r.rank,
+                pid: r.pid,
+                last_output: last_output(r.rank),
+            })
+            .collect();
+        let mut report = capture(
+            &verdict,
+            &targets,
+            &CaptureOptions::from_settings(&self.settings),
+        )
+        .await;
+        let files = match report.write_files(&self.dir) {
+            Ok(_) => Some(self.dir.clone()),
+            Err(err) => {
+                tracing::warn!(dir = %self.dir.display(), "cannot write the hang capture: {err}");
+                None
+            }
+        };
+        let block = report.render();
+        eprint!("{block}");
+        let kill = verdict.action == HangMode::Kill;
+        if kill {
+            self.done = true;
+        }
+        let suspect = report.suspects.first().copied();
+        let what = block
+            .lines()
+            .next()
+            .and_then(|l| l.split_once("): "))
+            .map(|(_, w)| w.split("; captured").next().unwrap_or(w).to_string())
+            .unwrap_or_else(|| "the job stopped making progress".to_string());
+        let mut summary = what;
+        if let Some(s) = suspect {
+            summary.push_str(&format!(", suspect rank {s} ({})", report.suspect_reason));
+        }
+        if let Some(d) = files {
+            summary.push_str(&format!("; stacks in {}", d.display()));
+        }
+        HangFinding {
+            kill,
+            suspect,
+            summary,
+        }
+    }
+}
+
+/// torch's FileTimer watchdog served the right way (issue 13): with
+/// `TORCHELASTIC_ENABLE_FILE_TIMER=1` in rdrun's environment, as torchrun, the FIFO is created
+/// before any worker starts (at `TORCHELASTIC_TIMER_FILE` if set, else in a private 0700
+/// directory whose FIFO path every worker gets), kept across restarts and removed at the end.
+/// An expired timer's signal goes to that process only, and only if it belongs to a worker's
+/// process tree — never to rdrun (torchrun SIGKILLs itself) — and the worker's death takes the
+/// normal failure path.
+pub(crate) struct FileTimerServe {
+    fifo: TimerFifo,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Result<TimerMsg, String>>,
+    table: TimerTable,
+    /// The private directory rdrun made for the FIFO (removed at the end).
+    private_dir: Option<PathBuf>,
+    interval: Interval,
+}
+
+/// What woke the FileTimer arm.
+pub(crate) enum TimerWake {
+    Msg(Result<TimerMsg, String>),
+    /// Time to look for expired timers.
+    Check,
+}
+
+/// How often armed timers are checked (torch's server: `max_interval` 0.1 s).
+const TIMER_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl FileTimerServe {
+    /// `None` unless `TORCHELASTIC_ENABLE_FILE_TIMER` is `"1"`; else the server and, when rdrun
+    /// chose the path, the `TORCHELASTIC_TIMER_FILE` value every worker must get. Must run
+    /// inside the tokio runtime.
+    pub fn start(
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<(FileTimerServe, Option<String>)>, String> {
+        if env("TORCHELASTIC_ENABLE_FILE_TIMER").as_deref() != Some("1") {
+            return Ok(None);
+        }
+        let (path, private_dir) = match env("TORCHELASTIC_TIMER_FILE").filter(|p| !p.is_empty()) {
+            Some(p) => (PathBuf::from(p), None),
+            None => {
+                let dir = private_dir().map_err(|e| {
+                    format!("cannot create a private directory for the FileTimer FIFO: {e}")
+                })?;
+                (dir.join("watchdog_timer"), Some(dir))
+            }
+        };
+        let cleanup = |d: &Option<PathBuf>| {
+            if let Some(d) = d {
+                let _ = std::fs::remove_dir(d);
+            }
+        };
+        let fifo = TimerFifo::create(&path).map_err(|e| {
+            cleanup(&private_dir);
+            format!(
+                "cannot create the FileTimer FIFO {} (TORCHELASTIC_ENABLE_FILE_TIMER=1): {e}",
+                path.display()
+            )
+        })?;
+        let rx = fifo.serve().map_err(|e| {
+            format!(
+                "cannot open the FileTimer FIFO {}: {e}",
+                fifo.path().display()
+            )
+        })?;
+        let mut interval = tokio::time::interval(TIMER_CHECK);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let worker_path = private_dir
+            .is_some()
+            .then(|| fifo.path().to_string_lossy().into_owned());
+        tracing::info!(path = %fifo.path().display(), "serving torch's FileTimer watchdog");
+        Ok(Some((
+            FileTimerServe {
+                fifo,
+                rx,
+                table: TimerTable::default(),
+                private_dir,
+                interval,
+            },
+            worker_path,
+        )))
+    }
+
+    /// The next message, or the next check while some timer is armed.
+    pub async fn next(&mut self) -> TimerWake {
+        let armed = !self.table.is_empty();
+        tokio::select! {
+            m = self.rx.recv() => match m {
+                Some(m) => TimerWake::Msg(m),
+                // The reader task ended (the FIFO failed): nothing more will come.
+                None => std::future::pending().await,
+            },
+            _ = self.interval.tick(), if armed => TimerWake::Check,
+        }
+    }
+
+    pub fn apply(&mut self, msg: TimerMsg) {
+        self.table.apply(msg);
+    }
+
+    /// Takes the timers expired by now (wall clock, as torch's client sets them).
+    pub fn expired(&mut self) -> Vec<super::hang::filetimer::Expired> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.table.take_expired(now)
+    }
+
+    /// A new attempt: the previous workers' timers are void.
+    pub fn clear(&mut self) {
+        self.table.clear();
+    }
+}
+
+impl Drop for FileTimerServe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.fifo.path());
+        if let Some(d) = &self.private_dir {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// A fresh 0700 directory `rdrun-timer-<pid>-<n>` under the temporary directory.
+fn private_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut last = None;
+    for i in 0..16u32 {
+        let d = base.join(format!(
+            "rdrun-timer-{}-{:08x}",
+            std::process::id(),
+            seed.wrapping_add(i.wrapping_mul(0x9e37_79b9))
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&d) {
+            Ok(()) => return Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free name")))
+}
+
+/// The worker (of `workers`, live main pids) whose process tree holds `pid`: `pid` itself or
+/// an ancestor, found by walking `/proc/<pid>/stat` parents.
+pub(crate) fn owning_worker(pid: i32, workers: &[i32]) -> Option<i32> {
+    let mut p = pid;
+    for _ in 0..64 {
+        if p <= 1 {
+            return None;
+        }
+        if workers.contains(&p) {
+            return Some(p);
+        }
+        let text = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        p = super::hang::sample::parse_stat(&text)?.ppid;
+    }
+    None
+}
+
+/// Where an attempt's hang files go (module doc).
+pub(crate) fn hang_dir(
+    log_dir: Option<&Path>,
+    attempt_dir: Option<&Path>,
+    run_id: &str,
+    attempt: u32,
+) -> PathBuf {
+    match (log_dir, attempt_dir) {
+        (Some(d), Some(a)) if d != Path::new("/dev/null") => a.join("hang"),
+        _ => {
+            let safe: String = run_id
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            std::env::temp_dir()
+                .join(format!("rdrun-hang-{safe}-{}", std::process::id()))
+                .join(format!("attempt_{attempt}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_go_under_the_log_dir_else_a_named_temp_dir() {
+        let a = Path::new("/logs/run/attempt_1");
+        assert_eq!(
+            hang_dir(Some(Path::new("/logs")), Some(a), "x", 1),
+            a.join("hang")
+        );
+        let t = hang_dir(None, Some(a), "a/b", 2);
+        assert!(t.starts_with(std::env::temp_dir()), "{t:?}");
+        assert!(t.ends_with("attempt_2"), "{t:?}");
+        let name = t.parent().unwrap().file_name().unwrap().to_string_lossy();
+        assert!(name.starts_with("rdrun-hang-a_b-"), "{name}");
+        let n = hang_dir(Some(Path::new("/dev/null")), None, "x", 0);
+        assert!(n.starts_with(std::env::temp_dir()), "{n:?}");
+    }
+}

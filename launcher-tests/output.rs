@@ -809,6 +809,8 @@ fn full_console_drops_output_and_keeps_the_status() {
         .write(true)
         .open("/dev/full")
         .expect("open /dev/full");
+    let sync = std::env::temp_dir().join(format!("rdrun-full-console-{}", std::process::id()));
+    fs::create_dir_all(&sync).expect("sync dir");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdrun"));
     cmd.args([
         "--standalone",
@@ -816,8 +818,14 @@ fn full_console_drops_output_and_keeps_the_status() {
         "--no-python",
         "sh",
         "-c",
-        "for i in 1 2 3; do echo out$i; done; echo err$LOCAL_RANK >&2; exit 3",
+        // Each rank exits only once both have written their stderr line: otherwise the first
+        // exit makes rdrun stop the other before its line exists (a race, not the behaviour
+        // under test). The wait is bounded (about 30 s), so a broken run still ends.
+        "for i in 1 2 3; do echo out$i; done; echo err$LOCAL_RANK >&2; : > \"$SYNC/done$LOCAL_RANK\"; \
+         n=0; while [ ! -e \"$SYNC/done0\" ] || [ ! -e \"$SYNC/done1\" ]; do \
+         n=$((n+1)); [ $n -gt 3000 ] && break; sleep 0.01; done; exit 3",
     ])
+    .env("SYNC", &sync)
     .stdin(Stdio::null())
     .stdout(full)
     .stderr(Stdio::piped());
@@ -843,6 +851,7 @@ fn full_console_drops_output_and_keeps_the_status() {
         std::thread::sleep(Duration::from_millis(10));
     };
     let stderr = err.join().expect("stderr reader");
+    let _ = fs::remove_dir_all(&sync);
     // The workers' real status, their stderr still on the console, one warning, no panic.
     assert_eq!(status.code(), Some(3), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");

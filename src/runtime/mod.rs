@@ -2,23 +2,25 @@
 //! collectives, and a DDP-style gradient reducer.
 
 pub mod backend;
+pub mod bootstrap;
 #[cfg(feature = "train")]
 pub mod candle;
 pub mod ddp;
 pub mod elem;
 pub mod error;
 pub mod group;
+pub mod groupstore;
 pub mod hier;
 #[cfg(feature = "nccl")]
 pub mod nccl;
-pub mod rendezvous;
 pub mod shm;
 pub mod tcp;
 
+pub use bootstrap::{BackendChoice, GroupOptions, DEFAULT_TIMEOUT};
 pub use elem::{DType, Element, ReduceOp};
 pub use error::{Result, RuntimeError};
-pub use group::{BackendChoice, GroupOptions, ProcessGroup, DEFAULT_TIMEOUT};
-pub use rendezvous::{FileStore, MemStore, Rendezvous, StoreFailure};
+pub use group::ProcessGroup;
+pub use groupstore::{FileStore, GroupStore, MemStore, StoreFailure};
 pub use shm::cleanup_run_shm;
 
 pub use ddp::{assign_buckets, Reducer, ReducerEvent, ReducerOptions};

@@ -1,5 +1,6 @@
 //! The supervisor's single entry point: [`Rendezvous::start`] turns a [`LaunchConfig`] into a
-//! running rendezvous (store hosted or connected, address chosen), with one API for every backend.
+//! running rendezvous (store hosted or connected, address chosen), with one API for every backend
+//! (the supervisor's `rdzvlink` drives it for multi-node launches only).
 //!
 //! Loop shape (the agent owns the handle; `watch` is cancel-safe):
 //! ```text
@@ -13,10 +14,10 @@
 //!     select! {
 //!         ev = rdzv.watch() => match ev {               // stop workers, then:
 //!             NodesWaiting(_) | RoundChanged{..} | PeersLost(_) => reason = Membership,
-//!             Closed | StoreUnreachable(_) => give up (exit 1),
+//!             Closed | JobFailed(_) | StoreUnreachable(_) => give up (exit 1),
 //!         },
-//!         workers failed => if asg.restart_count < max_restarts { reason = WorkerFailure }
-//!                           else { rdzv.close().await; exit with the worker's code },
+//!         workers failed => restart (reason = WorkerFailure) or give up, as the supervisor's
+//!                           pure restart decision says (`rdzv.close_failed()` on giving up),
 //!         workers succeeded => { rdzv.exit_barrier(&asg, exit_barrier_timeout).await (log
 //!                                errors only); rdzv.close().await; exit 0 },
 //!     }

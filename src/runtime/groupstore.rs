@@ -217,7 +217,8 @@ mod tests {
 
     #[test]
     fn file_store_semantics() {
-        let dir = std::env::temp_dir().join(format!("rdrun-fs-{}", std::process::id()));
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
         let s = FileStore::new(&dir).unwrap();
         let hs: Vec<_> = (0..4)
             .map(|_| {
@@ -230,6 +231,5 @@ mod tests {
         s.set("x/y", b"1").unwrap();
         assert_eq!(s.get_wait("x/y", Duration::from_secs(1)).unwrap(), b"1");
         assert!(s.get_wait("nope", Duration::from_millis(20)).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

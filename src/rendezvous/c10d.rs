@@ -366,11 +366,6 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         &self.me.id
     }
 
-    /// The settings in use.
-    pub fn settings(&self) -> &C10dSettings {
-        &self.settings
-    }
-
     /// Nodes on the wait list as last seen by the keeper (torchrun's `num_nodes_waiting()`,
     /// refreshed every `poll_interval`).
     pub fn num_nodes_waiting(&self) -> usize {

@@ -10,14 +10,14 @@
 //! - `settings`: `--rdzv-conf` parsing. `error`: [`RendezvousError`].
 
 pub mod addr;
-pub mod barrier;
-pub mod c10d;
-pub mod error;
-pub mod handle;
-pub mod settings;
-pub mod state;
-pub mod static_;
-pub mod store;
+pub(crate) mod barrier;
+pub(crate) mod c10d;
+pub(crate) mod error;
+pub(crate) mod handle;
+pub(crate) mod settings;
+pub(crate) mod state;
+pub(crate) mod static_;
+pub(crate) mod store;
 pub mod tcp;
 
 pub use barrier::exit_barrier;

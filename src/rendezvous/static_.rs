@@ -222,11 +222,6 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         self
     }
 
-    /// Always 0: a static job never admits waiting nodes.
-    pub fn num_nodes_waiting(&self) -> usize {
-        0
-    }
-
     /// The next event of the running round (cancel-safe; pending while nothing happens).
     pub async fn watch(&mut self) -> RdzvEvent {
         loop {

@@ -15,7 +15,7 @@
 //! to exit so the launcher restarts the round.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs, UdpSocket};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use super::backend::Backend;
@@ -41,7 +41,7 @@ pub struct ProcessGroup {
     hosts: Vec<String>,
     state: Mutex<State>,
     #[cfg(feature = "nccl")]
-    nccl: Option<Arc<super::nccl::NcclGroup>>,
+    nccl: Option<std::sync::Arc<super::nccl::NcclGroup>>,
 }
 
 /// This machine's identity: hostname plus kernel boot id (two containers sharing a hostname but
@@ -261,7 +261,7 @@ impl ProcessGroup {
             })?;
         #[cfg(feature = "nccl")]
         let nccl = match (use_nccl, &probe) {
-            (true, Ok(ordinal)) => Some(Arc::new(super::nccl::NcclGroup::new(
+            (true, Ok(ordinal)) => Some(std::sync::Arc::new(super::nccl::NcclGroup::new(
                 store,
                 &format!("{prefix}nccl/"),
                 rank,
@@ -533,9 +533,6 @@ impl ProcessGroup {
         self.run("barrier", |b| b.barrier())
     }
 }
-
-/// Shared handle type used by the reducer.
-pub type SharedGroup = Arc<ProcessGroup>;
 
 #[cfg(test)]
 mod tests {

@@ -107,7 +107,6 @@ struct Conn {
 struct Shared {
     conn: Mutex<Conn>,
     timeout: StdMutex<Duration>,
-    peer: SocketAddr,
 }
 
 /// Async TCPStore client. Cloning (or [`Client::with_prefix`]) shares the connection.
@@ -128,7 +127,7 @@ impl Client {
         let mut backoff = Backoff::default();
         loop {
             let last = match try_connect(host, port, deadline).await {
-                Ok((stream, peer)) => {
+                Ok((stream, _peer)) => {
                     return Ok(Client {
                         shared: Arc::new(Shared {
                             conn: Mutex::new(Conn {
@@ -137,7 +136,6 @@ impl Client {
                                 broken: false,
                             }),
                             timeout: StdMutex::new(DEFAULT_TIMEOUT),
-                            peer,
                         }),
                         prefix: "/".into(),
                     })
@@ -158,11 +156,6 @@ impl Client {
                 return Err(connect_error(host, port, last));
             }
         }
-    }
-
-    /// The server's address.
-    pub fn peer_addr(&self) -> SocketAddr {
-        self.shared.peer
     }
 
     /// Sets the timeout of every later operation on this connection (all clones and prefixes),

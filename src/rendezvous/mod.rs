@@ -20,12 +20,10 @@ pub(crate) mod static_;
 pub(crate) mod store;
 pub mod tcp;
 
-pub use barrier::exit_barrier;
 pub use c10d::{C10dRendezvous, RdzvEvent, RoundRequest};
 pub use error::RendezvousError;
-pub use handle::{Backend, NodeSpec, Rendezvous};
-pub use settings::{C10dSettings, StaticSettings};
+pub use handle::{NodeSpec, Rendezvous};
+pub use settings::C10dSettings;
 pub use state::{Assignment, RoundReason};
-pub use static_::StaticRendezvous;
-pub use store::{MemStore, RdzvStore, StoreOpError};
+pub use store::{RdzvStore, StoreOpError};
 pub use tcp::TcpRdzvStore;

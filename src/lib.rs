@@ -25,9 +25,11 @@
 //! worker process: WorkerEnv::from_env -> runtime::ProcessGroup -> store client -> tcp | shm | nccl
 //! ```
 //!
-//! Dependency direction: `store` depends on nothing else in the crate; `rendezvous` uses only
-//! `store`; `supervisor` uses `rendezvous`, `store`, `config`, `workerenv`; `runtime` uses only
-//! `store` and `workerenv`.
+//! Dependency direction (enforced by the `import_rules` test): `cli`, `workerenv`, `store` and
+//! `cluster` depend on nothing else in the crate; `rendezvous` uses `store` and `config`'s spec
+//! types; `config` uses `cli`, `cluster`, `exit`, `workerenv`; `supervisor` uses `rendezvous`,
+//! `store`, `config`, `cluster`, `exit`, `workerenv`; `exit` maps `supervisor::RunEnd`;
+//! `runtime` uses only `store` and `workerenv`.
 
 pub mod cli;
 pub mod cluster;
@@ -38,3 +40,6 @@ pub mod runtime;
 pub mod store;
 pub mod supervisor;
 pub mod workerenv;
+
+#[cfg(test)]
+mod import_rules;

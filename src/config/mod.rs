@@ -29,6 +29,7 @@ mod cluster;
 mod command;
 mod endpoint;
 mod flags;
+pub mod hang;
 mod host;
 
 pub use cluster::{ClusterPlan, TopologyFormat};
@@ -191,7 +192,7 @@ pub struct LaunchConfig {
     /// The resolved topology (detected scheduler or local) and whether this is a dry run.
     pub cluster: ClusterPlan,
     /// Hang detection (issue 13): `RDRUN_HANG_*` / `RDRUN_PY_SPY`, then the `--hang-*` flags.
-    pub hang: crate::supervisor::hang::HangSettings,
+    pub hang: hang::HangSettings,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -480,11 +481,8 @@ fn resolve_args(
 }
 
 /// Hang settings: the defaults, the `RDRUN_HANG_*` variables, then the flags given.
-fn resolve_hang(
-    args: &LaunchArgs,
-    env: EnvFn<'_>,
-) -> Result<crate::supervisor::hang::HangSettings, ConfigError> {
-    let mut s = crate::supervisor::hang::HangSettings::from_env(env).map_err(ConfigError::Hang)?;
+fn resolve_hang(args: &LaunchArgs, env: EnvFn<'_>) -> Result<hang::HangSettings, ConfigError> {
+    let mut s = hang::HangSettings::from_env(env).map_err(ConfigError::Hang)?;
     for (name, value) in &args.hang {
         s.set(name, value).map_err(ConfigError::Hang)?;
     }

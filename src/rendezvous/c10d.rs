@@ -245,30 +245,6 @@ fn closed_event(state: &RdzvState) -> RdzvEvent {
     }
 }
 
-/// Small xorshift generator for backoff jitter (no dependency; quality is irrelevant here).
-struct Jitter(u64);
-
-impl Jitter {
-    fn new(seed: &str) -> Self {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let h = seed.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        });
-        Self((t ^ h) | 1)
-    }
-
-    /// A duration uniformly drawn from `[0, cap)`.
-    fn below(&mut self, cap: Duration) -> Duration {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        let unit = (self.0 >> 11) as f64 / (1u64 << 53) as f64;
-        cap.mul_f64(unit)
-    }
-}
-
 /// Reads the state text without blocking and without changing an existing state.
 async fn read_text<S: RdzvStore>(store: &S, key: &str) -> Result<Vec<u8>, StoreOpError> {
     store.compare_set(key, b"", NO_STATE).await
@@ -390,11 +366,6 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         &self.me.id
     }
 
-    /// The settings in use.
-    pub fn settings(&self) -> &C10dSettings {
-        &self.settings
-    }
-
     /// Nodes on the wait list as last seen by the keeper (torchrun's `num_nodes_waiting()`,
     /// refreshed every `poll_interval`).
     pub fn num_nodes_waiting(&self) -> usize {
@@ -465,7 +436,6 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         let mut poll = min_poll;
         let mut lost = 0u32;
         let max_backoff = Duration::from_millis(100).min(self.settings.poll_interval);
-        let mut jitter = Jitter::new(&self.me.id);
         let mut announced: Option<u64> = None;
         let nnodes = nnodes_text(min, max);
         let mut text = self
@@ -627,7 +597,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                             // attempt costs a full state transfer).
                             lost += 1;
                             let cap = Duration::from_millis(1u64 << lost.min(7)).min(max_backoff);
-                            tokio::time::sleep(jitter.below(cap)).await;
+                            tokio::time::sleep(cap.mul_f64(fastrand::f64())).await;
                             tracing::debug!(lost, "rendezvous state changed under us; retrying");
                             Ok(got)
                         }

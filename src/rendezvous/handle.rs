@@ -1,5 +1,6 @@
 //! The supervisor's single entry point: [`Rendezvous::start`] turns a [`LaunchConfig`] into a
-//! running rendezvous (store hosted or connected, address chosen), with one API for every backend.
+//! running rendezvous (store hosted or connected, address chosen), with one API for every backend
+//! (the supervisor's `rdzvlink` drives it for multi-node launches only).
 //!
 //! Loop shape (the agent owns the handle; `watch` is cancel-safe):
 //! ```text
@@ -13,10 +14,10 @@
 //!     select! {
 //!         ev = rdzv.watch() => match ev {               // stop workers, then:
 //!             NodesWaiting(_) | RoundChanged{..} | PeersLost(_) => reason = Membership,
-//!             Closed | StoreUnreachable(_) => give up (exit 1),
+//!             Closed | JobFailed(_) | StoreUnreachable(_) => give up (exit 1),
 //!         },
-//!         workers failed => if asg.restart_count < max_restarts { reason = WorkerFailure }
-//!                           else { rdzv.close().await; exit with the worker's code },
+//!         workers failed => restart (reason = WorkerFailure) or give up, as the supervisor's
+//!                           pure restart decision says (`rdzv.close_failed()` on giving up),
 //!         workers succeeded => { rdzv.exit_barrier(&asg, exit_barrier_timeout).await (log
 //!                                errors only); rdzv.close().await; exit 0 },
 //!     }
@@ -36,7 +37,7 @@ use super::barrier::exit_barrier;
 use super::c10d::{C10dRendezvous, RdzvEvent, RoundRequest};
 use super::error::RendezvousError;
 use super::settings::{unknown_keys, C10dSettings, StaticSettings};
-use super::state::{Assignment, RoundReason};
+use super::state::Assignment;
 use super::static_::StaticRendezvous;
 use super::store::{RdzvStore, StoreOpError};
 use super::tcp::{self, TcpRdzvStore};
@@ -50,14 +51,6 @@ pub struct NodeSpec {
     pub node_rank: usize,
     pub nproc_per_node: usize,
     pub local_addr: Option<String>,
-}
-
-/// A single-node run: no peers, no store traffic; rounds are counted locally.
-#[derive(Debug, Default)]
-pub struct SingleNode {
-    nproc: usize,
-    round: Option<u64>,
-    restarts: u32,
 }
 
 /// The endpoint to connect to: port 0 (issue 17.5, one node only, checked by the config) means
@@ -85,7 +78,6 @@ fn served_endpoint(
 
 /// One rendezvous of any backend.
 pub enum Backend {
-    Single(SingleNode),
     Static(StaticRendezvous<TcpRdzvStore>),
     C10d(C10dRendezvous<TcpRdzvStore>),
 }
@@ -115,7 +107,7 @@ const CLOSE_ACK_WAIT: Duration = Duration::from_secs(5);
 
 impl Rendezvous {
     /// Hosts or connects the store of `config`'s backend and chooses this node's address.
-    /// Standalone / single-node runs (`rdzv.endpoint == None`) need no store.
+    /// Standalone / single-node runs (`rdzv.endpoint == None`) have none: an error here.
     pub async fn start(config: &LaunchConfig) -> Result<Rendezvous, RendezvousError> {
         Self::start_with(
             &config.rdzv,
@@ -134,17 +126,12 @@ impl Rendezvous {
         rdzv: &RdzvConfig,
         config: NodeSpec,
     ) -> Result<Rendezvous, RendezvousError> {
+        // A single-node run needs no rendezvous: the supervisor never starts one for it.
         let Some(endpoint) = rdzv.endpoint.clone() else {
-            return Ok(Rendezvous {
-                rdzv: Backend::Single(SingleNode {
-                    nproc: config.nproc_per_node,
-                    ..SingleNode::default()
-                }),
-                store: None,
-                server: None,
-                me: None,
-                advertised: None,
-            });
+            return Err(RendezvousError::Unsupported(
+                "a rendezvous needs an endpoint (--rdzv-endpoint or --master-addr/--master-port)"
+                    .into(),
+            ));
         };
         let unknown = unknown_keys(&rdzv.conf);
         if !unknown.is_empty() {
@@ -278,11 +265,6 @@ impl Rendezvous {
     /// The next event of the running round (cancel-safe); see [`Backend::watch`].
     pub async fn watch(&mut self) -> RdzvEvent {
         self.rdzv.watch().await
-    }
-
-    /// Nodes waiting to join (c10d; 0 otherwise).
-    pub fn num_nodes_waiting(&self) -> usize {
-        self.rdzv.num_nodes_waiting()
     }
 
     /// Marks the rendezvous closed for every node and stops heartbeats (torchrun's `shutdown()`):
@@ -421,44 +403,14 @@ impl Backend {
         match self {
             Backend::C10d(r) => r.next_round(req).await,
             Backend::Static(r) => r.next_round(req.reason).await,
-            Backend::Single(s) => {
-                let round = s.round.map_or(0, |r| r + 1);
-                if s.round.is_some() && req.reason == RoundReason::WorkerFailure {
-                    s.restarts += 1;
-                }
-                s.round = Some(round);
-                Ok(Assignment {
-                    round,
-                    group_rank: 0,
-                    group_world_size: 1,
-                    local_world_size: s.nproc,
-                    base_rank: 0,
-                    world_size: s.nproc,
-                    master_addr: "127.0.0.1".into(),
-                    master_port: req.master_port,
-                    restart_count: s.restarts,
-                    reason: req.reason,
-                    store_prefix: String::new(),
-                    nodes: vec![("127.0.0.1".into(), s.nproc)],
-                })
-            }
         }
     }
 
-    /// The next event of the running round; pending forever for a single node.
+    /// The next event of the running round.
     pub async fn watch(&mut self) -> RdzvEvent {
         match self {
             Backend::C10d(r) => r.watch().await,
             Backend::Static(r) => r.watch().await,
-            Backend::Single(_) => std::future::pending().await,
-        }
-    }
-
-    /// Nodes waiting to join (c10d only).
-    pub fn num_nodes_waiting(&self) -> usize {
-        match self {
-            Backend::C10d(r) => r.num_nodes_waiting(),
-            _ => 0,
         }
     }
 
@@ -468,7 +420,6 @@ impl Backend {
         match self {
             Backend::C10d(r) => r.close(reason).await,
             Backend::Static(r) => r.close(reason).await,
-            Backend::Single(_) => Ok(()),
         }
     }
 
@@ -477,7 +428,6 @@ impl Backend {
         match self {
             Backend::C10d(r) => r.unacked_close().await,
             Backend::Static(r) => r.unacked_close().await,
-            Backend::Single(_) => Vec::new(),
         }
     }
 
@@ -485,7 +435,6 @@ impl Backend {
         match self {
             Backend::C10d(r) => r.poll_interval(),
             Backend::Static(r) => r.poll_interval(),
-            Backend::Single(_) => Duration::ZERO,
         }
     }
 }
@@ -494,23 +443,6 @@ impl Backend {
 mod tests {
     use super::*;
     use crate::config::Endpoint;
-
-    #[tokio::test]
-    async fn single_node_counts_failure_restarts_locally() {
-        let mut b = Backend::Single(SingleNode {
-            nproc: 4,
-            ..SingleNode::default()
-        });
-        let req = |reason| RoundRequest {
-            reason,
-            master_port: 1234,
-        };
-        let a = b.next_round(req(RoundReason::Initial)).await.unwrap();
-        assert_eq!((a.world_size, a.restart_count, a.master_port), (4, 0, 1234));
-        let a = b.next_round(req(RoundReason::WorkerFailure)).await.unwrap();
-        assert_eq!((a.round, a.restart_count), (1, 1));
-        assert_eq!(b.num_nodes_waiting(), 0);
-    }
 
     fn rdzv_config(backend: RdzvBackend) -> RdzvConfig {
         RdzvConfig {

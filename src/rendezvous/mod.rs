@@ -10,22 +10,20 @@
 //! - `settings`: `--rdzv-conf` parsing. `error`: [`RendezvousError`].
 
 pub mod addr;
-pub mod barrier;
-pub mod c10d;
-pub mod error;
-pub mod handle;
-pub mod settings;
-pub mod state;
-pub mod static_;
-pub mod store;
+pub(crate) mod barrier;
+pub(crate) mod c10d;
+pub(crate) mod error;
+pub(crate) mod handle;
+pub(crate) mod settings;
+pub(crate) mod state;
+pub(crate) mod static_;
+pub(crate) mod store;
 pub mod tcp;
 
-pub use barrier::exit_barrier;
 pub use c10d::{C10dRendezvous, RdzvEvent, RoundRequest};
 pub use error::RendezvousError;
-pub use handle::{Backend, NodeSpec, Rendezvous};
-pub use settings::{C10dSettings, StaticSettings};
+pub use handle::{NodeSpec, Rendezvous};
+pub use settings::C10dSettings;
 pub use state::{Assignment, RoundReason};
-pub use static_::StaticRendezvous;
-pub use store::{MemStore, RdzvStore, StoreOpError};
+pub use store::{RdzvStore, StoreOpError};
 pub use tcp::TcpRdzvStore;

@@ -1,6 +1,6 @@
 //! `--rdzv-backend=static`: a fixed set of `nnodes` agents, each given its `--node-rank`.
 //!
-//! Node 0 hosts the store at `master_addr:master_port` (see `connect.rs`), the others connect with
+//! Node 0 hosts the store at `master_addr:master_port` (see `tcp.rs`, the one store binder), the others connect with
 //! retry until the rendezvous `timeout` (conf `timeout`, default 900 s as torchrun, spec §4.3).
 //! GROUP_RANK = node rank; each agent publishes its nproc, so RANK = (Σ nproc of lower node
 //! ranks) + local rank and WORLD_SIZE = Σ nproc (heterogeneous nproc works); MASTER_ADDR/PORT are
@@ -220,11 +220,6 @@ impl<S: RdzvStore> StaticRendezvous<S> {
     pub fn with_keeper_store(mut self, store: Arc<S>) -> Self {
         self.keeper_store = store;
         self
-    }
-
-    /// Always 0: a static job never admits waiting nodes.
-    pub fn num_nodes_waiting(&self) -> usize {
-        0
     }
 
     /// The next event of the running round (cancel-safe; pending while nothing happens).

@@ -1,17 +1,22 @@
-//! The few store operations the rendezvous needs, as a trait, plus an in-memory implementation.
+//! The few store operations the rendezvous needs, as a trait, plus an in-memory implementation
+//! for tests.
 //!
 //! The rendezvous logic (static and c10d-like) is written against [`RdzvStore`] so it can be
-//! tested deterministically with several simulated nodes in one process ([`MemStore`], with
+//! tested deterministically with several simulated nodes in one process (`MemStore`, with
 //! per-node fault injection) and run for real over the TCPStore-compatible client
 //! (`crate::store::client`). Semantics follow PyTorch's TCPStore (spec tcpstore-protocol §2):
 //! `compare_set` on a missing key with an empty `expected` creates it and returns `desired`, on a
 //! missing key with a non-empty `expected` returns `expected`, otherwise returns the value now
 //! stored; `add` stores ASCII decimal and counts a missing key as 0.
 
+#[cfg(test)]
 use std::collections::HashMap;
 use std::future::Future;
+#[cfg(test)]
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+#[cfg(test)]
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// A store operation that failed (connection lost, timeout, protocol error).
@@ -100,6 +105,7 @@ pub async fn try_get<S: RdzvStore>(store: &S, key: &str) -> StoreResult<Option<V
     Ok((v != ABSENT).then_some(v))
 }
 
+#[cfg(test)]
 #[derive(Default)]
 struct MemInner {
     map: Mutex<HashMap<String, Vec<u8>>>,
@@ -111,12 +117,14 @@ struct MemInner {
 /// Each handle can be cut off ([`MemStore::set_cut`]): its operations then fail as if its link
 /// were down, while the other handles keep working. Waits poll in small steps, so they work under
 /// tokio's paused clock.
+#[cfg(test)]
 #[derive(Clone, Default)]
 pub struct MemStore {
     inner: Arc<MemInner>,
     cut: Arc<AtomicBool>,
 }
 
+#[cfg(test)]
 impl MemStore {
     /// A new, empty store.
     pub fn new() -> Self {
@@ -155,6 +163,7 @@ impl MemStore {
     }
 }
 
+#[cfg(test)]
 impl RdzvStore for MemStore {
     fn describe(&self) -> String {
         "(in memory)".into()

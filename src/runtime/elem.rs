@@ -389,11 +389,9 @@ impl AlignedBuf {
             len,
         }
     }
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
     /// Grows (never shrinks) to at least `len` bytes and sets the visible length.
     pub fn ensure(&mut self, len: usize) {

@@ -4,142 +4,28 @@
 //! Setup (spec runtime.md §6): every key lives under `rdrun/<run_id>/<restart>/<tag>/` so a
 //! restarted group never reads a previous round's keys. Each rank binds a TCP listener, publishes
 //! `addr/<rank>` = `ip:port` and its host identity (hostname + boot id, as NCCL's host hash), and
-//! reads everyone else's. `auto` picks shared memory when all ranks share one host, TCP otherwise.
-//! The group finishes setup with a backend barrier, so a returned group is fully connected.
+//! reads everyone else's. `auto` picks shared memory when all ranks share one host, shared memory
+//! inside hosts + TCP between host leaders when some host has several ranks, TCP otherwise
+//! ([`choose_backend`]), and also brings up an NCCL communicator when every rank can
+//! ([`nccl_decision`]). The group finishes setup with a backend barrier, so a returned group is
+//! fully connected. Options and the store connection come from [`super::bootstrap`].
 //!
 //! Errors poison the group: after the first failure every call returns
 //! [`RuntimeError::Poisoned`] (the sockets or slots may be mid-message), and the caller is expected
 //! to exit so the launcher restarts the round.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs, UdpSocket};
-use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use super::backend::Backend;
+use super::bootstrap::{store_from_env, BackendChoice, GroupOptions};
 use super::elem::{Element, ReduceOp};
 use super::error::{Result, RuntimeError};
-use super::rendezvous::{Rendezvous, StoreFailure};
-use super::shm::{unique_segment_path, ShmComm, ShmSetup, DEFAULT_SLOT};
+use super::groupstore::{GroupStore, StoreFailure};
+use super::shm::{unique_segment_path, ShmComm, ShmSetup};
 use super::tcp::TcpMesh;
 use crate::workerenv::WorkerEnv;
-
-/// Default bound on any single wait (store, peer data, barrier).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Which backend to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendChoice {
-    /// Shared memory when every rank is on this host, TCP otherwise.
-    Auto,
-    Tcp,
-    Shm,
-    /// Shared memory inside each host, TCP between host leaders.
-    Hier,
-    /// NCCL for everything (host slices staged through the device); needs the `nccl` feature, a
-    /// CUDA driver, libnccl and a device for every rank.
-    Nccl,
-}
-
-impl FromStr for BackendChoice {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "auto" | "" => Ok(BackendChoice::Auto),
-            "tcp" | "gloo" => Ok(BackendChoice::Tcp),
-            "shm" => Ok(BackendChoice::Shm),
-            "hier" | "shm+tcp" => Ok(BackendChoice::Hier),
-            "nccl" => Ok(BackendChoice::Nccl),
-            other => Err(format!(
-                "unknown backend {other:?} (expected auto, tcp, shm, hier or nccl)"
-            )),
-        }
-    }
-}
-
-/// Everything the explicit constructor needs.
-#[derive(Debug, Clone)]
-pub struct GroupOptions {
-    pub rank: usize,
-    pub world_size: usize,
-    pub run_id: String,
-    pub restart_count: u32,
-    /// Names the communicator inside a round (several groups may coexist).
-    pub tag: String,
-    pub backend: BackendChoice,
-    /// Bound on every wait; a dead or stuck peer is reported no later than this.
-    pub timeout: Duration,
-    /// Address to listen on and publish; `None` = the interface that routes to the store.
-    pub advertise_ip: Option<IpAddr>,
-    /// Host identity override (tests fake multi-host worlds with it).
-    pub host_id: Option<String>,
-    /// Bytes per shared-memory slot.
-    pub shm_slot_bytes: usize,
-    /// Local rank: picks the CUDA device for NCCL (see `nccl::device_ordinal`).
-    pub local_rank: usize,
-    /// `Auto` also brings up an NCCL communicator for device buffers when every rank can
-    /// (`RDRUN_AUTO_NCCL=0` turns this off).
-    pub auto_nccl: bool,
-}
-
-impl GroupOptions {
-    pub fn new(rank: usize, world_size: usize, run_id: &str) -> Self {
-        GroupOptions {
-            rank,
-            world_size,
-            run_id: run_id.to_string(),
-            restart_count: 0,
-            tag: "default".to_string(),
-            backend: BackendChoice::Auto,
-            timeout: DEFAULT_TIMEOUT,
-            advertise_ip: None,
-            host_id: None,
-            shm_slot_bytes: DEFAULT_SLOT,
-            local_rank: rank,
-            auto_nccl: true,
-        }
-    }
-
-    /// Options from the launcher's environment plus `RDRUN_BACKEND`, `RDRUN_TIMEOUT_SECS`,
-    /// `RDRUN_AUTO_NCCL`, `RDRUN_SHM_SLOT_BYTES`.
-    pub fn from_worker_env(env: &WorkerEnv) -> Result<Self> {
-        let mut o = GroupOptions::new(env.rank, env.world_size, &env.run_id);
-        o.restart_count = env.restart_count;
-        o.local_rank = env.local_rank;
-        let inv = |msg: String| RuntimeError::Invalid {
-            rank: env.rank,
-            op: "init",
-            msg,
-        };
-        if let Ok(b) = std::env::var("RDRUN_BACKEND") {
-            o.backend = b.parse().map_err(inv)?;
-        }
-        if let Ok(t) = std::env::var("RDRUN_TIMEOUT_SECS") {
-            let secs: f64 = t
-                .trim()
-                .parse()
-                .map_err(|_| inv(format!("RDRUN_TIMEOUT_SECS={t:?} is not a number")))?;
-            if !(secs > 0.0 && secs.is_finite()) {
-                return Err(inv(format!("RDRUN_TIMEOUT_SECS={t:?} must be positive")));
-            }
-            o.timeout = Duration::from_secs_f64(secs);
-        }
-        if let Ok(v) = std::env::var("RDRUN_AUTO_NCCL") {
-            o.auto_nccl = match v.trim() {
-                "1" | "true" | "yes" | "" => true,
-                "0" | "false" | "no" => false,
-                _ => return Err(inv(format!("RDRUN_AUTO_NCCL={v:?}: expected 0 or 1"))),
-            };
-        }
-        if let Ok(s) = std::env::var("RDRUN_SHM_SLOT_BYTES") {
-            o.shm_slot_bytes = s
-                .trim()
-                .parse()
-                .map_err(|_| inv(format!("RDRUN_SHM_SLOT_BYTES={s:?} is not a byte count")))?;
-        }
-        Ok(o)
-    }
-}
 
 struct State {
     backend: Box<dyn Backend>,
@@ -155,7 +41,7 @@ pub struct ProcessGroup {
     hosts: Vec<String>,
     state: Mutex<State>,
     #[cfg(feature = "nccl")]
-    nccl: Option<Arc<super::nccl::NcclGroup>>,
+    nccl: Option<std::sync::Arc<super::nccl::NcclGroup>>,
 }
 
 /// This machine's identity: hostname plus kernel boot id (two containers sharing a hostname but
@@ -193,20 +79,6 @@ pub fn advertise_ip_for(master_addr: &str, master_port: u16) -> IpAddr {
         }
         None => IpAddr::V4(Ipv4Addr::LOCALHOST),
     }
-}
-
-/// Connects to the launcher's TCP store at MASTER_ADDR:MASTER_PORT (blocking client, retrying
-/// until `timeout`).
-pub fn connect_store(env: &WorkerEnv, timeout: Duration) -> Result<Box<dyn Rendezvous>> {
-    let c =
-        crate::store::client::BlockingClient::connect(&env.master_addr, env.master_port, timeout)
-            .map_err(|e| RuntimeError::Store {
-            rank: env.rank,
-            op: "init",
-            msg: e.to_string(),
-        })?;
-    c.set_timeout(timeout);
-    Ok(Box::new(c))
 }
 
 /// Decides the backend from the choice and every rank's host identity: one host → shared
@@ -275,7 +147,7 @@ fn store_err(rank: usize, op: &'static str, e: StoreFailure) -> RuntimeError {
 }
 
 struct StoreShmSetup<'a> {
-    store: &'a dyn Rendezvous,
+    store: &'a dyn GroupStore,
     prefix: String,
     /// Global rank, for error messages.
     rank: usize,
@@ -317,7 +189,7 @@ impl ShmSetup for StoreShmSetup<'_> {
 
 impl ProcessGroup {
     /// Joins the group described by `opts` through `store` (blocking, bounded by `opts.timeout`).
-    pub fn new(store: &dyn Rendezvous, opts: &GroupOptions) -> Result<Self> {
+    pub fn new(store: &dyn GroupStore, opts: &GroupOptions) -> Result<Self> {
         let (rank, world) = (opts.rank, opts.world_size);
         let op = "init";
         if world == 0 || rank >= world {
@@ -389,7 +261,7 @@ impl ProcessGroup {
             })?;
         #[cfg(feature = "nccl")]
         let nccl = match (use_nccl, &probe) {
-            (true, Ok(ordinal)) => Some(Arc::new(super::nccl::NcclGroup::new(
+            (true, Ok(ordinal)) => Some(std::sync::Arc::new(super::nccl::NcclGroup::new(
                 store,
                 &format!("{prefix}nccl/"),
                 rank,
@@ -510,7 +382,7 @@ impl ProcessGroup {
     /// Joins using the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
     /// TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, RDRUN_BACKEND, RDRUN_TIMEOUT_SECS) and
     /// a given store connection.
-    pub fn init_with_store(store: &dyn Rendezvous) -> Result<Self> {
+    pub fn init_with_store(store: &dyn GroupStore) -> Result<Self> {
         let env = WorkerEnv::from_env().map_err(|source| RuntimeError::Env {
             rank: 0,
             op: "init",
@@ -524,18 +396,13 @@ impl ProcessGroup {
     /// Joins using the launcher's environment: the TCP store at MASTER_ADDR:MASTER_PORT, or the
     /// directory store named by `RDRUN_FILE_STORE` when that is set.
     pub fn init_from_env() -> Result<Self> {
-        if let Some(dir) = std::env::var_os("RDRUN_FILE_STORE") {
-            let store = super::rendezvous::FileStore::new(std::path::PathBuf::from(dir))
-                .map_err(|e| store_err(0, "init", e))?;
-            return Self::init_with_store(&store);
-        }
         let env = WorkerEnv::from_env().map_err(|source| RuntimeError::Env {
             rank: 0,
             op: "init",
             source,
         })?;
         let opts = GroupOptions::from_worker_env(&env)?;
-        let store = connect_store(&env, opts.timeout)?;
+        let store = store_from_env(&env, opts.timeout)?;
         Self::init_with_store(store.as_ref())
     }
 
@@ -667,9 +534,6 @@ impl ProcessGroup {
     }
 }
 
-/// Shared handle type used by the reducer.
-pub type SharedGroup = Arc<ProcessGroup>;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -736,7 +600,7 @@ mod tests {
         if probe.is_ok() {
             return; // a GPU machine: scripts/gpu-check.sh covers NCCL itself
         }
-        let store = super::super::rendezvous::MemStore::new();
+        let store = super::super::groupstore::MemStore::new();
         let results: Vec<Result<ProcessGroup>> = std::thread::scope(|sc| {
             let handles: Vec<_> = (0..2)
                 .map(|r| {
@@ -765,7 +629,7 @@ mod tests {
         let names = super::super::tests::run_world(
             2,
             BackendChoice::Auto,
-            DEFAULT_SLOT,
+            super::super::shm::DEFAULT_SLOT,
             Duration::from_secs(60),
             |pg| {
                 #[cfg(feature = "nccl")]

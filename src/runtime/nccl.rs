@@ -27,9 +27,10 @@ use cudarc::nccl::{Comm, Id, NcclType};
 use bytemuck::Pod;
 
 use super::backend::Backend;
+use super::bootstrap::{store_from_env, GroupOptions};
 use super::elem::{DType, Element, ReduceOp};
 use super::error::{Result, RuntimeError};
-use super::rendezvous::{FileStore, Rendezvous, StoreFailure};
+use super::groupstore::{GroupStore, StoreFailure};
 use crate::workerenv::WorkerEnv;
 
 /// Which CUDA device a local rank uses: `RDRUN_CUDA_DEVICE` wins; a single visible device is 0;
@@ -212,7 +213,7 @@ impl NcclGroup {
     /// Creates the communicator: preflight, unique id through `store` under `prefix`, then the
     /// owning thread binds `ordinal` and calls `Comm::from_rank` on a fresh stream.
     pub fn new(
-        store: &dyn Rendezvous,
+        store: &dyn GroupStore,
         prefix: &str,
         rank: usize,
         world: usize,
@@ -321,7 +322,7 @@ impl NcclGroup {
             op: "init",
             source,
         })?;
-        let opts = super::group::GroupOptions::from_worker_env(&env)?;
+        let opts = GroupOptions::from_worker_env(&env)?;
         let ordinal =
             probe_device(env.rank, env.local_rank).map_err(|why| RuntimeError::Unavailable {
                 rank: env.rank,
@@ -330,13 +331,7 @@ impl NcclGroup {
                 why,
             })?;
         let prefix = format!("rdrun/{}/{}/nccl/", env.run_id, env.restart_count);
-        let store: Box<dyn Rendezvous> = match std::env::var_os("RDRUN_FILE_STORE") {
-            Some(dir) => Box::new(
-                FileStore::new(std::path::PathBuf::from(dir))
-                    .map_err(|e| store_err(env.rank, e))?,
-            ),
-            None => super::group::connect_store(&env, opts.timeout)?,
-        };
+        let store = store_from_env(&env, opts.timeout)?;
         Self::new(
             store.as_ref(),
             &prefix,
@@ -685,7 +680,7 @@ mod tests {
             matches!(e, RuntimeError::Unavailable { rank: 3, .. }),
             "{e}"
         );
-        let store = super::super::rendezvous::MemStore::new();
+        let store = super::super::groupstore::MemStore::new();
         let e = NcclGroup::new(&store, "p/", 0, 1, 0, Duration::from_secs(1))
             .err()
             .expect("no nccl here");

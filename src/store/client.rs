@@ -20,7 +20,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -69,33 +69,22 @@ pub struct Backoff {
     next: Duration,
     factor: f64,
     max: Duration,
-    rng: u64,
 }
 
 impl Backoff {
     /// Starts at `initial`, multiplies by `factor` up to `max`.
     pub fn new(initial: Duration, factor: f64, max: Duration) -> Backoff {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        // Seed from time and pid so that many clients started together spread out.
-        let seed = nanos ^ (u64::from(std::process::id()) << 32) ^ 0x9E37_79B9_7F4A_7C15;
         Backoff {
             next: initial,
             factor,
             max,
-            rng: seed | 1,
         }
     }
 
-    /// The next delay: the current base scaled by a factor in [0.5, 1.5).
+    /// The next delay: the current base scaled by a factor in [0.5, 1.5). The jitter comes from
+    /// `fastrand`'s per-thread generator, seeded randomly, so clients started together spread out.
     pub fn next_delay(&mut self) -> Duration {
-        // xorshift64: enough for jitter, no dependency.
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        let unit = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
-        let d = self.next.mul_f64(0.5 + unit);
+        let d = self.next.mul_f64(0.5 + fastrand::f64());
         self.next = self.next.mul_f64(self.factor).min(self.max);
         d
     }
@@ -118,7 +107,6 @@ struct Conn {
 struct Shared {
     conn: Mutex<Conn>,
     timeout: StdMutex<Duration>,
-    peer: SocketAddr,
 }
 
 /// Async TCPStore client. Cloning (or [`Client::with_prefix`]) shares the connection.
@@ -139,7 +127,7 @@ impl Client {
         let mut backoff = Backoff::default();
         loop {
             let last = match try_connect(host, port, deadline).await {
-                Ok((stream, peer)) => {
+                Ok((stream, _peer)) => {
                     return Ok(Client {
                         shared: Arc::new(Shared {
                             conn: Mutex::new(Conn {
@@ -148,7 +136,6 @@ impl Client {
                                 broken: false,
                             }),
                             timeout: StdMutex::new(DEFAULT_TIMEOUT),
-                            peer,
                         }),
                         prefix: "/".into(),
                     })
@@ -169,11 +156,6 @@ impl Client {
                 return Err(connect_error(host, port, last));
             }
         }
-    }
-
-    /// The server's address.
-    pub fn peer_addr(&self) -> SocketAddr {
-        self.shared.peer
     }
 
     /// Sets the timeout of every later operation on this connection (all clones and prefixes),

@@ -11,11 +11,11 @@
 //!
 //! The store depends on nothing else in the crate.
 
-pub mod blocking;
+pub(crate) mod blocking;
 pub mod client;
 pub mod protocol;
 pub mod server;
-pub mod state;
+pub(crate) mod state;
 
 pub use client::{BlockingClient, Client, StoreError};
 pub use protocol::Limits;

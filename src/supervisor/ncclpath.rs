@@ -118,8 +118,8 @@ mod tests {
 
     #[test]
     fn fake_venv_tree() {
-        let root = std::env::temp_dir().join(format!("rdrun-nccl-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().to_path_buf();
         let venv = root.join("venv");
         let sp = venv.join("lib/python3.11/site-packages");
         std::fs::create_dir_all(sp.join("nvidia/nccl/lib")).expect("mkdir");
@@ -150,7 +150,6 @@ mod tests {
             prepend_ld_library_path(&dir, Some(OsStr::new(""))),
             OsString::from(dir.as_os_str())
         );
-        std::fs::remove_dir_all(&root).expect("cleanup");
     }
 
     #[test]

@@ -154,12 +154,6 @@ impl Signals {
         Signals { rx, _tx: tx }
     }
 
-    /// A stream that never yields (for code paths that must not react to signals).
-    pub fn none() -> Signals {
-        let (tx, rx) = mpsc::unbounded_channel();
-        Signals { rx, _tx: tx }
-    }
-
     /// Next caught signal number.
     pub async fn recv(&mut self) -> i32 {
         match self.rx.recv().await {

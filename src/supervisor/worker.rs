@@ -3,7 +3,7 @@
 //! spawned (own session and process group, parent-death signal, piped stdout/stderr), how it
 //! and its group are signalled, and how exits of any descendant are reaped.
 //!
-//! The pure parts ([`worker_env`], [`descendants`]) are table-tested (the per-variable rules they
+//! The pure parts ([`worker_env`], `descendants_all`) are table-tested (the per-variable rules they
 //! apply live in `workerenv`: `should_set_omp_num_threads`, `virtual_local_rank_devices`);
 //! the agent owns the state and calls the effectful ones ([`spawn`], [`reap`], [`signal_group`]).
 
@@ -445,13 +445,6 @@ fn descendants_all(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
     out
 }
 
-/// Pids of every live (non-zombie) descendant of `root` in `procs`.
-pub fn descendants(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
-    let mut out = descendants_all(root, procs);
-    out.retain(|pid| procs.iter().any(|p| p.pid == *pid && !p.zombie));
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -632,9 +625,9 @@ mod tests {
             p(13, 10, true),
             p(20, 1, false),
         ];
-        let mut d = descendants(10, &procs);
+        let mut d = descendants_all(10, &procs);
         d.sort();
-        assert_eq!(d, vec![11, 12]);
-        assert!(descendants(20, &procs).is_empty());
+        assert_eq!(d, vec![11, 12, 13]);
+        assert!(descendants_all(20, &procs).is_empty());
     }
 }

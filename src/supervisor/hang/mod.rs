@@ -21,7 +21,8 @@ pub mod capture;
 pub mod detector;
 pub mod filetimer;
 pub mod sample;
-pub mod settings;
+/// The settings are resolved flags, so `config` owns them (see docs/architecture.md).
+pub use crate::config::hang as settings;
 
 pub use capture::{capture, CaptureOptions, CaptureTarget, HangReport, StackStatus};
 pub use detector::{Detector, HangMonitor, HangReason, Phase, Verdict};

@@ -340,9 +340,9 @@ fn make_unique_dir(root: &Path, prefix: &str) -> io::Result<PathBuf> {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789_";
     let mut last_err = None;
     for _ in 0..100 {
-        let suffix: String = random_bytes()
-            .iter()
-            .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        // Uniqueness comes from create() failing on an existing name, not from the generator.
+        let suffix: String = (0..8)
+            .map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char)
             .collect();
         let dir = root.join(format!("{prefix}{suffix}"));
         match fs::DirBuilder::new().mode(0o700).create(&dir) {
@@ -352,22 +352,6 @@ fn make_unique_dir(root: &Path, prefix: &str) -> io::Result<PathBuf> {
         }
     }
     Err(last_err.unwrap_or_else(|| io::Error::other("cannot create a unique directory")))
-}
-
-fn random_bytes() -> [u8; 8] {
-    let mut buf = [0u8; 8];
-    // SAFETY: `buf` is a valid, writable buffer of `buf.len()` bytes for the whole call.
-    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n != buf.len() as isize {
-        // getrandom cannot fail for 8 bytes on Linux ≥ 3.17; fall back to time and pid anyway.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let mixed = nanos ^ (u64::from(std::process::id()) << 32) ^ 0x9e37_79b9_7f4a_7c15;
-        buf = mixed.to_le_bytes();
-    }
-    buf
 }
 
 fn remove_tree(dir: &Path) {

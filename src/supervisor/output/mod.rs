@@ -47,7 +47,6 @@ mod testutil {
     use super::RankIdentity;
     use std::fs;
     use std::path::{Path, PathBuf};
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     pub fn id(local_rank: usize) -> RankIdentity {
         RankIdentity {
@@ -58,24 +57,16 @@ mod testutil {
         }
     }
 
-    /// A scratch directory removed on drop.
-    pub struct Scratch(pub PathBuf);
+    /// A scratch directory removed on drop (`tempfile`: unique name, removed even when the test
+    /// panics); `.0` is its path.
+    pub struct Scratch(pub PathBuf, #[allow(dead_code)] tempfile::TempDir);
     impl Scratch {
         pub fn new() -> Scratch {
-            static N: AtomicUsize = AtomicUsize::new(0);
-            let dir = std::env::temp_dir().join(format!(
-                "rdrun-output-test-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::SeqCst)
-            ));
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir_all(&dir).expect("scratch dir");
-            Scratch(dir)
-        }
-    }
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
+            let dir = tempfile::Builder::new()
+                .prefix("rdrun-output-test-")
+                .tempdir()
+                .expect("scratch dir");
+            Scratch(dir.path().to_path_buf(), dir)
         }
     }
 

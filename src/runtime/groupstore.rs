@@ -18,7 +18,7 @@ pub enum StoreFailure {
 }
 
 /// The store calls the process group makes.
-pub trait Rendezvous: Send + Sync {
+pub trait GroupStore: Send + Sync {
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreFailure>;
     /// Waits until `key` exists (up to `timeout`) and returns its value.
     fn get_wait(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, StoreFailure>;
@@ -40,7 +40,7 @@ impl MemStore {
     }
 }
 
-impl Rendezvous for MemStore {
+impl GroupStore for MemStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreFailure> {
         let (m, cv) = &*self.inner;
         m.lock()
@@ -112,7 +112,7 @@ impl FileStore {
     }
 }
 
-impl Rendezvous for FileStore {
+impl GroupStore for FileStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreFailure> {
         let p = self.path(key);
         let tmp = p.with_extension(format!(
@@ -172,7 +172,7 @@ impl Rendezvous for FileStore {
 }
 
 /// The launcher's TCP store (PyTorch TCPStore protocol) as the group's rendezvous.
-impl Rendezvous for crate::store::client::BlockingClient {
+impl GroupStore for crate::store::client::BlockingClient {
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreFailure> {
         crate::store::client::BlockingClient::set(self, key, value)
             .map_err(|e| StoreFailure::Other(e.to_string()))
@@ -217,7 +217,8 @@ mod tests {
 
     #[test]
     fn file_store_semantics() {
-        let dir = std::env::temp_dir().join(format!("rdrun-fs-{}", std::process::id()));
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
         let s = FileStore::new(&dir).unwrap();
         let hs: Vec<_> = (0..4)
             .map(|_| {
@@ -230,6 +231,5 @@ mod tests {
         s.set("x/y", b"1").unwrap();
         assert_eq!(s.get_wait("x/y", Duration::from_secs(1)).unwrap(), b"1");
         assert!(s.get_wait("nope", Duration::from_millis(20)).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -11,10 +11,10 @@
 //! Workers are `workers/mn_worker`: each writes its environment to `w.<GWS>.<restart>.<RANK>`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
-use crate::util::{free_port, parse_env0, worker, Output, Rdrun, TempDir};
+use crate::multinode::{get, records};
+use crate::util::{free_port, worker, Output, Rdrun, TempDir};
 
 const AGENT_TIMEOUT: Duration = Duration::from_secs(120);
 const NODES: [&str; 2] = ["localhost", "rdnode2"];
@@ -66,33 +66,6 @@ fn agent(dir: &TempDir, env: &[(String, String)], args: &[&str]) -> Rdrun {
         r = r.env(k, v);
     }
     r.args(args).arg(worker("mn_worker")).arg(dir.path())
-}
-
-/// Every worker record in `dir`: `(group_world_size, restart, rank)` -> environment.
-fn records(dir: &Path) -> BTreeMap<(usize, u32, usize), BTreeMap<String, String>> {
-    let mut out = BTreeMap::new();
-    for entry in std::fs::read_dir(dir).expect("read test dir").flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let parts: Vec<&str> = name.split('.').collect();
-        if let ["w", gws, restart, rank] = parts.as_slice() {
-            let text = std::fs::read_to_string(entry.path()).expect("read record");
-            out.insert(
-                (
-                    gws.parse().expect("gws"),
-                    restart.parse().expect("restart"),
-                    rank.parse().expect("rank"),
-                ),
-                parse_env0(&text),
-            );
-        }
-    }
-    out
-}
-
-fn get<'a>(env: &'a BTreeMap<String, String>, key: &str) -> &'a str {
-    env.get(key)
-        .map(String::as_str)
-        .unwrap_or_else(|| panic!("{key} missing from {env:?}"))
 }
 
 /// Two agents of one 2-node job with 2 workers each: one world of 4 (not two worlds of 2),

@@ -70,9 +70,9 @@ fn c10d_args(port: u16, nnodes: &str, host: usize, nproc: usize) -> Vec<String> 
 }
 
 /// Every worker record in `dir`: `(group_world_size, restart, rank)` -> environment.
-type Records = BTreeMap<(usize, u32, usize), BTreeMap<String, String>>;
+pub(crate) type Records = BTreeMap<(usize, u32, usize), BTreeMap<String, String>>;
 
-fn records(dir: &Path) -> Records {
+pub(crate) fn records(dir: &Path) -> Records {
     let mut out = Records::new();
     for entry in std::fs::read_dir(dir).expect("read test dir").flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -103,7 +103,7 @@ fn recorded_pids(dir: &Path) -> Vec<i32> {
         .collect()
 }
 
-fn get<'a>(env: &'a BTreeMap<String, String>, key: &str) -> &'a str {
+pub(crate) fn get<'a>(env: &'a BTreeMap<String, String>, key: &str) -> &'a str {
     env.get(key)
         .map(String::as_str)
         .unwrap_or_else(|| panic!("{key} missing from {env:?}"))

@@ -1,4 +1,7 @@
 //! Table tests of detection over exact scheduler environments (spec cluster.md §1–4, issue 12).
+//!
+//! The whole file is tests (one table per scheduler and per contradiction); its length is the
+//! number of environments checked, not code.
 
 use super::*;
 

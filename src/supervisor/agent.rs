@@ -202,7 +202,9 @@ struct Agent {
     /// `gethostname()`: the `${hostname}` of log prefixes (up to the first dot).
     host: String,
     /// The fully qualified name the failure report shows (torchrun's `socket.getfqdn()`).
-    report_host: String,
+    /// The report's host name (FQDN): looked up in the background from the start, awaited only
+    /// when a failure report is built, so the lookup never delays the launch.
+    report_host: ReportHost,
     master_addr: String,
     master_port: u16,
     /// What every worker's spawn spec shares.
@@ -285,7 +287,13 @@ impl Agent {
             .ok()
             .and_then(|h| h.into_string().ok())
             .unwrap_or_else(|| "localhost".to_string());
-        let report_host = fqdn_of(&host).await;
+        let report_host = ReportHost::Pending(
+            tokio::spawn({
+                let host = host.clone();
+                async move { fqdn_of(&host).await }
+            }),
+            host.clone(),
+        );
         if crate::workerenv::should_set_omp_num_threads(
             std::env::var("OMP_NUM_THREADS").ok().as_deref(),
             config.nproc_per_node,
@@ -451,7 +459,7 @@ impl Agent {
             Outcome::Succeeded => RunEnd::Succeeded,
             Outcome::Failed { failures, hang, .. } => {
                 self.close_rdzv_failed().await;
-                let report = self.resolve(failures);
+                let report = self.resolve(failures).await;
                 RunEnd::WorkersFailed(match hang {
                     Some(h) => report.with_hang(h.suspect.map(|r| r as usize), h.summary),
                     None => report,
@@ -461,7 +469,11 @@ impl Agent {
                 // As torchrun: a signalled agent leaves the rendezvous open, so that the node can
                 // come back (preemption) and the others carry on (c10d).
                 tracing::warn!("stopped the workers after {}", signals::name(signal));
-                let report = (!failures.is_empty()).then(|| self.resolve(failures));
+                let report = if failures.is_empty() {
+                    None
+                } else {
+                    Some(self.resolve(failures).await)
+                };
                 RunEnd::Interrupted { signal, report }
             }
             Outcome::LauncherError(msg) => {
@@ -480,10 +492,11 @@ impl Agent {
     }
 
     /// The report of `failures`, error files read now (once).
-    fn resolve(&self, failures: Vec<Failure>) -> super::report::ResolvedReport {
+    async fn resolve(&mut self, failures: Vec<Failure>) -> super::report::ResolvedReport {
+        let host = self.report_host.get().await;
         FailureReport {
             name: self.config.command.display_name.clone(),
-            host: self.report_host.clone(),
+            host,
             failures,
         }
         .resolve()
@@ -1155,6 +1168,24 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+/// The failure report's host name: the background lookup (with the host name to fall back on),
+/// then its result.
+enum ReportHost {
+    Pending(JoinHandle<String>, String),
+    Known(String),
+}
+
+impl ReportHost {
+    async fn get(&mut self) -> String {
+        let name = match self {
+            ReportHost::Known(name) => return name.clone(),
+            ReportHost::Pending(task, fallback) => task.await.unwrap_or_else(|_| fallback.clone()),
+        };
+        *self = ReportHost::Known(name.clone());
+        name
     }
 }
 

@@ -1,13 +1,29 @@
 #!/usr/bin/env bash
 # Installs the system tools the test suite needs, idempotently (nothing happens when present):
-# iproute2 (`ip`) for the network-namespace multi-node tests (scripts/netns.sh), and slurm-client
-# (`scontrol`) as the differential oracle of the Slurm hostlist parser (src/cluster/hostlist.rs; it needs
-# no controller, only a generated slurm.conf).
+# - iproute2 (`ip`) for the network-namespace multi-node tests (scripts/netns.sh);
+# - slurm-client (`scontrol`, the differential oracle of the Slurm hostlist parser), and slurmctld,
+#   slurmd and munge for the real two-node Slurm cluster the cluster tests start in namespaces;
+# - openmpi-bin for the real `mpirun` launches;
+# - etcd-server (and etcdctl) for the etcd v3 rendezvous tests against a real etcd;
+# - protobuf-compiler and libprotobuf-dev (`protoc` and the well-known .proto files) for building
+#   the etcd client's generated code;
+# - zsh and fish, so that the generated shell completions are loaded by the real shells.
+# Tests that need a tool that is still missing skip with a message naming it.
 set -euo pipefail
 
 missing=()
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v scontrol >/dev/null 2>&1 || missing+=(slurm-client)
+command -v slurmctld >/dev/null 2>&1 || missing+=(slurmctld)
+command -v slurmd >/dev/null 2>&1 || missing+=(slurmd)
+command -v munged >/dev/null 2>&1 || missing+=(munge)
+command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+[ -e /usr/include/google/protobuf/timestamp.proto ] || missing+=(libprotobuf-dev)
+command -v zsh >/dev/null 2>&1 || missing+=(zsh)
+command -v fish >/dev/null 2>&1 || missing+=(fish)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== system tools (iproute2 for the network-namespace tests, slurm-client for the hostlist differential test)"
+echo "== system tools (iproute2, Slurm, Open MPI, etcd, protoc, zsh/fish: see scripts/ensure-deps.sh)"
 scripts/ensure-deps.sh || echo "warning: could not install system tools; namespace tests will skip" >&2
 
 echo "== cargo fmt --check"

@@ -11,10 +11,14 @@ TORCH_VERSION="${RDRUN_TORCH_VERSION:-2.15.0}"
 # pytest drives the compatibility suite (launcher-tests/torch); pinned like torch so that a cached
 # venv and a fresh CI machine run the same thing.
 PYTEST_VERSION="${RDRUN_PYTEST_VERSION:-9.2.0}"
+# py-spy: the hang detector's stack capture (launcher-tests/hang.rs and the suite's hang tests);
+# prometheus_client: its text-format parser checks rdrun's /metrics.
+PYSPY_VERSION="${RDRUN_PYSPY_VERSION:-0.4.3}"
+PROMCLIENT_VERSION="${RDRUN_PROMCLIENT_VERSION:-0.26.0}"
 CACHE="${RDRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdrun}"
 VENV="$CACHE/torch-venv"
 # The marker names every pinned package: changing a pin makes the next run install again.
-MARKER="$VENV/.rdrun-installed-torch-$TORCH_VERSION-pytest-$PYTEST_VERSION"
+MARKER="$VENV/.rdrun-installed-torch-$TORCH_VERSION-pytest-$PYTEST_VERSION-pyspy-$PYSPY_VERSION-prom-$PROMCLIENT_VERSION"
 
 if [ -f "$MARKER" ] && [ -x "$VENV/bin/python" ]; then
   echo "$VENV/bin/python"
@@ -36,11 +40,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2 || true
 if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
-    "torch==$TORCH_VERSION" numpy "pytest==$PYTEST_VERSION" >&2; then
+    "torch==$TORCH_VERSION" numpy "pytest==$PYTEST_VERSION" "py-spy==$PYSPY_VERSION" \
+    "prometheus_client==$PROMCLIENT_VERSION" >&2; then
   echo "torch-venv: error: could not install torch==$TORCH_VERSION and pytest==$PYTEST_VERSION into $VENV (network or disk?)" >&2
   exit 1
 fi
-"$VENV/bin/python" -c 'import torch, torch.distributed as d, pytest; assert d.is_available()' >&2 || {
+"$VENV/bin/python" -c 'import torch, torch.distributed as d, pytest, prometheus_client; assert d.is_available()' >&2 || {
   echo "torch-venv: error: torch/pytest installed into $VENV but do not import" >&2
   exit 1
 }

@@ -468,6 +468,49 @@ fn c10d_sigkilled_agent_is_detected_and_survivors_continue() {
     });
 }
 
+/// Issue 17.7: a SIGKILLed node makes its peers' workers fail (as gloo's do) before any
+/// heartbeat budget runs out; with `--max-restarts 0` the survivors must still regroup and
+/// finish, the failure counted as the membership change (before the fix the job ended with
+/// exit 1: the failure was charged).
+#[test]
+fn c10d_sigkilled_node_whose_peers_fail_is_not_charged() {
+    bounded(Duration::from_secs(240), || {
+        let dir = TempDir::new("mn_c10d_kill_fail");
+        let port = free_port();
+        let mut running: Vec<_> = (1..=3)
+            .map(|h| {
+                let mut args = c10d_args(port, "2:3", h, 1);
+                let conf = args
+                    .iter()
+                    .position(|a| a == "last_call_timeout=20")
+                    .unwrap();
+                args[conf] = format!("last_call_timeout=20,is_host={}", h == 1);
+                args.extend(strings(&["--max-restarts", "0"]));
+                agent(&dir, &args).env("MN_FAIL_ON_LOSS_GWS", "3").spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 3, 0, 3, Duration::from_secs(60));
+        let killed = running.remove(2);
+        killed.signal(libc::SIGKILL);
+        assert_eq!(killed.wait().signal, Some(libc::SIGKILL));
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        for o in &outs {
+            assert!(
+                o.stderr.contains("the failure is the membership change's"),
+                "{o:?}"
+            );
+        }
+        let recs = records(dir.path());
+        check_round(&recs, 2, 0, Some(&[1, 1]));
+        assert!(
+            !recs.keys().any(|k| k.1 > 0),
+            "a lost node is not a restart: {recs:#?}"
+        );
+        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    });
+}
+
 #[test]
 fn netns_static_three_hosts() {
     bounded(Duration::from_secs(240), || {

@@ -317,6 +317,8 @@ pub struct C10dRendezvous<S: RdzvStore> {
     keeper: Option<JoinHandle<()>>,
     /// This agent appended its `--nnodes` (see [`nnodes_disagreement`]).
     said_nnodes: bool,
+    /// The other participants of the round this agent runs (ids).
+    round_peers: Vec<String>,
 }
 
 impl<S: RdzvStore> Drop for C10dRendezvous<S> {
@@ -351,6 +353,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             events_rx,
             keeper: None,
             said_nnodes: false,
+            round_peers: Vec::new(),
         }
     }
 
@@ -503,6 +506,12 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                         "join_step returns Done only for a participant of a complete round",
                     );
                     self.my_round = Some(state.round);
+                    self.round_peers = state
+                        .participants
+                        .iter()
+                        .filter(|m| m.id != self.me.id)
+                        .map(|m| m.id.clone())
+                        .collect();
                     {
                         let mut sh = lock(&self.shared);
                         sh.running = Some(state.round);
@@ -752,6 +761,100 @@ impl<S: RdzvStore> C10dRendezvous<S> {
     /// This agent's poll period (how soon it notices a change such as a close).
     pub fn poll_interval(&self) -> Duration {
         self.settings.poll_interval
+    }
+
+    /// After this agent's workers failed, before the failure is charged: which peers of the
+    /// running round are lost (issue 17.7). A SIGKILLed node makes its peers' collectives fail
+    /// a second or so before any heartbeat budget runs out, so the failure alone cannot say
+    /// whether a node died. Waits until every peer's heartbeat counter has moved since the call
+    /// (all alive: returns empty, at most about one keep-alive interval later), or the keeper
+    /// drops a peer that stopped beating (returns it), bounded by the heartbeat budget plus two
+    /// polls; a peer still silent at that bound counts as lost. Any other change (a close, a
+    /// lost store, another node's new round) returns empty: `next_round` deals with it.
+    pub async fn lost_peers_after_failure(&mut self) -> Vec<String> {
+        let Some(round) = self.my_round else {
+            return Vec::new();
+        };
+        let key = self.keys.state();
+        let state = match read_text(&*self.store, &key).await {
+            Ok(text) => match RdzvState::decode(&text) {
+                Ok(st) => st,
+                Err(_) => return Vec::new(),
+            },
+            Err(_) => return Vec::new(),
+        };
+        if state.closed {
+            return Vec::new();
+        }
+        if state.round != round {
+            // Another node already moved on: a loss if it dropped peers of this round.
+            return self.dropped_by(&state);
+        }
+        let ids = watched_ids(&state, &self.me.id);
+        if ids.is_empty() {
+            return Vec::new();
+        }
+        let Ok(first) = read_beats(&*self.store, &self.keys, ids.clone()).await else {
+            return Vec::new();
+        };
+        let first: HashMap<String, Vec<u8>> = first.into_iter().collect();
+        let mut alive: HashSet<String> = HashSet::new();
+        let tick = (self.settings.keep_alive_interval / 4).max(Duration::from_millis(10));
+        let deadline =
+            Instant::now() + self.settings.dead_after() + 2 * self.settings.poll_interval;
+        loop {
+            while let Ok((r, ev)) = self.events_rx.try_recv() {
+                if r != round {
+                    continue;
+                }
+                match ev {
+                    RdzvEvent::PeersLost(lost) => return lost,
+                    RdzvEvent::NodesWaiting(_) => {}
+                    RdzvEvent::RoundChanged { .. } => {
+                        let Ok(text) = read_text(&*self.store, &key).await else {
+                            return Vec::new();
+                        };
+                        return RdzvState::decode(&text)
+                            .map(|st| self.dropped_by(&st))
+                            .unwrap_or_default();
+                    }
+                    _ => return Vec::new(),
+                }
+            }
+            if let Ok(now) = read_beats(&*self.store, &self.keys, ids.clone()).await {
+                for (id, v) in now {
+                    if first.get(&id).is_some_and(|f| *f != v) {
+                        alive.insert(id);
+                    }
+                }
+            }
+            if alive.len() == ids.len() {
+                return Vec::new();
+            }
+            if Instant::now() >= deadline {
+                return ids.into_iter().filter(|id| !alive.contains(id)).collect();
+            }
+            tokio::time::sleep(tick).await;
+        }
+    }
+
+    /// The peers of this agent's round that `state` (a later round) no longer has, when that
+    /// round was started because peers stopped heartbeating.
+    fn dropped_by(&self, state: &RdzvState) -> Vec<String> {
+        if state.reason != RoundReason::PeerLost {
+            return Vec::new();
+        }
+        let kept: HashSet<&str> = state
+            .watched_members("")
+            .into_iter()
+            .map(|m| m.id.as_str())
+            .chain(state.expected.iter().map(String::as_str))
+            .collect();
+        self.round_peers
+            .iter()
+            .filter(|id| !kept.contains(id.as_str()))
+            .cloned()
+            .collect()
     }
 }
 
@@ -1225,6 +1328,43 @@ mod tests {
         );
         check_ranks(&asgs, &[1, 1]);
         assert!(asgs.iter().all(|a| a.restart_count == 0 && a.round == 1));
+    }
+
+    /// Issue 17.7: a survivor whose workers failed because a peer was SIGKILLed learns of the
+    /// loss before the failure is charged; with every peer alive it learns that within about a
+    /// heartbeat interval.
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_next_to_a_killed_node_is_the_loss_and_next_to_live_nodes_is_not() {
+        let store = MemStore::new();
+        let s = settings(2, 3, &[]);
+        let mut nodes: Vec<_> = (1..=3).map(|i| node(&store, &s, i, 1)).collect();
+        join_all(&mut nodes, RoundReason::Initial).await;
+
+        // All alive: empty, within about one keep-alive interval.
+        let t0 = Instant::now();
+        let lost = nodes[0].lost_peers_after_failure().await;
+        assert!(lost.is_empty(), "{lost:?}");
+        assert!(
+            t0.elapsed() <= s.keep_alive_interval * 2,
+            "took {:?}",
+            t0.elapsed()
+        );
+
+        let dead = nodes.pop().unwrap();
+        let dead_id = dead.node_id().to_string();
+        drop(dead);
+        let t1 = Instant::now();
+        let lost = nodes[0].lost_peers_after_failure().await;
+        assert_eq!(lost, vec![dead_id.clone()]);
+        assert!(
+            t1.elapsed() <= s.dead_after() + s.poll_interval * 3,
+            "took {:?}",
+            t1.elapsed()
+        );
+        // The survivors regroup without a charged restart.
+        let asgs = join_all(&mut nodes, RoundReason::Membership).await;
+        check_ranks(&asgs, &[1, 1]);
+        assert!(asgs.iter().all(|a| a.restart_count == 0), "{asgs:?}");
     }
 
     #[tokio::test(start_paused = true)]

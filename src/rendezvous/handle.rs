@@ -267,6 +267,16 @@ impl Rendezvous {
         self.rdzv.watch().await
     }
 
+    /// After this node's workers failed: the peer nodes found lost around the failure (c10d; see
+    /// `C10dRendezvous::lost_peers_after_failure`). A static job charges a lost peer as a
+    /// failure anyway, so it does not wait: always empty.
+    pub async fn lost_peers_after_failure(&mut self) -> Vec<String> {
+        match &mut self.rdzv {
+            Backend::C10d(r) => r.lost_peers_after_failure().await,
+            Backend::Static(_) => Vec::new(),
+        }
+    }
+
     /// Marks the rendezvous closed for every node and stops heartbeats (torchrun's `shutdown()`):
     /// the job finished.
     pub async fn close(&mut self) -> Result<(), RendezvousError> {

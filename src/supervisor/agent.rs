@@ -394,6 +394,7 @@ impl Agent {
             };
             restart_count = asg.restart_count;
             let outcome = self.attempt(&mut logs, &asg).await;
+            let outcome = self.attribute_failure(outcome).await;
             let decision = restart::decide(
                 outcome.attempt_end(),
                 restart_count,
@@ -546,6 +547,35 @@ impl Agent {
     async fn join_round(&mut self, reason: RoundReason) -> Result<Assignment, RunEnd> {
         let rdzv = self.rdzv.as_mut().expect("multi-node run has a rendezvous");
         rdzvlink::join_round(rdzv, &mut self.signals, reason, self.master_port).await
+    }
+
+    /// A worker failure on a multi-node job is charged only once the peers are known to be
+    /// alive (issue 17.7): a peer node found lost around it makes it the membership change's.
+    /// A shutdown signal during that wait ends the run as interrupted.
+    async fn attribute_failure(&mut self, outcome: Outcome) -> Outcome {
+        let Outcome::Failed {
+            failures,
+            peer_loss: None,
+            hang: None,
+        } = outcome
+        else {
+            return outcome;
+        };
+        let Some(rdzv) = self.rdzv.as_mut() else {
+            return Outcome::Failed {
+                failures,
+                peer_loss: None,
+                hang: None,
+            };
+        };
+        match rdzvlink::lost_peers_after_failure(rdzv, &mut self.signals).await {
+            Ok(lost) => Outcome::Failed {
+                failures,
+                peer_loss: (!lost.is_empty()).then_some((RoundReason::Membership, lost)),
+                hang: None,
+            },
+            Err(signal) => Outcome::Interrupted { signal, failures },
+        }
     }
 
     /// After local success: the exit barrier, then close.

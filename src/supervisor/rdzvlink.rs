@@ -56,6 +56,22 @@ pub(crate) async fn until_shutdown<T>(
     }
 }
 
+/// After this node's workers failed: the peers lost around the failure (see
+/// `Rendezvous::lost_peers_after_failure`), unless a shutdown signal comes first.
+pub(crate) async fn lost_peers_after_failure(
+    rdzv: &mut Rendezvous,
+    signals: &mut Signals,
+) -> Result<Vec<String>, i32> {
+    let lost = until_shutdown(signals, rdzv.lost_peers_after_failure()).await?;
+    if !lost.is_empty() {
+        tracing::warn!(
+            ?lost,
+            "peer node(s) lost around this node's worker failure; the failure is the membership change's (not charged)"
+        );
+    }
+    Ok(lost)
+}
+
 /// Joins the next rendezvous round; on failure, how the run ends.
 pub(crate) async fn join_round(
     rdzv: &mut Rendezvous,

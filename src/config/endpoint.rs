@@ -258,25 +258,18 @@ pub fn parse_endpoint(text: &str, backend: RdzvBackend) -> Result<Endpoint, Conf
     })
 }
 
-/// A random (version 4) UUID's 16 bytes.
-fn uuid4_bytes(mut b: [u8; 16]) -> [u8; 16] {
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    b
+/// A random (version 4) UUID's 16 bytes (the `uuid` crate sets the version and variant bits).
+fn uuid4_bytes(b: [u8; 16]) -> [u8; 16] {
+    uuid::Builder::from_random_bytes(b).into_uuid().into_bytes()
 }
 
-/// `str(uuid.uuid4())`: lowercase 8-4-4-4-12 hex.
+/// `str(uuid.uuid4())`: lowercase 8-4-4-4-12 hex, from random bytes the [`Host`] supplies (so
+/// tests pin them).
 pub fn uuid4(random: [u8; 16]) -> String {
-    let b = uuid4_bytes(random);
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    uuid::Builder::from_random_bytes(random)
+        .into_uuid()
+        .hyphenated()
+        .to_string()
 }
 
 #[cfg(test)]

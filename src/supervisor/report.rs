@@ -703,31 +703,23 @@ pub fn copy_to_parent_error_file(parent_path: &Path, report: &ResolvedReport) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
-    struct Scratch(PathBuf);
+    /// A scratch directory, removed when dropped.
+    struct Scratch(tempfile::TempDir);
     impl Scratch {
         fn new() -> Scratch {
-            static N: AtomicUsize = AtomicUsize::new(0);
-            let dir = std::env::temp_dir().join(format!(
-                "rdrun-report-test-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::SeqCst)
-            ));
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir_all(&dir).expect("scratch dir");
-            Scratch(dir)
+            Scratch(
+                tempfile::Builder::new()
+                    .prefix("rdrun-report-test-")
+                    .tempdir()
+                    .expect("scratch dir"),
+            )
         }
         fn file(&self, name: &str, text: &str) -> PathBuf {
-            let p = self.0.join(name);
+            let p = self.0.path().join(name);
             fs::write(&p, text).expect("write");
             p
-        }
-    }
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
         }
     }
 
@@ -885,7 +877,7 @@ Root Cause (first observed failure):
         let mut root = failure(1, 3832, WorkerStatus::Exited(1), 1_795_977_436);
         root.error_file = Some(ef.clone());
         let mut peer = failure(0, 3831, WorkerStatus::Signaled(15), 1_795_977_436);
-        peer.error_file = Some(s.0.join("missing.json"));
+        peer.error_file = Some(s.0.path().join("missing.json"));
         let r = report("rec.py", vec![root, peer]);
         let want = format!(
             "
@@ -985,8 +977,11 @@ Root Cause (first observed failure):
             }
         }
         assert_eq!(read_error_file(None), ErrorFile::Missing);
-        assert_eq!(read_error_file(Some(&s.0.join("none"))), ErrorFile::Missing);
-        assert_eq!(read_error_file(Some(&s.0)), ErrorFile::Missing);
+        assert_eq!(
+            read_error_file(Some(&s.0.path().join("none"))),
+            ErrorFile::Missing
+        );
+        assert_eq!(read_error_file(Some(s.0.path())), ErrorFile::Missing);
     }
 
     #[test]
@@ -1200,12 +1195,12 @@ Root Cause (first observed failure):
         assert_eq!(f1["message"], "ValueError: bad value");
         assert_eq!(f1["traceback"], json!(tb()));
         assert_eq!(f1["stderr_tail"], json!(["a"]));
-        let out = s.0.join("report.json");
+        let out = s.0.path().join("report.json");
         write_json(&out, &r).expect("write");
         let back: Value =
             serde_json::from_str(&fs::read_to_string(&out).expect("read")).expect("json");
         assert_eq!(back["root_cause"], 1);
-        let err = write_json(&s.0.join("no/such/dir.json"), &r).expect_err("bad path");
+        let err = write_json(&s.0.path().join("no/such/dir.json"), &r).expect_err("bad path");
         assert!(err.to_string().contains("cannot write"), "{err}");
         // rdrun's exit code for a signal root cause: 128+N.
         let v = to_json(&report(

@@ -21,43 +21,27 @@
 //!
 //! Length: about 900 lines before the tests, for one responsibility, the c10d protocol over the
 //! store (join, rounds, heartbeats, close, the redundancy list). The pure round logic is already
-//! apart (`state`); the plumbing it shares with `static_` (retry, heartbeat keeper) is still
-//! here and in `static_` (issue 9 item 5, open).
+//! apart (`state`), and so is the plumbing it shares with `static_` (`plumbing`: events and
+//! the keeper task, retry, heartbeats and liveness rules, close acknowledgements).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::error::RendezvousError;
+use super::plumbing::{
+    ack_closed, beat, closed_acks, nnodes_disagreement, nnodes_text, retry, HeartbeatTracker,
+    KeeperTask, RdzvEvent, StoreLoss,
+};
 use super::settings::C10dSettings;
 use super::state::{
     self, assignment, join_step, prune_dead, Assignment, JoinStep, JoinView, Member, RdzvState,
     RoundReason, NO_STATE,
 };
 use super::store::{try_get, RdzvStore, StoreOpError};
-
-/// Something the running agent must react to (select on [`C10dRendezvous::watch`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RdzvEvent {
-    /// Another agent started round `round` (worker failure, scale-up or a lost peer): stop the
-    /// workers and call `next_round`.
-    RoundChanged { round: u64, reason: RoundReason },
-    /// Nodes are waiting to join: stop the workers and call `next_round` with
-    /// [`RoundReason::Membership`] (not charged to the restart budget).
-    NodesWaiting(usize),
-    /// These peers stopped heartbeating; this agent already started the next round without them.
-    PeersLost(Vec<String>),
-    /// The rendezvous was closed (the job finished or gave up elsewhere).
-    Closed,
-    /// Another node's workers failed and its agent closed the rendezvous (`failed on node N`).
-    JobFailed(String),
-    /// This agent's heartbeats failed `keep_alive_max_attempt` times in a row.
-    StoreUnreachable(String),
-}
 
 /// What the agent asks for when it calls [`C10dRendezvous::next_round`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,85 +50,6 @@ pub struct RoundRequest {
     pub reason: RoundReason,
     /// The port of the worker store this agent serves if it becomes group rank 0 (MASTER_PORT).
     pub master_port: u16,
-}
-
-/// Remembers peers' heartbeat counters and when each last changed (local clock).
-#[derive(Debug, Default)]
-pub struct HeartbeatTracker {
-    seen: HashMap<String, (Vec<u8>, Instant)>,
-}
-
-impl HeartbeatTracker {
-    /// Records the current counters; returns the ids unchanged for at least `dead_after`. Ids
-    /// not in `beats` are forgotten; a newly seen id gets a full `dead_after` of grace.
-    pub fn observe(
-        &mut self,
-        now: Instant,
-        beats: Vec<(String, Vec<u8>)>,
-        dead_after: Duration,
-    ) -> Vec<String> {
-        let ids: HashSet<&str> = beats.iter().map(|(id, _)| id.as_str()).collect();
-        self.seen.retain(|id, _| ids.contains(id.as_str()));
-        let mut dead = Vec::new();
-        for (id, value) in beats {
-            match self.seen.get_mut(&id) {
-                Some((old, since)) if *old == value => {
-                    if now.duration_since(*since) >= dead_after {
-                        dead.push(id);
-                    }
-                }
-                Some(entry) => *entry = (value, now),
-                None => {
-                    self.seen.insert(id, (value, now));
-                }
-            }
-        }
-        dead
-    }
-}
-
-/// Decides when this agent's own failed heartbeats mean the store is lost: `max_attempt`
-/// failures in a row, or no successful beat for `interval × max_attempt`. Counting attempts
-/// alone is not enough: against a host that is gone, each attempt can spend the whole
-/// `heartbeat_timeout` reconnecting, which stretched the detection to 5 × 5 s.
-#[derive(Debug)]
-pub struct StoreLoss {
-    last_ok: Instant,
-    failures: u32,
-    reported: bool,
-}
-
-impl StoreLoss {
-    pub fn new(now: Instant) -> StoreLoss {
-        StoreLoss {
-            last_ok: now,
-            failures: 0,
-            reported: false,
-        }
-    }
-
-    /// A heartbeat went through.
-    pub fn ok(&mut self, now: Instant) {
-        *self = StoreLoss::new(now);
-    }
-
-    /// A heartbeat failed; true exactly once per outage, when it is to be reported as lost.
-    pub fn failed(&mut self, now: Instant, interval: Duration, max_attempt: u32) -> bool {
-        self.failures += 1;
-        let silent = now.duration_since(self.last_ok);
-        let lost =
-            self.failures >= max_attempt || silent >= interval.saturating_mul(max_attempt.max(1));
-        if lost && !self.reported {
-            self.reported = true;
-            return true;
-        }
-        false
-    }
-
-    /// Failed beats in a row.
-    pub fn failures(&self) -> u32 {
-        self.failures
-    }
 }
 
 #[derive(Debug, Default)]
@@ -200,46 +105,6 @@ impl Keys {
     fn closed_acks(&self) -> String {
         format!("{}/closed_acks", self.prefix)
     }
-}
-
-/// `--nnodes` as the user wrote it: `2`, or `2:4`.
-pub(super) fn nnodes_text(min: usize, max: usize) -> String {
-    if min == max {
-        format!("{min}")
-    } else {
-        format!("{min}:{max}")
-    }
-}
-
-/// Every agent appends `<nnodes> <who>` to `key` once; the first line that says another
-/// `--nnodes` than `mine` is returned as (who, what it said) (issue 17.8: nodes that disagree
-/// used to wait for each other until a confusing timeout).
-pub(super) async fn nnodes_disagreement<S: RdzvStore>(
-    store: &S,
-    key: &str,
-    mine: &str,
-    who: &str,
-    said: &mut bool,
-) -> Result<Option<(String, String)>, StoreOpError> {
-    if !*said {
-        store
-            .append(key, format!("{mine} {who}\n").as_bytes())
-            .await?;
-        *said = true;
-    }
-    let list = try_get(store, key).await?.unwrap_or_default();
-    Ok(String::from_utf8_lossy(&list).lines().find_map(|l| {
-        let (n, w) = l.split_once(' ')?;
-        (n != mine).then(|| (w.to_string(), n.to_string()))
-    }))
-}
-
-/// Says that this agent learnt the rendezvous is closed (the store's host waits for that before
-/// it leaves, so no agent sees the store vanish instead of the close). Best effort.
-async fn ack_closed<S: RdzvStore>(store: &S, keys: &Keys, me: &str) {
-    let _ = store
-        .append(&keys.closed_acks(), format!("{me}\n").as_bytes())
-        .await;
 }
 
 /// What a closed state means for an agent of it.
@@ -312,21 +177,11 @@ pub struct C10dRendezvous<S: RdzvStore> {
     me: Member,
     my_round: Option<u64>,
     shared: SharedRef,
-    events_tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
-    events_rx: mpsc::UnboundedReceiver<(u64, RdzvEvent)>,
-    keeper: Option<JoinHandle<()>>,
+    keeper: KeeperTask,
     /// This agent appended its `--nnodes` (see [`nnodes_disagreement`]).
     said_nnodes: bool,
     /// The other participants of the round this agent runs (ids).
     round_peers: Vec<String>,
-}
-
-impl<S: RdzvStore> Drop for C10dRendezvous<S> {
-    fn drop(&mut self) {
-        if let Some(k) = self.keeper.take() {
-            k.abort();
-        }
-    }
 }
 
 impl<S: RdzvStore> C10dRendezvous<S> {
@@ -340,7 +195,6 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         local_id: u32,
         nproc: usize,
     ) -> Self {
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
         Self {
             keeper_store: store.clone(),
             store,
@@ -349,9 +203,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             me: Member::new(addr, std::process::id(), local_id, nproc, 0),
             my_round: None,
             shared: Arc::default(),
-            events_tx,
-            events_rx,
-            keeper: None,
+            keeper: KeeperTask::new(),
             said_nnodes: false,
             round_peers: Vec::new(),
         }
@@ -383,31 +235,19 @@ impl<S: RdzvStore> C10dRendezvous<S> {
     /// The next event of the round this agent runs. Pending forever while nothing happens;
     /// cancel-safe, so it can sit in a `select!`. Events of older rounds are dropped.
     pub async fn watch(&mut self) -> RdzvEvent {
-        loop {
-            let (round, ev) = self
-                .events_rx
-                .recv()
-                .await
-                .expect("the rendezvous keeps a sender alive");
-            if Some(round) == self.my_round {
-                return ev;
-            }
-        }
+        self.keeper.next(self.my_round).await
     }
 
     fn ensure_keeper(&mut self) {
-        if self.keeper.as_ref().is_some_and(|k| !k.is_finished()) {
-            return;
-        }
         let keeper = Keeper {
             store: self.keeper_store.clone(),
             settings: self.settings.clone(),
             keys: self.keys.clone(),
             me: self.me.id.clone(),
             shared: self.shared.clone(),
-            tx: self.events_tx.clone(),
+            tx: self.keeper.sender(),
         };
-        self.keeper = Some(tokio::spawn(keeper.run()));
+        self.keeper.ensure(|| tokio::spawn(keeper.run()));
     }
 
     /// Joins the next round and waits until it completes with this agent in it.
@@ -522,7 +362,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                     return Ok(asg);
                 }
                 JoinStep::Closed { redundant } => {
-                    ack_closed(&*self.store, &self.keys, id).await;
+                    ack_closed(&*self.store, &self.keys.closed_acks(), id).await;
                     return Err(match &state.closed_reason {
                         Some(why) if !redundant => RendezvousError::JobFailed(why.clone()),
                         _ => RendezvousError::Closed { redundant },
@@ -657,36 +497,19 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         }
     }
 
-    /// Runs `op` until it succeeds, backing off up to 1 s, or fails with `Unreachable` at
-    /// `deadline` (network blips and peers still starting are normal; pain point 13).
+    /// [`retry`] with this agent's store and keys.
     async fn retry_store<T, F, Fut>(&self, deadline: Instant, op: F) -> Result<T, RendezvousError>
     where
         F: Fn(Arc<S>, &Keys) -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreOpError>>,
     {
-        let started = Instant::now();
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            match op(self.store.clone(), &self.keys).await {
-                Ok(v) => return Ok(v),
-                Err(e) => {
-                    if let Some(why) = lock(&self.shared).lost.clone() {
-                        return Err(RendezvousError::StoreLost(why));
-                    }
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Err(RendezvousError::Unreachable {
-                            endpoint: self.store.describe(),
-                            waited: now.duration_since(started),
-                            source: e,
-                        });
-                    }
-                    tracing::debug!(error = %e, "store operation failed; retrying");
-                    tokio::time::sleep(backoff.min(deadline - now)).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
-            }
-        }
+        retry(
+            &|| self.store.describe(),
+            &|| lock(&self.shared).lost.clone(),
+            deadline,
+            || op(self.store.clone(), &self.keys),
+        )
+        .await
     }
 
     /// Marks the rendezvous closed for every node (torchrun's `shutdown()`), within
@@ -694,9 +517,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
     /// the others why; `None` = the job finished. A store already found lost fails at once.
     pub async fn close(&mut self, reason: Option<&str>) -> Result<(), RendezvousError> {
         lock(&self.shared).running = None;
-        if let Some(k) = self.keeper.take() {
-            k.abort();
-        }
+        self.keeper.stop();
         if let Some(why) = lock(&self.shared).lost.clone() {
             return Err(RendezvousError::StoreLost(why));
         }
@@ -712,13 +533,13 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 .await?;
             let st = RdzvState::decode(&text)?;
             if st.closed {
-                ack_closed(&*self.store, &self.keys, &self.me.id).await;
+                ack_closed(&*self.store, &self.keys.closed_acks(), &self.me.id).await;
                 return Ok(());
             }
             let desired = state::close(&st, reason).encode();
             if let Ok(got) = self.store.compare_set(&key, &text, &desired).await {
                 if got == desired {
-                    ack_closed(&*self.store, &self.keys, &self.me.id).await;
+                    ack_closed(&*self.store, &self.keys.closed_acks(), &self.me.id).await;
                     return Ok(());
                 }
             }
@@ -745,16 +566,14 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         let Ok(state) = RdzvState::decode(&text) else {
             return Vec::new();
         };
-        let acks = match try_get(&*self.store, &self.keys.closed_acks()).await {
-            Ok(v) => String::from_utf8_lossy(&v.unwrap_or_default()).into_owned(),
-            Err(_) => return Vec::new(),
+        let Some(acked) = closed_acks(&*self.store, &self.keys.closed_acks()).await else {
+            return Vec::new();
         };
-        let acked: HashSet<&str> = acks.lines().collect();
         state
             .watched_members(&self.me.id)
             .into_iter()
             .map(|m| m.id.clone())
-            .filter(|id| !acked.contains(id.as_str()))
+            .filter(|id| !acked.contains(id))
             .collect()
     }
 
@@ -803,10 +622,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         let deadline =
             Instant::now() + self.settings.dead_after() + 2 * self.settings.poll_interval;
         loop {
-            while let Ok((r, ev)) = self.events_rx.try_recv() {
-                if r != round {
-                    continue;
-                }
+            while let Some(ev) = self.keeper.try_next(round) {
                 match ev {
                     RdzvEvent::PeersLost(lost) => return lost,
                     RdzvEvent::NodesWaiting(_) => {}
@@ -885,18 +701,13 @@ impl<S: RdzvStore> Keeper<S> {
             let running = lock(&self.shared).running;
             if now >= next_beat {
                 next_beat = now + interval;
-                let beat = tokio::time::timeout(
-                    self.settings.heartbeat_timeout,
-                    self.store.add(&hb_key, 1),
-                )
-                .await;
-                let lost = match beat {
-                    Ok(Ok(_)) => {
+                let lost = match beat(&*self.store, &hb_key, self.settings.heartbeat_timeout).await
+                {
+                    Ok(()) => {
                         loss.ok(Instant::now());
                         false
                     }
-                    Ok(Err(e)) => self.beat_failed(&mut loss, running, e.to_string()),
-                    Err(_) => self.beat_failed(&mut loss, running, "heartbeat timed out".into()),
+                    Err(why) => self.beat_failed(&mut loss, running, why),
                 };
                 if lost {
                     // Fatal (no node can take the store over): nothing left to beat or watch.
@@ -954,7 +765,7 @@ impl<S: RdzvStore> Keeper<S> {
         let mon = monitored.as_mut().expect("set by the caller");
         if state.closed {
             mon.2 = true;
-            ack_closed(&*self.store, &self.keys, &self.me).await;
+            ack_closed(&*self.store, &self.keys.closed_acks(), &self.me).await;
             send(closed_event(&state));
             return Ok(());
         }
@@ -1021,62 +832,11 @@ mod tests {
         .with_pid(100)
     }
 
-    #[test]
-    fn store_loss_by_count_or_by_silence_reported_once() {
-        let s = Duration::from_secs;
-        let t0 = Instant::now();
-        // Quick failures (connection refused): the count decides.
-        let mut l = StoreLoss::new(t0);
-        let got: Vec<bool> = (1..=6)
-            .map(|i| l.failed(t0 + Duration::from_millis(10 * i), s(1), 5))
-            .collect();
-        assert_eq!(got, [false, false, false, false, true, false]);
-        // Slow failures (each attempt waits out a connect timeout): the silence decides.
-        let mut l = StoreLoss::new(t0);
-        assert!(!l.failed(t0 + s(1), s(1), 5));
-        assert!(l.failed(t0 + s(6), s(1), 5));
-        assert!(!l.failed(t0 + s(11), s(1), 5), "reported once per outage");
-        // A beat that goes through starts a new outage count.
-        l.ok(t0 + s(12));
-        assert_eq!(l.failures(), 0);
-        assert!(!l.failed(t0 + s(13), s(1), 5));
-        assert!(l.failed(t0 + s(17), s(1), 5));
-        // max_attempt 0 is treated as 1.
-        let mut l = StoreLoss::new(t0);
-        assert!(l.failed(t0 + s(2), s(1), 0));
-    }
-
     fn req(reason: RoundReason) -> RoundRequest {
         RoundRequest {
             reason,
             master_port: 29500,
         }
-    }
-
-    #[test]
-    fn tracker_declares_dead_only_after_no_change() {
-        let t0 = Instant::now();
-        let d = Duration::from_secs(5);
-        let mut t = HeartbeatTracker::default();
-        let beat = |v: &str| vec![("a".to_string(), v.as_bytes().to_vec())];
-        assert!(t.observe(t0, beat("1"), d).is_empty());
-        assert!(t
-            .observe(t0 + Duration::from_secs(4), beat("1"), d)
-            .is_empty());
-        assert!(t
-            .observe(t0 + Duration::from_secs(6), beat("2"), d)
-            .is_empty());
-        assert!(t
-            .observe(t0 + Duration::from_secs(10), beat("2"), d)
-            .is_empty());
-        assert_eq!(t.observe(t0 + Duration::from_secs(11), beat("2"), d), ["a"]);
-        // Forgotten when no longer watched; a new sighting gets full grace.
-        assert!(t
-            .observe(t0 + Duration::from_secs(12), vec![], d)
-            .is_empty());
-        assert!(t
-            .observe(t0 + Duration::from_secs(13), beat("2"), d)
-            .is_empty());
     }
 
     /// Runs `next_round` for several nodes concurrently and returns their assignments.

@@ -34,8 +34,9 @@ use tokio::time::Instant;
 
 use super::addr;
 use super::barrier::exit_barrier;
-use super::c10d::{C10dRendezvous, RdzvEvent, RoundRequest};
+use super::c10d::{C10dRendezvous, RoundRequest};
 use super::error::RendezvousError;
+use super::plumbing::RdzvEvent;
 use super::settings::{unknown_keys, C10dSettings, StaticSettings};
 use super::state::Assignment;
 use super::static_::StaticRendezvous;

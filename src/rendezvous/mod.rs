@@ -3,6 +3,9 @@
 //! - `handle`: [`Rendezvous::start`], the supervisor's entry point (any backend, one API).
 //! - `static_`: `--rdzv-backend=static` (fixed `--node-rank`, node 0 hosts the store).
 //! - `c10d` + `state`: rdrun's dynamic rendezvous (MIN:MAX nodes) over the store.
+//! - `plumbing`: what the backends share: round events and the keeper task, store retry with
+//!   backoff, heartbeats and the liveness rules (own store loss, peers' heartbeats), close
+//!   acknowledgements, the `--nnodes` agreement check.
 //! - `barrier`: the exit barrier. `addr`: which address to advertise, is_host inference.
 //! - `store`: the store operations used ([`RdzvStore`]) and an in-memory store for tests.
 //! - `tcp`: the store over TCP: the one store binder, hosting (is_host), connecting, a
@@ -14,15 +17,17 @@ pub(crate) mod barrier;
 pub(crate) mod c10d;
 pub(crate) mod error;
 pub(crate) mod handle;
+pub(crate) mod plumbing;
 pub(crate) mod settings;
 pub(crate) mod state;
 pub(crate) mod static_;
 pub(crate) mod store;
 pub mod tcp;
 
-pub use c10d::{C10dRendezvous, RdzvEvent, RoundRequest};
+pub use c10d::{C10dRendezvous, RoundRequest};
 pub use error::RendezvousError;
 pub use handle::{NodeSpec, Rendezvous};
+pub use plumbing::RdzvEvent;
 pub use settings::C10dSettings;
 pub use state::{Assignment, RoundReason};
 pub use store::{RdzvStore, StoreOpError};

@@ -20,12 +20,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::c10d::{nnodes_disagreement, HeartbeatTracker, RdzvEvent, StoreLoss};
 use super::error::RendezvousError;
+use super::plumbing::{
+    ack_closed, beat, closed_acks, nnodes_disagreement, retry, HeartbeatTracker, KeeperTask,
+    RdzvEvent, StoreLoss,
+};
 use super::settings::StaticSettings;
 use super::state::{base_rank, Assignment, RoundReason};
 use super::store::{try_get, RdzvStore, StoreOpError};
@@ -37,13 +38,6 @@ fn parse_u64(bytes: &[u8]) -> Option<u64> {
 /// The reason stored in the closed key, `None` when the job finished.
 fn closed_reason(value: &[u8]) -> Option<String> {
     (value != b"1").then(|| String::from_utf8_lossy(value).into_owned())
-}
-
-/// Says that this agent learnt the job is closed (best effort; see `C10dRendezvous`).
-async fn ack_closed<S: RdzvStore>(store: &S, keys: &Keys, rank: usize) {
-    let _ = store
-        .append(&keys.closed_acks(), format!("{rank}\n").as_bytes())
-        .await;
 }
 
 #[derive(Debug, Clone)]
@@ -102,23 +96,13 @@ pub struct StaticRendezvous<S: RdzvStore> {
     running: Arc<Mutex<Option<u64>>>,
     /// Set for good once the keeper found the store lost.
     lost: Arc<Mutex<Option<String>>>,
-    events_tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
-    events_rx: mpsc::UnboundedReceiver<(u64, RdzvEvent)>,
-    keeper: Option<JoinHandle<()>>,
+    keeper: KeeperTask,
     /// This agent's claim on its node rank, once made (see [`StaticRendezvous::claim_rank`]).
     claim: Option<String>,
     /// How the claim names this agent's machine (`--local-addr` or the host name).
     who: String,
     /// This agent appended its `--nnodes`.
     said_nnodes: bool,
-}
-
-impl<S: RdzvStore> Drop for StaticRendezvous<S> {
-    fn drop(&mut self) {
-        if let Some(k) = self.keeper.take() {
-            k.abort();
-        }
-    }
 }
 
 impl<S: RdzvStore> StaticRendezvous<S> {
@@ -138,7 +122,6 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         if node_rank >= nnodes {
             return Err(RendezvousError::NodeRank { node_rank, nnodes });
         }
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
         Ok(Self {
             keeper_store: store.clone(),
             store,
@@ -154,9 +137,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             round: None,
             running: Arc::default(),
             lost: Arc::default(),
-            events_tx,
-            events_rx,
-            keeper: None,
+            keeper: KeeperTask::new(),
             claim: None,
             said_nnodes: false,
             who: nix::unistd::gethostname()
@@ -224,16 +205,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
 
     /// The next event of the running round (cancel-safe; pending while nothing happens).
     pub async fn watch(&mut self) -> RdzvEvent {
-        loop {
-            let (round, ev) = self
-                .events_rx
-                .recv()
-                .await
-                .expect("the rendezvous keeps a sender alive");
-            if Some(round) == self.round {
-                return ev;
-            }
-        }
+        self.keeper.next(self.round).await
     }
 
     fn lost(&self) -> Option<String> {
@@ -243,33 +215,12 @@ impl<S: RdzvStore> StaticRendezvous<S> {
     async fn retry<T, Fut>(
         &self,
         deadline: Instant,
-        mut op: impl FnMut() -> Fut,
+        op: impl FnMut() -> Fut,
     ) -> Result<T, RendezvousError>
     where
         Fut: std::future::Future<Output = Result<T, StoreOpError>>,
     {
-        let started = Instant::now();
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            match op().await {
-                Ok(v) => return Ok(v),
-                Err(_) if self.lost().is_some() => {
-                    return Err(RendezvousError::StoreLost(self.lost().unwrap_or_default()))
-                }
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(RendezvousError::Unreachable {
-                        endpoint: self.store.describe(),
-                        waited: started.elapsed(),
-                        source: e,
-                    })
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "store operation failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
-            }
-        }
+        retry(&|| self.store.describe(), &|| self.lost(), deadline, op).await
     }
 
     /// Waits until all `nnodes` agents are in the same generation and returns this node's ranks.
@@ -322,7 +273,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 })
                 .await?;
             if let Some(value) = closed {
-                ack_closed(&*store, &keys, rank).await;
+                ack_closed(&*store, &keys.closed_acks(), &rank.to_string()).await;
                 return Err(match closed_reason(&value) {
                     Some(why) => RendezvousError::JobFailed(why),
                     None => RendezvousError::Closed { redundant: false },
@@ -418,9 +369,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
     /// first close wins) and stops this agent's heartbeats. A lost store fails at once.
     pub async fn close(&mut self, reason: Option<&str>) -> Result<(), RendezvousError> {
         *self.running.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        if let Some(k) = self.keeper.take() {
-            k.abort();
-        }
+        self.keeper.stop();
         if let Some(why) = self.lost() {
             return Err(RendezvousError::StoreLost(why));
         }
@@ -428,22 +377,25 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         self.store
             .compare_set(&self.keys.closed(), b"", value.as_bytes())
             .await?;
-        ack_closed(&*self.store, &self.keys, self.node_rank).await;
+        ack_closed(
+            &*self.store,
+            &self.keys.closed_acks(),
+            &self.node_rank.to_string(),
+        )
+        .await;
         Ok(())
     }
 
     /// Node ranks (but this one) that have not yet said they saw the close; empty when the store
     /// cannot be read.
     pub async fn unacked_close(&self) -> Vec<String> {
-        let acks = match try_get(&*self.store, &self.keys.closed_acks()).await {
-            Ok(v) => String::from_utf8_lossy(&v.unwrap_or_default()).into_owned(),
-            Err(_) => return Vec::new(),
+        let Some(acked) = closed_acks(&*self.store, &self.keys.closed_acks()).await else {
+            return Vec::new();
         };
-        let acked: Vec<&str> = acks.lines().collect();
         (0..self.nnodes)
             .filter(|r| *r != self.node_rank)
             .map(|r| r.to_string())
-            .filter(|r| !acked.contains(&r.as_str()))
+            .filter(|r| !acked.contains(r))
             .collect()
     }
 
@@ -455,17 +407,14 @@ impl<S: RdzvStore> StaticRendezvous<S> {
     }
 
     fn ensure_keeper(&mut self) {
-        if self.keeper.as_ref().is_some_and(|k| !k.is_finished()) {
-            return;
-        }
         let store = self.keeper_store.clone();
         let keys = self.keys.clone();
         let settings = self.settings.clone();
         let running = self.running.clone();
         let lost_flag = self.lost.clone();
-        let tx = self.events_tx.clone();
+        let tx = self.keeper.sender();
         let (me, nnodes) = (self.node_rank, self.nnodes);
-        self.keeper = Some(tokio::spawn(async move {
+        self.keeper.ensure(|| tokio::spawn(async move {
             let mut tracker = HeartbeatTracker::default();
             let mut done: Option<u64> = None;
             let mut loss = StoreLoss::new(Instant::now());
@@ -475,14 +424,8 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 let round = *running.lock().unwrap_or_else(|e| e.into_inner());
                 if Instant::now() >= next_beat {
                     next_beat = Instant::now() + settings.keep_alive_interval;
-                    let beat = tokio::time::timeout(
-                        settings.heartbeat_timeout,
-                        store.add(&keys.hb(me), 1),
-                    )
-                    .await
-                    .unwrap_or_else(|_| Err(StoreOpError("heartbeat timed out".into())));
-                    match beat {
-                        Ok(_) => loss.ok(Instant::now()),
+                    match beat(&*store, &keys.hb(me), settings.heartbeat_timeout).await {
+                        Ok(()) => loss.ok(Instant::now()),
                         Err(e) => {
                             let lost = loss.failed(
                                 Instant::now(),
@@ -496,10 +439,9 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                             );
                             if lost {
                                 *lost_flag.lock().unwrap_or_else(|e| e.into_inner()) =
-                                    Some(e.to_string());
+                                    Some(e.clone());
                                 if let Some(r) = round {
-                                    let _ =
-                                        tx.send((r, RdzvEvent::StoreUnreachable(e.to_string())));
+                                    let _ = tx.send((r, RdzvEvent::StoreUnreachable(e)));
                                 }
                                 // Fatal: nothing left to beat or watch.
                                 return;
@@ -510,7 +452,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 if let Some(r) = round.filter(|r| done != Some(*r)) {
                     let check = async {
                         if let Some(value) = try_get(&*store, &keys.closed()).await? {
-                            ack_closed(&*store, &keys, me).await;
+                            ack_closed(&*store, &keys.closed_acks(), &me.to_string()).await;
                             return Ok::<_, StoreOpError>(Some(match closed_reason(&value) {
                                 Some(why) => RdzvEvent::JobFailed(why),
                                 None => RdzvEvent::Closed,

@@ -423,6 +423,68 @@ fn srun_several_tasks_per_node_is_in_place() {
     });
 }
 
+/// A multi-node allocation without a step must never run: `salloc -N2 rdrun ...` (on the
+/// controller host, as a user would) and a 2-node batch script that runs rdrun directly (on the
+/// first node only) are refused with the srun hint, and no worker starts.
+#[test]
+fn salloc_and_sbatch_without_a_step_are_refused_with_the_srun_hint() {
+    bounded(Duration::from_secs(180), || {
+        let Some(c) = Cluster::up(&["node01", "node02"]) else {
+            return;
+        };
+        let dir = TempDir::new("slurm_alloc");
+        let mn = worker("mn_worker").to_string_lossy().into_owned();
+        let d = dir.path().to_string_lossy().into_owned();
+        let hint = "run `srun --ntasks-per-node=1 rdrun ...`";
+
+        // salloc names the job "interactive" when no -J is given (checked on 22.05).
+        let out = c.run(
+            dir.path(),
+            &[],
+            &["salloc", "-N2", &rdrun(), "--nproc_per_node=2", &mn, &d],
+            Duration::from_secs(60),
+        );
+        assert_ne!(out.code, Some(0), "{out:?}");
+        assert!(
+            out.stderr.contains("rdrun: error: Slurm job ")
+                && out.stderr.contains("spans 2 nodes")
+                && out.stderr.contains("an allocation shell (salloc)")
+                && out.stderr.contains(hint),
+            "{out:?}"
+        );
+        assert!(records(dir.path()).is_empty(), "a worker ran: {out:?}");
+
+        let job = dir.join("job.sh");
+        std::fs::write(
+            &job,
+            format!("#!/bin/sh\nexec {} --nproc_per_node=2 {mn} {d}\n", rdrun()),
+        )
+        .unwrap();
+        let log = dir.join("job.out");
+        let out = c.run(
+            dir.path(),
+            &[],
+            &[
+                "sbatch",
+                "--wait",
+                "-N2",
+                "-o",
+                &log.to_string_lossy(),
+                &job.to_string_lossy(),
+            ],
+            Duration::from_secs(90),
+        );
+        assert_ne!(out.code, Some(0), "the job must fail: {out:?}");
+        let text = std::fs::read_to_string(&log).expect("the job's output");
+        assert!(
+            text.contains("spans 2 nodes (SLURM_JOB_NUM_NODES=2) but this is a batch script (ENVIRONMENT=BATCH)")
+                && text.contains(hint),
+            "{text}"
+        );
+        assert!(records(dir.path()).is_empty(), "a worker ran: {text}");
+    });
+}
+
 /// Node names that Slurm compresses into an odd but legal list, `cpu[01-02],gpu-b[7,10]` (two
 /// bracket groups, padded and unpadded, non-contiguous, a dash in the prefix; Slurm sorts the
 /// names), through the real daemons: 4 agents, one worker each, one world in list order.

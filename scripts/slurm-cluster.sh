@@ -60,7 +60,7 @@ check_name() {
 # `ip netns exec`: the latter remounts /sys, hiding /sys/fs/cgroup, which slurmd 22.05 probes.
 start_in() {
   local ns=$1 host=$2 id=$3; shift 3
-  setsid nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation private \
+  setsid nsenter --net="/var/run/netns/$ns" unshare --uts --mount --propagation private \
     sh -c 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"' \
     sh "$host" "$DIR/hosts" "$@" \
     </dev/null >"$DIR/log/$id.out" 2>&1 &

@@ -9,6 +9,8 @@
 //! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
 //! - `cluster`: scheduler environments (a Slurm step, a PyTorchJob pod) with no flag: one world,
 //!   the topology banner, `--dry-run`, refusals.
+//! - `slurm`: a real Slurm 22.05 cluster (munged, slurmctld, a slurmd per network namespace):
+//!   srun, salloc and sbatch launches of rdrun with no flag beyond the program.
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `hang`: hang detection wired into the agent, with small budgets.
@@ -28,6 +30,7 @@ mod report;
 mod restart;
 mod runtime;
 mod signals;
+mod slurm;
 mod store;
 #[cfg(feature = "train")]
 mod train;

@@ -4,7 +4,7 @@
 //! The grammar follows SchedMD's `src/common/hostlist.c` at HEAD (see the spec, cluster.md §1.2):
 //! items are split on comma, space, tab and newline outside brackets; an item splits at its
 //! *last* `[` and the first `]` after it; the prefix may hold further groups (expanded
-//! recursively, the leftmost varying slowest); a suffix after `]` is accepted (Slurm ≥ 23.02.5);
+//! recursively in Slurm's order: see [`expand_prefix`]); a suffix after `]` is accepted (Slurm ≥ 23.02.5);
 //! the zero-padding width is the length of each range's low bound as written. Order and
 //! duplicates are kept, because `SLURM_NODEID` indexes the unsorted expansion. `{…}` host
 //! functions (client input only), unbalanced brackets and oversized ranges are errors.
@@ -113,19 +113,13 @@ fn expand_item(input: &str, item: &str, out: &mut Vec<String>) -> Result<(), Hos
     // Balanced and not nested, so the first ']' after the last '[' closes it.
     let close = open + item[open..].find(']').expect("balanced brackets");
     let (prefix, ranges, suffix) = (&item[..open], &item[open + 1..close], &item[close + 1..]);
-    let prefixes = if prefix.contains('[') {
-        let mut p = Vec::new();
-        expand_item(input, prefix, &mut p)?;
-        if p.len() > MAX_PREFIX_CNT {
-            return Err(err(
-                input,
-                format!("prefix {prefix:?} expands to more than {MAX_PREFIX_CNT} hosts"),
-            ));
-        }
-        p
-    } else {
-        vec![prefix.to_string()]
-    };
+    let prefixes = expand_prefix(input, prefix)?;
+    if prefixes.len() > MAX_PREFIX_CNT {
+        return Err(err(
+            input,
+            format!("prefix {prefix:?} expands to more than {MAX_PREFIX_CNT} hosts"),
+        ));
+    }
     let numbers = parse_ranges(input, ranges)?;
     if prefixes.len().saturating_mul(numbers.len()) > MAX_HOSTS {
         return Err(err(
@@ -139,6 +133,39 @@ fn expand_item(input: &str, item: &str, out: &mut Vec<String>) -> Result<(), Hos
         }
     }
     Ok(())
+}
+
+/// The groups inside an item's prefix, in Slurm's order (`_push_range_list` peels the prefix's
+/// *last* group as its outer loop and recurses into the rest): the prefix's last group varies
+/// slowest and its first fastest, and the item's own final group (expanded by the caller) varies
+/// fastest of all. With two groups that is "leftmost slowest" (`rack[1-2]-node[01-02]`); with
+/// three, `a[1-2]b[3-4]c[5-6]` gives a1b3c5 a1b3c6 a2b3c5 a2b3c6 a1b4c5 …: b slowest, then a,
+/// then c (checked against scontrol by the differential test in `difftest`).
+fn expand_prefix(input: &str, prefix: &str) -> Result<Vec<String>, HostlistError> {
+    let Some(open) = prefix.rfind('[') else {
+        return Ok(vec![prefix.to_string()]);
+    };
+    let close = open + prefix[open..].find(']').expect("balanced brackets");
+    let (head, ranges, tail) = (
+        &prefix[..open],
+        &prefix[open + 1..close],
+        &prefix[close + 1..],
+    );
+    let heads = expand_prefix(input, head)?;
+    let numbers = parse_ranges(input, ranges)?;
+    if heads.len().saturating_mul(numbers.len()) > MAX_PREFIX_CNT {
+        return Err(err(
+            input,
+            format!("prefix {prefix:?} expands to more than {MAX_PREFIX_CNT} hosts"),
+        ));
+    }
+    let mut out = Vec::with_capacity(heads.len() * numbers.len());
+    for n in &numbers {
+        for h in &heads {
+            out.push(format!("{h}{n}{tail}"));
+        }
+    }
+    Ok(out)
 }
 
 /// `r(,r)*` with `r` = `N` or `N-M`; each number printed with the width of its low bound.

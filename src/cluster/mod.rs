@@ -37,6 +37,8 @@ pub mod readers;
 pub mod render;
 
 #[cfg(test)]
+mod difftest;
+#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;

@@ -246,10 +246,6 @@ pub fn slurm(env: &dyn Env, _host: &HostFacts<'_>) -> R<Option<Layer>> {
 
     if step_list.is_none() || matches!(kind, Some("batch") | Some("extern")) {
         // A batch script or salloc shell: it runs on one node only.
-        if job_name == "bash" || job_name == "interactive" {
-            // Lightning's convention: an interactive allocation is not srun-managed.
-            return Ok(None);
-        }
         let nodes = match first(env, &["SLURM_JOB_NUM_NODES", "SLURM_NNODES"]) {
             Some((var, _)) => (num(env, &var)?.unwrap_or(1), var),
             None => match env.get("SLURM_JOB_NODELIST") {
@@ -272,6 +268,13 @@ pub fn slurm(env: &dyn Env, _host: &HostFacts<'_>) -> R<Option<Layer>> {
                 "Slurm job {job} spans {} nodes ({}={}) but this is {context}, not an srun step (SLURM_STEP_NODELIST unset): the other nodes would never join; run `srun --ntasks-per-node=1 rdrun ...` (or --cluster none for a local run)",
                 nodes.0, nodes.1, nodes.0
             ));
+        }
+        // Lightning's convention: an interactive allocation is not srun-managed. Only on one
+        // node: salloc names every job "interactive" unless -J is given (seen on a real 22.05
+        // cluster), so honouring it on several nodes would turn the refusal above into a
+        // silent local run on the login node.
+        if job_name == "bash" || job_name == "interactive" {
+            return Ok(None);
         }
         f.mode = src(Mode::Node, format!("{job_var} without a step, one node"));
         f.nnodes = src(NodeCount { min: 1, max: 1 }, nodes.1);

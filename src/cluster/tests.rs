@@ -230,16 +230,26 @@ fn slurm_batch_or_salloc_without_a_step() {
             && e.contains("srun"),
         "{e}"
     );
-    // Job name bash/interactive: the opt-out, a local run.
+    // Job name bash/interactive: the opt-out, a local run, on one node only; several nodes are
+    // refused even so (salloc's default job name is "interactive").
     let optout = [
         ("SLURM_JOB_ID", "79"),
-        ("SLURM_JOB_NUM_NODES", "2"),
+        ("SLURM_JOB_NUM_NODES", "1"),
         ("SLURM_JOB_NAME", "bash"),
     ];
     assert_eq!(
         detect_on(&optout, &HostFacts::named("login1"), &Fields::default()),
         Ok(None)
     );
+    for name in ["bash", "interactive"] {
+        let multi = [
+            ("SLURM_JOB_ID", "79"),
+            ("SLURM_JOB_NUM_NODES", "2"),
+            ("SLURM_JOB_NAME", name),
+        ];
+        let e = err(&multi, "login1");
+        assert!(e.contains("spans 2 nodes") && e.contains("salloc"), "{e}");
+    }
     // One node: a local run that says it is Slurm's.
     let one = [
         ("SLURM_JOB_ID", "80"),

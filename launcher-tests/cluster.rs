@@ -308,19 +308,8 @@ fn contradictions_are_one_line_errors() {
         &["--node-rank", "5"],
         "node rank 5 (--node-rank) is not below the node count 2 (SLURM_STEP_NUM_NODES)",
     );
-    // Several tasks per node (in-place mode): k×n oversubscription is an error, and in-place
-    // itself is refused as not supported yet (rather than forming a wrong world).
-    let mut env = slurm_step_env(1, free_port());
-    for (k, v) in env.iter_mut() {
-        match k.as_str() {
-            "SLURM_STEP_TASKS_PER_NODE" | "SLURM_TASKS_PER_NODE" => *v = "2(x2)".into(),
-            "SLURM_STEP_NUM_TASKS" | "SLURM_NTASKS" | "SLURM_NPROCS" => *v = "4".into(),
-            "SLURM_PROCID" => *v = "3".into(),
-            "SLURM_LOCALID" => *v = "1".into(),
-            _ => {}
-        }
-    }
-    env.retain(|(k, _)| k != "SLURM_GPUS_ON_NODE");
+    // Several tasks per node (in-place mode): k×n oversubscription is an error.
+    let env = slurm_task_env(3, free_port());
     assert_refused(
         &dir,
         &env,
@@ -330,8 +319,67 @@ fn contradictions_are_one_line_errors() {
     assert_refused(
         &dir,
         &env,
-        &[],
-        "in-place mode is not supported yet; launch one task per node",
+        &["--node-rank", "1"],
+        "in-place mode (this rdrun is rank 3 of 4, one worker): --node-rank cannot apply",
+    );
+}
+
+/// Task `task` of `srun -N2 --ntasks-per-node=2 --resv-ports` (job 81234, step 0): block
+/// distribution, tasks 0,1 on the first node and 2,3 on the second.
+fn slurm_task_env(task: usize, port: u16) -> Vec<(String, String)> {
+    let node = task / 2;
+    let mut env = slurm_step_env(node, port);
+    for (k, v) in env.iter_mut() {
+        match k.as_str() {
+            "SLURM_STEP_TASKS_PER_NODE" | "SLURM_TASKS_PER_NODE" => *v = "2(x2)".into(),
+            "SLURM_STEP_NUM_TASKS" | "SLURM_NTASKS" | "SLURM_NPROCS" => *v = "4".into(),
+            "SLURM_NTASKS_PER_NODE" => *v = "2".into(),
+            "SLURM_PROCID" => *v = task.to_string(),
+            "SLURM_LOCALID" => *v = (task % 2).to_string(),
+            _ => {}
+        }
+    }
+    // No GPUs requested: the gres plugin sets neither variable.
+    env.retain(|(k, _)| k != "SLURM_GPUS_ON_NODE" && k != "CUDA_VISIBLE_DEVICES");
+    env
+}
+
+/// `srun -N2 --ntasks-per-node=2 rdrun mn_worker`: four rdruns, each one rank in place with one
+/// worker; together one world of 4 with the step's ranks, the per-node values from Slurm
+/// (LOCAL_RANK = SLURM_LOCALID, GROUP_RANK = SLURM_NODEID) and task 0's store as the master.
+/// Before in-place mode this was refused (and before the refusal, 4×2 workers in 4 worlds).
+#[test]
+fn slurm_several_tasks_per_node_run_in_place() {
+    let dir = TempDir::new("cl_slurm_inplace");
+    let port = free_port();
+    let runs: Vec<_> = (0..4)
+        .map(|t| agent(&dir, &slurm_task_env(t, port), &[]).spawn())
+        .collect();
+    let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+    assert_ok(&outs);
+    let recs = records(dir.path());
+    assert_one_world_of_four(&recs, "81234.0", ("localhost", port));
+    for env in recs.values() {
+        assert_eq!(get(env, "TORCHELASTIC_USE_AGENT_STORE"), "True");
+        assert_eq!(
+            get(env, "SLURM_PROCID"),
+            get(env, "RANK"),
+            "the task's own rank"
+        );
+    }
+    assert!(
+        outs[0].stderr.contains(
+            "rdrun:   mode             in-place  (SLURM_STEP_TASKS_PER_NODE: 2 tasks on this node)"
+        ),
+        "{}",
+        outs[0].stderr
+    );
+    assert!(
+        outs[3].stderr.contains(&format!(
+            "rdrun: rank 3/4 (local 1/2) -> endpoint localhost:{port} (slurm-step (job 81234 step 0)), mode in-place"
+        )),
+        "{}",
+        outs[3].stderr
     );
 }
 

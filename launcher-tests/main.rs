@@ -9,6 +9,8 @@
 //! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
 //! - `cluster`: scheduler environments (a Slurm step, a PyTorchJob pod) with no flag: one world,
 //!   the topology banner, `--dry-run`, refusals.
+//! - `mpi`: in-place mode under a real Open MPI (`mpirun -np 4 rdrun script`, gloo all_reduce),
+//!   and node identity from the hostnames the ranks exchange.
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `hang`: hang detection wired into the agent, with small budgets.
@@ -20,6 +22,7 @@ mod cluster;
 mod contain;
 mod env;
 mod hang;
+mod mpi;
 mod multinode;
 mod output;
 mod regression;

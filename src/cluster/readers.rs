@@ -400,6 +400,13 @@ pub fn slurm(env: &dyn Env, _host: &HostFacts<'_>) -> R<Option<Layer>> {
         };
         f.local_world_size = src(k, tasks_here.1);
         f.nproc = src("1".into(), "in-place (one worker per Slurm task)");
+        // Task 0 hosts the store at the endpoint, the first host of the step.
+        if f.rank.as_ref().map(|r| r.value) == Some(0) && node_id != 0 {
+            return fail(format!(
+                "SLURM_PROCID=0 runs on node {node_id} ({}) of SLURM_STEP_NODELIST={step_list}, not on its first host {}: task 0 hosts the rendezvous store there; use a block or cyclic distribution",
+                nodes[node_id], nodes[0]
+            ));
+        }
     } else {
         f.mode = src(
             Mode::Node,
@@ -526,7 +533,10 @@ pub fn mpi(env: &dyn Env, host: &HostFacts<'_>) -> R<Option<Layer>> {
             f.master_port = src(derived_port(s, 0), format!("derived from {var}"));
             f.run_id = src(format!("mpi-{s}"), var);
         } else if let Some(j) = &job_seed {
+            // Several hosts: the endpoint host comes from a host list (hostfile, LSF, Slurm) or
+            // --rdzv-endpoint; the port from the job id, equal on every host.
             let (s, var) = seed(j);
+            f.master_port = src(derived_port(s, 0), format!("derived from {var}"));
             f.run_id = src(format!("mpi-{s}"), var);
         }
         f.backend = src("static".into(), "MPI job: fixed world");

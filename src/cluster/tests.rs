@@ -1025,3 +1025,57 @@ fn nested_launch_is_refused_unless_allowed() {
     assert!(nested_guard(&e, true).is_ok());
     assert!(nested_guard(&env(&[]), false).is_ok());
 }
+
+#[test]
+fn in_place_node_identity_from_exchanged_hostnames() {
+    let hosts = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // --map-by node: ranks alternate hosts; node 0 is rank 0's host.
+    let h = hosts(&["b", "a", "b", "a"]);
+    let id = |r| node_of(&h, r).expect("listed");
+    assert_eq!(
+        id(0),
+        NodeIdentity {
+            group_rank: 0,
+            group_world_size: 2,
+            ranks_here: 2
+        }
+    );
+    assert_eq!(id(3).group_rank, 1);
+    assert_eq!(id(2).group_rank, 0);
+    assert_eq!(node_of(&h, 4), None);
+    // One host: one node.
+    let one = hosts(&["x", "x", "x"]);
+    assert_eq!(
+        node_of(&one, 2).map(|i| (i.group_rank, i.group_world_size, i.ranks_here)),
+        Some((0, 1, 3))
+    );
+    // A hostfile gives the endpoint but not the node index (it may list hosts the job does not
+    // use); the exchange decides.
+    let e = with(
+        OMPI_ONE_HOST,
+        &[
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_RANK", "6"),
+            ("OMPI_MCA_orte_default_hostfile", "/hf"),
+        ],
+    );
+    let read = |_: &str| Ok("hA slots=4\nhB slots=4\nhC slots=4\n".to_string());
+    let host = HostFacts {
+        read_file: &read,
+        ..HostFacts::named("hB")
+    };
+    let t = detect_on(&e, &host, &Fields::default())
+        .expect("detects")
+        .expect("a topology");
+    assert_eq!(val(&t.fields.mode).0, Mode::InPlace);
+    assert_eq!(t.fields.node_rank, None);
+    assert_eq!(t.fields.nnodes, None);
+    assert_eq!(val(&t.fields.master_addr).0, "hA");
+    assert!(
+        t.notes
+            .iter()
+            .any(|n| n.starts_with("group_rank: from the hostnames")),
+        "{:?}",
+        t.notes
+    );
+}

@@ -55,6 +55,10 @@ impl Keys {
     fn nproc(&self, rank: usize) -> String {
         format!("{}/nproc/{rank}", self.prefix)
     }
+    /// This agent's host name: the node identity of in-place ranks (`Assignment::nodes`).
+    fn host(&self, rank: usize) -> String {
+        format!("{}/host/{rank}", self.prefix)
+    }
     /// Appended `<nnodes> <who>` by every agent (see `c10d::nnodes_disagreement`).
     fn nnodes(&self) -> String {
         format!("{}/nnodes", self.prefix)
@@ -111,6 +115,8 @@ pub struct StaticRendezvous<S: RdzvStore> {
     who: String,
     /// This agent appended its `--nnodes`.
     said_nnodes: bool,
+    /// `gethostname()`, published for the others (see [`Keys::host`]).
+    host: String,
 }
 
 impl<S: RdzvStore> Drop for StaticRendezvous<S> {
@@ -159,6 +165,10 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             keeper: None,
             claim: None,
             said_nnodes: false,
+            host: nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_default(),
             who: nix::unistd::gethostname()
                 .ok()
                 .and_then(|h| h.into_string().ok())
@@ -284,11 +294,14 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         let keys = self.keys.clone();
         let rank = self.node_rank;
         let nproc = self.nproc.to_string();
+        let host = self.host.clone();
         self.claim_rank(deadline).await?;
         self.retry(deadline, || {
             let (store, keys, nproc) = (store.clone(), keys.clone(), nproc.clone());
+            let host = host.clone();
             async move {
                 store.add(&keys.hb(rank), 1).await?;
+                store.set(&keys.host(rank), host.as_bytes()).await?;
                 store.set(&keys.nproc(rank), nproc.as_bytes()).await
             }
         })
@@ -391,6 +404,14 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             .iter()
             .map(|v| parse_u64(v).unwrap_or(0) as usize)
             .collect();
+        // Every agent set its host before its nproc, so each host key exists now.
+        let host_keys: Vec<String> = (0..self.nnodes).map(|r| self.keys.host(r)).collect();
+        let hosts = self
+            .retry(deadline, || {
+                let (store, host_keys) = (store.clone(), host_keys.clone());
+                async move { store.multi_get(&host_keys).await }
+            })
+            .await?;
         let (base, world) = base_rank(&nprocs, self.node_rank);
         self.round = Some(gen);
         *self.running.lock().unwrap_or_else(|e| e.into_inner()) = Some(gen);
@@ -410,7 +431,11 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 RoundReason::WorkerFailure
             },
             store_prefix: format!("{}.{gen}", self.keys.prefix),
-            nodes: nprocs.into_iter().map(|n| (String::new(), n)).collect(),
+            nodes: hosts
+                .iter()
+                .map(|h| String::from_utf8_lossy(h).into_owned())
+                .zip(nprocs)
+                .collect(),
         })
     }
 

@@ -485,3 +485,47 @@ fn hostfile_gives_node_rank_and_slots() {
         .count();
     assert_eq!(workers, 0, "nothing started");
 }
+
+/// `--include HOST:1,3` (DeepSpeed's documented filter): this host runs 2 workers, which see
+/// CUDA_VISIBLE_DEVICES=1,3 (slots are device indices); excluding this host is refused.
+#[test]
+fn hostfile_include_selects_this_hosts_slots_as_devices() {
+    let dir = TempDir::new("cl_include");
+    let me = nix::unistd::gethostname()
+        .expect("hostname")
+        .into_string()
+        .expect("UTF-8 hostname");
+    let hf = dir.join("hostfile");
+    std::fs::write(&hf, format!("{me} slots=4\n")).expect("write hostfile");
+    let hf = hf.to_string_lossy().into_owned();
+    let port = free_port().to_string();
+    let include = format!("{me}:1,3");
+    let out = agent(
+        &dir,
+        &[],
+        &[
+            "--hostfile",
+            &hf,
+            "--include",
+            &include,
+            "--master-port",
+            &port,
+        ],
+    )
+    .run();
+    out.assert_code(0);
+    let recs = records(dir.path());
+    assert_eq!(recs.len(), 2, "two slots kept: {recs:#?}");
+    for env in recs.values() {
+        assert_eq!(get(env, "CUDA_VISIBLE_DEVICES"), "1,3");
+        assert_eq!(get(env, "WORLD_SIZE"), "2");
+    }
+    let out = agent(&dir, &[], &["--hostfile", &hf, "--exclude", &me]).run();
+    out.assert_code(1);
+    assert!(
+        out.stderr
+            .contains("--include/--exclude leave no host of hostfile"),
+        "{}",
+        out.stderr
+    );
+}

@@ -230,6 +230,9 @@ pub struct Fields {
     pub standalone: Option<Sourced<bool>>,
     /// Input only: a hostfile named by a flag (`--hostfile`); env names are read by the reader.
     pub hostfile: Option<Sourced<String>>,
+    /// Input only: `--include` / `--exclude` hostfile filters (DeepSpeed's documented semantics).
+    pub include: Option<Sourced<String>>,
+    pub exclude: Option<Sourced<String>>,
 }
 
 /// One source's view: its name (`slurm-step`), a detail for the header, its fields and notes.
@@ -330,7 +333,12 @@ pub fn detect(
         sched.extend(readers::lsf(env, host)?);
     }
     if want(C::Hostfile) {
-        sched.extend(readers::hostfile(env, host, flags.hostfile.clone())?);
+        sched.extend(readers::hostfile(env, host, flags)?);
+    }
+    if sched.is_empty() && (flags.include.is_some() || flags.exclude.is_some()) {
+        return Err(ClusterError(
+            "--include/--exclude filter a hostfile's hosts, and no hostfile is named (--hostfile, RDRUN_HOSTFILE, OMPI_MCA_orte_default_hostfile)".into(),
+        ));
     }
     if sched.is_empty() {
         if forced != C::Auto {

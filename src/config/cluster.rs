@@ -32,6 +32,9 @@ pub struct ClusterPlan {
     pub dry_run: Option<TopologyFormat>,
     /// In-place mode: this rdrun is one rank and runs one worker with these values.
     pub in_place: Option<InPlace>,
+    /// Variables every worker gets from the topology: CUDA_VISIBLE_DEVICES = the slots a
+    /// hostfile filter kept (DeepSpeed: slots are device indices).
+    pub worker_env: Vec<(String, String)>,
 }
 
 /// A local run that is not a dry run (test fixtures; [`plan`] fills the real one).
@@ -46,6 +49,7 @@ impl Default for ClusterPlan {
             detected: false,
             dry_run: None,
             in_place: None,
+            worker_env: Vec::new(),
         }
     }
 }
@@ -168,6 +172,14 @@ fn flag_fields(args: &LaunchArgs) -> Fields {
     if let Some(h) = &args.hostfile {
         f.hostfile = cluster::src(h.clone(), "--hostfile");
     }
+    f.include = args
+        .include
+        .as_ref()
+        .and_then(|v| cluster::src(v.clone(), "--include"));
+    f.exclude = args
+        .exclude
+        .as_ref()
+        .and_then(|v| cluster::src(v.clone(), "--exclude"));
     f
 }
 
@@ -532,11 +544,18 @@ pub(super) fn plan(
         Some(_) => {}
         None => f.nproc = cluster::src(nproc, source("nproc_per_node", "--nproc-per-node")),
     }
+    let worker_env = match &t.fields.devices {
+        Some(d) if d.source == cluster::readers::FILTER_DEVICES => {
+            vec![("CUDA_VISIBLE_DEVICES".to_string(), d.value.join(","))]
+        }
+        _ => Vec::new(),
+    };
     Ok(ClusterPlan {
         topology: t,
         detected: is_detected,
         dry_run,
         in_place,
+        worker_env,
     })
 }
 

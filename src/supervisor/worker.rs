@@ -141,7 +141,14 @@ impl RunWorkerEnv {
     ) -> RunWorkerEnv {
         RunWorkerEnv {
             signals_env: workerenv::signal_names(&config.signals_to_handle),
-            extra: pip_nccl_env(config),
+            // The topology's variables (a hostfile filter's devices), then the NCCL shim's.
+            extra: config
+                .cluster
+                .worker_env
+                .iter()
+                .cloned()
+                .chain(pip_nccl_env(config))
+                .collect(),
             watchdog_fd,
             cgroup_fd,
         }

@@ -7,6 +7,10 @@
 //! from `SLURMD_NODENAME`/`SLURM_NODEID`, not from the machine's hostname, so both agents can run
 //! here. No real slurmctld/slurmd is involved (see docs/compat.md).
 //! Kubernetes: a PyTorchJob v1 static pod's variables (`PET_*` plus the pod-level ones).
+//! Across network namespaces (one per pod, with its own hostname and /etc/hosts): PyTorchJob v1
+//! static (with the master's DNS name appearing late) and elastic, Trainer v2, JobSet, Volcano
+//! and LSF, each a 2-node PyTorch gloo all_reduce with no rdrun flag (skipped without root
+//! namespaces or the torch venv).
 //!
 //! Workers are `workers/mn_worker`: each writes its environment to `w.<GWS>.<restart>.<RANK>`.
 
@@ -528,4 +532,457 @@ fn hostfile_include_selects_this_hosts_slots_as_devices() {
         "{}",
         out.stderr
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pods and LSF hosts across network namespaces: each "pod" is a network namespace of its own
+// (scripts/netns.sh) with its own UTS namespace (`unshare --uts`, its hostname set as the
+// operator sets it) and its own /etc/hosts (`ip netns exec` binds /etc/netns/<ns>/hosts over
+// /etc/hosts: the names the cluster DNS would serve). rdrun gets the operator's exact variables
+// and the script, nothing else, and the two pods run one PyTorch gloo all_reduce.
+
+use crate::rendezvous::Netns;
+
+const POD_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// The torch venv's python (scripts/torch-venv.sh), or `None` with a SKIP line.
+fn torch_venv() -> Option<String> {
+    let cache = std::env::var_os("RDRUN_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/rdrun"))
+        })?;
+    let venv = cache.join("torch-venv");
+    if venv.join("bin/python").exists() {
+        Some(venv.to_string_lossy().into_owned())
+    } else {
+        eprintln!("SKIP: no torch venv (scripts/torch-venv.sh installs it)");
+        None
+    }
+}
+
+/// Two pods: namespaces with per-pod /etc/hosts files, removed on drop.
+struct Pods {
+    net: Netns,
+    etc: Vec<std::path::PathBuf>,
+}
+
+impl Pods {
+    /// `hosts[i]`: the /etc/hosts text pod `i` sees.
+    fn new(hosts: &[String]) -> Option<Pods> {
+        let net = Netns::create(hosts.len())?;
+        let mut etc = Vec::new();
+        for (i, text) in hosts.iter().enumerate() {
+            let dir = std::path::PathBuf::from(format!("/etc/netns/{}", net.name(i)));
+            std::fs::create_dir_all(&dir).expect("create /etc/netns dir");
+            std::fs::write(dir.join("hosts"), format!("127.0.0.1 localhost\n{text}"))
+                .expect("write pod hosts");
+            etc.push(dir);
+        }
+        Some(Pods { net, etc })
+    }
+
+    /// rdrun in pod `i` with hostname `hostname`, `env` and `args`; output to files in `dir`.
+    fn start(
+        &self,
+        i: usize,
+        hostname: &str,
+        env: &[(String, String)],
+        args: &[&str],
+        dir: &TempDir,
+    ) -> Pod {
+        let out = dir.join(format!("pod{i}.out"));
+        let err = dir.join(format!("pod{i}.err"));
+        let mut cmd = std::process::Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &self.net.name(i),
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+        ])
+        .arg("hostname \"$0\" && exec \"$@\"")
+        .arg(hostname)
+        .arg(crate::util::rdrun_bin())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("out file"))
+        .stderr(std::fs::File::create(&err).expect("err file"));
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy().into_owned();
+            if k.starts_with("PET_") || k.starts_with("SLURM_") || k == "TORCHELASTIC_RUN_ID" {
+                cmd.env_remove(k);
+            }
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Pod {
+            child: cmd.spawn().expect("spawn pod"),
+            err,
+        }
+    }
+}
+
+impl Drop for Pods {
+    fn drop(&mut self) {
+        for d in &self.etc {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+struct Pod {
+    child: std::process::Child,
+    err: std::path::PathBuf,
+}
+
+impl Pod {
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// Waits (bounded, then SIGKILL by pid) and returns the exit code and stderr.
+    fn wait(mut self) -> (Option<i32>, String) {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait pod") {
+                return (st.code(), self.stderr());
+            }
+            if started.elapsed() > POD_TIMEOUT {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return (None, format!("killed at the bound\n{}", self.stderr()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Runs one 2-pod gloo job: `pods[i]` = (hostname, the operator's variables); checks one world
+/// of two (ranks 0,1, sum 3, group ranks 0,1) and returns each pod's stderr.
+fn gloo_job(
+    pods: &Pods,
+    spec: &[(&str, Vec<(String, String)>)],
+    venv: &str,
+    dir: &TempDir,
+) -> Vec<String> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("launcher-tests/torch/scripts/inplace_allreduce.py");
+    let script = script.to_string_lossy().into_owned();
+    let out = dir.path().to_string_lossy().into_owned();
+    let running: Vec<Pod> = spec
+        .iter()
+        .enumerate()
+        .map(|(i, (host, env))| {
+            let mut env = env.clone();
+            // An activated venv in the pod image (not an rdrun setting).
+            env.push(("VIRTUAL_ENV".into(), venv.to_string()));
+            pods.start(i, host, &env, &[&script, &out], dir)
+        })
+        .collect();
+    let ends: Vec<(Option<i32>, String)> = running.into_iter().map(Pod::wait).collect();
+    for (i, (code, err)) in ends.iter().enumerate() {
+        assert_eq!(*code, Some(0), "pod {i} failed:\n{err}");
+    }
+    for r in 0..2 {
+        let text = std::fs::read_to_string(dir.join(format!("r{r}.json")))
+            .unwrap_or_else(|e| panic!("rank {r} wrote no record ({e}): {ends:?}"));
+        let rec: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(rec["dist_world"], 2, "{rec}");
+        assert_eq!(rec["sum"], 3.0, "one world of two: {rec}");
+        assert_eq!(
+            rec["WORLD_SIZE"], "2",
+            "pod-level WORLD_SIZE overwritten: {rec}"
+        );
+        assert_eq!(rec["GROUP_RANK"], r.to_string().as_str(), "{rec}");
+        assert_eq!(rec["GROUP_WORLD_SIZE"], "2", "{rec}");
+    }
+    ends.into_iter().map(|e| e.1).collect()
+}
+
+fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    vars(pairs)
+}
+
+/// Both pods' /etc/hosts: every name of both pods (`names[i]` are pod i's).
+fn hosts_of(names: &[&[&str]]) -> String {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("10.231.0.{} {}\n", i + 1, n.join(" ")))
+        .collect()
+}
+
+const K8S: [(&str, &str); 2] = [
+    ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+    ("KUBERNETES_SERVICE_PORT", "443"),
+];
+
+fn with_k8s(mut v: Vec<(String, String)>) -> Vec<(String, String)> {
+    v.extend(kv(&K8S));
+    v
+}
+
+/// PyTorchJob v1 static (training-operator release-1.9, a Master and one Worker): PET_* plus the
+/// pod-level MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (pod count). The worker pod's DNS name for
+/// the master appears only after its rdrun has tried it (item 5): rdrun retries within the join
+/// timeout, says so at WARN, and the job forms once the name resolves.
+#[test]
+fn pods_pytorchjob_static_with_late_dns() {
+    let Some(venv) = torch_venv() else { return };
+    bounded_test(move || {
+        let names: [&[&str]; 2] = [&["pj-master-0"], &["pj-worker-0"]];
+        // The worker pod sees only itself at first.
+        let Some(pods) = Pods::new(&[hosts_of(&names), "10.231.0.2 pj-worker-0\n".into()]) else {
+            return;
+        };
+        let dir = TempDir::new("pod_pj");
+        let pod = |rank: &str| {
+            with_k8s(kv(&[
+                ("PET_MASTER_ADDR", "pj-master-0"),
+                ("PET_MASTER_PORT", "23456"),
+                ("PET_NNODES", "2"),
+                ("PET_NODE_RANK", rank),
+                ("PET_NPROC_PER_NODE", "1"),
+                ("MASTER_ADDR", "pj-master-0"),
+                ("MASTER_PORT", "23456"),
+                ("RANK", rank),
+                ("WORLD_SIZE", "2"),
+                ("PYTHONUNBUFFERED", "1"),
+            ]))
+        };
+        // Publish the master's name only once the worker has said it cannot resolve it.
+        let publisher = {
+            let err = dir.join("pod1.err");
+            let hosts = pods.etc[1].join("hosts");
+            std::thread::spawn(move || {
+                let started = std::time::Instant::now();
+                while started.elapsed() < POD_TIMEOUT {
+                    if std::fs::read_to_string(&err)
+                        .unwrap_or_default()
+                        .contains("cannot resolve pj-master-0")
+                    {
+                        use std::io::Write;
+                        let mut f = std::fs::OpenOptions::new()
+                            .append(true)
+                            .open(&hosts)
+                            .expect("hosts");
+                        writeln!(f, "10.231.0.1 pj-master-0").expect("append");
+                        return true;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                false
+            })
+        };
+        let errs = gloo_job(
+            &pods,
+            &[("pj-master-0", pod("0")), ("pj-worker-0", pod("1"))],
+            &venv,
+            &dir,
+        );
+        assert!(
+            publisher.join().expect("publisher"),
+            "the worker never said it could not resolve"
+        );
+        assert!(
+            errs[1].contains("WARN") && errs[1].contains("cannot resolve pj-master-0"),
+            "{}",
+            errs[1]
+        );
+        assert!(
+            errs[1].contains("resolved pj-master-0 after"),
+            "{}",
+            errs[1]
+        );
+        assert!(
+            errs[0].contains("source=kubernetes pytorchjob-v1 static"),
+            "{}",
+            errs[0]
+        );
+    });
+}
+
+/// PyTorchJob v1 elastic (elasticPolicy, Workers only): PET_RDZV_ENDPOINT on worker 0,
+/// c10d, PET_NNODES=2:2, no MASTER_ADDR/RANK/WORLD_SIZE.
+#[test]
+fn pods_pytorchjob_elastic() {
+    let Some(venv) = torch_venv() else { return };
+    bounded_test(move || {
+        let names: [&[&str]; 2] = [&["pe-worker-0"], &["pe-worker-1"]];
+        let Some(pods) = Pods::new(&[hosts_of(&names), hosts_of(&names)]) else {
+            return;
+        };
+        let dir = TempDir::new("pod_pe");
+        let pod = || {
+            with_k8s(kv(&[
+                ("PET_RDZV_ENDPOINT", "pe-worker-0:23456"),
+                ("PET_RDZV_BACKEND", "c10d"),
+                ("PET_RDZV_ID", "pe"),
+                ("PET_NNODES", "2:2"),
+                ("PET_NPROC_PER_NODE", "1"),
+                ("PET_MAX_RESTARTS", "0"),
+                ("PYTHONUNBUFFERED", "1"),
+            ]))
+        };
+        let errs = gloo_job(
+            &pods,
+            &[("pe-worker-0", pod()), ("pe-worker-1", pod())],
+            &venv,
+            &dir,
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("source=kubernetes pytorchjob-v1 elastic")),
+            "{errs:?}"
+        );
+    });
+}
+
+/// Kubeflow Trainer v2 (torch plugin): PET_* only, master `<job>-node-0-0.<job>`, port 29500,
+/// node rank from the completion index; hostnames `<job>-node-0-<i>`.
+#[test]
+fn pods_trainer_v2() {
+    let Some(venv) = torch_venv() else { return };
+    bounded_test(move || {
+        let names: [&[&str]; 2] = [
+            &["tj-node-0-0.tj", "tj-node-0-0"],
+            &["tj-node-0-1.tj", "tj-node-0-1"],
+        ];
+        let Some(pods) = Pods::new(&[hosts_of(&names), hosts_of(&names)]) else {
+            return;
+        };
+        let dir = TempDir::new("pod_tv2");
+        let pod = |rank: &str| {
+            with_k8s(kv(&[
+                ("PET_NNODES", "2"),
+                ("PET_NPROC_PER_NODE", "1"),
+                ("PET_NODE_RANK", rank),
+                ("PET_MASTER_ADDR", "tj-node-0-0.tj"),
+                ("PET_MASTER_PORT", "29500"),
+                ("JOB_COMPLETION_INDEX", rank),
+            ]))
+        };
+        let errs = gloo_job(
+            &pods,
+            &[("tj-node-0-0", pod("0")), ("tj-node-0-1", pod("1"))],
+            &venv,
+            &dir,
+        );
+        assert!(
+            errs[0].contains("source=kubernetes trainer-v2"),
+            "{}",
+            errs[0]
+        );
+    });
+}
+
+/// JobSet (one replicatedJob `workers`, 2 completions): JOB_COMPLETION_INDEX and the hostname
+/// `<jobset>-workers-0-<i>`, the subdomain from the pod's FQDN (before: the bare short name,
+/// which a pod's resolver does not find under a headless Service); the completion count is in no variable, so the pod spec sets
+/// RDRUN_NNODES (not a flag).
+#[test]
+fn pods_jobset() {
+    let Some(venv) = torch_venv() else { return };
+    bounded_test(move || {
+        // As the kubelet writes a pod's /etc/hosts with a subdomain (its FQDN first), plus what
+        // the headless Service's DNS would answer.
+        let names: [&[&str]; 2] = [
+            &[
+                "js-workers-0-0.js.default.svc.cluster.local",
+                "js-workers-0-0",
+            ],
+            &[
+                "js-workers-0-1.js.default.svc.cluster.local",
+                "js-workers-0-1",
+            ],
+        ];
+        let Some(pods) = Pods::new(&[hosts_of(&names), hosts_of(&names)]) else {
+            return;
+        };
+        let dir = TempDir::new("pod_js");
+        let pod = |idx: &str| with_k8s(kv(&[("JOB_COMPLETION_INDEX", idx), ("RDRUN_NNODES", "2")]));
+        let errs = gloo_job(
+            &pods,
+            &[("js-workers-0-0", pod("0")), ("js-workers-0-1", pod("1"))],
+            &venv,
+            &dir,
+        );
+        assert!(errs[0].contains("source=kubernetes jobset"), "{}", errs[0]);
+        assert!(
+            errs[0].contains("js-workers-0-0.js.default.svc.cluster.local  (hostname js-workers-0-0 with index 0)"),
+            "the master's name with the pod's subdomain: {}",
+            errs[0]
+        );
+    });
+}
+
+/// Volcano (svc, env and pytorch plugins): VC_TASK_INDEX, VC_<TASK>_HOSTS/NUM, MASTER_ADDR,
+/// MASTER_PORT=23456, pod-level RANK/WORLD_SIZE; hostnames `<job>-<task>-<i>`.
+#[test]
+fn pods_volcano() {
+    let Some(venv) = torch_venv() else { return };
+    bounded_test(move || {
+        let names: [&[&str]; 2] = [
+            &["vj-master-0.vj", "vj-master-0"],
+            &["vj-worker-0.vj", "vj-worker-0"],
+        ];
+        let Some(pods) = Pods::new(&[hosts_of(&names), hosts_of(&names)]) else {
+            return;
+        };
+        let dir = TempDir::new("pod_vc");
+        let pod = |rank: &str| {
+            with_k8s(kv(&[
+                ("VC_TASK_INDEX", "0"),
+                ("VK_TASK_INDEX", "0"),
+                ("VC_MASTER_HOSTS", "vj-master-0.vj"),
+                ("VC_MASTER_NUM", "1"),
+                ("VC_WORKER_HOSTS", "vj-worker-0.vj"),
+                ("VC_WORKER_NUM", "1"),
+                ("MASTER_ADDR", "vj-master-0.vj"),
+                ("MASTER_PORT", "23456"),
+                ("RANK", rank),
+                ("WORLD_SIZE", "2"),
+            ]))
+        };
+        let errs = gloo_job(
+            &pods,
+            &[("vj-master-0", pod("0")), ("vj-worker-0", pod("1"))],
+            &venv,
+            &dir,
+        );
+        assert!(errs[0].contains("source=kubernetes volcano"), "{}", errs[0]);
+    });
+}
+
+/// LSF (`bsub -n 2 -R "span[ptile=1]"` then `blaunch rdrun script` on each host): LSB_JOBID,
+/// LSB_MCPU_HOSTS, LSB_HOSTS; the endpoint is the first host, the port derived from the job id.
+#[test]
+fn hosts_lsf() {
+    let Some(venv) = torch_venv() else { return };
+    bounded_test(move || {
+        let names: [&[&str]; 2] = [&["lsfa"], &["lsfb"]];
+        let Some(pods) = Pods::new(&[hosts_of(&names), hosts_of(&names)]) else {
+            return;
+        };
+        let dir = TempDir::new("pod_lsf");
+        let host = || {
+            kv(&[
+                ("LSB_JOBID", "4242"),
+                ("LSB_JOBNAME", "train"),
+                ("LSB_MCPU_HOSTS", "lsfa 1 lsfb 1"),
+                ("LSB_HOSTS", "lsfa lsfb"),
+                ("LSB_DJOB_NUMPROC", "2"),
+            ])
+        };
+        let errs = gloo_job(&pods, &[("lsfa", host()), ("lsfb", host())], &venv, &dir);
+        assert!(errs[0].contains("source=lsf (job 4242)"), "{}", errs[0]);
+    });
+}
+
+fn bounded_test(f: impl FnOnce() + Send + 'static) {
+    crate::rendezvous::bounded(Duration::from_secs(400), f);
 }

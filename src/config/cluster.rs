@@ -99,15 +99,55 @@ fn read_file(path: &str) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| e.to_string())
 }
 
-/// This machine's facts for the readers (hostname for Kubernetes/LSF/hostfile matching).
-fn host_facts() -> HostFacts<'static> {
+/// getaddrinfo(3) with AI_CANONNAME: the canonical name of `host` (in a pod, the kubelet's
+/// /etc/hosts line `<ip> <host>.<subdomain>.<ns>.svc.<domain> <host>`), bounded by `limit` on a
+/// helper thread since a resolver may not answer.
+fn canonical_name(host: &str, limit: std::time::Duration) -> Option<String> {
+    let c_host = std::ffi::CString::new(host).ok()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // SAFETY: `hints` is plain data, zero is a valid value for every field.
+        let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
+        hints.ai_flags = libc::AI_CANONNAME;
+        hints.ai_socktype = libc::SOCK_STREAM;
+        let mut res: *mut libc::addrinfo = std::ptr::null_mut();
+        // SAFETY: valid C string, hints and out-pointer; the result is freed below.
+        let rc = unsafe { libc::getaddrinfo(c_host.as_ptr(), std::ptr::null(), &hints, &mut res) };
+        if rc != 0 || res.is_null() {
+            let _ = tx.send(None);
+            return;
+        }
+        // SAFETY: `res` is a valid list from getaddrinfo; ai_canonname is NUL-terminated or null.
+        let name = unsafe {
+            let canon = (*res).ai_canonname;
+            let name = (!canon.is_null()).then(|| {
+                std::ffi::CStr::from_ptr(canon)
+                    .to_string_lossy()
+                    .into_owned()
+            });
+            libc::freeaddrinfo(res);
+            name
+        };
+        let _ = tx.send(name);
+    });
+    rx.recv_timeout(limit).ok().flatten()
+}
+
+/// This machine's facts for the readers (hostname for Kubernetes/LSF/hostfile matching). The
+/// FQDN is looked up only for an Indexed Job / JobSet pod, whose master name needs the pod's
+/// subdomain (`<job>-0.<subdomain>`).
+fn host_facts(env: &dyn cluster::Env) -> HostFacts<'static> {
     let hostname = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default();
+    let fqdn = env
+        .get("JOB_COMPLETION_INDEX")
+        .and_then(|_| canonical_name(&hostname, std::time::Duration::from_secs(2)))
+        .filter(|q| q.starts_with(&format!("{hostname}.")));
     HostFacts {
         hostname,
-        fqdn: None,
+        fqdn,
         addresses: Vec::new(),
         ppid: Some(std::os::unix::process::parent_id()),
         read_file: &read_file,
@@ -343,7 +383,7 @@ pub(super) fn apply(
     if args.from_env.contains_key("rdzv_endpoint") && !args.rdzv_endpoint.is_empty() {
         super::parse_endpoint(&args.rdzv_endpoint, RdzvBackend::C10d)?;
     }
-    let facts = host_facts();
+    let facts = host_facts(&lookup);
     let Some(t) =
         cluster::detect(&lookup, &facts, choice, &flag_fields(args)).map_err(cluster_error)?
     else {

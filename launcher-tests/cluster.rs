@@ -565,6 +565,8 @@ fn torch_venv() -> Option<String> {
 struct Pods {
     net: Netns,
     etc: Vec<std::path::PathBuf>,
+    /// rdruns started per pod (names their output files).
+    started: Vec<std::sync::atomic::AtomicUsize>,
 }
 
 impl Pods {
@@ -579,7 +581,8 @@ impl Pods {
                 .expect("write pod hosts");
             etc.push(dir);
         }
-        Some(Pods { net, etc })
+        let started = hosts.iter().map(|_| Default::default()).collect();
+        Some(Pods { net, etc, started })
     }
 
     /// rdrun in pod `i` with hostname `hostname`, `env` and `args`; output to files in `dir`.
@@ -591,8 +594,15 @@ impl Pods {
         args: &[&str],
         dir: &TempDir,
     ) -> Pod {
-        let out = dir.join(format!("pod{i}.out"));
-        let err = dir.join(format!("pod{i}.err"));
+        // pod<i>.err for the first rdrun of pod i, pod<i>.<n>.err for further ones.
+        let n = self.started[i].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let tag = if n == 0 {
+            format!("pod{i}")
+        } else {
+            format!("pod{i}.{n}")
+        };
+        let out = dir.join(format!("{tag}.out"));
+        let err = dir.join(format!("{tag}.err"));
         let mut cmd = std::process::Command::new("ip");
         cmd.args([
             "netns",
@@ -985,4 +995,68 @@ fn hosts_lsf() {
 
 fn bounded_test(f: impl FnOnce() + Send + 'static) {
     crate::rendezvous::bounded(Duration::from_secs(400), f);
+}
+
+/// Open MPI across two hosts (`mpirun -np 4 --host mpia:2,mpib:2 --map-by node rdrun mn_worker`,
+/// with a default hostfile that also lists a third host): the
+/// exact per-rank variables on hosts `mpia` (ranks 0, 2) and `mpib` (ranks 1, 3), each host a
+/// network namespace with its hostname. The endpoint is the hostfile's first host
+/// (OMPI_MCA_orte_default_hostfile), the port derived from the job id; the node of each rank
+/// comes from the hostnames the ranks exchange in the store (GROUP_RANK 0 for mpia, the host of
+/// rank 0, and 1 for mpib), never from OMPI_COMM_WORLD_NODE_RANK.
+#[test]
+fn mpi_ranks_on_two_hosts_find_their_node_by_hostname() {
+    bounded_test(|| {
+        let names: [&[&str]; 2] = [&["mpia"], &["mpib"]];
+        let Some(pods) = Pods::new(&[hosts_of(&names), hosts_of(&names)]) else {
+            return;
+        };
+        let dir = TempDir::new("mpi_2hosts");
+        let hf = dir.join("hostfile");
+        // mpic is listed but runs no rank (`--host mpia:2,mpib:2` on the command line): its
+        // position must not count, so mpib is node 1 of 2, not node 2 of 3.
+        std::fs::write(&hf, "mpia slots=2\nmpic slots=2\nmpib slots=2\n").expect("hostfile");
+        let hf = hf.to_string_lossy().into_owned();
+        let w = worker("mn_worker").to_string_lossy().into_owned();
+        let out = dir.path().to_string_lossy().into_owned();
+        let running: Vec<Pod> = (0..4usize)
+            .map(|rank| {
+                let host = rank % 2;
+                let local = (rank / 2).to_string();
+                let r = rank.to_string();
+                let env = kv(&[
+                    ("OMPI_COMM_WORLD_RANK", &r),
+                    ("OMPI_COMM_WORLD_SIZE", "4"),
+                    ("OMPI_COMM_WORLD_LOCAL_RANK", &local),
+                    ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+                    ("OMPI_COMM_WORLD_NODE_RANK", &local),
+                    ("OMPI_UNIVERSE_SIZE", "4"),
+                    ("OMPI_MCA_ess_base_jobid", "2218786817"),
+                    ("OMPI_MCA_orte_default_hostfile", &hf),
+                    ("PMIX_NAMESPACE", "2218786817"),
+                    ("PMIX_RANK", &r),
+                ]);
+                pods.start(host, names[host][0], &env, &[&w, &out], &dir)
+            })
+            .collect();
+        for (rank, p) in running.into_iter().enumerate() {
+            let (code, err) = p.wait();
+            assert_eq!(code, Some(0), "rank {rank}:\n{err}");
+        }
+        let recs = records(dir.path());
+        assert_eq!(recs.len(), 4, "{recs:#?}");
+        for ((gws, _, rank), env) in &recs {
+            assert_eq!(*gws, 2, "two hosts: {env:?}");
+            assert_eq!(get(env, "RANK"), rank.to_string());
+            assert_eq!(get(env, "WORLD_SIZE"), "4");
+            assert_eq!(get(env, "LOCAL_WORLD_SIZE"), "2");
+            assert_eq!(get(env, "LOCAL_RANK"), (rank / 2).to_string());
+            assert_eq!(
+                get(env, "GROUP_RANK"),
+                (rank % 2).to_string(),
+                "rank {rank}"
+            );
+            assert_eq!(get(env, "MASTER_ADDR"), "mpia");
+        }
+    });
 }

@@ -1060,3 +1060,34 @@ fn mpi_ranks_on_two_hosts_find_their_node_by_hostname() {
         }
     });
 }
+
+/// While nodes are missing, the waiting agent says every few seconds how many joined, which node
+/// ranks are missing and the time left (not silence until the timeout).
+#[test]
+fn waiting_for_a_missing_node_says_who_is_missing() {
+    let dir = TempDir::new("cl_waiting");
+    let out = agent(
+        &dir,
+        &slurm_step_env(0, free_port()),
+        &["--rdzv-conf", "timeout=12"],
+    )
+    .run();
+    out.assert_code(1);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("waiting for nodes: "))
+        .unwrap_or_else(|| panic!("no status line: {}", out.stderr));
+    assert!(
+        line.contains("WARN")
+            && line.contains("waiting for nodes: 1 of 2 joined; missing node rank(s) 1; "),
+        "{line}"
+    );
+    assert!(line.ends_with("s left"), "{line}");
+    assert!(
+        out.stderr.contains("rendezvous timed out"),
+        "{}",
+        out.stderr
+    );
+    assert!(records(dir.path()).is_empty(), "no worker started");
+}

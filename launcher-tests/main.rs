@@ -7,10 +7,12 @@
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 //! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
-//! - `cluster`: scheduler environments (a Slurm step, a PyTorchJob pod) with no flag: one world,
-//!   the topology banner, `--dry-run`, refusals.
 //! - `slurm`: a real Slurm 22.05 cluster (munged, slurmctld, a slurmd per network namespace):
 //!   srun, salloc and sbatch launches of rdrun with no flag beyond the program.
+//! - `cluster`: scheduler environments (a Slurm step, in place too; pods and LSF hosts in network
+//!   namespaces) with no flag: one world, the topology banner, `--dry-run`, refusals.
+//! - `mpi`: in-place mode under a real Open MPI (`mpirun -np 4 rdrun script`, gloo all_reduce),
+//!   and node identity from the hostnames the ranks exchange.
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `hang`: hang detection wired into the agent, with small budgets.
@@ -22,6 +24,7 @@ mod cluster;
 mod contain;
 mod env;
 mod hang;
+mod mpi;
 mod multinode;
 mod output;
 mod regression;

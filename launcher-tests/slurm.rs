@@ -391,7 +391,6 @@ fn srun_one_task_per_node_is_one_gloo_world() {
 /// Several tasks per node: `srun -N2 --ntasks-per-node=2 rdrun script.py` makes each rdrun one
 /// rank in place (RANK/LOCAL_RANK/WORLD_SIZE from the step), one world of 4 with gloo.
 #[test]
-#[ignore = "needs in-place mode"]
 fn srun_several_tasks_per_node_is_in_place() {
     let Some(py) = torch_python() else { return };
     bounded(Duration::from_secs(300), move || {

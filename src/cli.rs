@@ -85,6 +85,10 @@ pub struct LaunchArgs {
     /// rdrun's `--hostfile PATH` (RDRUN_HOSTFILE and Open MPI's variable are read by the
     /// cluster hostfile reader itself).
     pub hostfile: Option<String>,
+    /// rdrun's `--include` / `--exclude NODE_SPEC[@NODE_SPEC…]`: DeepSpeed's documented hostfile
+    /// filters (applied by the cluster hostfile reader).
+    pub include: Option<String>,
+    pub exclude: Option<String>,
     /// rdrun's `--dry-run`: resolve and print the topology, start nothing.
     pub dry_run: bool,
     /// rdrun's `--print-topology[=json]`: `Some("text")` or `Some("json")`; implies a dry run.
@@ -319,6 +323,18 @@ static OPTIONS: &[OptSpec] = &[
         pet: false,
         ..opt("hostfile", &["--hostfile"], Kind::Str, "none",
             "rdrun: a hostfile (DeepSpeed 'host slots=N' or Open MPI dialect); this node's rank is its host's position. Else RDRUN_HOSTFILE or OMPI_MCA_orte_default_hostfile.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("include", &["--include"], Kind::Str, "none",
+            "rdrun: keep only these hostfile hosts/slots, DeepSpeed's NODE_SPEC[@NODE_SPEC...] with NODE_SPEC = NAME[:SLOT[,SLOT...]] (slots are device indices).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("exclude", &["--exclude"], Kind::Str, "none",
+            "rdrun: drop these hostfile hosts/slots (same syntax as --include; not both).")
     },
     OptSpec {
         abbreviable: false,
@@ -765,6 +781,8 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         leftovers: b.opt_string("leftovers")?,
         cluster: b.opt_string("cluster")?,
         hostfile: b.opt_string("hostfile")?,
+        include: b.opt_string("include")?,
+        exclude: b.opt_string("exclude")?,
         dry_run: b.flags[Builder::id("dry_run")],
         print_topology: b.opt_string("print_topology")?,
         cli_given,

@@ -30,7 +30,8 @@
 //! &flag_fields)` and [`nested_guard`] when something was detected, writes the fields into the
 //! arguments the user did not type, and renders with [`render::text`] / [`render::one_line`] /
 //! [`render::json`] for the banner and `--dry-run` / `--print-topology[=json]`. In-place mode
-//! is refused there (not supported yet).
+//! becomes a static rendezvous of one member per rank there (`config::cluster::InPlace`); the
+//! node of an MPI rank comes from [`node_of`] over the hostnames the ranks exchange.
 
 pub mod hostlist;
 pub mod readers;
@@ -231,6 +232,9 @@ pub struct Fields {
     pub standalone: Option<Sourced<bool>>,
     /// Input only: a hostfile named by a flag (`--hostfile`); env names are read by the reader.
     pub hostfile: Option<Sourced<String>>,
+    /// Input only: `--include` / `--exclude` hostfile filters (DeepSpeed's documented semantics).
+    pub include: Option<Sourced<String>>,
+    pub exclude: Option<Sourced<String>>,
 }
 
 /// One source's view: its name (`slurm-step`), a detail for the header, its fields and notes.
@@ -331,7 +335,12 @@ pub fn detect(
         sched.extend(readers::lsf(env, host)?);
     }
     if want(C::Hostfile) {
-        sched.extend(readers::hostfile(env, host, flags.hostfile.clone())?);
+        sched.extend(readers::hostfile(env, host, flags)?);
+    }
+    if sched.is_empty() && (flags.include.is_some() || flags.exclude.is_some()) {
+        return Err(ClusterError(
+            "--include/--exclude filter a hostfile's hosts, and no hostfile is named (--hostfile, RDRUN_HOSTFILE, OMPI_MCA_orte_default_hostfile)".into(),
+        ));
     }
     if sched.is_empty() {
         if forced != C::Auto {
@@ -344,7 +353,32 @@ pub fn detect(
         }
         return Ok(None);
     }
-    let topology = merge(explicit.into_iter().chain(sched).collect());
+    // In place, nnodes/node_rank are GROUP_WORLD_SIZE/GROUP_RANK. They are kept from the
+    // launcher that set the mode (Slurm's SLURM_NODEID) or from an allocation around an mpirun
+    // (a Slurm step of orteds, an LSF job: exactly the job's hosts). A hostfile may name more
+    // hosts than the job uses, and an MPI launcher names no node index at all: then the ranks
+    // exchange their hostnames in the store instead.
+    let in_place = sched
+        .iter()
+        .find_map(|l| l.fields.mode.as_ref())
+        .is_some_and(|m| m.value == Mode::InPlace);
+    let node_from = sched
+        .iter()
+        .position(|l| l.fields.node_rank.is_some())
+        .map(|i| (i, sched[i].name.clone()));
+    let mode_at = sched.iter().position(|l| l.fields.mode.is_some());
+    let node_known = match node_from {
+        Some((i, name)) => Some(i) == mode_at || name == "slurm-step" || name == "lsf",
+        None => false,
+    };
+    let mut topology = merge(explicit.into_iter().chain(sched).collect());
+    if in_place && !node_known {
+        topology.fields.node_rank = None;
+        topology.fields.nnodes = None;
+        topology.notes.push(
+            "group_rank: from the hostnames the ranks exchange in the store (the launcher names no node index)".into(),
+        );
+    }
     validate(&topology)?;
     Ok(Some(topology))
 }
@@ -505,4 +539,34 @@ pub fn nested_guard(env: &dyn Env, allowed: bool) -> Result<(), ClusterError> {
 pub fn derived_port(job: u64, step: u64) -> u16 {
     const SPAN: u64 = 32768 - 10000;
     (10000 + (job.wrapping_mul(97).wrapping_add(step)) % SPAN) as u16
+}
+
+/// Where an in-place rank's node is among the job's, from every rank's hostname (index = rank).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeIdentity {
+    /// GROUP_RANK: this host's index among the distinct hosts, ordered by their lowest rank.
+    pub group_rank: usize,
+    /// GROUP_WORLD_SIZE: the number of distinct hosts.
+    pub group_world_size: usize,
+    /// How many ranks name this host (must equal the launcher's LOCAL_WORLD_SIZE).
+    pub ranks_here: usize,
+}
+
+/// The node identity of `rank` from the hostnames all ranks published (MPI names no node index:
+/// `OMPI_COMM_WORLD_NODE_RANK` counts processes per node). Hosts are ordered by their lowest
+/// rank, so node 0 is the host of rank 0, as torchrun numbers nodes. `None` if `rank` is not in
+/// `hosts`.
+pub fn node_of(hosts: &[String], rank: usize) -> Option<NodeIdentity> {
+    let mine = hosts.get(rank)?;
+    let mut distinct: Vec<&String> = Vec::new();
+    for h in hosts {
+        if !distinct.contains(&h) {
+            distinct.push(h);
+        }
+    }
+    Some(NodeIdentity {
+        group_rank: distinct.iter().position(|h| *h == mine)?,
+        group_world_size: distinct.len(),
+        ranks_here: hosts.iter().filter(|h| *h == mine).count(),
+    })
 }

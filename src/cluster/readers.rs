@@ -403,6 +403,13 @@ pub fn slurm(env: &dyn Env, _host: &HostFacts<'_>) -> R<Option<Layer>> {
         };
         f.local_world_size = src(k, tasks_here.1);
         f.nproc = src("1".into(), "in-place (one worker per Slurm task)");
+        // Task 0 hosts the store at the endpoint, the first host of the step.
+        if f.rank.as_ref().map(|r| r.value) == Some(0) && node_id != 0 {
+            return fail(format!(
+                "SLURM_PROCID=0 runs on node {node_id} ({}) of SLURM_STEP_NODELIST={step_list}, not on its first host {}: task 0 hosts the rendezvous store there; use a block or cyclic distribution",
+                nodes[node_id], nodes[0]
+            ));
+        }
     } else {
         f.mode = src(
             Mode::Node,
@@ -529,7 +536,10 @@ pub fn mpi(env: &dyn Env, host: &HostFacts<'_>) -> R<Option<Layer>> {
             f.master_port = src(derived_port(s, 0), format!("derived from {var}"));
             f.run_id = src(format!("mpi-{s}"), var);
         } else if let Some(j) = &job_seed {
+            // Several hosts: the endpoint host comes from a host list (hostfile, LSF, Slurm) or
+            // --rdzv-endpoint; the port from the job id, equal on every host.
             let (s, var) = seed(j);
+            f.master_port = src(derived_port(s, 0), format!("derived from {var}"));
             f.run_id = src(format!("mpi-{s}"), var);
         }
         f.backend = src("static".into(), "MPI job: fixed world");
@@ -890,13 +900,14 @@ pub fn parse_hostfile(path: &str, text: &str) -> R<(Vec<HostEntry>, Vec<String>)
     Ok((out, notes))
 }
 
-/// A hostfile named by `--hostfile`, `RDRUN_HOSTFILE` or `OMPI_MCA_orte_default_hostfile`.
-pub fn hostfile(
-    env: &dyn Env,
-    host: &HostFacts<'_>,
-    flag: Option<Sourced<String>>,
-) -> R<Option<Layer>> {
-    let named = flag.or_else(|| {
+/// The source of the devices a hostfile filter chose; `config` gives them to the workers as
+/// CUDA_VISIBLE_DEVICES (DeepSpeed: slots are device indices).
+pub const FILTER_DEVICES: &str = "slots kept by --include/--exclude";
+
+/// A hostfile named by `--hostfile`, `RDRUN_HOSTFILE` or `OMPI_MCA_orte_default_hostfile`,
+/// filtered by `--include`/`--exclude` (`flags`) with DeepSpeed's documented semantics.
+pub fn hostfile(env: &dyn Env, host: &HostFacts<'_>, flags: &Fields) -> R<Option<Layer>> {
+    let named = flags.hostfile.clone().or_else(|| {
         first(env, &["RDRUN_HOSTFILE", "OMPI_MCA_orte_default_hostfile"]).map(|(var, p)| Sourced {
             value: p,
             source: var,
@@ -908,8 +919,44 @@ pub fn hostfile(
     let text = (host.read_file)(&named.value)
         .map_err(|e| ClusterError(format!("hostfile {} ({}): {e}", named.value, named.source)))?;
     let (entries, notes) = parse_hostfile(&named.value, &text)?;
-    let names: Vec<String> = entries.iter().map(|e| e.host.clone()).collect();
     let what = format!("hostfile {} ({})", named.value, named.source);
+    let include = flags.include.as_ref().map(|s| s.value.as_str());
+    let exclude = flags.exclude.as_ref().map(|s| s.value.as_str());
+    // (host, slots chosen by a filter)
+    let kept: Vec<(String, Option<Vec<usize>>)> = if include.is_some() || exclude.is_some() {
+        let mut hosts = Vec::new();
+        for e in &entries {
+            let Some(n) = e.slots else {
+                return fail(format!(
+                    "--include/--exclude select slots, but {} has no slots=N in {what}",
+                    e.host
+                ));
+            };
+            hosts.push((e.host.clone(), n));
+        }
+        let chosen = resource_filter(&hosts, include, exclude)?;
+        if chosen.is_empty() {
+            return fail(format!("--include/--exclude leave no host of {what}"));
+        }
+        let all: Vec<String> = entries.iter().map(|e| e.host.clone()).collect();
+        let names: Vec<String> = chosen.iter().map(|c| c.0.clone()).collect();
+        if find_self(&names, host, &what).is_err() && find_self(&all, host, &what).is_ok() {
+            let flag = if include.is_some() {
+                "--include"
+            } else {
+                "--exclude"
+            };
+            return fail(format!(
+                "this host ({}) is left out of {what} by {flag}: it takes no part in the job; start rdrun only on {}",
+                host.hostname,
+                names.join(", ")
+            ));
+        }
+        chosen.into_iter().map(|(h, s)| (h, Some(s))).collect()
+    } else {
+        entries.iter().map(|e| (e.host.clone(), None)).collect()
+    };
+    let names: Vec<String> = kept.iter().map(|e| e.0.clone()).collect();
     let me = find_self(&names, host, &what)?;
     let mut f = Fields::default();
     f.mode = src(Mode::Node, what.clone());
@@ -925,8 +972,17 @@ pub fn hostfile(
     f.master_addr = src(h0, format!("first host of {what}"));
     f.master_port = src(29500, "torchrun default (hostfile)");
     f.backend = src("static".into(), "hostfile: fixed hosts");
-    if let Some(s) = entries[me].slots {
-        f.nproc = src(s.to_string(), format!("slots of this host in {what}"));
+    match &kept[me].1 {
+        Some(slots) => {
+            f.nproc = src(slots.len().to_string(), FILTER_DEVICES);
+            f.devices = src(slots.iter().map(usize::to_string).collect(), FILTER_DEVICES);
+        }
+        None => {
+            let mine = entries.iter().find(|e| e.host == names[me]);
+            if let Some(s) = mine.and_then(|e| e.slots) {
+                f.nproc = src(s.to_string(), format!("slots of this host in {what}"));
+            }
+        }
     }
     f.node_list = src(names, what);
     Ok(Some(Layer {
@@ -940,8 +996,7 @@ pub fn hostfile(
 /// DeepSpeed's *documented* `-i/--include` and `-e/--exclude` semantics
 /// (`parse_resource_filter`; its CLI deviates since PR #6530): `NAME[:SLOT[,SLOT…]]` specs joined
 /// by `@`; include starts empty, exclude starts from every slot; an unknown host or slot is an
-/// error; hosts left empty are dropped; hostfile order kept; slots merged and sorted. Not yet
-/// reachable from a flag.
+/// error; hosts left empty are dropped; hostfile order kept; slots merged and sorted.
 pub fn resource_filter(
     hosts: &[(String, usize)],
     include: Option<&str>,

@@ -71,6 +71,18 @@ pub fn text(t: &Topology) -> String {
 pub fn one_line(t: &Topology) -> String {
     let f = &t.fields;
     let v = |o: Option<String>| o.unwrap_or_else(|| "?".into());
+    if f.mode.as_ref().map(|m| m.value) == Some(super::Mode::InPlace) {
+        return format!(
+            "rdrun: rank {}/{} (local {}/{}) -> endpoint {}:{} ({}), mode in-place",
+            v(f.rank.as_ref().map(|x| x.value.to_string())),
+            v(f.world_size.as_ref().map(|x| x.value.to_string())),
+            v(f.local_rank.as_ref().map(|x| x.value.to_string())),
+            v(f.local_world_size.as_ref().map(|x| x.value.to_string())),
+            v(f.master_addr.as_ref().map(|x| x.value.clone())),
+            v(f.master_port.as_ref().map(|x| x.value.to_string())),
+            t.scheduler,
+        );
+    }
     format!(
         "rdrun: node {}/{} -> endpoint {}:{} ({}), mode {}",
         v(f.node_rank.as_ref().map(|x| x.value.to_string())),

@@ -1035,3 +1035,138 @@ fn nested_launch_is_refused_unless_allowed() {
     assert!(nested_guard(&e, true).is_ok());
     assert!(nested_guard(&env(&[]), false).is_ok());
 }
+
+#[test]
+fn in_place_node_identity_from_exchanged_hostnames() {
+    let hosts = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // --map-by node: ranks alternate hosts; node 0 is rank 0's host.
+    let h = hosts(&["b", "a", "b", "a"]);
+    let id = |r| node_of(&h, r).expect("listed");
+    assert_eq!(
+        id(0),
+        NodeIdentity {
+            group_rank: 0,
+            group_world_size: 2,
+            ranks_here: 2
+        }
+    );
+    assert_eq!(id(3).group_rank, 1);
+    assert_eq!(id(2).group_rank, 0);
+    assert_eq!(node_of(&h, 4), None);
+    // One host: one node.
+    let one = hosts(&["x", "x", "x"]);
+    assert_eq!(
+        node_of(&one, 2).map(|i| (i.group_rank, i.group_world_size, i.ranks_here)),
+        Some((0, 1, 3))
+    );
+    // A hostfile gives the endpoint but not the node index (it may list hosts the job does not
+    // use); the exchange decides.
+    let e = with(
+        OMPI_ONE_HOST,
+        &[
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_RANK", "6"),
+            ("OMPI_MCA_orte_default_hostfile", "/hf"),
+        ],
+    );
+    let read = |_: &str| Ok("hA slots=4\nhB slots=4\nhC slots=4\n".to_string());
+    let host = HostFacts {
+        read_file: &read,
+        ..HostFacts::named("hB")
+    };
+    let t = detect_on(&e, &host, &Fields::default())
+        .expect("detects")
+        .expect("a topology");
+    assert_eq!(val(&t.fields.mode).0, Mode::InPlace);
+    assert_eq!(t.fields.node_rank, None);
+    assert_eq!(t.fields.nnodes, None);
+    assert_eq!(val(&t.fields.master_addr).0, "hA");
+    assert!(
+        t.notes
+            .iter()
+            .any(|n| n.starts_with("group_rank: from the hostnames")),
+        "{:?}",
+        t.notes
+    );
+}
+
+#[test]
+fn hostfile_filters_with_deepspeeds_documented_semantics() {
+    let read = |_: &str| Ok("worker-0 slots=4\nworker-1 slots=4\n".to_string());
+    let on = |me: &'static str| HostFacts {
+        read_file: &read,
+        ..HostFacts::named(me)
+    };
+    let flags = |inc: Option<&str>, exc: Option<&str>| Fields {
+        hostfile: src("/hf".into(), "--hostfile"),
+        include: inc.and_then(|v| src(v.to_string(), "--include")),
+        exclude: exc.and_then(|v| src(v.to_string(), "--exclude")),
+        ..Fields::default()
+    };
+    let run = |me, inc, exc| detect_on(&[], &on(me), &flags(inc, exc));
+    // -i "worker-0@worker-1:0,2": worker-0 whole, worker-1 slots 0 and 2 (DeepSpeed's CLI would
+    // drop worker-0 since PR #6530).
+    let t = run("worker-1", Some("worker-0@worker-1:0,2"), None)
+        .expect("ok")
+        .expect("topology");
+    assert_eq!(val(&t.fields.nnodes).0, nn(2));
+    assert_eq!(val(&t.fields.node_rank).0, 1);
+    assert_eq!(
+        val(&t.fields.nproc),
+        ("2".into(), readers::FILTER_DEVICES.into())
+    );
+    assert_eq!(val(&t.fields.devices).0, vec!["0".to_string(), "2".into()]);
+    let t = run("worker-0", Some("worker-0@worker-1:0,2"), None)
+        .expect("ok")
+        .expect("topology");
+    assert_eq!(val(&t.fields.devices).0, vec!["0", "1", "2", "3"]);
+    // -e worker-0: worker-1 alone is node 0 and the endpoint.
+    let t = run("worker-1", None, Some("worker-0"))
+        .expect("ok")
+        .expect("topology");
+    assert_eq!(val(&t.fields.nnodes).0, nn(1));
+    assert_eq!(val(&t.fields.node_rank).0, 0);
+    assert_eq!(val(&t.fields.master_addr).0, "worker-1");
+    // -e "worker-1:0": slots 1,2,3 there.
+    let t = run("worker-1", None, Some("worker-1:0"))
+        .expect("ok")
+        .expect("topology");
+    assert_eq!(val(&t.fields.devices).0, vec!["1", "2", "3"]);
+    // Errors: an excluded host, an unknown host or slot, both filters, a filter without a hostfile.
+    let e = run("worker-1", None, Some("worker-1")).unwrap_err().0;
+    assert_eq!(e, "this host (worker-1) is left out of hostfile /hf (--hostfile) by --exclude: it takes no part in the job; start rdrun only on worker-0");
+    let e = run("worker-0", Some("worker-2"), None).unwrap_err().0;
+    assert_eq!(
+        e,
+        "--include \"worker-2\": host \"worker-2\" is not in the hostfile"
+    );
+    let e = run("worker-0", Some("worker-1:9"), None).unwrap_err().0;
+    assert_eq!(
+        e,
+        "--include \"worker-1:9\": No slot '9' specified on host 'worker-1'"
+    );
+    let e = run("worker-0", Some("worker-0"), Some("worker-1"))
+        .unwrap_err()
+        .0;
+    assert_eq!(e, "--include and --exclude are mutually exclusive");
+    let no_file = Fields {
+        include: src("a".into(), "--include"),
+        ..Fields::default()
+    };
+    let e = detect_on(&[], &HostFacts::named("x"), &no_file)
+        .unwrap_err()
+        .0;
+    assert!(
+        e.starts_with("--include/--exclude filter a hostfile's hosts, and no hostfile is named"),
+        "{e}"
+    );
+    let bare = |_: &str| Ok("worker-0\nworker-1 slots=2\n".to_string());
+    let host = HostFacts {
+        read_file: &bare,
+        ..HostFacts::named("worker-1")
+    };
+    let e = detect_on(&[], &host, &flags(Some("worker-1:0"), None))
+        .unwrap_err()
+        .0;
+    assert_eq!(e, "--include/--exclude select slots, but worker-0 has no slots=N in hostfile /hf (--hostfile)");
+}

@@ -30,6 +30,11 @@ pub struct ClusterPlan {
     pub detected: bool,
     /// `--dry-run` / `--print-topology`: print it and exit 0, start nothing.
     pub dry_run: Option<TopologyFormat>,
+    /// In-place mode: this rdrun is one rank and runs one worker with these values.
+    pub in_place: Option<InPlace>,
+    /// Variables every worker gets from the topology: CUDA_VISIBLE_DEVICES = the slots a
+    /// hostfile filter kept (DeepSpeed: slots are device indices).
+    pub worker_env: Vec<(String, String)>,
 }
 
 /// A local run that is not a dry run (test fixtures; [`plan`] fills the real one).
@@ -43,6 +48,8 @@ impl Default for ClusterPlan {
             },
             detected: false,
             dry_run: None,
+            in_place: None,
+            worker_env: Vec::new(),
         }
     }
 }
@@ -58,7 +65,10 @@ impl ClusterPlan {
             Some(TopologyFormat::Text) => Some(cluster::render::text(&self.topology)),
             None if !self.detected => None,
             None => {
-                let rank = self.topology.fields.node_rank.as_ref().map(|r| r.value);
+                let rank = match &self.in_place {
+                    Some(p) => Some(p.rank),
+                    None => self.topology.fields.node_rank.as_ref().map(|r| r.value),
+                };
                 if rank == Some(0) {
                     Some(cluster::render::text(&self.topology))
                 } else {
@@ -89,15 +99,55 @@ fn read_file(path: &str) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| e.to_string())
 }
 
-/// This machine's facts for the readers (hostname for Kubernetes/LSF/hostfile matching).
-fn host_facts() -> HostFacts<'static> {
+/// getaddrinfo(3) with AI_CANONNAME: the canonical name of `host` (in a pod, the kubelet's
+/// /etc/hosts line `<ip> <host>.<subdomain>.<ns>.svc.<domain> <host>`), bounded by `limit` on a
+/// helper thread since a resolver may not answer.
+fn canonical_name(host: &str, limit: std::time::Duration) -> Option<String> {
+    let c_host = std::ffi::CString::new(host).ok()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // SAFETY: `hints` is plain data, zero is a valid value for every field.
+        let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
+        hints.ai_flags = libc::AI_CANONNAME;
+        hints.ai_socktype = libc::SOCK_STREAM;
+        let mut res: *mut libc::addrinfo = std::ptr::null_mut();
+        // SAFETY: valid C string, hints and out-pointer; the result is freed below.
+        let rc = unsafe { libc::getaddrinfo(c_host.as_ptr(), std::ptr::null(), &hints, &mut res) };
+        if rc != 0 || res.is_null() {
+            let _ = tx.send(None);
+            return;
+        }
+        // SAFETY: `res` is a valid list from getaddrinfo; ai_canonname is NUL-terminated or null.
+        let name = unsafe {
+            let canon = (*res).ai_canonname;
+            let name = (!canon.is_null()).then(|| {
+                std::ffi::CStr::from_ptr(canon)
+                    .to_string_lossy()
+                    .into_owned()
+            });
+            libc::freeaddrinfo(res);
+            name
+        };
+        let _ = tx.send(name);
+    });
+    rx.recv_timeout(limit).ok().flatten()
+}
+
+/// This machine's facts for the readers (hostname for Kubernetes/LSF/hostfile matching). The
+/// FQDN is looked up only for an Indexed Job / JobSet pod, whose master name needs the pod's
+/// subdomain (`<job>-0.<subdomain>`).
+fn host_facts(env: &dyn cluster::Env) -> HostFacts<'static> {
     let hostname = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default();
+    let fqdn = env
+        .get("JOB_COMPLETION_INDEX")
+        .and_then(|_| canonical_name(&hostname, std::time::Duration::from_secs(2)))
+        .filter(|q| q.starts_with(&format!("{hostname}.")));
     HostFacts {
         hostname,
-        fqdn: None,
+        fqdn,
         addresses: Vec::new(),
         ppid: Some(std::os::unix::process::parent_id()),
         read_file: &read_file,
@@ -162,7 +212,128 @@ fn flag_fields(args: &LaunchArgs) -> Fields {
     if let Some(h) = &args.hostfile {
         f.hostfile = cluster::src(h.clone(), "--hostfile");
     }
+    f.include = args
+        .include
+        .as_ref()
+        .and_then(|v| cluster::src(v.clone(), "--include"));
+    f.exclude = args
+        .exclude
+        .as_ref()
+        .and_then(|v| cluster::src(v.clone(), "--exclude"));
     f
+}
+
+/// Records where a written-back value came from: one from a single variable is named by it in a
+/// later error (`SLURM_GPUS_ON_NODE='x': …`); any other source names no variable.
+fn set(dest: &str, source: &str, args: &mut LaunchArgs) {
+    let variable = !source.is_empty()
+        && source
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    if variable {
+        args.from_env.insert(dest.to_string(), source.to_string());
+    } else {
+        args.from_env.remove(dest);
+    }
+}
+
+/// In-place mode (issue 12): this rdrun is one rank the scheduler started (several Slurm tasks
+/// per node, an MPI launcher) and runs exactly one worker with the scheduler's RANK, LOCAL_RANK,
+/// WORLD_SIZE and LOCAL_WORLD_SIZE.
+///
+/// The ranks form a static rendezvous with one member per rank: member index = RANK, members =
+/// WORLD_SIZE, one worker each, so the rendezvous' RANK/WORLD_SIZE are the scheduler's own and
+/// global rank 0 hosts the one store at the endpoint (a port derived from the job id), which
+/// every worker uses as its TCPStore (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
+/// Only the per-node values differ from a node-mode launch: LOCAL_RANK/LOCAL_WORLD_SIZE come from
+/// the scheduler, GROUP_RANK/GROUP_WORLD_SIZE from its node index where it has one (Slurm's
+/// SLURM_NODEID), else from the hostnames the ranks publish in the store ([`InPlace::node`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InPlace {
+    pub rank: usize,
+    pub local_rank: usize,
+    pub world_size: usize,
+    pub local_world_size: usize,
+    /// `(GROUP_RANK, GROUP_WORLD_SIZE)` when the scheduler gives this node's index; `None`: from
+    /// the hostnames of every rank, exchanged in the store (MPI names no node index:
+    /// `OMPI_COMM_WORLD_NODE_RANK` is a per-node count, not one).
+    pub node: Option<(usize, usize)>,
+}
+
+/// Writes an in-place topology into `args`: a static rendezvous of WORLD_SIZE members of one
+/// worker each, member index RANK, at the scheduler's endpoint. The flags that would contradict
+/// it (a node count, a node rank, another backend, standalone) are refused.
+fn apply_in_place(args: &mut LaunchArgs, t: &Topology) -> Result<(), ConfigError> {
+    let f = &t.fields;
+    let (Some(rank), Some(world)) = (&f.rank, &f.world_size) else {
+        return Err(ConfigError::Cluster(format!(
+            "{}: in-place mode without a rank and world size",
+            t.scheduler
+        )));
+    };
+    let what = format!(
+        "{}: in-place mode (this rdrun is rank {} of {}, one worker)",
+        t.scheduler, rank.value, world.value
+    );
+    for (dest, flag) in [
+        ("nnodes", "--nnodes"),
+        ("node_rank", "--node-rank"),
+        ("standalone", "--standalone"),
+    ] {
+        if args.cli_given.contains(dest) {
+            return Err(ConfigError::Cluster(format!(
+                "{what}: {flag} cannot apply, the scheduler's ranks are the job; drop it (or pass --cluster none)"
+            )));
+        }
+    }
+    if args.cli_given.contains("rdzv_backend") && args.rdzv_backend != "static" {
+        return Err(ConfigError::Cluster(format!(
+            "{what}: --rdzv-backend {} cannot apply, the ranks form a fixed world (static); drop it",
+            args.rdzv_backend
+        )));
+    }
+    args.nnodes = world.value.to_string();
+    set("nnodes", &world.source, args);
+    args.node_rank = rank.value as i64;
+    set("node_rank", &rank.source, args);
+    if !args.cli_given.contains("nproc_per_node") {
+        args.nproc_per_node = "1".into();
+        args.from_env.remove("nproc_per_node");
+    }
+    args.rdzv_backend = "static".into();
+    args.from_env.remove("rdzv_backend");
+    args.standalone = false;
+    let typed_endpoint = args.cli_given.contains("rdzv_endpoint") && !args.rdzv_endpoint.is_empty();
+    if !typed_endpoint {
+        if let Some(a) = f
+            .master_addr
+            .as_ref()
+            .filter(|_| !args.cli_given.contains("master_addr"))
+        {
+            args.master_addr = a.value.clone();
+        }
+        if let Some(p) = f
+            .master_port
+            .as_ref()
+            .filter(|_| !args.cli_given.contains("master_port"))
+        {
+            args.master_port = Some(i64::from(p.value));
+        }
+    }
+    if !args.cli_given.contains("rdzv_id") {
+        args.rdzv_id = match &f.run_id {
+            Some(id) => id.value.clone(),
+            // Every rank must name the same run: the endpoint is the one thing they share.
+            None => format!(
+                "inplace-{}-{}",
+                args.master_addr,
+                args.master_port
+                    .unwrap_or(i64::from(super::DEFAULT_STATIC_MASTER_PORT))
+            ),
+        };
+        args.from_env.remove("rdzv_id");
+    }
+    Ok(())
 }
 
 /// Detects the scheduler and writes what it found into `args` (fields the command line did not
@@ -212,7 +383,7 @@ pub(super) fn apply(
     if args.from_env.contains_key("rdzv_endpoint") && !args.rdzv_endpoint.is_empty() {
         super::parse_endpoint(&args.rdzv_endpoint, RdzvBackend::C10d)?;
     }
-    let facts = host_facts();
+    let facts = host_facts(&lookup);
     let Some(t) =
         cluster::detect(&lookup, &facts, choice, &flag_fields(args)).map_err(cluster_error)?
     else {
@@ -223,16 +394,8 @@ pub(super) fn apply(
     cluster::nested_guard(&lookup, false).map_err(cluster_error)?;
     let f = &t.fields;
     if f.mode.as_ref().map(|m| m.value) == Some(Mode::InPlace) {
-        let k = f
-            .local_world_size
-            .as_ref()
-            .map_or("several".to_string(), |k| {
-                format!("{} ({})", k.value, k.source)
-            });
-        return Err(ConfigError::Cluster(format!(
-            "{}: {k} tasks on this node, each an rdrun in place (one worker per task): in-place mode is not supported yet; launch one task per node (e.g. srun --ntasks-per-node=1 rdrun --nproc-per-node=N ...)",
-            t.scheduler
-        )));
+        apply_in_place(args, &t)?;
+        return Ok(Some(t));
     }
     // `--standalone` under a multi-node scheduler is the headline bug again (a world per node).
     let standalone = args.standalone || f.standalone.as_ref().is_some_and(|s| s.value);
@@ -249,18 +412,6 @@ pub(super) fn apply(
     // the wrong variable in a later error.
     let typed = args.cli_given.clone();
     let not_typed = |dest: &str| !typed.contains(dest);
-    // A value from one variable is named by it in a later error (`SLURM_GPUS_ON_NODE='x': …`).
-    fn set(dest: &str, source: &str, args: &mut LaunchArgs) {
-        let variable = !source.is_empty()
-            && source
-                .bytes()
-                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
-        if variable {
-            args.from_env.insert(dest.to_string(), source.to_string());
-        } else {
-            args.from_env.remove(dest);
-        }
-    }
     if let Some(n) = f.nnodes.as_ref().filter(|_| not_typed("nnodes")) {
         args.nnodes = n.value.to_string();
         set("nnodes", &n.source, args);
@@ -352,20 +503,37 @@ pub(super) fn plan(
         }
     }
     let f = &mut t.fields;
+    let in_place = match (&f.mode, &f.local_rank, &f.local_world_size) {
+        (Some(m), Some(lr), Some(lws)) if m.value == Mode::InPlace => Some(InPlace {
+            // The rendezvous member index and count (apply_in_place wrote RANK/WORLD_SIZE there).
+            rank: cfg.node_rank,
+            world_size: cfg.nnodes.max,
+            local_rank: lr.value,
+            local_world_size: lws.value,
+            node: match (&f.node_rank, &f.nnodes) {
+                (Some(r), Some(n)) => Some((r.value, n.value.max)),
+                _ => None,
+            },
+        }),
+        _ => None,
+    };
     fill(&mut f.mode, Mode::Node, "default".into());
-    fill(
-        &mut f.nnodes,
-        NodeCount {
-            min: cfg.nnodes.min,
-            max: cfg.nnodes.max,
-        },
-        source("nnodes", "--nnodes"),
-    );
-    fill(
-        &mut f.node_rank,
-        cfg.node_rank,
-        source("node_rank", "--node-rank"),
-    );
+    // In place, nnodes/node_rank are the node's (GROUP_*), never the member count and index.
+    if in_place.is_none() {
+        fill(
+            &mut f.nnodes,
+            NodeCount {
+                min: cfg.nnodes.min,
+                max: cfg.nnodes.max,
+            },
+            source("nnodes", "--nnodes"),
+        );
+        fill(
+            &mut f.node_rank,
+            cfg.node_rank,
+            source("node_rank", "--node-rank"),
+        );
+    }
     if cfg.standalone {
         let why = if args.standalone {
             source("standalone", "--standalone")
@@ -416,10 +584,18 @@ pub(super) fn plan(
         Some(_) => {}
         None => f.nproc = cluster::src(nproc, source("nproc_per_node", "--nproc-per-node")),
     }
+    let worker_env = match &t.fields.devices {
+        Some(d) if d.source == cluster::readers::FILTER_DEVICES => {
+            vec![("CUDA_VISIBLE_DEVICES".to_string(), d.value.join(","))]
+        }
+        _ => Vec::new(),
+    };
     Ok(ClusterPlan {
         topology: t,
         detected: is_detected,
         dry_run,
+        in_place,
+        worker_env,
     })
 }
 
@@ -617,7 +793,8 @@ mod tests {
     }
 
     #[test]
-    fn in_place_mode_is_refused_as_not_supported_yet() {
+    fn slurm_in_place_is_one_rank_of_a_static_world() {
+        // Task 3 of `srun -N2 --ntasks-per-node=2`: node 1, local rank 1.
         let env = with(&[
             ("SLURM_STEP_TASKS_PER_NODE", "2(x2)"),
             ("SLURM_STEP_NUM_TASKS", "4"),
@@ -626,13 +803,132 @@ mod tests {
             ("SLURM_LOCALID", "1"),
             ("SLURM_GPUS_ON_NODE", "1"),
         ]);
-        let e = launch(&["t.py"], &env).unwrap_err();
-        assert!(
-            e.to_string().contains("in-place mode is not supported yet"),
-            "{e}"
+        let c = launch(&["t.py"], &env).expect("in place resolves");
+        assert_eq!(c.nproc_per_node, 1, "one worker per task");
+        assert_eq!(
+            c.nnodes,
+            NodeRange { min: 4, max: 4 },
+            "one member per rank"
         );
+        assert_eq!(c.node_rank, 3, "member index = RANK");
+        assert_eq!(c.rdzv.backend, RdzvBackend::Static);
+        assert!(!c.standalone);
+        assert_eq!(c.rdzv.run_id, "81234.0");
+        assert_eq!(
+            c.rdzv.endpoint,
+            Some(Endpoint {
+                host: "n1".into(),
+                port: 12001
+            }),
+            "task 0 hosts the store on the step's first host"
+        );
+        assert_eq!(
+            c.cluster.in_place,
+            Some(super::InPlace {
+                rank: 3,
+                local_rank: 1,
+                world_size: 4,
+                local_world_size: 2,
+                node: Some((1, 2)),
+            })
+        );
+        let line = c.cluster.banner().expect("banner");
+        assert_eq!(
+            line,
+            "rdrun: rank 3/4 (local 1/2) -> endpoint n1:12001 (slurm-step (job 81234 step 0)), mode in-place\n"
+        );
+        // k×n oversubscription is still an error; an explicit 1 is fine.
         let e = launch(&["--nproc-per-node", "2", "t.py"], &env).unwrap_err();
         assert!(e.to_string().contains("2x2=4 workers"), "{e}");
+        assert!(launch(&["--nproc-per-node", "1", "t.py"], &env).is_ok());
+        // Flags that contradict one member per rank are refused.
+        for (argv, want) in [
+            (&["--nnodes", "2", "t.py"][..], "--nnodes cannot apply"),
+            (
+                &["--node-rank", "1", "t.py"][..],
+                "--node-rank cannot apply",
+            ),
+            (
+                &["--rdzv-backend", "c10d", "t.py"][..],
+                "--rdzv-backend c10d cannot apply",
+            ),
+        ] {
+            let e = launch(argv, &env).unwrap_err();
+            assert!(e.to_string().contains(want), "{argv:?}: {e}");
+            assert!(
+                e.to_string().starts_with(
+                    "slurm-step (job 81234 step 0): in-place mode (this rdrun is rank 3 of 4"
+                ),
+                "{e}"
+            );
+        }
+        // Task 0 placed off the first node could not host the store there.
+        let e = launch(
+            &["t.py"],
+            &with(&[
+                ("SLURM_STEP_TASKS_PER_NODE", "2(x2)"),
+                ("SLURM_STEP_NUM_TASKS", "4"),
+                ("SLURM_PROCID", "0"),
+                ("SLURM_LOCALID", "0"),
+            ]),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("SLURM_PROCID=0 runs on node 1 (n2)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn mpi_in_place_on_one_host_needs_no_endpoint() {
+        let rank = |r: &'static str| {
+            vec![
+                ("OMPI_COMM_WORLD_RANK", r),
+                ("OMPI_COMM_WORLD_SIZE", "4"),
+                ("OMPI_COMM_WORLD_LOCAL_RANK", r),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+                ("OMPI_COMM_WORLD_NODE_RANK", r),
+                ("OMPI_MCA_ess_base_jobid", "1344602113"),
+            ]
+        };
+        let c0 = launch(&["t.py"], &rank("0")).expect("resolves");
+        let c2 = launch(&["t.py"], &rank("2")).expect("resolves");
+        assert_eq!((c0.node_rank, c2.node_rank), (0, 2));
+        assert_eq!(c2.nnodes.max, 4);
+        assert_eq!(c2.nproc_per_node, 1);
+        let ep = c2.rdzv.endpoint.clone().expect("an endpoint");
+        assert_eq!(ep.host, "127.0.0.1");
+        assert_eq!(
+            c0.rdzv.endpoint,
+            Some(ep.clone()),
+            "one port for every rank"
+        );
+        assert_eq!(c0.rdzv.run_id, c2.rdzv.run_id);
+        assert_eq!(
+            c2.cluster
+                .in_place
+                .as_ref()
+                .map(|p| (p.local_rank, p.local_world_size, p.node)),
+            Some((2, 4, Some((0, 1))))
+        );
+        // Another MPI job gets another port.
+        let mut other = rank("2");
+        other[5].1 = "1344602177";
+        let c = launch(&["t.py"], &other).expect("resolves");
+        assert_ne!(c.rdzv.endpoint.map(|e| e.port), Some(ep.port));
+        // Several hosts: the node index comes from the exchanged hostnames, not NODE_RANK.
+        let mut multi = rank("2");
+        multi[1].1 = "8";
+        multi.push(("RDRUN_RDZV_ENDPOINT", "10.0.0.1"));
+        let c = launch(&["t.py"], &multi).expect("resolves");
+        let p = c.cluster.in_place.expect("in place");
+        assert_eq!((p.rank, p.world_size, p.node), (2, 8, None));
+        assert_eq!(c.rdzv.endpoint.map(|e| e.host), Some("10.0.0.1".into()));
+        // Without any host list or endpoint: refused, naming the flag.
+        multi.pop();
+        let e = launch(&["t.py"], &multi).unwrap_err();
+        assert!(e.to_string().contains("pass --rdzv-endpoint"), "{e}");
     }
 
     #[test]

@@ -32,7 +32,7 @@ mod flags;
 pub mod hang;
 mod host;
 
-pub use cluster::{ClusterPlan, TopologyFormat};
+pub use cluster::{ClusterPlan, InPlace, TopologyFormat};
 pub use command::{find_program, find_python, resolve_command, RUN_PATH_BOOTSTRAP};
 pub use endpoint::{parse_backend, parse_endpoint, parse_rdzv_conf, uuid4};
 pub use flags::{

@@ -31,6 +31,11 @@ use super::settings::StaticSettings;
 use super::state::{base_rank, Assignment, RoundReason};
 use super::store::{try_get, RdzvStore, StoreOpError};
 
+/// How often an agent waiting for the other nodes says who is missing.
+const STATUS_EVERY: Duration = Duration::from_secs(5);
+/// At most this many missing node ranks are named in that line.
+const STATUS_LIST: usize = 8;
+
 fn parse_u64(bytes: &[u8]) -> Option<u64> {
     std::str::from_utf8(bytes).ok()?.trim().parse().ok()
 }
@@ -48,6 +53,10 @@ struct Keys {
 impl Keys {
     fn nproc(&self, rank: usize) -> String {
         format!("{}/nproc/{rank}", self.prefix)
+    }
+    /// This agent's host name: the node identity of in-place ranks (`Assignment::nodes`).
+    fn host(&self, rank: usize) -> String {
+        format!("{}/host/{rank}", self.prefix)
     }
     /// Appended `<nnodes> <who>` by every agent (see `c10d::nnodes_disagreement`).
     fn nnodes(&self) -> String {
@@ -103,6 +112,8 @@ pub struct StaticRendezvous<S: RdzvStore> {
     who: String,
     /// This agent appended its `--nnodes`.
     said_nnodes: bool,
+    /// `gethostname()`, published for the others (see [`Keys::host`]).
+    host: String,
 }
 
 impl<S: RdzvStore> StaticRendezvous<S> {
@@ -140,6 +151,10 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             keeper: KeeperTask::new(),
             claim: None,
             said_nnodes: false,
+            host: nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_default(),
             who: nix::unistd::gethostname()
                 .ok()
                 .and_then(|h| h.into_string().ok())
@@ -235,11 +250,14 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         let keys = self.keys.clone();
         let rank = self.node_rank;
         let nproc = self.nproc.to_string();
+        let host = self.host.clone();
         self.claim_rank(deadline).await?;
         self.retry(deadline, || {
             let (store, keys, nproc) = (store.clone(), keys.clone(), nproc.clone());
+            let host = host.clone();
             async move {
                 store.add(&keys.hb(rank), 1).await?;
+                store.set(&keys.host(rank), host.as_bytes()).await?;
                 store.set(&keys.nproc(rank), nproc.as_bytes()).await
             }
         })
@@ -260,6 +278,8 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             .await?;
         }
         let mut arrived_in: Option<u64> = None;
+        // A status line while nodes are missing (issue 12), not silence until the timeout.
+        let mut status_at = started + STATUS_EVERY;
         let mut all_keys: Vec<String> = (0..self.nnodes).map(|r| self.keys.nproc(r)).collect();
         let gen = loop {
             let (gen, closed) = self
@@ -316,6 +336,10 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                     min: self.nnodes,
                 });
             }
+            if now >= status_at {
+                status_at = now + STATUS_EVERY;
+                self.say_who_is_missing(gen, deadline - now).await;
+            }
             // A WAIT holds the store connection: shorter than the heartbeat period.
             let slice = self
                 .settings
@@ -342,6 +366,14 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             .iter()
             .map(|v| parse_u64(v).unwrap_or(0) as usize)
             .collect();
+        // Every agent set its host before its nproc, so each host key exists now.
+        let host_keys: Vec<String> = (0..self.nnodes).map(|r| self.keys.host(r)).collect();
+        let hosts = self
+            .retry(deadline, || {
+                let (store, host_keys) = (store.clone(), host_keys.clone());
+                async move { store.multi_get(&host_keys).await }
+            })
+            .await?;
         let (base, world) = base_rank(&nprocs, self.node_rank);
         self.round = Some(gen);
         *self.running.lock().unwrap_or_else(|e| e.into_inner()) = Some(gen);
@@ -361,8 +393,42 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 RoundReason::WorkerFailure
             },
             store_prefix: format!("{}.{gen}", self.keys.prefix),
-            nodes: nprocs.into_iter().map(|n| (String::new(), n)).collect(),
+            nodes: hosts
+                .iter()
+                .map(|h| String::from_utf8_lossy(h).into_owned())
+                .zip(nprocs)
+                .collect(),
         })
+    }
+
+    /// Logs how many of the nodes joined round `gen`, which node ranks have not claimed their
+    /// rank yet (at most [`STATUS_LIST`]), and the time left. Store errors skip the line.
+    async fn say_who_is_missing(&self, gen: u64, left: Duration) {
+        let Ok(joined) = self.store.add(&self.keys.arrived(gen), 0).await else {
+            return;
+        };
+        let mut missing = Vec::new();
+        for r in 0..self.nnodes {
+            if missing.len() == STATUS_LIST {
+                missing.push("...".to_string());
+                break;
+            }
+            match try_get(&*self.store, &self.keys.owner(r)).await {
+                Ok(None) => missing.push(r.to_string()),
+                Ok(Some(_)) => {}
+                Err(_) => return,
+            }
+        }
+        tracing::warn!(
+            "waiting for nodes: {joined} of {} joined; missing node rank(s) {}; {:.0}s left",
+            self.nnodes,
+            if missing.is_empty() {
+                "none (rejoining)".to_string()
+            } else {
+                missing.join(", ")
+            },
+            left.as_secs_f64()
+        );
     }
 
     /// Marks the job closed for every node (`reason`: `failed on node N`, `None` = finished; the

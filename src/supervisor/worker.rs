@@ -27,6 +27,9 @@ pub enum EnvError {
     /// `--virtual-local-rank` with fewer visible devices than local ranks.
     #[error(transparent)]
     Devices(#[from] VirtualDevicesError),
+    /// In-place mode: the ranks' hostnames contradict the launcher's per-node counts.
+    #[error("{0}")]
+    InPlace(String),
 }
 
 /// Why a worker could not be started.
@@ -138,7 +141,14 @@ impl RunWorkerEnv {
     ) -> RunWorkerEnv {
         RunWorkerEnv {
             signals_env: workerenv::signal_names(&config.signals_to_handle),
-            extra: pip_nccl_env(config),
+            // The topology's variables (a hostfile filter's devices), then the NCCL shim's.
+            extra: config
+                .cluster
+                .worker_env
+                .iter()
+                .cloned()
+                .chain(pip_nccl_env(config))
+                .collect(),
             watchdog_fd,
             cgroup_fd,
         }
@@ -156,14 +166,22 @@ pub fn spawn_spec(
     run_env: &RunWorkerEnv,
 ) -> Result<SpawnSpec, EnvError> {
     let nproc = config.nproc_per_node;
+    // The worker's index in this agent's group (always 0 in place, where the agent runs one).
+    let slot = local_rank;
+    let (local_rank, local_world_size, group_rank, group_world_size) =
+        match &config.cluster.in_place {
+            None => (local_rank, nproc, asg.group_rank, asg.group_world_size),
+            Some(p) => in_place_ids(p, asg)?,
+        };
+    let rank = asg.base_rank + slot;
     let contract = WorkerEnv {
-        rank: asg.base_rank + local_rank,
+        rank,
         local_rank,
         world_size: asg.world_size,
-        local_world_size: nproc,
-        group_rank: asg.group_rank,
-        group_world_size: asg.group_world_size,
-        role_rank: asg.base_rank + local_rank,
+        local_world_size,
+        group_rank,
+        group_world_size,
+        role_rank: rank,
         role_world_size: asg.world_size,
         role_name: config.role.clone(),
         master_addr: asg.master_addr.clone(),
@@ -194,6 +212,37 @@ pub fn spawn_spec(
         watchdog_fd: run_env.watchdog_fd,
         cgroup_fd: run_env.cgroup_fd,
     })
+}
+
+/// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and GROUP_WORLD_SIZE of an in-place rank: the
+/// scheduler's local values; its node index where it gave one (Slurm), else the node the ranks'
+/// published hostnames put it on (`rendezvous::static_` publishes them in `Assignment::nodes`).
+fn in_place_ids(
+    p: &crate::config::InPlace,
+    asg: &Assignment,
+) -> Result<(usize, usize, usize, usize), EnvError> {
+    if let Some((g, n)) = p.node {
+        return Ok((p.local_rank, p.local_world_size, g, n));
+    }
+    let hosts: Vec<String> = asg.nodes.iter().map(|n| n.0.clone()).collect();
+    let id = crate::cluster::node_of(&hosts, asg.group_rank).ok_or_else(|| {
+        EnvError::InPlace(format!(
+            "in-place rank {}: the rendezvous gave no host names",
+            asg.group_rank
+        ))
+    })?;
+    if id.ranks_here != p.local_world_size {
+        return Err(EnvError::InPlace(format!(
+            "in-place rank {}: {} ranks name host {:?} but the launcher says {} share this node (local world size); are two machines using one hostname?",
+            asg.group_rank, id.ranks_here, hosts[asg.group_rank], p.local_world_size
+        )));
+    }
+    Ok((
+        p.local_rank,
+        p.local_world_size,
+        id.group_rank,
+        id.group_world_size,
+    ))
 }
 
 /// `LD_LIBRARY_PATH` for workers when their Python environment has a pip-installed NCCL, so that

@@ -14,6 +14,7 @@ pub(crate) mod barrier;
 pub(crate) mod c10d;
 pub(crate) mod error;
 pub(crate) mod handle;
+pub mod progress;
 pub(crate) mod settings;
 pub(crate) mod state;
 pub(crate) mod static_;

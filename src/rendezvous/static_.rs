@@ -310,6 +310,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         }
         let mut arrived_in: Option<u64> = None;
         let mut all_keys: Vec<String> = (0..self.nnodes).map(|r| self.keys.nproc(r)).collect();
+        let mut looked = None; // the status line's last look (rendezvous::progress)
         let gen = loop {
             let (gen, closed) = self
                 .retry(deadline, || {
@@ -365,6 +366,15 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                     min: self.nnodes,
                 });
             }
+            super::progress::look_static(
+                &*store,
+                gen,
+                &keys.arrived(gen),
+                &all_keys[..self.nnodes],
+                deadline,
+                &mut looked,
+            )
+            .await;
             // A WAIT holds the store connection: shorter than the heartbeat period.
             let slice = self
                 .settings

@@ -750,3 +750,100 @@ impl Drop for PtyRun {
         }
     }
 }
+
+/// A c10d agent alone of 2: the count (any node may join, so none is named), health
+/// `rendezvous`, node_rank null until assigned; SIGTERM ends it, recorded in run_end.
+#[test]
+fn c10d_wait_then_sigterm_is_recorded() {
+    let dir = TempDir::new("obs_c10d");
+    let port = free_port();
+    let events = dir.join("events.jsonl");
+    let hport = free_port();
+    let args = strings(&[
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        &format!("--rdzv-endpoint=127.0.0.1:{port}"),
+        "--rdzv-id=obsc10d",
+        "--events",
+        events.to_str().unwrap(),
+        "--no-python",
+        "true",
+    ]);
+    let run = Live::start(
+        &args,
+        &[
+            ("RDRUN_STATUS_INTERVAL", "0.3".to_string()),
+            ("TORCHELASTIC_HEALTH_CHECK_PORT", hport.to_string()),
+        ],
+        dir.join("rdrun.log"),
+    );
+    run.wait_for_text("rdrun: waiting for nodes (round 0): 1 of 2 joined; ");
+    assert_eq!(wait_http(hport, "/healthz", 503), "rendezvous\n");
+    // SAFETY: plain kill(2) on our own unreaped child.
+    unsafe { libc::kill(run.child.id() as i32, libc::SIGTERM) };
+    let (code, text) = run.finish();
+    assert_eq!(code, Some(143), "{text}");
+    let ev = parse_lines(&fs::read_to_string(&events).unwrap());
+    let names: Vec<&str> = ev.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "run_start",
+            "rendezvous_start",
+            "rendezvous_failed",
+            "run_end"
+        ],
+        "{text}"
+    );
+    assert_eq!(ev[1]["node_rank"], Value::Null);
+    assert_eq!(ev[1]["reason"], "initial");
+    assert_eq!(ev[0]["config"]["rdzv_backend"], "c10d");
+    let end = &ev[3];
+    assert_eq!(end["outcome"], "interrupted");
+    assert_eq!(end["signal"], "SIGTERM");
+    assert_eq!(end["exit_code"], 143);
+}
+
+/// Node 0 finished first: the exit barrier says so (and health is `succeeded`, 503) until
+/// node 1's worker ends.
+#[test]
+fn the_exit_barrier_is_never_silent() {
+    let dir = TempDir::new("obs_barrier");
+    let port = free_port();
+    let hport = free_port();
+    let go = dir.join("go");
+    let node = |rank: usize, cmd: &[&str]| {
+        let mut a = strings(&[
+            "--nnodes=2",
+            &format!("--node-rank={rank}"),
+            "--nproc-per-node=1",
+            "--master-addr=127.0.0.1",
+            &format!("--master-port={port}"),
+            "--no-python",
+        ]);
+        a.extend(strings(cmd));
+        a
+    };
+    let wait_go = format!(
+        "i=0; while [ ! -e '{}' ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done",
+        go.display()
+    );
+    let n0 = Live::start(
+        &node(0, &["true"]),
+        &[
+            ("RDRUN_STATUS_INTERVAL", "0.3".to_string()),
+            ("TORCHELASTIC_HEALTH_CHECK_PORT", hport.to_string()),
+        ],
+        dir.join("n0.log"),
+    );
+    let n1 = Live::start(&node(1, &["sh", "-c", &wait_go]), &[], dir.join("n1.log"));
+    n0.wait_for_text(
+        "rdrun: exit barrier: this node's workers succeeded, waiting for the other nodes to finish; ",
+    );
+    assert_eq!(wait_http(hport, "/", 503), "succeeded\n");
+    fs::write(&go, "").unwrap();
+    let (code, text) = n0.finish();
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(n1.finish().0, Some(0));
+}

@@ -847,3 +847,57 @@ fn the_exit_barrier_is_never_silent() {
     assert_eq!(code, Some(0), "{text}");
     assert_eq!(n1.finish().0, Some(0));
 }
+
+/// A hung worker (kill mode, small budgets): the `hang` event, then the stop and the run's end.
+#[test]
+fn a_hang_verdict_is_an_event() {
+    let out = Rdrun::new()
+        .args(["--standalone", "--nproc-per-node=1", "--events", "-"])
+        .args([
+            "--hang-detect",
+            "kill",
+            "--hang-timeout",
+            "2",
+            "--hang-startup-timeout",
+            "2",
+        ])
+        .args([
+            "--hang-poll-interval",
+            "0.25",
+            "--hang-capture-timeout",
+            "5",
+        ])
+        .env_remove("RDRUN_HANG_DETECT")
+        .env("RDRUN_PY_SPY", "/nonexistent/py-spy")
+        .timeout(Duration::from_secs(90))
+        .args(["--no-python", "sh", "-c", "echo start; exec sleep 300"])
+        .run();
+    assert_ne!(out.code, Some(0), "{out:?}");
+    let ev: Vec<Value> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = ev.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    let hang = ev
+        .iter()
+        .find(|e| e["event"] == "hang")
+        .unwrap_or_else(|| panic!("{out:?}"));
+    assert_eq!(hang["action"], "kill");
+    assert!(
+        hang["summary"].as_str().unwrap().contains("no activity"),
+        "{hang}"
+    );
+    let at = |n: &str| {
+        names
+            .iter()
+            .position(|x| *x == n)
+            .unwrap_or_else(|| panic!("{n}: {names:?}"))
+    };
+    assert!(
+        at("hang") < at("stop_begin") && at("stop_begin") < at("stop_end"),
+        "{names:?}"
+    );
+    assert_eq!(ev.last().unwrap()["outcome"], "workers_failed", "{names:?}");
+}

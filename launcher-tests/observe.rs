@@ -480,7 +480,7 @@ fn health_and_metrics_through_a_failure_and_a_restart() {
         );
         assert!(age.is_some_and(|v| v >= 0.0), "{m:#?}");
     }
-    // Two workers hold a store connection each (the worker store of this run).
+    // The store series exist (their values: store_metrics_count_connections_...).
     assert!(sample(&m, "rdrun_store_connections{}").is_some(), "{m:#?}");
     assert!(
         sample(&m, r#"rdrun_store_operations_total{op="get"}"#).is_some(),
@@ -900,4 +900,90 @@ fn a_hang_verdict_is_an_event() {
         "{names:?}"
     );
     assert_eq!(ev.last().unwrap()["outcome"], "workers_failed", "{names:?}");
+}
+
+/// A worker that speaks the TCPStore wire by hand: VALIDATE, then a WAIT on a key nobody sets;
+/// later it closes the connection. `/metrics` counts the connection, the operations and the
+/// pending wait, and both go back to 0 when the connection closes.
+const STORE_WAITER: &str = r#"
+d=$1
+exec 3<>"/dev/tcp/$MASTER_ADDR/$MASTER_PORT" || exit 7
+printf '\x00\xce\xf7\x85\x3c\x06\x01\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00k' >&3
+: > "$d/waiting"
+i=0; while [ ! -e "$d/close" ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done
+exec 3>&-
+: > "$d/closed"
+i=0; while [ ! -e "$d/done" ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done
+"#;
+
+#[test]
+fn store_metrics_count_connections_operations_and_pending_waits() {
+    let dir = TempDir::new("obs_store");
+    let mport = free_port();
+    let args = strings(&[
+        "--standalone",
+        "--nproc-per-node=1",
+        &format!("--metrics-addr={mport}"),
+        "--no-python",
+        "bash",
+        "-c",
+        STORE_WAITER,
+        "store_waiter",
+        dir.path().to_str().unwrap(),
+    ]);
+    let run = Live::start(&args, &[], dir.join("rdrun.log"));
+    wait_file(&dir.join("waiting"));
+    let scrape = || parsed(&wait_http(mport, "/metrics", 200));
+    let deadline = Instant::now() + BOUND;
+    let m = loop {
+        let m = scrape();
+        if sample(&m, "rdrun_store_waits_pending{}") == Some(1.0) {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "the wait never showed: {m:#?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(sample(&m, "rdrun_store_connections{}"), Some(1.0), "{m:#?}");
+    assert_eq!(
+        sample(&m, "rdrun_store_connections_accepted_total{}"),
+        Some(1.0),
+        "{m:#?}"
+    );
+    assert_eq!(
+        sample(&m, r#"rdrun_store_operations_total{op="validate"}"#),
+        Some(1.0),
+        "{m:#?}"
+    );
+    assert_eq!(
+        sample(&m, r#"rdrun_store_operations_total{op="wait"}"#),
+        Some(1.0),
+        "{m:#?}"
+    );
+    fs::write(dir.join("close"), "").unwrap();
+    wait_file(&dir.join("closed"));
+    let deadline = Instant::now() + BOUND;
+    let m = loop {
+        let m = scrape();
+        if sample(&m, "rdrun_store_connections{}") == Some(0.0) {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the connection never closed: {m:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        sample(&m, "rdrun_store_waits_pending{}"),
+        Some(0.0),
+        "{m:#?}"
+    );
+    assert_eq!(
+        sample(&m, "rdrun_store_connections_accepted_total{}"),
+        Some(1.0),
+        "{m:#?}"
+    );
+    fs::write(dir.join("done"), "").unwrap();
+    let (code, text) = run.finish();
+    assert_eq!(code, Some(0), "{text}");
 }

@@ -792,6 +792,7 @@ fn c10d_wait_then_sigterm_is_recorded() {
             "run_start",
             "rendezvous_start",
             "rendezvous_failed",
+            "signal",
             "run_end"
         ],
         "{text}"
@@ -799,14 +800,15 @@ fn c10d_wait_then_sigterm_is_recorded() {
     assert_eq!(ev[1]["node_rank"], Value::Null);
     assert_eq!(ev[1]["reason"], "initial");
     assert_eq!(ev[0]["config"]["rdzv_backend"], "c10d");
-    let end = &ev[3];
+    assert_eq!(ev[3]["signal"], "SIGTERM");
+    let end = &ev[4];
     assert_eq!(end["outcome"], "interrupted");
     assert_eq!(end["signal"], "SIGTERM");
     assert_eq!(end["exit_code"], 143);
 }
 
-/// Node 0 finished first: the exit barrier says so (and health is `succeeded`, 503) until
-/// node 1's worker ends.
+/// Node 1 waits for node 0's store and says so; then node 0 finishes first: the exit barrier
+/// says so (and health is `succeeded`, 503) until node 1's worker ends.
 #[test]
 fn the_exit_barrier_is_never_silent() {
     let dir = TempDir::new("obs_barrier");
@@ -829,6 +831,15 @@ fn the_exit_barrier_is_never_silent() {
         "i=0; while [ ! -e '{}' ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done",
         go.display()
     );
+    // Node 1 first: it waits for node 0's store, and says so.
+    let n1 = Live::start(
+        &node(1, &["sh", "-c", &wait_go]),
+        &[("RDRUN_STATUS_INTERVAL", "0.3".to_string())],
+        dir.join("n1.log"),
+    );
+    n1.wait_for_text(&format!(
+        "rdrun: waiting for the rendezvous store at 127.0.0.1:{port}; waited"
+    ));
     let n0 = Live::start(
         &node(0, &["true"]),
         &[
@@ -837,7 +848,6 @@ fn the_exit_barrier_is_never_silent() {
         ],
         dir.join("n0.log"),
     );
-    let n1 = Live::start(&node(1, &["sh", "-c", &wait_go]), &[], dir.join("n1.log"));
     n0.wait_for_text(
         "rdrun: exit barrier: this node's workers succeeded, waiting for the other nodes to finish; ",
     );

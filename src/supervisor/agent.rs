@@ -249,7 +249,10 @@ impl Agent {
         }
         let mut rdzv = None;
         if uses_rendezvous(&config) {
-            match until_shutdown(&mut signals, Rendezvous::start(&config)).await {
+            obs.get().connecting(&config);
+            let started = until_shutdown(&mut signals, Rendezvous::start(&config)).await;
+            obs.get().connected();
+            match started {
                 Ok(Ok(r)) => rdzv = Some(r),
                 Ok(Err(err)) => return RunEnd::from_error(err),
                 Err(signal) => {

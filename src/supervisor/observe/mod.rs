@@ -86,6 +86,8 @@ pub struct Inner {
     spawn_began: Option<Instant>,
     workers: HashMap<i32, Spawned>,
     stop: Option<StopSeen>,
+    /// A `signal` event was written (else `run_end` of an interrupted run writes one first).
+    signal_seen: bool,
 }
 
 impl Inner {
@@ -161,6 +163,7 @@ impl Inner {
             spawn_began: None,
             workers: HashMap::new(),
             stop: None,
+            signal_seen: false,
         };
         let mut f = Map::new();
         f.insert("config".into(), config_json(config));
@@ -179,6 +182,22 @@ impl Inner {
         if let Some(m) = &self.metrics {
             m.healthy(s == State::Running);
         }
+    }
+
+    /// Connecting to (or hosting) the rendezvous store, before the first round.
+    pub fn connecting(&mut self, config: &LaunchConfig) {
+        let endpoint = config
+            .rdzv
+            .endpoint
+            .as_ref()
+            .map_or_else(String::new, |e| format!("{}:{}", e.host, e.port));
+        self.set_health(State::Rendezvous);
+        self.status.set(Some(Waiting::connect(endpoint)));
+    }
+
+    /// The rendezvous store is reachable (or the attempt to reach it ended).
+    pub fn connected(&mut self) {
+        self.status.set(None);
     }
 
     /// A rendezvous round begins (`reason`: why).
@@ -311,6 +330,7 @@ impl Inner {
 
     /// A handled signal reached rdrun.
     pub fn signal(&mut self, sig: i32) {
+        self.signal_seen = true;
         self.emit("signal", obj(json!({ "signal": signals::name(sig) })));
     }
 
@@ -440,6 +460,10 @@ impl Inner {
             "exit_code": crate::exit::for_run_end(end),
         }));
         if let RunEnd::Interrupted { signal, .. } = end {
+            // A signal outside an attempt (rendezvous, between attempts) got no event yet.
+            if !self.signal_seen {
+                self.signal(*signal);
+            }
             f.insert("signal".into(), signals::name(*signal).into());
         }
         if let RunEnd::LauncherError(e) = end {

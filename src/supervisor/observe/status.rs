@@ -19,6 +19,8 @@ use crate::rendezvous::progress::{self, JoinProgress};
 /// What rdrun waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WaitKind {
+    /// Reaching the rendezvous store at this endpoint (before the first round).
+    Connect(String),
     /// A rendezvous round: the nodes (details from [`progress::current`]).
     Rendezvous,
     /// The exit barrier, until `deadline`.
@@ -38,6 +40,13 @@ impl Waiting {
     pub fn rendezvous() -> Waiting {
         Waiting {
             kind: WaitKind::Rendezvous,
+            since: Instant::now(),
+        }
+    }
+
+    pub fn connect(endpoint: String) -> Waiting {
+        Waiting {
+            kind: WaitKind::Connect(endpoint),
             since: Instant::now(),
         }
     }
@@ -207,6 +216,9 @@ pub fn describe(w: &Waiting, p: Option<&JoinProgress>, now: Instant) -> String {
             }
             None => format!("waiting for the rendezvous; waited {waited}"),
         },
+        WaitKind::Connect(endpoint) => {
+            format!("waiting for the rendezvous store at {endpoint}; waited {waited}")
+        }
         WaitKind::Barrier { deadline } => format!(
             "exit barrier: this node's workers succeeded, waiting for the other nodes to finish; {} left, waited {waited}",
             secs(deadline.saturating_duration_since(now))

@@ -42,6 +42,7 @@ struct Spawned {
     local_rank: usize,
     rank: usize,
     at: Instant,
+    exited: bool,
 }
 
 /// The stop under way, for its "finished" event.
@@ -274,6 +275,7 @@ impl Inner {
                 local_rank,
                 rank,
                 at: Instant::now(),
+                exited: false,
             },
         );
         if let Some(m) = &self.metrics {
@@ -299,9 +301,10 @@ impl Inner {
 
     /// A child was reaped (only workers of this attempt make an event).
     pub fn reaped(&mut self, pid: i32, status: WorkerStatus) {
-        let Some(w) = self.workers.get(&pid) else {
+        let Some(w) = self.workers.get_mut(&pid) else {
             return;
         };
+        w.exited = true;
         let (lr, rank, took) = (w.local_rank, w.rank, w.at.elapsed().as_secs_f64());
         if let Some(m) = &self.metrics {
             m.exited(lr);
@@ -325,6 +328,11 @@ impl Inner {
         );
         if !status.success() && self.health.get() == State::Running {
             self.set_health(State::Stopping);
+        }
+        // Every worker exited 0: the group no longer runs (what follows is the run's end).
+        let all_done = self.workers.len() == self.nproc && self.workers.values().all(|w| w.exited);
+        if all_done && self.health.get() == State::Running {
+            self.set_health(State::Succeeded);
         }
     }
 

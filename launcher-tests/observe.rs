@@ -228,6 +228,16 @@ fn events_of_a_run_with_one_failure_and_a_restart() {
             assert_eq!(x["pid"], s["pid"], "exit pairs with its spawn");
             assert!(x["duration_s"].as_f64().unwrap() >= 0.0);
             let failed = attempt == 0 && lr == 1;
+            if attempt == 0 && lr == 0 && x["signal"] == "SIGTERM" {
+                // Local rank 0 exits 0 right after its record; on a loaded machine rdrun's
+                // SIGTERM after rank 1's failure may come first.
+                assert_eq!(
+                    (&x["status"], &x["exit_code"]),
+                    (&Value::from("failed"), &Value::Null),
+                    "{x}"
+                );
+                continue;
+            }
             assert_eq!(
                 x["status"],
                 if failed { "failed" } else { "succeeded" },

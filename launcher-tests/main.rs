@@ -16,6 +16,7 @@
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `hang`: hang detection wired into the agent, with small budgets.
+//! - `observe`: lifecycle events, the health endpoint, `/metrics`, the waiting status line.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
@@ -26,6 +27,7 @@ mod env;
 mod hang;
 mod mpi;
 mod multinode;
+mod observe;
 mod output;
 mod regression;
 mod rendezvous;

@@ -93,6 +93,10 @@ pub struct LaunchArgs {
     pub dry_run: bool,
     /// rdrun's `--print-topology[=json]`: `Some("text")` or `Some("json")`; implies a dry run.
     pub print_topology: Option<String>,
+    /// rdrun's `--events PATH|-`: lifecycle events as JSON lines (resolved in `config::observe`).
+    pub events: Option<String>,
+    /// rdrun's `--metrics-addr HOST:PORT` (else RDRUN_METRICS_ADDR, read by `config`).
+    pub metrics_addr: Option<String>,
     /// The dests typed on the command line (not defaults, not `PET_*`): the cluster layer's
     /// "flags" win every field, so it must know which values the user actually gave.
     pub cli_given: BTreeSet<&'static str>,
@@ -347,6 +351,18 @@ static OPTIONS: &[OptSpec] = &[
         pet: false,
         ..opt("print_topology", &["--print-topology", "--print_topology"], Kind::OptionalChoice(TOPOLOGY_FORMATS), "off",
             "rdrun: as --dry-run; --print-topology=json prints the topology as JSON.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("events", &["--events"], Kind::Str, "none",
+            "rdrun: also write every lifecycle event (spawn, exit, stop, restart, rendezvous, ...) as one JSON object per line to this file, or to stderr with '-' (with --log-dir they always go to <run dir>/events.jsonl).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("metrics_addr", &["--metrics-addr", "--metrics_addr"], Kind::Str, "none",
+            "rdrun: serve Prometheus metrics at http://HOST:PORT/metrics and the health state at /healthz (PORT alone: loopback). Else RDRUN_METRICS_ADDR.")
     },
     hang_opt("hang_detect", &["--hang-detect"],
         "rdrun: hang detection: kill (capture stacks, then stop and restart the group), observe (capture and report only), off. Default kill; observe when rdrun's stdin is a terminal. Else RDRUN_HANG_DETECT."),
@@ -785,6 +801,8 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         exclude: b.opt_string("exclude")?,
         dry_run: b.flags[Builder::id("dry_run")],
         print_topology: b.opt_string("print_topology")?,
+        events: b.opt_string("events")?,
+        metrics_addr: b.opt_string("metrics_addr")?,
         cli_given,
         hang: {
             let mut given = Vec::new();

@@ -31,6 +31,7 @@ mod endpoint;
 mod flags;
 pub mod hang;
 mod host;
+pub mod observe;
 
 pub use cluster::{ClusterPlan, InPlace, TopologyFormat};
 pub use command::{find_program, find_python, resolve_command, RUN_PATH_BOOTSTRAP};
@@ -193,6 +194,8 @@ pub struct LaunchConfig {
     pub cluster: ClusterPlan,
     /// Hang detection (issue 13): `RDRUN_HANG_*` / `RDRUN_PY_SPY`, then the `--hang-*` flags.
     pub hang: hang::HangSettings,
+    /// Events, metrics, health endpoint (issue 15): `--events`, `--metrics-addr`, ...
+    pub observe: observe::ObserveSettings,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -406,6 +409,7 @@ fn resolve_args(
         })?,
     };
     let hang = resolve_hang(&args, env)?;
+    let observe = resolve_observe(&args, env)?;
     let backend = parse_backend(&args.rdzv_backend)?;
     let conf = parse_rdzv_conf(&args.rdzv_conf)?;
     let node_rank = usize::try_from(args.node_rank)
@@ -475,6 +479,7 @@ fn resolve_args(
         leftovers,
         cluster: ClusterPlan::default(),
         hang,
+        observe,
     };
     cfg.cluster = cluster::plan(detected, &args, &cfg)?;
     Ok(cfg)
@@ -487,6 +492,25 @@ fn resolve_hang(args: &LaunchArgs, env: EnvFn<'_>) -> Result<hang::HangSettings,
         s.set(name, value).map_err(ConfigError::Hang)?;
     }
     Ok(s)
+}
+
+/// Events, metrics and health settings; a bad value names its flag or variable.
+fn resolve_observe(
+    args: &LaunchArgs,
+    env: EnvFn<'_>,
+) -> Result<observe::ObserveSettings, ConfigError> {
+    observe::resolve(
+        args.events.as_deref(),
+        &args.event_log_handler,
+        args.metrics_addr.as_deref(),
+        env,
+    )
+    .map_err(|(flag, value, reason)| ConfigError::Invalid {
+        flag,
+        value,
+        reason,
+        var: (!flag.starts_with('-')).then(|| flag.to_string()),
+    })
 }
 
 #[cfg(test)]

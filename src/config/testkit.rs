@@ -131,5 +131,6 @@ pub(crate) fn launch_config(
         leftovers: LeftoverPolicy::Kill,
         cluster: ClusterPlan::default(),
         hang: Default::default(),
+        observe: Default::default(),
     }
 }

@@ -384,6 +384,13 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 }
                 JoinStep::Write(new) => Some(new),
                 JoinStep::Wait => {
+                    super::progress::c10d(
+                        state.round,
+                        state.participants.len(),
+                        min,
+                        max,
+                        deadline,
+                    );
                     if let Ok(Some((other_node, other))) = nnodes_disagreement(
                         &*self.store,
                         &self.keys.nnodes(),

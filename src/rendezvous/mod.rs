@@ -18,6 +18,7 @@ pub(crate) mod c10d;
 pub(crate) mod error;
 pub(crate) mod handle;
 pub(crate) mod plumbing;
+pub mod progress;
 pub(crate) mod settings;
 pub(crate) mod state;
 pub(crate) mod static_;

@@ -31,11 +31,6 @@ use super::settings::StaticSettings;
 use super::state::{base_rank, Assignment, RoundReason};
 use super::store::{try_get, RdzvStore, StoreOpError};
 
-/// How often an agent waiting for the other nodes says who is missing.
-const STATUS_EVERY: Duration = Duration::from_secs(5);
-/// At most this many missing node ranks are named in that line.
-const STATUS_LIST: usize = 8;
-
 fn parse_u64(bytes: &[u8]) -> Option<u64> {
     std::str::from_utf8(bytes).ok()?.trim().parse().ok()
 }
@@ -279,8 +274,8 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         }
         let mut arrived_in: Option<u64> = None;
         // A status line while nodes are missing (issue 12), not silence until the timeout.
-        let mut status_at = started + STATUS_EVERY;
         let mut all_keys: Vec<String> = (0..self.nnodes).map(|r| self.keys.nproc(r)).collect();
+        let mut looked = None; // the status line's last look (rendezvous::progress)
         let gen = loop {
             let (gen, closed) = self
                 .retry(deadline, || {
@@ -336,10 +331,15 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                     min: self.nnodes,
                 });
             }
-            if now >= status_at {
-                status_at = now + STATUS_EVERY;
-                self.say_who_is_missing(gen, deadline - now).await;
-            }
+            super::progress::look_static(
+                &*store,
+                gen,
+                &keys.arrived(gen),
+                &all_keys[..self.nnodes],
+                deadline,
+                &mut looked,
+            )
+            .await;
             // A WAIT holds the store connection: shorter than the heartbeat period.
             let slice = self
                 .settings
@@ -399,36 +399,6 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 .zip(nprocs)
                 .collect(),
         })
-    }
-
-    /// Logs how many of the nodes joined round `gen`, which node ranks have not claimed their
-    /// rank yet (at most [`STATUS_LIST`]), and the time left. Store errors skip the line.
-    async fn say_who_is_missing(&self, gen: u64, left: Duration) {
-        let Ok(joined) = self.store.add(&self.keys.arrived(gen), 0).await else {
-            return;
-        };
-        let mut missing = Vec::new();
-        for r in 0..self.nnodes {
-            if missing.len() == STATUS_LIST {
-                missing.push("...".to_string());
-                break;
-            }
-            match try_get(&*self.store, &self.keys.owner(r)).await {
-                Ok(None) => missing.push(r.to_string()),
-                Ok(Some(_)) => {}
-                Err(_) => return,
-            }
-        }
-        tracing::warn!(
-            "waiting for nodes: {joined} of {} joined; missing node rank(s) {}; {:.0}s left",
-            self.nnodes,
-            if missing.is_empty() {
-                "none (rejoining)".to_string()
-            } else {
-                missing.join(", ")
-            },
-            left.as_secs_f64()
-        );
     }
 
     /// Marks the job closed for every node (`reason`: `failed on node N`, `None` = finished; the

@@ -16,6 +16,7 @@ pub mod client;
 pub mod protocol;
 pub mod server;
 pub(crate) mod state;
+pub mod stats;
 
 pub use client::{BlockingClient, Client, StoreError};
 pub use protocol::Limits;

@@ -533,11 +533,16 @@ impl Drop for Held<'_> {
 
 impl Connection {
     async fn run(self, mut stream: TcpStream) {
+        super::stats::STATS.opened();
         if let Err(e) = stream.set_nodelay(true) {
             debug!(peer = %self.peer, error = %e, "set TCP_NODELAY failed");
         }
         let close = self.serve(&mut stream).await;
+        let unanswered = self.shared.store.pending_waits(self.id)
+            + self.shared.store.take_ready(self.id) as usize;
+        super::stats::STATS.waits_ended(unanswered);
         self.shared.store.disconnect(self.id);
+        super::stats::STATS.closed();
         match close {
             Close::Eof | Close::Shutdown => {
                 debug!(conn = self.id, peer = %self.peer, "store connection closed")
@@ -642,7 +647,9 @@ impl Connection {
                     ));
                 }
                 _ = self.notify.notified() => {
-                    for _ in 0..self.shared.store.take_ready(self.id) {
+                    let ready = self.shared.store.take_ready(self.id);
+                    super::stats::STATS.waits_ended(ready as usize);
+                    for _ in 0..ready {
                         Reply::Byte(STOP_WAITING).encode(&mut out);
                     }
                 }
@@ -675,6 +682,7 @@ impl Connection {
     /// connection.
     fn handle(&self, req: Request, validated: &mut bool, out: &mut Vec<u8>) -> Result<(), String> {
         let store = &self.shared.store;
+        super::stats::STATS.op(&req);
         let reply = match req {
             Request::Validate { magic } => {
                 if *validated {
@@ -707,6 +715,7 @@ impl Connection {
             Request::Wait { keys } => {
                 self.check_pending_waits()?;
                 if store.wait(self.id, &self.notify, &keys) != WaitOutcome::Ready {
+                    super::stats::STATS.wait_started();
                     return Ok(());
                 }
                 Reply::Byte(STOP_WAITING)
@@ -730,7 +739,10 @@ impl Connection {
             }
             Request::CancelWait => {
                 // Waits that finished before the cancel still get their STOP_WAITING first.
-                for _ in 0..store.cancel_waits(self.id) {
+                let dropped = store.pending_waits(self.id);
+                let ready = store.cancel_waits(self.id);
+                super::stats::STATS.waits_ended(dropped + ready as usize);
+                for _ in 0..ready {
                     Reply::Byte(STOP_WAITING).encode(out);
                 }
                 Reply::Byte(WAIT_CANCELED)
@@ -752,6 +764,7 @@ impl Connection {
                     .barrier(self.id, &self.notify, &key, world_size)
                     .map_err(|e| e.to_string())?;
                 if outcome != WaitOutcome::Ready {
+                    super::stats::STATS.wait_started();
                     return Ok(());
                 }
                 Reply::Byte(STOP_WAITING)

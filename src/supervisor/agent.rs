@@ -46,6 +46,7 @@ use super::end::RunEnd;
 use super::events::Event;
 use super::hang::RankProcs;
 use super::hanglink::{hang_dir, owning_worker, FileTimerServe, HangFinding, HangLink, TimerWake};
+use super::observe::Observer;
 use super::output::{self, OutputSummary, RankIdentity, RunLogs};
 use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
 use super::report::{Failure, FailureReport};
@@ -103,7 +104,12 @@ pub fn run(config: LaunchConfig) -> RunEnd {
         Ok(rt) => rt,
         Err(err) => return RunEnd::error(format!("cannot start the async runtime: {err}")),
     };
-    let end = runtime.block_on(Agent::run(config, watchdog));
+    let obs = match runtime.block_on(Observer::start(&config)) {
+        Ok(o) => o,
+        Err(msg) => return RunEnd::error(msg),
+    };
+    let end = runtime.block_on(Agent::run(config, watchdog, obs.clone()));
+    obs.get().run_end(&end);
     // Signal-forwarding tasks never end on their own.
     runtime.shutdown_background();
     end
@@ -223,10 +229,12 @@ struct Agent {
     rdzv_end: Option<Outcome>,
     /// torch's FileTimer FIFO, served for the whole run (`TORCHELASTIC_ENABLE_FILE_TIMER=1`).
     timers: Option<FileTimerServe>,
+    /// Events, health, metrics, status line (issue 15): one hook call where things happen.
+    obs: Observer,
 }
 
 impl Agent {
-    async fn run(config: LaunchConfig, watchdog: Option<Watchdog>) -> RunEnd {
+    async fn run(config: LaunchConfig, watchdog: Option<Watchdog>, obs: Observer) -> RunEnd {
         // Handlers first: from here on no handled signal can kill rdrun with workers left behind.
         let mut signals = Signals::install(&config.signals_to_handle);
         let sigchld = match signal(SignalKind::child()) {
@@ -241,7 +249,10 @@ impl Agent {
         }
         let mut rdzv = None;
         if uses_rendezvous(&config) {
-            match until_shutdown(&mut signals, Rendezvous::start(&config)).await {
+            obs.get().connecting(&config);
+            let started = until_shutdown(&mut signals, Rendezvous::start(&config)).await;
+            obs.get().connected();
+            match started {
                 Ok(Ok(r)) => rdzv = Some(r),
                 Ok(Err(err)) => return RunEnd::from_error(err),
                 Err(signal) => {
@@ -338,6 +349,7 @@ impl Agent {
             rdzv,
             rdzv_end: None,
             timers,
+            obs,
         };
         let end = agent.attempts().await;
         // The runtime unlinks its shared-memory segments once every rank has opened them; a
@@ -413,6 +425,7 @@ impl Agent {
                         self.config.max_restarts - restart_count,
                         self.config.max_restarts
                     );
+                    self.obs.get().restart(next, true, "restart");
                     self.between_attempts();
                     restart_count = next;
                     reason = RoundReason::WorkerFailure;
@@ -437,6 +450,9 @@ impl Agent {
                     } else {
                         tracing::warn!(?lost, "peer node(s) stopped heartbeating; stopping the workers and joining the next round");
                     }
+                    self.obs
+                        .get()
+                        .restart(restart_count + u32::from(charged), charged, "regroup");
                     self.between_attempts();
                     reason = if charged {
                         RoundReason::PeerLost
@@ -545,8 +561,11 @@ impl Agent {
 
     /// Joins the next rendezvous round; on failure, how the run ends.
     async fn join_round(&mut self, reason: RoundReason) -> Result<Assignment, RunEnd> {
+        self.obs.get().rendezvous_begins(reason);
         let rdzv = self.rdzv.as_mut().expect("multi-node run has a rendezvous");
-        rdzvlink::join_round(rdzv, &mut self.signals, reason, self.master_port).await
+        let res = rdzvlink::join_round(rdzv, &mut self.signals, reason, self.master_port).await;
+        self.obs.get().rendezvous_ended(res.as_ref());
+        res
     }
 
     /// A worker failure on a multi-node job is charged only once the peers are known to be
@@ -582,7 +601,9 @@ impl Agent {
     async fn finish_rdzv(&mut self, asg: &Assignment) {
         if let Some(rdzv) = self.rdzv.as_mut() {
             let timeout = self.config.exit_barrier_timeout;
+            self.obs.get().barrier_begins(timeout);
             rdzvlink::finish(rdzv, &mut self.signals, asg, timeout).await;
+            self.obs.get().barrier_ended();
         }
     }
 
@@ -631,6 +652,9 @@ impl Agent {
                 return Outcome::LauncherError(format!("cannot prepare the log directory: {err}"))
             }
         };
+        self.obs
+            .get()
+            .attempt_begins(asg.restart_count, logs.run_dir());
         let mut guard = GroupGuard::default();
         // Ends the output forwarders whose pipes stay open after every process rdrun can see is
         // gone (a descendant that escaped and outlived the stop).
@@ -657,6 +681,9 @@ impl Agent {
                     tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
                     guard.pgids.push(spawned.pid);
                     let activity = output::Activity::default();
+                    self.obs
+                        .get()
+                        .spawned(lr, asg.base_rank + lr, spawned.pid, &activity.bytes);
                     let handle = output::forward_until(
                         id.clone(),
                         rank_logs.sink.clone(),
@@ -750,6 +777,7 @@ impl Agent {
             for event in pending.drain(..) {
                 match event {
                     Event::Reaped { pid, status } => {
+                        self.obs.get().reaped(pid, status);
                         let Some(&i) = by_pid.get(&pid) else {
                             tracing::debug!(pid, ?status, "reaped a descendant");
                             continue;
@@ -764,6 +792,7 @@ impl Agent {
                         }
                     }
                     Event::Signal(sig) => {
+                        self.obs.get().signal(sig);
                         let in_grace = matches!(stop.phase(), Phase::Grace(_));
                         match signals::react(sig, interrupted.is_some(), in_grace) {
                             SignalReaction::Forward => {
@@ -888,6 +917,9 @@ impl Agent {
                 first_failure.get_or_insert_with(Instant::now);
                 stop.begin(StopReason::WorkerFailed);
             }
+            self.obs
+                .get()
+                .watch_stop(&stop, slots.iter().filter(|s| s.status.is_none()).count());
             let all_exited = slots.iter().all(|s| s.status.is_some());
             if all_exited {
                 let left = stop.leftovers();
@@ -943,6 +975,7 @@ impl Agent {
                 };
                 if let Some(link) = hang.as_mut() {
                     if let Some(found) = link.poll(&live, last).await {
+                        self.obs.get().hang(&found);
                         if found.kill {
                             tracing::error!(
                                 "the worker group hangs ({}); stopping it",
@@ -1063,6 +1096,7 @@ impl Agent {
         peer_loss: Option<(RoundReason, Vec<String>)>,
         hang: Option<HangFinding>,
     ) -> Outcome {
+        self.obs.get().attempt_over();
         // Workers whose exit came in the very last batch (after a deadline) are failures too.
         let now = SystemTime::now();
         for i in unrecorded {

@@ -11,6 +11,7 @@ pub mod events;
 pub mod hang;
 mod hanglink;
 pub mod ncclpath;
+mod observe;
 pub mod output;
 mod rdzvlink;
 pub mod report;

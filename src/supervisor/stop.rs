@@ -62,6 +62,8 @@ pub(crate) struct GroupStop {
     phase: Phase,
     /// When the first stop signal went out.
     sent_at: Option<SystemTime>,
+    /// Why the stop began (for the lifecycle events).
+    reason: Option<StopReason>,
 }
 
 impl GroupStop {
@@ -78,6 +80,7 @@ impl GroupStop {
             grace,
             phase: Phase::Running,
             sent_at: None,
+            reason: None,
         }
     }
 
@@ -102,6 +105,11 @@ impl GroupStop {
         self.grace
     }
 
+    /// Why the stop began, once it did.
+    pub(crate) fn reason(&self) -> Option<StopReason> {
+        self.reason
+    }
+
     /// Starts the stop (SIGTERM, or the shutdown signal itself) unless one is under way.
     pub(crate) fn begin(&mut self, reason: StopReason) {
         if self.phase != Phase::Running {
@@ -112,6 +120,7 @@ impl GroupStop {
             _ => libc::SIGTERM,
         };
         tracing::debug!(?reason, "stopping the worker group");
+        self.reason = Some(reason);
         self.signal_everything(sig);
         self.phase = Phase::Grace(Instant::now() + self.grace);
     }

@@ -1,0 +1,301 @@
+//! The `/metrics` registry (Prometheus text format, through the `prometheus-client` crate: the
+//! maintained, dependency-light client of the Prometheus project's Rust org, whose text encoder
+//! gets names, escaping, `_total` suffixes and `# EOF` right so rdrun need not).
+//!
+//! The agent updates the values where things happen (through [`super::Observer`]); the output
+//! watch and the store counters are sampled when a scrape comes (and every [`SAMPLE`] for the
+//! output times, so "time to first output" is exact to that period).
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+use crate::store::stats::{Snapshot, STATS};
+use crate::supervisor::hang::OutputCounter;
+
+/// How often worker output counters are sampled for first-output and last-output times.
+pub const SAMPLE: Duration = Duration::from_millis(100);
+
+type Rank = [(&'static str, String); 1];
+type FGauge = Gauge<f64, AtomicU64>;
+
+fn rank(lr: usize) -> Rank {
+    [("local_rank", lr.to_string())]
+}
+
+/// One worker's output as seen by the sampler.
+struct OutputWatch {
+    local_rank: usize,
+    counter: OutputCounter,
+    spawned: Instant,
+    seen: u64,
+    last_at: Option<Instant>,
+    first_done: bool,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    workers_up: Family<Rank, Gauge>,
+    restarts: Family<[(&'static str, String); 1], Counter>,
+    attempt: Gauge,
+    healthy: Gauge,
+    spawn_seconds: FGauge,
+    rdzv_seconds: FGauge,
+    rdzv_total: Counter<f64, AtomicU64>,
+    first_output: Family<Rank, FGauge>,
+    output_age: Family<Rank, FGauge>,
+    stop_seconds: FGauge,
+    store_open: Gauge,
+    store_accepted: Counter,
+    store_ops: Family<[(&'static str, String); 1], Counter>,
+    store_waits: Gauge,
+    outputs: Mutex<Vec<OutputWatch>>,
+    store_seen: Mutex<Option<Snapshot>>,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            workers_up: Family::default(),
+            restarts: Family::default(),
+            attempt: Gauge::default(),
+            healthy: Gauge::default(),
+            spawn_seconds: FGauge::default(),
+            rdzv_seconds: FGauge::default(),
+            rdzv_total: Counter::default(),
+            first_output: Family::default(),
+            output_age: Family::default(),
+            stop_seconds: FGauge::default(),
+            store_open: Gauge::default(),
+            store_accepted: Counter::default(),
+            store_ops: Family::default(),
+            store_waits: Gauge::default(),
+            outputs: Mutex::new(Vec::new()),
+            store_seen: Mutex::new(None),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "rdrun_workers_up",
+            "1 while the worker of this local rank runs (current attempt)",
+            m.workers_up.clone(),
+        );
+        registry.register(
+            "rdrun_restarts",
+            "Restarts of the worker group; charged=false for membership changes",
+            m.restarts.clone(),
+        );
+        registry.register(
+            "rdrun_attempt",
+            "The current attempt (TORCHELASTIC_RESTART_COUNT)",
+            m.attempt.clone(),
+        );
+        registry.register(
+            "rdrun_healthy",
+            "1 while the group runs healthily (what the health endpoint answers 200 for)",
+            m.healthy.clone(),
+        );
+        registry.register(
+            "rdrun_spawn_duration_seconds",
+            "Time to spawn every local worker, last attempt",
+            m.spawn_seconds.clone(),
+        );
+        registry.register(
+            "rdrun_rendezvous_duration_seconds",
+            "Time the last rendezvous round took",
+            m.rdzv_seconds.clone(),
+        );
+        registry.register(
+            "rdrun_rendezvous_seconds",
+            "Time spent in rendezvous rounds, all rounds",
+            m.rdzv_total.clone(),
+        );
+        registry.register(
+            "rdrun_first_output_seconds",
+            "Time from spawn to the worker's first output byte, current attempt",
+            m.first_output.clone(),
+        );
+        registry.register(
+            "rdrun_last_output_age_seconds",
+            "Time since the worker last wrote output (since its spawn if it never did)",
+            m.output_age.clone(),
+        );
+        registry.register(
+            "rdrun_stop_duration_seconds",
+            "Time the last stop of the group took, from the stop signal to the last exit",
+            m.stop_seconds.clone(),
+        );
+        registry.register(
+            "rdrun_store_connections",
+            "Store connections open now (this process's store servers)",
+            m.store_open.clone(),
+        );
+        registry.register(
+            "rdrun_store_connections_accepted",
+            "Store connections accepted",
+            m.store_accepted.clone(),
+        );
+        registry.register(
+            "rdrun_store_operations",
+            "Store requests served, per operation",
+            m.store_ops.clone(),
+        );
+        registry.register(
+            "rdrun_store_waits_pending",
+            "Store WAIT/BARRIER requests not answered yet",
+            m.store_waits.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    pub fn attempt_begins(&self, attempt: u32) {
+        self.attempt.set(i64::from(attempt));
+        self.workers_up.clear();
+        self.first_output.clear();
+        self.output_age.clear();
+        lock(&self.outputs).clear();
+    }
+
+    pub fn spawned(&self, local_rank: usize, counter: OutputCounter) {
+        self.workers_up.get_or_create(&rank(local_rank)).set(1);
+        lock(&self.outputs).push(OutputWatch {
+            local_rank,
+            seen: counter.get(),
+            counter,
+            spawned: Instant::now(),
+            last_at: None,
+            first_done: false,
+        });
+    }
+
+    pub fn exited(&self, local_rank: usize) {
+        self.workers_up.get_or_create(&rank(local_rank)).set(0);
+    }
+
+    pub fn spawn_took(&self, d: Duration) {
+        self.spawn_seconds.set(d.as_secs_f64());
+    }
+
+    pub fn rendezvous_took(&self, d: Duration) {
+        self.rdzv_seconds.set(d.as_secs_f64());
+        self.rdzv_total.inc_by(d.as_secs_f64());
+    }
+
+    pub fn stop_took(&self, d: Duration) {
+        self.stop_seconds.set(d.as_secs_f64());
+    }
+
+    pub fn restarted(&self, charged: bool) {
+        self.restarts
+            .get_or_create(&[("charged", charged.to_string())])
+            .inc();
+    }
+
+    pub fn healthy(&self, yes: bool) {
+        self.healthy.set(i64::from(yes));
+    }
+
+    /// Looks at every worker's output counter (the sampler task and each scrape call it).
+    pub fn sample_outputs(&self) {
+        let now = Instant::now();
+        for w in lock(&self.outputs).iter_mut() {
+            let bytes = w.counter.get();
+            if bytes != w.seen {
+                w.seen = bytes;
+                w.last_at = Some(now);
+                if !w.first_done {
+                    w.first_done = true;
+                    self.first_output
+                        .get_or_create(&rank(w.local_rank))
+                        .set(now.duration_since(w.spawned).as_secs_f64());
+                }
+            }
+            let since = w.last_at.unwrap_or(w.spawned);
+            self.output_age
+                .get_or_create(&rank(w.local_rank))
+                .set(now.duration_since(since).as_secs_f64());
+        }
+    }
+
+    fn sample_store(&self) {
+        let now = STATS.snapshot();
+        let mut seen = lock(&self.store_seen);
+        let before = seen.take();
+        let old = |name: &str| {
+            before
+                .as_ref()
+                .and_then(|b| b.ops.iter().find(|(n, _)| n == name).map(|(_, v)| *v))
+                .unwrap_or(0)
+        };
+        for (name, v) in &now.ops {
+            let c = self.store_ops.get_or_create(&[("op", name.clone())]);
+            c.inc_by(v.saturating_sub(old(name)));
+        }
+        let accepted_before = before.as_ref().map_or(0, |b| b.accepted);
+        self.store_accepted
+            .inc_by(now.accepted.saturating_sub(accepted_before));
+        self.store_open.set(now.open.max(0));
+        self.store_waits.set(now.waits_pending);
+        *seen = Some(now);
+    }
+
+    /// The text exposition (`# EOF` terminated, OpenMetrics-compatible text).
+    pub fn render(&self) -> String {
+        self.sample_outputs();
+        self.sample_store();
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn exposition_names_and_values() {
+        let m = Metrics::new();
+        m.attempt_begins(1);
+        let c = OutputCounter::new();
+        m.spawned(0, c.clone());
+        m.spawned(1, OutputCounter::new());
+        m.exited(1);
+        m.restarted(true);
+        m.rendezvous_took(Duration::from_millis(1500));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        c.add(10);
+        let text = m.render();
+        for want in [
+            "rdrun_workers_up{local_rank=\"0\"} 1",
+            "rdrun_workers_up{local_rank=\"1\"} 0",
+            "rdrun_restarts_total{charged=\"true\"} 1",
+            "rdrun_attempt 1",
+            "rdrun_rendezvous_duration_seconds 1.5",
+            "rdrun_rendezvous_seconds_total 1.5",
+            "rdrun_first_output_seconds{local_rank=\"0\"} 2.0",
+            "rdrun_last_output_age_seconds{local_rank=\"0\"} 0.0",
+            "rdrun_last_output_age_seconds{local_rank=\"1\"} 2.0",
+            "# EOF",
+        ] {
+            assert!(text.contains(want), "{want} missing in\n{text}");
+        }
+        assert!(text.contains("rdrun_store_operations_total{op=\"get\"}"));
+        // A new attempt forgets the old workers.
+        m.attempt_begins(2);
+        assert!(!m.render().contains("rdrun_workers_up{"));
+    }
+}

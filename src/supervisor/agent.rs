@@ -294,10 +294,13 @@ impl Agent {
             }),
             host.clone(),
         );
-        if crate::workerenv::should_set_omp_num_threads(
-            std::env::var("OMP_NUM_THREADS").ok().as_deref(),
-            config.nproc_per_node,
-        ) {
+        crate::supervisor::worker::log_binding(&config.binding);
+        if config.binding.omp_threads.is_empty()
+            && crate::workerenv::should_set_omp_num_threads(
+                std::env::var("OMP_NUM_THREADS").ok().as_deref(),
+                config.nproc_per_node,
+            )
+        {
             tracing::warn!(
                 "setting OMP_NUM_THREADS=1 for every worker (it is unset and nproc_per_node > 1); set it yourself to tune"
             );

@@ -484,3 +484,126 @@ fn man_page_renders() {
         assert!(text.contains(flag), "{flag} missing:\n{text}");
     }
 }
+
+/// The torch venv's python and torchrun (scripts/torch-venv.sh), if installed.
+fn torch_venv() -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let cache = std::env::var_os("RDRUN_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/rdrun")))?;
+    let bin = cache.join("torch-venv/bin");
+    let python = bin.join("python");
+    python.exists().then(|| (python, bin.join("torchrun")))
+}
+
+/// A gloo all_reduce through `env://`; each rank writes `RANK USE_AGENT_STORE SUM OWNER` where
+/// OWNER says whether this process itself listens on MASTER_PORT (its own socket inodes against
+/// /proc/net/tcp{,6} LISTEN entries).
+const OWN_STORE_PY: &str = r#"
+import os, sys
+import torch, torch.distributed as dist
+out = sys.argv[1]
+port = int(os.environ["MASTER_PORT"])
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+inodes = set()
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        link = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        continue
+    if link.startswith("socket:["):
+        inodes.add(link[8:-1])
+listening = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        lines = open(table).read().splitlines()[1:]
+    except OSError:
+        continue
+    for line in lines:
+        f = line.split()
+        if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+            listening.add(f[9])
+owner = "owner" if inodes & listening else ("other" if listening else "none")
+dist.barrier()
+with open(f"{out}/r{dist.get_rank()}", "w") as fh:
+    fh.write(f"{dist.get_rank()} {os.environ['TORCHELASTIC_USE_AGENT_STORE']} {int(t.item())} {owner}")
+dist.destroy_process_group()
+"#;
+
+#[test]
+fn disable_share_rdzv_tcp_store_rank0_hosts_its_own() {
+    let Some((python, torchrun)) = torch_venv() else {
+        eprintln!("skipped: no torch venv (scripts/torch-venv.sh)");
+        return;
+    };
+    let dir = TempDir::new("own_store");
+    let script = dir.join("own_store.py");
+    std::fs::write(&script, OWN_STORE_PY).unwrap();
+    let read = |tag: &str| -> Vec<String> {
+        (0..2)
+            .map(|r| std::fs::read_to_string(dir.join(format!("{tag}/r{r}"))).unwrap_or_default())
+            .collect()
+    };
+    let port = crate::util::free_port().to_string();
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        ("standalone", vec!["--standalone".into()]),
+        (
+            "c10d",
+            vec![
+                "--rdzv-backend=c10d".into(),
+                format!("--rdzv-endpoint=127.0.0.1:{port}"),
+                "--rdzv-id=own".into(),
+            ],
+        ),
+    ];
+    for (tag, flags) in &cases {
+        for disable in [true, false] {
+            let out_dir = dir.join(format!("{tag}-{disable}"));
+            std::fs::create_dir_all(&out_dir).unwrap();
+            let mut run = Rdrun::new()
+                .env("PYTHON_EXEC", &python)
+                .env("OMP_NUM_THREADS", "1")
+                .timeout(Duration::from_secs(120))
+                .args(flags)
+                .arg("--nproc-per-node=2")
+                .arg(&script)
+                .arg(&out_dir);
+            if disable {
+                run = run.env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1");
+            }
+            let out = run.run();
+            out.assert_code(0);
+            let got = read(&format!("{tag}-{disable}"));
+            // Shared (the default): rdrun's store listens on MASTER_PORT, no worker does.
+            if disable {
+                assert_eq!(
+                    got,
+                    ["0 False 3 owner", "1 False 3 other"],
+                    "{tag}: {out:?}"
+                );
+            } else {
+                assert_eq!(
+                    got,
+                    ["0 True 3 other", "1 True 3 other"],
+                    "{tag} shared: {out:?}"
+                );
+            }
+        }
+    }
+    // The reference: torchrun from the same venv says the same for the opt-out.
+    if torchrun.exists() {
+        let out_dir = dir.join("torchrun");
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let out = Command::new(&torchrun)
+            .args(["--standalone", "--nproc-per-node=2"])
+            .arg(&script)
+            .arg(&out_dir)
+            .env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+            .env("OMP_NUM_THREADS", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(read("torchrun"), ["0 False 3 owner", "1 False 3 other"]);
+    }
+}

@@ -32,6 +32,7 @@ mod flags;
 pub mod hang;
 mod host;
 pub mod numa;
+pub mod torchenv;
 
 pub use cluster::{ClusterPlan, TopologyFormat};
 pub use command::{find_program, find_python, resolve_command, RUN_PATH_BOOTSTRAP};
@@ -197,6 +198,8 @@ pub struct LaunchConfig {
     /// CPU sets and OMP_NUM_THREADS per local rank (`--numa-binding`, `--cpu-binding`,
     /// `--omp-num-threads`; `numa.rs`); the default binds nothing.
     pub binding: numa::Binding,
+    /// torch agent variables rdrun honours (`torchenv.rs`).
+    pub torch_env: torchenv::TorchAgentEnv,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -450,6 +453,7 @@ fn resolve_args(
     let nproc_per_node = resolve_nproc(&args.nproc_per_node, env, host)?;
     let command = resolve_command(&args, env, host)?;
     let binding = resolve_binding(&args, nproc_per_node, env, host)?;
+    let torch_env = torchenv::resolve(env, standalone, rdzv.backend);
 
     if args.virtual_local_rank {
         // Fail before any worker starts, not when the first surplus rank is spawned.
@@ -484,6 +488,7 @@ fn resolve_args(
         cluster: ClusterPlan::default(),
         hang,
         binding,
+        torch_env,
     };
     cfg.cluster = cluster::plan(detected, &args, &cfg)?;
     Ok(cfg)

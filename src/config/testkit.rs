@@ -132,5 +132,6 @@ pub(crate) fn launch_config(
         cluster: ClusterPlan::default(),
         hang: Default::default(),
         binding: Default::default(),
+        torch_env: Default::default(),
     }
 }

@@ -50,7 +50,9 @@ use super::output::{self, OutputSummary, RankIdentity, RunLogs};
 use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
 use super::report::{Failure, FailureReport};
 use super::restart::{self, AttemptEnd, Decision};
-use super::setup::{bind_store, bind_worker_store, fqdn_of, short_host, single_node_master_addr};
+use super::setup::{
+    bind_store, bind_worker_store, fqdn_of, free_port, short_host, single_node_master_addr,
+};
 use super::signals::{self, SignalAction, SignalReaction, Signals};
 use super::stop::{self, GroupGuard, GroupStop, Phase, StopReason, KILL_WAIT};
 use super::watchdog::Watchdog;
@@ -256,9 +258,20 @@ impl Agent {
                 }
             }
         }
+        let mut own_store_port = None;
         let store = match &rdzv {
             // Static: workers use the rendezvous store on node 0 (TORCHELASTIC_USE_AGENT_STORE).
             Some(r) if r.uses_rendezvous_store() => None,
+            // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (dynamic rendezvous only): no worker store;
+            // the rank-0 worker hosts its own on a port picked here, as torchrun.
+            _ if config.torch_env.own_worker_store => {
+                let host = rdzv.as_ref().and_then(|r| r.advertised.as_deref());
+                match free_port(host, config.master_port) {
+                    Ok(port) => own_store_port = Some(port),
+                    Err(msg) => return RunEnd::error(msg),
+                }
+                None
+            }
             // c10d: one worker store for the whole run, where this agent's advertised address
             // is; the agent that becomes group rank 0 publishes its port as MASTER_PORT.
             Some(r) => {
@@ -277,7 +290,8 @@ impl Agent {
             },
         };
         let master_addr = single_node_master_addr(&config);
-        let master_port = store.as_ref().map_or(0, StoreServer::port);
+        let master_port =
+            own_store_port.unwrap_or_else(|| store.as_ref().map_or(0, StoreServer::port));
         let store_closed: Pin<Box<dyn Future<Output = ServerExit> + Send>> = match &store {
             Some(s) => Box::pin(s.closed()),
             None => Box::pin(std::future::pending()),

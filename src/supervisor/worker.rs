@@ -191,7 +191,8 @@ pub fn spawn_spec(
         restart_count: asg.restart_count,
         max_restarts: config.max_restarts,
         run_id: config.rdzv.run_id.clone(),
-        use_agent_store: true,
+        // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the rank-0 worker hosts its own store.
+        use_agent_store: !config.torch_env.own_worker_store,
         error_file: error_file.to_string(),
     };
     let mut env = worker_env(

@@ -607,3 +607,144 @@ fn disable_share_rdzv_tcp_store_rank0_hosts_its_own() {
         assert_eq!(read("torchrun"), ["0 False 3 owner", "1 False 3 other"]);
     }
 }
+
+/// A cgroup-v1 freezer group made by the test: a frozen task is in uninterruptible sleep (state
+/// D). Drop thaws it and removes the group (as in `signals.rs`).
+struct Frozen {
+    dir: std::path::PathBuf,
+}
+
+impl Frozen {
+    fn freeze(pid: i32) -> Option<Frozen> {
+        let root = Path::new("/sys/fs/cgroup/freezer");
+        if !root.join("cgroup.procs").exists() {
+            return None;
+        }
+        let dir = root.join(format!("rdrun-test-compat-{}-{pid}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let frozen = Frozen { dir };
+        std::fs::write(frozen.dir.join("cgroup.procs"), pid.to_string()).ok()?;
+        std::fs::write(frozen.dir.join("freezer.state"), "FROZEN").ok()?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            let state = std::fs::read_to_string(frozen.dir.join("freezer.state")).ok()?;
+            if state.trim() == "FROZEN" {
+                return Some(frozen);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("freezer.state"), "THAWED");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.dir).is_err() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn uninterruptible_state_timeout_fails_the_group_without_restart() {
+    use crate::util::{assert_no_leak, fixture_pids, wait_ready, worker};
+    let dir = TempDir::new("dstate");
+    let run = Rdrun::new()
+        .env("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "1.5")
+        .args([
+            "--standalone",
+            "--nproc-per-node=2",
+            "--max-restarts=3",
+            "--shutdown-timeout=1",
+            "--no-python",
+        ])
+        .arg(worker("pid_then_sleep"))
+        .arg(dir.path())
+        .timeout(Duration::from_secs(120))
+        .spawn();
+    wait_ready(dir.path(), 2);
+    let pids = fixture_pids(dir.path(), 2);
+    let Some(frozen) = Frozen::freeze(pids[1]) else {
+        run.signal(libc::SIGKILL);
+        run.wait();
+        assert_no_leak(&pids, Duration::from_secs(10));
+        eprintln!("skipped: needs root and the cgroup-v1 freezer to put a worker in D state");
+        return;
+    };
+    let out = run.wait();
+    drop(frozen);
+    assert!(!out.timed_out, "{out:?}");
+    assert!(
+        out.stderr.contains(&format!(
+            "worker pid={} (rank 1) stuck in uninterruptible sleep (D state) for",
+            pids[1]
+        )) && out.stderr.contains("restarts disabled"),
+        "{out:?}"
+    );
+    // Restarts were left (3) but none was made.
+    assert!(!out.stderr.contains("restarting (attempt"), "{out:?}");
+    // The root cause is the wedged worker, with why; its status (SIGKILL sent, never exited).
+    out.assert_code(128 + libc::SIGKILL);
+    assert!(
+        out.stderr.contains("traceback : hang: worker pid=")
+            && out.stderr.contains("rank      : 1 (local_rank: 1)"),
+        "{out:?}"
+    );
+    assert_no_leak(&pids, Duration::from_secs(10));
+}
+
+#[test]
+fn worker_identical_keeps_real_ranks() {
+    use crate::util::{free_port, parse_env0, worker};
+    for (nprocs, warn) in [([2usize, 2usize], false), ([2, 1], true)] {
+        let dir = TempDir::new("identical");
+        let port = free_port();
+        let runs: Vec<_> = (0..2)
+            .map(|node| {
+                Rdrun::new()
+                    .env("TORCH_ELASTIC_WORKER_IDENTICAL", "1")
+                    .timeout(Duration::from_secs(120))
+                    .args(["--nnodes", "2", "--node-rank", &node.to_string()])
+                    .arg(format!("--nproc-per-node={}", nprocs[node]))
+                    .args([
+                        "--master-addr",
+                        "127.0.0.1",
+                        "--master-port",
+                        &port.to_string(),
+                    ])
+                    .arg("--no-python")
+                    .arg(worker("print_env"))
+                    .arg(dir.path())
+                    .spawn()
+            })
+            .collect();
+        let outs: Vec<_> = runs.into_iter().map(|r| r.wait()).collect();
+        let world: usize = nprocs.iter().sum();
+        for out in &outs {
+            out.assert_code(0);
+            assert_eq!(
+                out.stderr.contains("TORCH_ELASTIC_WORKER_IDENTICAL=1 but the nodes run different numbers of workers"),
+                warn,
+                "{out:?}"
+            );
+        }
+        // Every RANK once, WORLD_SIZE the real total, each node's ranks contiguous from the
+        // sum of the lower nodes' counts (equal to torch's GROUP_RANK * nproc + LOCAL_RANK when
+        // the nodes are identical).
+        for rank in 0..world {
+            let text = std::fs::read_to_string(dir.join(format!("env.{rank}.0")))
+                .unwrap_or_else(|e| panic!("rank {rank}: {e}: {outs:?}"));
+            let env = parse_env0(&text);
+            let group: usize = env["GROUP_RANK"].parse().unwrap();
+            let local: usize = env["LOCAL_RANK"].parse().unwrap();
+            assert_eq!(env["WORLD_SIZE"], world.to_string());
+            assert_eq!(env["ROLE_WORLD_SIZE"], world.to_string());
+            assert_eq!(rank, nprocs[..group].iter().sum::<usize>() + local);
+            if !warn {
+                assert_eq!(rank, group * nprocs[0] + local);
+            }
+        }
+    }
+}

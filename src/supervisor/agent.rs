@@ -42,6 +42,7 @@ use crate::exit::WorkerStatus;
 use crate::rendezvous::{Assignment, RdzvEvent, Rendezvous, RoundReason};
 use crate::store::server::{self, ServerExit, StoreServer};
 
+use super::dstate::DStateWatch;
 use super::end::RunEnd;
 use super::events::Event;
 use super::hang::RankProcs;
@@ -225,6 +226,9 @@ struct Agent {
     rdzv_end: Option<Outcome>,
     /// torch's FileTimer FIFO, served for the whole run (`TORCHELASTIC_ENABLE_FILE_TIMER=1`).
     timers: Option<FileTimerServe>,
+    /// A worker stayed in D state past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: no more
+    /// restarts (as torch; `dstate.rs`).
+    restarts_disabled: bool,
 }
 
 impl Agent {
@@ -355,6 +359,7 @@ impl Agent {
             rdzv,
             rdzv_end: None,
             timers,
+            restarts_disabled: false,
         };
         let end = agent.attempts().await;
         // The runtime unlinks its shared-memory segments once every rank has opened them; a
@@ -411,11 +416,18 @@ impl Agent {
             };
             restart_count = asg.restart_count;
             let outcome = self.attempt(&mut logs, &asg).await;
-            let decision = restart::decide(
+            let decision = match restart::decide(
                 outcome.attempt_end(),
                 restart_count,
                 self.config.max_restarts,
-            );
+            ) {
+                Decision::Restart { .. } | Decision::Regroup { charged: true }
+                    if self.restarts_disabled =>
+                {
+                    Decision::GiveUp
+                }
+                d => d,
+            };
             match decision {
                 Decision::Finish => {
                     self.finish_rdzv(&asg).await;
@@ -704,6 +716,12 @@ impl Agent {
         // A kill-mode hang verdict of this attempt, and whether a poll tick is due.
         let mut hang_found: Option<HangFinding> = None;
         let mut hang_due = false;
+        let mut dstate = self
+            .config
+            .torch_env
+            .uninterruptible_timeout
+            .map(DStateWatch::new);
+        let mut dstate_due = false;
         let mut timer_wake: Option<TimerWake> = None;
         if let Some(t) = self.timers.as_mut() {
             t.clear();
@@ -911,6 +929,37 @@ impl Agent {
             if let Some(wake) = timer_wake.take() {
                 self.on_timer(wake, slots, hang.as_mut());
             }
+            let watch_dstate = dstate.is_some()
+                && stop.phase() == Phase::Running
+                && failures.is_empty()
+                && interrupted.is_none()
+                && self.rdzv_end.is_none()
+                && hang_found.is_none();
+            if std::mem::take(&mut dstate_due) && watch_dstate {
+                let live: Vec<(i32, usize)> = slots
+                    .iter()
+                    .filter(|s| s.status.is_none())
+                    .map(|s| (s.pid, s.rank))
+                    .collect();
+                let watch = dstate.as_mut().expect("watched");
+                if let Some((pid, rank, dwell)) = watch.check(&live) {
+                    let summary = format!(
+                        "worker pid={pid} (rank {rank}) stuck in uninterruptible sleep (D state) for {:.1}s (>= TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT={:.1}s); restarts disabled",
+                        dwell.as_secs_f64(),
+                        watch.timeout().as_secs_f64()
+                    );
+                    tracing::error!("{summary}; stopping the worker group");
+                    self.restarts_disabled = true;
+                    hang_found = Some(HangFinding {
+                        kill: true,
+                        suspect: Some(rank as u32),
+                        summary,
+                    });
+                    first_failure.get_or_insert_with(Instant::now);
+                    stop.begin(StopReason::WorkerFailed);
+                    continue;
+                }
+            }
             if std::mem::take(&mut hang_due) && watch_hang {
                 let live: Vec<RankProcs> = slots
                     .iter()
@@ -967,6 +1016,7 @@ impl Agent {
                 _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
                 _ = tokio::time::sleep(LEFTOVER_POLL), if poll_leftovers => {}
                 _ = tick_opt(hang.as_mut()), if watch_hang => hang_due = true,
+                _ = dstate_tick(dstate.as_mut()), if watch_dstate => dstate_due = true,
                 w = timer_next(self.timers.as_mut()), if self.timers.is_some() => timer_wake = Some(w),
             }
         }
@@ -1169,6 +1219,14 @@ fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
 async fn timer_next(timers: Option<&mut FileTimerServe>) -> TimerWake {
     match timers {
         Some(t) => t.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next D-state sample; never without TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT.
+async fn dstate_tick(watch: Option<&mut DStateWatch>) {
+    match watch {
+        Some(w) => w.tick().await,
         None => std::future::pending().await,
     }
 }

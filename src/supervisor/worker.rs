@@ -176,6 +176,16 @@ pub fn spawn_spec(
     run_env: &RunWorkerEnv,
 ) -> Result<SpawnSpec, EnvError> {
     let nproc = config.nproc_per_node;
+    if local_rank == 0
+        && config.torch_env.worker_identical
+        && asg.nodes.iter().any(|(_, n)| *n != nproc)
+    {
+        // torch's fast path would give overlapping ranks here; rdrun keeps the real ones.
+        tracing::warn!(
+            "TORCH_ELASTIC_WORKER_IDENTICAL=1 but the nodes run different numbers of workers ({:?}); ranks follow the real counts (torch would compute RANK = GROUP_RANK * {nproc} + LOCAL_RANK and overlap)",
+            asg.nodes.iter().map(|(_, n)| *n).collect::<Vec<_>>()
+        );
+    }
     let contract = WorkerEnv {
         rank: asg.base_rank + local_rank,
         local_rank,

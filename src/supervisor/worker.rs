@@ -637,6 +637,15 @@ mod tests {
     }
 
     #[test]
+    fn affinity_masks() {
+        let bits = libc::c_ulong::BITS as usize;
+        assert_eq!(cpu_mask(&[]), vec![0]);
+        assert_eq!(cpu_mask(&[0, 2]), vec![0b101]);
+        let m = cpu_mask(&[1, bits + 3]);
+        assert_eq!(m, vec![0b10, 0b1000]);
+    }
+
+    #[test]
     fn stat_parsing() {
         let e = parse_stat("42 (my (odd) name) S 7 42 42 0 -1 4194560").unwrap();
         assert_eq!(

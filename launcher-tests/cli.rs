@@ -255,9 +255,9 @@ fn usage_errors_exit_2_with_one_line() {
             "--logs-specs is not supported by rdrun: it loads a Python plugin (torchrun.logs_specs entry point)",
         ),
         (
-            &["--numa-binding=node", "/bin/true"],
+            &["--numa-binding=node", "--cpu-binding", "/bin/true"],
             &[],
-            "--numa-binding node is not supported by rdrun: NUMA binding is not implemented yet",
+            "--cpu-binding with --numa-binding node is not supported by rdrun: choose one: --numa-binding binds to the accelerator's CPUs, --cpu-binding shares the affinity mask",
         ),
         (
             &["--event-log-handler", "dynamic_rendezvous", "/bin/true"],
@@ -265,9 +265,9 @@ fn usage_errors_exit_2_with_one_line() {
             "--event-log-handler dynamic_rendezvous is not supported by rdrun: only the null and console handlers exist outside Python",
         ),
         (
-            &["--print-completion", "bash"],
+            &["--print-completion", "ksh"],
             &[],
-            "--print-completion is not supported by rdrun: rdrun does not generate shell completion scripts",
+            "argument --print-completion/--print_completion: invalid choice: 'ksh' (choose from 'bash', 'zsh', 'tcsh', 'fish')",
         ),
         (
             &["--no-python", "-m", "/bin/true"],

@@ -17,11 +17,14 @@
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `hang`: hang detection wired into the agent, with small budgets.
 //! - `observe`: lifecycle events, the health endpoint, `/metrics`, the waiting status line.
+//! - `compat`: torchrun features that are "same" or "improved" (issue 15): NUMA/CPU binding of
+//!   real workers over fake sysfs trees, completion scripts in the real shells, the man page.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
 mod cli;
 mod cluster;
+mod compat;
 mod contain;
 mod env;
 mod hang;

@@ -25,6 +25,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
+/// `--print-completion` scripts and the `--print-man` page, generated from [`flag_table`].
+pub mod completion;
+
 /// Reads one environment variable; `None` when unset. Tests pass a closure over a map.
 pub type EnvFn<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -68,8 +71,12 @@ pub struct LaunchArgs {
     pub local_addr: Option<String>,
     /// `--logs-specs` (a Python plugin name; rejected by [`parse_from`], kept for later issues).
     pub logs_specs: Option<String>,
-    /// `--numa-binding` (rejected by [`parse_from`] until NUMA binding is implemented).
+    /// `--numa-binding node|socket|exclusive|core-complex` (applied by `config::numa`).
     pub numa_binding: Option<String>,
+    /// rdrun's `--cpu-binding`: each local rank gets its own share of the affinity mask.
+    pub cpu_binding: bool,
+    /// rdrun's `--omp-num-threads cpus|N` (OMP_NUM_THREADS of every worker).
+    pub omp_num_threads: Option<String>,
     pub signals_to_handle: String,
     pub shutdown_timeout: Option<i64>,
     pub virtual_local_rank: bool,
@@ -120,6 +127,9 @@ pub enum Invocation {
     Launch(Box<LaunchArgs>),
     /// `-h`/`--help` was given: print [`help_text`] and exit 0.
     Help,
+    /// `--print-completion SHELL` or `--print-man`: print this text on stdout and exit 0
+    /// (generated from [`OPTIONS`] by [`completion`]).
+    Print(String),
 }
 
 /// A command-line usage error; the binary prints `rdrun: error: <message>` and exits 2.
@@ -181,6 +191,8 @@ enum Kind {
     OptionalChoice(&'static [&'static str]),
     Help,
     Completion,
+    /// `--print-man`: print the man page and exit, like `-h`.
+    Man,
 }
 
 /// One option of the table below.
@@ -219,7 +231,8 @@ const fn opt(
 
 const START_METHODS: &[&str] = &["spawn", "fork", "forkserver"];
 const NUMA_MODES: &[&str] = &["node", "socket", "exclusive", "core-complex"];
-const SHELLS: &[&str] = &["bash", "zsh", "tcsh"];
+/// torchrun offers shtab's shells (bash, zsh, tcsh); rdrun adds fish.
+pub const SHELLS: &[&str] = &["bash", "zsh", "tcsh", "fish"];
 
 /// Every option, in torchrun's registration order (which is the order argparse lists ambiguous
 /// matches in), followed by rdrun's own.
@@ -286,7 +299,7 @@ static OPTIONS: &[OptSpec] = &[
     OptSpec {
         pet: false,
         ..opt("numa_binding", &["--numa-binding", "--numa_binding"], Kind::Choice(NUMA_MODES), "none",
-            "Not supported yet: NUMA binding of workers.")
+            "Bind each worker to the CPUs near the accelerator whose index is its local rank (torch/numa/binding.py modes), read from sysfs and set by rdrun between fork and exec (no numactl needed).")
     },
     opt("signals_to_handle", &["--signals-to-handle", "--signals_to_handle"], Kind::Str,
         "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
@@ -298,7 +311,25 @@ static OPTIONS: &[OptSpec] = &[
     OptSpec {
         pet: false,
         ..opt("print_completion", &["--print-completion", "--print_completion"], Kind::Completion, "",
-            "Not supported: shell completion scripts.")
+            "Print a shell completion script for rdrun to stdout and exit (e.g. --print-completion bash > ~/.local/share/bash-completion/completions/rdrun).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("cpu_binding", &["--cpu-binding", "--cpu_binding"], Kind::Flag, "off",
+            "rdrun: give each local rank its own share of rdrun's CPU affinity mask (whole physical cores when there are enough), for CPU-only jobs; not with --numa-binding.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("omp_num_threads", &["--omp-num-threads", "--omp_num_threads"], Kind::Str, "none",
+            "rdrun: OMP_NUM_THREADS for every worker, over any inherited value: cpus (the number of CPUs the worker is bound to; unbound: the affinity mask divided by the workers) or a positive integer. Without it torchrun's rule holds (1 when unset and nproc > 1).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("print_man", &["--print-man"], Kind::Man, "",
+            "rdrun: print rdrun's man page (roff, from this option table) to stdout and exit.")
     },
     OptSpec {
         abbreviable: false,
@@ -411,6 +442,70 @@ const fn hang_opt(
         pet: false,
         ..opt(dest, names, Kind::Str, "none", help)
     }
+}
+
+/// What an option takes, as completion scripts and the man page describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagValue {
+    /// No value (a switch, `-h`, `--print-man`).
+    None,
+    /// Any text; `metavar` names it.
+    Text { metavar: &'static str },
+    /// A path (file or directory).
+    Path { metavar: &'static str },
+    /// One of these words.
+    Choice(&'static [&'static str]),
+    /// Optionally `=` one of these words (`--print-topology[=json]`).
+    OptionalChoice(&'static [&'static str]),
+}
+
+/// One option of the parser's table, for [`completion`] (scripts and man page come from
+/// the same table the parser uses: no second list to keep in sync).
+#[derive(Debug, Clone)]
+pub struct FlagView {
+    /// Every spelling, canonical first (`--nproc-per-node`, `--nproc_per_node`).
+    pub names: &'static [&'static str],
+    pub value: FlagValue,
+    pub help: &'static str,
+    /// Default as `--help` shows it; empty for none.
+    pub default: &'static str,
+    /// `PET_<DEST>` when that variable supplies the default.
+    pub env: Option<String>,
+}
+
+/// The option table, in `--help` order.
+pub fn flag_table() -> Vec<FlagView> {
+    OPTIONS
+        .iter()
+        .map(|o| {
+            let metavar = match o.dest {
+                "log_dir" => "DIR",
+                "report_json" | "hostfile" | "py_spy" => "PATH",
+                _ => "VALUE",
+            };
+            let value = match o.kind {
+                Kind::Flag | Kind::Help | Kind::Man => FlagValue::None,
+                Kind::Choice(c) => FlagValue::Choice(c),
+                Kind::Completion => FlagValue::Choice(SHELLS),
+                Kind::OptionalChoice(c) => FlagValue::OptionalChoice(c),
+                _ if metavar != "VALUE" => FlagValue::Path { metavar },
+                _ => FlagValue::Text { metavar: o.dest },
+            };
+            FlagView {
+                names: o.names,
+                value,
+                help: o.help,
+                default: if matches!(o.kind, Kind::Help | Kind::Completion | Kind::Man) {
+                    ""
+                } else {
+                    o.default
+                },
+                env: o
+                    .pet
+                    .then(|| format!("PET_{}", o.dest.to_ascii_uppercase())),
+            }
+        })
+        .collect()
 }
 
 /// Index into [`OPTIONS`].
@@ -651,6 +746,15 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
                 loop {
                     let spec = &OPTIONS[id];
                     match spec.kind {
+                        Kind::Man => {
+                            if let Some(e) = explicit {
+                                return Err(UsageError::IgnoredExplicit {
+                                    flag: display(id),
+                                    value: e.to_string(),
+                                });
+                            }
+                            return Ok(Invocation::Print(completion::man_page()));
+                        }
                         Kind::Help | Kind::Flag => {
                             if spec.kind == Kind::Help {
                                 help = true;
@@ -721,10 +825,8 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
                             };
                             check_cli_value(id, &value)?;
                             if spec.kind == Kind::Completion {
-                                return Err(UsageError::Unsupported {
-                                    flag: "--print-completion".into(),
-                                    why: "rdrun does not generate shell completion scripts",
-                                });
+                                // argparse runs the action as soon as it is parsed: print, exit 0.
+                                return Ok(Invocation::Print(completion::script(&value)));
                             }
                             given[id] = Some(Given {
                                 text: value,
@@ -789,6 +891,8 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         local_addr: b.opt_string("local_addr")?,
         logs_specs: b.opt_string("logs_specs")?,
         numa_binding: b.opt_string("numa_binding")?,
+        cpu_binding: b.flags[Builder::id("cpu_binding")],
+        omp_num_threads: b.opt_string("omp_num_threads")?,
         signals_to_handle: b.string("signals_to_handle")?,
         shutdown_timeout: b.int("shutdown_timeout")?,
         virtual_local_rank: b.flag("virtual_local_rank")?,
@@ -864,10 +968,10 @@ fn check_supported(args: &LaunchArgs) -> Result<(), UsageError> {
             why: "it loads a Python plugin (torchrun.logs_specs entry point)",
         });
     }
-    if let Some(mode) = &args.numa_binding {
+    if let (Some(mode), true) = (&args.numa_binding, args.cpu_binding) {
         return Err(UsageError::Unsupported {
-            flag: format!("--numa-binding {mode}"),
-            why: "NUMA binding is not implemented yet",
+            flag: format!("--cpu-binding with --numa-binding {mode}"),
+            why: "choose one: --numa-binding binds to the accelerator's CPUs, --cpu-binding shares the affinity mask",
         });
     }
     if !matches!(args.event_log_handler.as_str(), "null" | "console") {
@@ -997,7 +1101,7 @@ pub fn help_text() -> String {
     for o in OPTIONS {
         let names = o.names.join(", ");
         let metavar = match o.kind {
-            Kind::Flag | Kind::Help => String::new(),
+            Kind::Flag | Kind::Help | Kind::Man => String::new(),
             Kind::Choice(c) => format!(" {{{}}}", c.join(",")),
             Kind::OptionalChoice(c) => format!("[={{{}}}]", c.join(",")),
             Kind::Completion => format!(" {{{}}}", SHELLS.join(",")),
@@ -1005,7 +1109,7 @@ pub fn help_text() -> String {
         };
         out.push_str(&format!("  {names}{metavar}\n      {}\n", o.help));
         let mut notes = Vec::new();
-        if !matches!(o.kind, Kind::Help | Kind::Completion) {
+        if !matches!(o.kind, Kind::Help | Kind::Completion | Kind::Man) {
             let d = if o.default.is_empty() {
                 "\"\"".to_string()
             } else {
@@ -1045,7 +1149,7 @@ mod tests {
         let get = move |k: &str| map.get(k).cloned();
         match parse_from(&sv(args), &get)? {
             Invocation::Launch(a) => Ok(*a),
-            Invocation::Help => panic!("unexpected help for {args:?}"),
+            Invocation::Help | Invocation::Print(_) => panic!("unexpected help for {args:?}"),
         }
     }
 
@@ -1521,19 +1625,36 @@ mod tests {
             "--logs-specs is not supported by rdrun: it loads a Python plugin (torchrun.logs_specs entry point)"
         );
         assert_eq!(
-            err(&["--numa_binding", "node", "t.py"]),
-            "--numa-binding node is not supported by rdrun: NUMA binding is not implemented yet"
+            parse_env(&["--numa_binding", "node", "t.py"], &[])
+                .unwrap()
+                .numa_binding
+                .as_deref(),
+            Some("node")
         );
+        assert!(err(&["--numa-binding", "node", "--cpu-binding", "t.py"]).contains("choose one"));
         assert!(err(&["--numa-binding", "bogus", "t.py"]).contains("invalid choice"));
         assert_eq!(
             err(&["--event-log-handler", "dynamic_rendezvous", "t.py"]),
             "--event-log-handler dynamic_rendezvous is not supported by rdrun: only the null and console handlers exist outside Python"
         );
         assert!(parse_env(&["t.py"], &[("PET_EVENT_LOG_HANDLER", "x")]).is_err());
-        assert_eq!(
-            err(&["--print-completion", "bash"]),
-            "--print-completion is not supported by rdrun: rdrun does not generate shell completion scripts"
+        // Printed at once, even without a script and before later bad words (argparse action).
+        for argv in [
+            &["--print-completion", "bash"][..],
+            &["--print_completion=zsh", "--bogus"],
+        ] {
+            match parse_from(&sv(argv), &|_| None) {
+                Ok(Invocation::Print(text)) => {
+                    assert!(text.contains("--nproc-per-node"), "{argv:?}")
+                }
+                other => panic!("{argv:?}: {other:?}"),
+            }
+        }
+        assert!(err(&["--print-completion", "ksh"]).contains("invalid choice: 'ksh'"));
+        assert!(
+            matches!(parse_from(&sv(&["--print-man"]), &|_| None), Ok(Invocation::Print(t)) if t.starts_with(".TH RDRUN 1"))
         );
+        assert!(err(&["--print-man=1"]).contains("ignored explicit argument"));
         // No PET fallback for these (as torchrun).
         assert!(parse_env(
             &["t.py"],

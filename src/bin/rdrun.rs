@@ -41,6 +41,10 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
             print_out(&cli::help_text());
             return exit::SUCCESS;
         }
+        Ok(Invocation::Print(text)) => {
+            print_out(&text);
+            return exit::SUCCESS;
+        }
         Err(e) => {
             print_err(&format!("rdrun: error: {e}\n"));
             return exit::USAGE;

@@ -1,6 +1,7 @@
 //! Machine facts resolution needs, behind the [`Host`] trait so that every decision is testable:
 //! CPUs in the affinity mask, NVIDIA GPUs (procfs, else `nvidia-smi -L`, bounded), what is at a
-//! path, randomness for run ids; and the GPU count a CUDA program would see.
+//! path, randomness for run ids; sysfs/procfs text for the CPU topology of `--numa-binding` and
+//! `--cpu-binding` (`numa.rs`); and the GPU count a CUDA program would see.
 
 use std::path::Path;
 use std::time::Duration;
@@ -28,6 +29,45 @@ pub trait Host {
     /// How many processes this user may have (the soft RLIMIT_NPROC); `None` when unbounded
     /// (unlimited, or root, whom the kernel does not hold to it).
     fn process_limit(&self) -> Option<u64>;
+    /// The text of a sysfs/procfs file (`/sys/...`, `/proc/driver/...`); `None` when unreadable.
+    /// The default (fake machines of tests that do not care) has no such files.
+    fn read_text(&self, _path: &Path) -> Option<String> {
+        None
+    }
+    /// The entry names of a sysfs directory; `None` when it does not exist.
+    fn list_dir(&self, _path: &Path) -> Option<Vec<String>> {
+        None
+    }
+    /// The CPUs of this process's affinity mask, sorted (torch: `os.sched_getaffinity(0)`).
+    fn allowed_cpus(&self) -> Vec<usize> {
+        (0..self.cpu_count()).collect()
+    }
+}
+
+/// Test hook of [`RealHost`]: a directory that stands for `/` when reading sysfs and procfs
+/// topology files, so that launch tests can give real workers a fake NUMA topology. Not a user
+/// setting (docs/compat.md does not list it).
+pub const SYSFS_ROOT_VAR: &str = "RDRUN_TEST_SYSFS_ROOT";
+
+/// `path` (absolute) read below `root`.
+pub(crate) fn read_text_under(root: &Path, path: &Path) -> Option<String> {
+    std::fs::read_to_string(root.join(path.strip_prefix("/").unwrap_or(path))).ok()
+}
+
+/// The entry names of directory `path` (absolute) below `root`.
+pub(crate) fn list_dir_under(root: &Path, path: &Path) -> Option<Vec<String>> {
+    let dir = std::fs::read_dir(root.join(path.strip_prefix("/").unwrap_or(path))).ok()?;
+    Some(
+        dir.filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+    )
+}
+
+fn sys_root() -> std::path::PathBuf {
+    std::env::var_os(SYSFS_ROOT_VAR)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| "/".into(), Into::into)
 }
 
 /// The real machine.
@@ -75,6 +115,25 @@ impl Host for RealHost {
         match getrlimit(Resource::RLIMIT_NPROC) {
             Ok((soft, _)) if soft != RLIM_INFINITY => Some(soft),
             _ => None,
+        }
+    }
+
+    fn read_text(&self, path: &Path) -> Option<String> {
+        read_text_under(&sys_root(), path)
+    }
+
+    fn list_dir(&self, path: &Path) -> Option<Vec<String>> {
+        list_dir_under(&sys_root(), path)
+    }
+
+    fn allowed_cpus(&self) -> Vec<usize> {
+        use nix::sched::{sched_getaffinity, CpuSet};
+        use nix::unistd::Pid;
+        match sched_getaffinity(Pid::from_raw(0)) {
+            Ok(set) => (0..CpuSet::count())
+                .filter(|&i| set.is_set(i).unwrap_or(false))
+                .collect(),
+            Err(_) => (0..self.cpu_count()).collect(),
         }
     }
 

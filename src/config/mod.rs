@@ -31,7 +31,9 @@ mod endpoint;
 mod flags;
 pub mod hang;
 mod host;
+pub mod numa;
 pub mod observe;
+pub mod torchenv;
 
 pub use cluster::{ClusterPlan, InPlace, TopologyFormat};
 pub use command::{find_program, find_python, resolve_command, RUN_PATH_BOOTSTRAP};
@@ -196,6 +198,11 @@ pub struct LaunchConfig {
     pub hang: hang::HangSettings,
     /// Events, metrics, health endpoint (issue 15): `--events`, `--metrics-addr`, ...
     pub observe: observe::ObserveSettings,
+    /// CPU sets and OMP_NUM_THREADS per local rank (`--numa-binding`, `--cpu-binding`,
+    /// `--omp-num-threads`; `numa.rs`); the default binds nothing.
+    pub binding: numa::Binding,
+    /// torch agent variables rdrun honours (`torchenv.rs`).
+    pub torch_env: torchenv::TorchAgentEnv,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -275,6 +282,9 @@ pub enum ConfigError {
     /// A `--hang-*` flag or `RDRUN_HANG_*` variable with a bad value (the message names it).
     #[error("{0}")]
     Hang(String),
+    /// `--numa-binding` / `--cpu-binding` cannot be applied on this machine (exit 1).
+    #[error("{flag}: {reason}")]
+    Binding { flag: String, reason: String },
     #[error(transparent)]
     VirtualDevices(#[from] crate::workerenv::VirtualDevicesError),
 }
@@ -446,6 +456,8 @@ fn resolve_args(
     // error even when the script is missing too.
     let nproc_per_node = resolve_nproc(&args.nproc_per_node, env, host)?;
     let command = resolve_command(&args, env, host)?;
+    let binding = resolve_binding(&args, nproc_per_node, env, host)?;
+    let torch_env = torchenv::resolve(env, standalone, rdzv.backend);
 
     if args.virtual_local_rank {
         // Fail before any worker starts, not when the first surplus rank is spawned.
@@ -480,9 +492,42 @@ fn resolve_args(
         cluster: ClusterPlan::default(),
         hang,
         observe,
+        binding,
+        torch_env,
     };
     cfg.cluster = cluster::plan(detected, &args, &cfg)?;
     Ok(cfg)
+}
+
+/// `--numa-binding`, `--cpu-binding`, `--omp-num-threads`: computed for every local rank now, so
+/// that a machine that cannot honour them fails before any worker starts (torch fails at spawn).
+fn resolve_binding(
+    args: &LaunchArgs,
+    nproc: usize,
+    env: EnvFn<'_>,
+    host: &dyn Host,
+) -> Result<numa::Binding, ConfigError> {
+    let omp = match &args.omp_num_threads {
+        None => None,
+        Some(text) => Some(numa::OmpThreads::parse(text).ok_or_else(|| {
+            invalid(
+                "--omp-num-threads",
+                text.clone(),
+                "must be cpus or a positive integer",
+            )
+        })?),
+    };
+    // The parser checked the choice.
+    let mode = args.numa_binding.as_deref().and_then(numa::NumaMode::parse);
+    numa::resolve(mode, args.cpu_binding, omp, nproc, env, host).map_err(|reason| {
+        ConfigError::Binding {
+            flag: match &args.numa_binding {
+                Some(m) => format!("--numa-binding {m}"),
+                None => "--cpu-binding".into(),
+            },
+            reason,
+        }
+    })
 }
 
 /// Hang settings: the defaults, the `RDRUN_HANG_*` variables, then the flags given.

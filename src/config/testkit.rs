@@ -72,7 +72,7 @@ pub(crate) fn args(argv: &[&str]) -> LaunchArgs {
     let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
     match parse_from(&argv, &|_| None).expect("test argv parses") {
         Invocation::Launch(a) => *a,
-        Invocation::Help => panic!("help"),
+        other => panic!("{other:?}"),
     }
 }
 
@@ -132,5 +132,7 @@ pub(crate) fn launch_config(
         cluster: ClusterPlan::default(),
         hang: Default::default(),
         observe: Default::default(),
+        binding: Default::default(),
+        torch_env: Default::default(),
     }
 }

@@ -42,6 +42,7 @@ use crate::exit::WorkerStatus;
 use crate::rendezvous::{Assignment, RdzvEvent, Rendezvous, RoundReason};
 use crate::store::server::{self, ServerExit, StoreServer};
 
+use super::dstate::DStateWatch;
 use super::end::RunEnd;
 use super::events::Event;
 use super::hang::RankProcs;
@@ -51,7 +52,9 @@ use super::output::{self, OutputSummary, RankIdentity, RunLogs};
 use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
 use super::report::{Failure, FailureReport};
 use super::restart::{self, AttemptEnd, Decision};
-use super::setup::{bind_store, bind_worker_store, fqdn_of, short_host, single_node_master_addr};
+use super::setup::{
+    bind_store, bind_worker_store, fqdn_of, free_port, short_host, single_node_master_addr,
+};
 use super::signals::{self, SignalAction, SignalReaction, Signals};
 use super::stop::{self, GroupGuard, GroupStop, Phase, StopReason, KILL_WAIT};
 use super::watchdog::Watchdog;
@@ -231,6 +234,9 @@ struct Agent {
     timers: Option<FileTimerServe>,
     /// Events, health, metrics, status line (issue 15): one hook call where things happen.
     obs: Observer,
+    /// A worker stayed in D state past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: no more
+    /// restarts (as torch; `dstate.rs`).
+    restarts_disabled: bool,
 }
 
 impl Agent {
@@ -267,9 +273,20 @@ impl Agent {
                 }
             }
         }
+        let mut own_store_port = None;
         let store = match &rdzv {
             // Static: workers use the rendezvous store on node 0 (TORCHELASTIC_USE_AGENT_STORE).
             Some(r) if r.uses_rendezvous_store() => None,
+            // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (dynamic rendezvous only): no worker store;
+            // the rank-0 worker hosts its own on a port picked here, as torchrun.
+            _ if config.torch_env.own_worker_store => {
+                let host = rdzv.as_ref().and_then(|r| r.advertised.as_deref());
+                match free_port(host, config.master_port) {
+                    Ok(port) => own_store_port = Some(port),
+                    Err(msg) => return RunEnd::error(msg),
+                }
+                None
+            }
             // c10d: one worker store for the whole run, where this agent's advertised address
             // is; the agent that becomes group rank 0 publishes its port as MASTER_PORT.
             Some(r) => {
@@ -288,7 +305,8 @@ impl Agent {
             },
         };
         let master_addr = single_node_master_addr(&config);
-        let master_port = store.as_ref().map_or(0, StoreServer::port);
+        let master_port =
+            own_store_port.unwrap_or_else(|| store.as_ref().map_or(0, StoreServer::port));
         let store_closed: Pin<Box<dyn Future<Output = ServerExit> + Send>> = match &store {
             Some(s) => Box::pin(s.closed()),
             None => Box::pin(std::future::pending()),
@@ -305,10 +323,13 @@ impl Agent {
             }),
             host.clone(),
         );
-        if crate::workerenv::should_set_omp_num_threads(
-            std::env::var("OMP_NUM_THREADS").ok().as_deref(),
-            config.nproc_per_node,
-        ) {
+        crate::supervisor::worker::log_binding(&config.binding);
+        if config.binding.omp_threads.is_empty()
+            && crate::workerenv::should_set_omp_num_threads(
+                std::env::var("OMP_NUM_THREADS").ok().as_deref(),
+                config.nproc_per_node,
+            )
+        {
             tracing::warn!(
                 "setting OMP_NUM_THREADS=1 for every worker (it is unset and nproc_per_node > 1); set it yourself to tune"
             );
@@ -350,6 +371,7 @@ impl Agent {
             rdzv_end: None,
             timers,
             obs,
+            restarts_disabled: false,
         };
         let end = agent.attempts().await;
         // The runtime unlinks its shared-memory segments once every rank has opened them; a
@@ -407,11 +429,18 @@ impl Agent {
             restart_count = asg.restart_count;
             let outcome = self.attempt(&mut logs, &asg).await;
             let outcome = self.attribute_failure(outcome).await;
-            let decision = restart::decide(
+            let decision = match restart::decide(
                 outcome.attempt_end(),
                 restart_count,
                 self.config.max_restarts,
-            );
+            ) {
+                Decision::Restart { .. } | Decision::Regroup { charged: true }
+                    if self.restarts_disabled =>
+                {
+                    Decision::GiveUp
+                }
+                d => d,
+            };
             match decision {
                 Decision::Finish => {
                     self.finish_rdzv(&asg).await;
@@ -744,6 +773,12 @@ impl Agent {
         // A kill-mode hang verdict of this attempt, and whether a poll tick is due.
         let mut hang_found: Option<HangFinding> = None;
         let mut hang_due = false;
+        let mut dstate = self
+            .config
+            .torch_env
+            .uninterruptible_timeout
+            .map(DStateWatch::new);
+        let mut dstate_due = false;
         let mut timer_wake: Option<TimerWake> = None;
         if let Some(t) = self.timers.as_mut() {
             t.clear();
@@ -956,6 +991,37 @@ impl Agent {
             if let Some(wake) = timer_wake.take() {
                 self.on_timer(wake, slots, hang.as_mut());
             }
+            let watch_dstate = dstate.is_some()
+                && stop.phase() == Phase::Running
+                && failures.is_empty()
+                && interrupted.is_none()
+                && self.rdzv_end.is_none()
+                && hang_found.is_none();
+            if std::mem::take(&mut dstate_due) && watch_dstate {
+                let live: Vec<(i32, usize)> = slots
+                    .iter()
+                    .filter(|s| s.status.is_none())
+                    .map(|s| (s.pid, s.rank))
+                    .collect();
+                let watch = dstate.as_mut().expect("watched");
+                if let Some((pid, rank, dwell)) = watch.check(&live) {
+                    let summary = format!(
+                        "worker pid={pid} (rank {rank}) stuck in uninterruptible sleep (D state) for {:.1}s (>= TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT={:.1}s); restarts disabled",
+                        dwell.as_secs_f64(),
+                        watch.timeout().as_secs_f64()
+                    );
+                    tracing::error!("{summary}; stopping the worker group");
+                    self.restarts_disabled = true;
+                    hang_found = Some(HangFinding {
+                        kill: true,
+                        suspect: Some(rank as u32),
+                        summary,
+                    });
+                    first_failure.get_or_insert_with(Instant::now);
+                    stop.begin(StopReason::WorkerFailed);
+                    continue;
+                }
+            }
             if std::mem::take(&mut hang_due) && watch_hang {
                 let live: Vec<RankProcs> = slots
                     .iter()
@@ -1013,6 +1079,7 @@ impl Agent {
                 _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
                 _ = tokio::time::sleep(LEFTOVER_POLL), if poll_leftovers => {}
                 _ = tick_opt(hang.as_mut()), if watch_hang => hang_due = true,
+                _ = dstate_tick(dstate.as_mut()), if watch_dstate => dstate_due = true,
                 w = timer_next(self.timers.as_mut()), if self.timers.is_some() => timer_wake = Some(w),
             }
         }
@@ -1216,6 +1283,14 @@ fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
 async fn timer_next(timers: Option<&mut FileTimerServe>) -> TimerWake {
     match timers {
         Some(t) => t.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next D-state sample; never without TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT.
+async fn dstate_tick(watch: Option<&mut DStateWatch>) {
+    match watch {
+        Some(w) => w.tick().await,
         None => std::future::pending().await,
     }
 }

@@ -6,6 +6,7 @@
 
 mod agent;
 pub mod contain;
+mod dstate;
 mod end;
 pub mod events;
 pub mod hang;

@@ -19,6 +19,26 @@ pub(crate) async fn bind_worker_store(
         .map_err(|err| format!("cannot bind the worker store: {err}"))
 }
 
+/// `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`: the MASTER_PORT the rank-0 worker binds for its own
+/// store: `--master-port` if given, else a port free on every interface now (torch's
+/// `get_free_port`; the worker binds it later, so a race with another process is possible, as
+/// under torchrun). `host` (the advertised address) only names the error.
+pub(crate) fn free_port(host: Option<&str>, port: Option<u16>) -> Result<u16, String> {
+    if let Some(p) = port.filter(|p| *p != 0) {
+        return Ok(p);
+    }
+    std::net::TcpListener::bind("[::]:0")
+        .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|err| {
+            format!(
+                "cannot find a free port for the workers' own store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) on {}: {err}",
+                host.unwrap_or("this host")
+            )
+        })
+}
+
 /// `gethostname` up to the first dot (torchrun's `${hostname}` is `socket.gethostname()`).
 pub(crate) fn short_host(host: &str) -> String {
     host.split('.').next().unwrap_or(host).to_string()

@@ -117,6 +117,26 @@ pub struct SpawnSpec {
     pub watchdog_fd: Option<RawFd>,
     /// `cgroup.procs` of the run's cgroup: the child joins it before exec (containment hook).
     pub cgroup_fd: Option<RawFd>,
+    /// The CPUs the child binds itself to before exec (`--numa-binding`, `--cpu-binding`).
+    pub cpus: Option<Vec<usize>>,
+}
+
+/// One INFO line per local rank naming its CPU set and why (`--numa-binding`, `--cpu-binding`).
+pub fn log_binding(binding: &crate::config::numa::Binding) {
+    for (rank, cpus) in binding.cpus.iter().enumerate() {
+        tracing::info!(
+            "{}: local rank {rank} bound to CPUs {} ({})",
+            binding.source,
+            crate::config::numa::format_cpu_list(cpus),
+            binding.why.get(rank).map_or("", String::as_str)
+        );
+    }
+    if let Some(n) = binding.omp_threads.first() {
+        tracing::info!(
+            "--omp-num-threads: OMP_NUM_THREADS={n} for local rank 0 (per rank: {:?})",
+            binding.omp_threads
+        );
+    }
 }
 
 /// What every worker of a run shares, computed once per run.
@@ -166,6 +186,16 @@ pub fn spawn_spec(
     run_env: &RunWorkerEnv,
 ) -> Result<SpawnSpec, EnvError> {
     let nproc = config.nproc_per_node;
+    if local_rank == 0
+        && config.torch_env.worker_identical
+        && asg.nodes.iter().any(|(_, n)| *n != nproc)
+    {
+        // torch's fast path would give overlapping ranks here; rdrun keeps the real ones.
+        tracing::warn!(
+            "TORCH_ELASTIC_WORKER_IDENTICAL=1 but the nodes run different numbers of workers ({:?}); ranks follow the real counts (torch would compute RANK = GROUP_RANK * {nproc} + LOCAL_RANK and overlap)",
+            asg.nodes.iter().map(|(_, n)| *n).collect::<Vec<_>>()
+        );
+    }
     // The worker's index in this agent's group (always 0 in place, where the agent runs one).
     let slot = local_rank;
     let (local_rank, local_world_size, group_rank, group_world_size) =
@@ -189,7 +219,8 @@ pub fn spawn_spec(
         restart_count: asg.restart_count,
         max_restarts: config.max_restarts,
         run_id: config.rdzv.run_id.clone(),
-        use_agent_store: true,
+        // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the rank-0 worker hosts its own store.
+        use_agent_store: !config.torch_env.own_worker_store,
         error_file: error_file.to_string(),
     };
     let mut env = worker_env(
@@ -200,6 +231,11 @@ pub fn spawn_spec(
         |k| std::env::var(k).ok(),
     )?;
     env.extend(run_env.extra.iter().cloned());
+    if let Some(n) = config.binding.omp_of(local_rank) {
+        // Asked for on the command line: wins over an inherited value.
+        env.retain(|(k, _)| k != "OMP_NUM_THREADS");
+        env.push(("OMP_NUM_THREADS".into(), n.to_string()));
+    }
     Ok(SpawnSpec {
         program: config.command.program.clone(),
         args: config
@@ -211,6 +247,7 @@ pub fn spawn_spec(
         env,
         watchdog_fd: run_env.watchdog_fd,
         cgroup_fd: run_env.cgroup_fd,
+        cpus: config.binding.cpus_of(local_rank).map(<[usize]>::to_vec),
     })
 }
 
@@ -302,8 +339,11 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     let parent = std::process::id() as libc::pid_t;
     let watchdog_fd = spec.watchdog_fd;
     let cgroup_fd = spec.cgroup_fd;
+    // The affinity mask, built before fork (the child must not allocate).
+    let mask: Option<Vec<libc::c_ulong>> = spec.cpus.as_deref().map(cpu_mask);
     // SAFETY: the closure runs between fork and exec and only calls async-signal-safe functions
-    // (setsid, write, getpid, send, prctl, getppid, raise) on values captured by copy; it allocates nothing.
+    // (setsid, write, getpid, send, sched_setaffinity, prctl, getppid, raise) on values captured
+    // by copy or moved in before fork (the mask, only read); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() == -1 {
@@ -312,6 +352,14 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
             // Containment hook: into the run's cgroup before anything can fork.
             if let Some(fd) = cgroup_fd {
                 super::contain::join(fd)?;
+            }
+            if let Some(mask) = &mask {
+                // Before exec, so the program's first thread (and every thread it starts)
+                // inherits it; torch prefixes `numactl --physcpubind` for the same effect.
+                let bytes = std::mem::size_of_val(mask.as_slice());
+                if libc::syscall(libc::SYS_sched_setaffinity, 0, bytes, mask.as_ptr()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             if let Some(fd) = watchdog_fd {
                 // Registers the new process group before the program runs, so that even a
@@ -347,6 +395,17 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
         stdout: OwnedFd::from(stdout),
         stderr: OwnedFd::from(stderr),
     })
+}
+
+/// A `sched_setaffinity` mask with these CPUs set (any CPU count: the kernel takes the length).
+fn cpu_mask(cpus: &[usize]) -> Vec<libc::c_ulong> {
+    let bits = libc::c_ulong::BITS as usize;
+    let words = cpus.iter().max().map_or(1, |m| m / bits + 1);
+    let mut mask = vec![0 as libc::c_ulong; words];
+    for &c in cpus {
+        mask[c / bits] |= 1 << (c % bits);
+    }
+    mask
 }
 
 /// Reaps every exited child (workers, orphaned grandchildren re-parented to rdrun as child
@@ -624,6 +683,15 @@ mod tests {
             err.to_string(),
             "--virtual-local-rank: local_rank 2 exceeds available GPUs in CUDA_VISIBLE_DEVICES=0,1"
         );
+    }
+
+    #[test]
+    fn affinity_masks() {
+        let bits = libc::c_ulong::BITS as usize;
+        assert_eq!(cpu_mask(&[]), vec![0]);
+        assert_eq!(cpu_mask(&[0, 2]), vec![0b101]);
+        let m = cpu_mask(&[1, bits + 3]);
+        assert_eq!(m, vec![0b10, 0b1000]);
     }
 
     #[test]

@@ -1,0 +1,123 @@
+"""Hang detection and torch's FileTimer watchdog with real PyTorch programs (issue 13).
+
+- A 2-rank gloo job whose rank 1 deserts an all_reduce: rdrun detects it within the budget plus
+  two polls, captures both Python stacks (rank 0 in `all_reduce`, rank 1 in the script's
+  `desert`), names rank 1 the suspect, restarts the group, and the second attempt succeeds.
+  torchrun has no hang detection, so these run under rdrun only.
+
+Every launch has a hard timeout; budgets are small but every assertion that involves time
+allows for a loaded machine (see `SLACK`).
+"""
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SCRIPTS, get_launcher, selected_launchers
+
+BUDGET = 5.0  # --hang-timeout (steady)
+POLL = 0.5  # --hang-poll-interval
+# Scheduling allowance on top of budget + 2 polls: the test machine is shared and loaded, and a
+# poll tick or the worker's last write can be late by this much without rdrun being wrong.
+SLACK = 2.0
+
+
+def rdrun_only():
+    if "rdrun" not in selected_launchers():
+        pytest.skip("rdrun not among RDRUN_COMPAT_LAUNCHERS")
+    return get_launcher("rdrun")
+
+
+def hang_flags(budget=BUDGET, startup=300.0, poll=POLL):
+    return [
+        "--hang-timeout", str(budget), "--hang-startup-timeout", str(startup),
+        "--hang-poll-interval", str(poll),
+    ]
+
+
+def hang_env(procs, **kw):
+    """The environment without any RDRUN_HANG_* / RDRUN_PY_SPY the caller may have set."""
+    scrub = {k: None for k in (
+        "RDRUN_HANG_DETECT", "RDRUN_HANG_TIMEOUT", "RDRUN_HANG_STARTUP_TIMEOUT",
+        "RDRUN_HANG_POLL_INTERVAL", "RDRUN_PY_SPY",
+    )}
+    scrub.update(kw)
+    return procs.env(**scrub)
+
+
+def find_dir(root: Path, name: str) -> Path | None:
+    for p in sorted(root.rglob(name)):
+        if p.is_dir():
+            return p
+    return None
+
+
+def block_of(err: str) -> list[str]:
+    """The lines of rdrun's HANG block (from its first line to the action line)."""
+    lines = err.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("[rdrun] HANG ("))
+    out = []
+    for l in lines[start:]:
+        out.append(l)
+        if l.startswith("[rdrun]   stopping the worker group") or l.startswith(
+                "[rdrun]   observe mode"):
+            break
+    return out
+
+
+def test_gloo_desync_detected_captured_named_and_restarted(procs, tmp_path):
+    rd = rdrun_only()
+    out = tmp_path / "out"
+    out.mkdir()
+    logs = tmp_path / "logs"
+    r = procs.run(
+        rd.cmd(
+            "--standalone", "--nproc-per-node", "2", "--max-restarts=1", *hang_flags(),
+            "--log-dir", logs, SCRIPTS / "hang_desync.py", "--out", out,
+        ),
+        env=hang_env(procs),
+        timeout=300,
+    )
+    assert r.rc == 0, r.describe()
+    assert r.err.count("[rdrun] HANG (") == 1, r.describe()
+    block = block_of(r.err)
+    head = block[0]
+    assert head.startswith("[rdrun] HANG (steady): no activity on any of 2 ranks"), r.describe()
+    assert "(budget 5s)" in head, head
+
+    # Both stacks, in the block (top frame) and in the files.
+    rank_line = {}
+    for l in block:
+        m = re.match(r"\[rdrun\]   rank (\d) pid \d+ ", l)
+        if m:
+            rank_line[int(m.group(1))] = l
+    assert set(rank_line) == {0, 1}, "\n".join(block)
+    assert "all_reduce (" in rank_line[0], "\n".join(block)
+    assert "desert (" in rank_line[1] and "hang_desync.py" in rank_line[1], "\n".join(block)
+    assert "<- suspect" in rank_line[1] and "<- suspect" not in rank_line[0], "\n".join(block)
+    assert "not in a collective" in rank_line[1], rank_line[1]
+
+    hang_dir = find_dir(logs, "attempt_0")
+    assert hang_dir is not None, r.describe()
+    hang_dir = hang_dir / "hang"
+    stacks = {k: (hang_dir / f"rank{k}.txt").read_text() for k in (0, 1)}
+    assert "python stack: ok" in stacks[0] and "all_reduce (" in stacks[0], stacks[0]
+    assert "python stack: ok" in stacks[1] and "desert (" in stacks[1], stacks[1]
+    assert "MainThread" in stacks[0] and "MainThread" in stacks[1]
+    assert f"{hang_dir}/rank<R>.txt" in r.err, r.describe()
+
+    # Detected within the budget plus two polls of the hang's start (the later of the two
+    # ranks' "I hang now" stamps); the capture time is taken off the files' time.
+    started = max(float((out / f"hang_rank{k}.txt").read_text().split()[1]) for k in (0, 1))
+    capture = float(re.search(r"captured diagnostics in ([0-9.]+)s", head).group(1))
+    detected = (hang_dir / "rank0.txt").stat().st_mtime - capture
+    latency = detected - started
+    assert latency >= BUDGET - 0.5, f"detected {latency:.2f}s after the hang: too early"
+    assert latency <= BUDGET + 2 * POLL + SLACK, f"detected {latency:.2f}s after the hang"
+
+    # The group was restarted and the second attempt succeeded on both ranks.
+    assert "restarts left" in r.err, r.describe()
+    for k in (0, 1):
+        assert (out / f"done_rank{k}.txt").read_text() == "1\n", r.describe()
+    assert "rank 0 attempt 1 step 0 ok" in r.out and "rank 1 attempt 1 step 0 ok" in r.out

@@ -121,3 +121,75 @@ def test_gloo_desync_detected_captured_named_and_restarted(procs, tmp_path):
     for k in (0, 1):
         assert (out / f"done_rank{k}.txt").read_text() == "1\n", r.describe()
     assert "rank 0 attempt 1 step 0 ok" in r.out and "rank 1 attempt 1 step 0 ok" in r.out
+
+
+def proc_ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def test_torch_file_timer_expiry(launcher, procs, tmp_path):
+    """torch's FileTimerClient + `expires(after=2)` on rank 1: side by side.
+
+    rdrun: the expired worker (only it) is killed, rdrun survives, the failure counts as a
+    restart, attempt 1 succeeds, and the FIFO (in rdrun's private directory) is gone.
+    torchrun (the reference, documenting the difference): the worker is killed, then torchrun
+    SIGKILLs itself (exit 137) despite --max-restarts, rank 0 lives on as an orphan, and its
+    FIFO stays in the temporary directory.
+    """
+    out = tmp_path / "out"
+    out.mkdir()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = hang_env(procs, TORCHELASTIC_ENABLE_FILE_TIMER="1", TMPDIR=str(tmp))
+    env.pop("TORCHELASTIC_TIMER_FILE", None)
+    r = procs.run(
+        launcher.cmd(
+            "--standalone", "--nproc-per-node", "2", "--max-restarts=1",
+            SCRIPTS / "hang_filetimer.py", "--out", out,
+        ),
+        env=env,
+        timeout=240,
+    )
+    pid0, fifo0 = (out / "pid_rank0_attempt0.txt").read_text().split()
+    pid1, fifo1 = (out / "pid_rank1_attempt0.txt").read_text().split()
+    assert fifo0 == fifo1, "both workers got the same FIFO"
+    fifo = Path(fifo0)
+    assert not (out / "not_killed_rank1.txt").exists(), "the expired worker was not killed"
+    if launcher.is_rdrun:
+        assert r.rc == 0, r.describe()
+        line = next((l for l in r.err.splitlines() if "FileTimer expired: sending SIGKILL" in l),
+                    None)
+        assert line is not None, r.describe()
+        assert "rank=1" in line and f"pid={pid1}" in line and "hang_filetimer/slow" in line, line
+        assert "failed (exitcode: -9) local_rank: 1" in r.err, r.describe()
+        assert "restarts left" in r.err, r.describe()
+        for k in (0, 1):
+            assert (out / f"done_rank{k}.txt").read_text() == "1\n", r.describe()
+            _, f1 = (out / f"pid_rank{k}_attempt1.txt").read_text().split()
+            assert f1 == fifo0, "the FIFO is kept across restarts"
+        assert fifo.parent.name.startswith("rdrun-timer-") and fifo.parent.parent == tmp, fifo
+        assert not fifo.exists() and not fifo.parent.exists(), f"FIFO left behind: {fifo}"
+        assert [p.name for p in tmp.iterdir() if p.name.startswith("rdrun-timer-")] == []
+    else:
+        # torchrun killed itself with the worker's signal: no restart, no attempt 1.
+        assert r.rc == 137, r.describe()
+        assert not (out / "pid_rank0_attempt1.txt").exists(), r.describe()
+        orphan = int(pid0)
+        try:
+            deadline = time.monotonic() + 10
+            while proc_ppid(orphan) is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert proc_ppid(orphan) is not None, "rank 0 is gone: torchrun's behaviour changed"
+            assert fifo.exists() and fifo.parent == tmp, f"torchrun's FIFO {fifo} was removed"
+        finally:
+            # The orphan is torchrun's leftover, documented above; end it so teardown is clean.
+            import os, signal
+            try:
+                os.kill(orphan, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            fifo.unlink(missing_ok=True)

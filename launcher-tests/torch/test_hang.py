@@ -193,3 +193,59 @@ def test_torch_file_timer_expiry(launcher, procs, tmp_path):
             except ProcessLookupError:
                 pass
             fifo.unlink(missing_ok=True)
+
+
+def test_stale_dump_keys_do_not_survive_a_restart(launcher, procs, tmp_path):
+    """A rank sets torch's fatal-dump keys (`exception_dump`, `remote_error`) and fails.
+
+    rdrun: attempt 1 finds neither key. torchrun (the reference): its agent store keeps them,
+    so attempt 1's ranks find both — with legacy NCCL that is a dump and an abort ~8 minutes
+    into the healthy attempt.
+    """
+    out = tmp_path / "out"
+    out.mkdir()
+    r = procs.run(
+        launcher.cmd(
+            "--standalone", "--nproc-per-node", "2", "--max-restarts=1",
+            SCRIPTS / "hang_dumpkeys.py", "--out", out,
+        ),
+        env=hang_env(procs),
+        timeout=240,
+    )
+    assert r.rc == 0, r.describe()
+    want = "-" if launcher.is_rdrun else "exception_dump remote_error"
+    for k in (0, 1):
+        assert (out / f"seen_rank{k}_attempt1.txt").read_text().strip() == want, r.describe()
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_stale_dump_keys_deleted_on_the_static_rendezvous_store(procs, tmp_path):
+    """Two static nodes: the workers use node 0's rendezvous store itself, which keeps its keys
+    across attempts (only the attempt prefixes change); rank 1 on node 1 sets the dump keys and
+    fails; every rank of attempt 1 must find neither."""
+    rd = rdrun_only()
+    out = tmp_path / "out"
+    out.mkdir()
+    port = free_port()
+    common = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts=1",
+              "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    nodes = [
+        procs.start(
+            rd.cmd(*common, "--node-rank", str(n), SCRIPTS / "hang_dumpkeys.py", "--out", out),
+            env=hang_env(procs),
+            timeout=300,
+        )
+        for n in (0, 1)
+    ]
+    results = [n.wait() for n in nodes]
+    for res in results:
+        assert res.rc == 0, res.describe()
+    for k in (0, 1):
+        seen = (out / f"seen_rank{k}_attempt1.txt").read_text().strip()
+        assert seen == "-", f"rank {k} found stale keys {seen}:\n" + results[k].describe()

@@ -393,6 +393,7 @@ impl Agent {
                 false => self.single_node_assignment(restart_count, reason),
             };
             restart_count = asg.restart_count;
+            self.clear_torch_dump_keys();
             let outcome = self.attempt(&mut logs, &asg).await;
             let decision = restart::decide(
                 outcome.attempt_end(),
@@ -520,6 +521,23 @@ impl Agent {
         }
         if let Some(w) = &self.watchdog {
             w.disarm();
+        }
+    }
+
+    /// Once the round is joined (every agent has stopped its old workers), before spawning:
+    /// torch's fatal-dump keys out of every store rdrun hosts for workers, so a stale one from
+    /// a previous attempt cannot poison this one (the static backend's rendezvous store keeps
+    /// its keys across attempts; see `hanglink::TORCH_DUMP_KEYS`).
+    fn clear_torch_dump_keys(&self) {
+        let hosted = self.rdzv.as_ref().and_then(|r| r.server.as_ref());
+        for server in self.store.iter().chain(hosted) {
+            let gone = super::hanglink::clear_torch_dump_keys(server.store());
+            if !gone.is_empty() {
+                tracing::info!(
+                    ?gone,
+                    "deleted torch's fatal-dump store keys of the previous attempt"
+                );
+            }
         }
     }
 

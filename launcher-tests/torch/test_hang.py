@@ -249,3 +249,30 @@ def test_stale_dump_keys_deleted_on_the_static_rendezvous_store(procs, tmp_path)
     for k in (0, 1):
         seen = (out / f"seen_rank{k}_attempt1.txt").read_text().strip()
         assert seen == "-", f"rank {k} found stale keys {seen}:\n" + results[k].describe()
+
+
+def test_store_wait_names_the_missing_setter_without_py_spy(procs, tmp_path):
+    """No py-spy (an explicit path that does not exist): the capture still names, from the
+    store rdrun hosts, the key rank 0 waits on, and rank 1 — the key's missing setter — as the
+    suspect; the hang is handled (restart, attempt 1 succeeds)."""
+    rd = rdrun_only()
+    out = tmp_path / "out"
+    out.mkdir()
+    r = procs.run(
+        rd.cmd(
+            "--standalone", "--nproc-per-node", "2", "--max-restarts=1", *hang_flags(),
+            "--py-spy", tmp_path / "no-such-py-spy", SCRIPTS / "hang_storewait.py", "--out", out,
+        ),
+        env=hang_env(procs),
+        timeout=300,
+    )
+    assert r.rc == 0, r.describe()
+    block = block_of(r.err)
+    text = "\n".join(block)
+    assert re.search(r'rank 0 waits on store key "/ready/1" for \d+s', text), text
+    assert "(stack unavailable)" in text, text
+    suspect = [l for l in block if "<- suspect" in l]
+    assert len(suspect) == 1 and "rank 1 pid" in suspect[0], text
+    assert 'never set store key "/ready/1" that rank 0 waits on' in suspect[0], text
+    for k in (0, 1):
+        assert (out / f"done_rank{k}.txt").read_text() == "1\n", r.describe()

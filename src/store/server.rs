@@ -536,6 +536,8 @@ impl Connection {
         if let Err(e) = stream.set_nodelay(true) {
             debug!(peer = %self.peer, error = %e, "set TCP_NODELAY failed");
         }
+        // Who waits on what, for hang capture (issue 13); forgotten at disconnect.
+        self.shared.store.note_peer(self.id, self.peer);
         let close = self.serve(&mut stream).await;
         self.shared.store.disconnect(self.id);
         match close {

@@ -929,8 +929,13 @@ impl Agent {
                         .map(|s| s.activity.last.snapshot())
                         .unwrap_or_default()
                 };
+                let store = self
+                    .store
+                    .as_ref()
+                    .or_else(|| self.rdzv.as_ref().and_then(|r| r.server.as_ref()))
+                    .map(|s| &**s.store());
                 if let Some(link) = hang.as_mut() {
-                    if let Some(found) = link.poll(&live, last).await {
+                    if let Some(found) = link.poll(&live, last, store).await {
                         if found.kill {
                             tracing::error!(
                                 "the worker group hangs ({}); stopping it",

@@ -16,10 +16,12 @@ use std::time::Instant;
 
 use tokio::time::{Interval, MissedTickBehavior};
 
+use super::hang::capture::{store_waits_of, tcp_sockets_of};
 use super::hang::{
     capture, CaptureOptions, CaptureTarget, HangMode, HangMonitor, HangSettings, RankProcs,
     TimerFifo, TimerMsg, TimerTable, Verdict,
 };
+use crate::store::state::Store;
 
 /// What the agent does with a verdict.
 #[derive(Debug, Clone)]
@@ -94,14 +96,16 @@ impl HangLink {
 
     /// Samples the live ranks; on a verdict captures them, writes the files, prints the block
     /// and says what to do.
-    /// `last_output(rank)`: that rank's last output lines, oldest first.
+    /// `last_output(rank)`: that rank's last output lines, oldest first. `store`: the store
+    /// rdrun hosts for these workers, if any (its pending waits are mapped to ranks).
     pub async fn poll(
         &mut self,
         live: &[RankProcs],
         last_output: impl Fn(u32) -> Vec<String>,
+        store: Option<&Store>,
     ) -> Option<HangFinding> {
         let verdict = self.monitor.sample(Instant::now(), live)?;
-        Some(self.act(verdict, live, last_output).await)
+        Some(self.act(verdict, live, last_output, store).await)
     }
 
     async fn act(
@@ -109,7 +113,18 @@ impl HangLink {
         verdict: Verdict,
         live: &[RankProcs],
         last_output: impl Fn(u32) -> Vec<String>,
+        store: Option<&Store>,
     ) -> HangFinding {
+        let waits = store.map(Store::pending_waits_by_peer).unwrap_or_default();
+        let mut store_waits = if waits.is_empty() {
+            Default::default()
+        } else {
+            let sockets: Vec<_> = live
+                .iter()
+                .map(|r| (r.rank, tcp_sockets_of(Path::new("/proc"), r.pid)))
+                .collect();
+            store_waits_of(&waits, &sockets, Instant::now())
+        };
         let targets: Vec<CaptureTarget> = live
             .iter()
             .filter(|r| verdict.ranks.iter().any(|v| v.rank == r.rank && v.alive))
@@ -117,6 +132,7 @@ impl HangLink {
                 rank: r.rank,
                 pid: r.pid,
                 last_output: last_output(r.rank),
+                store_waits: store_waits.remove(&r.rank).unwrap_or_default(),
             })
             .collect();
         let mut report = capture(

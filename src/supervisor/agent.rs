@@ -998,7 +998,7 @@ impl Agent {
             }
             TimerWake::Msg(Ok(msg)) => {
                 if let (Some(h), Some(s)) = (hang, slot_of(msg.pid())) {
-                    h.heartbeat(s.rank as u32, s.pid);
+                    h.timer_msg(s.rank as u32, s.pid, &msg);
                 }
                 timers.apply(msg);
             }
@@ -1014,6 +1014,13 @@ impl Agent {
                         continue;
                     };
                     let Some(sig) = e.signal else {
+                        // A missed heartbeat is the hang detector's to judge (and report).
+                        if scopes
+                            .iter()
+                            .all(|s| super::hanglink::is_heartbeat_scope(s))
+                        {
+                            continue;
+                        }
                         tracing::warn!(
                             pid = e.pid,
                             rank = s.rank,

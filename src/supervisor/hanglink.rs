@@ -87,11 +87,29 @@ impl HangLink {
             .rank_exited(rank, code, Instant::now());
     }
 
-    /// A FileTimer message from `rank`'s tree: activity and progress.
-    pub fn heartbeat(&mut self, rank: u32, pid: i32) {
-        self.monitor
-            .detector()
-            .heartbeat(rank, pid, Instant::now(), None);
+    /// A FileTimer message from `rank`'s tree: activity and progress. An acquire with an
+    /// `rdrun/` scope and signal 0 is a heartbeat (spec §5.8): its expiration is the budget
+    /// until the next beat; its release ends that contract.
+    pub fn timer_msg(&mut self, rank: u32, pid: i32, msg: &TimerMsg) {
+        let now = Instant::now();
+        let d = self.monitor.detector();
+        match msg {
+            TimerMsg::Acquire {
+                scope_id,
+                expiration_time,
+                signal: 0,
+                ..
+            } if is_heartbeat_scope(scope_id) => {
+                let left = expiration_time - epoch_now();
+                let budget = std::time::Duration::from_secs_f64(left.clamp(0.0, 1e9));
+                d.heartbeat(rank, pid, now, Some(budget));
+            }
+            TimerMsg::Release { scope_id, .. } if is_heartbeat_scope(scope_id) => {
+                d.heartbeat(rank, pid, now, None);
+                d.end_heartbeat(rank);
+            }
+            _ => d.heartbeat(rank, pid, now, None),
+        }
     }
 
     /// Samples the live ranks; on a verdict captures them, writes the files, prints the block
@@ -356,6 +374,17 @@ pub(crate) fn clear_torch_dump_keys(store: &crate::store::state::Store) -> Vec<&
         .into_iter()
         .filter(|k| store.delete(k.as_bytes()))
         .collect()
+}
+
+/// Whether a FileTimer scope is rdrun's (heartbeat policy, never a kill when its signal is 0).
+pub(crate) fn is_heartbeat_scope(scope: &str) -> bool {
+    scope.starts_with("rdrun/")
+}
+
+fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Where an attempt's hang files go (module doc).

@@ -473,3 +473,36 @@ fn train_beats_on_the_timer_fifo() {
         assert!(exp > now + 60.0, "budget from RDRUN_HEARTBEAT_TIMEOUT: {b}");
     }
 }
+
+#[test]
+fn io_only_worker_is_not_a_hang() {
+    // CPU never counts here (threshold far above any real use) and there is no output: the
+    // shell's own writes (printf is a builtin: the worker process itself does the I/O,
+    // 128 KiB every 0.1 s) are the only activity, for 8 s (4 budgets).
+    let script = r#"exec 3>"$D/io.$LOCAL_RANK"
+end=$(( $(date +%s) + 8 ))
+while [ "$(date +%s)" -lt "$end" ]; do printf '%131072s' '' >&3; sleep 0.1; done"#;
+    let dir = TempDir::new("hang_io_only");
+    let out = launch(2)
+        .args(["--hang-cpu-idle", "100000"])
+        .env("D", dir.path())
+        .args(["sh", "-c", script])
+        .run();
+    out.assert_code(0);
+    assert!(!out.stderr.contains("HANG"), "{out:?}");
+    // The control: the same worker with I/O not counting either is a hang (so the run above
+    // passed because of its I/O, not because nothing was judged).
+    let out = launch(2)
+        .args([
+            "--hang-cpu-idle",
+            "100000",
+            "--hang-io-idle",
+            "1000000000000",
+        ])
+        .args(["--hang-detect", "observe"])
+        .env("D", dir.path())
+        .args(["sh", "-c", script])
+        .run();
+    out.assert_code(0);
+    assert_eq!(out.stderr.matches("[rdrun] HANG (").count(), 1, "{out:?}");
+}

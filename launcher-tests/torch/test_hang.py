@@ -276,3 +276,28 @@ def test_store_wait_names_the_missing_setter_without_py_spy(procs, tmp_path):
     assert 'never set store key "/ready/1" that rank 0 waits on' in suspect[0], text
     for k in (0, 1):
         assert (out / f"done_rank{k}.txt").read_text() == "1\n", r.describe()
+
+
+def test_tty_run_observes_only(procs, tmp_path):
+    """rdrun's stdin is a terminal (a debugging session): kill mode is downgraded to observe —
+    the hang is reported once, the workers are left running and finish."""
+    import os
+    import pty
+    rd = rdrun_only()
+    master, slave = pty.openpty()
+    try:
+        r = procs.run(
+            rd.cmd("--standalone", "--nproc-per-node", "2", *hang_flags(budget=2, startup=2),
+                   "--no-python", "sh", "-c", "sleep 7; echo done $RANK"),
+            env=hang_env(procs, RDRUN_HANG_DETECT="kill"),
+            stdin=slave,
+            timeout=120,
+        )
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert r.rc == 0, r.describe()
+    assert r.err.count("[rdrun] HANG (") == 1, r.describe()
+    assert "observe mode: workers left running" in r.err, r.describe()
+    assert "stopping the worker group" not in r.err, r.describe()
+    assert "done 0" in r.out and "done 1" in r.out, r.describe()

@@ -14,10 +14,15 @@ use crate::util::{Rdrun, TempDir};
 
 /// Small budgets: 2 s quiet (startup and steady), polled every 0.25 s.
 fn launch(nproc: usize) -> Rdrun {
+    launch_budget(nproc, "2")
+}
+
+/// As [`launch`] with another quiet budget (seconds, startup and steady).
+fn launch_budget(nproc: usize, budget: &str) -> Rdrun {
     Rdrun::new()
         .arg("--standalone")
         .arg(format!("--nproc_per_node={nproc}"))
-        .args(["--hang-timeout", "2", "--hang-startup-timeout", "2"])
+        .args(["--hang-timeout", budget, "--hang-startup-timeout", budget])
         .args(["--hang-poll-interval", "0.25"])
         .env_remove("RDRUN_HANG_DETECT")
         .env_remove("RDRUN_HANG_TIMEOUT")
@@ -339,4 +344,165 @@ echo "resumed $LOCAL_RANK""#;
         out.stdout.contains("resumed 0") && out.stdout.contains("resumed 1"),
         "{out:?}"
     );
+}
+
+/// One heartbeat line as rdrun's runtime watchdog (or torch's `FileTimerClient(path, signal=0)`
+/// with scope `rdrun/heartbeat`) writes it, budget `$1` seconds, sent by the shell itself.
+const BEAT_FN: &str = r#"beat() {
+  printf '{"version": 1, "pid": %d, "scope_id": "rdrun/heartbeat", "expiration_time": %d, "signal": 0, "rank": %d, "step": %d}\n' \
+    $$ $(( $(date +%s) + $1 )) "$RANK" "$2" > "$TORCHELASTIC_TIMER_FILE"
+}
+"#;
+
+#[test]
+fn missed_heartbeat_names_the_rank_even_while_it_is_busy() {
+    // Attempt 0: rank 1 beats once (budget 2 s) and then spins on the CPU without beating:
+    // the quiet rule (budget 60 s) cannot fire, only the heartbeat rule. Signal 0: the
+    // FileTimer itself must never kill it. Attempt 1: both exit 0.
+    let script = format!(
+        r#"{BEAT_FN}
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+  if [ "$RANK" = 1 ]; then beat 2 5; while :; do :; done; fi
+  exec sleep 300
+fi
+echo "ok rank $RANK attempt $TORCHELASTIC_RESTART_COUNT""#
+    );
+    let out = launch_budget(2, "60")
+        .arg("--max-restarts=1")
+        .env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
+        .env_remove("TORCHELASTIC_TIMER_FILE")
+        .args(["sh", "-c", &script])
+        .run();
+    out.assert_code(0);
+    assert_eq!(out.stderr.matches("[rdrun] HANG (").count(), 1, "{out:?}");
+    assert!(
+        out.stderr.contains("rank 1 sent no heartbeat for"),
+        "{out:?}"
+    );
+    let suspect = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("<- suspect"))
+        .unwrap_or_else(|| panic!("no suspect: {out:?}"));
+    assert!(
+        suspect.contains("rank 1 pid") && suspect.contains("heartbeat past its budget"),
+        "{suspect}"
+    );
+    assert!(!out.stderr.contains("FileTimer expired"), "{out:?}");
+    assert!(out.stderr.contains("restarts left"), "{out:?}");
+    for r in 0..2 {
+        assert!(
+            out.stdout.contains(&format!("ok rank {r} attempt 1")),
+            "{out:?}"
+        );
+    }
+}
+
+#[test]
+fn regular_heartbeats_keep_a_silent_job_alive() {
+    // No output, no CPU, no I/O for 8 s (4 quiet budgets), but a heartbeat (budget 3 s)
+    // every 0.5 s: heartbeats are activity and renewals keep their budget.
+    let script = format!(
+        r#"{BEAT_FN}
+i=0; while [ $i -lt 16 ]; do beat 3 $i; sleep 0.5; i=$((i+1)); done"#
+    );
+    let out = launch(2)
+        .env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
+        .env_remove("TORCHELASTIC_TIMER_FILE")
+        .args(["sh", "-c", &script])
+        .run();
+    out.assert_code(0);
+    assert!(!out.stderr.contains("HANG"), "{out:?}");
+    assert!(!out.stderr.contains("FileTimer"), "{out:?}");
+}
+
+/// The `train` binary beats once per step through `runtime::Watchdog`: a user-set
+/// `TORCHELASTIC_TIMER_FILE` without `TORCHELASTIC_ENABLE_FILE_TIMER=1` passes through unserved
+/// (as torchrun), so the test serves the FIFO itself and reads the beats.
+#[cfg(feature = "train")]
+#[test]
+fn train_beats_on_the_timer_fifo() {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = TempDir::new("hang_train_beats");
+    let fifo = dir.join("timer");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: plain mkfifo(3) on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut reader = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    let out = Rdrun::new()
+        .arg("--standalone")
+        .arg("--nproc_per_node=1")
+        .env_remove("TORCHELASTIC_ENABLE_FILE_TIMER")
+        .env("TORCHELASTIC_TIMER_FILE", &fifo)
+        .env("RDRUN_HEARTBEAT_TIMEOUT", "120")
+        .timeout(Duration::from_secs(180))
+        .arg(env!("CARGO_BIN_EXE_train"))
+        .args(["--epochs", "2", "--samples", "256"])
+        .run();
+    out.assert_code(0);
+    let mut buf = vec![0u8; 1 << 16];
+    let n = reader.read(&mut buf).unwrap_or(0);
+    let text = String::from_utf8_lossy(&buf[..n]);
+    let beats: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert!(!beats.is_empty(), "no heartbeat: {out:?}");
+    let mut last = 0;
+    for b in &beats {
+        assert_eq!(b["scope_id"], "rdrun/heartbeat", "{b}");
+        assert_eq!(
+            (b["signal"].as_i64(), b["rank"].as_i64()),
+            (Some(0), Some(0)),
+            "{b}"
+        );
+        let step = b["step"].as_u64().unwrap();
+        assert!(step > last, "steps must grow: {text}");
+        last = step;
+        let exp = b["expiration_time"].as_f64().unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(exp > now + 60.0, "budget from RDRUN_HEARTBEAT_TIMEOUT: {b}");
+    }
+}
+
+#[test]
+fn io_only_worker_is_not_a_hang() {
+    // CPU never counts here (threshold far above any real use) and there is no output: the
+    // shell's own writes (printf is a builtin: the worker process itself does the I/O,
+    // 128 KiB every 0.1 s) are the only activity, for 8 s (4 budgets).
+    let script = r#"exec 3>"$D/io.$LOCAL_RANK"
+end=$(( $(date +%s) + 8 ))
+while [ "$(date +%s)" -lt "$end" ]; do printf '%131072s' '' >&3; sleep 0.1; done"#;
+    let dir = TempDir::new("hang_io_only");
+    let out = launch(2)
+        .args(["--hang-cpu-idle", "100000"])
+        .env("D", dir.path())
+        .args(["sh", "-c", script])
+        .run();
+    out.assert_code(0);
+    assert!(!out.stderr.contains("HANG"), "{out:?}");
+    // The control: the same worker with I/O not counting either is a hang (so the run above
+    // passed because of its I/O, not because nothing was judged).
+    let out = launch(2)
+        .args([
+            "--hang-cpu-idle",
+            "100000",
+            "--hang-io-idle",
+            "1000000000000",
+        ])
+        .args(["--hang-detect", "observe"])
+        .env("D", dir.path())
+        .args(["sh", "-c", script])
+        .run();
+    out.assert_code(0);
+    assert_eq!(out.stderr.matches("[rdrun] HANG (").count(), 1, "{out:?}");
 }

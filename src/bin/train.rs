@@ -280,6 +280,10 @@ fn run(args: Args) -> Result<(), String> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let steps = args.samples / args.batch_size;
+    // Heartbeats on the launcher's FileTimer FIFO, once per step (rate-limited to one write a
+    // second); a no-op unless TORCHELASTIC_TIMER_FILE is set.
+    let watchdog = rdrun::runtime::Watchdog::from_env();
+    let mut global_step = u64::from(start_epoch) * steps as u64;
     let mut loss = initial;
     for epoch in start_epoch..args.epochs {
         if args.fail_at_epoch == Some(epoch + 1) && args.fail_rank == rank && restart == 0 {
@@ -302,6 +306,10 @@ fn run(args: Args) -> Result<(), String> {
             let mut grads = l.backward().map_err(|e| e.to_string())?;
             ddp.sync_grads(&mut grads).map_err(|e| e.to_string())?;
             opt.step(&grads).map_err(|e| e.to_string())?;
+            global_step += 1;
+            if let Some(w) = &watchdog {
+                w.beat(Some(global_step));
+            }
         }
         loss = full_loss(&model)?;
         if rank == 0 {

@@ -15,6 +15,7 @@ pub(crate) mod hier;
 pub mod nccl;
 pub mod shm;
 pub(crate) mod tcp;
+pub mod watchdog;
 
 pub use bootstrap::{BackendChoice, GroupOptions, DEFAULT_TIMEOUT};
 pub use elem::{DType, Element, ReduceOp};
@@ -22,6 +23,7 @@ pub use error::{Result, RuntimeError};
 pub use group::ProcessGroup;
 pub use groupstore::{FileStore, GroupStore, MemStore, StoreFailure};
 pub use shm::cleanup_run_shm;
+pub use watchdog::Watchdog;
 
 pub use ddp::{assign_buckets, Reducer, ReducerEvent, ReducerOptions};
 

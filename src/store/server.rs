@@ -537,6 +537,8 @@ impl Connection {
         if let Err(e) = stream.set_nodelay(true) {
             debug!(peer = %self.peer, error = %e, "set TCP_NODELAY failed");
         }
+        // Who waits on what, for hang capture (issue 13); forgotten at disconnect.
+        self.shared.store.note_peer(self.id, self.peer);
         let close = self.serve(&mut stream).await;
         let unanswered = self.shared.store.pending_waits(self.id)
             + self.shared.store.take_ready(self.id) as usize;

@@ -23,6 +23,14 @@ use super::protocol::parse_stoll;
 /// Identifies one server connection in the waiter table.
 pub type ConnId = u64;
 
+/// One pending WAIT/BARRIER for hang capture: the peer address of its connection (if known),
+/// the keys it still misses, when it was registered.
+pub type PendingWait = (
+    Option<std::net::SocketAddr>,
+    Vec<Vec<u8>>,
+    std::time::Instant,
+);
+
 /// Whether a WAIT or BARRIER finished at once or was registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitOutcome {
@@ -48,6 +56,8 @@ struct Inner {
     waiters: HashMap<Vec<u8>, VecDeque<WaitRef>>,
     conns: HashMap<ConnId, ConnWaits>,
     next_wait: u64,
+    /// Each open connection's peer address (read-only for hang capture: who waits on what).
+    peers: HashMap<ConnId, std::net::SocketAddr>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -66,6 +76,7 @@ struct ConnWaits {
 struct Pending {
     remaining: usize,
     keys: Vec<Vec<u8>>,
+    since: std::time::Instant,
 }
 
 /// The shared store. Cheap to share behind an `Arc`.
@@ -260,7 +271,40 @@ impl Store {
 
     /// Forgets every registration of a closed connection.
     pub fn disconnect(&self, conn: ConnId) {
-        self.lock().drop_conn(conn);
+        let mut g = self.lock();
+        g.drop_conn(conn);
+        g.peers.remove(&conn);
+    }
+
+    /// Records an accepted connection's peer address (forgotten at [`Store::disconnect`]).
+    pub fn note_peer(&self, conn: ConnId, peer: std::net::SocketAddr) {
+        self.lock().peers.insert(conn, peer);
+    }
+
+    /// Read-only, for hang capture (issue 13): every pending WAIT/BARRIER as (peer address,
+    /// keys it still misses, registered at), oldest first.
+    pub fn pending_waits_by_peer(
+        &self,
+    ) -> Vec<(
+        Option<std::net::SocketAddr>,
+        Vec<Vec<u8>>,
+        std::time::Instant,
+    )> {
+        let g = self.lock();
+        let mut out: Vec<_> = g
+            .conns
+            .iter()
+            .flat_map(|(c, w)| {
+                let peer = g.peers.get(c).copied();
+                let g = &g;
+                w.pending.values().map(move |p| {
+                    let keys = p.keys.iter().filter(|k| !g.present(k)).cloned().collect();
+                    (peer, keys, p.since)
+                })
+            })
+            .collect();
+        out.sort_by_key(|w| w.2);
+        out
     }
 
     /// Drops every key and queue. Pending WAIT/BARRIER registrations stay: they wait for keys that
@@ -322,6 +366,7 @@ impl Inner {
             Pending {
                 remaining: missing.len(),
                 keys: missing,
+                since: std::time::Instant::now(),
             },
         );
     }
@@ -398,6 +443,25 @@ mod tests {
 
     fn k(s: &str) -> Vec<u8> {
         s.as_bytes().to_vec()
+    }
+
+    #[test]
+    fn pending_waits_name_the_peer_and_the_missing_keys() {
+        let s = Store::new();
+        let peer: std::net::SocketAddr = "127.0.0.1:4242".parse().unwrap();
+        s.note_peer(1, peer);
+        s.set(k("a"), k("1"));
+        assert_eq!(
+            s.wait(1, &n(), &[k("a"), k("b"), k("c")]),
+            WaitOutcome::Pending
+        );
+        s.set(k("c"), k("1"));
+        let w = s.pending_waits_by_peer();
+        assert_eq!(w.len(), 1);
+        assert_eq!((w[0].0, w[0].1.clone()), (Some(peer), vec![k("b")]));
+        s.disconnect(1);
+        assert!(s.pending_waits_by_peer().is_empty());
+        assert!(s.lock().peers.is_empty());
     }
 
     #[test]

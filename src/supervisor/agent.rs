@@ -427,6 +427,7 @@ impl Agent {
                 false => self.single_node_assignment(restart_count, reason),
             };
             restart_count = asg.restart_count;
+            self.clear_torch_dump_keys();
             let outcome = self.attempt(&mut logs, &asg).await;
             let outcome = self.attribute_failure(outcome).await;
             let decision = match restart::decide(
@@ -566,6 +567,23 @@ impl Agent {
         }
         if let Some(w) = &self.watchdog {
             w.disarm();
+        }
+    }
+
+    /// Once the round is joined (every agent has stopped its old workers), before spawning:
+    /// torch's fatal-dump keys out of every store rdrun hosts for workers, so a stale one from
+    /// a previous attempt cannot poison this one (the static backend's rendezvous store keeps
+    /// its keys across attempts; see `hanglink::TORCH_DUMP_KEYS`).
+    fn clear_torch_dump_keys(&self) {
+        let hosted = self.rdzv.as_ref().and_then(|r| r.server.as_ref());
+        for server in self.store.iter().chain(hosted) {
+            let gone = super::hanglink::clear_torch_dump_keys(server.store());
+            if !gone.is_empty() {
+                tracing::info!(
+                    ?gone,
+                    "deleted torch's fatal-dump store keys of the previous attempt"
+                );
+            }
         }
     }
 
@@ -1039,8 +1057,13 @@ impl Agent {
                         .map(|s| s.activity.last.snapshot())
                         .unwrap_or_default()
                 };
+                let store = self
+                    .store
+                    .as_ref()
+                    .or_else(|| self.rdzv.as_ref().and_then(|r| r.server.as_ref()))
+                    .map(|s| &**s.store());
                 if let Some(link) = hang.as_mut() {
-                    if let Some(found) = link.poll(&live, last).await {
+                    if let Some(found) = link.poll(&live, last, store).await {
                         self.obs.get().hang(&found);
                         if found.kill {
                             tracing::error!(
@@ -1105,7 +1128,7 @@ impl Agent {
             }
             TimerWake::Msg(Ok(msg)) => {
                 if let (Some(h), Some(s)) = (hang, slot_of(msg.pid())) {
-                    h.heartbeat(s.rank as u32, s.pid);
+                    h.timer_msg(s.rank as u32, s.pid, &msg);
                 }
                 timers.apply(msg);
             }
@@ -1121,6 +1144,13 @@ impl Agent {
                         continue;
                     };
                     let Some(sig) = e.signal else {
+                        // A missed heartbeat is the hang detector's to judge (and report).
+                        if scopes
+                            .iter()
+                            .all(|s| super::hanglink::is_heartbeat_scope(s))
+                        {
+                            continue;
+                        }
                         tracing::warn!(
                             pid = e.pid,
                             rank = s.rank,

@@ -16,10 +16,12 @@ use std::time::Instant;
 
 use tokio::time::{Interval, MissedTickBehavior};
 
+use super::hang::capture::{store_waits_of, tcp_sockets_of};
 use super::hang::{
     capture, CaptureOptions, CaptureTarget, HangMode, HangMonitor, HangSettings, RankProcs,
     TimerFifo, TimerMsg, TimerTable, Verdict,
 };
+use crate::store::state::Store;
 
 /// What the agent does with a verdict.
 #[derive(Debug, Clone)]
@@ -85,23 +87,43 @@ impl HangLink {
             .rank_exited(rank, code, Instant::now());
     }
 
-    /// A FileTimer message from `rank`'s tree: activity and progress.
-    pub fn heartbeat(&mut self, rank: u32, pid: i32) {
-        self.monitor
-            .detector()
-            .heartbeat(rank, pid, Instant::now(), None);
+    /// A FileTimer message from `rank`'s tree: activity and progress. An acquire with an
+    /// `rdrun/` scope and signal 0 is a heartbeat (spec §5.8): its expiration is the budget
+    /// until the next beat; its release ends that contract.
+    pub fn timer_msg(&mut self, rank: u32, pid: i32, msg: &TimerMsg) {
+        let now = Instant::now();
+        let d = self.monitor.detector();
+        match msg {
+            TimerMsg::Acquire {
+                scope_id,
+                expiration_time,
+                signal: 0,
+                ..
+            } if is_heartbeat_scope(scope_id) => {
+                let left = expiration_time - epoch_now();
+                let budget = std::time::Duration::from_secs_f64(left.clamp(0.0, 1e9));
+                d.heartbeat(rank, pid, now, Some(budget));
+            }
+            TimerMsg::Release { scope_id, .. } if is_heartbeat_scope(scope_id) => {
+                d.heartbeat(rank, pid, now, None);
+                d.end_heartbeat(rank);
+            }
+            _ => d.heartbeat(rank, pid, now, None),
+        }
     }
 
     /// Samples the live ranks; on a verdict captures them, writes the files, prints the block
     /// and says what to do.
-    /// `last_output(rank)`: that rank's last output lines, oldest first.
+    /// `last_output(rank)`: that rank's last output lines, oldest first. `store`: the store
+    /// rdrun hosts for these workers, if any (its pending waits are mapped to ranks).
     pub async fn poll(
         &mut self,
         live: &[RankProcs],
         last_output: impl Fn(u32) -> Vec<String>,
+        store: Option<&Store>,
     ) -> Option<HangFinding> {
         let verdict = self.monitor.sample(Instant::now(), live)?;
-        Some(self.act(verdict, live, last_output).await)
+        Some(self.act(verdict, live, last_output, store).await)
     }
 
     async fn act(
@@ -109,7 +131,18 @@ impl HangLink {
         verdict: Verdict,
         live: &[RankProcs],
         last_output: impl Fn(u32) -> Vec<String>,
+        store: Option<&Store>,
     ) -> HangFinding {
+        let waits = store.map(Store::pending_waits_by_peer).unwrap_or_default();
+        let mut store_waits = if waits.is_empty() {
+            Default::default()
+        } else {
+            let sockets: Vec<_> = live
+                .iter()
+                .map(|r| (r.rank, tcp_sockets_of(Path::new("/proc"), r.pid)))
+                .collect();
+            store_waits_of(&waits, &sockets, Instant::now())
+        };
         let targets: Vec<CaptureTarget> = live
             .iter()
             .filter(|r| verdict.ranks.iter().any(|v| v.rank == r.rank && v.alive))
@@ -117,6 +150,7 @@ impl HangLink {
                 rank: r.rank,
                 pid: r.pid,
                 last_output: last_output(r.rank),
+                store_waits: store_waits.remove(&r.rank).unwrap_or_default(),
             })
             .collect();
         let mut report = capture(
@@ -321,6 +355,38 @@ pub(crate) fn owning_worker(pid: i32, workers: &[i32]) -> Option<i32> {
     None
 }
 
+/// The store keys torch's ProcessGroupNCCL uses to broadcast a fatal dump to every rank
+/// (`kStoreDumpKey`, `kStoreErrorSignalKey`; spec hang-detection §2). They sit at the store root,
+/// outside every attempt prefix (torch strips all prefixes first), so a store that outlives an
+/// attempt would hand a stale one to the next attempt's ranks: a dump and an abort ~8 minutes
+/// into a healthy job. On the wire torch's TCPStore client puts `/` before every key, so the
+/// server holds `/exception_dump`; the bare form is what another client may write.
+pub(crate) const TORCH_DUMP_KEYS: [&str; 4] = [
+    "/exception_dump",
+    "/remote_error",
+    "exception_dump",
+    "remote_error",
+];
+
+/// Deletes [`TORCH_DUMP_KEYS`] from a store rdrun hosts; returns those that were there.
+pub(crate) fn clear_torch_dump_keys(store: &crate::store::state::Store) -> Vec<&'static str> {
+    TORCH_DUMP_KEYS
+        .into_iter()
+        .filter(|k| store.delete(k.as_bytes()))
+        .collect()
+}
+
+/// Whether a FileTimer scope is rdrun's (heartbeat policy, never a kill when its signal is 0).
+pub(crate) fn is_heartbeat_scope(scope: &str) -> bool {
+    scope.starts_with("rdrun/")
+}
+
+fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Where an attempt's hang files go (module doc).
 pub(crate) fn hang_dir(
     log_dir: Option<&Path>,
@@ -351,6 +417,26 @@ pub(crate) fn hang_dir(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn torch_dump_keys_are_deleted_and_nothing_else() {
+        let store = crate::store::state::Store::new();
+        // As torch's TCPStore client writes them (a `/` before the key), and bare.
+        store.set(b"/exception_dump".to_vec(), 1i32.to_le_bytes().to_vec());
+        store.set(b"/remote_error".to_vec(), b"rank 1".to_vec());
+        store.set(b"exception_dump".to_vec(), b"x".to_vec());
+        store.set(b"/worker/attempt_0/exception_dump".to_vec(), b"x".to_vec());
+        assert_eq!(
+            clear_torch_dump_keys(&store),
+            ["/exception_dump", "/remote_error", "exception_dump"]
+        );
+        assert!(store.get(b"/exception_dump").is_none() && store.get(b"/remote_error").is_none());
+        assert!(store.get(b"/worker/attempt_0/exception_dump").is_some());
+        assert!(
+            clear_torch_dump_keys(&store).is_empty(),
+            "second time: nothing left"
+        );
+    }
 
     #[test]
     fn files_go_under_the_log_dir_else_a_named_temp_dir() {

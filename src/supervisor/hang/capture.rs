@@ -1,6 +1,8 @@
 //! Capture after a verdict: per rank, in parallel and bounded in wall time, the Python stack
 //! (`py-spy dump --nonblocking`), each thread's kernel wait (`wchan`, `syscall`) and the last
-//! output lines; then the suspect, the one stderr block, and `rank<R>.txt` files.
+//! output lines, and the store keys the rank waits on (rdrun hosts the store: [`store_waits_of`]
+//! maps the store's pending waits to ranks through the workers' sockets); then the suspect, the
+//! one stderr block, and `rank<R>.txt` files.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
@@ -21,6 +23,15 @@ pub struct CaptureTarget {
     pub pid: i32,
     /// The rank's last output lines, oldest first (from the output pump's tail).
     pub last_output: Vec<String>,
+    /// Store keys the rank waits on (WAIT, or torch's blocking get), oldest first.
+    pub store_waits: Vec<StoreWait>,
+}
+
+/// One pending store wait of a rank: a key it waits for and for how long.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreWait {
+    pub key: String,
+    pub age: Duration,
 }
 
 /// How to capture.
@@ -101,6 +112,7 @@ pub struct RankCapture {
     /// Main thread's frames, innermost first ("func (file:line)").
     pub main_frames: Vec<String>,
     pub last_output: Vec<String>,
+    pub store_waits: Vec<StoreWait>,
 }
 
 impl RankCapture {
@@ -323,6 +335,7 @@ async fn capture_rank(t: CaptureTarget, opts: CaptureOptions) -> RankCapture {
         stack,
         main_frames,
         last_output: t.last_output,
+        store_waits: t.store_waits,
     }
 }
 
@@ -358,6 +371,7 @@ pub async fn capture(
                 stack: String::new(),
                 main_frames: Vec::new(),
                 last_output: t.last_output.clone(),
+                store_waits: t.store_waits.clone(),
             });
         }
     }
@@ -424,6 +438,11 @@ pub fn pick_suspects(ranks: &[RankCapture]) -> (Vec<u32>, String) {
         if !not_waiting.is_empty() && not_waiting.len() < stacked.len() {
             return (not_waiting, "not in a collective".to_string());
         }
+    }
+    if let Some(found) = missing_setters(ranks) {
+        return found;
+    }
+    if stacked.len() >= 2 {
         if let Some(odd) = odd_one_out(
             stacked
                 .iter()
@@ -437,6 +456,144 @@ pub fn pick_suspects(ranks: &[RankCapture]) -> (Vec<u32>, String) {
         return (odd, "kernel wait differs from the other ranks".to_string());
     }
     (Vec::new(), String::new())
+}
+
+/// The rank a waited-on key names as its setter: the key's last number (`/ready/1`,
+/// `rank_3`, `store_based_barrier_key:2` → 1, 3, 2), when it is one of `ranks`.
+pub fn expected_setter(key: &str, ranks: &[u32]) -> Option<u32> {
+    let digits: String = key
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let before = key[..key.len() - digits.len()].chars().last();
+    if digits.is_empty() || !matches!(before, Some('/' | '_' | ':' | '-' | '.')) {
+        return None;
+    }
+    let n: u32 = digits.parse().ok()?;
+    ranks.contains(&n).then_some(n)
+}
+
+/// The store rule: ranks that should have set a key others wait on (named by
+/// [`expected_setter`]) and are not themselves waiting on it.
+fn missing_setters(ranks: &[RankCapture]) -> Option<(Vec<u32>, String)> {
+    let ids: Vec<u32> = ranks.iter().map(|r| r.rank).collect();
+    let mut found: Vec<u32> = Vec::new();
+    let mut why = String::new();
+    for r in ranks {
+        for w in &r.store_waits {
+            let Some(setter) = expected_setter(&w.key, &ids) else {
+                continue;
+            };
+            let setter_waits_too = ranks
+                .iter()
+                .any(|o| o.rank == setter && o.store_waits.iter().any(|x| x.key == w.key));
+            if setter == r.rank || setter_waits_too || found.contains(&setter) {
+                continue;
+            }
+            if why.is_empty() {
+                why = format!(
+                    "never set store key {:?} that rank {} waits on",
+                    w.key, r.rank
+                );
+            }
+            found.push(setter);
+        }
+    }
+    found.sort_unstable();
+    (!found.is_empty()).then_some((found, why))
+}
+
+/// Local socket addresses of `pid`'s TCP sockets (its `fd/` links, looked up in its network
+/// namespace's `net/tcp` and `net/tcp6`). IPv4-mapped IPv6 addresses come back as IPv4.
+pub fn tcp_sockets_of(proc_root: &Path, pid: i32) -> Vec<std::net::SocketAddr> {
+    let base = proc_root.join(pid.to_string());
+    let inodes: std::collections::HashSet<u64> = fs::read_dir(base.join("fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    let l = fs::read_link(e.path()).ok()?;
+                    let l = l.to_str()?;
+                    l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if inodes.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for table in ["net/tcp", "net/tcp6"] {
+        let Ok(text) = fs::read_to_string(base.join(table)) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(inode)) = (f.get(1), f.get(9)) else {
+                continue;
+            };
+            if inode.parse::<u64>().is_ok_and(|i| inodes.contains(&i)) {
+                if let Some(a) = parse_proc_net_addr(local) {
+                    out.push(a);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `0100007F:1F90` (IPv4) or 32 hex digits + port (IPv6), as `/proc/net/tcp{,6}` prints them:
+/// each 32-bit word of the address in host byte order.
+pub fn parse_proc_net_addr(s: &str) -> Option<std::net::SocketAddr> {
+    let (addr, port) = s.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |h: &str| u32::from_str_radix(h, 16).ok().map(u32::to_ne_bytes);
+    let ip: std::net::IpAddr = match addr.len() {
+        8 => std::net::Ipv4Addr::from(word(addr)?).into(),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(&addr[i * 8..i * 8 + 8])?);
+            }
+            std::net::Ipv6Addr::from(b).to_canonical()
+        }
+        _ => return None,
+    };
+    Some(std::net::SocketAddr::new(ip, port))
+}
+
+/// Maps the store's pending waits (peer address, missing keys, since) to ranks: a wait belongs
+/// to the rank one of whose sockets has the peer's address. `sockets`: each rank's local TCP
+/// addresses ([`tcp_sockets_of`]).
+pub fn store_waits_of(
+    waits: &[crate::store::state::PendingWait],
+    sockets: &[(u32, Vec<std::net::SocketAddr>)],
+    now: Instant,
+) -> std::collections::BTreeMap<u32, Vec<StoreWait>> {
+    let canon =
+        |a: std::net::SocketAddr| std::net::SocketAddr::new(a.ip().to_canonical(), a.port());
+    let mut out: std::collections::BTreeMap<u32, Vec<StoreWait>> = Default::default();
+    for (peer, keys, since) in waits {
+        let Some(peer) = peer.map(canon) else {
+            continue;
+        };
+        let Some((rank, _)) = sockets
+            .iter()
+            .find(|(_, addrs)| addrs.iter().any(|a| canon(*a) == peer))
+        else {
+            continue;
+        };
+        for k in keys {
+            out.entry(*rank).or_default().push(StoreWait {
+                key: String::from_utf8_lossy(k).into_owned(),
+                age: now.saturating_duration_since(*since),
+            });
+        }
+    }
+    out
 }
 
 /// The members of the smaller groups when one group holds a strict majority of ≥ 2.
@@ -507,6 +664,12 @@ impl HangReport {
                 _ => {}
             }
             s.push_str(&r.stack);
+            if !r.store_waits.is_empty() {
+                let _ = writeln!(s, "\nstore waits (key, age):");
+                for w in &r.store_waits {
+                    let _ = writeln!(s, "  {:?} {}", w.key, secs(w.age));
+                }
+            }
             let _ = writeln!(s, "\nlast output:");
             for l in &r.last_output {
                 let _ = writeln!(s, "  {l}");
@@ -571,6 +734,19 @@ impl HangReport {
             s.push('\n');
             if let Some(l) = r.last_output.last() {
                 let _ = writeln!(s, "[rdrun]   rank {} last output: {:?}", r.rank, l);
+            }
+            if let Some(w) = r.store_waits.first() {
+                let more = match r.store_waits.len() {
+                    1 => String::new(),
+                    n => format!(" (and {} more)", n - 1),
+                };
+                let _ = writeln!(
+                    s,
+                    "[rdrun]   rank {} waits on store key {:?} for {}{more}",
+                    r.rank,
+                    w.key,
+                    secs(w.age)
+                );
             }
         }
         if self.suspects.is_empty() {
@@ -639,6 +815,7 @@ mod tests {
             stack: String::new(),
             main_frames: frames.iter().map(|s| s.to_string()).collect(),
             last_output: vec![],
+            store_waits: vec![],
         }
     }
 
@@ -689,6 +866,84 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
         // No majority: no suspect.
         let ranks = [rc(0, &[a], "f"), rc(1, &[b], "f")];
         assert!(pick_suspects(&ranks).0.is_empty());
+    }
+
+    #[test]
+    fn store_rule_names_the_missing_setter() {
+        let ids = [0, 1, 2, 3];
+        assert_eq!(expected_setter("/ready/1", &ids), Some(1));
+        assert_eq!(expected_setter("rank_3", &ids), Some(3));
+        assert_eq!(expected_setter("store_based_barrier_key:2", &ids), Some(2));
+        assert_eq!(expected_setter("/ready/7", &ids), None, "not a rank");
+        assert_eq!(expected_setter("v2", &ids), None, "no separator");
+        assert_eq!(expected_setter("/x/", &ids), None);
+        let wait = |key: &str| StoreWait {
+            key: key.into(),
+            age: Duration::from_secs(30),
+        };
+        // No stacks; rank 0 waits for rank 1's key; kernel waits alike.
+        let mut a = rc(0, &[], "futex_do_wait");
+        a.store_waits = vec![wait("/ready/1")];
+        let b = rc(1, &[], "futex_do_wait");
+        let (s, why) = pick_suspects(&[a.clone(), b.clone()]);
+        assert_eq!(s, vec![1]);
+        assert!(
+            why.contains("\"/ready/1\"") && why.contains("rank 0"),
+            "{why}"
+        );
+        // A setter that waits on the same key (a barrier of all) is not the culprit.
+        let mut b2 = b.clone();
+        b2.store_waits = vec![wait("/ready/1")];
+        assert!(pick_suspects(&[a.clone(), b2]).0.is_empty());
+        // The stack rule comes first.
+        let c = rc(
+            0,
+            &["all_reduce (torch/distributed/distributed_c10d.py:1)"],
+            "f",
+        );
+        let d = rc(1, &["idle (t.py:3)"], "f");
+        let mut d2 = d.clone();
+        d2.store_waits = vec![wait("/k/0")];
+        assert_eq!(pick_suspects(&[c, d2]).0, vec![1]);
+    }
+
+    #[test]
+    fn proc_net_addresses_and_wait_mapping() {
+        let v4 = parse_proc_net_addr("0100007F:1F90").unwrap();
+        #[cfg(target_endian = "little")]
+        assert_eq!(v4, "127.0.0.1:8080".parse().unwrap());
+        let v6 = parse_proc_net_addr("0000000000000000FFFF00000100007F:0050").unwrap();
+        #[cfg(target_endian = "little")]
+        assert_eq!(
+            v6,
+            "127.0.0.1:80".parse().unwrap(),
+            "v4-mapped comes back as v4"
+        );
+        assert!(parse_proc_net_addr("zz:1").is_none());
+        let now = Instant::now();
+        let peer: std::net::SocketAddr = "[::ffff:127.0.0.1]:5000".parse().unwrap();
+        let waits = vec![
+            (Some(peer), vec![b"/ready/1".to_vec()], now),
+            (None, vec![], now),
+        ];
+        let socks = vec![
+            (0, vec!["127.0.0.1:5000".parse().unwrap()]),
+            (1, vec!["127.0.0.1:5001".parse().unwrap()]),
+        ];
+        let m = store_waits_of(&waits, &socks, now + Duration::from_secs(3));
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[&0][0].key, "/ready/1");
+        assert_eq!(m[&0][0].age, Duration::from_secs(3));
+    }
+
+    /// This process's own connected socket is found through /proc.
+    #[test]
+    fn own_tcp_socket_is_found() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mine = c.local_addr().unwrap();
+        let found = tcp_sockets_of(Path::new("/proc"), std::process::id() as i32);
+        assert!(found.contains(&mine), "{mine} not in {found:?}");
     }
 
     #[test]
@@ -824,6 +1079,7 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
             rank: 0,
             pid,
             last_output: vec!["epoch 3 step 1200".into()],
+            store_waits: vec![],
         }];
         let mut rep = capture(&verdict(&[(0, pid)]), &targets, &opts(None)).await;
         let r = &rep.ranks[0];
@@ -906,11 +1162,13 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
                 rank: 0,
                 pid: pa,
                 last_output: vec![],
+                store_waits: vec![],
             },
             CaptureTarget {
                 rank: 1,
                 pid: pb,
                 last_output: vec![],
+                store_waits: vec![],
             },
         ];
         let rep = capture(
@@ -993,6 +1251,7 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
             rank: 1,
             pid,
             last_output: vec![],
+            store_waits: vec![],
         }];
         let rep = capture(&verdict(&[(1, pid)]), &targets, &opts(explicit)).await;
         let r = &rep.ranks[0];

@@ -191,6 +191,13 @@ impl Detector {
         self.active(rank, now);
     }
 
+    /// `rank` released its heartbeat: no budget to miss any more (the quiet rule still holds).
+    pub fn end_heartbeat(&mut self, rank: u32) {
+        if let Some(r) = self.ranks.get_mut(&rank) {
+            r.beat = None;
+        }
+    }
+
     /// `rank` exited with `code` (negative: killed by signal -code).
     pub fn rank_exited(&mut self, rank: u32, code: i32, now: Instant) {
         let r = self.rank(rank, 0, now);
@@ -658,6 +665,27 @@ mod tests {
         assert_eq!(t, 20);
         assert_eq!(v.reason, HangReason::Heartbeat { rank: 1 });
         assert_eq!(v.action, HangMode::Observe);
+    }
+
+    #[test]
+    fn heartbeat_renewed_in_time_never_fires_and_release_ends_the_contract() {
+        let t0 = Instant::now();
+        let mut d = Detector::new(&settings(), HangMode::Kill, t0);
+        // Rank 0 beats every 10 s with a 20 s budget while both ranks are otherwise busy.
+        for t in (0..=300).step_by(5) {
+            let now = t0 + Duration::from_secs(t);
+            if t % 10 == 0 {
+                d.heartbeat(0, 1000, now, Some(20 * S));
+            }
+            let busy = vec![smp(0, t as f64, 0, 0), smp(1, t as f64, 0, 0)];
+            assert!(d.observe(now, &busy).is_none(), "verdict at {t}");
+        }
+        // Released: the beat stops, no heartbeat verdict while the ranks stay busy.
+        d.end_heartbeat(0);
+        for t in (305..=600).step_by(5) {
+            let busy = vec![smp(0, t as f64, 0, 0), smp(1, t as f64, 0, 0)];
+            assert!(d.observe(t0 + Duration::from_secs(t), &busy).is_none());
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //!
 //! **Status: wired** through `supervisor::hanglink` (the agent's poll arm, capture, files and
 //! block; kill mode takes the failure path), the `--hang-*` flags, and the FileTimer server
-//! (`hanglink::FileTimerServe`; its messages reach the detector as heartbeats without a budget).
+//! (`hanglink::FileTimerServe`; its messages reach the detector as activity, and `rdrun/` scopes
+//! with signal 0 as heartbeats with a budget), store-wait capture, and the deletion of torch's
+//! fatal-dump store keys before each attempt (`hanglink::TORCH_DUMP_KEYS`).
 //! The pieces:
 //! * [`settings`]: [`HangSettings`] (defaults: kill mode, 900 s steady / 1800 s startup budget,
 //!   300 s exit skew, 5 s poll, 5 % CPU, 64 KiB I/O; 20 s capture bound) and the parsers for

@@ -7,6 +7,13 @@ cd "$(dirname "$0")/.."
 echo "== system tools (iproute2, Slurm, Open MPI, etcd, protoc, zsh/fish: see scripts/ensure-deps.sh)"
 scripts/ensure-deps.sh || echo "warning: could not install system tools; namespace tests will skip" >&2
 
+# The launcher tests that run real PyTorch (gloo jobs under Slurm, mpirun, pods in namespaces)
+# find the venv in the cache: install it before they run, not only before the PyTorch suite.
+if [ "${RDRUN_SKIP_TORCH:-0}" != "1" ]; then
+  echo "== PyTorch venv (cached)"
+  scripts/torch-venv.sh >/dev/null
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

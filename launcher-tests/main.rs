@@ -7,6 +7,7 @@
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 //! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
+//! - `etcd` (feature `etcd`): the etcd v3 rendezvous against a real etcd cluster on loopback.
 //! - `cluster`: scheduler environments (a Slurm step, a PyTorchJob pod) with no flag: one world,
 //!   the topology banner, `--dry-run`, refusals.
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
@@ -19,6 +20,8 @@ mod cli;
 mod cluster;
 mod contain;
 mod env;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod hang;
 mod multinode;
 mod output;

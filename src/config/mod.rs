@@ -519,7 +519,7 @@ mod tests {
             ),
             (
                 &["--rdzv-backend", "zookeeper", "t.py"],
-                "--rdzv-backend 'zookeeper': unknown rendezvous backend (expected static, c10d, etcd or etcd-v2)",
+                "--rdzv-backend 'zookeeper': unknown rendezvous backend (expected static, c10d, etcd-v3 or etcd)",
             ),
         ];
         for (argv, msg) in cases {

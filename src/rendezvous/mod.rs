@@ -3,6 +3,7 @@
 //! - `handle`: [`Rendezvous::start`], the supervisor's entry point (any backend, one API).
 //! - `static_`: `--rdzv-backend=static` (fixed `--node-rank`, node 0 hosts the store).
 //! - `c10d` + `state`: rdrun's dynamic rendezvous (MIN:MAX nodes) over the store.
+//! - `etcd`: the same rounds over an etcd v3 cluster (`--rdzv-backend etcd-v3`, feature `etcd`).
 //! - `barrier`: the exit barrier. `addr`: which address to advertise, is_host inference.
 //! - `store`: the store operations used ([`RdzvStore`]) and an in-memory store for tests.
 //! - `tcp`: the store over TCP: the one store binder, hosting (is_host), connecting, a
@@ -13,6 +14,7 @@ pub mod addr;
 pub(crate) mod barrier;
 pub(crate) mod c10d;
 pub(crate) mod error;
+pub mod etcd;
 pub(crate) mod handle;
 pub(crate) mod settings;
 pub(crate) mod state;

@@ -405,3 +405,69 @@ fn bad_endpoints_auth_and_prefix_are_one_line_errors() {
         "{o:?}"
     );
 }
+
+/// The torch venv's python (`scripts/torch-venv.sh` builds it), if present.
+fn torch_python() -> Option<PathBuf> {
+    let cache = std::env::var_os("RDRUN_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rdrun")))?;
+    let p = cache.join("torch-venv/bin/python");
+    p.exists().then_some(p)
+}
+
+/// (e) PyTorch gloo DDP across three nodes under the etcd backend: every rank trains, the
+/// parameters agree after training, and the ranks are 0..3.
+#[test]
+fn pytorch_gloo_ddp_across_nodes() {
+    let Some(python) = torch_python() else {
+        eprintln!("SKIPPED: no torch venv (scripts/torch-venv.sh builds it)");
+        return;
+    };
+    let Some(etcd) = Cluster::start(3) else {
+        return;
+    };
+    let dir = TempDir::new("etcd-ddp");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("launcher-tests/torch/scripts/ddp_train.py");
+    let running: Vec<_> = (1..=3)
+        .map(|h| {
+            Rdrun::new()
+                .timeout(Duration::from_secs(240))
+                .env("PYTHON_EXEC", &python)
+                .args(strings(&[
+                    "--nnodes",
+                    "3",
+                    "--rdzv-backend",
+                    "etcd",
+                    "--rdzv-endpoint",
+                    &etcd.list(),
+                    "--rdzv-id",
+                    "ddp",
+                    "--local-addr",
+                    &format!("127.0.0.{h}"),
+                    "--nproc-per-node",
+                    "1",
+                ]))
+                .arg(&script)
+                .arg("--out")
+                .arg(dir.path())
+                .spawn()
+        })
+        .collect();
+    let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+    assert_ok(&outs);
+    let results: Vec<serde_json::Value> = (0..3)
+        .map(|r| {
+            let text = std::fs::read_to_string(dir.join(format!("rank{r}.json"))).unwrap();
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect();
+    for (r, res) in results.iter().enumerate() {
+        assert_eq!(res["rank"], r as u64);
+        assert_eq!(res["world"], 3);
+        assert_eq!(res["rank_sum"], 6);
+        assert_eq!(res["equal_after_broadcast"], true);
+        assert_eq!(res["changed"], true);
+        assert_eq!(res["digest"], results[0]["digest"], "parameters agree");
+    }
+}

@@ -93,7 +93,7 @@ pub(crate) fn records(dir: &Path) -> Records {
 }
 
 /// Worker pids recorded in `dir` (`pid.*`).
-fn recorded_pids(dir: &Path) -> Vec<i32> {
+pub(crate) fn recorded_pids(dir: &Path) -> Vec<i32> {
     std::fs::read_dir(dir)
         .expect("read test dir")
         .flatten()
@@ -119,7 +119,7 @@ fn num(env: &BTreeMap<String, String>, key: &str) -> usize {
 /// ranks contiguous from its base rank in group-rank order, sizes and master consistent.
 /// `nprocs` are the expected per-node worker counts in group-rank order, if known.
 #[track_caller]
-fn check_round(
+pub(crate) fn check_round(
     recs: &Records,
     gws: usize,
     restart: u32,
@@ -186,7 +186,7 @@ fn check_round(
 }
 
 #[track_caller]
-fn assert_ok(outs: &[Output]) {
+pub(crate) fn assert_ok(outs: &[Output]) {
     for o in outs {
         o.assert_code(0);
     }
@@ -194,7 +194,7 @@ fn assert_ok(outs: &[Output]) {
 
 /// Waits until `n` records of round `(gws, restart)` exist.
 #[track_caller]
-fn wait_records(dir: &Path, gws: usize, restart: u32, n: usize, limit: Duration) {
+pub(crate) fn wait_records(dir: &Path, gws: usize, restart: u32, n: usize, limit: Duration) {
     let deadline = Instant::now() + limit;
     loop {
         let have = records(dir)

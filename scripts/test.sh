@@ -19,12 +19,18 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets --features nccl -- -D warnings
+# The etcd v3 rendezvous (feature `etcd`: etcd-client over gRPC, needs protoc + protobuf headers).
+cargo clippy --all-targets --no-default-features --features etcd -- -D warnings
 echo "== cargo test"
 # The PyTorch suite runs the release launcher (as users do); candle is not needed for it.
 cargo build --release --no-default-features --bin rdrun
 cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}"
 # The runtime's NCCL-side logic (backend choice, probe, errors without a GPU) with the feature on.
 cargo test --features nccl --lib runtime:: -- --test-threads="${RDRUN_TEST_THREADS:-2}"
+# The etcd backend: its unit tests, then the launcher tests against a real etcd cluster (they
+# start their own members on free loopback ports; skipped with a message without etcd).
+cargo test --no-default-features --features etcd --lib -- rendezvous:: config:: --test-threads="${RDRUN_TEST_THREADS:-2}"
+cargo test --no-default-features --features etcd --test launcher etcd:: -- --test-threads=1
 
 if [ "${RDRUN_SKIP_TORCH:-0}" = "1" ]; then
   echo "== PyTorch compatibility suite skipped (RDRUN_SKIP_TORCH=1)"

@@ -246,7 +246,7 @@ static OPTIONS: &[OptSpec] = &[
     opt("nproc_per_node", &["--nproc-per-node", "--nproc_per_node"], Kind::Str, "1",
         "Number of workers per node; supported values: [auto, cpu, gpu, int] (int: at most 4096)."),
     opt("rdzv_backend", &["--rdzv-backend", "--rdzv_backend"], Kind::Str, "static",
-        "Rendezvous backend: static, c10d, etcd, etcd-v2."),
+        "Rendezvous backend: static, c10d, etcd-v3 (alias etcd; needs the `etcd` build feature)."),
     opt("rdzv_endpoint", &["--rdzv-endpoint", "--rdzv_endpoint"], Kind::Str, "",
         "Rendezvous backend endpoint; usually in form <host>:<port>."),
     opt("rdzv_id", &["--rdzv-id", "--rdzv_id"], Kind::Str, "none", "User-defined group id."),

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use super::{
     invalid, ConfigError, Endpoint, Host, NodeRange, RdzvBackend, RdzvConfig, DEFAULT_C10D_PORT,
-    DEFAULT_ETCD_PORT, DEFAULT_STATIC_MASTER_PORT,
+    DEFAULT_ETCD_PORT, DEFAULT_STATIC_MASTER_PORT, ETCD_ENDPOINTS_KEY,
 };
 use crate::cli::LaunchArgs;
 
@@ -78,7 +78,29 @@ pub(super) fn resolve_rendezvous(
         } else {
             args.rdzv_endpoint.clone()
         };
-        let endpoint = parse_endpoint(&endpoint_text, backend)?;
+        // etcd: every member, comma-separated; the first is the config's endpoint, the list
+        // travels to the backend in its conf (under [`ETCD_ENDPOINTS_KEY`], which the etcd backend reads).
+        let mut conf = conf;
+        let endpoint = if backend == RdzvBackend::Etcd && endpoint_text.contains(',') {
+            let members = endpoint_text
+                .split(',')
+                .map(|m| parse_endpoint(m, backend))
+                .collect::<Result<Vec<_>, _>>()?;
+            let list: Vec<String> = members
+                .iter()
+                .map(|e| match e.host.contains(':') {
+                    true => format!("[{}]:{}", e.host, e.port),
+                    false => format!("{}:{}", e.host, e.port),
+                })
+                .collect();
+            conf.insert(ETCD_ENDPOINTS_KEY.to_string(), list.join(","));
+            members
+                .into_iter()
+                .next()
+                .expect("split yields one item at least")
+        } else {
+            parse_endpoint(&endpoint_text, backend)?
+        };
         // Issue 17.5: port 0 means "pick a free port"; only one node can know which it got.
         if endpoint.port == 0 && nnodes.max > 1 {
             let (flag, value) = if from_master {
@@ -119,12 +141,17 @@ pub fn parse_backend(text: &str) -> Result<RdzvBackend, ConfigError> {
     match text {
         "static" => Ok(RdzvBackend::Static),
         "c10d" => Ok(RdzvBackend::C10d),
-        "etcd" => Ok(RdzvBackend::Etcd),
-        "etcd-v2" => Ok(RdzvBackend::EtcdV2),
+        "etcd-v3" | "etcd" => Ok(RdzvBackend::Etcd),
+        "etcd-v2" => Err(invalid(
+            "--rdzv-backend",
+            text,
+            "the etcd v2 API is gone (off by default since etcd 3.4, removed in 3.6); use \
+             --rdzv-backend etcd-v3 (alias etcd), which speaks the v3 API",
+        )),
         _ => Err(invalid(
             "--rdzv-backend",
             text,
-            "unknown rendezvous backend (expected static, c10d, etcd or etcd-v2)",
+            "unknown rendezvous backend (expected static, c10d, etcd-v3 or etcd)",
         )),
     }
 }
@@ -332,6 +359,52 @@ mod tests {
             "t.py",
         ]);
         assert!(e.to_string().starts_with("--node-rank '2'"), "{e}");
+    }
+
+    #[test]
+    fn etcd_v3_takes_every_member_and_v2_is_a_usage_error() {
+        for name in ["etcd-v3", "etcd"] {
+            let c = ok(&[
+                "--nnodes",
+                "2:4",
+                "--rdzv-backend",
+                name,
+                "--rdzv-endpoint",
+                "h1,h2:2380,[::1]",
+                "--rdzv-id",
+                "j",
+                "t.py",
+            ]);
+            assert_eq!(c.rdzv.backend, RdzvBackend::Etcd);
+            assert_eq!(
+                c.rdzv.endpoint,
+                Some(Endpoint {
+                    host: "h1".into(),
+                    port: 2379
+                })
+            );
+            assert_eq!(
+                c.rdzv.conf[ETCD_ENDPOINTS_KEY],
+                "h1:2379,h2:2380,[::1]:2379"
+            );
+        }
+        let e = fail(&[
+            "--nnodes",
+            "2",
+            "--rdzv-backend",
+            "etcd-v3",
+            "--rdzv-endpoint",
+            "h1,h2:x",
+            "t.py",
+        ]);
+        assert!(e.to_string().starts_with("--rdzv-endpoint 'h2:x'"), "{e}");
+        let e = fail(&["--nnodes", "2", "--rdzv-backend", "etcd-v2", "t.py"]);
+        assert!(
+            e.to_string()
+                .starts_with("--rdzv-backend 'etcd-v2': the etcd v2 API is gone")
+                && e.to_string().contains("etcd-v3"),
+            "{e}"
+        );
     }
 
     #[test]

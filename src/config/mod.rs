@@ -237,6 +237,10 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 pub const DEFAULT_STATIC_MASTER_PORT: u16 = 29500;
 /// Default rendezvous ports when an endpoint has none (c10d; etcd and etcd-v2).
 pub const DEFAULT_C10D_PORT: u16 = 29400;
+
+/// The `--rdzv-conf` key under which an etcd endpoint list (`h1:2379,h2:2379`, every member)
+/// reaches the etcd backend; the config's endpoint is the first member.
+pub const ETCD_ENDPOINTS_KEY: &str = "etcd_endpoints";
 pub const DEFAULT_ETCD_PORT: u16 = 2379;
 
 /// Why a parsed command line cannot be turned into a launch.
@@ -588,7 +592,7 @@ mod tests {
             ),
             (
                 &["--rdzv-backend", "zookeeper", "t.py"],
-                "--rdzv-backend 'zookeeper': unknown rendezvous backend (expected static, c10d, etcd or etcd-v2)",
+                "--rdzv-backend 'zookeeper': unknown rendezvous backend (expected static, c10d, etcd-v3 or etcd)",
             ),
         ];
         for (argv, msg) in cases {

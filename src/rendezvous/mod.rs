@@ -6,6 +6,7 @@
 //! - `plumbing`: what the backends share: round events and the keeper task, store retry with
 //!   backoff, heartbeats and the liveness rules (own store loss, peers' heartbeats), close
 //!   acknowledgements, the `--nnodes` agreement check.
+//! - `etcd`: the same rounds over an etcd v3 cluster (`--rdzv-backend etcd-v3`, feature `etcd`).
 //! - `barrier`: the exit barrier. `addr`: which address to advertise, is_host inference.
 //! - `store`: the store operations used ([`RdzvStore`]) and an in-memory store for tests.
 //! - `tcp`: the store over TCP: the one store binder, hosting (is_host), connecting, a
@@ -16,6 +17,7 @@ pub mod addr;
 pub(crate) mod barrier;
 pub(crate) mod c10d;
 pub(crate) mod error;
+pub mod etcd;
 pub(crate) mod handle;
 pub(crate) mod plumbing;
 pub mod progress;

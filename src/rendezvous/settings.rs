@@ -98,7 +98,7 @@ const KNOWN: &[&str] = &[
 /// Conf keys rdrun ignores (for a warning).
 pub fn unknown_keys(conf: &BTreeMap<String, String>) -> Vec<String> {
     conf.keys()
-        .filter(|k| !KNOWN.contains(&k.as_str()))
+        .filter(|k| !KNOWN.contains(&k.as_str()) && !super::etcd::KNOWN_KEYS.contains(&k.as_str()))
         .cloned()
         .collect()
 }

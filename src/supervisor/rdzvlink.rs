@@ -21,7 +21,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// Whether this launch goes through a rendezvous: several nodes, or a c10d endpoint even for
 /// one node (as torchrun). A one-node static launch with `--master-port` keeps the single-node
 /// path (same ranks, same store, no rendezvous traffic), and so does a one-node etcd launch
-/// (rdrun has no etcd backend; one node needs none).
+/// (one node needs no etcd).
 pub(crate) fn uses_rendezvous(config: &LaunchConfig) -> bool {
     !config.standalone
         && config.rdzv.endpoint.is_some()

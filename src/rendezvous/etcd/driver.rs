@@ -1,0 +1,838 @@
+//! [`EtcdRendezvous`]: the round protocol of the etcd backend.
+//!
+//! The decisions are `state.rs`'s ([`join_step`], [`prune_dead`], [`assignment`]), so joins,
+//! last calls, scale-up and scale-down follow exactly the c10d rules. What this file changes is
+//! the medium:
+//! - **state**: the round state (`RdzvState` JSON) in `<prefix>/<run_id>/state`, written only by
+//!   a transaction that compares the key's `mod_revision` with the one just read;
+//! - **membership**: one key per agent, `alive/<node id>`, attached to the agent's lease; a
+//!   background keeper renews the lease every TTL/3. An agent that dies stops renewing, etcd
+//!   deletes its key when the lease expires, and every other agent sees the DELETE on its watch
+//!   of the run's prefix (no heartbeat counters are polled);
+//! - **per-node data in per-node keys**: join announcements (`joiners/<round>/<id>`), the
+//!   `--nnodes` each agent was given (`nnodes/<id>`), the exit barrier (`barrier/<round>/<id>`),
+//!   all leased, so a dead agent's keys vanish with it;
+//! - **waiting**: a watch of the prefix from the revision of the last read wakes the join loop,
+//!   the keeper and the exit barrier, so nothing between a read and the watch is missed.
+//!
+//! There is no rendezvous store host: losing any agent, the workers' store host included, is a
+//! lost peer (a new round without it, not charged to the restart budget); losing etcd's quorum
+//! is [`RdzvEvent::StoreUnreachable`] once the lease could not be renewed for a whole TTL.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::client::Etcd;
+use super::EtcdSettings;
+use crate::rendezvous::c10d::RoundRequest;
+use crate::rendezvous::error::RendezvousError;
+use crate::rendezvous::plumbing::{nnodes_text, RdzvEvent};
+use crate::rendezvous::state::{
+    self, assignment, join_step, prune_dead, Assignment, JoinStep, JoinView, Member, RdzvState,
+    RoundReason, NO_STATE,
+};
+use crate::rendezvous::store::StoreOpError;
+
+/// Keys of one run: `<prefix>/<run_id>/…`.
+#[derive(Debug, Clone)]
+struct Keys {
+    base: String,
+    run_id: String,
+}
+
+impl Keys {
+    fn new(prefix: &str, run_id: &str) -> Keys {
+        Keys {
+            base: format!("{prefix}/{run_id}/"),
+            run_id: run_id.to_string(),
+        }
+    }
+    fn state(&self) -> String {
+        format!("{}state", self.base)
+    }
+    fn alive_prefix(&self) -> String {
+        format!("{}alive/", self.base)
+    }
+    fn alive(&self, id: &str) -> String {
+        format!("{}{id}", self.alive_prefix())
+    }
+    fn joiners(&self, round: u64) -> String {
+        format!("{}joiners/{round}/", self.base)
+    }
+    fn nnodes_prefix(&self) -> String {
+        format!("{}nnodes/", self.base)
+    }
+    fn barrier(&self, round: u64) -> String {
+        format!("{}barrier/{round}/", self.base)
+    }
+    /// The assignment's `store_prefix` (as c10d's: `rdrun.rendezvous.<run_id>`).
+    fn store_prefix(&self) -> String {
+        format!("rdrun.rendezvous.{}", self.run_id)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// The round this agent runs (the keeper monitors it).
+    running: Option<u64>,
+    waiting: usize,
+    /// Set for good once the lease could not be renewed for a TTL (or it expired).
+    lost: Option<String>,
+}
+
+type SharedRef = Arc<Mutex<Shared>>;
+
+fn lock(shared: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn closed_event(state: &RdzvState) -> RdzvEvent {
+    match &state.closed_reason {
+        Some(why) => RdzvEvent::JobFailed(why.clone()),
+        None => RdzvEvent::Closed,
+    }
+}
+
+/// Ids whose liveness this agent checks: every member and expected node but itself.
+fn watched_ids(state: &RdzvState, me: &str) -> Vec<String> {
+    let mut ids: Vec<String> = state
+        .watched_members(me)
+        .into_iter()
+        .map(|m| m.id.clone())
+        .collect();
+    for e in &state.expected {
+        if e != me && !ids.contains(e) {
+            ids.push(e.clone());
+        }
+    }
+    ids
+}
+
+/// The watched ids without an alive key (their lease expired or was revoked).
+fn dead_among(state: &RdzvState, me: &str, alive: &HashSet<String>) -> Vec<String> {
+    watched_ids(state, me)
+        .into_iter()
+        .filter(|id| !alive.contains(id))
+        .collect()
+}
+
+/// Reads the state: the decoded state and the `mod_revision` to compare against.
+async fn read_state(etcd: &Etcd, keys: &Keys) -> Result<(RdzvState, i64, i64), RendezvousError> {
+    let r = etcd.get(&keys.state()).await?;
+    let state = RdzvState::decode(r.value.as_deref().unwrap_or(NO_STATE))?;
+    Ok((state, r.mod_revision, r.revision))
+}
+
+async fn alive_ids(etcd: &Etcd, keys: &Keys) -> Result<HashSet<String>, StoreOpError> {
+    let (kvs, _) = etcd.get_prefix(&keys.alive_prefix()).await?;
+    Ok(kvs.into_iter().map(|(k, _)| k).collect())
+}
+
+/// A watch of the run's prefix that wakes a waiter; re-created after an error.
+struct Waker {
+    etcd: Etcd,
+    prefix: String,
+    stream: Option<etcd_client::WatchStream>,
+    /// The next revision to watch from.
+    next: i64,
+}
+
+impl Waker {
+    fn new(etcd: &Etcd, keys: &Keys, from: i64) -> Waker {
+        Waker {
+            etcd: etcd.clone(),
+            prefix: keys.base.clone(),
+            stream: None,
+            next: from,
+        }
+    }
+
+    /// Waits until something under the prefix changed since `next`, or `max` passed.
+    /// Returns the events seen (empty on a timeout or an error).
+    async fn wait(&mut self, max: Duration) -> Vec<etcd_client::Event> {
+        let until = Instant::now() + max;
+        if self.stream.is_none() {
+            match self.etcd.watch_prefix(&self.prefix, self.next).await {
+                Ok(s) => self.stream = Some(s),
+                Err(e) => {
+                    tracing::debug!(error = %e, "etcd watch failed; retrying");
+                    tokio::time::sleep_until(
+                        until.min(Instant::now() + Duration::from_millis(200)),
+                    )
+                    .await;
+                    return Vec::new();
+                }
+            }
+        }
+        let stream = self.stream.as_mut().expect("set above");
+        loop {
+            match tokio::time::timeout_at(until, stream.message()).await {
+                Err(_) => return Vec::new(),
+                Ok(Ok(Some(resp))) => {
+                    if resp.canceled() {
+                        // Compacted or cut off from the leader: re-read and watch anew.
+                        tracing::debug!(reason = resp.cancel_reason(), "etcd watch cancelled");
+                        self.stream = None;
+                        if resp.compact_revision() > self.next {
+                            self.next = resp.compact_revision();
+                        }
+                        return Vec::new();
+                    }
+                    if resp.created() && resp.events().is_empty() {
+                        continue;
+                    }
+                    let events = resp.events().to_vec();
+                    if let Some(kv) = events.last().and_then(|e| e.kv()) {
+                        self.next = self.next.max(kv.mod_revision() + 1);
+                    }
+                    if events.is_empty() {
+                        continue;
+                    }
+                    return events;
+                }
+                Ok(Ok(None)) | Ok(Err(_)) => {
+                    self.stream = None;
+                    return Vec::new();
+                }
+            }
+        }
+    }
+}
+
+/// One agent's handle on the etcd rendezvous (same loop shape as `C10dRendezvous`).
+pub struct EtcdRendezvous {
+    etcd: Etcd,
+    settings: EtcdSettings,
+    keys: Keys,
+    me: Member,
+    lease: i64,
+    my_round: Option<u64>,
+    shared: SharedRef,
+    running_changed: Arc<Notify>,
+    events_tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
+    events_rx: mpsc::UnboundedReceiver<(u64, RdzvEvent)>,
+    keeper: Option<JoinHandle<()>>,
+}
+
+impl Drop for EtcdRendezvous {
+    fn drop(&mut self) {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+    }
+}
+
+impl EtcdRendezvous {
+    /// Joins the membership: grants this agent's lease, writes its alive and `--nnodes` keys
+    /// and starts the keeper (lease renewal, watching the running round).
+    pub async fn start(
+        etcd: Etcd,
+        settings: EtcdSettings,
+        run_id: &str,
+        addr: &str,
+        local_id: u32,
+        nproc: usize,
+    ) -> Result<EtcdRendezvous, RendezvousError> {
+        let keys = Keys::new(&settings.prefix, run_id);
+        let me = Member::new(addr, std::process::id(), local_id, nproc, 0);
+        let lease = etcd.grant(settings.ttl).await?;
+        let record = serde_json::to_vec(&me).expect("member serializes");
+        etcd.put(&keys.alive(&me.id), record, Some(lease)).await?;
+        let nnodes = nnodes_text(settings.rounds.min_nodes, settings.rounds.max_nodes);
+        etcd.put(
+            &format!("{}{}", keys.nnodes_prefix(), me.id),
+            nnodes.into_bytes(),
+            Some(lease),
+        )
+        .await?;
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let mut r = EtcdRendezvous {
+            etcd,
+            settings,
+            keys,
+            me,
+            lease,
+            my_round: None,
+            shared: Arc::default(),
+            running_changed: Arc::new(Notify::new()),
+            events_tx,
+            events_rx,
+            keeper: None,
+        };
+        let keeper = Keeper {
+            etcd: r.etcd.clone(),
+            settings: r.settings.clone(),
+            keys: r.keys.clone(),
+            me: r.me.id.clone(),
+            lease,
+            shared: r.shared.clone(),
+            running_changed: r.running_changed.clone(),
+            tx: r.events_tx.clone(),
+        };
+        r.keeper = Some(tokio::spawn(keeper.run()));
+        Ok(r)
+    }
+
+    /// This agent's node id (`<addr>_<pid>_<local_id>`).
+    pub fn node_id(&self) -> &str {
+        &self.me.id
+    }
+
+    /// Nodes on the wait list as the keeper last saw them.
+    pub fn num_nodes_waiting(&self) -> usize {
+        lock(&self.shared).waiting
+    }
+
+    /// The next event of the round this agent runs (cancel-safe; older rounds' are dropped).
+    pub async fn watch(&mut self) -> RdzvEvent {
+        loop {
+            let (round, ev) = self
+                .events_rx
+                .recv()
+                .await
+                .expect("the rendezvous keeps a sender alive");
+            if Some(round) == self.my_round {
+                return ev;
+            }
+        }
+    }
+
+    fn lost(&self) -> Option<RendezvousError> {
+        lock(&self.shared)
+            .lost
+            .clone()
+            .map(RendezvousError::StoreLost)
+    }
+
+    /// Retries `op` until it succeeds or `deadline` (then `Unreachable`, naming the members).
+    async fn retry<T, F, Fut>(&self, deadline: Instant, op: F) -> Result<T, RendezvousError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, RendezvousError>>,
+    {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match op().await {
+                Ok(v) => return Ok(v),
+                Err(RendezvousError::Store(e)) => {
+                    if let Some(lost) = self.lost() {
+                        return Err(lost);
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(RendezvousError::Unreachable {
+                            endpoint: format!("etcd {}", self.etcd.endpoints()),
+                            waited: now.duration_since(started),
+                            source: e,
+                        });
+                    }
+                    tracing::debug!(error = %e, "etcd operation failed; retrying");
+                    tokio::time::sleep(backoff.min(deadline - now)).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    /// Joins the next round and waits until it completes with this agent in it (see
+    /// `C10dRendezvous::next_round`; the same rules).
+    pub async fn next_round(&mut self, req: RoundRequest) -> Result<Assignment, RendezvousError> {
+        lock(&self.shared).running = None;
+        if let Some(lost) = self.lost() {
+            return Err(lost);
+        }
+        self.me.master_port = req.master_port;
+        let started = Instant::now();
+        let join_timeout = self.settings.rounds.join_timeout;
+        let mut deadline = started + join_timeout;
+        let bump_from = self.my_round.map(|r| {
+            let reason = match req.reason {
+                RoundReason::Initial => RoundReason::Membership,
+                other => other,
+            };
+            (r, reason)
+        });
+        let (min, max) = (
+            self.settings.rounds.min_nodes,
+            self.settings.rounds.max_nodes,
+        );
+        let mine = nnodes_text(min, max);
+        let mut last_call: Option<((u64, u64), Instant)> = None;
+        let mut announced: Option<u64> = None;
+        let mut lost_races = 0u32;
+        let mut waker: Option<Waker> = None;
+        let state_key = self.keys.state();
+        loop {
+            let (state, seen, revision) = self
+                .retry(deadline, || read_state(&self.etcd, &self.keys))
+                .await?;
+            let waker =
+                waker.get_or_insert_with(|| Waker::new(&self.etcd, &self.keys, revision + 1));
+            let now = Instant::now();
+            let id = self.me.id.clone();
+            if state.complete && state.in_redundancy_list(&id) && state.participants.len() >= max {
+                deadline = now + join_timeout;
+            }
+            let mut wake_at = deadline.min(now + Duration::from_secs(1));
+            let last_call_expired = if !state.complete
+                && state.is_participant(&id)
+                && state.participants.len() >= min
+            {
+                let key = (state.round, state.last_call_seq);
+                match last_call {
+                    Some((k, since)) if k == key => {
+                        let end = since + self.settings.rounds.last_call_timeout;
+                        wake_at = wake_at.min(end);
+                        now >= end
+                    }
+                    _ => {
+                        last_call = Some((key, now));
+                        wake_at = wake_at.min(now + self.settings.rounds.last_call_timeout);
+                        self.settings.rounds.last_call_timeout.is_zero()
+                    }
+                }
+            } else {
+                false
+            };
+            let mut pending = Vec::new();
+            if !state.complete && !state.closed && !state.is_participant(&id) {
+                let prefix = self.keys.joiners(state.round);
+                if announced != Some(state.round) {
+                    let line = serde_json::to_vec(&self.me).expect("member serializes");
+                    if self
+                        .etcd
+                        .put(&format!("{prefix}{id}"), line, Some(self.lease))
+                        .await
+                        .is_ok()
+                    {
+                        announced = Some(state.round);
+                    }
+                }
+                if let Ok((kvs, _)) = self.etcd.get_prefix(&prefix).await {
+                    pending = kvs
+                        .into_iter()
+                        .filter_map(|(_, v)| serde_json::from_slice::<Member>(&v).ok())
+                        .collect();
+                    // Announcement order is not kept by a prefix read; order by address as the
+                    // round's ranks are (the write admits them all at once anyway).
+                    state::order_participants(&mut pending, &[]);
+                }
+            }
+            let view = JoinView {
+                me: &self.me,
+                min,
+                max,
+                past_deadline: now >= deadline,
+                last_call_expired,
+                bump_from,
+                pending: &pending,
+            };
+            let write = match join_step(&state, &view) {
+                JoinStep::Done => {
+                    let asg = assignment(&state, &id, &self.keys.store_prefix()).expect(
+                        "join_step returns Done only for a participant of a complete round",
+                    );
+                    self.my_round = Some(state.round);
+                    {
+                        let mut sh = lock(&self.shared);
+                        sh.running = Some(state.round);
+                        sh.waiting = state.num_nodes_waiting();
+                    }
+                    self.running_changed.notify_one();
+                    tracing::debug!(round = asg.round, "etcd round complete");
+                    return Ok(asg);
+                }
+                JoinStep::Closed { redundant } => {
+                    return Err(match &state.closed_reason {
+                        Some(why) if !redundant => RendezvousError::JobFailed(why.clone()),
+                        _ => RendezvousError::Closed { redundant },
+                    });
+                }
+                JoinStep::TimedOut(leave) => {
+                    if let Some(new) = leave {
+                        let _ = self
+                            .etcd
+                            .compare_and_set(&state_key, seen, new.encode())
+                            .await;
+                    }
+                    return Err(RendezvousError::Timeout {
+                        waited: now.duration_since(started),
+                        joined: state.participants.len(),
+                        min,
+                    });
+                }
+                JoinStep::Write(new) => Some(new),
+                JoinStep::Wait => {
+                    if let Ok((kvs, _)) = self.etcd.get_prefix(&self.keys.nnodes_prefix()).await {
+                        if let Some((other_node, other)) = kvs.into_iter().find_map(|(who, n)| {
+                            let n = String::from_utf8_lossy(&n).into_owned();
+                            (n != mine).then_some((who, n))
+                        }) {
+                            let mut new = state.clone();
+                            new.remove_everywhere(&id);
+                            let _ = self
+                                .etcd
+                                .compare_and_set(&state_key, seen, new.encode())
+                                .await;
+                            return Err(RendezvousError::NnodesDisagree {
+                                mine,
+                                other_node,
+                                other,
+                            });
+                        }
+                    }
+                    // Peers whose lease expired while this agent waits are dropped, so the
+                    // round can go on without them.
+                    match alive_ids(&self.etcd, &self.keys).await {
+                        Ok(alive) => {
+                            let dead = dead_among(&state, &id, &alive);
+                            if dead.is_empty() {
+                                None
+                            } else {
+                                tracing::warn!(?dead, "dropping nodes whose etcd lease expired");
+                                prune_dead(&state, &dead, min, max)
+                            }
+                        }
+                        Err(_) => None,
+                    }
+                }
+            };
+            match write {
+                Some(new) => {
+                    match self
+                        .etcd
+                        .compare_and_set(&state_key, seen, new.encode())
+                        .await
+                    {
+                        Ok(true) => lost_races = 0,
+                        Ok(false) => {
+                            // Lost a race: a random pause, so agents joining together do not
+                            // retry in lockstep.
+                            lost_races += 1;
+                            let cap = Duration::from_millis(1u64 << lost_races.min(7))
+                                .min(Duration::from_millis(100));
+                            tokio::time::sleep(cap.mul_f64(fastrand::f64())).await;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "etcd write failed; retrying"),
+                    }
+                }
+                None => {
+                    let left = wake_at.saturating_duration_since(Instant::now());
+                    waker.wait(left.max(Duration::from_millis(10))).await;
+                }
+            }
+        }
+    }
+
+    /// The exit barrier over etcd: a leased `barrier/<round>/<id>` key per agent; waits until
+    /// the round's group world size arrived, `timeout` passed, or the job ended elsewhere
+    /// (`ends` says which events end the wait, with why).
+    pub async fn exit_barrier(
+        &mut self,
+        asg: &Assignment,
+        timeout: Duration,
+        ends: fn(RdzvEvent) -> Option<String>,
+    ) -> Result<(), RendezvousError> {
+        let prefix = self.keys.barrier(asg.round);
+        let deadline = Instant::now() + timeout;
+        let key = format!("{prefix}{}", self.me.id);
+        self.retry(deadline, || async {
+            Ok(self.etcd.put(&key, b"1".to_vec(), Some(self.lease)).await?)
+        })
+        .await?;
+        let mut waker: Option<Waker> = None;
+        let mut arrived = 0usize;
+        loop {
+            if let Ok((kvs, revision)) = self.etcd.get_prefix(&prefix).await {
+                arrived = kvs.len();
+                if arrived >= asg.group_world_size {
+                    return Ok(());
+                }
+                if waker.is_none() {
+                    waker = Some(Waker::new(&self.etcd, &self.keys, revision + 1));
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(RendezvousError::BarrierTimeout {
+                    waited: timeout,
+                    arrived: arrived as i64,
+                    expected: asg.group_world_size,
+                });
+            }
+            let slice = (deadline - now).min(Duration::from_secs(1));
+            let Some(w) = waker.as_mut() else {
+                tokio::time::sleep(slice.min(Duration::from_millis(200))).await;
+                continue;
+            };
+            let my_round = self.my_round;
+            let rx = &mut self.events_rx;
+            let ev = tokio::select! {
+                _ = w.wait(slice) => None,
+                ev = async {
+                    loop {
+                        let (round, ev) = rx.recv().await.expect("the rendezvous keeps a sender");
+                        if Some(round) == my_round {
+                            return ev;
+                        }
+                    }
+                } => Some(ev),
+            };
+            if let Some(ev) = ev {
+                // The count first: the last agent's close follows its complete barrier.
+                if let Ok((kvs, _)) = self.etcd.get_prefix(&prefix).await {
+                    if kvs.len() >= asg.group_world_size {
+                        return Ok(());
+                    }
+                }
+                if let Some(why) = ends(ev) {
+                    return Err(RendezvousError::BarrierEnded(why));
+                }
+            }
+        }
+    }
+
+    /// Marks the rendezvous closed (with why, when this node gave up) within `close_timeout`,
+    /// then revokes this agent's lease (its keys vanish at once) and stops the keeper.
+    pub async fn close(&mut self, reason: Option<&str>) -> Result<(), RendezvousError> {
+        lock(&self.shared).running = None;
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
+        if let Some(lost) = self.lost() {
+            return Err(lost);
+        }
+        let deadline = Instant::now() + self.settings.rounds.close_timeout;
+        let key = self.keys.state();
+        let res = loop {
+            let (st, seen, _) = match self
+                .retry(deadline, || read_state(&self.etcd, &self.keys))
+                .await
+            {
+                Ok(v) => v,
+                Err(e) => break Err(e),
+            };
+            if st.closed {
+                break Ok(());
+            }
+            let desired = state::close(&st, reason).encode();
+            if let Ok(true) = self.etcd.compare_and_set(&key, seen, desired).await {
+                break Ok(());
+            }
+            if Instant::now() >= deadline {
+                break Err(RendezvousError::Unreachable {
+                    endpoint: format!("etcd {}", self.etcd.endpoints()),
+                    waited: self.settings.rounds.close_timeout,
+                    source: StoreOpError("could not mark the rendezvous closed".into()),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20 + fastrand::u64(0..80))).await;
+        };
+        self.etcd.revoke(self.lease).await;
+        res
+    }
+
+    /// How soon this agent notices a change (events arrive by watch).
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+}
+
+/// The background task of one agent: renews the lease, and watches the running round.
+struct Keeper {
+    etcd: Etcd,
+    settings: EtcdSettings,
+    keys: Keys,
+    me: String,
+    lease: i64,
+    shared: SharedRef,
+    running_changed: Arc<Notify>,
+    tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
+}
+
+impl Keeper {
+    async fn run(self) {
+        let ttl = self.settings.ttl;
+        let beat_every = ttl / 3;
+        let mut next_beat = Instant::now() + beat_every;
+        let mut last_ok = Instant::now();
+        let mut waker: Option<Waker> = None;
+        // The round monitored, and whether its end was already reported.
+        let mut monitored: Option<(u64, bool)> = None;
+        let mut last_waiting = 0usize;
+        let mut dirty = true;
+        loop {
+            let running = lock(&self.shared).running;
+            if let Some(round) = running {
+                if monitored.map(|m| m.0) != Some(round) {
+                    monitored = Some((round, false));
+                    last_waiting = 0;
+                    dirty = true;
+                }
+                if dirty && !monitored.is_some_and(|m| m.1) {
+                    dirty = false;
+                    match self.monitor(round, &mut last_waiting, &mut waker).await {
+                        Ok(true) => monitored = Some((round, true)),
+                        Ok(false) => {}
+                        Err(e) => {
+                            dirty = true;
+                            tracing::debug!(error = %e, "watching the etcd rendezvous failed");
+                        }
+                    }
+                }
+            }
+            let watching = running.is_some() && !monitored.is_some_and(|m| m.1);
+            tokio::select! {
+                _ = tokio::time::sleep_until(next_beat) => {
+                    next_beat = Instant::now() + beat_every;
+                    match self.etcd.keep_alive_once(self.lease).await {
+                        Ok(left) if left > 0 => last_ok = Instant::now(),
+                        Ok(_) => {
+                            self.lost(running, format!(
+                                "this node's etcd lease expired (no renewal reached etcd at {} \
+                                 for {}s), so the other nodes dropped it",
+                                self.etcd.endpoints(), ttl.as_secs()));
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "renewing the etcd lease failed");
+                            if last_ok.elapsed() >= ttl {
+                                self.lost(running, format!(
+                                    "no etcd member at {} renewed this node's lease for {}s \
+                                     (is a majority of the etcd cluster down?): {e}",
+                                    self.etcd.endpoints(), ttl.as_secs()));
+                                return;
+                            }
+                            // Retry soon: the client fails over to another member.
+                            next_beat = Instant::now() + Duration::from_millis(300).min(beat_every);
+                        }
+                    }
+                }
+                events = async {
+                    match waker.as_mut() {
+                        Some(w) => w.wait(Duration::from_secs(5)).await,
+                        None => std::future::pending().await,
+                    }
+                }, if watching && waker.is_some() => {
+                    if !events.is_empty() {
+                        dirty = true;
+                    }
+                }
+                _ = self.running_changed.notified() => {}
+            }
+        }
+    }
+
+    fn lost(&self, running: Option<u64>, why: String) {
+        tracing::error!("{why}");
+        lock(&self.shared).lost = Some(why.clone());
+        if let Some(round) = running {
+            let _ = self.tx.send((round, RdzvEvent::StoreUnreachable(why)));
+        }
+    }
+
+    /// Re-reads the state and the alive keys; true when the round ended (event sent).
+    async fn monitor(
+        &self,
+        round: u64,
+        last_waiting: &mut usize,
+        waker: &mut Option<Waker>,
+    ) -> Result<bool, RendezvousError> {
+        let (state, seen, revision) = read_state(&self.etcd, &self.keys).await?;
+        if waker.is_none() {
+            *waker = Some(Waker::new(&self.etcd, &self.keys, revision + 1));
+        }
+        let send = |ev| {
+            let _ = self.tx.send((round, ev));
+        };
+        if state.closed {
+            send(closed_event(&state));
+            return Ok(true);
+        }
+        if state.round != round {
+            send(RdzvEvent::RoundChanged {
+                round: state.round,
+                reason: state.reason,
+            });
+            return Ok(true);
+        }
+        let waiting = state.num_nodes_waiting();
+        lock(&self.shared).waiting = waiting;
+        if waiting > 0 && waiting != *last_waiting {
+            send(RdzvEvent::NodesWaiting(waiting));
+        }
+        *last_waiting = waiting;
+        let alive = alive_ids(&self.etcd, &self.keys).await?;
+        let dead = dead_among(&state, &self.me, &alive);
+        if dead.is_empty() {
+            return Ok(false);
+        }
+        let (min, max) = (
+            self.settings.rounds.min_nodes,
+            self.settings.rounds.max_nodes,
+        );
+        let Some(new) = prune_dead(&state, &dead, min, max) else {
+            return Ok(false);
+        };
+        if self
+            .etcd
+            .compare_and_set(&self.keys.state(), seen, new.encode())
+            .await?
+        {
+            tracing::warn!(?dead, round, "peers' etcd leases expired; dropped them");
+            if new.round != round {
+                send(RdzvEvent::PeersLost(dead));
+                return Ok(true);
+            }
+            return Ok(false);
+        }
+        // Lost a race: whatever was written instead is read on the next pass.
+        Err(RendezvousError::Store(StoreOpError(
+            "state changed; re-reading".into(),
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(addr: &str) -> Member {
+        Member::new(addr, 1, 0, 1, 0)
+    }
+
+    #[test]
+    fn keys_live_under_the_prefix_and_run_id() {
+        let k = Keys::new("/rdrun", "job");
+        assert_eq!(k.state(), "/rdrun/job/state");
+        assert_eq!(k.alive("a_1_0"), "/rdrun/job/alive/a_1_0");
+        assert_eq!(k.joiners(3), "/rdrun/job/joiners/3/");
+        assert_eq!(k.barrier(2), "/rdrun/job/barrier/2/");
+        assert_eq!(k.store_prefix(), "rdrun.rendezvous.job");
+    }
+
+    #[test]
+    fn dead_are_watched_ids_without_an_alive_key() {
+        let st = RdzvState {
+            participants: vec![m("10.0.0.1"), m("10.0.0.2"), m("10.0.0.3")],
+            wait_list: vec![m("10.0.0.4")],
+            expected: vec!["10.0.0.5_1_0".into()],
+            ..Default::default()
+        };
+        let alive: HashSet<String> = ["10.0.0.1_1_0", "10.0.0.3_1_0"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            dead_among(&st, "10.0.0.1_1_0", &alive),
+            ["10.0.0.2_1_0", "10.0.0.4_1_0", "10.0.0.5_1_0"]
+        );
+    }
+}

@@ -12,6 +12,7 @@
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `hang`: hang detection wired into the agent, with small budgets.
+//! - `scale`: small-size smokes of the scale benchmarks (store start-up storm), no timings.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
@@ -27,6 +28,7 @@ mod rendezvous;
 mod report;
 mod restart;
 mod runtime;
+mod scale;
 mod signals;
 mod store;
 #[cfg(feature = "train")]

@@ -6,7 +6,7 @@
 #       in SCALE_TORCH_SIZES against a fresh PyTorch libuv TCPStore server, in the same run;
 #       capped at SCALE_CAP_S per run;
 #   (b) the c10d rendezvous of SCALE_SIM_SIZES simulated nodes in one process (rdrun-rdzv-sim),
-#       against a fresh rdrun store process: join time, bytes per join, steady heartbeat load,
+#       against a fresh rdrun store process: join time, store CPU during the join and at steady state,
 #       detection of one lost node.
 # Raw result lines go to $SCALE_OUT/results.txt (one key=value line per run); then
 # scripts/plot-scale.py draws one log-log PNG per measure into $SCALE_OUT (matplotlib is

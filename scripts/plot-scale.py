@@ -109,10 +109,6 @@ def main():
     plot(f"{out}/rdzv_join.png", "c10d rendezvous: one round, simulated nodes", "seconds",
          [("rdrun (simulated)", series(rows, "rdzv", "impl", "rdrun-sim", "nodes", "join_s"),
            "o-")])
-    plot(f"{out}/rdzv_bytes.png", "c10d rendezvous: bytes through the store per join",
-         "bytes per node",
-         [("rdrun (simulated)", series(rows, "rdzv", "impl", "rdrun-sim", "nodes",
-                                       "bytes_per_join"), "o-")])
     plot(f"{out}/rdzv_steady_cpu.png", "c10d rendezvous: store CPU at steady state",
          "% of one core",
          [("rdrun (simulated)", series(rows, "rdzv", "impl", "rdrun-sim", "nodes",

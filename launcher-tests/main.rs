@@ -20,6 +20,7 @@
 //! - `observe`: lifecycle events, the health endpoint, `/metrics`, the waiting status line.
 //! - `compat`: torchrun features that are "same" or "improved" (issue 15): NUMA/CPU binding of
 //!   real workers over fake sysfs trees, completion scripts in the real shells, the man page.
+//! - `scale`: small-size smokes of the scale benchmarks (store start-up storm), no timings.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
@@ -40,6 +41,7 @@ mod rendezvous;
 mod report;
 mod restart;
 mod runtime;
+mod scale;
 mod signals;
 mod slurm;
 mod store;

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Draws the scale benchmark results (scripts/bench-scale.sh's results.txt) as log-log PNGs, one
+per measure, rdrun and the anchor (PyTorch's libuv TCPStore measured in the same run, and its
+published 96K-rank initialisation time) on the same axes, with the fitted growth exponent."""
+import math
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+# PyTorch's published figure for its libuv TCPStore: about 100 s to initialise 96K ranks.
+ANCHOR = (96_000, 100.0)
+
+
+def parse(path):
+    rows = []
+    for line in open(path):
+        kv = dict(p.split("=", 1) for p in line.split() if "=" in p)
+        rows.append(kv)
+    return rows
+
+
+def num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def fit(xs, ys):
+    """Least-squares slope and intercept of log y against log x."""
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    n = len(lx)
+    mx, my = sum(lx) / n, sum(ly) / n
+    den = sum((a - mx) ** 2 for a in lx)
+    if n < 2 or den == 0:
+        return None
+    k = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / den
+    return k, my - k * mx
+
+
+def series(rows, kind, who_key, who, x_key, y_key, scale=1.0):
+    pts = []
+    for r in rows:
+        if r.get("kind") != kind or r.get(who_key) != who:
+            continue
+        x, y = num(r.get(x_key)), num(r.get(y_key))
+        if x and y and y > 0:
+            pts.append((x, y * scale))
+    return sorted(pts)
+
+
+def plot(path, title, ylabel, lines, anchor=None, extrapolate_to=None):
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for label, pts, style in lines:
+        if not pts:
+            continue
+        xs, ys = zip(*pts)
+        f = fit(xs, ys)
+        lab = label if f is None else f"{label} (slope {f[0]:.2f})"
+        ax.plot(xs, ys, style, label=lab)
+        if f and extrapolate_to:
+            k, c = f
+            x2 = extrapolate_to
+            ax.plot([xs[-1], x2], [ys[-1], math.exp(c) * x2**k], style[0] + ":",
+                    label=f"{label}, extrapolated: {math.exp(c) * x2**k:.3g} at {x2:,.0f}")
+    if anchor:
+        ax.plot([anchor[0]], [anchor[1]], "k*", markersize=12,
+                label=f"PyTorch libuv, published: {anchor[1]:.0f} s at {anchor[0]:,}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("size")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def main():
+    rows = parse(sys.argv[1])
+    out = sys.argv[2]
+    rd = series(rows, "store", "server", "rdrun", "clients", "wall_s")
+    pt = series(rows, "store", "server", "torch", "clients", "wall_s")
+    plot(f"{out}/store_startup_wall.png", "Store: PyTorch start-up pattern, wall time",
+         "seconds (all clients through every phase)",
+         [("rdrun", rd, "o-"), ("PyTorch libuv (this VM)", pt, "s-")],
+         anchor=ANCHOR, extrapolate_to=100_000)
+    plot(f"{out}/store_server_cpu.png", "Store: server CPU for the start-up pattern",
+         "CPU seconds",
+         [("rdrun", series(rows, "store", "server", "rdrun", "clients", "server_cpu_s"), "o-"),
+          ("PyTorch libuv", series(rows, "store", "server", "torch", "clients", "server_cpu_s"),
+           "s-")])
+    plot(f"{out}/store_rss.png", "Store: server peak RSS with every client connected",
+         "KiB per connection",
+         [("rdrun", series(rows, "store", "server", "rdrun", "clients", "per_conn_kib"), "o-"),
+          ("PyTorch libuv", series(rows, "store", "server", "torch", "clients", "per_conn_kib"),
+           "s-")])
+    plot(f"{out}/store_probe.png", "Store: worst fresh-client answer during the storm",
+         "milliseconds",
+         [("rdrun", series(rows, "store", "server", "rdrun", "clients", "probe_worst_ms"), "o-"),
+          ("PyTorch libuv", series(rows, "store", "server", "torch", "clients",
+                                   "probe_worst_ms"), "s-")])
+    plot(f"{out}/rdzv_join.png", "c10d rendezvous: one round, simulated nodes", "seconds",
+         [("rdrun (simulated)", series(rows, "rdzv", "impl", "rdrun-sim", "nodes", "join_s"),
+           "o-")])
+    plot(f"{out}/rdzv_steady_cpu.png", "c10d rendezvous: store CPU at steady state",
+         "% of one core",
+         [("rdrun (simulated)", series(rows, "rdzv", "impl", "rdrun-sim", "nodes",
+                                       "steady_cpu_pct"), "o-")])
+
+
+if __name__ == "__main__":
+    main()

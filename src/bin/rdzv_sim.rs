@@ -1,0 +1,243 @@
+//! `rdrun-rdzv-sim`: many agents' c10d rendezvous in one process (issue 16). Each simulated
+//! node is a real [`C10dRendezvous`] with its own store connection and heartbeat keeper; all
+//! share one tokio runtime, so thousands of nodes join one round against one store server (run
+//! it as its own process, `rdrun-store-bench serve`, and pass `--server-pid` to measure it).
+//!
+//! One run: connect `--nodes` store clients, have every node join one round (`min = max =
+//! nodes`), then hold the round for `--steady-secs` (heartbeats and monitoring only), then drop
+//! one node (`--kill-one`: its keeper stops beating) and wait until the others report the lost
+//! peer. Prints one `key=value` line: join time, the server's CPU during the join and at steady
+//! state (from `/proc/<pid>/stat`), and the detection times. (Bytes per join are not measured
+//! yet: `/proc/<pid>/io` does not count socket traffic; that needs a byte counter in the server.) A benchmark, bounded by `--timeout-secs`; `scripts/bench-scale.sh` runs it.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use rdrun::config::NodeRange;
+use rdrun::rendezvous::{
+    C10dRendezvous, C10dSettings, RdzvEvent, RoundReason, RoundRequest, TcpRdzvStore,
+};
+use tokio::time::Instant;
+
+#[derive(Parser)]
+#[command(
+    name = "rdrun-rdzv-sim",
+    about = "Simulated c10d rendezvous of many nodes"
+)]
+struct Args {
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long)]
+    port: u16,
+    #[arg(long, default_value_t = 128)]
+    nodes: usize,
+    /// Workers per node (only sizes the world).
+    #[arg(long, default_value_t = 8)]
+    nproc: usize,
+    /// The store server's pid (its CPU time is read from /proc).
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// Seconds of steady state (round complete, heartbeats only) to measure.
+    #[arg(long, default_value_t = 10.0)]
+    steady_secs: f64,
+    /// Drop one node after the steady state and time its detection.
+    #[arg(long)]
+    kill_one: bool,
+    /// `--rdzv-conf`-style settings, `key=value,...` (e.g. keep_alive_interval=1).
+    #[arg(long, default_value = "")]
+    conf: String,
+    #[arg(long, default_value_t = 600.0)]
+    timeout_secs: f64,
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RDRUN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = rdrun::store::server::raise_nofile_limit() {
+        eprintln!("rdrun-rdzv-sim: warning: could not raise the open-file limit: {e}");
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rdrun-rdzv-sim: error: tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let limit = Duration::from_secs_f64(args.timeout_secs.max(1.0));
+    match rt.block_on(async { tokio::time::timeout(limit, run(args)).await }) {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => {
+            eprintln!("rdrun-rdzv-sim: error: {e}");
+            ExitCode::FAILURE
+        }
+        Err(_) => {
+            eprintln!("rdrun-rdzv-sim: error: did not finish within {limit:?}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// CPU seconds (utime + stime) of `pid`.
+fn usage(pid: Option<u32>) -> Option<f64> {
+    let pid = pid?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks / hz)
+}
+
+/// A simulated node's address (distinct per node: ranks are ordered by address).
+fn node_addr(i: usize) -> String {
+    format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255)
+}
+
+async fn run(args: Args) -> Res<()> {
+    let n = args.nodes.max(1);
+    let mut conf = BTreeMap::new();
+    for kv in args.conf.split(',').filter(|s| !s.is_empty()) {
+        let (k, v) = kv.split_once('=').ok_or("--conf wants key=value pairs")?;
+        conf.insert(k.to_string(), v.to_string());
+    }
+    let settings = C10dSettings::from_conf(NodeRange { min: n, max: n }, &conf)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let op_timeout = settings.read_timeout;
+
+    // Connections first, so the join measures the rendezvous, not the connect storm.
+    let t_conn = Instant::now();
+    let mut connecting = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let host = args.host.clone();
+        let port = args.port;
+        connecting.spawn(async move {
+            TcpRdzvStore::connect(&host, port, deadline, op_timeout)
+                .await
+                .map(|s| (i, s))
+        });
+    }
+    let mut stores: Vec<Option<TcpRdzvStore>> = (0..n).map(|_| None).collect();
+    while let Some(r) = connecting.join_next().await {
+        let (i, s) = r??;
+        stores[i] = Some(s);
+    }
+    let connect_s = t_conn.elapsed().as_secs_f64();
+
+    let before = usage(args.server_pid);
+    let t0 = Instant::now();
+    let (joined_tx, mut joined_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (event_tx, mut event_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (kill_tx, kill_rx) = tokio::sync::watch::channel(None::<usize>);
+    let mut nodes = tokio::task::JoinSet::new();
+    for (i, store) in stores.into_iter().enumerate() {
+        let store = Arc::new(store.expect("every node connected"));
+        let settings = settings.clone();
+        let (joined_tx, event_tx, mut kill_rx) =
+            (joined_tx.clone(), event_tx.clone(), kill_rx.clone());
+        let nproc = args.nproc;
+        nodes.spawn(async move {
+            let mut rdzv =
+                C10dRendezvous::new(store, settings, "sim", &node_addr(i), i as u32, nproc)
+                    .with_pid(1);
+            let asg = rdzv
+                .next_round(RoundRequest {
+                    reason: RoundReason::Initial,
+                    master_port: 29500,
+                })
+                .await;
+            let ok = asg
+                .as_ref()
+                .map(|a| a.group_world_size == n && a.world_size == n * nproc);
+            let _ = joined_tx.send((i, ok.map_err(|e| e.to_string()), Instant::now()));
+            loop {
+                tokio::select! {
+                    ev = rdzv.watch() => {
+                        let _ = event_tx.send((i, ev, Instant::now()));
+                    }
+                    r = kill_rx.changed() => {
+                        if r.is_err() || *kill_rx.borrow() == Some(i) {
+                            // Dropping the handle stops this node's keeper: no more beats.
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
+    drop((joined_tx, event_tx));
+    let mut last = t0;
+    for _ in 0..n {
+        let (i, ok, at) = joined_rx.recv().await.ok_or("a node task ended early")?;
+        match ok {
+            Ok(true) => {}
+            Ok(false) => return Err(format!("node {i} got a wrong world").into()),
+            Err(e) => return Err(format!("node {i} failed to join: {e}").into()),
+        }
+        last = last.max(at);
+    }
+    let join_s = last.duration_since(t0).as_secs_f64();
+    let after_join = usage(args.server_pid);
+
+    let mut line = format!("nodes={n} connect_s={connect_s:.3} join_s={join_s:.3}");
+    if let (Some(c0), Some(c1)) = (before, after_join) {
+        line.push_str(&format!(" join_server_cpu_s={:.2}", c1 - c0));
+    }
+    // Steady state: the round runs; only heartbeats and monitoring reach the store.
+    if args.steady_secs > 0.0 {
+        // Let the first monitoring passes (started right after each join) go by.
+        tokio::time::sleep(settings.poll_interval).await;
+        let s0 = usage(args.server_pid);
+        let t = Instant::now();
+        tokio::time::sleep(Duration::from_secs_f64(args.steady_secs)).await;
+        let s1 = usage(args.server_pid);
+        let secs = t.elapsed().as_secs_f64();
+        if let (Some(c0), Some(c1)) = (s0, s1) {
+            line.push_str(&format!(" steady_cpu_pct={:.1}", 100.0 * (c1 - c0) / secs));
+        }
+        if let Ok((i, ev, _)) = event_rx.try_recv() {
+            return Err(format!("node {i} saw {ev:?} in steady state").into());
+        }
+    }
+    if args.kill_one && n > 1 {
+        let victim = n / 2;
+        let t = Instant::now();
+        kill_tx.send(Some(victim))?;
+        let mut first = None;
+        let mut seen = std::collections::HashSet::new();
+        // Every survivor learns of the loss: the one that pruned it (PeersLost) and the rest
+        // (RoundChanged to the round without it).
+        while seen.len() < n - 1 {
+            let (i, ev, at) = event_rx.recv().await.ok_or("node tasks ended")?;
+            match ev {
+                RdzvEvent::PeersLost(_) | RdzvEvent::RoundChanged { .. } => {}
+                other => return Err(format!("node {i}: unexpected {other:?}").into()),
+            }
+            first.get_or_insert(at);
+            seen.insert(i);
+        }
+        line.push_str(&format!(
+            " detect_first_s={:.3} detect_all_s={:.3} dead_after_s={:.1}",
+            first.map_or(0.0, |f| f.duration_since(t).as_secs_f64()),
+            t.elapsed().as_secs_f64(),
+            settings.dead_after().as_secs_f64()
+        ));
+    }
+    println!("{line}");
+    nodes.abort_all();
+    Ok(())
+}

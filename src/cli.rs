@@ -98,6 +98,9 @@ pub struct LaunchArgs {
     pub exclude: Option<String>,
     /// rdrun's `--dry-run`: resolve and print the topology, start nothing.
     pub dry_run: bool,
+    /// rdrun's `--nested` (else RDRUN_NESTED=1, read by `config`): a launch from inside a
+    /// torchrun/rdrun worker under a detected scheduler is intended (it forms its own world).
+    pub nested: bool,
     /// rdrun's `--print-topology[=json]`: `Some("text")` or `Some("json")`; implies a dry run.
     pub print_topology: Option<String>,
     /// rdrun's `--events PATH|-`: lifecycle events as JSON lines (resolved in `config::observe`).
@@ -370,6 +373,12 @@ static OPTIONS: &[OptSpec] = &[
         pet: false,
         ..opt("exclude", &["--exclude"], Kind::Str, "none",
             "rdrun: drop these hostfile hosts/slots (same syntax as --include; not both).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("nested", &["--nested"], Kind::Flag, "off",
+            "rdrun: allow this launch from inside a torchrun/rdrun worker while a scheduler is detected (it forms a world of its own; refused by default). Else RDRUN_NESTED=1.")
     },
     OptSpec {
         abbreviable: false,
@@ -904,6 +913,7 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         include: b.opt_string("include")?,
         exclude: b.opt_string("exclude")?,
         dry_run: b.flags[Builder::id("dry_run")],
+        nested: b.flags[Builder::id("nested")],
         print_topology: b.opt_string("print_topology")?,
         events: b.opt_string("events")?,
         metrics_addr: b.opt_string("metrics_addr")?,

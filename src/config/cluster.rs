@@ -391,7 +391,8 @@ pub(super) fn apply(
     };
     // A worker of torchrun/rdrun inherits the scheduler's variables: a second rdrun would form a
     // second world out of them.
-    cluster::nested_guard(&lookup, false).map_err(cluster_error)?;
+    let nested = args.nested || env("RDRUN_NESTED").is_some_and(|v| v == "1");
+    cluster::nested_guard(&lookup, nested).map_err(cluster_error)?;
     let f = &t.fields;
     if f.mode.as_ref().map(|m| m.value) == Some(Mode::InPlace) {
         apply_in_place(args, &t)?;
@@ -790,6 +791,21 @@ mod tests {
         // A nested launch under a scheduler.
         let e = launch(&["t.py"], &with(&[("TORCHELASTIC_RUN_ID", "outer")])).unwrap_err();
         assert!(e.to_string().contains("TORCHELASTIC_RUN_ID=outer"), "{e}");
+        assert!(e.to_string().contains("pass --nested"), "{e}");
+        // ... unless asked for: --nested or RDRUN_NESTED=1 (then the scheduler's world applies).
+        for (argv, env) in [
+            (
+                &["--nested", "t.py"][..],
+                with(&[("TORCHELASTIC_RUN_ID", "outer")]),
+            ),
+            (
+                &["t.py"][..],
+                with(&[("TORCHELASTIC_RUN_ID", "outer"), ("RDRUN_NESTED", "1")]),
+            ),
+        ] {
+            let c = launch(argv, &env).expect("an intended nested launch resolves");
+            assert!(c.cluster.detected, "{argv:?}");
+        }
     }
 
     #[test]

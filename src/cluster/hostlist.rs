@@ -538,23 +538,18 @@ mod tests {
         }
     }
 
-    struct TempConf(std::path::PathBuf);
-    impl Drop for TempConf {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn temp_conf() -> TempConf {
-        let dir =
-            std::env::temp_dir().join(format!("rdrun-hostlist-oracle-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+    /// A temp dir holding a 4-line slurm.conf, removed when dropped.
+    fn temp_conf() -> tempfile::TempDir {
+        let dir = tempfile::Builder::new()
+            .prefix("rdrun-hostlist-oracle-")
+            .tempdir()
+            .unwrap();
         std::fs::write(
-            dir.join("slurm.conf"),
+            dir.path().join("slurm.conf"),
             "ClusterName=rdruntest\nSlurmctldHost=localhost\nNodeName=localhost CPUs=1 State=UNKNOWN\nPartitionName=debug Nodes=localhost Default=YES\n",
         )
         .unwrap();
-        TempConf(dir)
+        dir
     }
 
     /// Differential test against Slurm's parser: every spec vector and 300 generated lists.
@@ -564,7 +559,7 @@ mod tests {
     #[test]
     fn differential_against_scontrol() {
         let conf = temp_conf();
-        let path = conf.0.join("slurm.conf");
+        let path = conf.path().join("slurm.conf");
         if scontrol(&path, "node1").is_none() {
             eprintln!("SKIP differential_against_scontrol: scontrol not installed (scripts/ensure-deps.sh installs slurm-client)");
             return;

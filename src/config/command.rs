@@ -344,8 +344,11 @@ mod tests {
             eprintln!("skipped: no python3 on PATH");
             return;
         };
-        let dir = std::env::temp_dir().join(format!("rdrun-bootstrap-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        let tmp = tempfile::Builder::new()
+            .prefix("rdrun-bootstrap-")
+            .tempdir()
+            .expect("temp dir");
+        let dir = tmp.path();
         let script = dir.join("boom.py");
         std::fs::write(&script, "import sys\nassert sys.argv[1:] == ['a', 'b'], sys.argv\nraise ValueError('bad ' + __name__)\n")
             .expect("write script");
@@ -381,6 +384,5 @@ mod tests {
             .expect("run python3");
         assert_eq!(out.status.code(), Some(3));
         assert!(!err_file.exists());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

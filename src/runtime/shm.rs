@@ -664,21 +664,20 @@ mod tests {
         let name = p.file_name().unwrap().to_string_lossy().to_string();
         assert!(name.starts_with(&run_shm_prefix("job")), "{name}");
         assert!(!run_shm_prefix("job-1").starts_with(&run_shm_prefix("job")));
-        let dir = std::env::temp_dir().join(format!("rdrun-shm-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         std::fs::write(dir.join(&name), b"x").unwrap();
         let other = segment_path("job-1", 0, "x");
         std::fs::write(dir.join(other.file_name().unwrap()), b"x").unwrap();
-        assert_eq!(cleanup_run_shm_in(&dir, "job").unwrap(), 1);
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(cleanup_run_shm_in(dir, "job").unwrap(), 1);
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 1);
     }
 
     #[test]
     fn segments_are_private() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("rdrun-shm-mode-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let path = dir.join("seg");
         // Under the usual umask 022 a default-mode file would be 0644: world-readable.
         create_segment(&path).unwrap();
@@ -686,7 +685,6 @@ mod tests {
         assert_eq!(mode, 0o600);
         // O_EXCL: an existing file is never reused.
         assert!(create_segment(&path).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -193,17 +193,19 @@ mod tests {
 
     /// A FIFO with a read-write reader (as rdrun serves it), in a fresh directory.
     struct Fifo {
-        dir: PathBuf,
+        /// Removed (with the FIFO) when dropped.
+        _dir: tempfile::TempDir,
         path: PathBuf,
         reader: std::fs::File,
     }
 
     impl Fifo {
         fn new(tag: &str) -> Fifo {
-            let dir = std::env::temp_dir().join(format!("rdrun-wd-{tag}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            let path = dir.join("timer");
+            let dir = tempfile::Builder::new()
+                .prefix(&format!("rdrun-wd-{tag}-"))
+                .tempdir()
+                .unwrap();
+            let path = dir.path().join("timer");
             nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
             let reader = std::fs::OpenOptions::new()
                 .read(true)
@@ -211,7 +213,11 @@ mod tests {
                 .custom_flags(libc::O_NONBLOCK)
                 .open(&path)
                 .unwrap();
-            Fifo { dir, path, reader }
+            Fifo {
+                _dir: dir,
+                path,
+                reader,
+            }
         }
 
         fn lines(&mut self) -> Vec<serde_json::Value> {
@@ -221,12 +227,6 @@ mod tests {
                 .lines()
                 .map(|l| serde_json::from_str(l).unwrap())
                 .collect()
-        }
-    }
-
-    impl Drop for Fifo {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
 

@@ -184,19 +184,9 @@ pub fn plan(mode: Mode) -> Vec<PathBuf> {
         .collect()
 }
 
+/// A random suffix for the run's cgroup name (unique among concurrent runs of one user).
 fn random_u32() -> u32 {
-    let mut v = [0u8; 4];
-    // SAFETY: getrandom(2) into a 4-byte local buffer.
-    let n = unsafe { libc::getrandom(v.as_mut_ptr().cast(), 4, libc::GRND_NONBLOCK) };
-    if n == 4 {
-        u32::from_ne_bytes(v)
-    } else {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        t ^ std::process::id().rotate_left(16)
-    }
+    fastrand::u32(..)
 }
 
 /// The run's cgroup: its directory and `cgroup.procs` open for writing (workers write `0` there

@@ -962,7 +962,8 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
 
     #[test]
     fn py_spy_lookup_order() {
-        let dir = tempdir("lookup");
+        let tmp = tempdir("lookup");
+        let dir = tmp.path().to_path_buf();
         let bin = dir.join("bin");
         fs::create_dir_all(&bin).unwrap();
         let exe = bin.join("py-spy");
@@ -997,14 +998,14 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
             "{d:?}"
         );
         drop(kid);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
-    fn tempdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("rdrun-hang-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(&d).unwrap();
-        d
+    /// A scratch directory, removed when the returned guard drops.
+    fn tempdir(tag: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("rdrun-hang-{tag}-"))
+            .tempdir()
+            .unwrap()
     }
 
     /// Runs a freshly written script once with a probe argument, retrying while another test
@@ -1099,7 +1100,8 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
             "{:?}",
             r.threads[0]
         );
-        let dir = tempdir("files");
+        let tmp = tempdir("files");
+        let dir = tmp.path().to_path_buf();
         let files = rep.write_files(&dir).unwrap();
         let text = fs::read_to_string(&files[0]).unwrap();
         assert!(
@@ -1126,14 +1128,14 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
             block.contains(&format!("stacks: {}/rank<R>.txt", dir.display())),
             "{block}"
         );
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A stand-in py-spy (a shell script) exercises the real subprocess path, the parsing and
     /// the suspect; a second one that never ends proves the capture is bounded.
     #[tokio::test]
     async fn fake_py_spy_output_and_bound() {
-        let dir = tempdir("fake");
+        let tmp = tempdir("fake");
+        let dir = tmp.path().to_path_buf();
         let dump_file = dir.join("dump.txt");
         fs::write(&dump_file, DUMP).unwrap();
         let good = dir.join("good");
@@ -1207,7 +1209,6 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
             .all(|r| r.stack_status == StackStatus::Timeout));
         // The /proc part still ran.
         assert!(rep.ranks.iter().all(|r| !r.threads.is_empty()));
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The real py-spy, when this machine has one (`RDRUN_PY_SPY` or PATH); skipped, saying so,

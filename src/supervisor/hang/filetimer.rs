@@ -447,9 +447,11 @@ mod tests {
 
     #[tokio::test]
     async fn fifo_serves_a_nonblocking_writer_and_is_removed() {
-        let dir = std::env::temp_dir().join(format!("rdrun-ft-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("rdrun-ft-")
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path().to_path_buf();
         let path = dir.join("timer");
         std::fs::write(&path, "stale").unwrap();
         let fifo = TimerFifo::create(&path).unwrap();
@@ -480,6 +482,5 @@ mod tests {
         drop(rx);
         drop(fifo);
         assert!(!path.exists(), "FIFO left behind");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

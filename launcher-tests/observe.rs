@@ -55,6 +55,12 @@ impl Live {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Sends `sig` to this rdrun (by pid).
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
     fn wait_for_text(&self, want: &str) {
         let deadline = Instant::now() + BOUND;
         while !self.text().contains(want) {
@@ -866,6 +872,53 @@ fn the_exit_barrier_is_never_silent() {
     let (code, text) = n0.finish();
     assert_eq!(code, Some(0), "{text}");
     assert_eq!(n1.finish().0, Some(0));
+}
+
+/// A shutdown signal that ends the exit barrier early is a `signal` event before `run_end`.
+#[test]
+fn a_signal_in_the_exit_barrier_is_an_event() {
+    let dir = TempDir::new("obs_barrier_sig");
+    let port = free_port();
+    let events = dir.join("events.jsonl");
+    let node = |rank: usize, cmd: &[&str]| {
+        let mut a = strings(&[
+            "--nnodes=2",
+            &format!("--node-rank={rank}"),
+            "--nproc-per-node=1",
+            "--master-addr=127.0.0.1",
+            &format!("--master-port={port}"),
+            "--no-python",
+        ]);
+        a.extend(strings(cmd));
+        a
+    };
+    let mut n0_args = node(0, &["true"]);
+    n0_args.splice(0..0, strings(&["--events", &events.display().to_string()]));
+    let n0 = Live::start(
+        &n0_args,
+        &[("RDRUN_STATUS_INTERVAL", "0.3".to_string())],
+        dir.join("n0.log"),
+    );
+    // Node 1's worker runs until it is stopped: node 0 waits in the barrier.
+    let n1 = Live::start(&node(1, &["sleep", "120"]), &[], dir.join("n1.log"));
+    n0.wait_for_text("rdrun: exit barrier: this node's workers succeeded");
+    n0.signal(libc::SIGTERM);
+    let (_, text) = n0.finish();
+    let evs: Vec<Value> = fs::read_to_string(&events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = evs.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    let sig = names.iter().position(|n| *n == "signal");
+    let end = names.iter().position(|n| *n == "run_end");
+    assert!(
+        sig.is_some() && end.is_some() && sig < end,
+        "{names:?}\n{text}"
+    );
+    assert_eq!(evs[sig.unwrap()]["signal"], "SIGTERM", "{names:?}");
+    n1.signal(libc::SIGTERM);
+    let _ = n1.finish();
 }
 
 /// A hung worker (kill mode, small budgets): the `hang` event, then the stop and the run's end.

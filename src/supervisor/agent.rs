@@ -649,7 +649,10 @@ impl Agent {
         if let Some(rdzv) = self.rdzv.as_mut() {
             let timeout = self.config.exit_barrier_timeout;
             self.obs.get().barrier_begins(timeout);
-            rdzvlink::finish(rdzv, &mut self.signals, asg, timeout).await;
+            let signal = rdzvlink::finish(rdzv, &mut self.signals, asg, timeout).await;
+            if let Some(sig) = signal {
+                self.obs.get().signal(sig);
+            }
             self.obs.get().barrier_ended();
         }
     }

@@ -115,18 +115,19 @@ pub(crate) async fn join_round(
 }
 
 /// After local success: the exit barrier (errors are only logged, as torchrun), then close.
+/// Returns the shutdown signal that ended the barrier early, if one did.
 pub(crate) async fn finish(
     rdzv: &mut Rendezvous,
     signals: &mut Signals,
     asg: &Assignment,
     timeout: Duration,
-) {
+) -> Option<i32> {
     match until_shutdown(signals, rdzv.exit_barrier(asg, timeout)).await {
         Ok(Ok(())) => {}
         Ok(Err(err)) => tracing::error!("exit barrier: {}", error_chain(&err)),
         Err(sig) => {
             tracing::warn!("received {} in the exit barrier", signals::name(sig));
-            return;
+            return Some(sig);
         }
     }
     // The store's host lingers in the barrier until every agent has departed, then closes
@@ -139,6 +140,7 @@ pub(crate) async fn finish(
     {
         tracing::debug!("rendezvous store gone after the exit barrier; not closing it");
     }
+    None
 }
 
 /// [`close`] with failures at debug level (the store may be gone already).

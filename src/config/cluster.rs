@@ -103,32 +103,10 @@ fn read_file(path: &str) -> Result<String, String> {
 /// /etc/hosts line `<ip> <host>.<subdomain>.<ns>.svc.<domain> <host>`), bounded by `limit` on a
 /// helper thread since a resolver may not answer.
 fn canonical_name(host: &str, limit: std::time::Duration) -> Option<String> {
-    let c_host = std::ffi::CString::new(host).ok()?;
     let (tx, rx) = std::sync::mpsc::channel();
+    let host = host.to_string();
     std::thread::spawn(move || {
-        // SAFETY: `hints` is plain data, zero is a valid value for every field.
-        let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
-        hints.ai_flags = libc::AI_CANONNAME;
-        hints.ai_socktype = libc::SOCK_STREAM;
-        let mut res: *mut libc::addrinfo = std::ptr::null_mut();
-        // SAFETY: valid C string, hints and out-pointer; the result is freed below.
-        let rc = unsafe { libc::getaddrinfo(c_host.as_ptr(), std::ptr::null(), &hints, &mut res) };
-        if rc != 0 || res.is_null() {
-            let _ = tx.send(None);
-            return;
-        }
-        // SAFETY: `res` is a valid list from getaddrinfo; ai_canonname is NUL-terminated or null.
-        let name = unsafe {
-            let canon = (*res).ai_canonname;
-            let name = (!canon.is_null()).then(|| {
-                std::ffi::CStr::from_ptr(canon)
-                    .to_string_lossy()
-                    .into_owned()
-            });
-            libc::freeaddrinfo(res);
-            name
-        };
-        let _ = tx.send(name);
+        let _ = tx.send(super::host::canonical_name(&host));
     });
     rx.recv_timeout(limit).ok().flatten()
 }

@@ -217,6 +217,34 @@ fn visible_device_entries(list: &str) -> usize {
         .count()
 }
 
+/// getaddrinfo(3) with AI_CANONNAME: the canonical name of `host`, if the resolver knows one.
+/// Blocking: callers bound it (the failure report's FQDN, a pod's own name).
+pub fn canonical_name(host: &str) -> Option<String> {
+    let c_host = std::ffi::CString::new(host).ok()?;
+    // SAFETY: `hints` is plain data, zero is a valid value for every field.
+    let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
+    hints.ai_flags = libc::AI_CANONNAME;
+    hints.ai_socktype = libc::SOCK_STREAM;
+    let mut res: *mut libc::addrinfo = std::ptr::null_mut();
+    // SAFETY: valid C string, hints and out-pointer; the result is freed below.
+    let rc = unsafe { libc::getaddrinfo(c_host.as_ptr(), std::ptr::null(), &hints, &mut res) };
+    if rc != 0 || res.is_null() {
+        return None;
+    }
+    // SAFETY: `res` is a valid list from getaddrinfo; ai_canonname is NUL-terminated or null.
+    let name = unsafe {
+        let canon = (*res).ai_canonname;
+        let name = (!canon.is_null()).then(|| {
+            std::ffi::CStr::from_ptr(canon)
+                .to_string_lossy()
+                .into_owned()
+        });
+        libc::freeaddrinfo(res);
+        name
+    };
+    name.filter(|n| !n.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,7 +42,7 @@ pub use flags::{
     parse_local_ranks_filter, parse_nnodes, parse_signals, parse_std_spec, resolve_nproc,
     resolve_shutdown_timeout, MAX_NPROC_PER_NODE,
 };
-pub use host::{FileKind, Host, RealHost};
+pub use host::{canonical_name, FileKind, Host, RealHost};
 
 /// `--nnodes`: `N` (min = max = N) or `MIN:MAX`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

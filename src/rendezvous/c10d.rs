@@ -25,7 +25,7 @@
 //! the keeper task, retry, heartbeats and liveness rules, close acknowledgements).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -33,8 +33,8 @@ use tokio::time::Instant;
 
 use super::error::RendezvousError;
 use super::plumbing::{
-    ack_closed, beat, closed_acks, nnodes_disagreement, nnodes_text, retry, HeartbeatTracker,
-    KeeperTask, RdzvEvent, StoreLoss,
+    ack_closed, beat, closed_acks, closed_event, lock, nnodes_disagreement, nnodes_text, retry,
+    watched_ids, HeartbeatTracker, KeeperTask, RdzvEvent, SharedRef, StoreLoss,
 };
 use super::settings::C10dSettings;
 use super::state::{
@@ -50,21 +50,6 @@ pub struct RoundRequest {
     pub reason: RoundReason,
     /// The port of the worker store this agent serves if it becomes group rank 0 (MASTER_PORT).
     pub master_port: u16,
-}
-
-#[derive(Debug, Default)]
-struct Shared {
-    /// The round this agent runs (keeper monitors it), `None` while joining or closed.
-    running: Option<u64>,
-    waiting: usize,
-    /// Set for good once the keeper found the store lost (see [`StoreLoss`]).
-    lost: Option<String>,
-}
-
-type SharedRef = Arc<Mutex<Shared>>;
-
-fn lock(shared: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
-    shared.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Store keys of one run.
@@ -107,14 +92,6 @@ impl Keys {
     }
 }
 
-/// What a closed state means for an agent of it.
-fn closed_event(state: &RdzvState) -> RdzvEvent {
-    match &state.closed_reason {
-        Some(why) => RdzvEvent::JobFailed(why.clone()),
-        None => RdzvEvent::Closed,
-    }
-}
-
 /// Reads the state text without blocking and without changing an existing state.
 async fn read_text<S: RdzvStore>(store: &S, key: &str) -> Result<Vec<u8>, StoreOpError> {
     store.compare_set(key, b"", NO_STATE).await
@@ -145,21 +122,6 @@ fn parse_joiners(list: &[u8]) -> Vec<Member> {
         }
     }
     out
-}
-
-/// Ids whose liveness a node checks in `state`: every member and expected node but itself.
-fn watched_ids(state: &RdzvState, me: &str) -> Vec<String> {
-    let mut ids: Vec<String> = state
-        .watched_members(me)
-        .into_iter()
-        .map(|m| m.id.clone())
-        .collect();
-    for e in &state.expected {
-        if e != me && !ids.contains(e) {
-            ids.push(e.clone());
-        }
-    }
-    ids
 }
 
 /// One agent's handle on the dynamic rendezvous.

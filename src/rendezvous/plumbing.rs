@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::error::RendezvousError;
-use super::state::RoundReason;
+use super::state::{RdzvState, RoundReason};
 use super::store::{try_get, RdzvStore, StoreOpError};
 
 /// Something the running agent must react to (select on `watch()` of any backend).
@@ -280,6 +280,49 @@ pub(super) async fn nnodes_disagreement<S: RdzvStore>(
         let (n, w) = l.split_once(' ')?;
         (n != mine).then(|| (w.to_string(), n.to_string()))
     }))
+}
+
+/// What an agent's handle and its keeper task share (c10d and etcd): the round it runs, the
+/// waiting count last seen, and the store/lease loss once found.
+#[derive(Debug, Default)]
+pub(super) struct Shared {
+    /// The round this agent runs (keeper monitors it), `None` while joining or closed.
+    pub(super) running: Option<u64>,
+    pub(super) waiting: usize,
+    /// Set for good once the keeper found the store lost (see [`StoreLoss`]; etcd: the lease
+    /// could not be renewed for a TTL).
+    pub(super) lost: Option<String>,
+}
+
+pub(super) type SharedRef = std::sync::Arc<std::sync::Mutex<Shared>>;
+
+/// Locks the shared state, surviving a poisoned lock (a panicked keeper must not take the
+/// agent down with it).
+pub(super) fn lock(shared: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a closed round state means for an agent of it.
+pub(super) fn closed_event(state: &RdzvState) -> RdzvEvent {
+    match &state.closed_reason {
+        Some(why) => RdzvEvent::JobFailed(why.clone()),
+        None => RdzvEvent::Closed,
+    }
+}
+
+/// Ids whose liveness a node checks in `state`: every member and expected node but itself.
+pub(super) fn watched_ids(state: &RdzvState, me: &str) -> Vec<String> {
+    let mut ids: Vec<String> = state
+        .watched_members(me)
+        .into_iter()
+        .map(|m| m.id.clone())
+        .collect();
+    for e in &state.expected {
+        if e != me && !ids.contains(e) {
+            ids.push(e.clone());
+        }
+    }
+    ids
 }
 
 #[cfg(test)]

@@ -72,38 +72,11 @@ pub(crate) async fn bind_store(config: &LaunchConfig) -> Result<StoreServer, Str
 /// resolver only costs the report its domain.
 pub(crate) async fn fqdn_of(host: &str) -> String {
     let name = host.to_string();
-    let lookup = tokio::task::spawn_blocking(move || canonical_name(&name));
+    let lookup = tokio::task::spawn_blocking(move || crate::config::canonical_name(&name));
     match tokio::time::timeout(Duration::from_secs(2), lookup).await {
         Ok(Ok(Some(fqdn))) if fqdn.contains('.') || !host.contains('.') => fqdn,
         _ => host.to_string(),
     }
-}
-
-/// getaddrinfo(3) with AI_CANONNAME: the canonical name of `host`, if the resolver knows one.
-fn canonical_name(host: &str) -> Option<String> {
-    let c_host = std::ffi::CString::new(host).ok()?;
-    // SAFETY: `hints` is plain data, zero is a valid value for every field.
-    let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
-    hints.ai_flags = libc::AI_CANONNAME;
-    hints.ai_socktype = libc::SOCK_STREAM;
-    let mut res: *mut libc::addrinfo = std::ptr::null_mut();
-    // SAFETY: valid C string, hints and out-pointer; the result is freed below.
-    let rc = unsafe { libc::getaddrinfo(c_host.as_ptr(), std::ptr::null(), &hints, &mut res) };
-    if rc != 0 || res.is_null() {
-        return None;
-    }
-    // SAFETY: `res` is a valid list from getaddrinfo; ai_canonname is NUL-terminated or null.
-    let name = unsafe {
-        let canon = (*res).ai_canonname;
-        let name = (!canon.is_null()).then(|| {
-            std::ffi::CStr::from_ptr(canon)
-                .to_string_lossy()
-                .into_owned()
-        });
-        libc::freeaddrinfo(res);
-        name
-    };
-    name.filter(|n| !n.is_empty())
 }
 
 #[cfg(test)]

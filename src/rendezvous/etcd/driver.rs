@@ -20,7 +20,7 @@
 //! is [`RdzvEvent::StoreUnreachable`] once the lease could not be renewed for a whole TTL.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, Notify};
@@ -31,7 +31,9 @@ use super::client::Etcd;
 use super::EtcdSettings;
 use crate::rendezvous::c10d::RoundRequest;
 use crate::rendezvous::error::RendezvousError;
-use crate::rendezvous::plumbing::{nnodes_text, RdzvEvent};
+use crate::rendezvous::plumbing::{
+    closed_event, lock, nnodes_text, watched_ids, RdzvEvent, SharedRef,
+};
 use crate::rendezvous::state::{
     self, assignment, join_step, prune_dead, Assignment, JoinStep, JoinView, Member, RdzvState,
     RoundReason, NO_STATE,
@@ -74,43 +76,6 @@ impl Keys {
     fn store_prefix(&self) -> String {
         format!("rdrun.rendezvous.{}", self.run_id)
     }
-}
-
-#[derive(Debug, Default)]
-struct Shared {
-    /// The round this agent runs (the keeper monitors it).
-    running: Option<u64>,
-    waiting: usize,
-    /// Set for good once the lease could not be renewed for a TTL (or it expired).
-    lost: Option<String>,
-}
-
-type SharedRef = Arc<Mutex<Shared>>;
-
-fn lock(shared: &SharedRef) -> std::sync::MutexGuard<'_, Shared> {
-    shared.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn closed_event(state: &RdzvState) -> RdzvEvent {
-    match &state.closed_reason {
-        Some(why) => RdzvEvent::JobFailed(why.clone()),
-        None => RdzvEvent::Closed,
-    }
-}
-
-/// Ids whose liveness this agent checks: every member and expected node but itself.
-fn watched_ids(state: &RdzvState, me: &str) -> Vec<String> {
-    let mut ids: Vec<String> = state
-        .watched_members(me)
-        .into_iter()
-        .map(|m| m.id.clone())
-        .collect();
-    for e in &state.expected {
-        if e != me && !ids.contains(e) {
-            ids.push(e.clone());
-        }
-    }
-    ids
 }
 
 /// The watched ids without an alive key (their lease expired or was revoked).

@@ -12,7 +12,8 @@
 //! - [`exit`]: every exit code rdrun can return.
 //! - [`store`]: TCPStore-compatible key-value server and client (PyTorch's wire protocol).
 //! - [`supervisor`]: spawns, watches, stops and restarts the local worker group; output and report.
-//! - [`rendezvous`]: how agents on several nodes agree on ranks (static, c10d-like over the store).
+//! - [`rendezvous`]: how agents on several nodes agree on ranks (static, c10d-like over the store,
+//!   etcd v3 behind the `etcd` feature; the plumbing they share in `rendezvous::plumbing`).
 //! - [`runtime`]: the worker side: process group over the store, CPU/NCCL collectives, DDP buckets.
 //!
 //! # Flow

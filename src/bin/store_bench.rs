@@ -21,6 +21,10 @@
 //!   the server's CPU time and RSS (issue 16).
 //! - `idle`: open `--conns` validated connections, print `ready=N`, hold them until stdin closes or
 //!   `--hold-secs` passed.
+//!
+//! Length: one benchmark binary with one mode per measured pattern (request/reply, pipelined, herd,
+//! the start-up storm over several processes and source addresses, serving a store alone). The
+//! modes share the raw-request encoder and the result format, so they stay in one file.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -17,6 +17,8 @@
 //! - [`host_static_store`]: `--rdzv-backend=static`: node rank 0 serves on `master_port`.
 //! - [`connect`]: every agent (the host too) connects to the endpoint with retry and backoff until
 //!   the rendezvous deadline, with an error naming host:port.
+//!
+//! Length: about 520 lines of code; the rest are its tests (binding, hosting races, reconnects).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;

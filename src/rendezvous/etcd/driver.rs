@@ -18,6 +18,10 @@
 //! There is no rendezvous store host: losing any agent, the workers' store host included, is a
 //! lost peer (a new round without it, not charged to the restart budget); losing etcd's quorum
 //! is [`RdzvEvent::StoreUnreachable`] once the lease could not be renewed for a whole TTL.
+//!
+//! Length: about 770 lines for one responsibility, the etcd round protocol (join, rounds, leases
+//! and watches, close, exit barrier). The decisions are `state.rs`'s, and the shared plumbing is
+//! `plumbing.rs`.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -6,6 +6,9 @@
 //! start sent as an open [`Chunk`]; the rest follows as its continuation (rules in `console`).
 //! When the console becomes a closed pipe, a stream with no other destination has its pipe
 //! closed (the worker's next write fails as under torchrun); a tee'd one keeps its log file.
+//!
+//! Length: about 415 lines of code; the rest are its tests (partial lines, kills, pipes closed
+//! early).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};

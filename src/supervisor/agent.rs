@@ -1,17 +1,19 @@
-//! The agent: the one owner of the local worker group's state, and the select loop that reacts
-//! to everything happening to it. It hosts the worker store, runs attempts (spawn every local
-//! rank, watch, stop), asks [`restart::decide`] what follows each attempt, and returns how the
-//! run ended as a [`RunEnd`] (the binary prints it and `exit` maps it to a status).
+//! The agent: the one owner of the run's state (signals, the worker store, the rendezvous, the
+//! FileTimer FIFO, the watchdog), the restart loop, and the select loop of each attempt. It
+//! hosts the worker store, runs attempts, asks [`restart::decide`] what follows each one, and
+//! returns how the run ended as a [`RunEnd`] (the binary prints it and `exit` maps it to a
+//! status).
 //!
-//! Everything reaches it as an [`Event`]: SIGCHLD (then `waitpid(-1)` reaps every descendant, as
-//! rdrun is a child subreaper), handled signals, stop deadlines, rendezvous changes and the worker
-//! store's end. It polls only for `--leftovers=wait` (once a second) and for hang detection
-//! ([`HangLink`], every `--hang-poll-interval` while the group runs; a kill verdict stops the
-//! group as a failure, with the hang as the report's root cause). The
-//! others do the work: [`worker`] builds each worker's spawn spec and spawns it, [`stop`] owns the
-//! stop sequence, [`output`] forwards output, [`report`] resolves and renders failures,
-//! [`restart`] decides. The worker store ([`StoreServer`]) lives as long as the run and is
-//! cleared between attempts.
+//! The select loop is a dispatcher: everything reaches it as an [`Event`] — SIGCHLD (then
+//! `waitpid(-1)` reaps every descendant, as rdrun is a child subreaper; rdrun spawns no other
+//! `std::process` child it would wait for, see `worker::reap`), handled signals, stop deadlines,
+//! rendezvous changes and the worker store's end — and the attempt's [`Group`] (`attempt.rs`)
+//! has one method per event kind, which records it and begins the stop when it must. The loop
+//! also wakes for `--leftovers=wait` (once a second), for hang polls ([`HangLink`], every
+//! `--hang-poll-interval` while the group runs), FileTimer messages and D-state samples. The
+//! others do the work: `worker` builds each worker's spawn spec and spawns it, `stop` owns the
+//! stop sequence, `output` forwards output, `report` resolves and renders failures, `restart`
+//! decides, `setup` picks and binds the worker store.
 //!
 //! Multi-node ([`rdzvlink::uses_rendezvous`]): every attempt starts with a rendezvous round
 //! ([`Rendezvous::next_round`]) whose [`Assignment`] gives the ranks, and the attempt also
@@ -20,51 +22,33 @@
 //! job-wide `asg.restart_count` as the budget used. Static jobs give the workers the rendezvous
 //! store itself (MASTER_ADDR:PORT = the endpoint); c10d agents serve one worker store on their
 //! advertised address and publish its port each round.
-//!
-//! Length: about 1,360 lines before the tests, for one responsibility, the state and the select
-//! loop of one run (one `supervise` arm per event kind: exits, signals, stop deadlines, output,
-//! rendezvous, hang polls, FileTimer expiries, D-state checks) plus the one-line hooks of the
-//! observer. Everything with a life of its own already lives beside it (`stop`, `restart`,
-//! `rdzvlink`, `setup`, `hanglink`, `dstate`, `observe`, `worker`, `end`). Not justified as it
-//! stands: issue 9's target of about half the old size is not met; the next cut is moving
-//! `attempt`'s event handling into per-event methods of a group state type.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::path::PathBuf;
 use std::pin::Pin;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::config::{LaunchConfig, LeftoverPolicy};
-use crate::exit::WorkerStatus;
-use crate::rendezvous::{Assignment, RdzvEvent, Rendezvous, RoundReason};
+use crate::config::LaunchConfig;
+use crate::rendezvous::{Assignment, Rendezvous, RoundReason};
 use crate::store::server::{self, ServerExit, StoreServer};
 
+use super::attempt::{Group, Outcome, SpawnArgs};
 use super::dstate::DStateWatch;
 use super::end::RunEnd;
 use super::events::Event;
-use super::hang::RankProcs;
-use super::hanglink::{hang_dir, owning_worker, FileTimerServe, HangFinding, HangLink, TimerWake};
+use super::hanglink::{hang_dir, FileTimerServe, HangLink, TimerWake};
 use super::observe::Observer;
-use super::output::{self, OutputSummary, RankIdentity, RunLogs};
+use super::output::{RankIdentity, RunLogs};
 use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
 use super::report::{Failure, FailureReport};
-use super::restart::{self, AttemptEnd, Decision};
-use super::setup::{
-    bind_store, bind_worker_store, fqdn_of, free_port, short_host, single_node_master_addr,
-};
-use super::signals::{self, SignalAction, SignalReaction, Signals};
-use super::stop::{self, GroupGuard, GroupStop, Phase, StopReason, KILL_WAIT};
+use super::restart::{self, Decision};
+use super::setup::{self, short_host, single_node_master_addr, ReportHost};
+use super::signals::{self, SignalAction, Signals};
 use super::watchdog::Watchdog;
 use super::worker::{self, RunWorkerEnv};
 
-/// How long rdrun waits for a worker's output pipes to close once its processes are gone (a
-/// pipe may still be held by a process rdrun cannot kill).
-const OUTPUT_WAIT: Duration = Duration::from_secs(2);
 /// How often `--leftovers=wait` looks whether the processes left behind are gone (a grandchild
 /// of a leftover exits without a SIGCHLD to rdrun).
 const LEFTOVER_POLL: Duration = Duration::from_secs(1);
@@ -120,91 +104,6 @@ pub fn run(config: LaunchConfig) -> RunEnd {
     end
 }
 
-/// One worker of the current attempt.
-#[derive(Debug)]
-struct Slot {
-    local_rank: usize,
-    rank: usize,
-    /// Process id = process group id = session id.
-    pid: i32,
-    status: Option<WorkerStatus>,
-    /// When rdrun had begun stopping the group at the moment it reaped this worker.
-    stop_sent_at: Option<SystemTime>,
-    output: Option<JoinHandle<OutputSummary>>,
-    error_file: Option<PathBuf>,
-    /// Output bytes so far and the last lines (the hang detector's output signal and capture).
-    activity: output::Activity,
-}
-
-impl Slot {
-    /// This worker's entry for the failure report (stderr tail and traceback come later, from
-    /// its output task).
-    fn failure(&self, status: WorkerStatus, observed_at: SystemTime, abandoned: bool) -> Failure {
-        Failure {
-            local_rank: self.local_rank,
-            rank: self.rank,
-            pid: self.pid as u32,
-            status,
-            observed_at,
-            error_file: self.error_file.clone(),
-            stderr_tail: Vec::new(),
-            traceback: None,
-            abandoned,
-            stop_sent_at: self.stop_sent_at,
-        }
-    }
-}
-
-/// How one attempt ended, with what the report and the decision need.
-#[derive(Debug)]
-enum Outcome {
-    Succeeded,
-    /// Workers failed; `peer_loss`: a peer node was reported lost close to the first failure
-    /// (the reason the round would have had, and the lost nodes).
-    Failed {
-        failures: Vec<Failure>,
-        peer_loss: Option<(RoundReason, Vec<String>)>,
-        /// The group was stopped because it hung (kill mode): the report's root cause.
-        hang: Option<HangFinding>,
-    },
-    Interrupted {
-        signal: i32,
-        failures: Vec<Failure>,
-    },
-    LauncherError(String),
-    /// The rendezvous membership changed (multi-node): join the next round with `reason`.
-    Regroup {
-        reason: RoundReason,
-        lost: Vec<String>,
-    },
-    /// The rendezvous was closed or its store became unreachable: the run cannot go on.
-    RendezvousLost(String),
-}
-
-impl Outcome {
-    /// What [`restart::decide`] needs to know of it.
-    fn attempt_end(&self) -> AttemptEnd {
-        match self {
-            Outcome::Succeeded => AttemptEnd::Succeeded,
-            Outcome::Failed {
-                peer_loss: None, ..
-            } => AttemptEnd::Failed,
-            Outcome::Failed {
-                peer_loss: Some((reason, _)),
-                ..
-            } => AttemptEnd::FailedWithPeerLoss {
-                charged: *reason == RoundReason::PeerLost,
-            },
-            Outcome::Regroup { reason, .. } => AttemptEnd::Regroup {
-                charged: *reason == RoundReason::PeerLost,
-            },
-            Outcome::Interrupted { .. } => AttemptEnd::Interrupted,
-            Outcome::LauncherError(_) => AttemptEnd::LauncherError,
-            Outcome::RendezvousLost(_) => AttemptEnd::RendezvousLost,
-        }
-    }
-}
-
 struct Agent {
     config: LaunchConfig,
     watchdog: Option<Watchdog>,
@@ -213,15 +112,11 @@ struct Agent {
     /// `gethostname()`: the `${hostname}` of log prefixes (up to the first dot).
     host: String,
     /// The fully qualified name the failure report shows (torchrun's `socket.getfqdn()`).
-    /// The report's host name (FQDN): looked up in the background from the start, awaited only
-    /// when a failure report is built, so the lookup never delays the launch.
     report_host: ReportHost,
     master_addr: String,
     master_port: u16,
     /// What every worker's spawn spec shares.
     worker_env: RunWorkerEnv,
-    /// Grace between the stop signal and SIGKILL, for every kind of stop.
-    grace: Duration,
     /// The worker store (TCPStore-compatible), for the whole run; taken at shutdown.
     store: Option<StoreServer>,
     /// Resolves if the store stops serving on its own (then the run cannot go on).
@@ -230,8 +125,6 @@ struct Agent {
     store_failed: Option<String>,
     /// The rendezvous of a multi-node run (`None`: single node, no rounds).
     rdzv: Option<Rendezvous>,
-    /// How the rendezvous ended the current attempt (`Regroup` or `RendezvousLost`), if it did.
-    rdzv_end: Option<Outcome>,
     /// torch's FileTimer FIFO, served for the whole run (`TORCHELASTIC_ENABLE_FILE_TIMER=1`).
     timers: Option<FileTimerServe>,
     /// Events, health, metrics, status line (issue 15): one hook call where things happen.
@@ -275,68 +168,19 @@ impl Agent {
                 }
             }
         }
-        let mut own_store_port = None;
-        let store = match &rdzv {
-            // Static: workers use the rendezvous store on node 0 (TORCHELASTIC_USE_AGENT_STORE).
-            Some(r) if r.uses_rendezvous_store() => None,
-            // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (dynamic rendezvous only): no worker store;
-            // the rank-0 worker hosts its own on a port picked here, as torchrun.
-            _ if config.torch_env.own_worker_store => {
-                let host = rdzv.as_ref().and_then(|r| r.advertised.as_deref());
-                match free_port(host, config.master_port) {
-                    Ok(port) => own_store_port = Some(port),
-                    Err(msg) => return RunEnd::error(msg),
-                }
-                None
-            }
-            // c10d: one worker store for the whole run, where this agent's advertised address
-            // is; the agent that becomes group rank 0 publishes its port as MASTER_PORT.
-            Some(r) => {
-                match bind_worker_store(r.advertised.as_deref(), config.master_port.unwrap_or(0))
-                    .await
-                {
-                    Ok(store) => Some(store),
-                    Err(msg) => return RunEnd::error(msg),
-                }
-            }
-            // The store serves for the whole run (torchrun's agent store, spec torchrun-compat
-            // §2.3); workers connect as TCPStore clients.
-            None => match bind_store(&config).await {
-                Ok(store) => Some(store),
-                Err(msg) => return RunEnd::error(msg),
-            },
+        let (store, master_port) = match setup::worker_store(&config, rdzv.as_ref()).await {
+            Ok(s) => s,
+            Err(msg) => return RunEnd::error(msg),
         };
         let master_addr = single_node_master_addr(&config);
-        let master_port =
-            own_store_port.unwrap_or_else(|| store.as_ref().map_or(0, StoreServer::port));
         let store_closed: Pin<Box<dyn Future<Output = ServerExit> + Send>> = match &store {
             Some(s) => Box::pin(s.closed()),
             None => Box::pin(std::future::pending()),
         };
         tracing::debug!(%master_addr, master_port, "worker store serving");
-        let host = nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_else(|| "localhost".to_string());
-        let report_host = ReportHost::Pending(
-            tokio::spawn({
-                let host = host.clone();
-                async move { fqdn_of(&host).await }
-            }),
-            host.clone(),
-        );
-        crate::supervisor::worker::log_binding(&config.binding);
-        if config.binding.omp_threads.is_empty()
-            && crate::workerenv::should_set_omp_num_threads(
-                std::env::var("OMP_NUM_THREADS").ok().as_deref(),
-                config.nproc_per_node,
-            )
-        {
-            tracing::warn!(
-                "setting OMP_NUM_THREADS=1 for every worker (it is unset and nproc_per_node > 1); set it yourself to tune"
-            );
-        }
-        let grace = config.shutdown_timeout;
+        let host = setup::host_name();
+        let report_host = ReportHost::lookup(&host);
+        setup::log_worker_env(&config);
         let mut worker_env = RunWorkerEnv::new(
             &config,
             watchdog.as_ref().map(Watchdog::fd),
@@ -365,43 +209,44 @@ impl Agent {
             master_addr,
             master_port,
             worker_env,
-            grace,
             store,
             store_closed,
             store_failed: None,
             rdzv,
-            rdzv_end: None,
             timers,
             obs,
             restarts_disabled: false,
         };
         let end = agent.attempts().await;
+        agent.shutdown().await;
+        end
+    }
+
+    /// After the last attempt: shared memory the workers left, the stores, the watchdog (and
+    /// the cgroup), the FileTimer FIFO.
+    async fn shutdown(mut self) {
         // The runtime unlinks its shared-memory segments once every rank has opened them; a
         // crash during that setup leaves one behind. The shared default id "none" may belong to
         // a concurrent job, so only a run-specific id is swept.
-        if agent.config.rdzv.run_id != "none" {
-            match crate::workerenv::cleanup_run_shm(&agent.config.rdzv.run_id) {
+        if self.config.rdzv.run_id != "none" {
+            match crate::workerenv::cleanup_run_shm(&self.config.rdzv.run_id) {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("removed {n} shared-memory segment(s) left by workers"),
                 Err(err) => tracing::debug!("shared-memory cleanup skipped: {err}"),
             }
         }
-        if let Some(store) = agent.store.take() {
+        if let Some(store) = self.store.take() {
             store.shutdown().await;
         }
-        if let Some(rdzv) = agent.rdzv.take() {
-            if let Some(server) = rdzv.server {
-                server.shutdown().await;
-            }
+        if let Some(server) = self.rdzv.take().and_then(|r| r.server) {
+            server.shutdown().await;
         }
-        if let Some(w) = agent.watchdog.take() {
+        if let Some(w) = self.watchdog.take() {
             w.disarm();
             // Containment hook: removes the cgroup, ends and reaps the watchdog.
             drop(w);
         }
-        // Removes the FIFO (and its private directory).
-        agent.timers = None;
-        end
+        // Dropping `timers` removes the FIFO (and its private directory).
     }
 
     /// The restart loop (one rendezvous round per attempt when multi-node).
@@ -432,18 +277,12 @@ impl Agent {
             self.clear_torch_dump_keys();
             let outcome = self.attempt(&mut logs, &asg).await;
             let outcome = self.attribute_failure(outcome).await;
-            let decision = match restart::decide(
+            let decision = restart::decide(
                 outcome.attempt_end(),
                 restart_count,
                 self.config.max_restarts,
-            ) {
-                Decision::Restart { .. } | Decision::Regroup { charged: true }
-                    if self.restarts_disabled =>
-                {
-                    Decision::GiveUp
-                }
-                d => d,
-            };
+                self.restarts_disabled,
+            );
             match decision {
                 Decision::Finish => {
                     self.finish_rdzv(&asg).await;
@@ -463,25 +302,7 @@ impl Agent {
                     reason = RoundReason::WorkerFailure;
                 }
                 Decision::Regroup { charged } => {
-                    let lost = match &outcome {
-                        Outcome::Regroup { lost, .. } => lost.clone(),
-                        Outcome::Failed {
-                            peer_loss: Some((_, lost)),
-                            ..
-                        } => {
-                            tracing::warn!(
-                                ?lost,
-                                "the workers failed while peer node(s) were lost; counting the failure as the membership change"
-                            );
-                            lost.clone()
-                        }
-                        _ => Vec::new(),
-                    };
-                    if lost.is_empty() {
-                        tracing::warn!("rendezvous membership changed; stopping the workers and joining the next round");
-                    } else {
-                        tracing::warn!(?lost, "peer node(s) stopped heartbeating; stopping the workers and joining the next round");
-                    }
+                    outcome.log_regroup();
                     self.obs
                         .get()
                         .restart(restart_count + u32::from(charged), charged, "regroup");
@@ -682,8 +503,7 @@ impl Agent {
 
     /// One attempt: spawn every local rank, supervise until the group is gone, collect failures.
     async fn attempt(&mut self, logs: &mut RunLogs, asg: &Assignment) -> Outcome {
-        let nproc = self.config.nproc_per_node;
-        let ids: Vec<RankIdentity> = (0..nproc)
+        let ids: Vec<RankIdentity> = (0..self.config.nproc_per_node)
             .map(|lr| RankIdentity {
                 role: self.config.role.clone(),
                 rank: asg.base_rank + lr,
@@ -707,66 +527,26 @@ impl Agent {
         self.obs
             .get()
             .attempt_begins(asg.restart_count, logs.run_dir());
-        let mut guard = GroupGuard::default();
-        // Ends the output forwarders whose pipes stay open after every process rdrun can see is
-        // gone (a descendant that escaped and outlived the stop).
         let (stop_output, _) = tokio::sync::watch::channel(false);
-        let mut slots: Vec<Slot> = Vec::with_capacity(nproc);
-        let mut launch_error = None;
-        for (lr, id) in ids.iter().enumerate() {
-            let rank_logs = &attempt_logs.ranks[lr];
-            let spec = match worker::spawn_spec(
-                &self.config,
+        let watchdog = self.watchdog.as_ref();
+        let mut group = Group::spawn(
+            SpawnArgs {
+                config: &self.config,
                 asg,
-                lr,
-                &rank_logs.error_file,
-                &self.worker_env,
-            ) {
-                Ok(spec) => spec,
-                Err(err) => {
-                    launch_error = Some(err.to_string());
-                    break;
-                }
-            };
-            match worker::spawn(&spec) {
-                Ok(spawned) => {
-                    tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
-                    guard.pgids.push(spawned.pid);
-                    let activity = output::Activity::default();
-                    self.obs
-                        .get()
-                        .spawned(lr, asg.base_rank + lr, spawned.pid, &activity.bytes);
-                    let handle = output::forward_until(
-                        id.clone(),
-                        rank_logs.sink.clone(),
-                        spawned.stdout,
-                        spawned.stderr,
-                        stop_output.subscribe(),
-                        activity.clone(),
-                    );
-                    slots.push(Slot {
-                        local_rank: lr,
-                        rank: asg.base_rank + lr,
-                        pid: spawned.pid,
-                        status: None,
-                        stop_sent_at: None,
-                        output: Some(handle),
-                        error_file: Some(rank_logs.error_file.as_str())
-                            .filter(|s| !s.is_empty())
-                            .map(PathBuf::from),
-                        activity,
-                    });
-                }
-                Err(err) => {
-                    launch_error = Some(err.describe());
-                    break;
-                }
-            }
-        }
+                ids: &ids,
+                logs: &attempt_logs,
+                worker_env: &self.worker_env,
+                obs: &self.obs,
+                stop_output: &stop_output,
+            },
+            (
+                watchdog.map(Watchdog::pid),
+                watchdog.and_then(Watchdog::cgroup_dir),
+            ),
+        );
         // Hang detection starts with the workers (its startup budget counts from the spawn).
-        let hang = match launch_error {
-            Some(_) => None,
-            None => HangLink::new(
+        if !group.launch_failed() {
+            group.hang = HangLink::new(
                 &self.config.hang,
                 hang_dir(
                     self.config.log.log_dir.as_deref(),
@@ -774,326 +554,85 @@ impl Agent {
                     &self.config.rdzv.run_id,
                     asg.restart_count,
                 ),
-            ),
-        };
-        let outcome = self
-            .supervise(&mut slots, launch_error, &stop_output, hang)
-            .await;
-        // Everything is stopped (or abandoned after SIGKILL): the drop guard has nothing to do.
-        guard.pgids.clear();
-        outcome
+            );
+        }
+        self.supervise(group, &stop_output).await
     }
 
-    /// Watches the attempt's workers until none is left, stopping the group on the first failure
-    /// or on a shutdown signal.
+    /// The select loop of one attempt: waits for the next event and hands it to the group,
+    /// until no worker is left (the group stops itself on the first failure, on a shutdown
+    /// signal, on a rendezvous change or a hang verdict).
     async fn supervise(
         &mut self,
-        slots: &mut [Slot],
-        mut launch_error: Option<String>,
+        mut group: Group,
         stop_output: &tokio::sync::watch::Sender<bool>,
-        mut hang: Option<HangLink>,
     ) -> Outcome {
-        // A kill-mode hang verdict of this attempt, and whether a poll tick is due.
-        let mut hang_found: Option<HangFinding> = None;
         let mut hang_due = false;
-        let mut dstate = self
-            .config
-            .torch_env
-            .uninterruptible_timeout
-            .map(DStateWatch::new);
         let mut dstate_due = false;
         let mut timer_wake: Option<TimerWake> = None;
         if let Some(t) = self.timers.as_mut() {
             t.clear();
         }
-        let by_pid: HashMap<i32, usize> =
-            slots.iter().enumerate().map(|(i, s)| (s.pid, i)).collect();
-        let mut stop = GroupStop::new(
-            slots.iter().map(|s| s.pid).collect(),
-            self.watchdog.as_ref().map(Watchdog::pid),
-            self.watchdog.as_ref().and_then(Watchdog::cgroup_dir),
-            self.grace,
-        );
-        let mut failures: Vec<Failure> = Vec::new();
-        let mut failed_slots: Vec<usize> = Vec::new();
-        let mut interrupted: Option<i32> = None;
-        // When the first failure was seen, and a peer loss reported close to it.
-        let mut first_failure: Option<Instant> = None;
-        let mut peer_loss: Option<(RoundReason, Vec<String>)> = None;
-        // `--leftovers=wait`: every worker exited 0, rdrun waits for what they left behind.
-        let mut waiting_for_leftovers = false;
-        self.rdzv_end = None;
-        if launch_error.is_some() {
-            stop.begin(StopReason::LaunchError);
-        }
+        let static_job = self
+            .rdzv
+            .as_ref()
+            .is_some_and(Rendezvous::uses_rendezvous_store);
         // Exits that happened before the SIGCHLD stream saw them are picked up here.
-        let mut pending: Vec<Event> = Vec::new();
-        for (pid, status) in worker::reap() {
-            pending.push(Event::Reaped { pid, status });
-        }
+        let mut pending: Vec<Event> = worker::reap()
+            .into_iter()
+            .map(|(pid, status)| Event::Reaped { pid, status })
+            .collect();
         loop {
             for event in pending.drain(..) {
                 match event {
                     Event::Reaped { pid, status } => {
                         self.obs.get().reaped(pid, status);
-                        let Some(&i) = by_pid.get(&pid) else {
-                            tracing::debug!(pid, ?status, "reaped a descendant");
-                            continue;
-                        };
-                        slots[i].status = Some(status);
-                        slots[i].stop_sent_at = stop.sent_at();
-                        if let Some(h) = hang.as_mut() {
-                            h.rank_exited(slots[i].rank as u32, status.torchrun_code());
-                        }
-                        if !status.success() {
-                            failed_slots.push(i);
-                        }
+                        group.on_reaped(pid, status);
                     }
                     Event::Signal(sig) => {
                         self.obs.get().signal(sig);
-                        let in_grace = matches!(stop.phase(), Phase::Grace(_));
-                        match signals::react(sig, interrupted.is_some(), in_grace) {
-                            SignalReaction::Forward => {
-                                tracing::info!("forwarding {} to the workers", signals::name(sig));
-                                stop.forward(sig);
-                            }
-                            SignalReaction::Shutdown => {
-                                tracing::warn!(
-                                    "received {}, shutting down the workers",
-                                    signals::name(sig)
-                                );
-                                interrupted = Some(sig);
-                                stop.shutdown(sig);
-                            }
-                            SignalReaction::KillNow => {
-                                tracing::warn!(
-                                    "received {} again, killing the workers now",
-                                    signals::name(sig)
-                                );
-                                stop.kill_all();
-                            }
+                        group.on_signal(sig);
+                    }
+                    Event::Rendezvous(ev) => group.on_rendezvous(ev, static_job),
+                    Event::StoreStopped(why) => group.on_store_stopped(why),
+                    Event::Deadline => {
+                        if group.on_deadline() {
+                            return group.finish(stop_output, &self.obs).await;
                         }
                     }
-                    Event::Rendezvous(ev) => {
-                        // Only a lost store outranks this node's own failure (a close by another
-                        // node does not: the own failure is reported, issue 11.3).
-                        let store_lost = matches!(ev, RdzvEvent::StoreUnreachable(_));
-                        let end = rendezvous_end(
-                            ev,
-                            self.rdzv
-                                .as_ref()
-                                .is_some_and(Rendezvous::uses_rendezvous_store),
-                        );
-                        // After this node's own failure the failure decides: its restart joins
-                        // whatever round the others started; a peer lost close to it is
-                        // remembered (restart::PEER_LOSS_WINDOW).
-                        let own_failure = !failures.is_empty() || !failed_slots.is_empty();
-                        if let (Outcome::Regroup { reason, lost }, Some(at)) = (&end, first_failure)
-                        {
-                            if !lost.is_empty()
-                                && peer_loss.is_none()
-                                && restart::attributed_to_peer_loss(at.elapsed())
-                            {
-                                peer_loss = Some((*reason, lost.clone()));
-                            }
-                        }
-                        if store_lost
-                            || (!own_failure && interrupted.is_none() && self.rdzv_end.is_none())
-                        {
-                            tracing::info!(?end, "rendezvous event; stopping the workers");
-                            self.rdzv_end = Some(end);
-                            stop.begin(StopReason::Rendezvous);
-                        }
-                    }
-                    Event::StoreStopped(why) => {
-                        tracing::error!("the worker store stopped ({why}); stopping the workers");
-                        if launch_error.is_none() {
-                            launch_error = Some(format!("the worker store stopped: {why}"));
-                        }
-                        stop.begin(StopReason::StoreStopped);
-                    }
-                    Event::Deadline => match stop.phase() {
-                        Phase::Running => {}
-                        Phase::Grace(_) => {
-                            for s in slots.iter().filter(|s| s.status.is_none()) {
-                                tracing::warn!(
-                                    pid = s.pid,
-                                    local_rank = s.local_rank,
-                                    "worker did not stop within {:?}, sending SIGKILL",
-                                    stop.grace()
-                                );
-                            }
-                            stop.kill_all();
-                        }
-                        Phase::Killed(_) => {
-                            let left = stop::describe_leftovers(&stop.leftovers(), |pid| {
-                                slots
-                                    .iter()
-                                    .find(|s| s.pid == pid)
-                                    .map(|s| (s.local_rank, s.rank))
-                            });
-                            tracing::error!(
-                                "processes still alive after SIGKILL and {:?} (uninterruptible sleep?), abandoning them: {left}",
-                                KILL_WAIT
-                            );
-                            let unrecorded = std::mem::take(&mut failed_slots);
-                            return self
-                                .finish(
-                                    slots,
-                                    failures,
-                                    unrecorded,
-                                    interrupted,
-                                    launch_error,
-                                    stop_output,
-                                    peer_loss,
-                                    hang_found,
-                                )
-                                .await;
-                        }
-                    },
                 }
             }
-            // Failures detected in this batch, in local-rank order, share one timestamp.
-            if !failed_slots.is_empty() {
-                failed_slots.sort_by_key(|&i| slots[i].local_rank);
-                let now = SystemTime::now();
-                for &i in &failed_slots {
-                    let s = &slots[i];
-                    let status = s.status.expect("failed slot has a status");
-                    if failures.is_empty() && self.rdzv_end.is_none() && hang_found.is_none() {
-                        tracing::error!(
-                            "failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
-                            status.torchrun_code(),
-                            s.local_rank,
-                            s.pid,
-                            self.config.command.program.display()
-                        );
-                    }
-                    failures.push(s.failure(status, now, false));
-                }
-                failed_slots.clear();
-                first_failure.get_or_insert_with(Instant::now);
-                stop.begin(StopReason::WorkerFailed);
+            group.record_failures(&self.config.command.program);
+            self.obs.get().watch_stop(group.stop(), group.live());
+            if group.all_done(self.config.leftovers) {
+                return group.finish(stop_output, &self.obs).await;
             }
-            self.obs
-                .get()
-                .watch_stop(&stop, slots.iter().filter(|s| s.status.is_none()).count());
-            let all_exited = slots.iter().all(|s| s.status.is_some());
-            if all_exited {
-                let left = stop.leftovers();
-                let done = left.is_empty()
-                    || (stop.phase() == Phase::Running
-                        && !waiting_for_leftovers
-                        && !stop.handle_leftovers(self.config.leftovers, &left));
-                if done {
-                    return self
-                        .finish(
-                            slots,
-                            failures,
-                            Vec::new(),
-                            interrupted,
-                            launch_error,
-                            stop_output,
-                            peer_loss,
-                            hang_found,
-                        )
-                        .await;
-                }
-                if self.config.leftovers == LeftoverPolicy::Wait && stop.phase() == Phase::Running {
-                    waiting_for_leftovers = true;
-                }
+            let watch_hang = group.watch_hang();
+            if let (Some(wake), Some(timers)) = (timer_wake.take(), self.timers.as_mut()) {
+                group.on_timer(wake, timers);
             }
-            // The hang poll: only while the group runs untouched (after a failure, a signal or
-            // a kill verdict the stop path is already under way).
-            let watch_hang = stop.phase() == Phase::Running
-                && failures.is_empty()
-                && interrupted.is_none()
-                && self.rdzv_end.is_none()
-                && !waiting_for_leftovers
-                && hang.as_ref().is_some_and(HangLink::active);
-            if let Some(wake) = timer_wake.take() {
-                self.on_timer(wake, slots, hang.as_mut());
-            }
-            let watch_dstate = dstate.is_some()
-                && stop.phase() == Phase::Running
-                && failures.is_empty()
-                && interrupted.is_none()
-                && self.rdzv_end.is_none()
-                && hang_found.is_none();
-            if std::mem::take(&mut dstate_due) && watch_dstate {
-                let live: Vec<(i32, usize)> = slots
-                    .iter()
-                    .filter(|s| s.status.is_none())
-                    .map(|s| (s.pid, s.rank))
-                    .collect();
-                let watch = dstate.as_mut().expect("watched");
-                if let Some((pid, rank, dwell)) = watch.check(&live) {
-                    let summary = format!(
-                        "worker pid={pid} (rank {rank}) stuck in uninterruptible sleep (D state) for {:.1}s (>= TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT={:.1}s); restarts disabled",
-                        dwell.as_secs_f64(),
-                        watch.timeout().as_secs_f64()
-                    );
-                    tracing::error!("{summary}; stopping the worker group");
-                    self.restarts_disabled = true;
-                    hang_found = Some(HangFinding {
-                        kill: true,
-                        suspect: Some(rank as u32),
-                        summary,
-                    });
-                    first_failure.get_or_insert_with(Instant::now);
-                    stop.begin(StopReason::WorkerFailed);
-                    continue;
-                }
+            let watch_dstate = group.watch_dstate();
+            if std::mem::take(&mut dstate_due) && watch_dstate && group.check_dstate() {
+                self.restarts_disabled = true;
+                continue;
             }
             if std::mem::take(&mut hang_due) && watch_hang {
-                let live: Vec<RankProcs> = slots
-                    .iter()
-                    .filter(|s| s.status.is_none())
-                    .map(|s| RankProcs {
-                        rank: s.rank as u32,
-                        pid: s.pid,
-                        output: s.activity.bytes.clone(),
-                    })
-                    .collect();
-                let last = |rank: u32| {
-                    slots
-                        .iter()
-                        .find(|s| s.rank as u32 == rank)
-                        .map(|s| s.activity.last.snapshot())
-                        .unwrap_or_default()
-                };
                 let store = self
                     .store
                     .as_ref()
                     .or_else(|| self.rdzv.as_ref().and_then(|r| r.server.as_ref()))
                     .map(|s| &**s.store());
-                if let Some(link) = hang.as_mut() {
-                    if let Some(found) = link.poll(&live, last, store).await {
-                        self.obs.get().hang(&found);
-                        if found.kill {
-                            tracing::error!(
-                                "the worker group hangs ({}); stopping it",
-                                found.summary
-                            );
-                            hang_found = Some(found);
-                            first_failure.get_or_insert_with(Instant::now);
-                            stop.begin(StopReason::WorkerFailed);
-                        }
-                    }
-                }
+                group.poll_hang(store, &self.obs).await;
                 // Exits during the capture are in `pending` after the next wake-up.
                 continue;
             }
-            let deadline = stop.deadline();
-            let poll_leftovers = waiting_for_leftovers && stop.phase() == Phase::Running;
-            let watch_rdzv =
-                self.rdzv.is_some() && !matches!(self.rdzv_end, Some(Outcome::RendezvousLost(_)));
+            let deadline = group.stop().deadline();
+            let poll_leftovers = group.polls_leftovers();
+            let watch_rdzv = self.rdzv.is_some() && group.watch_rdzv();
             tokio::select! {
                 ev = watch_opt(self.rdzv.as_mut()), if watch_rdzv => pending.push(Event::Rendezvous(ev)),
                 _ = self.sigchld.recv() => {
-                    for (pid, status) in worker::reap() {
-                        pending.push(Event::Reaped { pid, status });
-                    }
+                    pending.extend(worker::reap().into_iter().map(|(pid, status)| Event::Reaped { pid, status }));
                 }
                 sig = self.signals.recv() => pending.push(Event::Signal(sig)),
                 exit = &mut self.store_closed, if self.store_failed.is_none() => {
@@ -1106,211 +645,11 @@ impl Agent {
                 }
                 _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
                 _ = tokio::time::sleep(LEFTOVER_POLL), if poll_leftovers => {}
-                _ = tick_opt(hang.as_mut()), if watch_hang => hang_due = true,
-                _ = dstate_tick(dstate.as_mut()), if watch_dstate => dstate_due = true,
+                _ = tick_opt(group.hang.as_mut()), if watch_hang => hang_due = true,
+                _ = dstate_tick(group.dstate.as_mut()), if watch_dstate => dstate_due = true,
                 w = timer_next(self.timers.as_mut()), if self.timers.is_some() => timer_wake = Some(w),
             }
         }
-    }
-
-    /// A FileTimer message (a heartbeat for the hang detector, then the table) or a check for
-    /// expired timers: the signal goes to the timer's process only if it is in a live worker's
-    /// tree (never rdrun, never anything else); its exit then takes the normal failure path.
-    fn on_timer(&mut self, wake: TimerWake, slots: &[Slot], hang: Option<&mut HangLink>) {
-        let Some(timers) = self.timers.as_mut() else {
-            return;
-        };
-        let live: Vec<i32> = slots
-            .iter()
-            .filter(|s| s.status.is_none())
-            .map(|s| s.pid)
-            .collect();
-        let slot_of =
-            |pid: i32| owning_worker(pid, &live).and_then(|w| slots.iter().find(|s| s.pid == w));
-        match wake {
-            TimerWake::Msg(Err(why)) => {
-                tracing::warn!("FileTimer: ignored a malformed request: {why}");
-            }
-            TimerWake::Msg(Ok(msg)) => {
-                if let (Some(h), Some(s)) = (hang, slot_of(msg.pid())) {
-                    h.timer_msg(s.rank as u32, s.pid, &msg);
-                }
-                timers.apply(msg);
-            }
-            TimerWake::Check => {
-                for e in timers.expired() {
-                    let scopes: Vec<&str> = e.timers.iter().map(|t| t.scope_id.as_str()).collect();
-                    let Some(s) = slot_of(e.pid) else {
-                        tracing::warn!(
-                            pid = e.pid,
-                            ?scopes,
-                            "FileTimer expired for a process outside every worker's tree; not signalled"
-                        );
-                        continue;
-                    };
-                    let Some(sig) = e.signal else {
-                        // A missed heartbeat is the hang detector's to judge (and report).
-                        if scopes
-                            .iter()
-                            .all(|s| super::hanglink::is_heartbeat_scope(s))
-                        {
-                            continue;
-                        }
-                        tracing::warn!(
-                            pid = e.pid,
-                            rank = s.rank,
-                            ?scopes,
-                            "FileTimer expired without a signal; not reaped"
-                        );
-                        continue;
-                    };
-                    tracing::error!(
-                        pid = e.pid,
-                        rank = s.rank,
-                        local_rank = s.local_rank,
-                        ?scopes,
-                        "FileTimer expired: sending {} to that worker process only",
-                        signals::name(sig)
-                    );
-                    // SAFETY: plain kill(2); the pid was just seen in a live worker's tree.
-                    if unsafe { libc::kill(e.pid, sig) } == -1 {
-                        tracing::warn!(
-                            pid = e.pid,
-                            "cannot signal the expired FileTimer's process: {}",
-                            std::io::Error::last_os_error()
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// Collects output summaries and turns the attempt into an [`Outcome`].
-    #[allow(clippy::too_many_arguments)]
-    async fn finish(
-        &mut self,
-        slots: &mut [Slot],
-        mut failures: Vec<Failure>,
-        unrecorded: Vec<usize>,
-        interrupted: Option<i32>,
-        launch_error: Option<String>,
-        stop_output: &tokio::sync::watch::Sender<bool>,
-        peer_loss: Option<(RoundReason, Vec<String>)>,
-        hang: Option<HangFinding>,
-    ) -> Outcome {
-        self.obs.get().attempt_over();
-        // Workers whose exit came in the very last batch (after a deadline) are failures too.
-        let now = SystemTime::now();
-        for i in unrecorded {
-            let s = &slots[i];
-            if let Some(status) = s.status.filter(|st| !st.success()) {
-                failures.push(s.failure(status, now, false));
-            }
-        }
-        // A worker never reaped after SIGKILL is reported as killed.
-        for s in slots.iter_mut().filter(|s| s.status.is_none()) {
-            tracing::error!(
-                pid = s.pid,
-                local_rank = s.local_rank,
-                "worker could not be reaped"
-            );
-            if !failures.iter().any(|f| f.local_rank == s.local_rank) {
-                // rdrun's SIGKILL went out before: never a cause on its own.
-                s.stop_sent_at = s.stop_sent_at.or(Some(now));
-                failures.push(s.failure(WorkerStatus::Signaled(libc::SIGKILL), now, true));
-            }
-        }
-        // Output: what is still in the pipes is forwarded; a pipe still held open after
-        // OUTPUT_WAIT (by a process rdrun could not kill) is drained and closed on request.
-        let deadline = Instant::now() + OUTPUT_WAIT;
-        for s in slots.iter_mut() {
-            let Some(mut handle) = s.output.take() else {
-                continue;
-            };
-            let summary = tokio::select! {
-                res = &mut handle => res.ok(),
-                _ = tokio::time::sleep_until(deadline) => {
-                    tracing::warn!(
-                        local_rank = s.local_rank,
-                        "output pipes of the worker still open {OUTPUT_WAIT:?} after it ended; closing them"
-                    );
-                    let _ = stop_output.send(true);
-                    match tokio::time::timeout(OUTPUT_WAIT, &mut handle).await {
-                        Ok(res) => res.ok(),
-                        Err(_) => {
-                            handle.abort();
-                            None
-                        }
-                    }
-                }
-            };
-            if let Some(summary) = summary {
-                for f in failures.iter_mut().filter(|f| f.local_rank == s.local_rank) {
-                    f.set_output(&summary);
-                }
-            }
-        }
-        if hang.is_some() {
-            // Stopped for a hang: every worker is part of the failure, even one that exited 0
-            // on rdrun's stop signal (the attempt failed; it must not count as a success).
-            for s in slots.iter() {
-                if let Some(status) = s.status {
-                    if !failures.iter().any(|f| f.local_rank == s.local_rank) {
-                        failures.push(s.failure(status, now, false));
-                    }
-                }
-            }
-        }
-        if let Some(msg) = launch_error {
-            return Outcome::LauncherError(msg);
-        }
-        match self.rdzv_end.take() {
-            Some(end @ Outcome::RendezvousLost(_)) => return end,
-            Some(end) if interrupted.is_none() => return end,
-            _ => {}
-        }
-        if let Some(signal) = interrupted {
-            return Outcome::Interrupted { signal, failures };
-        }
-        if failures.is_empty() {
-            Outcome::Succeeded
-        } else {
-            Outcome::Failed {
-                failures,
-                peer_loss,
-                hang,
-            }
-        }
-    }
-}
-
-/// What a rendezvous event means for the running attempt. A static job cannot shrink: a lost
-/// peer is a failure of the job (charged, `PeerLost`); a c10d job regroups without it.
-fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
-    match ev {
-        RdzvEvent::Closed => Outcome::RendezvousLost(
-            "the rendezvous was closed: its store says so (normally another node's job finished \
-             or gave up there; any client of the unauthenticated store can write that mark)"
-                .into(),
-        ),
-        RdzvEvent::StoreUnreachable(msg) => {
-            Outcome::RendezvousLost(format!("lost the rendezvous store: {msg}"))
-        }
-        RdzvEvent::JobFailed(why) => {
-            Outcome::RendezvousLost(format!("the job {why}; its agent closed the rendezvous"))
-        }
-        RdzvEvent::PeersLost(lost) => Outcome::Regroup {
-            reason: if static_job {
-                RoundReason::PeerLost
-            } else {
-                RoundReason::Membership
-            },
-            lost,
-        },
-        RdzvEvent::NodesWaiting(_) | RdzvEvent::RoundChanged { .. } => Outcome::Regroup {
-            reason: RoundReason::Membership,
-            lost: Vec::new(),
-        },
     }
 }
 
@@ -1342,73 +681,5 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
-    }
-}
-
-/// The failure report's host name: the background lookup (with the host name to fall back on),
-/// then its result.
-enum ReportHost {
-    Pending(JoinHandle<String>, String),
-    Known(String),
-}
-
-impl ReportHost {
-    async fn get(&mut self) -> String {
-        let name = match self {
-            ReportHost::Known(name) => return name.clone(),
-            ReportHost::Pending(task, fallback) => task.await.unwrap_or_else(|_| fallback.clone()),
-        };
-        *self = ReportHost::Known(name.clone());
-        name
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rendezvous_events_to_outcomes() {
-        let regroup = |o: Outcome| match o {
-            Outcome::Regroup { reason, lost } => Some((reason, lost)),
-            _ => None,
-        };
-        let lost = vec!["n2".to_string()];
-        // A static job cannot shrink: a lost peer is charged; c10d regroups for free.
-        assert_eq!(
-            regroup(rendezvous_end(RdzvEvent::PeersLost(lost.clone()), true)),
-            Some((RoundReason::PeerLost, lost.clone()))
-        );
-        assert_eq!(
-            regroup(rendezvous_end(RdzvEvent::PeersLost(lost.clone()), false)),
-            Some((RoundReason::Membership, lost))
-        );
-        for ev in [
-            RdzvEvent::NodesWaiting(1),
-            RdzvEvent::RoundChanged {
-                round: 3,
-                reason: RoundReason::WorkerFailure,
-            },
-        ] {
-            assert_eq!(
-                regroup(rendezvous_end(ev, false)),
-                Some((RoundReason::Membership, Vec::new()))
-            );
-        }
-        for (ev, want) in [
-            (
-                RdzvEvent::Closed,
-                "the rendezvous was closed: its store says so",
-            ),
-            (
-                RdzvEvent::StoreUnreachable("x:1 refused".into()),
-                "lost the rendezvous store: x:1 refused",
-            ),
-        ] {
-            match rendezvous_end(ev, true) {
-                Outcome::RendezvousLost(msg) => assert!(msg.starts_with(want), "{msg}"),
-                other => panic!("{other:?}"),
-            }
-        }
     }
 }

@@ -1,10 +1,12 @@
 //! Supervision of the local worker group: spawn, watch, stop, restart, forward output, report.
 //!
-//! [`run`] is the entry point the binary calls and returns a [`RunEnd`]; `agent` owns the group
-//! state and the select loop, `stop` the stop sequence, `restart` the restart decision, `report`
+//! [`run`] is the entry point the binary calls and returns a [`RunEnd`]; `agent` owns the run's
+//! state, the restart loop and the select loop, `attempt` one attempt's group state and its
+//! per-event methods, `stop` the stop sequence, `restart` the restart decision, `report`
 //! the failure report, `worker` each worker's spawn spec and process.
 
 mod agent;
+mod attempt;
 pub mod contain;
 mod dstate;
 mod end;

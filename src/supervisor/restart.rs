@@ -12,7 +12,10 @@
 //!   shrink: it regroups only while restarts remain);
 //! - a worker failure with a peer node lost within [`PEER_LOSS_WINDOW`] of it is attributed to
 //!   the membership change (issue 17: a SIGKILLed node makes its peers' collectives fail before
-//!   the heartbeats tell that it is gone), so it is charged exactly as that loss would be.
+//!   the heartbeats tell that it is gone), so it is charged exactly as that loss would be;
+//! - once restarts are disabled (a worker stuck in D state past
+//!   TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, as torch), nothing charged follows: the run
+//!   gives up; a free membership change still regroups.
 
 use std::time::Duration;
 
@@ -55,9 +58,15 @@ pub enum Decision {
     GiveUp,
 }
 
-/// Decides what follows an attempt that ran with TORCHELASTIC_RESTART_COUNT = `restart_count`.
-pub fn decide(end: AttemptEnd, restart_count: u32, max_restarts: u32) -> Decision {
-    let restarts_left = restart_count < max_restarts;
+/// Decides what follows an attempt that ran with TORCHELASTIC_RESTART_COUNT = `restart_count`;
+/// `restarts_disabled`: no charged restart may follow, whatever the budget.
+pub fn decide(
+    end: AttemptEnd,
+    restart_count: u32,
+    max_restarts: u32,
+    restarts_disabled: bool,
+) -> Decision {
+    let restarts_left = restart_count < max_restarts && !restarts_disabled;
     match end {
         AttemptEnd::Succeeded => Decision::Finish,
         AttemptEnd::Failed if restarts_left => Decision::Restart {
@@ -129,7 +138,34 @@ mod tests {
             (FailedWithPeerLoss { charged: true }, 2, 2, Decision::GiveUp),
         ];
         for (end, count, max, want) in table {
-            assert_eq!(decide(end, count, max), want, "{end:?} {count}/{max}");
+            assert_eq!(
+                decide(end, count, max, false),
+                want,
+                "{end:?} {count}/{max}"
+            );
+        }
+    }
+
+    #[test]
+    fn disabled_restarts_allow_nothing_charged() {
+        let table = [
+            (Succeeded, Decision::Finish),
+            (Failed, Decision::GiveUp),
+            (Regroup { charged: true }, Decision::GiveUp),
+            (FailedWithPeerLoss { charged: true }, Decision::GiveUp),
+            // A membership change costs nothing, so it still regroups.
+            (
+                Regroup { charged: false },
+                Decision::Regroup { charged: false },
+            ),
+            (
+                FailedWithPeerLoss { charged: false },
+                Decision::Regroup { charged: false },
+            ),
+            (Interrupted, Decision::GiveUp),
+        ];
+        for (end, want) in table {
+            assert_eq!(decide(end, 0, 5, true), want, "{end:?}");
         }
     }
 

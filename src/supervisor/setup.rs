@@ -1,12 +1,93 @@
 //! What a run sets up once, before its first attempt: the worker store (where it listens, which
-//! port, which MASTER_ADDR workers get) and the host names (the `${hostname}` of
-//! log prefixes, the fully qualified name of the failure report).
+//! port, which MASTER_ADDR workers get), the host names (the `${hostname}` of
+//! log prefixes, the fully qualified name of the failure report) and the one-time notices about
+//! the workers' environment.
 
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
+
 use crate::config::LaunchConfig;
-use crate::rendezvous::tcp;
+use crate::rendezvous::{tcp, Rendezvous};
 use crate::store::server::StoreServer;
+
+/// The worker store of the run and the MASTER_PORT workers get. `None` when workers use another
+/// store: the static rendezvous store on node 0 (TORCHELASTIC_USE_AGENT_STORE), or their own
+/// (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, dynamic rendezvous only: the rank-0 worker hosts
+/// it on a port picked here, as torchrun).
+pub(crate) async fn worker_store(
+    config: &LaunchConfig,
+    rdzv: Option<&Rendezvous>,
+) -> Result<(Option<StoreServer>, u16), String> {
+    let store = match rdzv {
+        Some(r) if r.uses_rendezvous_store() => None,
+        _ if config.torch_env.own_worker_store => {
+            let host = rdzv.and_then(|r| r.advertised.as_deref());
+            return Ok((None, free_port(host, config.master_port)?));
+        }
+        // c10d: one worker store for the whole run, where this agent's advertised address is;
+        // the agent that becomes group rank 0 publishes its port as MASTER_PORT.
+        Some(r) => {
+            Some(bind_worker_store(r.advertised.as_deref(), config.master_port.unwrap_or(0)).await?)
+        }
+        // The store serves for the whole run (torchrun's agent store, spec torchrun-compat
+        // §2.3); workers connect as TCPStore clients.
+        None => Some(bind_store(config).await?),
+    };
+    let port = store.as_ref().map_or(0, StoreServer::port);
+    Ok((store, port))
+}
+
+/// The one-time notices about the workers' environment: CPU binding, and torchrun's
+/// OMP_NUM_THREADS=1 default when it applies.
+pub(crate) fn log_worker_env(config: &LaunchConfig) {
+    super::worker::log_binding(&config.binding);
+    if config.binding.omp_threads.is_empty()
+        && crate::workerenv::should_set_omp_num_threads(
+            std::env::var("OMP_NUM_THREADS").ok().as_deref(),
+            config.nproc_per_node,
+        )
+    {
+        tracing::warn!(
+            "setting OMP_NUM_THREADS=1 for every worker (it is unset and nproc_per_node > 1); set it yourself to tune"
+        );
+    }
+}
+
+/// This host's name (`gethostname`), or `localhost` when it has none.
+pub(crate) fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// The failure report's host name (FQDN): looked up in the background from the start, awaited
+/// only when a failure report is built, so the lookup never delays the launch.
+pub(crate) enum ReportHost {
+    Pending(JoinHandle<String>, String),
+    Known(String),
+}
+
+impl ReportHost {
+    /// Starts the lookup of `host`'s FQDN (`host` itself is the fallback).
+    pub(crate) fn lookup(host: &str) -> ReportHost {
+        let name = host.to_string();
+        ReportHost::Pending(
+            tokio::spawn(async move { fqdn_of(&name).await }),
+            host.to_string(),
+        )
+    }
+
+    pub(crate) async fn get(&mut self) -> String {
+        let name = match self {
+            ReportHost::Known(name) => return name.clone(),
+            ReportHost::Pending(task, fallback) => task.await.unwrap_or_else(|_| fallback.clone()),
+        };
+        *self = ReportHost::Known(name.clone());
+        name
+    }
+}
 
 /// The c10d worker store for the whole run, where this agent's advertised address is
 /// (`tcp::serve_at`); on `port` (`--master-port`) or one the kernel picks.

@@ -416,9 +416,12 @@ fn cpu_mask(cpus: &[usize]) -> Vec<libc::c_ulong> {
 /// child some other code spawned with `std::process::Command` and waits for itself (its `wait`
 /// then fails with ECHILD and the status is lost). rdrun runs such helpers (the pip NCCL probe
 /// of [`pip_nccl_env`]) only before the first attempt, to completion on the agent's one thread,
-/// and `reap` runs only while an attempt is supervised, so the two never overlap. Code that
-/// starts a helper process during an attempt must not wait for it with `std`: it gets its exit
-/// here, as a `Reaped` event for an unknown pid.
+/// and `reap` runs only while an attempt is supervised, so the two never overlap. The hang
+/// capture's py-spy processes (tokio children) run during an attempt, but the capture is
+/// awaited inline by the agent's loop, which does not reap meanwhile; one killed on a timeout
+/// and reaped here later is logged as an unknown pid. Code that starts a helper process during
+/// an attempt must not wait for it with `std`: it gets its exit here, as a `Reaped` event for
+/// an unknown pid.
 pub fn reap() -> Vec<(i32, WorkerStatus)> {
     let mut out = Vec::new();
     loop {

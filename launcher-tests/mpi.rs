@@ -46,6 +46,19 @@ struct MpiOut {
 /// [`MPIRUN_TIMEOUT`] (then mpirun is SIGTERMed, which ends its ranks, and SIGKILLed by pid).
 /// Output goes to files in `dir` so a chatty run never blocks on a pipe.
 fn mpirun(mpirun: &Path, dir: &TempDir, np: usize, args: &[&str], env: &[(&str, &str)]) -> MpiOut {
+    let mut argv: Vec<std::ffi::OsString> = vec![rdrun_bin().into()];
+    argv.extend(args.iter().map(Into::into));
+    mpirun_argv(mpirun, dir, np, &argv, env)
+}
+
+/// [`mpirun`] with the whole command of each rank given (`argv[0]` the program).
+fn mpirun_argv(
+    mpirun: &Path,
+    dir: &TempDir,
+    np: usize,
+    argv: &[std::ffi::OsString],
+    env: &[(&str, &str)],
+) -> MpiOut {
     let (out_path, err_path) = (dir.join("mpirun.out"), dir.join("mpirun.err"));
     let mut cmd = Command::new(mpirun);
     cmd.args([
@@ -54,8 +67,7 @@ fn mpirun(mpirun: &Path, dir: &TempDir, np: usize, args: &[&str], env: &[(&str, 
         "-np",
         &np.to_string(),
     ])
-    .arg(rdrun_bin())
-    .args(args)
+    .args(argv)
     .stdin(Stdio::null())
     .stdout(std::fs::File::create(&out_path).expect("stdout file"))
     .stderr(std::fs::File::create(&err_path).expect("stderr file"));
@@ -270,4 +282,61 @@ fn mpi_ranks_whose_hostnames_contradict_the_local_size_are_refused() {
     }
     let recs: BTreeMap<_, _> = records(dir.path());
     assert!(recs.is_empty(), "no worker started: {recs:#?}");
+}
+
+/// In place, the failure report names the failing rank's real identity: under `mpirun -np 4`
+/// rank 2 fails (one host, so its Open MPI local rank is 2), and its rdrun's report block and
+/// `--report-json` say rank 2 and local_rank 2 — not the agent's slot 0 (before:
+/// `rank      : 2 (local_rank: 0)`). Each rank's rdrun gets its own JSON path from a shell
+/// wrapper (the ranks the failure stops may write a report too).
+#[test]
+fn mpirun_in_place_failure_report_names_the_real_local_rank() {
+    let Some(mpirun_bin) = mpirun_path() else {
+        eprintln!("SKIP: mpirun not found (Debian's openmpi-bin installs it)");
+        return;
+    };
+    let dir = TempDir::new("mpi_report");
+    let argv: Vec<std::ffi::OsString> = vec![
+        "sh".into(),
+        "-c".into(),
+        r#"exec "$0" --report-json "$1/report.$OMPI_COMM_WORLD_RANK.json" "$2" "$1""#.into(),
+        rdrun_bin().into(),
+        dir.path().into(),
+        worker("mn_worker").into(),
+    ];
+    let out = mpirun_argv(&mpirun_bin, &dir, 4, &argv, &[("MN_FAIL_RANK", "2")]);
+    assert!(
+        out.code.is_some_and(|c| c != 0),
+        "rank 2 failed, mpirun ended with an error: {:?}\n{}",
+        out.code,
+        out.stderr
+    );
+    let recs = records(dir.path());
+    let env2 = recs
+        .iter()
+        .find(|((_, _, r), _)| *r == 2)
+        .map(|(_, e)| e)
+        .unwrap_or_else(|| panic!("rank 2 ran: {recs:#?}\n{}", out.stderr));
+    assert_eq!(get(env2, "LOCAL_RANK"), "2", "one host: {env2:?}");
+    assert!(
+        out.stderr.contains("rank      : 2 (local_rank: 2)"),
+        "the report names rank 2 with its real local rank:\n{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("rank      : 2 (local_rank: 0)"),
+        "{}",
+        out.stderr
+    );
+    let text = std::fs::read_to_string(dir.join("report.2.json"))
+        .unwrap_or_else(|e| panic!("rank 2's rdrun wrote its JSON report ({e})\n{}", out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&text).expect("JSON report");
+    let f = &report["failures"][0];
+    assert_eq!(f["rank"], 2, "{report}");
+    assert_eq!(f["local_rank"], 2, "{report}");
+    assert_eq!(
+        report["failures"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
 }

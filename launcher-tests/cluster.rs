@@ -561,9 +561,10 @@ fn torch_venv() -> Option<String> {
     }
 }
 
-/// Two pods: namespaces with per-pod /etc/hosts files, removed on drop.
-struct Pods {
-    net: Netns,
+/// Two pods: namespaces with per-pod /etc/hosts files, removed on drop (also the "hosts" of
+/// the real cross-host mpirun in launcher-tests/mpi.rs).
+pub(crate) struct Pods {
+    pub(crate) net: Netns,
     etc: Vec<std::path::PathBuf>,
     /// rdruns started per pod (names their output files).
     started: Vec<std::sync::atomic::AtomicUsize>,
@@ -571,7 +572,7 @@ struct Pods {
 
 impl Pods {
     /// `hosts[i]`: the /etc/hosts text pod `i` sees.
-    fn new(hosts: &[String]) -> Option<Pods> {
+    pub(crate) fn new(hosts: &[String]) -> Option<Pods> {
         let net = Netns::create(hosts.len())?;
         let mut etc = Vec::new();
         for (i, text) in hosts.iter().enumerate() {
@@ -718,7 +719,7 @@ fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 }
 
 /// Both pods' /etc/hosts: every name of both pods (`names[i]` are pod i's).
-fn hosts_of(names: &[&[&str]]) -> String {
+pub(crate) fn hosts_of(names: &[&[&str]]) -> String {
     names
         .iter()
         .enumerate()

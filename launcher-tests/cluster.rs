@@ -1182,6 +1182,53 @@ fn ipv6_only_pods_pytorchjob_elastic_gloo() {
     });
 }
 
+/// PyTorchJob v1 static on an IPv6-only pair with the master given as an IPv6 literal (as an
+/// operator with IPv6 pod IPs may set it): the store binds that address, the worker pod reaches
+/// it, one world of two runs a gloo all_reduce, and the workers get the literal bare.
+#[test]
+fn ipv6_only_pods_pytorchjob_static_literal_gloo() {
+    let Some(venv) = torch_venv() else { return };
+    bounded_test(move || {
+        let names = ["v6-master-0", "v6-worker-0"];
+        let Some(pods) = ipv6_only_pods(&names) else {
+            return;
+        };
+        let dir = TempDir::new("pod_v6s");
+        let pod = |rank: &str| {
+            with_k8s(kv(&[
+                ("PET_MASTER_ADDR", "fd00:231::1"),
+                ("PET_MASTER_PORT", "23456"),
+                ("PET_NNODES", "2"),
+                ("PET_NODE_RANK", rank),
+                ("PET_NPROC_PER_NODE", "1"),
+                ("MASTER_ADDR", "fd00:231::1"),
+                ("MASTER_PORT", "23456"),
+                ("RANK", rank),
+                ("WORLD_SIZE", "2"),
+                ("PYTHONUNBUFFERED", "1"),
+            ]))
+        };
+        let errs = gloo_job(
+            &pods,
+            &[(names[0], pod("0")), (names[1], pod("1"))],
+            &venv,
+            &dir,
+        );
+        assert!(
+            errs[1].contains("-> endpoint [fd00:231::1]:23456 (kubernetes pytorchjob-v1 static)"),
+            "{}",
+            errs[1]
+        );
+        for r in 0..2 {
+            let rec: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.join(format!("r{r}.json"))).expect("record"),
+            )
+            .expect("JSON");
+            assert_eq!(rec["MASTER_ADDR"], "fd00:231::1", "{rec}");
+        }
+    });
+}
+
 /// A hostfile of bare IPv6 literals (one bracketed) on an IPv6-only pair, no flag: each host
 /// finds its node rank by its own interface address (the hostnames are in no entry), the
 /// endpoint is the first literal (bracketed in the summary, bare in MASTER_ADDR), and the static

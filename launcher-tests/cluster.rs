@@ -1170,6 +1170,11 @@ fn ipv6_only_pods_pytorchjob_elastic_gloo() {
                 !err.contains("rendezvous addr=::1") && !err.contains("rendezvous addr=127."),
                 "never loopback: {err}"
             );
+            // The round's master as host:port, IPv6 bracketed (before: `fd00:231::1:PORT`).
+            assert!(
+                err.contains("master=[fd00:231::1]:"),
+                "pod {i} logs the master bracketed: {err}"
+            );
         }
         for r in 0..2 {
             let rec: serde_json::Value = serde_json::from_str(

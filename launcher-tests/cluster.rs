@@ -561,9 +561,10 @@ fn torch_venv() -> Option<String> {
     }
 }
 
-/// Two pods: namespaces with per-pod /etc/hosts files, removed on drop.
-struct Pods {
-    net: Netns,
+/// Two pods: namespaces with per-pod /etc/hosts files, removed on drop (also the "hosts" of
+/// the real cross-host mpirun in launcher-tests/mpi.rs).
+pub(crate) struct Pods {
+    pub(crate) net: Netns,
     etc: Vec<std::path::PathBuf>,
     /// rdruns started per pod (names their output files).
     started: Vec<std::sync::atomic::AtomicUsize>,
@@ -571,7 +572,7 @@ struct Pods {
 
 impl Pods {
     /// `hosts[i]`: the /etc/hosts text pod `i` sees.
-    fn new(hosts: &[String]) -> Option<Pods> {
+    pub(crate) fn new(hosts: &[String]) -> Option<Pods> {
         let net = Netns::create(hosts.len())?;
         let mut etc = Vec::new();
         for (i, text) in hosts.iter().enumerate() {
@@ -718,7 +719,7 @@ fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 }
 
 /// Both pods' /etc/hosts: every name of both pods (`names[i]` are pod i's).
-fn hosts_of(names: &[&[&str]]) -> String {
+pub(crate) fn hosts_of(names: &[&[&str]]) -> String {
     names
         .iter()
         .enumerate()
@@ -1089,4 +1090,188 @@ fn waiting_for_a_missing_node_says_who_is_missing() {
         out.stderr
     );
     assert!(records(dir.path()).is_empty(), "no worker started");
+}
+
+// --- An IPv6-only pair ------------------------------------------------------------------------
+//
+// Two pods whose only addresses besides loopback are fd00:231::1 and fd00:231::2 (ULA, `nodad`):
+// the namespaces' IPv4 addresses are removed before anything starts, and each /etc/hosts maps
+// the pod names to the IPv6 addresses only.
+
+/// [`Pods`] with IPv4 removed from eth0 (lo keeps 127.0.0.1), names `names[i]` → fd00:231::(i+1).
+fn ipv6_only_pods(names: &[&str; 2]) -> Option<Pods> {
+    let hosts: String = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("fd00:231::{} {n}\n", i + 1))
+        .collect();
+    let pods = Pods::new(&[hosts.clone(), hosts])?;
+    for i in 0..2 {
+        let ns = pods.net.name(i);
+        let st = std::process::Command::new("ip")
+            .args([
+                "-n",
+                &ns,
+                "addr",
+                "del",
+                &format!("{}/24", pods.net.addr(i)),
+            ])
+            .args(["dev", "eth0"])
+            .status()
+            .expect("ip addr del");
+        assert!(st.success(), "removing IPv4 from {ns}");
+        let v4 = std::process::Command::new("ip")
+            .args(["-n", &ns, "-4", "-o", "addr", "show", "dev", "eth0"])
+            .output()
+            .expect("ip addr show");
+        assert!(
+            v4.stdout.is_empty(),
+            "{ns} eth0 still has IPv4: {}",
+            String::from_utf8_lossy(&v4.stdout)
+        );
+    }
+    Some(pods)
+}
+
+/// PyTorchJob v1 elastic (c10d) on an IPv6-only pair, the endpoint a pod name that resolves to
+/// IPv6 only: one world of two, a gloo all_reduce across the pods, and each agent advertises the
+/// IPv6 source address of its route to the endpoint (logged at INFO), never loopback; workers get
+/// node 0's advertised address as MASTER_ADDR, bare.
+#[test]
+fn ipv6_only_pods_pytorchjob_elastic_gloo() {
+    let Some(venv) = torch_venv() else { return };
+    bounded_test(move || {
+        let names = ["v6-worker-0", "v6-worker-1"];
+        let Some(pods) = ipv6_only_pods(&names) else {
+            return;
+        };
+        let dir = TempDir::new("pod_v6");
+        let pod = || {
+            with_k8s(kv(&[
+                ("PET_RDZV_ENDPOINT", "v6-worker-0:23456"),
+                ("PET_RDZV_BACKEND", "c10d"),
+                ("PET_RDZV_ID", "v6"),
+                ("PET_NNODES", "2:2"),
+                ("PET_NPROC_PER_NODE", "1"),
+                ("PET_MAX_RESTARTS", "0"),
+                ("PYTHONUNBUFFERED", "1"),
+                // torchrun's LOGLEVEL: the advertised address is an INFO line.
+                ("LOGLEVEL", "INFO"),
+            ]))
+        };
+        let errs = gloo_job(&pods, &[(names[0], pod()), (names[1], pod())], &venv, &dir);
+        for (i, err) in errs.iter().enumerate() {
+            let want = format!("joining the c10d rendezvous addr={}", pods.net.addr6(i));
+            assert!(
+                err.contains(&want),
+                "pod {i} advertises its IPv6 route address: {err}"
+            );
+            assert!(
+                !err.contains("rendezvous addr=::1") && !err.contains("rendezvous addr=127."),
+                "never loopback: {err}"
+            );
+            // The round's master as host:port, IPv6 bracketed (before: `fd00:231::1:PORT`).
+            assert!(
+                err.contains("master=[fd00:231::1]:"),
+                "pod {i} logs the master bracketed: {err}"
+            );
+        }
+        for r in 0..2 {
+            let rec: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.join(format!("r{r}.json"))).expect("record"),
+            )
+            .expect("JSON");
+            assert_eq!(rec["MASTER_ADDR"], "fd00:231::1", "{rec}");
+            assert_eq!(rec["RANK"], r.to_string().as_str(), "{rec}");
+        }
+    });
+}
+
+/// PyTorchJob v1 static on an IPv6-only pair with the master given as an IPv6 literal (as an
+/// operator with IPv6 pod IPs may set it): the store binds that address, the worker pod reaches
+/// it, one world of two runs a gloo all_reduce, and the workers get the literal bare.
+#[test]
+fn ipv6_only_pods_pytorchjob_static_literal_gloo() {
+    let Some(venv) = torch_venv() else { return };
+    bounded_test(move || {
+        let names = ["v6-master-0", "v6-worker-0"];
+        let Some(pods) = ipv6_only_pods(&names) else {
+            return;
+        };
+        let dir = TempDir::new("pod_v6s");
+        let pod = |rank: &str| {
+            with_k8s(kv(&[
+                ("PET_MASTER_ADDR", "fd00:231::1"),
+                ("PET_MASTER_PORT", "23456"),
+                ("PET_NNODES", "2"),
+                ("PET_NODE_RANK", rank),
+                ("PET_NPROC_PER_NODE", "1"),
+                ("MASTER_ADDR", "fd00:231::1"),
+                ("MASTER_PORT", "23456"),
+                ("RANK", rank),
+                ("WORLD_SIZE", "2"),
+                ("PYTHONUNBUFFERED", "1"),
+            ]))
+        };
+        let errs = gloo_job(
+            &pods,
+            &[(names[0], pod("0")), (names[1], pod("1"))],
+            &venv,
+            &dir,
+        );
+        assert!(
+            errs[1].contains("-> endpoint [fd00:231::1]:23456 (kubernetes pytorchjob-v1 static)"),
+            "{}",
+            errs[1]
+        );
+        for r in 0..2 {
+            let rec: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.join(format!("r{r}.json"))).expect("record"),
+            )
+            .expect("JSON");
+            assert_eq!(rec["MASTER_ADDR"], "fd00:231::1", "{rec}");
+        }
+    });
+}
+
+/// A hostfile of bare IPv6 literals (one bracketed) on an IPv6-only pair, no flag: each host
+/// finds its node rank by its own interface address (the hostnames are in no entry), the
+/// endpoint is the first literal (bracketed in the summary, bare in MASTER_ADDR), and the static
+/// world of two forms with shell workers (before: "own host ... is missing from hostfile").
+#[test]
+fn ipv6_only_hosts_hostfile_of_literals() {
+    bounded_test(|| {
+        let names = ["v6a", "v6b"];
+        let Some(pods) = ipv6_only_pods(&names) else {
+            return;
+        };
+        let dir = TempDir::new("hf_v6");
+        let hf = dir.join("hostfile");
+        std::fs::write(&hf, "fd00:231::1 slots=1\n[fd00:231::2] slots=1\n").expect("hostfile");
+        let env = kv(&[("RDRUN_HOSTFILE", &hf.to_string_lossy())]);
+        let w = worker("mn_worker").to_string_lossy().into_owned();
+        let out = dir.path().to_string_lossy().into_owned();
+        let running: Vec<Pod> = (0..2)
+            .map(|i| pods.start(i, names[i], &env, &[&w, &out], &dir))
+            .collect();
+        let ends: Vec<(Option<i32>, String)> = running.into_iter().map(Pod::wait).collect();
+        for (i, (code, err)) in ends.iter().enumerate() {
+            assert_eq!(*code, Some(0), "host {i}:\n{err}");
+        }
+        assert!(
+            ends[1]
+                .1
+                .contains("rdrun: node 1/2 -> endpoint [fd00:231::1]:29500 (hostfile ("),
+            "{}",
+            ends[1].1
+        );
+        let recs = records(dir.path());
+        assert_eq!(recs.len(), 2, "{recs:#?}");
+        for ((gws, _, rank), env) in &recs {
+            assert_eq!(*gws, 2, "{env:?}");
+            assert_eq!(get(env, "GROUP_RANK"), rank.to_string(), "by address");
+            assert_eq!(get(env, "WORLD_SIZE"), "2");
+            assert_eq!(get(env, "MASTER_ADDR"), "fd00:231::1");
+        }
+    });
 }

@@ -6,6 +6,11 @@
 //! Skipped with a message when `mpirun` is not installed (Debian's `openmpi-bin`), and the
 //! PyTorch test also when the torch venv (`scripts/torch-venv.sh`) is missing.
 //!
+//! Across hosts: a real `mpirun` spanning two network namespaces ("hosts" `mpia`, `mpib`, each
+//! with its hostname and /etc/hosts), its daemon started on the second through a launch agent
+//! (`plm_rsh_agent`, in place of ssh), with a gloo all_reduce; skipped also without root
+//! namespaces. In place, a failing rank's report names its real RANK and LOCAL_RANK.
+//!
 //! Also, without mpirun: the exact Open MPI variables of two "hosts" given to four rdruns that
 //! all run on this one machine: the hostnames the ranks exchange contradict the launcher's local
 //! size, which is refused by every rank instead of forming a wrong node layout.
@@ -46,7 +51,19 @@ struct MpiOut {
 /// [`MPIRUN_TIMEOUT`] (then mpirun is SIGTERMed, which ends its ranks, and SIGKILLed by pid).
 /// Output goes to files in `dir` so a chatty run never blocks on a pipe.
 fn mpirun(mpirun: &Path, dir: &TempDir, np: usize, args: &[&str], env: &[(&str, &str)]) -> MpiOut {
-    let (out_path, err_path) = (dir.join("mpirun.out"), dir.join("mpirun.err"));
+    let mut argv: Vec<std::ffi::OsString> = vec![rdrun_bin().into()];
+    argv.extend(args.iter().map(Into::into));
+    mpirun_argv(mpirun, dir, np, &argv, env)
+}
+
+/// [`mpirun`] with the whole command of each rank given (`argv[0]` the program).
+fn mpirun_argv(
+    mpirun: &Path,
+    dir: &TempDir,
+    np: usize,
+    argv: &[std::ffi::OsString],
+    env: &[(&str, &str)],
+) -> MpiOut {
     let mut cmd = Command::new(mpirun);
     cmd.args([
         "--oversubscribe",
@@ -54,11 +71,17 @@ fn mpirun(mpirun: &Path, dir: &TempDir, np: usize, args: &[&str], env: &[(&str, 
         "-np",
         &np.to_string(),
     ])
-    .arg(rdrun_bin())
-    .args(args)
-    .stdin(Stdio::null())
-    .stdout(std::fs::File::create(&out_path).expect("stdout file"))
-    .stderr(std::fs::File::create(&err_path).expect("stderr file"));
+    .args(argv);
+    run_bounded(cmd, dir, env)
+}
+
+/// Runs `cmd` (an mpirun, or a command that execs one) with `env` added, bounded by
+/// [`MPIRUN_TIMEOUT`]: SIGTERM (mpirun then ends its ranks), 5 s, SIGKILL, by pid.
+fn run_bounded(mut cmd: Command, dir: &TempDir, env: &[(&str, &str)]) -> MpiOut {
+    let (out_path, err_path) = (dir.join("mpirun.out"), dir.join("mpirun.err"));
+    cmd.stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"));
     // A worker of an outer rdrun (the test harness may be one) must not look nested.
     cmd.env_remove("TORCHELASTIC_RUN_ID");
     for (k, v) in env {
@@ -270,4 +293,193 @@ fn mpi_ranks_whose_hostnames_contradict_the_local_size_are_refused() {
     }
     let recs: BTreeMap<_, _> = records(dir.path());
     assert!(recs.is_empty(), "no worker started: {recs:#?}");
+}
+
+/// In place, the failure report names the failing rank's real identity: under `mpirun -np 4`
+/// rank 2 fails (one host, so its Open MPI local rank is 2), and its rdrun's report block and
+/// `--report-json` say rank 2 and local_rank 2 — not the agent's slot 0 (before:
+/// `rank      : 2 (local_rank: 0)`). Each rank's rdrun gets its own JSON path from a shell
+/// wrapper (the ranks the failure stops may write a report too).
+#[test]
+fn mpirun_in_place_failure_report_names_the_real_local_rank() {
+    let Some(mpirun_bin) = mpirun_path() else {
+        eprintln!("SKIP: mpirun not found (Debian's openmpi-bin installs it)");
+        return;
+    };
+    let dir = TempDir::new("mpi_report");
+    let argv: Vec<std::ffi::OsString> = vec![
+        "sh".into(),
+        "-c".into(),
+        r#"exec "$0" --report-json "$1/report.$OMPI_COMM_WORLD_RANK.json" "$2" "$1""#.into(),
+        rdrun_bin().into(),
+        dir.path().into(),
+        worker("mn_worker").into(),
+    ];
+    let out = mpirun_argv(&mpirun_bin, &dir, 4, &argv, &[("MN_FAIL_RANK", "2")]);
+    assert!(
+        out.code.is_some_and(|c| c != 0),
+        "rank 2 failed, mpirun ended with an error: {:?}\n{}",
+        out.code,
+        out.stderr
+    );
+    let recs = records(dir.path());
+    let env2 = recs
+        .iter()
+        .find(|((_, _, r), _)| *r == 2)
+        .map(|(_, e)| e)
+        .unwrap_or_else(|| panic!("rank 2 ran: {recs:#?}\n{}", out.stderr));
+    assert_eq!(get(env2, "LOCAL_RANK"), "2", "one host: {env2:?}");
+    assert!(
+        out.stderr.contains("rank      : 2 (local_rank: 2)"),
+        "the report names rank 2 with its real local rank:\n{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("rank      : 2 (local_rank: 0)"),
+        "{}",
+        out.stderr
+    );
+    let text = std::fs::read_to_string(dir.join("report.2.json"))
+        .unwrap_or_else(|e| panic!("rank 2's rdrun wrote its JSON report ({e})\n{}", out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&text).expect("JSON report");
+    let f = &report["failures"][0];
+    assert_eq!(f["rank"], 2, "{report}");
+    assert_eq!(f["local_rank"], 2, "{report}");
+    assert_eq!(
+        report["failures"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+}
+
+/// mpirun's remote launch agent (`plm_rsh_agent`) for hosts that are network namespaces:
+/// Open MPI runs `AGENT HOST ARGS…` as it would `ssh HOST ARGS…`, the arguments being one shell
+/// command line to re-parse; the agent runs it in HOST's namespace under its own UTS namespace
+/// with HOST as hostname (as sshd would on that machine), and logs each launch to `log`.
+fn namespace_agent(dir: &TempDir, hosts: &[(&str, String)], log: &Path) -> PathBuf {
+    let cases: String = hosts
+        .iter()
+        .map(|(h, ns)| format!("  {h}) ns={ns} ;;\n"))
+        .collect();
+    let script = format!(
+        "#!/bin/sh\n\
+         host=$1; shift\n\
+         case \"$host\" in\n{cases}  *) echo \"agent: unknown host $host\" >&2; exit 1 ;;\nesac\n\
+         echo \"$host $*\" >> '{log}'\n\
+         exec ip netns exec \"$ns\" unshare --uts sh -c 'hostname \"$0\" && exec sh -c \"$1\"' \"$host\" \"$*\"\n",
+        log = log.display()
+    );
+    let path = dir.join("agent");
+    std::fs::write(&path, script).expect("write agent");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod agent");
+    path
+}
+
+/// A real `mpirun` across two hosts (network namespaces `mpia`, `mpib`, each with its hostname
+/// and /etc/hosts): mpirun runs on mpia, starts Open MPI's daemon on mpib through the
+/// launch agent, `-np 4 --map-by node` puts ranks 0, 2 on mpia and 1, 3 on mpib, and every
+/// rank's rdrun (no rdrun flag) joins one world whose store rank 0 hosts on mpia (the default
+/// hostfile's first host, a port from the MPI job id). A PyTorch gloo all_reduce across the
+/// hosts sums 1+2+3+4; ranks, local ranks and GROUP_RANK follow the hosts the ranks ran on.
+#[test]
+fn mpirun_across_two_hosts_gloo_all_reduce() {
+    let Some(mpirun_bin) = mpirun_path() else {
+        eprintln!("SKIP: mpirun not found (Debian's openmpi-bin installs it)");
+        return;
+    };
+    let Some(python) = torch_python() else {
+        eprintln!("SKIP: no torch venv (scripts/torch-venv.sh installs it)");
+        return;
+    };
+    crate::rendezvous::bounded(Duration::from_secs(400), move || {
+        let names: [&[&str]; 2] = [&["mpia"], &["mpib"]];
+        let hosts = crate::cluster::hosts_of(&names);
+        let Some(pods) = crate::cluster::Pods::new(&[hosts.clone(), hosts]) else {
+            return;
+        };
+        let dir = TempDir::new("mpi_2hosts_torch");
+        let log = dir.join("agent.log");
+        let agent = namespace_agent(
+            &dir,
+            &[("mpia", pods.net.name(0)), ("mpib", pods.net.name(1))],
+            &log,
+        );
+        let hostfile = dir.join("hostfile");
+        std::fs::write(&hostfile, "mpia slots=2\nmpib slots=2\n").expect("hostfile");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("launcher-tests/torch/scripts/inplace_allreduce.py");
+        let venv = python
+            .parent()
+            .and_then(Path::parent)
+            .expect("venv dir")
+            .to_string_lossy()
+            .into_owned();
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &pods.net.name(0),
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+        ])
+        .arg("hostname \"$0\" && exec \"$@\"")
+        .arg("mpia")
+        .arg(&mpirun_bin)
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .args(["--map-by", "node"])
+        .arg("--mca")
+        .arg("plm_rsh_agent")
+        .arg(&agent)
+        .arg("--mca")
+        .arg("orte_default_hostfile")
+        .arg(&hostfile)
+        .args(["-x", "VIRTUAL_ENV", "-x", "PYTHONUNBUFFERED"])
+        .arg(rdrun_bin())
+        .arg(&script)
+        .arg(dir.path());
+        let out = run_bounded(
+            cmd,
+            &dir,
+            &[("VIRTUAL_ENV", &venv), ("PYTHONUNBUFFERED", "1")],
+        );
+        out.assert_ok();
+        let launched = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            launched.starts_with("mpib ") && launched.contains("orted"),
+            "Open MPI's daemon was started on mpib through the agent: {launched:?}"
+        );
+        for r in 0..4usize {
+            let text = std::fs::read_to_string(dir.join(format!("r{r}.json")))
+                .unwrap_or_else(|e| panic!("rank {r} wrote no record ({e})\n{}", out.stderr));
+            let rec: serde_json::Value = serde_json::from_str(&text).expect("JSON record");
+            let host = r % 2;
+            assert_eq!(rec["host"], names[host][0], "--map-by node: {rec}");
+            assert_eq!(rec["dist_rank"], r, "{rec}");
+            assert_eq!(rec["dist_world"], 4, "{rec}");
+            assert_eq!(
+                rec["sum"], 10.0,
+                "one world of four across two hosts: {rec}"
+            );
+            assert_eq!(rec["RANK"], r.to_string().as_str(), "{rec}");
+            assert_eq!(rec["OMPI_COMM_WORLD_RANK"], r.to_string().as_str(), "{rec}");
+            assert_eq!(rec["LOCAL_RANK"], (r / 2).to_string().as_str(), "{rec}");
+            assert_eq!(
+                rec["LOCAL_RANK"], rec["OMPI_COMM_WORLD_LOCAL_RANK"],
+                "{rec}"
+            );
+            assert_eq!(rec["WORLD_SIZE"], "4", "{rec}");
+            assert_eq!(rec["LOCAL_WORLD_SIZE"], "2", "{rec}");
+            assert_eq!(rec["GROUP_RANK"], host.to_string().as_str(), "{rec}");
+            assert_eq!(rec["GROUP_WORLD_SIZE"], "2", "{rec}");
+            assert_eq!(rec["MASTER_ADDR"], "mpia", "{rec}");
+        }
+        assert!(
+            out.stderr.contains("rdrun: topology  source=mpi openmpi"),
+            "{}",
+            out.stderr
+        );
+    });
 }

@@ -85,10 +85,35 @@ pub struct HostFacts<'a> {
     pub ppid: Option<u32>,
     /// Reads a named file (hostfiles); the only I/O detection does.
     pub read_file: &'a dyn Fn(&str) -> Result<String, String>,
+    /// Whether an address literal of a host list is this machine's (assigned to one of its
+    /// interfaces): a hostfile of bare addresses (an IPv6-only cluster) names no hostname.
+    pub is_local_ip: &'a dyn Fn(std::net::IpAddr) -> bool,
 }
 
 fn no_files(path: &str) -> Result<String, String> {
     Err(format!("{path}: no file reader given"))
+}
+
+fn no_local_ips(_: std::net::IpAddr) -> bool {
+    false
+}
+
+/// `host` as an address literal, brackets (`[fd00::1]`) allowed; `None` for a name.
+pub fn ip_literal(host: &str) -> Option<std::net::IpAddr> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    bare.parse().ok()
+}
+
+/// `host:port` as a user types it back: brackets around an IPv6 literal (`[fd00::1]:29500`),
+/// never around a name.
+pub fn host_port(host: &str, port: &str) -> String {
+    match ip_literal(host) {
+        Some(std::net::IpAddr::V6(ip)) => format!("[{ip}]:{port}"),
+        _ => format!("{host}:{port}"),
+    }
 }
 
 impl HostFacts<'static> {
@@ -100,6 +125,7 @@ impl HostFacts<'static> {
             addresses: Vec::new(),
             ppid: None,
             read_file: &no_files,
+            is_local_ip: &no_local_ips,
         }
     }
 }

@@ -751,6 +751,15 @@ fn find_self(hosts: &[String], host: &HostFacts<'_>, what: &str) -> R<usize> {
         .enumerate()
         .filter(|(_, h)| {
             let h = h.rsplit('@').next().unwrap_or(h);
+            // An address literal is compared as an address (`fd00:0::1` is `fd00::1`), and
+            // matches when it is this machine's own; a name by its text, or its first label.
+            if let Some(ip) = super::ip_literal(h) {
+                return (host.is_local_ip)(ip)
+                    || host
+                        .addresses
+                        .iter()
+                        .any(|a| super::ip_literal(a) == Some(ip));
+            }
             names.contains(&h) || names.contains(&h.split('.').next().unwrap_or(h))
         })
         .map(|(i, _)| i)
@@ -968,7 +977,9 @@ pub fn hostfile(env: &dyn Env, host: &HostFacts<'_>, flags: &Fields) -> R<Option
         what.clone(),
     );
     f.node_rank = src(me, format!("position of this host in {what}"));
-    let h0 = names[0].rsplit('@').next().unwrap_or(&names[0]).to_string();
+    let h0 = names[0].rsplit('@').next().unwrap_or(&names[0]);
+    // MASTER_ADDR is a bare address, as torch's TCPStore takes it (`[fd00::1]` is `fd00::1`).
+    let h0 = super::ip_literal(h0).map_or_else(|| h0.to_string(), |ip| ip.to_string());
     f.master_addr = src(h0, format!("first host of {what}"));
     f.master_port = src(29500, "torchrun default (hostfile)");
     f.backend = src("static".into(), "hostfile: fixed hosts");

@@ -73,22 +73,26 @@ pub fn one_line(t: &Topology) -> String {
     let v = |o: Option<String>| o.unwrap_or_else(|| "?".into());
     if f.mode.as_ref().map(|m| m.value) == Some(super::Mode::InPlace) {
         return format!(
-            "rdrun: rank {}/{} (local {}/{}) -> endpoint {}:{} ({}), mode in-place",
+            "rdrun: rank {}/{} (local {}/{}) -> endpoint {} ({}), mode in-place",
             v(f.rank.as_ref().map(|x| x.value.to_string())),
             v(f.world_size.as_ref().map(|x| x.value.to_string())),
             v(f.local_rank.as_ref().map(|x| x.value.to_string())),
             v(f.local_world_size.as_ref().map(|x| x.value.to_string())),
-            v(f.master_addr.as_ref().map(|x| x.value.clone())),
-            v(f.master_port.as_ref().map(|x| x.value.to_string())),
+            super::host_port(
+                &v(f.master_addr.as_ref().map(|x| x.value.clone())),
+                &v(f.master_port.as_ref().map(|x| x.value.to_string())),
+            ),
             t.scheduler,
         );
     }
     format!(
-        "rdrun: node {}/{} -> endpoint {}:{} ({}), mode {}",
+        "rdrun: node {}/{} -> endpoint {} ({}), mode {}",
         v(f.node_rank.as_ref().map(|x| x.value.to_string())),
         v(f.nnodes.as_ref().map(|x| x.value.to_string())),
-        v(f.master_addr.as_ref().map(|x| x.value.clone())),
-        v(f.master_port.as_ref().map(|x| x.value.to_string())),
+        super::host_port(
+            &v(f.master_addr.as_ref().map(|x| x.value.clone())),
+            &v(f.master_port.as_ref().map(|x| x.value.to_string())),
+        ),
         t.scheduler,
         v(f.mode.as_ref().map(|x| x.value.name().to_string())),
     )

@@ -1170,3 +1170,47 @@ fn hostfile_filters_with_deepspeeds_documented_semantics() {
         .0;
     assert_eq!(e, "--include/--exclude select slots, but worker-0 has no slots=N in hostfile /hf (--hostfile)");
 }
+
+/// An IPv6-only cluster's hostfile of bare address literals (one bracketed): this host is the
+/// entry assigned to one of its interfaces (compared as addresses, not text), MASTER_ADDR is the
+/// first literal without brackets, and the one-line summary brackets the endpoint. Before, no
+/// interface address was ever consulted ("own host ... is missing").
+#[test]
+fn hostfile_of_ipv6_literals_matches_this_hosts_address() {
+    let files = |p: &str| match p {
+        "/hf6" => Ok("fd00:231::1 slots=1\n[fd00:231::2] slots=1\n".to_string()),
+        p => Err(format!("{p}: no such file")),
+    };
+    let mine: std::net::IpAddr = "fd00:231:0:0::2".parse().unwrap();
+    let local = move |ip: std::net::IpAddr| ip == mine;
+    let host = HostFacts {
+        read_file: &files,
+        is_local_ip: &local,
+        ..HostFacts::named("v6-worker-1")
+    };
+    let t = detect_on(&[("RDRUN_HOSTFILE", "/hf6")], &host, &Fields::default())
+        .unwrap()
+        .unwrap();
+    assert_eq!(val(&t.fields.node_rank).0, 1);
+    assert_eq!(val(&t.fields.nnodes).0, nn(2));
+    assert_eq!(val(&t.fields.master_addr).0, "fd00:231::1");
+    assert_eq!(
+        render::one_line(&t),
+        "rdrun: node 1/2 -> endpoint [fd00:231::1]:29500 (hostfile (/hf6)), mode node"
+    );
+    // Not this machine's address: still missing, with the usual error.
+    let host = HostFacts {
+        read_file: &files,
+        ..HostFacts::named("v6-worker-1")
+    };
+    assert_eq!(
+        detect_on(&[("RDRUN_HOSTFILE", "/hf6")], &host, &Fields::default())
+            .unwrap_err()
+            .0,
+        "own host v6-worker-1 is missing from hostfile /hf6 (RDRUN_HOSTFILE)"
+    );
+    assert_eq!(host_port("fd00::1", "1"), "[fd00::1]:1");
+    assert_eq!(host_port("[fd00::1]", "1"), "[fd00::1]:1");
+    assert_eq!(host_port("n1", "1"), "n1:1");
+    assert_eq!(host_port("10.0.0.1", "1"), "10.0.0.1:1");
+}

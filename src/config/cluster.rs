@@ -132,7 +132,14 @@ fn host_facts(env: &dyn cluster::Env) -> HostFacts<'static> {
         addresses: Vec::new(),
         ppid: Some(std::os::unix::process::parent_id()),
         read_file: &read_file,
+        is_local_ip: &is_local_ip,
     }
+}
+
+/// Whether `ip` is assigned to an interface here (in this network namespace): only then can a
+/// socket be bound to it (the kernel's own test; no interface list to read and keep in sync).
+fn is_local_ip(ip: std::net::IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
 fn cluster_error(e: cluster::ClusterError) -> ConfigError {

@@ -367,7 +367,7 @@ impl Agent {
         FailureReport {
             name: self.config.command.display_name.clone(),
             host,
-            failures,
+            failures: worker::as_reported(&self.config, failures),
         }
         .resolve()
     }

@@ -91,7 +91,7 @@ pub(crate) async fn join_round(
                 group_world_size = asg.group_world_size,
                 world_size = asg.world_size,
                 restart_count = asg.restart_count,
-                master = %format!("{}:{}", asg.master_addr, asg.master_port),
+                master = %crate::rendezvous::addr::host_port(&asg.master_addr, asg.master_port),
                 "rendezvous round complete"
             );
             Ok(asg)

@@ -282,6 +282,27 @@ fn in_place_ids(
     ))
 }
 
+/// The failures as the report names them. In place the agent's one worker is its slot 0, but
+/// the worker's LOCAL_RANK is the scheduler's ([`in_place_ids`]), and the report (block, JSON,
+/// parent error file) must name that one, as it names RANK. Node mode: unchanged.
+pub fn as_reported(
+    config: &LaunchConfig,
+    mut failures: Vec<super::report::Failure>,
+) -> Vec<super::report::Failure> {
+    for f in &mut failures {
+        f.local_rank = reported_local_rank(config.cluster.in_place.as_ref(), f.local_rank);
+    }
+    failures
+}
+
+/// The LOCAL_RANK the worker in agent slot `slot` was given (see [`as_reported`]).
+fn reported_local_rank(in_place: Option<&crate::config::InPlace>, slot: usize) -> usize {
+    match in_place {
+        Some(p) => p.local_rank,
+        None => slot,
+    }
+}
+
 /// `LD_LIBRARY_PATH` for workers when their Python environment has a pip-installed NCCL, so that
 /// cudarc (which only tries `libnccl.so`) can load it (issue #6, spec runtime.md §1.4).
 ///
@@ -560,6 +581,19 @@ fn descendants_all(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn in_place_failures_name_the_schedulers_local_rank() {
+        let p = crate::config::InPlace {
+            rank: 6,
+            local_rank: 2,
+            world_size: 8,
+            local_world_size: 4,
+            node: Some((1, 2)),
+        };
+        assert_eq!(reported_local_rank(Some(&p), 0), 2);
+        assert_eq!(reported_local_rank(None, 3), 3);
+    }
 
     fn sample(local_rank: usize, nproc: usize) -> WorkerEnv {
         WorkerEnv {

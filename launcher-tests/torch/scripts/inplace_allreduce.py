@@ -5,6 +5,7 @@ Usage: inplace_allreduce.py OUT
 """
 import json
 import os
+import socket
 import sys
 
 import torch
@@ -21,7 +22,7 @@ keys = [
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
 ]
 rec = {k: os.environ.get(k) for k in keys}
-rec.update(dist_rank=rank, dist_world=world, sum=t.item())
+rec.update(dist_rank=rank, dist_world=world, sum=t.item(), host=socket.gethostname())
 tmp = os.path.join(out, f"r{rank}.json.tmp")
 with open(tmp, "w") as f:
     json.dump(rec, f)

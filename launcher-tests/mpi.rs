@@ -339,6 +339,12 @@ fn mpirun_in_place_failure_report_names_the_real_local_rank() {
         "{}",
         out.stderr
     );
+    // The failure log line names the scheduler's LOCAL_RANK too (it said 0 before: the slot).
+    assert!(
+        out.stderr.contains("local_rank: 2 (pid:"),
+        "the failure log line names local_rank 2:\n{}",
+        out.stderr
+    );
     let text = std::fs::read_to_string(dir.join("report.2.json"))
         .unwrap_or_else(|e| panic!("rank 2's rdrun wrote its JSON report ({e})\n{}", out.stderr));
     let report: serde_json::Value = serde_json::from_str(&text).expect("JSON report");

@@ -367,7 +367,7 @@ impl Agent {
         FailureReport {
             name: self.config.command.display_name.clone(),
             host,
-            failures: worker::as_reported(&self.config, failures),
+            failures,
         }
         .resolve()
     }
@@ -507,7 +507,7 @@ impl Agent {
             .map(|lr| RankIdentity {
                 role: self.config.role.clone(),
                 rank: asg.base_rank + lr,
-                local_rank: lr,
+                local_rank: worker::reported_local_rank(self.config.cluster.in_place.as_ref(), lr),
                 hostname: short_host(&self.host),
             })
             .collect();

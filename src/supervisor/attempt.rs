@@ -252,7 +252,7 @@ impl Group {
             guard.pgids.push(spawned.pid);
             let activity = output::Activity::default();
             obs.get()
-                .spawned(lr, asg.base_rank + lr, spawned.pid, &activity.bytes);
+                .spawned(id.local_rank, id.rank, spawned.pid, &activity.bytes);
             let handle = output::forward_until(
                 id.clone(),
                 rank_logs.sink.clone(),
@@ -261,9 +261,11 @@ impl Group {
                 stop_output.subscribe(),
                 activity.clone(),
             );
+            // In place the one slot's LOCAL_RANK is the scheduler's (`RankIdentity`), and so is
+            // what every log line, prefix and report names.
             slots.push(Slot {
-                local_rank: lr,
-                rank: asg.base_rank + lr,
+                local_rank: id.local_rank,
+                rank: id.rank,
                 pid: spawned.pid,
                 status: None,
                 stop_sent_at: None,

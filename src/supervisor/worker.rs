@@ -282,21 +282,12 @@ fn in_place_ids(
     ))
 }
 
-/// The failures as the report names them. In place the agent's one worker is its slot 0, but
-/// the worker's LOCAL_RANK is the scheduler's ([`in_place_ids`]), and the report (block, JSON,
-/// parent error file) must name that one, as it names RANK. Node mode: unchanged.
-pub fn as_reported(
-    config: &LaunchConfig,
-    mut failures: Vec<super::report::Failure>,
-) -> Vec<super::report::Failure> {
-    for f in &mut failures {
-        f.local_rank = reported_local_rank(config.cluster.in_place.as_ref(), f.local_rank);
-    }
-    failures
-}
-
-/// The LOCAL_RANK the worker in agent slot `slot` was given (see [`as_reported`]).
-fn reported_local_rank(in_place: Option<&crate::config::InPlace>, slot: usize) -> usize {
+/// The LOCAL_RANK the worker in agent slot `slot` was given: in place the agent's one worker is
+/// its slot 0, but the worker's LOCAL_RANK is the scheduler's ([`in_place_ids`]), and every
+/// place that names a local rank (output prefixes, log directories, `--tee`/`--redirects`/
+/// `--local-ranks-filter`, the failure report) must name that one, as it names RANK. Node
+/// mode: the slot.
+pub(crate) fn reported_local_rank(in_place: Option<&crate::config::InPlace>, slot: usize) -> usize {
     match in_place {
         Some(p) => p.local_rank,
         None => slot,

@@ -177,7 +177,13 @@ impl Agent {
             Some(s) => Box::pin(s.closed()),
             None => Box::pin(std::future::pending()),
         };
-        tracing::debug!(%master_addr, master_port, "worker store serving");
+        match (&store, &rdzv) {
+            // Single node: workers get this address and port.
+            (Some(_), None) => tracing::debug!(%master_addr, master_port, "worker store serving"),
+            // c10d: the store listens on the advertised address; each round says who hosts.
+            (Some(s), Some(_)) => tracing::debug!(addr = %s.local_addr(), "worker store serving"),
+            (None, _) => {}
+        }
         let host = setup::host_name();
         let report_host = ReportHost::lookup(&host);
         setup::log_worker_env(&config);

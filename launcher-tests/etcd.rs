@@ -349,6 +349,51 @@ fn store_host_killed_survivors_regroup_with_a_new_store_host() {
     });
 }
 
+/// Issue 17.7 on etcd: a SIGKILLed node makes its peers' workers fail (as gloo's do) seconds
+/// before its lease expires; with `--max-restarts 0` the survivors must still regroup and
+/// finish, the failure counted as the membership change (before the etcd backend waited for
+/// its peers' leases, the job ended with exit 1: the failure was charged).
+#[test]
+fn sigkilled_node_whose_peers_fail_is_not_charged() {
+    bounded(TEST_TIMEOUT, || {
+        let Some(tb) = Testbed::new(3, 3) else {
+            return;
+        };
+        let dir = TempDir::new("etcd-kill-fail");
+        let mut running: Vec<_> = (0..3)
+            .map(|i| {
+                tb.agent(&dir, "killfail", "2:3", i, "")
+                    .args(["--max-restarts", "0"])
+                    .env("MN_FAIL_ON_LOSS_GWS", "3")
+                    .spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 3, 0, 3, Duration::from_secs(90));
+        // Not the store host: its peers' workers then fail only through the worker check.
+        let recs = records(dir.path());
+        let (master, _) = check_round(&recs, 3, 0, Some(&[1, 1, 1]));
+        let victim = (0..3).find(|i| *i != node_of(&master)).unwrap();
+        let killed = running.remove(victim);
+        killed.signal(libc::SIGKILL);
+        assert_eq!(killed.wait().signal, Some(libc::SIGKILL));
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        for o in &outs {
+            assert!(
+                o.stderr.contains("the failure is the membership change's"),
+                "{o:?}"
+            );
+        }
+        let recs = records(dir.path());
+        check_round(&recs, 2, 0, Some(&[1, 1]));
+        assert!(
+            !recs.keys().any(|k| k.1 > 0),
+            "a lost node is not a restart: {recs:#?}"
+        );
+        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    });
+}
+
 /// (b) One of three etcd members is SIGKILLed mid-run: nothing notices (no new round).
 #[test]
 fn one_etcd_member_killed_nothing_notices() {

@@ -185,6 +185,37 @@ impl Etcd {
         Ok((kvs, revision))
     }
 
+    /// Every key under `prefix` (keys without the prefix) with the lease it is attached to.
+    pub async fn leases_under(&self, prefix: &str) -> Result<Vec<(String, i64)>, StoreOpError> {
+        let mut c = self.client.clone();
+        let resp = c
+            .get(
+                prefix,
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .map_err(|e| self.op_error(e))?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .map(|kv| {
+                let k = String::from_utf8_lossy(kv.key());
+                (k.strip_prefix(prefix).unwrap_or(&k).to_string(), kv.lease())
+            })
+            .collect())
+    }
+
+    /// The whole seconds `lease` has left (etcd truncates: it expires in under that + 1 s);
+    /// -1 when it expired or was revoked.
+    pub async fn lease_ttl(&self, lease: i64) -> Result<i64, StoreOpError> {
+        let mut c = self.client.clone();
+        match c.lease_time_to_live(lease, None).await {
+            Ok(resp) => Ok(resp.ttl()),
+            Err(Error::GRpcStatus(st)) if st.code() == tonic::Code::NotFound => Ok(-1),
+            Err(e) => Err(self.op_error(e)),
+        }
+    }
+
     /// Writes `value` if `key`'s `mod_revision` is still `seen` (0: the key does not exist);
     /// false when another writer came first.
     pub async fn compare_and_set(

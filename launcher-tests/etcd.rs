@@ -9,6 +9,10 @@
 //! `multinode`). Each test has its own cluster (several kill members) and run id. Members are
 //! SIGKILLed by PID and the namespaces removed (with anything left inside them) on drop; every
 //! agent runs under a hard bound. Skipped with a message when `etcd` is not installed.
+//!
+//! With feature `etcd-tls`: an etcd that requires client certificates (a CA, server and client
+//! certificates made with `openssl` at test time), a job over it, a wrong CA and a missing
+//! client certificate.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -39,6 +43,8 @@ struct Cluster {
     members: Vec<Option<Child>>,
     netns: Vec<Option<String>>,
     endpoints: Vec<String>,
+    /// `http` or `https` (etcdctl is given full URLs).
+    scheme: String,
     _dir: TempDir,
 }
 
@@ -103,6 +109,7 @@ impl Cluster {
                 .iter()
                 .map(|m| format!("{}:{}", m.addr, m.client))
                 .collect(),
+            scheme: scheme.to_string(),
             _dir: dir,
         }
     }
@@ -126,7 +133,14 @@ impl Cluster {
             .expect("a live member");
         in_netns(self.netns[live].as_deref(), "etcdctl")
             .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.endpoints.join(",")))
+            .arg(format!(
+                "--endpoints={}",
+                self.endpoints
+                    .iter()
+                    .map(|e| format!("{}://{e}", self.scheme))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ))
             .arg("--command-timeout=3s")
             .args(args)
             .stdin(Stdio::null())
@@ -516,8 +530,9 @@ fn loopback_cluster(n: usize) -> Option<Cluster> {
     Some(c)
 }
 
-/// Bad input: unreachable members, an etcd with auth on (a wrong password; a user whose role
-/// does not cover the key prefix), and the v2 backend: one-line errors naming what failed.
+/// Bad input: unreachable members, TLS settings without the `etcd-tls` feature, an etcd with
+/// auth on (a wrong password; a user whose role does not cover the key prefix), and the v2
+/// backend: one-line errors naming what failed.
 #[test]
 fn bad_endpoints_auth_and_prefix_are_one_line_errors() {
     let Some(etcd) = loopback_cluster(1) else {
@@ -543,6 +558,13 @@ fn bad_endpoints_auth_and_prefix_are_one_line_errors() {
     let line = run(&dead, "");
     assert!(line.contains(&dead.replace(',', ", ")), "{line}");
     assert!(line.contains("no member answered"), "{line}");
+
+    // TLS settings in a build without TLS say which feature to build with.
+    #[cfg(not(feature = "etcd-tls"))]
+    {
+        let line = run(&etcd.list(), "cacert=/nonexistent/ca.pem");
+        assert!(line.contains("`etcd-tls` cargo feature"), "{line}");
+    }
 
     // Auth: root (needed to enable it) and a user limited to /allowed/.
     for args in [
@@ -685,5 +707,185 @@ fn pytorch_gloo_ddp_across_nodes() {
             assert_eq!(res["changed"], true);
             assert_eq!(res["digest"], results[0]["digest"], "parameters agree");
         }
+    });
+}
+
+/// `openssl` with `args` in `dir`; panics with its output when it fails.
+#[cfg(feature = "etcd-tls")]
+fn openssl(dir: &TempDir, args: &[&str]) {
+    let o = Command::new("openssl")
+        .args(args)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run openssl");
+    assert!(o.status.success(), "openssl {args:?}: {o:?}");
+}
+
+/// A self-signed CA `<name>.pem` + `<name>.key` (P-256) in `dir`.
+#[cfg(feature = "etcd-tls")]
+fn make_ca(dir: &TempDir, name: &str) {
+    let (pem, key) = (format!("{name}.pem"), format!("{name}.key"));
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &pem,
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=rdrun test {name}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+}
+
+/// A certificate `<name>.pem` + `<name>.key` signed by CA `ca`, with the extensions `ext`.
+#[cfg(feature = "etcd-tls")]
+fn make_cert(dir: &TempDir, name: &str, ca: &str, ext: &str) {
+    let (pem, key, csr) = (
+        format!("{name}.pem"),
+        format!("{name}.key"),
+        format!("{name}.csr"),
+    );
+    let extfile = format!("{name}.ext");
+    std::fs::write(dir.join(&extfile), ext).unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={name}"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &pem,
+            "-extfile",
+            &extfile,
+        ],
+    );
+}
+
+/// TLS (feature `etcd-tls`): an etcd that requires client certificates (a CA, server and
+/// client certificates made with `openssl` here); a 2-node job over it with
+/// `cacert`/`cert`/`key`; a wrong CA and a missing client certificate are one-line errors
+/// naming the endpoint and the TLS failure, within a bound.
+#[cfg(feature = "etcd-tls")]
+#[test]
+fn tls_etcd_with_client_certificates_and_bad_certificates() {
+    bounded(TEST_TIMEOUT, || {
+        let Some(etcd) = etcd_bin() else {
+            eprintln!("SKIPPED: etcd not installed (Debian: etcd-server etcd-client)");
+            return;
+        };
+        if Command::new("openssl").arg("version").output().is_err() {
+            eprintln!("SKIPPED: openssl not installed (makes the test certificates)");
+            return;
+        }
+        let pki = TempDir::new("etcd-pki");
+        make_ca(&pki, "ca");
+        make_ca(&pki, "other");
+        // etcd 3.4's gateway dials its own gRPC with the server certificate: clientAuth too.
+        make_cert(
+            &pki,
+            "server",
+            "ca",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+        );
+        make_cert(&pki, "client", "ca", "extendedKeyUsage=clientAuth\n");
+        let f = |name: &str| pki.join(name).to_string_lossy().into_owned();
+        let spec = MemberSpec {
+            addr: "127.0.0.1".into(),
+            client: free_port(),
+            peer: free_port(),
+            netns: None,
+        };
+        let extra = strings(&[
+            "--cert-file",
+            &f("server.pem"),
+            "--key-file",
+            &f("server.key"),
+            "--trusted-ca-file",
+            &f("ca.pem"),
+            "--client-cert-auth",
+        ]);
+        let cluster = Cluster::start_with(&etcd, &[spec], "https", &extra);
+        let (ca, cert, key) = (f("ca.pem"), f("client.pem"), f("client.key"));
+        cluster.wait_healthy(|c| {
+            c.ctl(&[
+                "--cacert", &ca, "--cert", &cert, "--key", &key, "put", "/health", "1",
+            ])
+            .status
+            .success()
+        });
+        let eps = cluster.list();
+
+        let dir = TempDir::new("etcd-tls");
+        let good = format!("cacert={ca},cert={cert},key={key}");
+        let running: Vec<_> = (1..=2)
+            .map(|h| agent(&dir, &eps, "tls", "2", Some(h), &good).spawn())
+            .collect();
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        check_round(&records(dir.path()), 2, 0, Some(&[1, 1]));
+
+        let fails = |conf: &str| {
+            let t0 = Instant::now();
+            let o = agent(&dir, &eps, "tlsbad", "2", Some(1), conf)
+                .timeout(Duration::from_secs(60))
+                .run();
+            assert_eq!(o.code, Some(1), "{o:?}");
+            assert!(t0.elapsed() < Duration::from_secs(30), "bounded: {o:?}");
+            o.stderr
+                .lines()
+                .find(|l| l.contains("error") && l.contains("etcd rendezvous at"))
+                .unwrap_or_else(|| panic!("no error line: {o:?}"))
+                .to_string()
+        };
+        let other = f("other.pem");
+        let line = fails(&format!("cacert={other},cert={cert},key={key}"));
+        eprintln!("wrong CA: {line}");
+        assert!(line.contains(&eps), "{line}");
+        assert!(line.contains("TLS"), "{line}");
+        assert!(line.contains("certificate"), "{line}");
+        let line = fails(&format!("cacert={ca}"));
+        eprintln!("no client certificate: {line}");
+        assert!(line.contains(&eps), "{line}");
+        assert!(line.contains("TLS"), "{line}");
     });
 }

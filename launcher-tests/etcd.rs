@@ -408,6 +408,40 @@ fn sigkilled_node_whose_peers_fail_is_not_charged() {
     });
 }
 
+/// The other side of issue 17.7: a worker failure while every peer is alive (their leases are
+/// seen renewed) is charged; with `--max-restarts 0` the job ends on every node, and no node
+/// calls it a membership change.
+#[test]
+fn worker_failure_with_every_peer_alive_is_charged() {
+    bounded(TEST_TIMEOUT, || {
+        let Some(tb) = Testbed::new(3, 3) else {
+            return;
+        };
+        let dir = TempDir::new("etcd-fail-alive");
+        let running: Vec<_> = (0..3)
+            .map(|i| {
+                tb.agent(&dir, "failalive", "3", i, "")
+                    .args(["--max-restarts", "0"])
+                    .env("MN_FAIL_RANK", "1")
+                    .spawn()
+            })
+            .collect();
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        for o in &outs {
+            assert_eq!(o.code, Some(1), "{o:?}");
+            assert!(!o.stderr.contains("membership change's"), "{o:?}");
+        }
+        assert!(
+            outs.iter().any(|o| o.stderr.contains("Root Cause")),
+            "the failing node reports its worker: {outs:?}"
+        );
+        let recs = records(dir.path());
+        check_round(&recs, 3, 0, Some(&[1, 1, 1]));
+        assert!(!recs.keys().any(|k| k.1 > 0), "no restart: {recs:#?}");
+        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    });
+}
+
 /// (b) One of three etcd members is SIGKILLed mid-run: nothing notices (no new round).
 #[test]
 fn one_etcd_member_killed_nothing_notices() {

@@ -642,8 +642,12 @@ impl EtcdRendezvous {
         // Per peer: its lease, the whole seconds it had left, and when that answer arrived.
         let mut first: HashMap<String, (i64, i64, Instant)> = HashMap::new();
         let mut renewing: HashSet<String> = HashSet::new();
+        // Every request is bounded by the deadline too (one etcd request may take 5 s).
+        let limit = deadline + tick;
         loop {
-            let Ok((state, _, _)) = read_state(&self.etcd, &self.keys).await else {
+            let Ok(Ok((state, _, _))) =
+                tokio::time::timeout_at(limit, read_state(&self.etcd, &self.keys)).await
+            else {
                 return Vec::new();
             };
             if state.closed {
@@ -653,7 +657,9 @@ impl EtcdRendezvous {
                 return dropped_by(&self.round_peers, &state);
             }
             let ids = watched_ids(&state, &self.me.id);
-            let Ok(leases) = self.etcd.leases_under(&alive_prefix).await else {
+            let Ok(Ok(leases)) =
+                tokio::time::timeout_at(limit, self.etcd.leases_under(&alive_prefix)).await
+            else {
                 return Vec::new();
             };
             let leases: HashMap<String, i64> = leases.into_iter().collect();
@@ -670,7 +676,8 @@ impl EtcdRendezvous {
                     continue;
                 };
                 let sent = Instant::now();
-                let Ok(left) = self.etcd.lease_ttl(lease).await else {
+                let Ok(Ok(left)) = tokio::time::timeout_at(limit, self.etcd.lease_ttl(lease)).await
+                else {
                     continue;
                 };
                 if left < 0 {

@@ -1,26 +1,50 @@
-//! The etcd v3 rendezvous (`--rdzv-backend etcd-v3`, feature `etcd`) against a real etcd:
-//! a 3-member cluster started here on free loopback ports (members stopped by PID when the
-//! test ends), real `rdrun` agents advertising 127.0.0.N as simulated nodes, workers
-//! `workers/mn_worker` (see `multinode`). Each test has its own run id (its key prefix), and
-//! its own cluster, because several of them kill members. Skipped with a message when `etcd`
-//! is not installed.
+//! The etcd v3 rendezvous (`--rdzv-backend etcd-v3`, feature `etcd`) against a real etcd.
+//!
+//! A [`Testbed`] is the test's own network: one network namespace per node and one per etcd
+//! member, all on one bridge (`scripts/netns.sh`; node i is 10.231.0.(i+1), member k follows the
+//! nodes), so an agent reaches etcd and its peers over a real link and advertises its address
+//! on the route to etcd. Where namespaces cannot be made (not root, no `ip`) the same tests run
+//! on loopback instead (nodes 127.0.0.(i+1) via `--local-addr`, members on free ports), so they
+//! still cover the protocol (`RDRUN_ETCD_LOOPBACK=1` chooses loopback anyway). Real `rdrun` agents run workers `workers/mn_worker` (see
+//! `multinode`). Each test has its own cluster (several kill members) and run id. Members are
+//! SIGKILLed by PID and the namespaces removed (with anything left inside them) on drop; every
+//! agent runs under a hard bound. Skipped with a message when `etcd` is not installed.
+//!
+//! With feature `etcd-tls`: an etcd that requires client certificates (a CA, server and client
+//! certificates made with `openssl` at test time), a job over it, a wrong CA and a missing
+//! client certificate.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::multinode::{
     assert_ok, check_round, get, recorded_pids, records, wait_records, Records,
 };
+use crate::rendezvous::{bounded, Netns};
 use crate::util::{assert_no_leak, free_port, worker, Output, Rdrun, TempDir};
 
 /// Hard bound on one agent of these tests.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// A real etcd cluster on loopback; members are SIGKILLed by PID and reaped on drop.
+/// Hard bound on one test body.
+const TEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// One etcd member to start: its address, client and peer ports, and namespace (if any).
+struct MemberSpec {
+    addr: String,
+    client: u16,
+    peer: u16,
+    netns: Option<String>,
+}
+
+/// A real etcd cluster; members are SIGKILLed by PID and reaped on drop.
 struct Cluster {
     members: Vec<Option<Child>>,
+    netns: Vec<Option<String>>,
     endpoints: Vec<String>,
+    /// `http` or `https` (etcdctl is given full URLs).
+    scheme: String,
     _dir: TempDir,
 }
 
@@ -32,38 +56,45 @@ fn etcd_bin() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// `cmd` inside namespace `ns` (`ip netns exec` execs it: the child's PID is `cmd`'s).
+fn in_netns(ns: Option<&str>, cmd: &str) -> Command {
+    match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, cmd]);
+            c
+        }
+        None => Command::new(cmd),
+    }
+}
+
 impl Cluster {
-    /// `n` members, healthy (a put/get through etcdctl answers) before this returns; `None`
-    /// (with a message) when etcd is not installed.
-    fn start(n: usize) -> Option<Cluster> {
-        let Some(etcd) = etcd_bin() else {
-            eprintln!("SKIPPED: etcd not installed (Debian: etcd-server etcd-client)");
-            return None;
-        };
+    /// Starts members as `specs` say, with `scheme` (`http`/`https`) and `extra` flags (TLS);
+    /// see [`Cluster::wait_healthy`].
+    fn start_with(etcd: &Path, specs: &[MemberSpec], scheme: &str, extra: &[String]) -> Cluster {
         let dir = TempDir::new("etcd");
-        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
-        let cluster: Vec<String> = ports
+        let cluster: Vec<String> = specs
             .iter()
             .enumerate()
-            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+            .map(|(i, m)| format!("m{i}=http://{}:{}", m.addr, m.peer))
             .collect();
         let mut members = Vec::new();
-        for (i, (c, p)) in ports.iter().enumerate() {
-            let child = Command::new(&etcd)
+        for (i, m) in specs.iter().enumerate() {
+            let client_url = format!("{scheme}://{}:{}", m.addr, m.client);
+            let peer_url = format!("http://{}:{}", m.addr, m.peer);
+            let child = in_netns(m.netns.as_deref(), &etcd.to_string_lossy())
                 .args(["--name", &format!("m{i}")])
                 .arg("--data-dir")
                 .arg(dir.join(format!("m{i}")))
-                .args(["--listen-client-urls", &format!("http://127.0.0.1:{c}")])
-                .args(["--advertise-client-urls", &format!("http://127.0.0.1:{c}")])
-                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{p}")])
-                .args([
-                    "--initial-advertise-peer-urls",
-                    &format!("http://127.0.0.1:{p}"),
-                ])
+                .args(["--listen-client-urls", &client_url])
+                .args(["--advertise-client-urls", &client_url])
+                .args(["--listen-peer-urls", &peer_url])
+                .args(["--initial-advertise-peer-urls", &peer_url])
                 .args(["--initial-cluster", &cluster.join(",")])
                 .args(["--initial-cluster-state", "new"])
                 .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
                 .args(["--log-level", "error"])
+                .args(extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -71,29 +102,45 @@ impl Cluster {
                 .expect("spawn etcd");
             members.push(Some(child));
         }
-        let c = Cluster {
+        Cluster {
             members,
-            endpoints: ports
+            netns: specs.iter().map(|m| m.netns.clone()).collect(),
+            endpoints: specs
                 .iter()
-                .map(|(c, _)| format!("127.0.0.1:{c}"))
+                .map(|m| format!("{}:{}", m.addr, m.client))
                 .collect(),
+            scheme: scheme.to_string(),
             _dir: dir,
-        };
+        }
+    }
+
+    /// Waits (bounded) until `healthy` says the cluster answers.
+    fn wait_healthy(&self, healthy: impl Fn(&Cluster) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !c.healthy() {
+        while !healthy(self) {
             assert!(
                 Instant::now() < deadline,
                 "etcd cluster not healthy after 60 s"
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-        Some(c)
     }
 
+    /// etcdctl run next to a live member (in its namespace), over every endpoint.
     fn ctl(&self, args: &[&str]) -> std::process::Output {
-        Command::new("etcdctl")
+        let live = (0..self.members.len())
+            .find(|i| self.members[*i].is_some())
+            .expect("a live member");
+        in_netns(self.netns[live].as_deref(), "etcdctl")
             .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.endpoints.join(",")))
+            .arg(format!(
+                "--endpoints={}",
+                self.endpoints
+                    .iter()
+                    .map(|e| format!("{}://{e}", self.scheme))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ))
             .arg("--command-timeout=3s")
             .args(args)
             .stdin(Stdio::null())
@@ -126,38 +173,125 @@ impl Drop for Cluster {
     }
 }
 
+/// The test's network (see the module docs): `nodes` agents' hosts and an etcd cluster.
+struct Testbed {
+    // Dropped first: the members, then the namespaces they ran in.
+    etcd: Cluster,
+    net: Option<Netns>,
+}
+
+impl Testbed {
+    /// `nodes` hosts and `members` etcd members (healthy); `None` with a message when etcd is
+    /// not installed.
+    fn new(nodes: usize, members: usize) -> Option<Testbed> {
+        let Some(etcd) = etcd_bin() else {
+            eprintln!("SKIPPED: etcd not installed (Debian: etcd-server etcd-client)");
+            return None;
+        };
+        // RDRUN_ETCD_LOOPBACK=1 runs the loopback variant even where namespaces work.
+        let net = if std::env::var_os("RDRUN_ETCD_LOOPBACK").is_some() {
+            None
+        } else {
+            Netns::create(nodes + members)
+        };
+        let specs: Vec<MemberSpec> = (0..members)
+            .map(|k| match &net {
+                Some(net) => MemberSpec {
+                    addr: net.addr(nodes + k),
+                    client: 2379,
+                    peer: 2380,
+                    netns: Some(net.name(nodes + k)),
+                },
+                None => MemberSpec {
+                    addr: "127.0.0.1".into(),
+                    client: free_port(),
+                    peer: free_port(),
+                    netns: None,
+                },
+            })
+            .collect();
+        if net.is_none() {
+            eprintln!("(no network namespaces here: this etcd test runs on loopback)");
+        }
+        let cluster = Cluster::start_with(&etcd, &specs, "http", &[]);
+        cluster.wait_healthy(Cluster::healthy);
+        Some(Testbed { etcd: cluster, net })
+    }
+
+    /// Node `i`'s address (what it advertises).
+    fn addr(&self, i: usize) -> String {
+        match &self.net {
+            Some(net) => net.addr(i),
+            None => format!("127.0.0.{}", i + 1),
+        }
+    }
+
+    /// `rdrun` on node `i` (before any other argument): inside its namespace (its address is
+    /// the one on the route to etcd), or on loopback with `--local-addr`.
+    fn on_node(&self, i: usize, r: Rdrun) -> Rdrun {
+        match &self.net {
+            Some(net) => r.netns(&net.name(i)),
+            None => r.args(["--local-addr".to_string(), self.addr(i)]),
+        }
+    }
+
+    /// An etcd agent on node `i` with one worker `mn_worker dir`.
+    fn agent(&self, dir: &TempDir, run: &str, nnodes: &str, i: usize, conf: &str) -> Rdrun {
+        // Options go before the program: on loopback `agent` itself adds `--local-addr`.
+        let host = self.net.is_none().then_some(i + 1);
+        let r = agent(dir, &self.etcd.list(), run, nnodes, host, conf);
+        match &self.net {
+            Some(net) => r.netns(&net.name(i)),
+            None => r,
+        }
+    }
+}
+
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
-/// An etcd agent advertising 127.0.0.`host` with one worker `mn_worker dir`.
-fn agent(dir: &TempDir, eps: &str, run: &str, nnodes: &str, host: usize, conf: &str) -> Rdrun {
+/// An etcd agent (on loopback 127.0.0.`host` when given) with one worker `mn_worker dir`.
+fn agent(
+    dir: &TempDir,
+    eps: &str,
+    run: &str,
+    nnodes: &str,
+    host: Option<usize>,
+    conf: &str,
+) -> Rdrun {
     let conf = if conf.is_empty() {
         "last_call_timeout=20".to_string()
     } else {
         format!("last_call_timeout=20,{conf}")
     };
-    Rdrun::new()
-        .timeout(AGENT_TIMEOUT)
-        .args(strings(&[
-            "--nnodes",
-            nnodes,
-            "--rdzv-backend",
-            "etcd-v3",
-            "--rdzv-endpoint",
-            eps,
-            "--rdzv-id",
-            run,
-            "--rdzv-conf",
-            &conf,
-            "--local-addr",
-            &format!("127.0.0.{host}"),
-            "--nproc-per-node",
-            "1",
-            "--no-python",
-        ]))
+    let r = Rdrun::new().timeout(AGENT_TIMEOUT).args(strings(&[
+        "--nnodes",
+        nnodes,
+        "--rdzv-backend",
+        "etcd-v3",
+        "--rdzv-endpoint",
+        eps,
+        "--rdzv-id",
+        run,
+        "--rdzv-conf",
+        &conf,
+        "--nproc-per-node",
+        "1",
+    ]));
+    let r = match host {
+        Some(h) => r.args(["--local-addr".to_string(), format!("127.0.0.{h}")]),
+        None => r,
+    };
+    r.arg("--no-python")
         .arg(worker("mn_worker"))
         .arg(dir.path())
+}
+
+/// Node index of a MASTER_ADDR (10.231.0.N or 127.0.0.N: node N-1).
+fn node_of(addr: &str) -> usize {
+    let last: usize = addr.rsplit('.').next().unwrap().parse().unwrap();
+    last - 1
 }
 
 /// The MASTER_ADDR of round (gws, restart 0), from its records.
@@ -169,156 +303,279 @@ fn master_of(recs: &Records, gws: usize) -> String {
     get(env, "MASTER_ADDR").to_string()
 }
 
+/// Every agent's MASTER_ADDR is a node address of the testbed (in namespaces: the address on
+/// the route to etcd, found without `--local-addr`).
+fn check_addrs(tb: &Testbed, recs: &Records, nodes: usize) {
+    let addrs: Vec<String> = (0..nodes).map(|i| tb.addr(i)).collect();
+    for env in recs.values() {
+        let a = get(env, "MASTER_ADDR");
+        assert!(
+            addrs.iter().any(|x| x == a),
+            "MASTER_ADDR {a} not one of {addrs:?}"
+        );
+    }
+}
+
 /// (a) The agent hosting the workers' store (group rank 0) is SIGKILLed: the other two regroup
 /// in a new round with a new store host and finish; not charged as a restart.
 #[test]
 fn store_host_killed_survivors_regroup_with_a_new_store_host() {
-    let Some(etcd) = Cluster::start(3) else {
-        return;
-    };
-    let dir = TempDir::new("etcd-kill-host");
-    let mut running: Vec<_> = (1..=3)
-        .map(|h| {
-            agent(&dir, &etcd.list(), "killhost", "2:4", h, "")
-                .env("MN_HOLD_GWS", "3")
-                .spawn()
-        })
-        .collect();
-    wait_records(dir.path(), 3, 0, 3, Duration::from_secs(90));
-    let recs = records(dir.path());
-    let (old_master, _) = check_round(&recs, 3, 0, Some(&[1, 1, 1]));
-    let host: usize = old_master.rsplit('.').next().unwrap().parse().unwrap();
-    let pids = recorded_pids(dir.path());
-    let victim = running.remove(host - 1);
-    let t0 = Instant::now();
-    victim.signal(libc::SIGKILL);
-    assert_eq!(victim.wait().signal, Some(libc::SIGKILL));
-    let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
-    assert_ok(&outs);
-    eprintln!(
-        "SIGKILL of the store host -> survivors done in {:?}",
-        t0.elapsed()
-    );
-    let recs = records(dir.path());
-    let (new_master, _) = check_round(&recs, 2, 0, Some(&[1, 1]));
-    assert_ne!(
-        new_master, old_master,
-        "a new agent hosts the workers' store"
-    );
-    assert_eq!(master_of(&recs, 2), new_master);
-    assert!(
-        !recs.keys().any(|k| k.1 > 0),
-        "a lost peer is not a restart: {recs:#?}"
-    );
-    assert_no_leak(&pids, Duration::from_secs(10));
-    assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    bounded(TEST_TIMEOUT, || {
+        let Some(tb) = Testbed::new(3, 3) else {
+            return;
+        };
+        let dir = TempDir::new("etcd-kill-host");
+        let mut running: Vec<_> = (0..3)
+            .map(|i| {
+                tb.agent(&dir, "killhost", "2:4", i, "")
+                    .env("MN_HOLD_GWS", "3")
+                    .spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 3, 0, 3, Duration::from_secs(90));
+        let recs = records(dir.path());
+        let (old_master, _) = check_round(&recs, 3, 0, Some(&[1, 1, 1]));
+        let pids = recorded_pids(dir.path());
+        let victim = running.remove(node_of(&old_master));
+        let t0 = Instant::now();
+        victim.signal(libc::SIGKILL);
+        assert_eq!(victim.wait().signal, Some(libc::SIGKILL));
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        eprintln!(
+            "SIGKILL of the store host {old_master} -> survivors done in {:?}",
+            t0.elapsed()
+        );
+        let recs = records(dir.path());
+        let (new_master, _) = check_round(&recs, 2, 0, Some(&[1, 1]));
+        assert_ne!(
+            new_master, old_master,
+            "a new agent hosts the workers' store"
+        );
+        assert_eq!(master_of(&recs, 2), new_master);
+        assert!(
+            !recs.keys().any(|k| k.1 > 0),
+            "a lost peer is not a restart: {recs:#?}"
+        );
+        check_addrs(&tb, &recs, 3);
+        assert_no_leak(&pids, Duration::from_secs(10));
+        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    });
+}
+
+/// Issue 17.7 on etcd: a SIGKILLed node makes its peers' workers fail (as gloo's do) seconds
+/// before its lease expires; with `--max-restarts 0` the survivors must still regroup and
+/// finish, the failure counted as the membership change (before the etcd backend waited for
+/// its peers' leases, the job ended with exit 1: the failure was charged).
+#[test]
+fn sigkilled_node_whose_peers_fail_is_not_charged() {
+    bounded(TEST_TIMEOUT, || {
+        let Some(tb) = Testbed::new(3, 3) else {
+            return;
+        };
+        let dir = TempDir::new("etcd-kill-fail");
+        let mut running: Vec<_> = (0..3)
+            .map(|i| {
+                tb.agent(&dir, "killfail", "2:3", i, "")
+                    .args(["--max-restarts", "0"])
+                    .env("MN_FAIL_ON_LOSS_GWS", "3")
+                    .spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 3, 0, 3, Duration::from_secs(90));
+        // Not the store host: its peers' workers then fail only through the worker check.
+        let recs = records(dir.path());
+        let (master, _) = check_round(&recs, 3, 0, Some(&[1, 1, 1]));
+        let victim = (0..3).find(|i| *i != node_of(&master)).unwrap();
+        let killed = running.remove(victim);
+        killed.signal(libc::SIGKILL);
+        assert_eq!(killed.wait().signal, Some(libc::SIGKILL));
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        for o in &outs {
+            assert!(
+                o.stderr.contains("the failure is the membership change's"),
+                "{o:?}"
+            );
+        }
+        let recs = records(dir.path());
+        check_round(&recs, 2, 0, Some(&[1, 1]));
+        assert!(
+            !recs.keys().any(|k| k.1 > 0),
+            "a lost node is not a restart: {recs:#?}"
+        );
+        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    });
+}
+
+/// The other side of issue 17.7: a worker failure while every peer is alive (their leases are
+/// seen renewed) is charged; with `--max-restarts 0` the job ends on every node, and no node
+/// calls it a membership change.
+#[test]
+fn worker_failure_with_every_peer_alive_is_charged() {
+    bounded(TEST_TIMEOUT, || {
+        let Some(tb) = Testbed::new(3, 3) else {
+            return;
+        };
+        let dir = TempDir::new("etcd-fail-alive");
+        let running: Vec<_> = (0..3)
+            .map(|i| {
+                tb.agent(&dir, "failalive", "3", i, "")
+                    .args(["--max-restarts", "0"])
+                    .env("MN_FAIL_RANK", "1")
+                    .spawn()
+            })
+            .collect();
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        for o in &outs {
+            assert_eq!(o.code, Some(1), "{o:?}");
+            assert!(!o.stderr.contains("membership change's"), "{o:?}");
+        }
+        assert!(
+            outs.iter().any(|o| o.stderr.contains("Root Cause")),
+            "the failing node reports its worker: {outs:?}"
+        );
+        let recs = records(dir.path());
+        check_round(&recs, 3, 0, Some(&[1, 1, 1]));
+        assert!(!recs.keys().any(|k| k.1 > 0), "no restart: {recs:#?}");
+        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    });
 }
 
 /// (b) One of three etcd members is SIGKILLed mid-run: nothing notices (no new round).
 #[test]
 fn one_etcd_member_killed_nothing_notices() {
-    let Some(mut etcd) = Cluster::start(3) else {
-        return;
-    };
-    let dir = TempDir::new("etcd-kill-member");
-    let until = dir.join("go");
-    let running: Vec<_> = (1..=3)
-        .map(|h| {
-            agent(&dir, &etcd.list(), "killone", "2:4", h, "ttl=3")
-                .env("MN_UNTIL", &until)
-                .spawn()
-        })
-        .collect();
-    wait_records(dir.path(), 3, 0, 3, Duration::from_secs(90));
-    etcd.kill(0);
-    // Several lease periods pass with the member gone.
-    std::thread::sleep(Duration::from_secs(10));
-    std::fs::write(&until, b"").unwrap();
-    let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
-    assert_ok(&outs);
-    let recs = records(dir.path());
-    check_round(&recs, 3, 0, Some(&[1, 1, 1]));
-    assert_eq!(recs.len(), 3, "one round only: {recs:#?}");
-    for o in &outs {
-        assert!(!o.stderr.contains("membership changed"), "{o:?}");
-    }
+    bounded(TEST_TIMEOUT, || {
+        let Some(mut tb) = Testbed::new(3, 3) else {
+            return;
+        };
+        let dir = TempDir::new("etcd-kill-member");
+        let until = dir.join("go");
+        let running: Vec<_> = (0..3)
+            .map(|i| {
+                tb.agent(&dir, "killone", "2:4", i, "ttl=3")
+                    .env("MN_UNTIL", &until)
+                    .spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 3, 0, 3, Duration::from_secs(90));
+        tb.etcd.kill(0);
+        // Several lease periods pass with the member gone.
+        std::thread::sleep(Duration::from_secs(10));
+        std::fs::write(&until, b"").unwrap();
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        let recs = records(dir.path());
+        check_round(&recs, 3, 0, Some(&[1, 1, 1]));
+        assert_eq!(recs.len(), 3, "one round only: {recs:#?}");
+        for o in &outs {
+            assert!(!o.stderr.contains("membership changed"), "{o:?}");
+        }
+    });
 }
 
 /// (c) Two of three members are SIGKILLed: quorum is gone; every agent fails with an error
 /// naming the endpoints within a bound, its workers stopped.
 #[test]
 fn etcd_quorum_lost_is_a_bounded_error_naming_the_endpoints() {
-    let Some(mut etcd) = Cluster::start(3) else {
-        return;
-    };
-    let dir = TempDir::new("etcd-kill-two");
-    let running: Vec<_> = (1..=3)
-        .map(|h| {
-            agent(&dir, &etcd.list(), "killtwo", "2:4", h, "ttl=3")
-                .env("MN_HOLD_GWS", "3")
-                .spawn()
-        })
-        .collect();
-    wait_records(dir.path(), 3, 0, 3, Duration::from_secs(90));
-    let pids = recorded_pids(dir.path());
-    let t0 = Instant::now();
-    etcd.kill(0);
-    etcd.kill(1);
-    let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
-    let took = t0.elapsed();
-    eprintln!("quorum lost -> agents exited in {took:?}");
-    assert!(took < Duration::from_secs(60), "{took:?}");
-    for o in &outs {
-        assert_eq!(o.code, Some(1), "{o:?}");
-        assert!(
-            o.stderr.contains(&etcd.endpoints[2]),
-            "names the endpoints: {o:?}"
-        );
-        assert!(o.stderr.contains("etcd"), "{o:?}");
-    }
-    assert_no_leak(&pids, Duration::from_secs(10));
+    bounded(TEST_TIMEOUT, || {
+        let Some(mut tb) = Testbed::new(3, 3) else {
+            return;
+        };
+        let dir = TempDir::new("etcd-kill-two");
+        let running: Vec<_> = (0..3)
+            .map(|i| {
+                tb.agent(&dir, "killtwo", "2:4", i, "ttl=3")
+                    .env("MN_HOLD_GWS", "3")
+                    .spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 3, 0, 3, Duration::from_secs(90));
+        let pids = recorded_pids(dir.path());
+        let t0 = Instant::now();
+        tb.etcd.kill(0);
+        tb.etcd.kill(1);
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        let took = t0.elapsed();
+        eprintln!("quorum lost -> agents exited in {took:?}");
+        assert!(took < Duration::from_secs(60), "{took:?}");
+        for o in &outs {
+            assert_eq!(o.code, Some(1), "{o:?}");
+            assert!(
+                o.stderr.contains(&tb.etcd.endpoints[2]),
+                "names the endpoints: {o:?}"
+            );
+            assert!(o.stderr.contains("etcd"), "{o:?}");
+        }
+        assert_no_leak(&pids, Duration::from_secs(10));
+    });
 }
 
-/// (d) Scale up: a third node joins a running 2-node job (2:4); the job grows to 3 nodes
+/// (d) Scale up: a fourth node joins a running 3-node job (2:4); the job grows to 4 nodes
 /// without a restart being charged, and finishes.
 #[test]
 fn a_node_added_mid_run_grows_the_world() {
-    let Some(etcd) = Cluster::start(3) else {
-        return;
-    };
-    let dir = TempDir::new("etcd-scale-up");
-    let mut running: Vec<_> = (1..=2)
-        .map(|h| {
-            agent(&dir, &etcd.list(), "grow", "2:4", h, "last_call_timeout=2")
-                .env("MN_HOLD_GWS", "2")
-                .spawn()
-        })
-        .collect();
-    wait_records(dir.path(), 2, 0, 2, Duration::from_secs(90));
-    running.push(
-        agent(&dir, &etcd.list(), "grow", "2:4", 3, "last_call_timeout=2")
-            .env("MN_HOLD_GWS", "2")
-            .spawn(),
-    );
-    let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
-    assert_ok(&outs);
-    let recs = records(dir.path());
-    check_round(&recs, 2, 0, Some(&[1, 1]));
-    check_round(&recs, 3, 0, Some(&[1, 1, 1]));
-    assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    bounded(TEST_TIMEOUT, || {
+        let Some(tb) = Testbed::new(4, 3) else {
+            return;
+        };
+        let dir = TempDir::new("etcd-scale-up");
+        let conf = "last_call_timeout=2";
+        let mut running: Vec<_> = (0..3)
+            .map(|i| {
+                tb.agent(&dir, "grow", "2:4", i, conf)
+                    .env("MN_HOLD_GWS", "3")
+                    .spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 3, 0, 3, Duration::from_secs(90));
+        running.push(
+            tb.agent(&dir, "grow", "2:4", 3, conf)
+                .env("MN_HOLD_GWS", "3")
+                .spawn(),
+        );
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        let recs = records(dir.path());
+        check_round(&recs, 3, 0, Some(&[1, 1, 1]));
+        check_round(&recs, 4, 0, Some(&[1, 1, 1, 1]));
+        check_addrs(&tb, &recs, 4);
+        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    });
 }
 
-/// Bad input: unreachable members, an etcd with auth on (a wrong password; a user whose role
-/// does not cover the key prefix), and the v2 backend: one-line errors naming what failed.
+/// A loopback etcd cluster of `n` members on free ports (healthy); `None` with a message when
+/// etcd is not installed.
+fn loopback_cluster(n: usize) -> Option<Cluster> {
+    let Some(etcd) = etcd_bin() else {
+        eprintln!("SKIPPED: etcd not installed (Debian: etcd-server etcd-client)");
+        return None;
+    };
+    let specs: Vec<MemberSpec> = (0..n)
+        .map(|_| MemberSpec {
+            addr: "127.0.0.1".into(),
+            client: free_port(),
+            peer: free_port(),
+            netns: None,
+        })
+        .collect();
+    let c = Cluster::start_with(&etcd, &specs, "http", &[]);
+    c.wait_healthy(Cluster::healthy);
+    Some(c)
+}
+
+/// Bad input: unreachable members, TLS settings without the `etcd-tls` feature, an etcd with
+/// auth on (a wrong password; a user whose role does not cover the key prefix), and the v2
+/// backend: one-line errors naming what failed.
 #[test]
 fn bad_endpoints_auth_and_prefix_are_one_line_errors() {
-    let Some(etcd) = Cluster::start(1) else {
+    let Some(etcd) = loopback_cluster(1) else {
         return;
     };
     let dir = TempDir::new("etcd-bad");
     let run = |eps: &str, conf: &str| {
         let t0 = Instant::now();
-        let o = agent(&dir, eps, "bad", "2", 1, conf)
+        let o = agent(&dir, eps, "bad", "2", Some(1), conf)
             .timeout(Duration::from_secs(60))
             .run();
         assert_eq!(o.code, Some(1), "{o:?}");
@@ -335,6 +592,13 @@ fn bad_endpoints_auth_and_prefix_are_one_line_errors() {
     let line = run(&dead, "");
     assert!(line.contains(&dead.replace(',', ", ")), "{line}");
     assert!(line.contains("no member answered"), "{line}");
+
+    // TLS settings in a build without TLS say which feature to build with.
+    #[cfg(not(feature = "etcd-tls"))]
+    {
+        let line = run(&etcd.list(), "cacert=/nonexistent/ca.pem");
+        assert!(line.contains("`etcd-tls` cargo feature"), "{line}");
+    }
 
     // Auth: root (needed to enable it) and a user limited to /allowed/.
     for args in [
@@ -381,7 +645,7 @@ fn bad_endpoints_auth_and_prefix_are_one_line_errors() {
         &eps,
         "bad",
         "2",
-        1,
+        Some(1),
         "username=u,password=upw,key_prefix=/allowed,join_timeout=2",
     )
     .run();
@@ -419,55 +683,243 @@ fn torch_python() -> Option<PathBuf> {
 /// parameters agree after training, and the ranks are 0..3.
 #[test]
 fn pytorch_gloo_ddp_across_nodes() {
-    let Some(python) = torch_python() else {
-        eprintln!("SKIPPED: no torch venv (scripts/torch-venv.sh builds it)");
-        return;
-    };
-    let Some(etcd) = Cluster::start(3) else {
-        return;
-    };
-    let dir = TempDir::new("etcd-ddp");
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("launcher-tests/torch/scripts/ddp_train.py");
-    let running: Vec<_> = (1..=3)
-        .map(|h| {
-            Rdrun::new()
-                .timeout(Duration::from_secs(240))
-                .env("PYTHON_EXEC", &python)
-                .args(strings(&[
-                    "--nnodes",
-                    "3",
-                    "--rdzv-backend",
-                    "etcd",
-                    "--rdzv-endpoint",
-                    &etcd.list(),
-                    "--rdzv-id",
-                    "ddp",
-                    "--local-addr",
-                    &format!("127.0.0.{h}"),
-                    "--nproc-per-node",
-                    "1",
-                ]))
-                .arg(&script)
-                .arg("--out")
-                .arg(dir.path())
-                .spawn()
-        })
-        .collect();
-    let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
-    assert_ok(&outs);
-    let results: Vec<serde_json::Value> = (0..3)
-        .map(|r| {
-            let text = std::fs::read_to_string(dir.join(format!("rank{r}.json"))).unwrap();
-            serde_json::from_str(&text).unwrap()
-        })
-        .collect();
-    for (r, res) in results.iter().enumerate() {
-        assert_eq!(res["rank"], r as u64);
-        assert_eq!(res["world"], 3);
-        assert_eq!(res["rank_sum"], 6);
-        assert_eq!(res["equal_after_broadcast"], true);
-        assert_eq!(res["changed"], true);
-        assert_eq!(res["digest"], results[0]["digest"], "parameters agree");
-    }
+    bounded(TEST_TIMEOUT, || {
+        let Some(python) = torch_python() else {
+            eprintln!("SKIPPED: no torch venv (scripts/torch-venv.sh builds it)");
+            return;
+        };
+        let Some(tb) = Testbed::new(3, 3) else {
+            return;
+        };
+        let dir = TempDir::new("etcd-ddp");
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("launcher-tests/torch/scripts/ddp_train.py");
+        let running: Vec<_> = (0..3)
+            .map(|i| {
+                let r = Rdrun::new()
+                    .timeout(Duration::from_secs(240))
+                    .env("PYTHON_EXEC", &python);
+                // gloo binds the address its hostname resolves to unless told the interface;
+                // the namespaces share the host's name, so say it (as on a multi-NIC host).
+                let r = if tb.net.is_some() {
+                    r.env("GLOO_SOCKET_IFNAME", "eth0")
+                } else {
+                    r
+                };
+                tb.on_node(i, r)
+                    .args(strings(&[
+                        "--nnodes",
+                        "3",
+                        "--rdzv-backend",
+                        "etcd",
+                        "--rdzv-endpoint",
+                        &tb.etcd.list(),
+                        "--rdzv-id",
+                        "ddp",
+                        "--nproc-per-node",
+                        "1",
+                    ]))
+                    .arg(&script)
+                    .arg("--out")
+                    .arg(dir.path())
+                    .spawn()
+            })
+            .collect();
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        let results: Vec<serde_json::Value> = (0..3)
+            .map(|r| {
+                let text = std::fs::read_to_string(dir.join(format!("rank{r}.json"))).unwrap();
+                serde_json::from_str(&text).unwrap()
+            })
+            .collect();
+        for (r, res) in results.iter().enumerate() {
+            assert_eq!(res["rank"], r as u64);
+            assert_eq!(res["world"], 3);
+            assert_eq!(res["rank_sum"], 6);
+            assert_eq!(res["equal_after_broadcast"], true);
+            assert_eq!(res["changed"], true);
+            assert_eq!(res["digest"], results[0]["digest"], "parameters agree");
+        }
+    });
+}
+
+/// `openssl` with `args` in `dir`; panics with its output when it fails.
+#[cfg(feature = "etcd-tls")]
+fn openssl(dir: &TempDir, args: &[&str]) {
+    let o = Command::new("openssl")
+        .args(args)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run openssl");
+    assert!(o.status.success(), "openssl {args:?}: {o:?}");
+}
+
+/// A self-signed CA `<name>.pem` + `<name>.key` (P-256) in `dir`.
+#[cfg(feature = "etcd-tls")]
+fn make_ca(dir: &TempDir, name: &str) {
+    let (pem, key) = (format!("{name}.pem"), format!("{name}.key"));
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &pem,
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=rdrun test {name}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+}
+
+/// A certificate `<name>.pem` + `<name>.key` signed by CA `ca`, with the extensions `ext`.
+#[cfg(feature = "etcd-tls")]
+fn make_cert(dir: &TempDir, name: &str, ca: &str, ext: &str) {
+    let (pem, key, csr) = (
+        format!("{name}.pem"),
+        format!("{name}.key"),
+        format!("{name}.csr"),
+    );
+    let extfile = format!("{name}.ext");
+    std::fs::write(dir.join(&extfile), ext).unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={name}"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &pem,
+            "-extfile",
+            &extfile,
+        ],
+    );
+}
+
+/// TLS (feature `etcd-tls`): an etcd that requires client certificates (a CA, server and
+/// client certificates made with `openssl` here); a 2-node job over it with
+/// `cacert`/`cert`/`key`; a wrong CA and a missing client certificate are one-line errors
+/// naming the endpoint and the TLS failure, within a bound.
+#[cfg(feature = "etcd-tls")]
+#[test]
+fn tls_etcd_with_client_certificates_and_bad_certificates() {
+    bounded(TEST_TIMEOUT, || {
+        let Some(etcd) = etcd_bin() else {
+            eprintln!("SKIPPED: etcd not installed (Debian: etcd-server etcd-client)");
+            return;
+        };
+        if Command::new("openssl").arg("version").output().is_err() {
+            eprintln!("SKIPPED: openssl not installed (makes the test certificates)");
+            return;
+        }
+        let pki = TempDir::new("etcd-pki");
+        make_ca(&pki, "ca");
+        make_ca(&pki, "other");
+        // etcd 3.4's gateway dials its own gRPC with the server certificate: clientAuth too.
+        make_cert(
+            &pki,
+            "server",
+            "ca",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+        );
+        make_cert(&pki, "client", "ca", "extendedKeyUsage=clientAuth\n");
+        let f = |name: &str| pki.join(name).to_string_lossy().into_owned();
+        let spec = MemberSpec {
+            addr: "127.0.0.1".into(),
+            client: free_port(),
+            peer: free_port(),
+            netns: None,
+        };
+        let extra = strings(&[
+            "--cert-file",
+            &f("server.pem"),
+            "--key-file",
+            &f("server.key"),
+            "--trusted-ca-file",
+            &f("ca.pem"),
+            "--client-cert-auth",
+        ]);
+        let cluster = Cluster::start_with(&etcd, &[spec], "https", &extra);
+        let (ca, cert, key) = (f("ca.pem"), f("client.pem"), f("client.key"));
+        cluster.wait_healthy(|c| {
+            c.ctl(&[
+                "--cacert", &ca, "--cert", &cert, "--key", &key, "put", "/health", "1",
+            ])
+            .status
+            .success()
+        });
+        let eps = cluster.list();
+
+        let dir = TempDir::new("etcd-tls");
+        let good = format!("cacert={ca},cert={cert},key={key}");
+        let running: Vec<_> = (1..=2)
+            .map(|h| agent(&dir, &eps, "tls", "2", Some(h), &good).spawn())
+            .collect();
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        check_round(&records(dir.path()), 2, 0, Some(&[1, 1]));
+
+        let fails = |conf: &str| {
+            let t0 = Instant::now();
+            let o = agent(&dir, &eps, "tlsbad", "2", Some(1), conf)
+                .timeout(Duration::from_secs(60))
+                .run();
+            assert_eq!(o.code, Some(1), "{o:?}");
+            assert!(t0.elapsed() < Duration::from_secs(30), "bounded: {o:?}");
+            o.stderr
+                .lines()
+                .find(|l| l.contains("error") && l.contains("etcd rendezvous at"))
+                .unwrap_or_else(|| panic!("no error line: {o:?}"))
+                .to_string()
+        };
+        let other = f("other.pem");
+        let line = fails(&format!("cacert={other},cert={cert},key={key}"));
+        eprintln!("wrong CA: {line}");
+        assert!(line.contains(&eps), "{line}");
+        assert!(line.contains("TLS"), "{line}");
+        assert!(line.contains("certificate"), "{line}");
+        let line = fails(&format!("cacert={ca}"));
+        eprintln!("no client certificate: {line}");
+        assert!(line.contains(&eps), "{line}");
+        assert!(line.contains("TLS"), "{line}");
+    });
 }

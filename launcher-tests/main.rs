@@ -13,7 +13,8 @@
 //!   namespaces) with no flag: one world, the topology banner, `--dry-run`, refusals.
 //! - `mpi`: in-place mode under a real Open MPI (`mpirun -np 4 rdrun script`, gloo all_reduce),
 //!   and node identity from the hostnames the ranks exchange.
-//! - `etcd` (feature `etcd`): the etcd v3 rendezvous against a real etcd cluster on loopback.
+//! - `etcd` (feature `etcd`): the etcd v3 rendezvous against a real etcd cluster, nodes and
+//!   members in network namespaces (on loopback where none can be made).
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `hang`: hang detection wired into the agent, with small budgets.

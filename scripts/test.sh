@@ -28,9 +28,9 @@ cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}"
 # The runtime's NCCL-side logic (backend choice, probe, errors without a GPU) with the feature on.
 cargo test --features nccl --lib runtime:: -- --test-threads="${RDRUN_TEST_THREADS:-2}"
 # The etcd backend: its unit tests, then the launcher tests against a real etcd cluster (they
-# start their own members on free loopback ports; skipped with a message without etcd).
+# start their own members, in network namespaces or on loopback; TLS too; skip without etcd).
 cargo test --no-default-features --features etcd --lib -- rendezvous:: config:: --test-threads="${RDRUN_TEST_THREADS:-2}"
-cargo test --no-default-features --features etcd --test launcher etcd:: -- --test-threads=1
+cargo test --no-default-features --features etcd-tls --test launcher etcd:: -- --test-threads=1
 
 if [ "${RDRUN_SKIP_TORCH:-0}" = "1" ]; then
   echo "== PyTorch compatibility suite skipped (RDRUN_SKIP_TORCH=1)"

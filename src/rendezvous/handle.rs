@@ -287,14 +287,15 @@ impl Rendezvous {
         self.rdzv.watch().await
     }
 
-    /// After this node's workers failed: the peer nodes found lost around the failure (c10d; see
-    /// `C10dRendezvous::lost_peers_after_failure`). A static job charges a lost peer as a
-    /// failure anyway, so it does not wait: always empty. The etcd backend does not wait yet
-    /// (a failure next to a lost node is charged there unless the loss is reported while the
-    /// group is still stopping).
+    /// After this node's workers failed: the peer nodes found lost around the failure (c10d:
+    /// heartbeats, see `C10dRendezvous::lost_peers_after_failure`; etcd: leases, see
+    /// `EtcdRendezvous::lost_peers_after_failure`). A static job charges a lost peer as a
+    /// failure anyway, so it does not wait: always empty.
     pub async fn lost_peers_after_failure(&mut self) -> Vec<String> {
         match &mut self.rdzv {
             Backend::C10d(r) => r.lost_peers_after_failure().await,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(r) => r.lost_peers_after_failure().await,
             _ => Vec::new(),
         }
     }

@@ -185,6 +185,37 @@ impl Etcd {
         Ok((kvs, revision))
     }
 
+    /// Every key under `prefix` (keys without the prefix) with the lease it is attached to.
+    pub async fn leases_under(&self, prefix: &str) -> Result<Vec<(String, i64)>, StoreOpError> {
+        let mut c = self.client.clone();
+        let resp = c
+            .get(
+                prefix,
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .map_err(|e| self.op_error(e))?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .map(|kv| {
+                let k = String::from_utf8_lossy(kv.key());
+                (k.strip_prefix(prefix).unwrap_or(&k).to_string(), kv.lease())
+            })
+            .collect())
+    }
+
+    /// The whole seconds `lease` has left (etcd truncates: it expires in under that + 1 s);
+    /// -1 when it expired or was revoked.
+    pub async fn lease_ttl(&self, lease: i64) -> Result<i64, StoreOpError> {
+        let mut c = self.client.clone();
+        match c.lease_time_to_live(lease, None).await {
+            Ok(resp) => Ok(resp.ttl()),
+            Err(Error::GRpcStatus(st)) if st.code() == tonic::Code::NotFound => Ok(-1),
+            Err(e) => Err(self.op_error(e)),
+        }
+    }
+
     /// Writes `value` if `key`'s `mod_revision` is still `seen` (0: the key does not exist);
     /// false when another writer came first.
     pub async fn compare_and_set(
@@ -310,6 +341,7 @@ struct Classified {
 }
 
 fn classify(e: &Error, prefix: &str, user: Option<&str>) -> Classified {
+    use std::error::Error as _;
     use tonic::Code;
     let who = user.map_or(String::new(), |u| format!(" (user {u})"));
     match e {
@@ -334,10 +366,16 @@ fn classify(e: &Error, prefix: &str, user: Option<&str>) -> Classified {
                     fatal: true,
                 }
             }
-            _ => Classified {
-                why: format!("etcd answered {:?}: {}", st.code(), st.message()),
-                fatal: false,
-            },
+            _ => {
+                let chain = full_chain(st.message().to_string(), st.source());
+                if is_tls_failure(&chain) {
+                    return tls_failure(&chain);
+                }
+                Classified {
+                    why: format!("etcd answered {:?}: {}", st.code(), st.message()),
+                    fatal: false,
+                }
+            }
         },
         Error::InvalidArgs(m) | Error::EndpointError(m) => Classified {
             why: m.clone(),
@@ -347,9 +385,120 @@ fn classify(e: &Error, prefix: &str, user: Option<&str>) -> Classified {
             why: format!("invalid endpoint: {u}"),
             fatal: true,
         },
-        other => Classified {
-            why: other.to_string(),
-            fatal: false,
-        },
+        other => {
+            let chain = full_chain(other.to_string(), other.source());
+            if is_tls_failure(&chain) {
+                return tls_failure(&chain);
+            }
+            Classified {
+                why: other.to_string(),
+                fatal: false,
+            }
+        }
+    }
+}
+
+/// A message and its sources' (`a: b: c`; a source that repeats a text already there is left
+/// out).
+fn full_chain(first: String, mut src: Option<&dyn std::error::Error>) -> String {
+    let mut out = first;
+    while let Some(s) = src {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out = format!("{out}: {text}");
+        }
+        src = s.source();
+    }
+    out
+}
+
+/// Whether an error (with its sources) is a failed TLS handshake or certificate check: the
+/// transport only says "transport error"; the cause is deeper (rustls's words).
+fn is_tls_failure(chain: &str) -> bool {
+    let t = chain.to_ascii_lowercase();
+    ["certificate", "tls", "handshake", "alert"]
+        .iter()
+        .any(|m| t.contains(m))
+}
+
+/// A TLS failure: retrying cannot help (wrong CA, no or unaccepted client certificate).
+fn tls_failure(chain: &str) -> Classified {
+    Classified {
+        why: format!("TLS failed: {chain} (check rdzv-conf cacert, cert, key)"),
+        fatal: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Endpoint, NodeRange};
+
+    fn settings(pairs: &[(&str, &str)]) -> EtcdSettings {
+        let conf = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let ep = Endpoint {
+            host: "h".into(),
+            port: 2379,
+        };
+        EtcdSettings::from_conf(NodeRange { min: 2, max: 2 }, &ep, &conf).unwrap()
+    }
+
+    #[test]
+    fn a_tls_failure_is_found_in_the_sources_and_is_fatal() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("transport error")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let inner = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "invalid peer certificate: UnknownIssuer",
+        );
+        let e = Outer(inner);
+        let chain = full_chain(e.to_string(), std::error::Error::source(&e));
+        assert_eq!(
+            chain,
+            "transport error: invalid peer certificate: UnknownIssuer"
+        );
+        assert!(is_tls_failure(&chain));
+        let c = tls_failure(&chain);
+        assert!(c.fatal);
+        assert!(c
+            .why
+            .starts_with("TLS failed: transport error: invalid peer"));
+        assert!(!is_tls_failure(
+            "transport error: Connection refused (os error 111)"
+        ));
+    }
+
+    #[cfg(not(feature = "etcd-tls"))]
+    #[test]
+    fn tls_settings_without_the_feature_name_it() {
+        let s = settings(&[("cacert", "/ca.pem")]);
+        let err = tls_options(&s, ConnectOptions::new()).unwrap_err();
+        assert!(err.contains("`etcd-tls` cargo feature"), "{err}");
+    }
+
+    #[cfg(feature = "etcd-tls")]
+    #[test]
+    fn an_unreadable_certificate_file_is_named() {
+        let s = settings(&[("cacert", "/nonexistent/ca.pem")]);
+        let Err(err) = tls_options(&s, ConnectOptions::new()) else {
+            panic!("a missing CA file is an error");
+        };
+        assert!(
+            err.starts_with("cannot read rdzv-conf cacert=\"/nonexistent/ca.pem\""),
+            "{err}"
+        );
     }
 }

@@ -19,11 +19,12 @@
 //! lost peer (a new round without it, not charged to the restart budget); losing etcd's quorum
 //! is [`RdzvEvent::StoreUnreachable`] once the lease could not be renewed for a whole TTL.
 //!
-//! Length: about 770 lines for one responsibility, the etcd round protocol (join, rounds, leases
-//! and watches, close, exit barrier). The decisions are `state.rs`'s, and the shared plumbing is
+//! Length: about 960 lines (a sixth of them tests) for one responsibility, the etcd round
+//! protocol (join, rounds, leases and watches, close, exit barrier, the lease check after a
+//! worker failure). The decisions are `state.rs`'s, and the shared plumbing is
 //! `plumbing.rs`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -181,6 +182,8 @@ pub struct EtcdRendezvous {
     me: Member,
     lease: i64,
     my_round: Option<u64>,
+    /// The other participants of `my_round` (who a later round may have dropped).
+    round_peers: Vec<String>,
     shared: SharedRef,
     running_changed: Arc<Notify>,
     events_tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
@@ -227,6 +230,7 @@ impl EtcdRendezvous {
             me,
             lease,
             my_round: None,
+            round_peers: Vec::new(),
             shared: Arc::default(),
             running_changed: Arc::new(Notify::new()),
             events_tx,
@@ -409,6 +413,12 @@ impl EtcdRendezvous {
                         "join_step returns Done only for a participant of a complete round",
                     );
                     self.my_round = Some(state.round);
+                    self.round_peers = state
+                        .participants
+                        .iter()
+                        .filter(|m| m.id != id)
+                        .map(|m| m.id.clone())
+                        .collect();
                     {
                         let mut sh = lock(&self.shared);
                         sh.running = Some(state.round);
@@ -612,6 +622,123 @@ impl EtcdRendezvous {
     pub fn poll_interval(&self) -> Duration {
         Duration::from_millis(100)
     }
+
+    /// After this agent's workers failed, before the failure is charged: which peers of the
+    /// running round are lost (issue 17.7, as `C10dRendezvous::lost_peers_after_failure`). A
+    /// SIGKILLed node makes its peers' collectives fail seconds before its lease expires, so
+    /// the failure alone cannot say whether a node died. Follows each peer's lease: a peer is
+    /// alive once a renewal of its lease is seen ([`renewed`]), lost once its alive key is
+    /// deleted or its lease is gone. Bounded by the lease TTL + 1 s (the TTL's resolution) + a
+    /// poll: a dead peer's lease has expired by then, so a peer still not seen renewing counts
+    /// as lost. A close, a lost etcd, or another agent's new round returns empty (`next_round`
+    /// deals with it), except a round started because peers' leases expired: those peers.
+    pub async fn lost_peers_after_failure(&mut self) -> Vec<String> {
+        let Some(round) = self.my_round else {
+            return Vec::new();
+        };
+        let tick = self.poll_interval();
+        let deadline = Instant::now() + self.settings.ttl + Duration::from_secs(1) + tick;
+        let alive_prefix = self.keys.alive_prefix();
+        // Per peer: its lease, the whole seconds it had left, and when that answer arrived.
+        let mut first: HashMap<String, (i64, i64, Instant)> = HashMap::new();
+        let mut renewing: HashSet<String> = HashSet::new();
+        // Every request is bounded by the deadline too (one etcd request may take 5 s).
+        let limit = deadline + tick;
+        loop {
+            let Ok(Ok((state, _, _))) =
+                tokio::time::timeout_at(limit, read_state(&self.etcd, &self.keys)).await
+            else {
+                return Vec::new();
+            };
+            if state.closed {
+                return Vec::new();
+            }
+            if state.round != round {
+                return dropped_by(&self.round_peers, &state);
+            }
+            let ids = watched_ids(&state, &self.me.id);
+            let Ok(Ok(leases)) =
+                tokio::time::timeout_at(limit, self.etcd.leases_under(&alive_prefix)).await
+            else {
+                return Vec::new();
+            };
+            let leases: HashMap<String, i64> = leases.into_iter().collect();
+            let mut lost: Vec<String> = ids
+                .iter()
+                .filter(|id| !leases.contains_key(*id))
+                .cloned()
+                .collect();
+            for id in &ids {
+                if renewing.contains(id) {
+                    continue;
+                }
+                let Some(&lease) = leases.get(id) else {
+                    continue;
+                };
+                let sent = Instant::now();
+                let Ok(Ok(left)) = tokio::time::timeout_at(limit, self.etcd.lease_ttl(lease)).await
+                else {
+                    continue;
+                };
+                if left < 0 {
+                    lost.push(id.clone());
+                    continue;
+                }
+                match first.get(id) {
+                    Some(&(l, was, at)) if l == lease => {
+                        if renewed(was, left, sent.saturating_duration_since(at)) {
+                            renewing.insert(id.clone());
+                        }
+                    }
+                    _ => {
+                        first.insert(id.clone(), (lease, left, Instant::now()));
+                    }
+                }
+            }
+            if !lost.is_empty() {
+                tracing::debug!(?lost, "etcd leases of peers gone after a worker failure");
+                return lost;
+            }
+            if ids.iter().all(|id| renewing.contains(id)) {
+                return Vec::new();
+            }
+            if Instant::now() >= deadline {
+                return ids
+                    .into_iter()
+                    .filter(|id| !renewing.contains(id))
+                    .collect();
+            }
+            tokio::time::sleep(tick).await;
+        }
+    }
+}
+
+/// Whether a lease was renewed between two reads of its remaining TTL: `was` whole seconds left
+/// at the first answer, `left` at a second request sent `elapsed` after that answer arrived
+/// (`elapsed` is at most the time that passed on etcd between the two). Without a renewal the
+/// true remaining time at the second read is under `was + 1 - elapsed`, and etcd's whole
+/// seconds (it truncates) no more; so `left + elapsed >= was + 1` proves a renewal.
+fn renewed(was: i64, left: i64, elapsed: Duration) -> bool {
+    left as f64 + elapsed.as_secs_f64() >= (was + 1) as f64
+}
+
+/// The peers of a round (`round_peers`) that `state` (a later round) no longer has, when that
+/// round was started because peers' leases expired.
+fn dropped_by(round_peers: &[String], state: &RdzvState) -> Vec<String> {
+    if state.reason != RoundReason::PeerLost {
+        return Vec::new();
+    }
+    let kept: HashSet<&str> = state
+        .watched_members("")
+        .into_iter()
+        .map(|m| m.id.as_str())
+        .chain(state.expected.iter().map(String::as_str))
+        .collect();
+    round_peers
+        .iter()
+        .filter(|id| !kept.contains(id.as_str()))
+        .cloned()
+        .collect()
 }
 
 /// The background task of one agent: renews the lease, and watches the running round.
@@ -785,6 +912,36 @@ mod tests {
         assert_eq!(k.joiners(3), "/rdrun/job/joiners/3/");
         assert_eq!(k.barrier(2), "/rdrun/job/barrier/2/");
         assert_eq!(k.store_prefix(), "rdrun.rendezvous.job");
+    }
+
+    #[test]
+    fn a_renewal_is_seen_only_when_no_expiring_lease_could_read_so() {
+        let s = Duration::from_secs_f64;
+        // Unrenewed: 4.x s left, 0.3 s later 3.x or 4.x s; 1.2 s later 3.x or lower.
+        assert!(!renewed(4, 4, s(0.3)));
+        assert!(!renewed(4, 3, s(0.3)));
+        assert!(!renewed(4, 3, s(0.99)));
+        assert!(!renewed(4, 2, s(1.2)));
+        // Renewed back to 4.x s after 1 s or more, or up from 3.x to 4.x at once.
+        assert!(renewed(4, 4, s(1.0)));
+        assert!(renewed(3, 4, s(0.0)));
+        assert!(renewed(4, 3, s(2.0)));
+        // Expired (-1) is never renewed.
+        assert!(!renewed(4, -1, s(3.0)));
+    }
+
+    #[test]
+    fn dropped_peers_are_the_round_peers_a_peer_lost_round_no_longer_has() {
+        let peers = vec!["10.0.0.2_1_0".to_string(), "10.0.0.3_1_0".to_string()];
+        let mut st = RdzvState {
+            round: 2,
+            reason: RoundReason::PeerLost,
+            participants: vec![m("10.0.0.1"), m("10.0.0.2")],
+            ..Default::default()
+        };
+        assert_eq!(dropped_by(&peers, &st), ["10.0.0.3_1_0"]);
+        st.reason = RoundReason::WorkerFailure;
+        assert!(dropped_by(&peers, &st).is_empty());
     }
 
     #[test]

@@ -19,8 +19,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets --features nccl -- -D warnings
-# The etcd v3 rendezvous (feature `etcd`: etcd-client over gRPC, needs protoc + protobuf headers).
-cargo clippy --all-targets --no-default-features --features etcd -- -D warnings
+# The etcd v3 rendezvous (feature `etcd`: etcd-client over gRPC, needs protoc + protobuf headers;
+# `etcd-tls` adds TLS and implies `etcd`: one feature set for its lints and tests, one build).
+cargo clippy --all-targets --no-default-features --features etcd-tls -- -D warnings
 echo "== cargo test"
 # The PyTorch suite runs the release launcher (as users do); candle is not needed for it.
 cargo build --release --no-default-features --bin rdrun
@@ -29,7 +30,7 @@ cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}"
 cargo test --features nccl --lib runtime:: -- --test-threads="${RDRUN_TEST_THREADS:-2}"
 # The etcd backend: its unit tests, then the launcher tests against a real etcd cluster (they
 # start their own members, in network namespaces or on loopback; TLS too; skip without etcd).
-cargo test --no-default-features --features etcd --lib -- rendezvous:: config:: --test-threads="${RDRUN_TEST_THREADS:-2}"
+cargo test --no-default-features --features etcd-tls --lib -- rendezvous:: config:: --test-threads="${RDRUN_TEST_THREADS:-2}"
 cargo test --no-default-features --features etcd-tls --test launcher etcd:: -- --test-threads=1
 
 if [ "${RDRUN_SKIP_TORCH:-0}" = "1" ]; then

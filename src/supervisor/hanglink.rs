@@ -182,7 +182,7 @@ impl HangLink {
                     .detector()
                     .declare(HangReason::Quiescence, quiet_for, budget, now),
                 Some(format!(
-                    "[rdrun]   the other nodes' state is unknown (no store): local rule at {}x the budget\n",
+                    "[rdrun]   the other nodes' state is unknown (the rendezvous store is unreachable, or the backend has none): local rule at {}x the budget\n",
                     super::hang::cluster::FALLBACK_FACTOR
                 )),
             ),

@@ -521,11 +521,51 @@ fn netns_agent(
     max_restarts: u32,
     script: &str,
 ) -> Rdrun {
+    netns_agent_on(net, node, nproc, dir, max_restarts, script, false)
+}
+
+/// As [`netns_agent`]; `c10d`: the c10d backend (endpoint on node 0, no `--node-rank`: the
+/// group ranks are the rendezvous' choice) instead of static.
+fn netns_agent_on(
+    net: &crate::rendezvous::Netns,
+    node: usize,
+    nproc: usize,
+    dir: &TempDir,
+    max_restarts: u32,
+    script: &str,
+    c10d: bool,
+) -> Rdrun {
+    let rdzv: Vec<String> = if c10d {
+        [
+            "--nnodes",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            &format!("{}:29400", net.addr(0)),
+            "--rdzv-id",
+            "hangjob",
+        ]
+        .map(String::from)
+        .to_vec()
+    } else {
+        [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            &node.to_string(),
+            "--master-addr",
+            &net.addr(0),
+            "--master-port",
+            "29500",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
     Rdrun::new()
-        .args(["--nnodes", "2", "--node-rank", &node.to_string()])
+        .args(rdzv)
         .arg(format!("--max-restarts={max_restarts}"))
         .arg(format!("--nproc-per-node={nproc}"))
-        .args(["--master-addr", &net.addr(0), "--master-port", "29500"])
         .args(["--hang-timeout", "2", "--hang-startup-timeout", "2"])
         .args(["--hang-poll-interval", "0.25"])
         .env_remove("RDRUN_HANG_DETECT")
@@ -633,6 +673,50 @@ fn netns_two_nodes_one_hung_rank_every_agent_captures_and_restarts() {
                     outs[n]
                 );
             }
+        }
+        crate::util::assert_no_leak(&recorded_worker_pids(dir.path()), Duration::from_secs(10));
+    });
+}
+
+/// The same over the c10d backend (its store on node 0's agent): one verdict, every agent
+/// captures and restarts, the suspect named in both blocks. Which agent gets group rank 1 is
+/// the rendezvous' choice, so the checks do not depend on the agent's index.
+#[test]
+fn netns_c10d_two_nodes_one_hung_rank_one_verdict() {
+    crate::rendezvous::bounded(Duration::from_secs(240), || {
+        let Some(net) = crate::rendezvous::Netns::create(2) else {
+            return;
+        };
+        let dir = TempDir::new("hang_netns_c10d");
+        let fifo = dir.join("never");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: plain mkfifo(3) on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let runs: Vec<_> = (0..2)
+            .map(|n| netns_agent_on(&net, n, 3, &dir, 1, TWO_NODE_HANG, true).spawn())
+            .collect();
+        let outs: Vec<_> = runs.into_iter().map(|r| r.wait()).collect();
+        let mut declared = Vec::new();
+        for o in &outs {
+            o.assert_code(0);
+            assert_eq!(o.stderr.matches("[rdrun] HANG (").count(), 1, "{o:?}");
+            assert!(o.stderr.contains("no activity on any of 2 nodes"), "{o:?}");
+            assert!(o.stderr.contains("job suspect: rank 4 on node 1"), "{o:?}");
+            let i = o.stderr.find("declared by node ").expect("declared by") + 17;
+            declared.push(o.stderr[i..i + 1].to_string());
+        }
+        assert_eq!(declared[0], declared[1], "one verdict for the job");
+        let stdout: String = outs.iter().map(|o| o.stdout.as_str()).collect();
+        for r in 0..6 {
+            assert!(
+                stdout.contains(&format!("ok rank {r} attempt 1")),
+                "rank {r} did not restart: {outs:?}"
+            );
+            let captured = (0..2).any(|n| {
+                find_dir(&dir.join(format!("logs{n}")), "attempt_0")
+                    .is_some_and(|d| d.join("hang").join(format!("rank{r}.txt")).is_file())
+            });
+            assert!(captured, "rank {r} not captured");
         }
         crate::util::assert_no_leak(&recorded_worker_pids(dir.path()), Duration::from_secs(10));
     });

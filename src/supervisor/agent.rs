@@ -560,6 +560,7 @@ impl Agent {
                     &self.config.rdzv.run_id,
                     asg.restart_count,
                 ),
+                super::hanglink::ClusterArgs::of(self.rdzv.as_ref(), asg),
             );
         }
         self.supervise(group, &stop_output).await

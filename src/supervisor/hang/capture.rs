@@ -708,6 +708,12 @@ impl HangReport {
                 secs(v.quiet_for),
                 secs(v.budget)
             ),
+            HangReason::Cluster { nodes, by } => format!(
+                "no activity on any of {nodes} nodes for {} (budget {}), declared by node {by}; {} ranks on this node",
+                secs(v.quiet_for),
+                secs(v.budget),
+                v.ranks.iter().filter(|r| r.alive).count(),
+            ),
         };
         let _ = writeln!(
             s,

@@ -49,6 +49,9 @@ pub enum HangReason {
     ExitSkew { exited: Vec<u32> },
     /// This rank's heartbeat is past its budget.
     Heartbeat { rank: u32 },
+    /// Multi-node: every one of `nodes` nodes quiet past its budget (`cluster`), declared by
+    /// node `by`.
+    Cluster { nodes: u32, by: u32 },
 }
 
 impl HangReason {
@@ -58,6 +61,7 @@ impl HangReason {
             HangReason::Quiescence => "quiescence",
             HangReason::ExitSkew { .. } => "exit_skew",
             HangReason::Heartbeat { .. } => "heartbeat",
+            HangReason::Cluster { .. } => "quiescence",
         }
     }
 }
@@ -105,6 +109,20 @@ struct RankState {
     progressed: bool,
     exit: Option<(i32, Instant)>,
     beat: Option<(Instant, Duration)>,
+}
+
+/// This node's quiet state, for the multi-node rule (`cluster`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeQuiet {
+    pub phase: Phase,
+    /// The phase budget.
+    pub budget: Duration,
+    /// Live ranks.
+    pub live: u32,
+    /// Live ranks that are not exempt.
+    pub watched: u32,
+    /// How long every watched rank has been inactive (zero when none is watched).
+    pub quiet_for: Duration,
 }
 
 /// The pure detector. Feed it with [`Detector::observe`] each poll and with the event methods.
@@ -325,6 +343,38 @@ impl Detector {
             }
         }
         None
+    }
+
+    /// This node's quiet state at `now` (after the poll's [`Detector::observe`]).
+    pub fn node_state(&self, now: Instant) -> NodeQuiet {
+        let phase = self.phase(now);
+        let live = self.ranks.values().filter(|r| r.alive);
+        let watched: Vec<&RankState> = live.clone().filter(|r| !r.exempt).collect();
+        let quiet_for = watched
+            .iter()
+            .map(|r| r.quiet_since)
+            .max()
+            .map_or(Duration::ZERO, |q| now.saturating_duration_since(q));
+        NodeQuiet {
+            phase,
+            budget: self.budget(phase),
+            live: u32::try_from(live.count()).unwrap_or(u32::MAX),
+            watched: u32::try_from(watched.len()).unwrap_or(u32::MAX),
+            quiet_for,
+        }
+    }
+
+    /// A verdict decided outside this detector (the multi-node rule, or the local rule at a
+    /// longer budget), with this node's ranks as seen now; latches like one of its own.
+    pub fn declare(
+        &mut self,
+        reason: HangReason,
+        quiet_for: Duration,
+        budget: Duration,
+        now: Instant,
+    ) -> Verdict {
+        self.latched = true;
+        self.verdict(reason, self.phase(now), quiet_for, budget, now)
     }
 
     fn verdict(
@@ -709,6 +759,45 @@ mod tests {
         d.reset(t0 + Duration::from_secs(10_000));
         let (t3, v) = first_verdict(&mut d, t0, 10_000, 20_000, quiet).unwrap();
         assert_eq!((t3, v.phase), (10_200, Phase::Steady));
+    }
+
+    #[test]
+    fn node_state_says_how_long_the_node_is_quiet_and_declare_latches() {
+        let t0 = Instant::now();
+        let mut d = Detector::new(&settings(), HangMode::Kill, t0);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // Rank 0 busy at 10 s, rank 1 silent; rank 2 stopped (exempt).
+        d.observe(
+            at(10),
+            &[
+                smp(0, 5.0, 0, 0),
+                smp(1, 0.0, 0, 0),
+                with_state(smp(2, 0.0, 0, 0), ProcState::Stopped, false),
+            ],
+        );
+        let q = d.node_state(at(25));
+        assert_eq!((q.live, q.watched), (3, 2));
+        assert_eq!(q.quiet_for, Duration::from_secs(15));
+        assert_eq!((q.phase, q.budget), (Phase::Startup, 200 * S));
+        let v = d.declare(
+            HangReason::Cluster { nodes: 2, by: 1 },
+            40 * S,
+            100 * S,
+            at(25),
+        );
+        assert_eq!(v.ranks.len(), 3);
+        assert_eq!(v.reason.detector(), "quiescence");
+        // Latched: the local rule stays silent until some rank is active again.
+        assert!(first_verdict(&mut d, t0, 30, 2000, |_| vec![
+            smp(0, 5.0, 0, 0),
+            smp(1, 0.0, 0, 0)
+        ])
+        .is_none());
+        d.rank_exited(0, 0, at(2001));
+        d.rank_exited(1, 0, at(2001));
+        d.rank_exited(2, 0, at(2001));
+        let q = d.node_state(at(2002));
+        assert_eq!((q.live, q.watched, q.quiet_for), (0, 0, Duration::ZERO));
     }
 
     #[test]

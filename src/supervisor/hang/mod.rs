@@ -16,10 +16,14 @@
 //! * [`detector`]: the pure rules ([`Detector`]) and the poll-driven [`HangMonitor`].
 //! * [`capture`]: bounded, parallel capture, suspect selection, the stderr block and
 //!   `rank<R>.txt` files ([`capture()`], [`HangReport`]).
+//! * [`cluster`]: the multi-node rule — every agent publishes its node's quiet state to the
+//!   rendezvous store, the job hangs only when every node is quiet, one verdict per round;
+//!   without the store, the local rule at twice the budget.
 //! * [`filetimer`]: torch's FileTimer protocol — line parser, timer table, FIFO reader task.
 //!   Expiry handling (signal only the worker tree, never rdrun) is the agent's job.
 
 pub mod capture;
+pub mod cluster;
 pub mod detector;
 pub mod filetimer;
 pub mod sample;
@@ -27,7 +31,7 @@ pub mod sample;
 pub use crate::config::hang as settings;
 
 pub use capture::{capture, CaptureOptions, CaptureTarget, HangReport, StackStatus};
-pub use detector::{Detector, HangMonitor, HangReason, Phase, Verdict};
+pub use detector::{Detector, HangMonitor, HangReason, NodeQuiet, Phase, Verdict};
 pub use filetimer::{TimerFifo, TimerMsg, TimerTable};
 pub use sample::{OutputCounter, ProcFs, ProcSource, RankProcs, RankSample};
 pub use settings::{parse_duration, HangMode, HangSettings};

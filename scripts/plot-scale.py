@@ -106,13 +106,19 @@ def main():
          [("rdrun", series(rows, "store", "server", "rdrun", "clients", "probe_worst_ms"), "o-"),
           ("PyTorch libuv", series(rows, "store", "server", "torch", "clients",
                                    "probe_worst_ms"), "s-")])
-    plot(f"{out}/rdzv_join.png", "c10d rendezvous: one round, simulated nodes", "seconds",
-         [("rdrun (simulated)", series(rows, "rdzv", "impl", "rdrun-sim", "nodes", "join_s"),
-           "o-")])
+    sim = lambda key: series(rows, "rdzv", "impl", "rdrun-sim", "nodes", key)  # noqa: E731
+    plot(f"{out}/rdzv_join.png", "c10d rendezvous: one round (join), by node count", "seconds",
+         [("rdrun, simulated nodes (join)", sim("join_s"), "o-"),
+          ("rdrun, real agents (start to exit)",
+           series(rows, "agents", "impl", "rdrun", "nodes", "wall_s"), "^-"),
+          ("torchrun, real agents (start to exit)",
+           series(rows, "agents", "impl", "torchrun", "nodes", "wall_s"), "s-")])
     plot(f"{out}/rdzv_steady_cpu.png", "c10d rendezvous: store CPU at steady state",
-         "% of one core",
-         [("rdrun (simulated)", series(rows, "rdzv", "impl", "rdrun-sim", "nodes",
-                                       "steady_cpu_pct"), "o-")])
+         "% of one core", [("rdrun (simulated)", sim("steady_cpu_pct"), "o-")])
+    plot(f"{out}/rdzv_bytes_per_join.png", "c10d rendezvous: store bytes moved per join",
+         "bytes per node (read + written)", [("rdrun (simulated)", sim("bytes_per_join"), "o-")])
+    plot(f"{out}/rdzv_detect.png", "c10d rendezvous: one lost node, last survivor told",
+         "seconds", [("rdrun (simulated)", sim("detect_all_s"), "o-")])
 
 
 if __name__ == "__main__":

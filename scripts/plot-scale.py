@@ -18,7 +18,8 @@ def parse(path):
     rows = []
     for line in open(path):
         kv = dict(p.split("=", 1) for p in line.split() if "=" in p)
-        rows.append(kv)
+        if not line.startswith("#"):
+            rows.append(kv)
     return rows
 
 
@@ -83,8 +84,9 @@ def plot(path, title, ylabel, lines, anchor=None, extrapolate_to=None):
 
 
 def main():
-    rows = parse(sys.argv[1])
-    out = sys.argv[2]
+    # plot-scale.py RESULTS... OUTDIR: rows of every results file together.
+    rows = [r for path in sys.argv[1:-1] for r in parse(path)]
+    out = sys.argv[-1]
     rd = series(rows, "store", "server", "rdrun", "clients", "wall_s")
     pt = series(rows, "store", "server", "torch", "clients", "wall_s")
     plot(f"{out}/store_startup_wall.png", "Store: PyTorch start-up pattern, wall time",

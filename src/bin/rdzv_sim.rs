@@ -14,9 +14,9 @@
 //! binary with `--serve` (so that the server's CPU is its own): the child answers each line on
 //! its stdin with the byte counters of its server (`rdrun::store::stats`, socket bytes read and
 //! written), which is how bytes per join are measured. With `--port` (another server) bytes are
-//! not reported. Each simulated node uses one store connection (a real agent opens two: the
-//! keeper has its own), so 10,000 nodes fit in the 20,000 descriptors a process may hold here
-//! on both sides. A benchmark, bounded by `--timeout-secs`; `scripts/bench-scale.sh` runs it.
+//! not reported. Each simulated node opens two store connections, as a real agent does (the
+//! keeper has its own), up to 9,000 nodes; above, one (`conns_per_node=1`), so that 10,000
+//! nodes fit in the 20,000 descriptors a process may hold here on both sides. A benchmark, bounded by `--timeout-secs`; `scripts/bench-scale.sh` runs it.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -234,18 +234,27 @@ async fn run(args: Args) -> Res<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let op_timeout = settings.read_timeout;
 
+    // Like a real agent, each node's keeper has a connection of its own (heartbeats never queue
+    // behind a big read of the join), while both sides stay under the 20,000 descriptors a
+    // process may hold here; above 9,000 nodes the keeper shares the node's connection.
+    let two_conns = 2 * n <= 18_000;
     // Connections first, so the join measures the rendezvous, not the connect storm.
     let t_conn = Instant::now();
     let mut connecting = tokio::task::JoinSet::new();
     for i in 0..n {
         let host = args.host.clone();
         connecting.spawn(async move {
-            TcpRdzvStore::connect(&host, port, deadline, op_timeout)
-                .await
-                .map(|s| (i, s))
+            let main = TcpRdzvStore::connect(&host, port, deadline, op_timeout).await?;
+            let keeper = if two_conns {
+                Some(TcpRdzvStore::connect(&host, port, deadline, op_timeout).await?)
+            } else {
+                None
+            };
+            Ok::<_, rdrun::rendezvous::RendezvousError>((i, (main, keeper)))
         });
     }
-    let mut stores: Vec<Option<TcpRdzvStore>> = (0..n).map(|_| None).collect();
+    type Conns = (TcpRdzvStore, Option<TcpRdzvStore>);
+    let mut stores: Vec<Option<Conns>> = (0..n).map(|_| None).collect();
     while let Some(r) = connecting.join_next().await {
         let (i, s) = r??;
         stores[i] = Some(s);
@@ -262,8 +271,9 @@ async fn run(args: Args) -> Res<()> {
     let (event_tx, mut event_rx) = tokio::sync::mpsc::unbounded_channel();
     let (kill_tx, kill_rx) = tokio::sync::watch::channel(None::<usize>);
     let mut nodes = tokio::task::JoinSet::new();
-    for (i, store) in stores.into_iter().enumerate() {
-        let store = Arc::new(store.expect("every node connected"));
+    for (i, conns) in stores.into_iter().enumerate() {
+        let (store, keeper) = conns.expect("every node connected");
+        let store = Arc::new(store);
         let settings = settings.clone();
         let (joined_tx, event_tx, mut kill_rx) =
             (joined_tx.clone(), event_tx.clone(), kill_rx.clone());
@@ -272,6 +282,9 @@ async fn run(args: Args) -> Res<()> {
             let mut rdzv =
                 C10dRendezvous::new(store, settings, "sim", &node_addr(i), i as u32, nproc)
                     .with_pid(1);
+            if let Some(k) = keeper {
+                rdzv = rdzv.with_keeper_store(Arc::new(k));
+            }
             let asg = rdzv
                 .next_round(RoundRequest {
                     reason: RoundReason::Initial,
@@ -315,7 +328,10 @@ async fn run(args: Args) -> Res<()> {
         None => None,
     };
 
-    let mut line = format!("nodes={n} connect_s={connect_s:.3} join_s={join_s:.3}");
+    let mut line = format!(
+        "nodes={n} conns_per_node={} connect_s={connect_s:.3} join_s={join_s:.3}",
+        1 + two_conns as u8
+    );
     if let (Some(c0), Some(c1)) = (before, after_join) {
         line.push_str(&format!(" join_server_cpu_s={:.2}", c1 - c0));
     }

@@ -933,13 +933,25 @@ impl<S: RdzvStore> Keeper<S> {
         lost
     }
 
-    /// One poll of the running round: the version counter (O(1)); the state only when the
-    /// version moved; the heartbeats of the few watched peers. A watched peer found dead is
+    /// One poll of the running round: the version counter and the heartbeats of the few watched
+    /// peers (one multi_get); the state only when the version moved. A watched peer found dead is
     /// dropped from the state (which every other node then sees through the version).
     async fn monitor(&self, m: &mut Monitor) -> Result<(), StoreOpError> {
         let round = m.round;
         let key = self.keys.state();
-        let version = read_version(&*self.store, &self.keys).await?;
+        // Once the version key is known to exist (keys are never removed), the version and the
+        // watched heartbeats are one multi_get: two requests per node per poll with the beat.
+        let (version, mut beats) = match &m.seen {
+            Some(s) if !s.version.is_empty() && s.state.round == round => {
+                let mut keys = vec![self.keys.version()];
+                keys.extend(s.targets.iter().map(|id| self.keys.hb(id)));
+                let mut values = self.store.multi_get(&keys).await?;
+                let version = values.remove(0);
+                let beats: Vec<(String, Vec<u8>)> = s.targets.iter().cloned().zip(values).collect();
+                (version, Some(beats))
+            }
+            _ => (read_version(&*self.store, &self.keys).await?, None),
+        };
         let fresh = m
             .seen
             .as_ref()
@@ -979,9 +991,14 @@ impl<S: RdzvStore> Keeper<S> {
                 state,
                 targets,
             });
+            // The watched peers may have changed with the state.
+            beats = None;
         }
         let seen = m.seen.as_ref().expect("read above");
-        let beats = read_beats(&*self.store, &self.keys, seen.targets.clone()).await?;
+        let beats = match beats {
+            Some(b) => b,
+            None => read_beats(&*self.store, &self.keys, seen.targets.clone()).await?,
+        };
         let now = Instant::now();
         let dead = m.tracker.observe(now, beats, self.settings.dead_after());
         // A stalled watched peer is published for agents whose workers just failed (see

@@ -113,42 +113,16 @@ fn store_startup_pattern_2000_clients_over_two_processes() {
 }
 
 /// 100 simulated c10d nodes (`rdrun-rdzv-sim`, one process, each node with its own store
-/// connection and heartbeat keeper) join one round against rdrun's store in a child process;
-/// one node is then dropped and every survivor must hear of it (the simulator exits non-zero
-/// if a node fails to join, gets a wrong world, or sees anything else).
+/// connection and heartbeat keeper) join one round against rdrun's store in a child process
+/// the simulator starts (which reports its socket byte counters); one node is then dropped and
+/// every survivor must hear of it (the simulator exits non-zero if a node fails to join, gets a
+/// wrong world, or sees anything else).
 #[test]
 fn rendezvous_sim_100_nodes_join_and_detect_a_lost_node() {
-    let bench = env!("CARGO_BIN_EXE_rdrun-store-bench");
-    let mut server = Killed(
-        Command::new(bench)
-            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn rdrun-store-bench serve"),
-    );
-    let mut first = String::new();
-    BufReader::new(server.0.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("port line");
-    let port = first
-        .trim()
-        .strip_prefix("port=")
-        .expect("port=N")
-        .to_string();
     let out = std::env::temp_dir().join(format!("rdrun-sim-{}.out", std::process::id()));
     let mut sim = Killed(
         Command::new(env!("CARGO_BIN_EXE_rdrun-rdzv-sim"))
-            .args([
-                "--port",
-                &port,
-                "--nodes",
-                "100",
-                "--steady-secs",
-                "0",
-                "--kill-one",
-            ])
+            .args(["--nodes", "100", "--steady-secs", "0", "--kill-one"])
             .args(["--timeout-secs", "240"])
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).expect("create output file"))
@@ -171,4 +145,11 @@ fn rendezvous_sim_100_nodes_join_and_detect_a_lost_node() {
         .parse()
         .expect("detect_all_s is a number");
     assert!(join >= 0.0 && all >= 0.0, "{line}");
+    // The store's byte counters were read: every node at least sent its join and read its
+    // assignment, which takes more than a few bytes.
+    let per_join: u64 = field(line, "bytes_per_join")
+        .parse()
+        .expect("bytes_per_join is a number");
+    let total: u64 = field(line, "join_bytes").parse().expect("join_bytes");
+    assert!(per_join >= 100 && total >= 100 * per_join, "{line}");
 }

@@ -6,28 +6,41 @@
 #       in SCALE_TORCH_SIZES against a fresh PyTorch libuv TCPStore server, in the same run;
 #       capped at SCALE_CAP_S per run;
 #   (b) the c10d rendezvous of SCALE_SIM_SIZES simulated nodes in one process (rdrun-rdzv-sim),
-#       against a fresh rdrun store process: join time, store CPU during the join and at steady state,
-#       detection of one lost node.
+#       against a fresh rdrun store process the simulator starts: join time, store CPU and bytes
+#       moved during the join and at steady state, detection of one lost node;
+#   (c) real agents: SCALE_REAL_SIZES rdrun agents (c10d, one `true` worker each, all on this
+#       machine) through one round to the end of the job, and SCALE_TORCHRUN_SIZES torchrun
+#       agents the same way; wall time until every agent exited.
+# Every result line carries the load average at its start (load=1m/5m/15m): the machine may be
+# shared, and wall times on a loaded machine are mostly waiting for a CPU.
 # Raw result lines go to $SCALE_OUT/results.txt (one key=value line per run); then
 # scripts/plot-scale.py draws one log-log PNG per measure into $SCALE_OUT (matplotlib is
 # installed into the PyTorch venv on demand).
 # Env: SCALE_STORE_SIZES (default 1000,2000,4000,8000,16000,19000), SCALE_TORCH_SIZES (default
-#      1000,2000), SCALE_SIM_SIZES (default 128,1000), SCALE_CAP_S (default 120), SCALE_OUT
-#      (default target/bench-scale), SCALE_NO_PLOT=1 to skip the plots, SCALE_SKIP=store|sim.
+#      1000,2000), SCALE_SIM_SIZES (default 128,1000,4000,10000), SCALE_REAL_SIZES (default
+#      8,32,128,256), SCALE_TORCHRUN_SIZES (default 8,16,32), SCALE_CAP_S (default 120),
+#      SCALE_OUT (default target/bench-scale), SCALE_NO_PLOT=1 to skip the plots,
+#      SCALE_SKIP=store|sim|real (comma-separated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 STORE_SIZES="${SCALE_STORE_SIZES:-1000,2000,4000,8000,16000,19000}"
 TORCH_SIZES="${SCALE_TORCH_SIZES:-1000,2000}"
-SIM_SIZES="${SCALE_SIM_SIZES:-128,1000}"
+SIM_SIZES="${SCALE_SIM_SIZES:-128,1000,4000,10000}"
+REAL_SIZES="${SCALE_REAL_SIZES:-8,32,128,256}"
+TORCHRUN_SIZES="${SCALE_TORCHRUN_SIZES:-8,16,32}"
 CAP="${SCALE_CAP_S:-120}"
 OUT="${SCALE_OUT:-target/bench-scale}"
 SKIP="${SCALE_SKIP:-}"
 
 echo "== building rdrun-store-bench and rdrun-rdzv-sim (release)" >&2
-cargo build --release --quiet --no-default-features --bin rdrun-store-bench --bin rdrun-rdzv-sim
+cargo build --release --quiet --no-default-features --bin rdrun-store-bench --bin rdrun-rdzv-sim \
+  --bin rdrun
 BENCH=target/release/rdrun-store-bench
 SIM=target/release/rdrun-rdzv-sim
+RDRUN=target/release/rdrun
+skipped() { case ",$SKIP," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+load() { cut -d' ' -f1-3 /proc/loadavg | tr ' ' '/'; }
 mkdir -p "$OUT"
 RESULTS="$OUT/results.txt"
 : >"$RESULTS"
@@ -63,7 +76,7 @@ if [ -z "${SCALE_NO_TORCH:-}" ]; then PY="$(scripts/torch-venv.sh | tail -n 1)";
 echo "machine: $(nproc) cores, $(uname -sr), load average $(cut -d' ' -f1-3 /proc/loadavg)," \
   "somaxconn $(cat /proc/sys/net/core/somaxconn), fd limit $(ulimit -n)" | tee "$OUT/machine.txt"
 
-if [ "$SKIP" != store ]; then
+if ! skipped store; then
   echo; echo "(a) store, PyTorch's start-up pattern (cap ${CAP}s per run)"
   for kind in rdrun torch; do
     sizes="$STORE_SIZES"; [ "$kind" = torch ] && sizes="$TORCH_SIZES"
@@ -80,16 +93,61 @@ if [ "$SKIP" != store ]; then
   done
 fi
 
-if [ "$SKIP" != sim ]; then
+if ! skipped sim; then
   echo; echo "(b) c10d rendezvous, simulated nodes in one process (cap ${CAP}s per run)"
   for n in ${SIM_SIZES//,/ }; do
-    start_server rdrun "r_$n"
-    line=$(timeout $((CAP + 30)) "$SIM" --port "$SRV_PORT" --nodes "$n" --server-pid "$SRV_PID" \
-      --steady-secs 10 --kill-one --timeout-secs "$CAP" 2>"$TMP/sim.err") \
+    l="$(load)"
+    line=$(timeout $((CAP + 30)) "$SIM" --nodes "$n" --steady-secs 10 --kill-one \
+      --timeout-secs "$CAP" 2>"$TMP/sim.err") \
       || line="nodes=$n join_s=unfinished cap_s=$CAP $(tail -n 1 "$TMP/sim.err" | tr ' ' '_')"
-    stop "$SRV_PID"
-    echo "kind=rdzv impl=rdrun-sim $line" | tee -a "$RESULTS"
+    echo "kind=rdzv impl=rdrun-sim $line load=$l" | tee -a "$RESULTS"
+    sleep 2
   done
+fi
+
+agents() { # impl n -> one result line: n agents of impl (c10d, one `true` worker) to the end
+  local impl=$1 n=$2 port l t0 pids=() ok=0 p
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  l="$(load)"
+  mkdir -p "$TMP/a_${impl}_$n"
+  t0=$(date +%s.%N)
+  for i in $(seq 1 "$n"); do
+    if [ "$impl" = rdrun ]; then
+      "$RDRUN" --nnodes "$n" --nproc-per-node 1 --rdzv-backend c10d \
+        --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "scale$n" --no-python true \
+        >"$TMP/a_${impl}_$n/$i.log" 2>&1 &
+    else
+      "$PY" -m torch.distributed.run --nnodes "$n" --nproc-per-node 1 --rdzv-backend c10d \
+        --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "scale$n" --no-python true \
+        >"$TMP/a_${impl}_$n/$i.log" 2>&1 &
+    fi
+    pids+=("$!")
+  done
+  local end=$(( $(date +%s) + CAP ))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    local alive=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=$((alive + 1)); done
+    [ "$alive" -eq 0 ] && break
+    sleep 0.2
+  done
+  local wall; wall=$(echo "$(date +%s.%N) - $t0" | bc)
+  for p in "${pids[@]}"; do
+    if kill -0 "$p" 2>/dev/null; then kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
+    elif wait "$p"; then ok=$((ok + 1)); fi
+  done
+  if [ "$ok" -eq "$n" ]; then
+    echo "kind=agents impl=$impl nodes=$n wall_s=$wall ok=$ok load=$l"
+  else
+    echo "kind=agents impl=$impl nodes=$n wall_s=unfinished ok=$ok cap_s=$CAP load=$l"
+  fi
+}
+
+if ! skipped real; then
+  echo; echo "(c) real agents on this machine, c10d, one true worker each (cap ${CAP}s per run)"
+  for n in ${REAL_SIZES//,/ }; do agents rdrun "$n" | tee -a "$RESULTS"; sleep 2; done
+  if [ -n "$PY" ]; then
+    for n in ${TORCHRUN_SIZES//,/ }; do agents torchrun "$n" | tee -a "$RESULTS"; sleep 2; done
+  fi
 fi
 
 if [ -z "${SCALE_NO_PLOT:-}" ] && [ -n "$PY" ]; then

@@ -18,7 +18,8 @@ def parse(path):
     rows = []
     for line in open(path):
         kv = dict(p.split("=", 1) for p in line.split() if "=" in p)
-        rows.append(kv)
+        if not line.startswith("#"):
+            rows.append(kv)
     return rows
 
 
@@ -83,8 +84,9 @@ def plot(path, title, ylabel, lines, anchor=None, extrapolate_to=None):
 
 
 def main():
-    rows = parse(sys.argv[1])
-    out = sys.argv[2]
+    # plot-scale.py RESULTS... OUTDIR: rows of every results file together.
+    rows = [r for path in sys.argv[1:-1] for r in parse(path)]
+    out = sys.argv[-1]
     rd = series(rows, "store", "server", "rdrun", "clients", "wall_s")
     pt = series(rows, "store", "server", "torch", "clients", "wall_s")
     plot(f"{out}/store_startup_wall.png", "Store: PyTorch start-up pattern, wall time",
@@ -106,13 +108,19 @@ def main():
          [("rdrun", series(rows, "store", "server", "rdrun", "clients", "probe_worst_ms"), "o-"),
           ("PyTorch libuv", series(rows, "store", "server", "torch", "clients",
                                    "probe_worst_ms"), "s-")])
-    plot(f"{out}/rdzv_join.png", "c10d rendezvous: one round, simulated nodes", "seconds",
-         [("rdrun (simulated)", series(rows, "rdzv", "impl", "rdrun-sim", "nodes", "join_s"),
-           "o-")])
+    sim = lambda key: series(rows, "rdzv", "impl", "rdrun-sim", "nodes", key)  # noqa: E731
+    plot(f"{out}/rdzv_join.png", "c10d rendezvous: one round (join), by node count", "seconds",
+         [("rdrun, simulated nodes (join)", sim("join_s"), "o-"),
+          ("rdrun, real agents (start to exit)",
+           series(rows, "agents", "impl", "rdrun", "nodes", "wall_s"), "^-"),
+          ("torchrun, real agents (start to exit)",
+           series(rows, "agents", "impl", "torchrun", "nodes", "wall_s"), "s-")])
     plot(f"{out}/rdzv_steady_cpu.png", "c10d rendezvous: store CPU at steady state",
-         "% of one core",
-         [("rdrun (simulated)", series(rows, "rdzv", "impl", "rdrun-sim", "nodes",
-                                       "steady_cpu_pct"), "o-")])
+         "% of one core", [("rdrun (simulated)", sim("steady_cpu_pct"), "o-")])
+    plot(f"{out}/rdzv_bytes_per_join.png", "c10d rendezvous: store bytes moved per join",
+         "bytes per node (read + written)", [("rdrun (simulated)", sim("bytes_per_join"), "o-")])
+    plot(f"{out}/rdzv_detect.png", "c10d rendezvous: one lost node, last survivor told",
+         "seconds", [("rdrun (simulated)", sim("detect_all_s"), "o-")])
 
 
 if __name__ == "__main__":

@@ -7,8 +7,16 @@
 //! nodes`), then hold the round for `--steady-secs` (heartbeats and monitoring only), then drop
 //! one node (`--kill-one`: its keeper stops beating) and wait until the others report the lost
 //! peer. Prints one `key=value` line: join time, the server's CPU during the join and at steady
-//! state (from `/proc/<pid>/stat`), and the detection times. (Bytes per join are not measured
-//! yet: `/proc/<pid>/io` does not count socket traffic; that needs a byte counter in the server.) A benchmark, bounded by `--timeout-secs`; `scripts/bench-scale.sh` runs it.
+//! state (from `/proc/<pid>/stat`), the bytes the store moved per join and per second at steady
+//! state, and the detection times.
+//!
+//! Without `--port` the simulator starts the store itself, as a child process running this
+//! binary with `--serve` (so that the server's CPU is its own): the child answers each line on
+//! its stdin with the byte counters of its server (`rdrun::store::stats`, socket bytes read and
+//! written), which is how bytes per join are measured. With `--port` (another server) bytes are
+//! not reported. Each simulated node opens two store connections, as a real agent does (the
+//! keeper has its own), up to 9,000 nodes; above, one (`conns_per_node=1`), so that 10,000
+//! nodes fit in the 20,000 descriptors a process may hold here on both sides. A benchmark, bounded by `--timeout-secs`; `scripts/bench-scale.sh` runs it.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -30,8 +38,12 @@ use tokio::time::Instant;
 struct Args {
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// A store server to use; without it a child process serves one (and reports bytes).
     #[arg(long)]
-    port: u16,
+    port: Option<u16>,
+    /// Internal: be the store server child (see the module docs).
+    #[arg(long, hide = true)]
+    serve: bool,
     #[arg(long, default_value_t = 128)]
     nodes: usize,
     /// Workers per node (only sizes the world).
@@ -77,6 +89,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.serve {
+        return match rt.block_on(serve(&args.host)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rdrun-rdzv-sim --serve: error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let limit = Duration::from_secs_f64(args.timeout_secs.max(1.0));
     match rt.block_on(async { tokio::time::timeout(limit, run(args)).await }) {
         Ok(Ok(())) => ExitCode::SUCCESS,
@@ -88,6 +109,89 @@ fn main() -> ExitCode {
             eprintln!("rdrun-rdzv-sim: error: did not finish within {limit:?}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The store server child: prints `port=N`, then answers each stdin line with
+/// `bytes_read=R bytes_written=W`; stops at stdin's end.
+async fn serve(host: &str) -> Res<()> {
+    let ip: std::net::IpAddr = host.parse()?;
+    let server = rdrun::store::server::StoreServer::bind(
+        (ip, 0).into(),
+        rdrun::store::server::ServerConfig::default(),
+    )?;
+    println!("port={}", server.port());
+    // Stdin on a thread of its own (blocking reads); its end stops the server.
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        use std::io::{BufRead, Write};
+        for line in std::io::stdin().lock().lines() {
+            if line.is_err() {
+                break;
+            }
+            let s = rdrun::store::stats::STATS.snapshot();
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(
+                out,
+                "bytes_read={} bytes_written={}",
+                s.bytes_read, s.bytes_written
+            );
+            let _ = out.flush();
+        }
+        let _ = done_tx.send(());
+    });
+    let _ = done_rx.await;
+    server.shutdown().await;
+    Ok(())
+}
+
+/// The store server child and the line protocol to read its byte counters.
+struct Child {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    port: u16,
+}
+
+impl Child {
+    async fn start(host: &str) -> Res<Child> {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["--serve", "--host", host])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let mut stdout = tokio::io::BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
+        let first = stdout
+            .next_line()
+            .await?
+            .ok_or("store child said nothing")?;
+        let port = first
+            .strip_prefix("port=")
+            .ok_or_else(|| format!("store child said {first:?}"))?
+            .parse()?;
+        Ok(Child {
+            child,
+            stdin,
+            stdout,
+            port,
+        })
+    }
+
+    /// Socket bytes read + written by the child's server so far.
+    async fn bytes(&mut self) -> Res<u64> {
+        use tokio::io::AsyncWriteExt;
+        self.stdin.write_all(b"?\n").await?;
+        self.stdin.flush().await?;
+        let line = self.stdout.next_line().await?.ok_or("store child ended")?;
+        let mut total = 0;
+        for kv in line.split(' ') {
+            let (_, v) = kv.split_once('=').ok_or("bad stats line")?;
+            total += v.parse::<u64>()?;
+        }
+        Ok(total)
     }
 }
 
@@ -110,6 +214,17 @@ fn node_addr(i: usize) -> String {
 
 async fn run(args: Args) -> Res<()> {
     let n = args.nodes.max(1);
+    let mut child = match args.port {
+        Some(_) => None,
+        None => Some(Child::start(&args.host).await?),
+    };
+    let port = args
+        .port
+        .or(child.as_ref().map(|c| c.port))
+        .expect("a port either way");
+    let server_pid = args
+        .server_pid
+        .or(child.as_ref().and_then(|c| c.child.id()));
     let mut conf = BTreeMap::new();
     for kv in args.conf.split(',').filter(|s| !s.is_empty()) {
         let (k, v) = kv.split_once('=').ok_or("--conf wants key=value pairs")?;
@@ -119,33 +234,46 @@ async fn run(args: Args) -> Res<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let op_timeout = settings.read_timeout;
 
+    // Like a real agent, each node's keeper has a connection of its own (heartbeats never queue
+    // behind a big read of the join), while both sides stay under the 20,000 descriptors a
+    // process may hold here; above 9,000 nodes the keeper shares the node's connection.
+    let two_conns = 2 * n <= 18_000;
     // Connections first, so the join measures the rendezvous, not the connect storm.
     let t_conn = Instant::now();
     let mut connecting = tokio::task::JoinSet::new();
     for i in 0..n {
         let host = args.host.clone();
-        let port = args.port;
         connecting.spawn(async move {
-            TcpRdzvStore::connect(&host, port, deadline, op_timeout)
-                .await
-                .map(|s| (i, s))
+            let main = TcpRdzvStore::connect(&host, port, deadline, op_timeout).await?;
+            let keeper = if two_conns {
+                Some(TcpRdzvStore::connect(&host, port, deadline, op_timeout).await?)
+            } else {
+                None
+            };
+            Ok::<_, rdrun::rendezvous::RendezvousError>((i, (main, keeper)))
         });
     }
-    let mut stores: Vec<Option<TcpRdzvStore>> = (0..n).map(|_| None).collect();
+    type Conns = (TcpRdzvStore, Option<TcpRdzvStore>);
+    let mut stores: Vec<Option<Conns>> = (0..n).map(|_| None).collect();
     while let Some(r) = connecting.join_next().await {
         let (i, s) = r??;
         stores[i] = Some(s);
     }
     let connect_s = t_conn.elapsed().as_secs_f64();
 
-    let before = usage(args.server_pid);
+    let bytes0 = match child.as_mut() {
+        Some(c) => Some(c.bytes().await?),
+        None => None,
+    };
+    let before = usage(server_pid);
     let t0 = Instant::now();
     let (joined_tx, mut joined_rx) = tokio::sync::mpsc::unbounded_channel();
     let (event_tx, mut event_rx) = tokio::sync::mpsc::unbounded_channel();
     let (kill_tx, kill_rx) = tokio::sync::watch::channel(None::<usize>);
     let mut nodes = tokio::task::JoinSet::new();
-    for (i, store) in stores.into_iter().enumerate() {
-        let store = Arc::new(store.expect("every node connected"));
+    for (i, conns) in stores.into_iter().enumerate() {
+        let (store, keeper) = conns.expect("every node connected");
+        let store = Arc::new(store);
         let settings = settings.clone();
         let (joined_tx, event_tx, mut kill_rx) =
             (joined_tx.clone(), event_tx.clone(), kill_rx.clone());
@@ -154,6 +282,9 @@ async fn run(args: Args) -> Res<()> {
             let mut rdzv =
                 C10dRendezvous::new(store, settings, "sim", &node_addr(i), i as u32, nproc)
                     .with_pid(1);
+            if let Some(k) = keeper {
+                rdzv = rdzv.with_keeper_store(Arc::new(k));
+            }
             let asg = rdzv
                 .next_round(RoundRequest {
                     reason: RoundReason::Initial,
@@ -191,21 +322,46 @@ async fn run(args: Args) -> Res<()> {
         last = last.max(at);
     }
     let join_s = last.duration_since(t0).as_secs_f64();
-    let after_join = usage(args.server_pid);
+    let after_join = usage(server_pid);
+    let bytes1 = match child.as_mut() {
+        Some(c) => Some(c.bytes().await?),
+        None => None,
+    };
 
-    let mut line = format!("nodes={n} connect_s={connect_s:.3} join_s={join_s:.3}");
+    let mut line = format!(
+        "nodes={n} conns_per_node={} connect_s={connect_s:.3} join_s={join_s:.3}",
+        1 + two_conns as u8
+    );
     if let (Some(c0), Some(c1)) = (before, after_join) {
         line.push_str(&format!(" join_server_cpu_s={:.2}", c1 - c0));
+    }
+    if let (Some(b0), Some(b1)) = (bytes0, bytes1) {
+        line.push_str(&format!(
+            " join_bytes={} bytes_per_join={}",
+            b1 - b0,
+            (b1 - b0) / n as u64
+        ));
     }
     // Steady state: the round runs; only heartbeats and monitoring reach the store.
     if args.steady_secs > 0.0 {
         // Let the first monitoring passes (started right after each join) go by.
         tokio::time::sleep(settings.poll_interval).await;
-        let s0 = usage(args.server_pid);
+        let s0 = usage(server_pid);
+        let b0 = match child.as_mut() {
+            Some(c) => Some(c.bytes().await?),
+            None => None,
+        };
         let t = Instant::now();
         tokio::time::sleep(Duration::from_secs_f64(args.steady_secs)).await;
-        let s1 = usage(args.server_pid);
+        let s1 = usage(server_pid);
         let secs = t.elapsed().as_secs_f64();
+        if let Some(c) = child.as_mut() {
+            let b1 = c.bytes().await?;
+            line.push_str(&format!(
+                " steady_bytes_per_s={:.0}",
+                (b1 - b0.unwrap_or(b1)) as f64 / secs
+            ));
+        }
         if let (Some(c0), Some(c1)) = (s0, s1) {
             line.push_str(&format!(" steady_cpu_pct={:.1}", 100.0 * (c1 - c0) / secs));
         }

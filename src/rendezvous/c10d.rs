@@ -4,17 +4,26 @@
 //! with compare-and-set, measures time with tokio's monotonic clock (so tests run on a paused,
 //! injected clock), and runs a background keeper task per agent that
 //! - writes this agent's heartbeat (`add(<prefix>/hb/<id>, 1)`) every `keep_alive_interval`;
-//! - while this agent runs a round, re-reads the state every `poll_interval` and turns what it
-//!   sees into [`RdzvEvent`]s for the agent: another agent started a new round, nodes are waiting,
-//!   the rendezvous was closed, peers stopped heartbeating (then it starts the new round itself),
-//!   the store became unreachable.
+//! - while this agent runs a round, reads the state's version counter every `poll_interval`
+//!   (the state document itself only when the version moved) and turns what it sees into
+//!   [`RdzvEvent`]s for the agent: another agent started a new round, nodes are waiting, the
+//!   rendezvous was closed, a watched peer stopped heartbeating (then it starts the new round
+//!   itself), the store became unreachable.
+//!
+//! Scale (issue 16): each node watches the heartbeats of two peers (its successors in group-rank
+//! order, `state::watch_targets`), not all of them, and every poll reads O(1) keys; whoever finds
+//! a peer dead drops it from the state, and the others learn it through the version. Before,
+//! every node read the whole state and all n heartbeats every poll (O(n²) per poll interval):
+//! at 1,000 simulated nodes the store fell behind and live nodes were declared dead.
 //!
 //! Liveness is judged by *change*: an observer remembers each peer's heartbeat counter and the
 //! local instant it last changed; no change for `keep_alive_interval × keep_alive_max_attempt`
 //! means dead. No wall clock is compared across machines (torchrun stores UTC times).
 //!
 //! Store keys (all under `rdrun.rendezvous.<run_id>`; torchrun uses `torch.rendezvous.<run_id>`):
-//! `/state` (JSON, see `state.rs`), `/hb/<node id>` (decimal counter), `/complete/<round>` (set
+//! `/state` (JSON, see `state.rs`), `/version` (counter bumped after every state write),
+//! `/hb/<node id>` (decimal counter), `/suspects/<round>` (watchers of a stalled peer), `/nnodes/first`
+//! and `/nnodes/conflict` (the `--nnodes` agreement check), `/complete/<round>` (set
 //! when a round completes, so joined agents wait on it instead of polling), `/joiners/<round>`
 //! (appended JSON lines: agents announcing themselves, admitted in batches), and per round
 //! `rdrun.rendezvous.<run_id>.<round>/…` for agent keys such as the exit barrier.
@@ -33,13 +42,13 @@ use tokio::time::Instant;
 
 use super::error::RendezvousError;
 use super::plumbing::{
-    ack_closed, beat, closed_acks, closed_event, lock, nnodes_disagreement, nnodes_text, retry,
+    ack_closed, beat, closed_acks, closed_event, lock, nnodes_conflict, nnodes_text, retry,
     watched_ids, HeartbeatTracker, KeeperTask, RdzvEvent, SharedRef, StoreLoss,
 };
 use super::settings::C10dSettings;
 use super::state::{
-    self, assignment, join_step, prune_dead, Assignment, JoinStep, JoinView, Member, RdzvState,
-    RoundReason, NO_STATE,
+    self, assignment, join_step, prune_dead, watch_targets, Assignment, JoinStep, JoinView, Member,
+    RdzvState, RoundReason, NO_STATE,
 };
 use super::store::{try_get, RdzvStore, StoreOpError};
 
@@ -82,9 +91,23 @@ impl Keys {
     fn joiners(&self, round: u64) -> String {
         format!("{}/joiners/{round}", self.prefix)
     }
-    /// Appended `<nnodes> <id>\n` by every agent (see [`nnodes_disagreement`]).
-    fn nnodes(&self) -> String {
-        format!("{}/nnodes", self.prefix)
+    /// Bumped (ADD 1) after every write of the state: monitors read this small counter every
+    /// poll and the state document only when it moved.
+    fn version(&self) -> String {
+        format!("{}/version", self.prefix)
+    }
+    /// The first agent's `<nnodes> <id>` (see [`nnodes_conflict`]).
+    fn nnodes_first(&self) -> String {
+        format!("{}/nnodes/first", self.prefix)
+    }
+    /// The first agent's `<nnodes> <id>` that disagreed with `nnodes_first`.
+    fn nnodes_conflict(&self) -> String {
+        format!("{}/nnodes/conflict", self.prefix)
+    }
+    /// Counter of agents suspecting a watched peer of `round` (its heartbeat stalled): read by
+    /// agents whose workers failed, which do not watch every peer themselves.
+    fn suspects(&self, round: u64) -> String {
+        format!("{}/suspects/{round}", self.prefix)
     }
     /// Appended `<id>\n` by every agent that learnt the rendezvous is closed.
     fn closed_acks(&self) -> String {
@@ -95,6 +118,47 @@ impl Keys {
 /// Reads the state text without blocking and without changing an existing state.
 async fn read_text<S: RdzvStore>(store: &S, key: &str) -> Result<Vec<u8>, StoreOpError> {
     store.compare_set(key, b"", NO_STATE).await
+}
+
+/// The state's version counter (empty before the first write).
+async fn read_version<S: RdzvStore>(store: &S, keys: &Keys) -> Result<Vec<u8>, StoreOpError> {
+    Ok(try_get(store, &keys.version()).await?.unwrap_or_default())
+}
+
+/// Writes the state with compare-and-set against `expected` and, when the write went through,
+/// bumps the version so that every monitor reads the new state. Returns what compare_set did.
+async fn write_state<S: RdzvStore>(
+    store: &S,
+    keys: &Keys,
+    expected: &[u8],
+    desired: &[u8],
+) -> Result<Vec<u8>, StoreOpError> {
+    let got = store.compare_set(&keys.state(), expected, desired).await?;
+    if got == desired {
+        if let Err(e) = store.add(&keys.version(), 1).await {
+            // Monitors see this write with the next one (or the next version bump).
+            tracing::debug!(error = %e, "bumping the rendezvous state version failed");
+        }
+    }
+    Ok(got)
+}
+
+/// Peers' heartbeats are judged by all-to-all watching up to this many nodes after a worker
+/// failure ([`C10dRendezvous::lost_peers_after_failure`]); above it, by the watched few plus the
+/// suspects counter (O(1) per node instead of O(n)).
+const FULL_CHECK_MAX: usize = 256;
+
+/// A watched peer whose heartbeat counter has not moved for this many keep-alive intervals is
+/// published on the round's suspects counter by the keeper watching it (a live peer's counter
+/// moves every interval; two allow for one poll that falls between two beats).
+const SUSPECT_AFTER: u32 = 2;
+
+/// A decimal counter's value (0 when it is not one).
+fn parse_count(v: &[u8]) -> i64 {
+    std::str::from_utf8(v)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// The heartbeat counters of `ids` (each key exists: a node beats before it joins any list).
@@ -140,10 +204,12 @@ pub struct C10dRendezvous<S: RdzvStore> {
     my_round: Option<u64>,
     shared: SharedRef,
     keeper: KeeperTask,
-    /// This agent appended its `--nnodes` (see [`nnodes_disagreement`]).
-    said_nnodes: bool,
+    /// The first agent's `--nnodes` line, once read (see [`nnodes_conflict`]).
+    nnodes_first: Option<String>,
     /// The other participants of the round this agent runs (ids).
     round_peers: Vec<String>,
+    /// [`FULL_CHECK_MAX`] (lowered by tests to reach the large-world path with a few nodes).
+    full_check_max: usize,
 }
 
 impl<S: RdzvStore> C10dRendezvous<S> {
@@ -166,8 +232,9 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             my_round: None,
             shared: Arc::default(),
             keeper: KeeperTask::new(),
-            said_nnodes: false,
+            nnodes_first: None,
             round_peers: Vec::new(),
+            full_check_max: FULL_CHECK_MAX,
         }
     }
 
@@ -180,6 +247,12 @@ impl<S: RdzvStore> C10dRendezvous<S> {
     /// Overrides the pid of the node descriptor (simulated nodes in one process).
     pub fn with_pid(mut self, pid: u32) -> Self {
         self.me = Member::new(&self.me.addr, pid, self.me.local_id, self.me.nproc, 0);
+        self
+    }
+
+    #[cfg(test)]
+    fn with_full_check_max(mut self, n: usize) -> Self {
+        self.full_check_max = n;
         self
     }
 
@@ -248,39 +321,57 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         let max_backoff = Duration::from_millis(100).min(self.settings.poll_interval);
         let mut announced: Option<u64> = None;
         let nnodes = nnodes_text(min, max);
+        // The version read just before `text` (`None`: unknown, e.g. `text` came back from a
+        // compare_set): while it is unchanged, `text` is current and is not read again.
+        let mut text_version = read_version(&*self.store, &self.keys).await.ok();
         let mut text = self
             .retry_store(deadline, |s, _| {
                 let key = state_key.clone();
                 async move { read_text(&*s, &key).await }
             })
             .await?;
+        // Decoded once per change of `text`, with what this loop asks of it on every pass (all
+        // O(n) at n nodes, so not repeated while nothing changed).
+        let mut cur = RdzvState::default();
+        let mut dirty = true;
+        let (mut me_in, mut me_redundant) = (false, false);
+        let mut targets: Vec<String> = Vec::new();
+        // The inputs of the last `join_step` that said Wait: the same state and inputs say it again.
+        let mut waited_on: Option<(bool, bool, usize)> = None;
         loop {
-            let state = RdzvState::decode(&text)?;
+            if dirty {
+                cur = RdzvState::decode(&text)?;
+                me_in = cur.is_participant(&self.me.id);
+                me_redundant = cur.in_redundancy_list(&self.me.id);
+                targets = watch_targets(&cur, &self.me.id);
+                waited_on = None;
+                dirty = false;
+            }
+            let state = &cur;
             let now = Instant::now();
             let id = self.me.id.as_str();
             // A redundant node waits without a deadline while the round is full (torchrun).
-            if state.complete && state.in_redundancy_list(id) && state.participants.len() >= max {
+            if state.complete && me_redundant && state.participants.len() >= max {
                 deadline = now + join_timeout;
             }
-            let last_call_expired =
-                if !state.complete && state.is_participant(id) && state.participants.len() >= min {
-                    let key = (state.round, state.last_call_seq);
-                    match last_call {
-                        Some((k, since)) if k == key => {
-                            now.duration_since(since) >= self.settings.last_call_timeout
-                        }
-                        _ => {
-                            last_call = Some((key, now));
-                            self.settings.last_call_timeout.is_zero()
-                        }
+            let last_call_expired = if !state.complete && me_in && state.participants.len() >= min {
+                let key = (state.round, state.last_call_seq);
+                match last_call {
+                    Some((k, since)) if k == key => {
+                        now.duration_since(since) >= self.settings.last_call_timeout
                     }
-                } else {
-                    false
-                };
+                    _ => {
+                        last_call = Some((key, now));
+                        self.settings.last_call_timeout.is_zero()
+                    }
+                }
+            } else {
+                false
+            };
             // Announce this agent for the round (once), and read who else did, so a writer can
             // admit every announced agent at once.
             let mut pending = Vec::new();
-            if !state.complete && !state.closed && !state.is_participant(id) {
+            if !state.complete && !state.closed && !me_in {
                 let key = self.keys.joiners(state.round);
                 if announced != Some(state.round) {
                     let mut line = serde_json::to_vec(&self.me).expect("member serializes");
@@ -302,9 +393,16 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 bump_from,
                 pending: &pending,
             };
-            let write = match join_step(&state, &view) {
+            let inputs = (view.past_deadline, view.last_call_expired, pending.len());
+            let step = if waited_on == Some(inputs) {
+                JoinStep::Wait
+            } else {
+                join_step(state, &view)
+            };
+            waited_on = matches!(step, JoinStep::Wait).then_some(inputs);
+            let write = match step {
                 JoinStep::Done => {
-                    let asg = assignment(&state, id, &self.keys.prefix).expect(
+                    let asg = assignment(state, id, &self.keys.prefix).expect(
                         "join_step returns Done only for a participant of a complete round",
                     );
                     self.my_round = Some(state.round);
@@ -333,10 +431,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 JoinStep::TimedOut(leave) => {
                     if let Some(new) = leave {
                         // Best effort: leave the lists so the others do not wait for us.
-                        let _ = self
-                            .store
-                            .compare_set(&state_key, &text, &new.encode())
-                            .await;
+                        let _ = write_state(&*self.store, &self.keys, &text, &new.encode()).await;
                     }
                     return Err(RendezvousError::Timeout {
                         waited: now.duration_since(started),
@@ -353,22 +448,20 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                         max,
                         deadline,
                     );
-                    if let Ok(Some((other_node, other))) = nnodes_disagreement(
+                    if let Ok(Some((other_node, other))) = nnodes_conflict(
                         &*self.store,
-                        &self.keys.nnodes(),
+                        &self.keys.nnodes_first(),
+                        &self.keys.nnodes_conflict(),
                         &nnodes,
                         id,
-                        &mut self.said_nnodes,
+                        &mut self.nnodes_first,
                     )
                     .await
                     {
                         let mut new = state.clone();
                         new.remove_everywhere(id);
                         // Best effort: leave the lists so the others do not wait for us.
-                        let _ = self
-                            .store
-                            .compare_set(&state_key, &text, &new.encode())
-                            .await;
+                        let _ = write_state(&*self.store, &self.keys, &text, &new.encode()).await;
                         return Err(RendezvousError::NnodesDisagree {
                             mine: nnodes,
                             other_node,
@@ -382,16 +475,16 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                             key: self.keys.torch_state(),
                         });
                     }
-                    // While waiting, drop peers that stopped heartbeating so the round can go on.
-                    let ids = watched_ids(&state, id);
-                    match read_beats(&*self.store, &self.keys, ids).await {
+                    // While waiting, drop the watched peers that stopped heartbeating so the
+                    // round can go on (each node watches a few, see `watch_targets`).
+                    match read_beats(&*self.store, &self.keys, targets.clone()).await {
                         Ok(beats) => {
                             let dead = tracker.observe(now, beats, self.settings.dead_after());
                             if dead.is_empty() {
                                 None
                             } else {
                                 tracing::warn!(?dead, "dropping nodes that stopped heartbeating");
-                                prune_dead(&state, &dead, min, max)
+                                prune_dead(state, &dead, min, max)
                             }
                         }
                         Err(e) => {
@@ -401,10 +494,11 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                     }
                 }
             };
-            let next = match write {
+            // `Ok(None)`: `text` is still current.
+            let next: Result<Option<Vec<u8>>, StoreOpError> = match write {
                 Some(new) => {
                     let desired = new.encode();
-                    match self.store.compare_set(&state_key, &text, &desired).await {
+                    match write_state(&*self.store, &self.keys, &text, &desired).await {
                         Ok(got) if got == desired => {
                             lost = 0;
                             poll = min_poll;
@@ -412,7 +506,8 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                                 // Wake the participants waiting on this round at once.
                                 let _ = self.store.set(&self.keys.complete(new.round), b"1").await;
                             }
-                            Ok(got)
+                            text_version = None;
+                            Ok(Some(got))
                         }
                         Ok(got) => {
                             // Lost a race: back off a random while before retrying, so that many
@@ -422,47 +517,75 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                             let cap = Duration::from_millis(1u64 << lost.min(7)).min(max_backoff);
                             tokio::time::sleep(cap.mul_f64(fastrand::f64())).await;
                             tracing::debug!(lost, "rendezvous state changed under us; retrying");
-                            Ok(got)
+                            text_version = None;
+                            Ok(Some(got))
                         }
                         Err(e) => Err(e),
                     }
                 }
                 None => {
-                    if !state.complete && state.is_participant(&self.me.id) {
+                    let mut completed = false;
+                    if !state.complete && me_in {
                         // Joined and waiting: the completer sets the round's complete key.
                         let key = [self.keys.complete(state.round)];
                         // A WAIT holds the store connection: keep it shorter than the heartbeat
                         // period, or peers would see this agent's beats stall.
                         let slice = poll.min(self.settings.keep_alive_interval);
-                        if let Err(e) = self.store.wait(&key, slice).await {
-                            tracing::debug!(error = %e, "waiting for round completion failed");
-                            tokio::time::sleep(poll).await;
+                        match self.store.wait(&key, slice).await {
+                            Ok(done) => completed = done,
+                            Err(e) => {
+                                tracing::debug!(error = %e, "waiting for round completion failed");
+                                tokio::time::sleep(poll).await;
+                            }
                         }
-                        poll = (poll * 2).min(self.settings.poll_interval);
-                        read_text(&*self.store, &state_key).await
                     } else {
                         tokio::time::sleep(poll).await;
-                        let got = read_text(&*self.store, &state_key).await;
-                        if got.as_ref().is_ok_and(|g| *g != text) {
-                            poll = min_poll;
-                        } else {
-                            poll = (poll * 2).min(self.settings.poll_interval);
+                    }
+                    // The state document is read again only when its version moved.
+                    let read = async {
+                        let v = read_version(&*self.store, &self.keys).await?;
+                        if !completed && text_version.as_ref() == Some(&v) {
+                            return Ok((v, None));
                         }
-                        got
+                        Ok((v, Some(read_text(&*self.store, &state_key).await?)))
+                    };
+                    match read.await {
+                        Ok((v, got)) => {
+                            text_version = Some(v);
+                            let changed = got.as_ref().is_some_and(|g| *g != text);
+                            // A joined node backs off regardless; a waiting one looks again
+                            // soon after a change.
+                            poll = if changed && (state.complete || !me_in) {
+                                min_poll
+                            } else {
+                                (poll * 2).min(self.settings.poll_interval)
+                            };
+                            Ok(got)
+                        }
+                        Err(e) => Err(e),
                     }
                 }
             };
-            text = match next {
+            let got = match next {
                 Ok(t) => t,
                 Err(e) => {
                     tracing::warn!(error = %e, "rendezvous store error; retrying");
-                    self.retry_store(deadline, |s, _| {
-                        let key = state_key.clone();
-                        async move { read_text(&*s, &key).await }
-                    })
-                    .await?
+                    text_version = None;
+                    Some(
+                        self.retry_store(deadline, |s, _| {
+                            let key = state_key.clone();
+                            async move { read_text(&*s, &key).await }
+                        })
+                        .await?,
+                    )
                 }
             };
+            if let Some(t) = got {
+                if t != text {
+                    text = t;
+                    dirty = true;
+                }
+            }
         }
     }
 
@@ -506,7 +629,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 return Ok(());
             }
             let desired = state::close(&st, reason).encode();
-            if let Ok(got) = self.store.compare_set(&key, &text, &desired).await {
+            if let Ok(got) = write_state(&*self.store, &self.keys, &text, &desired).await {
                 if got == desired {
                     ack_closed(&*self.store, &self.keys.closed_acks(), &self.me.id).await;
                     return Ok(());
@@ -554,11 +677,17 @@ impl<S: RdzvStore> C10dRendezvous<S> {
     /// After this agent's workers failed, before the failure is charged: which peers of the
     /// running round are lost (issue 17.7). A SIGKILLed node makes its peers' collectives fail
     /// a second or so before any heartbeat budget runs out, so the failure alone cannot say
-    /// whether a node died. Waits until every peer's heartbeat counter has moved since the call
-    /// (all alive: returns empty, at most about one keep-alive interval later), or the keeper
-    /// drops a peer that stopped beating (returns it), bounded by the heartbeat budget plus two
-    /// polls; a peer still silent at that bound counts as lost. Any other change (a close, a
-    /// lost store, another node's new round) returns empty: `next_round` deals with it.
+    /// whether a node died. Waits until every checked peer's heartbeat counter has moved since
+    /// the call (all alive: returns empty, at most about one keep-alive interval later), or the
+    /// keeper drops a peer that stopped beating (returns it), bounded by the heartbeat budget
+    /// plus two polls; a peer still silent at that bound counts as lost. Any other change (a
+    /// close, a lost store, another node's new round) returns empty: `next_round` deals with it.
+    ///
+    /// Up to [`FULL_CHECK_MAX`] nodes every peer is checked. Above, only the peers this node
+    /// watches (`watch_targets`) are, which keeps a failure of every node at once O(n) in all
+    /// instead of O(n²): the others' watchers publish a stalled peer on the round's suspects
+    /// counter (their keepers, and this same call on their nodes), so "all alive" also waits
+    /// until two keep-alive intervals plus two polls have passed with no suspect.
     pub async fn lost_peers_after_failure(&mut self) -> Vec<String> {
         let Some(round) = self.my_round else {
             return Vec::new();
@@ -578,8 +707,13 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             // Another node already moved on: a loss if it dropped peers of this round.
             return self.dropped_by(&state);
         }
-        let ids = watched_ids(&state, &self.me.id);
-        if ids.is_empty() {
+        let full = state.participants.len() <= self.full_check_max;
+        let ids = if full {
+            watched_ids(&state, &self.me.id)
+        } else {
+            watch_targets(&state, &self.me.id)
+        };
+        if full && ids.is_empty() {
             return Vec::new();
         }
         let Ok(first) = read_beats(&*self.store, &self.keys, ids.clone()).await else {
@@ -587,40 +721,93 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         };
         let first: HashMap<String, Vec<u8>> = first.into_iter().collect();
         let mut alive: HashSet<String> = HashSet::new();
-        let tick = (self.settings.keep_alive_interval / 4).max(Duration::from_millis(10));
-        let deadline =
-            Instant::now() + self.settings.dead_after() + 2 * self.settings.poll_interval;
-        loop {
+        let interval = self.settings.keep_alive_interval;
+        let tick = (interval / 4).max(Duration::from_millis(10));
+        let t0 = Instant::now();
+        let deadline = t0 + self.settings.dead_after() + 2 * self.settings.poll_interval;
+        // Beyond FULL_CHECK_MAX: when to suspect a silent watched peer, and when "no suspect
+        // anywhere" is believed (the other watchers' keepers suspect after SUSPECT_AFTER).
+        let suspect_at = t0 + interval.mul_f64(1.25);
+        // A watcher sees the last beat of a killed peer up to a poll late and suspects it up to
+        // a poll after SUSPECT_AFTER intervals of silence: up to this long after the kill.
+        let settle_at = t0 + interval * SUSPECT_AFTER + 2 * self.settings.poll_interval + tick;
+        let suspects = self.keys.suspects(round);
+        let mut suspecting = false;
+        let lost = loop {
+            let mut ev_out = None;
             while let Some(ev) = self.keeper.try_next(round) {
                 match ev {
-                    RdzvEvent::PeersLost(lost) => return lost,
+                    RdzvEvent::PeersLost(lost) => {
+                        ev_out = Some(lost);
+                        break;
+                    }
                     RdzvEvent::NodesWaiting(_) => {}
                     RdzvEvent::RoundChanged { .. } => {
-                        let Ok(text) = read_text(&*self.store, &key).await else {
-                            return Vec::new();
+                        let dropped = match read_text(&*self.store, &key).await {
+                            Ok(text) => RdzvState::decode(&text)
+                                .map(|st| self.dropped_by(&st))
+                                .unwrap_or_default(),
+                            Err(_) => Vec::new(),
                         };
-                        return RdzvState::decode(&text)
-                            .map(|st| self.dropped_by(&st))
-                            .unwrap_or_default();
+                        ev_out = Some(dropped);
+                        break;
                     }
-                    _ => return Vec::new(),
-                }
-            }
-            if let Ok(now) = read_beats(&*self.store, &self.keys, ids.clone()).await {
-                for (id, v) in now {
-                    if first.get(&id).is_some_and(|f| *f != v) {
-                        alive.insert(id);
+                    _ => {
+                        ev_out = Some(Vec::new());
+                        break;
                     }
                 }
             }
-            if alive.len() == ids.len() {
-                return Vec::new();
+            if let Some(lost) = ev_out {
+                break lost;
             }
-            if Instant::now() >= deadline {
-                return ids.into_iter().filter(|id| !alive.contains(id)).collect();
+            let silent: Vec<String> = ids
+                .iter()
+                .filter(|i| !alive.contains(*i))
+                .cloned()
+                .collect();
+            if !silent.is_empty() {
+                if let Ok(now) = read_beats(&*self.store, &self.keys, silent).await {
+                    for (id, v) in now {
+                        if first.get(&id).is_some_and(|f| *f != v) {
+                            alive.insert(id);
+                        }
+                    }
+                }
+            }
+            let now = Instant::now();
+            let all_alive = alive.len() == ids.len();
+            if !full {
+                if !all_alive && !suspecting && now >= suspect_at {
+                    suspecting = self.store.add(&suspects, 1).await.is_ok();
+                } else if all_alive && suspecting && self.store.add(&suspects, -1).await.is_ok() {
+                    suspecting = false;
+                }
+            }
+            if all_alive {
+                if full {
+                    break Vec::new();
+                }
+                if now >= settle_at {
+                    match try_get(&*self.store, &suspects).await {
+                        Ok(Some(v)) if parse_count(&v) > 0 => {}
+                        _ => break Vec::new(),
+                    }
+                }
+            }
+            if now >= deadline {
+                break ids
+                    .iter()
+                    .filter(|id| !alive.contains(*id))
+                    .cloned()
+                    .collect();
             }
             tokio::time::sleep(tick).await;
+        };
+        if suspecting {
+            let _ = self.store.add(&suspects, -1).await;
         }
+        lost
     }
 
     /// The peers of this agent's round that `state` (a later round) no longer has, when that
@@ -653,6 +840,28 @@ struct Keeper<S: RdzvStore> {
     tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
 }
 
+/// What the keeper last read of the round it monitors: the state text at `version`, decoded,
+/// and the peers this node watches in it.
+struct Seen {
+    version: Vec<u8>,
+    text: Vec<u8>,
+    state: RdzvState,
+    targets: Vec<String>,
+}
+
+/// The keeper's monitoring memory for one round.
+struct Monitor {
+    round: u64,
+    /// The waiting count last reported.
+    waiting: usize,
+    /// The round ended (another round, a close): nothing more to report for it.
+    ended: bool,
+    seen: Option<Seen>,
+    tracker: HeartbeatTracker,
+    /// This keeper counts itself on the round's suspects counter.
+    suspecting: bool,
+}
+
 impl<S: RdzvStore> Keeper<S> {
     async fn run(self) {
         let interval = self.settings.keep_alive_interval;
@@ -662,9 +871,7 @@ impl<S: RdzvStore> Keeper<S> {
         let mut next_beat = Instant::now();
         let mut next_poll = Instant::now();
         let mut loss = StoreLoss::new(Instant::now());
-        let mut tracker = HeartbeatTracker::default();
-        // Per monitored round: the round, the waiting count last reported, whether it ended.
-        let mut monitored: Option<(u64, usize, bool)> = None;
+        let mut mon: Option<Monitor> = None;
         loop {
             let now = Instant::now();
             let running = lock(&self.shared).running;
@@ -684,13 +891,22 @@ impl<S: RdzvStore> Keeper<S> {
                 }
             }
             if let Some(round) = running {
-                if monitored.map(|m| m.0) != Some(round) {
-                    monitored = Some((round, 0, false));
-                    tracker = HeartbeatTracker::default();
+                // A suspicion stays on the counter of a round that ended: it is the round's
+                // record that a peer stalled (read by `lost_peers_after_failure`).
+                if mon.as_ref().map(|m| m.round) != Some(round) {
+                    mon = Some(Monitor {
+                        round,
+                        waiting: 0,
+                        ended: false,
+                        seen: None,
+                        tracker: HeartbeatTracker::default(),
+                        suspecting: false,
+                    });
                 }
-                if now >= next_poll && !monitored.is_some_and(|m| m.2) {
+                let m = mon.as_mut().expect("just set");
+                if now >= next_poll && !m.ended {
                     next_poll = now + poll;
-                    if let Err(e) = self.monitor(round, &mut tracker, &mut monitored).await {
+                    if let Err(e) = self.monitor(m).await {
                         tracing::debug!(error = %e, "monitoring the rendezvous failed");
                     }
                 }
@@ -717,61 +933,117 @@ impl<S: RdzvStore> Keeper<S> {
         lost
     }
 
-    async fn monitor(
-        &self,
-        round: u64,
-        tracker: &mut HeartbeatTracker,
-        monitored: &mut Option<(u64, usize, bool)>,
-    ) -> Result<(), StoreOpError> {
+    /// One poll of the running round: the version counter and the heartbeats of the few watched
+    /// peers (one multi_get); the state only when the version moved. A watched peer found dead is
+    /// dropped from the state (which every other node then sees through the version).
+    async fn monitor(&self, m: &mut Monitor) -> Result<(), StoreOpError> {
+        let round = m.round;
         let key = self.keys.state();
-        let text = read_text(&*self.store, &key).await?;
-        let Ok(state) = RdzvState::decode(&text) else {
-            return Ok(());
+        // Once the version key is known to exist (keys are never removed), the version and the
+        // watched heartbeats are one multi_get: two requests per node per poll with the beat.
+        let (version, mut beats) = match &m.seen {
+            Some(s) if !s.version.is_empty() && s.state.round == round => {
+                let mut keys = vec![self.keys.version()];
+                keys.extend(s.targets.iter().map(|id| self.keys.hb(id)));
+                let mut values = self.store.multi_get(&keys).await?;
+                let version = values.remove(0);
+                let beats: Vec<(String, Vec<u8>)> = s.targets.iter().cloned().zip(values).collect();
+                (version, Some(beats))
+            }
+            _ => (read_version(&*self.store, &self.keys).await?, None),
         };
-        let send = |ev| {
-            let _ = self.tx.send((round, ev));
-        };
-        let mon = monitored.as_mut().expect("set by the caller");
-        if state.closed {
-            mon.2 = true;
-            ack_closed(&*self.store, &self.keys.closed_acks(), &self.me).await;
-            send(closed_event(&state));
-            return Ok(());
-        }
-        if state.round != round {
-            mon.2 = true;
-            send(RdzvEvent::RoundChanged {
-                round: state.round,
-                reason: state.reason,
+        let fresh = m
+            .seen
+            .as_ref()
+            .map_or(true, |s| s.version != version || s.state.round != round);
+        if fresh {
+            let text = read_text(&*self.store, &key).await?;
+            let Ok(state) = RdzvState::decode(&text) else {
+                return Ok(());
+            };
+            let send = |ev| {
+                let _ = self.tx.send((round, ev));
+            };
+            if state.closed {
+                m.ended = true;
+                ack_closed(&*self.store, &self.keys.closed_acks(), &self.me).await;
+                send(closed_event(&state));
+                return Ok(());
+            }
+            if state.round != round {
+                m.ended = true;
+                send(RdzvEvent::RoundChanged {
+                    round: state.round,
+                    reason: state.reason,
+                });
+                return Ok(());
+            }
+            let waiting = state.num_nodes_waiting();
+            lock(&self.shared).waiting = waiting;
+            if waiting > 0 && waiting != m.waiting {
+                send(RdzvEvent::NodesWaiting(waiting));
+            }
+            m.waiting = waiting;
+            let targets = watch_targets(&state, &self.me);
+            m.seen = Some(Seen {
+                version,
+                text,
+                state,
+                targets,
             });
-            return Ok(());
+            // The watched peers may have changed with the state.
+            beats = None;
         }
-        let waiting = state.num_nodes_waiting();
-        lock(&self.shared).waiting = waiting;
-        if waiting > 0 && waiting != mon.1 {
-            send(RdzvEvent::NodesWaiting(waiting));
+        let seen = m.seen.as_ref().expect("read above");
+        let beats = match beats {
+            Some(b) => b,
+            None => read_beats(&*self.store, &self.keys, seen.targets.clone()).await?,
+        };
+        let now = Instant::now();
+        let dead = m.tracker.observe(now, beats, self.settings.dead_after());
+        // A stalled watched peer is published for agents whose workers just failed (see
+        // `lost_peers_after_failure`), and withdrawn once it beats again or is dropped.
+        let stalled = !m
+            .tracker
+            .silent(now, self.settings.keep_alive_interval * SUSPECT_AFTER)
+            .is_empty();
+        if stalled != m.suspecting {
+            let delta = if stalled { 1 } else { -1 };
+            if self
+                .store
+                .add(&self.keys.suspects(round), delta)
+                .await
+                .is_ok()
+            {
+                m.suspecting = stalled;
+            }
         }
-        mon.1 = waiting;
-        let beats = read_beats(&*self.store, &self.keys, watched_ids(&state, &self.me)).await?;
-        let dead = tracker.observe(Instant::now(), beats, self.settings.dead_after());
         if dead.is_empty() {
             return Ok(());
         }
         let (min, max) = (self.settings.min_nodes, self.settings.max_nodes);
-        let Some(new) = prune_dead(&state, &dead, min, max) else {
+        let Some(new) = prune_dead(&seen.state, &dead, min, max) else {
             return Ok(());
         };
         let desired = new.encode();
-        let got = self.store.compare_set(&key, &text, &desired).await?;
+        let got = write_state(&*self.store, &self.keys, &seen.text, &desired).await?;
         if got == desired {
             tracing::warn!(?dead, round, "peers stopped heartbeating; dropped them");
             if new.round != round {
-                mon.2 = true;
-                send(RdzvEvent::PeersLost(dead));
+                m.ended = true;
+                send_lost(&self.tx, round, dead);
             }
+        } else {
+            // The state moved under us: read it again next poll.
+            m.seen = None;
         }
         Ok(())
     }
+}
+
+/// Reports peers this keeper dropped to the agent running `round`.
+fn send_lost(tx: &mpsc::UnboundedSender<(u64, RdzvEvent)>, round: u64, dead: Vec<String>) {
+    let _ = tx.send((round, RdzvEvent::PeersLost(dead)));
 }
 
 #[cfg(test)]
@@ -1093,6 +1365,107 @@ mod tests {
         // The survivors regroup without a charged restart.
         let asgs = join_all(&mut nodes, RoundReason::Membership).await;
         check_ranks(&asgs, &[1, 1]);
+        assert!(asgs.iter().all(|a| a.restart_count == 0), "{asgs:?}");
+    }
+
+    /// Issue 16: at steady state a node reads the small version counter and the heartbeats of
+    /// the few peers it watches, not the state document and every heartbeat (O(n) per node per
+    /// poll before: 1,000 nodes fell behind and declared live peers dead).
+    #[tokio::test(start_paused = true)]
+    async fn steady_state_reads_neither_the_state_nor_every_heartbeat() {
+        let store = MemStore::new();
+        let n = 12;
+        let s = settings(2, n, &[]);
+        let mut nodes: Vec<_> = (1..=n as u32).map(|i| node(&store, &s, i, 1)).collect();
+        join_all(&mut nodes, RoundReason::Initial).await;
+        // Let every keeper take its first look at the round.
+        tokio::time::sleep(s.poll_interval * 3).await;
+        let state_len = store.peek("rdrun.rendezvous.job/state").unwrap().len() as u64;
+        let before = store.read_bytes();
+        let secs = 20;
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+        let per_node_poll = (store.read_bytes() - before) / (n as u64 * secs);
+        // About 3 small counters per poll (the version and two heartbeats).
+        assert!(
+            per_node_poll * 20 < state_len,
+            "{per_node_poll} bytes per node per second, state is {state_len} bytes"
+        );
+        for n in nodes.iter_mut() {
+            assert!(
+                tokio::time::timeout(Duration::from_millis(1), n.watch())
+                    .await
+                    .is_err(),
+                "no event at steady state"
+            );
+        }
+        // A node lost among 12 (watched by two of them) still reaches every survivor, in time.
+        let dead = nodes.remove(5);
+        let dead_id = dead.node_id().to_string();
+        drop(dead);
+        let t0 = Instant::now();
+        let mut pruned = 0;
+        for n in nodes.iter_mut() {
+            match tokio::time::timeout(Duration::from_secs(30), n.watch())
+                .await
+                .unwrap()
+            {
+                RdzvEvent::PeersLost(ids) => {
+                    assert_eq!(ids, std::slice::from_ref(&dead_id));
+                    pruned += 1;
+                }
+                RdzvEvent::RoundChanged {
+                    round: 1,
+                    reason: RoundReason::PeerLost,
+                } => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(pruned, 1, "one watcher drops it, the others read the state");
+        assert!(
+            t0.elapsed() <= s.dead_after() + s.poll_interval * 3,
+            "detected in {:?}",
+            t0.elapsed()
+        );
+        let asgs = join_all(&mut nodes, RoundReason::Membership).await;
+        check_ranks(&asgs, &[1; 11]);
+    }
+
+    /// Issue 17.7 above the all-to-all size: a node that does not watch the killed peer learns
+    /// of the loss through the suspects counter (published by the peer's watchers), and with
+    /// every peer alive it says so within two intervals plus two polls.
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_in_a_large_world_learns_of_a_loss_it_does_not_watch() {
+        let store = MemStore::new();
+        let s = settings(2, 6, &[]);
+        let mut nodes: Vec<_> = (1..=6)
+            .map(|i| node(&store, &s, i, 1).with_full_check_max(0))
+            .collect();
+        join_all(&mut nodes, RoundReason::Initial).await;
+        tokio::time::sleep(s.poll_interval * 3).await;
+        let t0 = Instant::now();
+        let lost = nodes[0].lost_peers_after_failure().await;
+        assert!(lost.is_empty(), "{lost:?}");
+        let bound = s.keep_alive_interval * 2 + s.poll_interval * 3;
+        assert!(t0.elapsed() <= bound, "took {:?}", t0.elapsed());
+        // Group rank 0 watches ranks 1 and 2; rank 4 dies.
+        let dead = nodes.remove(4);
+        let dead_id = dead.node_id().to_string();
+        assert!(!watch_targets(
+            &RdzvState::decode(&store.peek("rdrun.rendezvous.job/state").unwrap()).unwrap(),
+            nodes[0].node_id()
+        )
+        .contains(&dead_id));
+        drop(dead);
+        let t1 = Instant::now();
+        let lost = nodes[0].lost_peers_after_failure().await;
+        assert_eq!(lost, vec![dead_id.clone()]);
+        assert!(
+            t1.elapsed() <= s.dead_after() + s.poll_interval * 3,
+            "took {:?}",
+            t1.elapsed()
+        );
+        let asgs = join_all(&mut nodes, RoundReason::Membership).await;
+        check_ranks(&asgs, &[1; 5]);
         assert!(asgs.iter().all(|a| a.restart_count == 0), "{asgs:?}");
     }
 

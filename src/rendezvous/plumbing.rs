@@ -68,6 +68,19 @@ impl HeartbeatTracker {
         }
         dead
     }
+
+    /// The ids seen by the last [`observe`](Self::observe) whose counter has not changed for
+    /// at least `after` (suspects, before they count as dead).
+    pub fn silent(&self, now: Instant, after: Duration) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .seen
+            .iter()
+            .filter(|(_, (_, since))| now.duration_since(*since) >= after)
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
 }
 
 /// Decides when this agent's own failed heartbeats mean the store is lost: `max_attempt`
@@ -280,6 +293,37 @@ pub(super) async fn nnodes_disagreement<S: RdzvStore>(
         let (n, w) = l.split_once(' ')?;
         (n != mine).then(|| (w.to_string(), n.to_string()))
     }))
+}
+
+/// [`nnodes_disagreement`] in O(1) per check (c10d, issue 16: the appended list was read in full
+/// on every poll by every node). The first agent's `<nnodes> <who>` stays in `first`; an agent
+/// that says otherwise names itself in `conflict` (first conflict kept) and fails; every agent
+/// reads `conflict` on each check, so the first agent and those agreeing with it fail too.
+/// `seen_first` caches the first value after this agent's one write.
+pub(super) async fn nnodes_conflict<S: RdzvStore>(
+    store: &S,
+    first: &str,
+    conflict: &str,
+    mine: &str,
+    who: &str,
+    seen_first: &mut Option<String>,
+) -> Result<Option<(String, String)>, StoreOpError> {
+    let me_line = format!("{mine} {who}");
+    let split = |l: &str| -> Option<(String, String)> {
+        let (n, w) = l.split_once(' ')?;
+        (n != mine).then(|| (w.to_string(), n.to_string()))
+    };
+    if seen_first.is_none() {
+        let got = store.compare_set(first, b"", me_line.as_bytes()).await?;
+        *seen_first = Some(String::from_utf8_lossy(&got).into_owned());
+    }
+    if let Some(other) = seen_first.as_deref().and_then(split) {
+        // Recorded so that the first agent learns of the disagreement too.
+        store.compare_set(conflict, b"", me_line.as_bytes()).await?;
+        return Ok(Some(other));
+    }
+    let c = try_get(store, conflict).await?.unwrap_or_default();
+    Ok(split(&String::from_utf8_lossy(&c)))
 }
 
 /// What an agent's handle and its keeper task share (c10d and etcd): the round it runs, the

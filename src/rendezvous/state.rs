@@ -195,6 +195,64 @@ impl RdzvState {
     }
 }
 
+/// How many peers' heartbeats each node watches (see [`watch_targets`]).
+pub const WATCHERS: usize = 2;
+
+/// The peers whose heartbeats `me` watches in `state`: each node watches a few others
+/// instead of all of them, so that a poll costs O(1) per node instead of O(n) (issue 16; the
+/// all-to-all watching made the store's load grow with n² and, at 1,000 nodes, made live nodes
+/// look dead). Rules, with `P` the participants in list order (group-rank order once complete)
+/// and `O` every other known node (expected but not rejoined, wait list, redundancy list):
+/// - participant `P[i]` watches its [`WATCHERS`] successors `P[i+1], P[i+2]` (cyclic), so every
+///   participant is watched by its two predecessors;
+/// - `O[j]` and `P[j mod n], P[j+1 mod n]` watch each other (a waiting node still notices when
+///   every participant died), and without participants the `O` watch their successors in `O`.
+///
+/// Whoever notices a dead node drops it from the state; the others learn it from the state
+/// (whose version key every node polls). A node in no list watches nobody.
+pub fn watch_targets(state: &RdzvState, me: &str) -> Vec<String> {
+    let parts: Vec<&str> = state.participants.iter().map(|m| m.id.as_str()).collect();
+    let in_parts: std::collections::HashSet<&str> = parts.iter().copied().collect();
+    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let others: Vec<&str> = state
+        .expected
+        .iter()
+        .map(String::as_str)
+        .chain(state.wait_list.iter().map(|m| m.id.as_str()))
+        .chain(state.redundancy_list.iter().map(|m| m.id.as_str()))
+        .filter(|id| !in_parts.contains(id) && seen.insert(id))
+        .collect();
+    let mut out: Vec<String> = Vec::new();
+    let mut push = |id: &str| {
+        if id != me && !out.iter().any(|o| o == id) {
+            out.push(id.to_string());
+        }
+    };
+    let n = parts.len();
+    if let Some(i) = parts.iter().position(|p| *p == me) {
+        for d in 1..=WATCHERS.min(n - 1) {
+            push(parts[(i + d) % n]);
+        }
+        for (j, o) in others.iter().enumerate() {
+            if (0..WATCHERS).any(|d| (j + d) % n == i) {
+                push(o);
+            }
+        }
+    } else if let Some(j) = others.iter().position(|o| *o == me) {
+        if n > 0 {
+            for d in 0..WATCHERS.min(n) {
+                push(parts[(j + d) % n]);
+            }
+        } else {
+            let m = others.len();
+            for d in 1..=WATCHERS.min(m - 1) {
+                push(others[(j + d) % m]);
+            }
+        }
+    }
+    out
+}
+
 /// Sort key for a node's address: IPv4 (numeric) < IPv6 (numeric) < names (text).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum AddrKey {
@@ -599,6 +657,57 @@ mod tests {
                 "::1_1_0"
             ]
         );
+    }
+
+    #[test]
+    fn every_node_is_watched_by_two_and_watches_at_most_a_few() {
+        let ms: Vec<Member> = (1..=7).map(|i| m(&format!("10.0.0.{i}"), 1)).collect();
+        let s = RdzvState {
+            participants: ms[..4].to_vec(),
+            wait_list: vec![ms[4].clone()],
+            redundancy_list: vec![ms[5].clone()],
+            expected: vec![ms[6].id.clone(), ms[0].id.clone()],
+            ..Default::default()
+        };
+        let all: Vec<&str> = ms.iter().map(|m| m.id.as_str()).collect();
+        let mut watched_by: std::collections::HashMap<&str, Vec<&str>> = Default::default();
+        for w in &all {
+            let t = watch_targets(&s, w);
+            assert!(t.len() <= 2 * WATCHERS, "{w}: {t:?}");
+            for id in &t {
+                assert_ne!(id, w);
+                let id = *all.iter().find(|a| *a == id).unwrap();
+                watched_by.entry(id).or_default().push(w);
+            }
+        }
+        for id in &all {
+            assert!(
+                watched_by.get(id).is_some_and(|v| v.len() >= WATCHERS),
+                "{id} watched by {:?}",
+                watched_by.get(id)
+            );
+        }
+        // Participants watch their successors in list order (cyclic).
+        assert_eq!(
+            watch_targets(&s, &ms[3].id)[..2],
+            [ms[0].id.clone(), ms[1].id.clone()]
+        );
+        // Without participants the others watch each other; a stranger watches nobody.
+        let mut s2 = s.clone();
+        s2.participants.clear();
+        assert_eq!(
+            watch_targets(&s2, &ms[4].id),
+            [ms[5].id.clone(), ms[6].id.clone()]
+        );
+        assert!(watch_targets(&s, "nobody").is_empty());
+        // Two nodes watch each other; one alone watches nobody.
+        let mut s3 = RdzvState {
+            participants: ms[..2].to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(watch_targets(&s3, &ms[0].id), [ms[1].id.clone()]);
+        s3.participants.truncate(1);
+        assert!(watch_targets(&s3, &ms[0].id).is_empty());
     }
 
     #[test]

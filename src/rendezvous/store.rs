@@ -110,6 +110,9 @@ pub async fn try_get<S: RdzvStore>(store: &S, key: &str) -> StoreResult<Option<V
 struct MemInner {
     map: Mutex<HashMap<String, Vec<u8>>>,
     changed: tokio::sync::Notify,
+    /// Bytes of values returned by reads (compare_set, multi_get): what a test of the
+    /// rendezvous' read load measures.
+    read_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// An in-memory store shared by several handles (one per simulated node).
@@ -142,6 +145,15 @@ impl MemStore {
     /// Cuts this handle off (operations fail) or restores it.
     pub fn set_cut(&self, cut: bool) {
         self.cut.store(cut, Ordering::SeqCst);
+    }
+
+    /// Bytes of values all handles have read so far (compare_set and multi_get replies).
+    pub fn read_bytes(&self) -> u64 {
+        self.inner.read_bytes.load(Ordering::SeqCst)
+    }
+
+    fn count_read(&self, n: usize) {
+        self.inner.read_bytes.fetch_add(n as u64, Ordering::SeqCst);
     }
 
     /// Reads a key directly (for tests and debugging).
@@ -192,6 +204,7 @@ impl RdzvStore for MemStore {
             }
         };
         self.inner.changed.notify_waiters();
+        self.count_read(out.len());
         Ok(out)
     }
 
@@ -234,13 +247,19 @@ impl RdzvStore for MemStore {
     async fn multi_get(&self, keys: &[String]) -> StoreResult<Vec<Vec<u8>>> {
         self.check_cut()?;
         let map = self.lock();
-        keys.iter()
+        let out: StoreResult<Vec<Vec<u8>>> = keys
+            .iter()
             .map(|k| {
                 map.get(k)
                     .cloned()
                     .ok_or_else(|| StoreOpError(format!("key {k} not found")))
             })
-            .collect()
+            .collect();
+        drop(map);
+        if let Ok(vs) = &out {
+            self.count_read(vs.iter().map(Vec::len).sum());
+        }
+        out
     }
 
     async fn wait(&self, keys: &[String], timeout: Duration) -> StoreResult<bool> {

@@ -704,6 +704,7 @@ impl Connection {
                             break;
                         }
                         if out.len() >= cfg.max_pending_output {
+                            super::stats::STATS.wrote(out.len());
                             if let Err(e) = stream.write_all(&out).await {
                                 return Close::Io(e);
                             }
@@ -729,6 +730,7 @@ impl Connection {
                 }
             }
             if !out.is_empty() {
+                super::stats::STATS.wrote(out.len());
                 if let Err(e) = stream.write_all(&out).await {
                     return Close::Io(e);
                 }
@@ -767,7 +769,10 @@ impl Connection {
                     Ok(0) => return Close::Eof,
                     // A read that filled the room means more is queued (pipelined requests or a
                     // big value): read in big chunks until the client stops streaming.
-                    Ok(n) => streaming = n >= room,
+                    Ok(n) => {
+                        super::stats::STATS.read(n);
+                        streaming = n >= room
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Close::Io(e),
                 },

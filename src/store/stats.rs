@@ -2,7 +2,8 @@
 //! node that hosts it, the rendezvous store), read by the launcher's `/metrics`.
 //!
 //! Plain relaxed atomics: the server only increments them (one line at each point where a
-//! connection opens or closes, a request is served, a wait starts or is answered), so the hot
+//! connection opens or closes, a request is served, a wait starts or is answered, bytes are read
+//! or written), so the hot
 //! path pays one uncontended atomic add per request and nothing else. A process-wide value
 //! instead of a per-server one keeps the server's API unchanged; `/metrics` reports the sum.
 
@@ -17,6 +18,8 @@ pub struct StoreStats {
     open: AtomicI64,
     ops: [AtomicU64; QueryType::ALL.len()],
     waits_pending: AtomicI64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
 }
 
 /// The one instance every store server of the process updates.
@@ -25,6 +28,8 @@ pub static STATS: StoreStats = StoreStats {
     open: AtomicI64::new(0),
     ops: [const { AtomicU64::new(0) }; QueryType::ALL.len()],
     waits_pending: AtomicI64::new(0),
+    bytes_read: AtomicU64::new(0),
+    bytes_written: AtomicU64::new(0),
 };
 
 /// What `/metrics` reads.
@@ -38,6 +43,10 @@ pub struct Snapshot {
     pub ops: Vec<(String, u64)>,
     /// WAIT and BARRIER requests registered and not answered yet.
     pub waits_pending: i64,
+    /// Bytes read from all connections (requests), totals since the process started.
+    pub bytes_read: u64,
+    /// Bytes written to all connections (replies).
+    pub bytes_written: u64,
 }
 
 impl StoreStats {
@@ -67,6 +76,16 @@ impl StoreStats {
         self.waits_pending.fetch_sub(n as i64, Ordering::Relaxed);
     }
 
+    /// `n` bytes were read from a connection.
+    pub fn read(&self, n: usize) {
+        self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// `n` bytes of replies are being written to a connection.
+    pub fn wrote(&self, n: usize) {
+        self.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             accepted: self.accepted.load(Ordering::Relaxed),
@@ -79,6 +98,8 @@ impl StoreStats {
                 })
                 .collect(),
             waits_pending: self.waits_pending.load(Ordering::Relaxed).max(0),
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
         }
     }
 }
@@ -120,6 +141,8 @@ mod tests {
             open: AtomicI64::new(0),
             ops: [const { AtomicU64::new(0) }; QueryType::ALL.len()],
             waits_pending: AtomicI64::new(0),
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
         };
         s.opened();
         s.opened();
@@ -128,7 +151,11 @@ mod tests {
         s.wait_started();
         s.wait_started();
         s.waits_ended(1);
+        s.read(10);
+        s.read(5);
+        s.wrote(7);
         let snap = s.snapshot();
+        assert_eq!((snap.bytes_read, snap.bytes_written), (15, 7));
         assert_eq!((snap.accepted, snap.open, snap.waits_pending), (2, 1, 1));
         assert_eq!(snap.ops.iter().find(|(n, _)| n == "get").unwrap().1, 1);
     }

@@ -19,13 +19,16 @@
 //!   out, ENFILE, ENOBUFS, ...) only make the listener back off while existing connections keep
 //!   being served: the server never stops because accept failed.
 //! - Accepting runs on a thread of its own that drains the kernel's queue as fast as
-//!   connections arrive, whatever the runtime is busy with (see [`AcceptLoop`]; issue 16).
+//!   connections arrive, whatever the runtime is busy with, and holds each new connection until
+//!   its first bytes arrive, so that they are served on the task's first poll instead of behind
+//!   the storm's queue (see [`AcceptLoop`]; issue 16).
 //! - No reverse DNS on accept (both PyTorch servers call `getnameinfo` per connection), listen
 //!   backlog as large as the kernel allows, TCP_NODELAY on every accepted socket, dual-stack on a
 //!   wildcard IPv6 address.
 //! - Works on a current-thread or multi-thread tokio runtime: nothing on it blocks.
 //!
-//! Length: about 880 lines of code for one responsibility, serving the store: the accept thread,
+//! Length: about 1,090 lines of code for one responsibility, serving the store: the accept thread
+//! (with its first-bytes stage and its small epoll wrapper),
 //! the per-connection task, and the hardening limits that only make sense together with them
 //! (accept backoff at the fd limit, the VALIDATE deadline, the global buffer cap, rate-limited
 //! warnings). The codec is apart (`protocol`), and so are the state (`state`) and the counters

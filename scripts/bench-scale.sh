@@ -20,7 +20,9 @@
 #      1000,2000), SCALE_SIM_SIZES (default 128,1000,4000,10000), SCALE_REAL_SIZES (default
 #      8,32,128,256), SCALE_TORCHRUN_SIZES (default 8,16,32), SCALE_CAP_S (default 120),
 #      SCALE_OUT (default target/bench-scale), SCALE_NO_PLOT=1 to skip the plots,
-#      SCALE_SKIP=store|sim|real (comma-separated).
+#      SCALE_SKIP=store|sim|real (comma-separated),
+#      SCALE_BASELINE=<an older rdrun-store-bench binary>: its server too (server=rdrun-before),
+#      each size right after the current one, with the current generator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,6 +66,8 @@ wait_port() { # file -> prints the port
 start_server() { # kind name -> sets SRV_PID, SRV_PORT
   if [ "$1" = rdrun ]; then
     "$BENCH" serve --threads 0 >"$TMP/$2.out" 2>"$TMP/$2.err" &
+  elif [ "$1" = rdrun-before ]; then
+    "$SCALE_BASELINE" serve --threads 0 >"$TMP/$2.out" 2>"$TMP/$2.err" &
   else
     "$PY" scripts/store_bench.py serve >"$TMP/$2.out" 2>"$TMP/$2.err" &
   fi
@@ -78,18 +82,24 @@ echo "machine: $(nproc) cores, $(uname -sr), load average $(cut -d' ' -f1-3 /pro
 
 if ! skipped store; then
   echo; echo "(a) store, PyTorch's start-up pattern (cap ${CAP}s per run)"
-  for kind in rdrun torch; do
-    sizes="$STORE_SIZES"; [ "$kind" = torch ] && sizes="$TORCH_SIZES"
-    [ "$kind" = torch ] && [ -z "$PY" ] && continue
-    for n in ${sizes//,/ }; do
+  # rdrun (and the baseline build, if given) interleaved per size, so both meet the same load.
+  RUNS=""
+  for n in ${STORE_SIZES//,/ }; do
+    RUNS="$RUNS rdrun:$n"
+    [ -n "${SCALE_BASELINE:-}" ] && RUNS="$RUNS rdrun-before:$n"
+  done
+  if [ -n "$PY" ]; then for n in ${TORCH_SIZES//,/ }; do RUNS="$RUNS torch:$n"; done; fi
+  for run in $RUNS; do
+    kind="${run%%:*}"; n="${run#*:}"
+    {
       start_server "$kind" "s_${kind}_$n"
       line=$(timeout $((CAP + 30)) "$BENCH" startup --port "$SRV_PORT" --clients "$n" \
         --server-pid "$SRV_PID" --timeout-secs "$CAP" --tag "s$n" 2>"$TMP/g.err") \
         || line="clients=$n wall_s=unfinished cap_s=$CAP $(tail -n 1 "$TMP/g.err" | tr ' ' '_')"
       stop "$SRV_PID"
-      echo "kind=store server=$kind $line" | tee -a "$RESULTS"
+      echo "kind=store server=$kind load=$(cut -d' ' -f1 /proc/loadavg) $line" | tee -a "$RESULTS"
       sleep 2 # let the loopback sockets of this run leave TIME_WAIT pressure behind
-    done
+    }
   done
 fi
 

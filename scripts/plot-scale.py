@@ -91,21 +91,30 @@ def main():
     pt = series(rows, "store", "server", "torch", "clients", "wall_s")
     plot(f"{out}/store_startup_wall.png", "Store: PyTorch start-up pattern, wall time",
          "seconds (all clients through every phase)",
-         [("rdrun", rd, "o-"), ("PyTorch libuv (this VM)", pt, "s-")],
+         [("rdrun", rd, "o-"),
+          ("rdrun before", series(rows, "store", "server", "rdrun-before", "clients", "wall_s"),
+           "^--"),
+          ("PyTorch libuv (this VM)", pt, "s-")],
          anchor=ANCHOR, extrapolate_to=100_000)
     plot(f"{out}/store_server_cpu.png", "Store: server CPU for the start-up pattern",
          "CPU seconds",
          [("rdrun", series(rows, "store", "server", "rdrun", "clients", "server_cpu_s"), "o-"),
+          ("rdrun before", series(rows, "store", "server", "rdrun-before", "clients",
+                                  "server_cpu_s"), "^--"),
           ("PyTorch libuv", series(rows, "store", "server", "torch", "clients", "server_cpu_s"),
            "s-")])
     plot(f"{out}/store_rss.png", "Store: server peak RSS with every client connected",
          "KiB per connection",
          [("rdrun", series(rows, "store", "server", "rdrun", "clients", "per_conn_kib"), "o-"),
+          ("rdrun before", series(rows, "store", "server", "rdrun-before", "clients",
+                                  "per_conn_kib"), "^--"),
           ("PyTorch libuv", series(rows, "store", "server", "torch", "clients", "per_conn_kib"),
            "s-")])
     plot(f"{out}/store_probe.png", "Store: worst fresh-client answer during the storm",
          "milliseconds",
          [("rdrun", series(rows, "store", "server", "rdrun", "clients", "probe_worst_ms"), "o-"),
+          ("rdrun before", series(rows, "store", "server", "rdrun-before", "clients",
+                                  "probe_worst_ms"), "^--"),
           ("PyTorch libuv", series(rows, "store", "server", "torch", "clients",
                                    "probe_worst_ms"), "s-")])
     sim = lambda key: series(rows, "rdzv", "impl", "rdrun-sim", "nodes", key)  # noqa: E731

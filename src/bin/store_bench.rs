@@ -58,6 +58,11 @@ enum Mode {
         /// Tokio worker threads; 0 = a current-thread runtime (as the launcher may use).
         #[arg(long, default_value_t = 0)]
         threads: usize,
+        /// Scheduler ticks between looks at the runtime's global queue, where the accept
+        /// thread puts new connections (tokio's default is 31; the launcher uses
+        /// `STORE_GLOBAL_QUEUE_INTERVAL`, new connections first).
+        #[arg(long, default_value_t = rdrun::store::server::STORE_GLOBAL_QUEUE_INTERVAL)]
+        global_queue_interval: u32,
         /// Close connections that have not sent VALIDATE this long after connecting.
         #[arg(long)]
         validate_timeout_secs: Option<f64>,
@@ -173,11 +178,21 @@ fn main() -> ExitCode {
         eprintln!("rdrun-store-bench: warning: could not raise the open-file limit: {e}");
     }
     let rt = match &args.mode {
-        Mode::Serve { threads: 0, .. } => tokio::runtime::Builder::new_current_thread()
+        Mode::Serve {
+            threads: 0,
+            global_queue_interval,
+            ..
+        } => tokio::runtime::Builder::new_current_thread()
+            .global_queue_interval((*global_queue_interval).max(1))
             .enable_all()
             .build(),
-        Mode::Serve { threads, .. } => tokio::runtime::Builder::new_multi_thread()
+        Mode::Serve {
+            threads,
+            global_queue_interval,
+            ..
+        } => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(*threads)
+            .global_queue_interval((*global_queue_interval).max(1))
             .enable_all()
             .build(),
         _ => tokio::runtime::Builder::new_multi_thread()
@@ -929,26 +944,49 @@ fn proc_usage(pid: u32) -> Option<(f64, u64, u64)> {
 }
 
 /// Fresh-client probe: every `every`, a new connection does VALIDATE + PING; returns the worst
-/// and the number of probes once `stop` is set.
-async fn probe_loop(
+/// (connect to pong) and the worst connect alone, the number of probes and of failed ones once `stop` is set. On a thread of its own with
+/// blocking sockets: as a task on the generator's runtime it waited behind the storm's own
+/// client tasks, so it measured the generator's queue as much as the server.
+fn probe_loop(
     dest: std::net::SocketAddr,
     every: Duration,
     stop: Arc<AtomicBool>,
-) -> (Duration, usize, usize) {
+) -> (Duration, Duration, usize, usize) {
+    use std::io::{Read, Write};
+    let worst_connect = std::cell::Cell::new(Duration::ZERO);
+    let once = || -> Result<(), BoxErr> {
+        let limit = Duration::from_secs(30);
+        let t = Instant::now();
+        let mut s = std::net::TcpStream::connect_timeout(&dest, limit)?;
+        worst_connect.set(worst_connect.get().max(t.elapsed()));
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(limit))?;
+        let mut buf = Request::Validate {
+            magic: VALIDATION_MAGIC,
+        }
+        .to_bytes();
+        Request::Ping { nonce: 7 }.encode(&mut buf);
+        s.write_all(&buf)?;
+        let mut pong = [0u8; 4];
+        s.read_exact(&mut pong)?;
+        if u32::from_ne_bytes(pong) != 7 {
+            return Err("PING answered with the wrong nonce".into());
+        }
+        Ok(())
+    };
     let (mut worst, mut n, mut failed) = (Duration::ZERO, 0, 0);
     while !stop.load(Ordering::Relaxed) {
         let t = Instant::now();
-        match Raw::connect(None, dest, Duration::from_secs(30)).await {
-            Ok(c) => {
+        match once() {
+            Ok(()) => {
                 worst = worst.max(t.elapsed());
                 n += 1;
-                drop(c);
             }
             Err(_) => failed += 1,
         }
-        tokio::time::sleep(every).await;
+        std::thread::sleep(every);
     }
-    (worst, n, failed)
+    (worst, worst_connect.get(), n, failed)
 }
 
 /// Parent of a start-up run: spreads `world` ranks over `procs` generator processes (this one
@@ -1010,7 +1048,10 @@ async fn startup(
         stdin.write_all(format!("go {go}\n").as_bytes()).await?;
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let probe = tokio::spawn(probe_loop(dest, probe_every, stop.clone()));
+    let probe = {
+        let stop = stop.clone();
+        std::thread::spawn(move || probe_loop(dest, probe_every, stop))
+    };
     let (first, count) = share(0);
     let (conns, mut total) =
         startup_part(source(0), dest, first, count, world, tag, limit, go).await?;
@@ -1023,9 +1064,18 @@ async fn startup(
     }
     let wall = Duration::from_micros(epoch_us().saturating_sub(go));
     stop.store(true, Ordering::Relaxed);
-    let (probe_worst, probes, probe_failed) = probe.await?;
+    let (probe_worst, probe_connect_worst, probes, probe_failed) =
+        tokio::task::spawn_blocking(move || probe.join())
+            .await?
+            .map_err(|_| "probe thread panicked")?;
     // Every connection is still open: the server's RSS now is its cost for `world` clients.
     let after = server_pid.and_then(proc_usage);
+    // The generators' own CPU (this process and its children, still alive): on one machine
+    // the clients' kernel work competes with the server's for the same cores.
+    let gen_cpu: f64 = std::iter::once(std::process::id())
+        .chain(children.iter().filter_map(|(c, _, _)| c.id()))
+        .filter_map(|pid| proc_usage(pid).map(|u| u.0))
+        .sum();
     drop(conns);
     for (mut child, stdin, _) in children {
         drop(stdin);
@@ -1046,8 +1096,10 @@ async fn startup(
         ));
     }
     line.push_str(&format!(
-        " probe_worst_ms={:.1} probes={probes} probe_failed={probe_failed}",
-        probe_worst.as_secs_f64() * 1e3
+        " probe_worst_ms={:.1} probe_connect_worst_ms={:.1} probes={probes} \
+         probe_failed={probe_failed} gen_cpu_s={gen_cpu:.2}",
+        probe_worst.as_secs_f64() * 1e3,
+        probe_connect_worst.as_secs_f64() * 1e3
     ));
     if let (Some((c0, rss0, _)), Some((c1, rss1, hwm))) = (before, after) {
         line.push_str(&format!(

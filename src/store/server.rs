@@ -19,21 +19,26 @@
 //!   out, ENFILE, ENOBUFS, ...) only make the listener back off while existing connections keep
 //!   being served: the server never stops because accept failed.
 //! - Accepting runs on a thread of its own that drains the kernel's queue as fast as
-//!   connections arrive, whatever the runtime is busy with (see [`AcceptLoop`]; issue 16).
+//!   connections arrive, whatever the runtime is busy with, and holds each new connection until
+//!   its first bytes arrive, so that they are served on the task's first poll instead of behind
+//!   the storm's queue (see [`AcceptLoop`]; issue 16).
 //! - No reverse DNS on accept (both PyTorch servers call `getnameinfo` per connection), listen
 //!   backlog as large as the kernel allows, TCP_NODELAY on every accepted socket, dual-stack on a
 //!   wildcard IPv6 address.
 //! - Works on a current-thread or multi-thread tokio runtime: nothing on it blocks.
 //!
-//! Length: about 880 lines of code for one responsibility, serving the store: the accept thread,
+//! Length: about 1,090 lines of code for one responsibility, serving the store: the accept thread
+//! (with its first-bytes stage and its small epoll wrapper),
 //! the per-connection task, and the hardening limits that only make sense together with them
 //! (accept backoff at the fd limit, the VALIDATE deadline, the global buffer cap, rate-limited
 //! warnings). The codec is apart (`protocol`), and so are the state (`state`) and the counters
 //! (`stats`).
 
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::net::{Ipv6Addr, SocketAddr, TcpListener as StdTcpListener};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -94,6 +99,14 @@ pub enum ServerExit {
     /// shortage, which only backs off) or the accept task panicked.
     Failed(String),
 }
+
+/// The `global_queue_interval` for a tokio runtime that hosts a store server: look at the
+/// global queue on every scheduler tick. The accept thread hands each new connection to the
+/// runtime from outside, so its task lands in that queue, while the requests of connections
+/// already open are woken into the local queue; with tokio's default (31) a new connection
+/// was first polled after 31 ticks of the storm's requests per connection queued ahead of it,
+/// so a fresh client waited behind the whole storm (issue 16). Set on the launcher's runtime.
+pub const STORE_GLOBAL_QUEUE_INTERVAL: u32 = 1;
 
 /// Base of the next server's connection ids (see `start_with_store`).
 static NEXT_CONN_BASE: AtomicU64 = AtomicU64::new(0);
@@ -304,6 +317,34 @@ impl StoreServer {
     }
 }
 
+/// Writes `out`: straight to the socket first (a reply almost always fits its send buffer),
+/// then through tokio for what did not fit. A connection's first reply thus does not wait for
+/// the reactor to report the socket writable, which on a busy runtime is a turn of the whole
+/// queue away (issue 16).
+async fn write_out(stream: &mut TcpStream, out: &[u8]) -> io::Result<()> {
+    super::stats::STATS.wrote(out.len());
+    let sent = loop {
+        match socket2::SockRef::from(&*stream).send_with_flags(out, libc::MSG_NOSIGNAL) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break 0,
+            Err(e) => return Err(e),
+        }
+    };
+    if sent < out.len() {
+        stream.write_all(&out[sent..]).await?;
+    }
+    Ok(())
+}
+
+/// Resolves when `timer` is due; never while it is `None`.
+async fn until_due(timer: &mut Option<std::pin::Pin<Box<tokio::time::Sleep>>>) {
+    match timer {
+        Some(t) => t.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Resolves once shutdown was requested (or the server handle is gone).
 async fn shutdown_requested(rx: &mut watch::Receiver<bool>) {
     while !*rx.borrow_and_update() {
@@ -487,17 +528,33 @@ struct AcceptLoop {
 
 impl AcceptLoop {
     fn run(self) -> ServerExit {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        use std::os::fd::AsFd;
+        let ep = match Epoll::new() {
+            Ok(ep) => ep,
+            Err(e) => return ServerExit::Failed(format!("store accept thread: epoll: {e}")),
+        };
+        if let Err(e) = ep
+            .add(self.wake.as_raw_fd(), WAKE_TOKEN)
+            .and_then(|()| ep.add(self.listener.as_raw_fd(), LISTEN_TOKEN))
+        {
+            return ServerExit::Failed(format!("store accept thread: epoll_ctl: {e}"));
+        }
         let mut backoff = ACCEPT_BACKOFF_MIN;
-        // While set, accepting pauses until then (descriptors ran out).
+        // While set, accepting pauses until then (descriptors ran out); the listener is out
+        // of the epoll set meanwhile (it stays readable, so it would wake us at once).
         let mut resume: Option<std::time::Instant> = None;
         let period = self
             .shared
             .config
             .log_interval
             .max(Duration::from_millis(1));
+        let hold = FIRST_BYTES_HOLD.min(self.shared.config.validate_timeout);
         let mut next_flush = std::time::Instant::now() + period;
+        // Accepted sockets whose first bytes have not arrived yet, and when to stop waiting for
+        // them (in accept order, so the oldest is first).
+        let mut fresh: HashMap<u64, (std::net::TcpStream, SocketAddr)> = HashMap::new();
+        let mut holds: VecDeque<(std::time::Instant, u64)> = VecDeque::new();
+        let mut next_token: u64 = 0;
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
         loop {
             let now = std::time::Instant::now();
             if now >= next_flush {
@@ -506,62 +563,95 @@ impl AcceptLoop {
             }
             if resume.is_some_and(|r| now >= r) {
                 resume = None;
+                if let Err(e) = ep.add(self.listener.as_raw_fd(), LISTEN_TOKEN) {
+                    return ServerExit::Failed(format!("store accept thread: epoll_ctl: {e}"));
+                }
             }
-            let until = resume.map_or(next_flush, |r| r.min(next_flush));
+            while let Some(&(t, token)) = holds.front() {
+                if t > now {
+                    break;
+                }
+                holds.pop_front();
+                if let Some((stream, peer)) = fresh.remove(&token) {
+                    ep.delete(stream.as_raw_fd());
+                    self.serve(stream, peer, Vec::new());
+                }
+            }
+            let mut until = resume.map_or(next_flush, |r| r.min(next_flush));
+            if let Some(&(t, _)) = holds.front() {
+                until = until.min(t);
+            }
             let wait_ms = until
                 .saturating_duration_since(now)
                 .as_millis()
                 .clamp(1, i32::MAX as u128) as i32;
-            let mut fds = vec![PollFd::new(self.wake.as_fd(), PollFlags::POLLIN)];
-            if resume.is_none() {
-                fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
-            }
-            match poll(
-                &mut fds,
-                PollTimeout::try_from(wait_ms).unwrap_or(PollTimeout::MAX),
-            ) {
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
+            let n = match ep.wait(&mut events, wait_ms) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    return ServerExit::Failed(format!("store accept thread: poll failed: {e}"))
+                    return ServerExit::Failed(format!("store accept thread: epoll_wait: {e}"))
                 }
-            }
-            if fds[0].any().unwrap_or(false) || *self.shared.shutdown_rx.borrow() {
+            };
+            if *self.shared.shutdown_rx.borrow() || events[..n].iter().any(|e| e.u64 == WAKE_TOKEN)
+            {
                 self.shared.flush_logs(true);
                 return ServerExit::Shutdown;
             }
-            if resume.is_some() || !fds.get(1).and_then(PollFd::any).unwrap_or(false) {
-                continue;
-            }
-            drop(fds);
-            // Drain: everything the kernel has queued, without going back to poll in between.
-            loop {
-                match self.listener.accept() {
-                    Ok((stream, peer)) => {
-                        backoff = ACCEPT_BACKOFF_MIN;
-                        self.serve(stream, peer);
+            for ev in &events[..n] {
+                let token = ev.u64;
+                if token != LISTEN_TOKEN {
+                    // A fresh connection spoke (or hung up): read what it sent and hand it over.
+                    if let Some((stream, peer)) = fresh.remove(&token) {
+                        ep.delete(stream.as_raw_fd());
+                        let first = read_first_bytes(&stream);
+                        self.serve(stream, peer, first);
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if accept_error_is_fatal(&e) => {
-                        return ServerExit::Failed(format!("store listening socket failed: {e}"));
-                    }
-                    Err(e) => {
-                        // Never fatal: back off (the listener stays readable while the
-                        // connection it cannot take waits, so polling again would spin) and keep
-                        // serving the others.
-                        self.shared.report_accept_failure(&e);
-                        resume = Some(std::time::Instant::now() + backoff);
-                        backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                        break;
+                    continue;
+                }
+                if resume.is_some() {
+                    continue;
+                }
+                // Drain: everything the kernel has queued, without going back to epoll between.
+                loop {
+                    match accept_nonblocking(&self.listener) {
+                        Ok((stream, peer)) => {
+                            backoff = ACCEPT_BACKOFF_MIN;
+                            let token = next_token;
+                            next_token += 1;
+                            if ep.add(stream.as_raw_fd(), token).is_ok() {
+                                fresh.insert(token, (stream, peer));
+                                holds.push_back((std::time::Instant::now() + hold, token));
+                            } else {
+                                self.serve(stream, peer, Vec::new());
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) if accept_error_is_fatal(&e) => {
+                            return ServerExit::Failed(format!(
+                                "store listening socket failed: {e}"
+                            ));
+                        }
+                        Err(e) => {
+                            // Never fatal: back off and keep serving the others.
+                            self.shared.report_accept_failure(&e);
+                            ep.delete(self.listener.as_raw_fd());
+                            resume = Some(std::time::Instant::now() + backoff);
+                            backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                            break;
+                        }
                     }
                 }
             }
         }
     }
 
-    /// Hands one accepted socket to the runtime.
-    fn serve(&self, stream: std::net::TcpStream, peer: SocketAddr) {
+    /// Hands one accepted (already non-blocking) socket to the runtime. What can be done off
+    /// the runtime is done here, on the accept thread, so that on a busy server the runtime's
+    /// thread spends its time on requests (issue 16): TCP_NODELAY, the peer note for hang
+    /// capture, and the registration with the runtime's reactor (`epoll_ctl`; tokio's reactor
+    /// accepts registrations from any thread inside the runtime's context).
+    fn serve(&self, stream: std::net::TcpStream, peer: SocketAddr, first: Vec<u8>) {
         let conn = Connection {
             id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
             peer,
@@ -569,17 +659,127 @@ impl AcceptLoop {
             _done: self.conns_done_tx.clone(),
             notify: Arc::new(Notify::new()),
         };
-        self.rt.spawn(async move {
-            // Registration with the reactor happens on the runtime, in the connection's task.
-            let stream = stream
-                .set_nonblocking(true)
-                .and_then(|()| TcpStream::from_std(stream));
-            match stream {
-                Ok(stream) => conn.run(stream).await,
-                Err(e) => debug!(peer = %conn.peer, error = %e, "could not register connection"),
+        if let Err(e) = stream.set_nodelay(true) {
+            debug!(%peer, error = %e, "set TCP_NODELAY failed");
+        }
+        conn.shared.store.note_peer(conn.id, peer);
+        let stream = {
+            let _in_runtime = self.rt.enter();
+            TcpStream::from_std(stream)
+        };
+        match stream {
+            Ok(stream) => {
+                self.rt.spawn(conn.run(stream, first));
             }
-        });
+            Err(e) => {
+                conn.shared.store.disconnect(conn.id);
+                debug!(%peer, error = %e, "could not register connection");
+            }
+        }
     }
+}
+
+/// How long the accept thread waits for a new connection's first bytes before handing it to
+/// the runtime without them (the connection's task then applies the VALIDATE deadline).
+const FIRST_BYTES_HOLD: Duration = Duration::from_millis(250);
+const WAKE_TOKEN: u64 = u64::MAX;
+const LISTEN_TOKEN: u64 = u64::MAX - 1;
+
+/// The first bytes a fresh connection sent (its VALIDATE, usually with what followed), read
+/// without blocking; empty at EOF or on an error, which the connection's task then meets itself.
+fn read_first_bytes(stream: &std::net::TcpStream) -> Vec<u8> {
+    use std::io::Read;
+    let mut buf = [0u8; SMALL_READ];
+    loop {
+        match (&*stream).read(&mut buf) {
+            Ok(n) => {
+                super::stats::STATS.read(n);
+                return buf[..n].to_vec();
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Vec::new(),
+        }
+    }
+}
+
+/// A level-triggered epoll set of the accept thread: the wake-up socket, the listener and the
+/// fresh connections, each with a token.
+struct Epoll(std::os::fd::OwnedFd);
+
+impl Epoll {
+    fn new() -> io::Result<Epoll> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain syscall; the descriptor is checked and then owned.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and nothing else owns it.
+        Ok(Epoll(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn add(&self, fd: std::os::fd::RawFd, token: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            u64: token,
+        };
+        // SAFETY: valid descriptors and a valid event struct.
+        if unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Removes `fd`; it can only fail if `fd` is not in the set, which leaves nothing to do.
+    fn delete(&self, fd: std::os::fd::RawFd) {
+        use std::os::fd::AsRawFd;
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: valid descriptors and a valid (ignored) event struct.
+        unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+    }
+
+    fn wait(&self, events: &mut [libc::epoll_event], timeout_ms: i32) -> io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let max = events.len().min(i32::MAX as usize) as i32;
+        // SAFETY: `events` has room for `max` entries.
+        let n =
+            unsafe { libc::epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), max, timeout_ms) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+}
+
+/// `accept4(SOCK_NONBLOCK | SOCK_CLOEXEC)`: the socket comes back non-blocking, which saves
+/// the `ioctl(FIONBIO)` per connection that `std`'s accept + `set_nonblocking` costs.
+fn accept_nonblocking(listener: &StdTcpListener) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let lfd = listener.as_raw_fd();
+    // SAFETY: accept4 writes at most `*len` bytes of address into the zeroed storage socket2
+    // provides and updates `*len`; the returned descriptor is checked.
+    let (fd, addr) = unsafe {
+        socket2::SockAddr::try_init(|storage, len| {
+            let fd = libc::accept4(
+                lfd,
+                storage.cast(),
+                len,
+                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            );
+            if fd < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(fd)
+            }
+        })
+    }?;
+    // SAFETY: `fd` is a socket accept4 just created; nothing else owns it.
+    let stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+    let peer = addr
+        .as_socket()
+        .ok_or_else(|| io::Error::other("accepted a socket with a non-IP peer address"))?;
+    Ok((stream, peer))
 }
 
 struct Connection {
@@ -638,14 +838,11 @@ impl Drop for Held<'_> {
 }
 
 impl Connection {
-    async fn run(self, mut stream: TcpStream) {
+    /// Serves one connection (its peer already noted for hang capture, issue 13: who waits on
+    /// what; forgotten at disconnect).
+    async fn run(self, mut stream: TcpStream, first: Vec<u8>) {
         super::stats::STATS.opened();
-        if let Err(e) = stream.set_nodelay(true) {
-            debug!(peer = %self.peer, error = %e, "set TCP_NODELAY failed");
-        }
-        // Who waits on what, for hang capture (issue 13); forgotten at disconnect.
-        self.shared.store.note_peer(self.id, self.peer);
-        let close = self.serve(&mut stream).await;
+        let close = self.serve(&mut stream, first).await;
         let unanswered = self.shared.store.pending_waits(self.id)
             + self.shared.store.take_ready(self.id) as usize;
         super::stats::STATS.waits_ended(unanswered);
@@ -666,22 +863,34 @@ impl Connection {
         drop(stream);
     }
 
-    async fn serve(&self, stream: &mut TcpStream) -> Close {
+    /// Serves the connection; `first` holds the bytes the accept thread already read.
+    async fn serve(&self, stream: &mut TcpStream, first: Vec<u8>) -> Close {
         let cfg = &self.shared.config;
         let mut decoder = Decoder::new(cfg.limits);
         let mut held = Held {
             total: &self.shared.buffered,
             mine: 0,
         };
-        let mut inbuf: Vec<u8> = Vec::with_capacity(SMALL_READ);
+        // The connection's own buffer comes from this thread's allocator: a buffer allocated on
+        // the accept thread and kept for the connection's life measurably grew the RSS.
+        let mut inbuf: Vec<u8> = Vec::with_capacity(SMALL_READ.max(first.len()));
+        inbuf.extend_from_slice(&first);
+        drop(first);
         let mut out: Vec<u8> = Vec::new();
         let mut validated = false;
         let mut streaming = false;
-        let validate_by = Instant::now() + cfg.validate_timeout;
+        // The futures that outlive one request are made once per connection, not per loop turn
+        // (issue 16: re-creating them registered and unregistered a waiter on the `Notify`,
+        // and the timer looked up the runtime, for every request).
+        let mut validate_timer = Some(Box::pin(tokio::time::sleep(cfg.validate_timeout)));
         let mut shutdown_rx = self.shared.shutdown_rx.clone();
         if *shutdown_rx.borrow_and_update() {
             return Close::Shutdown;
         }
+        let shutdown = shutdown_rx.changed();
+        tokio::pin!(shutdown);
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
         loop {
             // Serve every complete request buffered so far, in order; the decoder keeps the
             // partial one (and resumes at its last byte next time).
@@ -704,8 +913,7 @@ impl Connection {
                             break;
                         }
                         if out.len() >= cfg.max_pending_output {
-                            super::stats::STATS.wrote(out.len());
-                            if let Err(e) = stream.write_all(&out).await {
+                            if let Err(e) = write_out(stream, &out).await {
                                 return Close::Io(e);
                             }
                             out.clear();
@@ -730,8 +938,7 @@ impl Connection {
                 }
             }
             if !out.is_empty() {
-                super::stats::STATS.wrote(out.len());
-                if let Err(e) = stream.write_all(&out).await {
+                if let Err(e) = write_out(stream, &out).await {
                     return Close::Io(e);
                 }
                 out.clear();
@@ -742,6 +949,9 @@ impl Connection {
             if let Some(why) = bad {
                 return Close::Bad(why);
             }
+            if validated {
+                validate_timer = None;
+            }
 
             // Room for the next read: small while idle, big while the client streams.
             let want = if streaming { READ_CHUNK } else { SMALL_READ };
@@ -749,14 +959,15 @@ impl Connection {
             let room = inbuf.capacity() - inbuf.len();
             tokio::select! {
                 biased;
-                _ = shutdown_rx.changed() => return Close::Shutdown,
-                _ = tokio::time::sleep_until(validate_by), if !validated => {
+                _ = &mut shutdown => return Close::Shutdown,
+                () = until_due(&mut validate_timer) => {
                     return Close::Bad(format!(
                         "no VALIDATE within {} s of connecting",
                         cfg.validate_timeout.as_secs_f64()
                     ));
                 }
-                _ = self.notify.notified() => {
+                () = &mut notified => {
+                    notified.set(self.notify.notified());
                     let ready = self.shared.store.take_ready(self.id);
                     super::stats::STATS.waits_ended(ready as usize);
                     for _ in 0..ready {
@@ -1008,6 +1219,55 @@ mod tests {
             refused_soon(addr),
             "listener still open after the runtime ended"
         );
+    }
+
+    /// The accept thread's first-bytes stage hands every connection over: one that speaks at
+    /// once (served from the bytes the accept thread read), one that stays silent past
+    /// `FIRST_BYTES_HOLD` (handed over without bytes, then read by its task), while one that
+    /// hung up before speaking is in the same stage.
+    #[test]
+    fn first_bytes_stage_hands_over_prompt_silent_and_closed_clients() {
+        use std::io::{Read, Write};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let loopback: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let server = rt.block_on(async { StoreServer::bind(loopback, ServerConfig::default()) });
+        let server = server.expect("bind");
+        let addr = server.local_addr();
+        let hello = {
+            let mut b = Request::Validate {
+                magic: VALIDATION_MAGIC,
+            }
+            .to_bytes();
+            Request::Ping { nonce: 42 }.encode(&mut b);
+            b
+        };
+        let client = std::thread::spawn(move || {
+            let pong = |s: &mut std::net::TcpStream| {
+                s.set_read_timeout(Some(Duration::from_secs(30)))
+                    .expect("timeout");
+                let mut b = [0u8; 4];
+                s.read_exact(&mut b).expect("pong");
+                u32::from_ne_bytes(b)
+            };
+            let closed = std::net::TcpStream::connect(addr).expect("connect");
+            drop(closed);
+            let mut silent = std::net::TcpStream::connect(addr).expect("connect");
+            let mut prompt = std::net::TcpStream::connect(addr).expect("connect");
+            prompt.write_all(&hello).expect("write");
+            let prompt_pong = pong(&mut prompt);
+            std::thread::sleep(FIRST_BYTES_HOLD + Duration::from_millis(300));
+            silent.write_all(&hello).expect("write");
+            (prompt_pong, pong(&mut silent))
+        });
+        let (prompt, silent) = rt.block_on(async {
+            let r = tokio::task::spawn_blocking(move || client.join()).await;
+            r.expect("join").expect("client thread")
+        });
+        assert_eq!((prompt, silent), (42, 42));
+        rt.block_on(server.shutdown());
     }
 
     #[test]

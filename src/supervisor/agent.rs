@@ -86,7 +86,9 @@ pub fn run(config: LaunchConfig) -> RunEnd {
             std::io::Error::last_os_error()
         );
     }
+    // The store server may live on this runtime: new connections first (issue 16).
     let runtime = match tokio::runtime::Builder::new_current_thread()
+        .global_queue_interval(crate::store::server::STORE_GLOBAL_QUEUE_INTERVAL)
         .enable_all()
         .build()
     {

@@ -648,18 +648,41 @@ impl EtcdRendezvous {
             let Ok(Ok((state, _, _))) =
                 tokio::time::timeout_at(limit, read_state(&self.etcd, &self.keys)).await
             else {
+                tracing::debug!("17.7 wait: cannot read the round state; the failure is charged");
                 return Vec::new();
             };
             if state.closed {
+                tracing::debug!("17.7 wait: the rendezvous is closed");
                 return Vec::new();
             }
             if state.round != round {
-                return dropped_by(&self.round_peers, &state);
+                let dropped = dropped_by(&self.round_peers, &state);
+                if !dropped.is_empty() {
+                    return dropped;
+                }
+                // A later round for another reason: typically a survivor that saw the lease
+                // expire first and regrouped (the agent starts that round as a membership
+                // change, not `PeerLost`). The old round's peers whose leases are gone are the
+                // lost ones (before, this returned none and the failure was charged: a race
+                // between the survivors, seen in `etcd::sigkilled_node_whose_peers_fail_is_not_charged`).
+                let Ok(Ok(leases)) =
+                    tokio::time::timeout_at(limit, self.etcd.leases_under(&alive_prefix)).await
+                else {
+                    return Vec::new();
+                };
+                let lost = lost_in_later_round(&self.round_peers, &leases);
+                tracing::debug!(
+                    round = state.round,
+                    ?lost,
+                    "17.7 wait: a later round started"
+                );
+                return lost;
             }
             let ids = watched_ids(&state, &self.me.id);
             let Ok(Ok(leases)) =
                 tokio::time::timeout_at(limit, self.etcd.leases_under(&alive_prefix)).await
             else {
+                tracing::debug!("17.7 wait: cannot read the peers' leases; the failure is charged");
                 return Vec::new();
             };
             let leases: HashMap<String, i64> = leases.into_iter().collect();
@@ -687,6 +710,7 @@ impl EtcdRendezvous {
                 match first.get(id) {
                     Some(&(l, was, at)) if l == lease => {
                         if renewed(was, left, sent.saturating_duration_since(at)) {
+                            tracing::debug!(%id, lease, was, left, elapsed = ?sent.saturating_duration_since(at), "17.7 wait: lease renewed");
                             renewing.insert(id.clone());
                         }
                     }
@@ -717,9 +741,21 @@ impl EtcdRendezvous {
 /// at the first answer, `left` at a second request sent `elapsed` after that answer arrived
 /// (`elapsed` is at most the time that passed on etcd between the two). Without a renewal the
 /// true remaining time at the second read is under `was + 1 - elapsed`, and etcd's whole
-/// seconds (it truncates) no more; so `left + elapsed >= was + 1` proves a renewal.
+/// seconds (it truncates) no more; so `left + elapsed >= was + 1` proves a renewal — but only
+/// for `left >= 1`: etcd truncates toward zero, so a lease already expired (and not yet revoked
+/// by its lessor) reads 0, which with a long enough `elapsed` would pass for a renewal (seen:
+/// a SIGKILLed peer's lease read `was=2`, then `left=0` 3.02 s later, taken as alive).
 fn renewed(was: i64, left: i64, elapsed: Duration) -> bool {
-    left as f64 + elapsed.as_secs_f64() >= (was + 1) as f64
+    left >= 1 && left as f64 + elapsed.as_secs_f64() >= (was + 1) as f64
+}
+
+/// The peers of an earlier round (`round_peers`) whose alive keys (`leases`: id, lease) are gone.
+fn lost_in_later_round(round_peers: &[String], leases: &[(String, i64)]) -> Vec<String> {
+    round_peers
+        .iter()
+        .filter(|id| !leases.iter().any(|(alive, _)| alive == *id))
+        .cloned()
+        .collect()
 }
 
 /// The peers of a round (`round_peers`) that `state` (a later round) no longer has, when that
@@ -928,6 +964,19 @@ mod tests {
         assert!(renewed(4, 3, s(2.0)));
         // Expired (-1) is never renewed.
         assert!(!renewed(4, -1, s(3.0)));
+        // An expired lease not yet revoked reads 0 (truncated toward zero): never a renewal.
+        assert!(!renewed(2, 0, s(3.02)));
+        assert!(!renewed(0, 0, s(1.5)));
+    }
+
+    #[test]
+    fn a_later_rounds_lost_peers_are_the_old_peers_without_alive_keys() {
+        let peers = vec!["a".to_string(), "b".to_string()];
+        assert_eq!(
+            lost_in_later_round(&peers, &[("a".into(), 7), ("c".into(), 9)]),
+            vec!["b".to_string()]
+        );
+        assert!(lost_in_later_round(&peers, &[("a".into(), 7), ("b".into(), 8)]).is_empty());
     }
 
     #[test]

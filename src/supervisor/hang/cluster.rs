@@ -52,6 +52,11 @@ pub struct NodeReport {
     pub budget_ms: u64,
     /// `startup` or `steady`.
     pub phase: String,
+    /// How long this node's report stays fresh without a new one (its agent's own staleness
+    /// bound, from its poll interval): a peer polling more slowly than this agent is not taken
+    /// for stale between two of its polls. 0 (an older report): this agent's bound.
+    #[serde(default)]
+    pub stale_ms: u64,
 }
 
 impl NodeReport {
@@ -64,6 +69,7 @@ impl NodeReport {
             quiet_ms: ms(q.quiet_for),
             budget_ms: ms(q.budget),
             phase: q.phase.as_str().to_string(),
+            stale_ms: 0,
         }
     }
 
@@ -100,7 +106,7 @@ pub fn decide(nodes: &[Option<Seen>], stale_after: Duration) -> Option<ClusterQu
     for seen in nodes {
         let seen = seen.as_ref()?;
         let r = &seen.report;
-        let fresh = seen.age < stale_after;
+        let fresh = seen.age < stale_after.max(Duration::from_millis(r.stale_ms));
         if r.live == 0 {
             // No live rank there (all exited): nothing to wait for on that node.
             continue;
@@ -296,7 +302,8 @@ impl<S: RdzvStore> Cluster<S> {
             return Step::Nothing;
         }
         self.seq += 1;
-        let mine = NodeReport::of(local, self.seq);
+        let mut mine = NodeReport::of(local, self.seq);
+        mine.stale_ms = ms(self.stale_after);
         let res = match &self.store {
             None => Err("no rendezvous store to share the nodes' state".to_string()),
             Some(_) => match tokio::time::timeout(self.op_timeout, self.exchange(&mine)).await {
@@ -521,6 +528,7 @@ mod tests {
             quiet_ms: quiet_s * 1000,
             budget_ms: budget_s * 1000,
             phase: "steady".into(),
+            stale_ms: 0,
         }
     }
 
@@ -551,6 +559,39 @@ mod tests {
                 budget: 10 * S
             })
         );
+    }
+
+    #[test]
+    fn a_slow_polling_peer_is_not_stale_between_its_polls() {
+        // This agent's bound is 4 s; the peer polls slowly (its bound 40 s) and said "active"
+        // 20 s ago. Taken as stale it would count 20 s of quiet, past the 10 s budget.
+        let stale_here = 4 * S;
+        let mut active = rep(2, 2, 0, 10);
+        let seen = |r: NodeReport| {
+            Some(Seen {
+                report: r,
+                age: 20 * S,
+            })
+        };
+        assert!(decide(
+            &[fresh(rep(2, 2, 30, 10)), seen(active.clone())],
+            stale_here
+        )
+        .is_some());
+        active.stale_ms = 40_000;
+        assert_eq!(
+            decide(
+                &[fresh(rep(2, 2, 30, 10)), seen(active.clone())],
+                stale_here
+            ),
+            None
+        );
+        // Past its own bound it is stale again and counts as quiet since it was last seen.
+        let late = Some(Seen {
+            report: active,
+            age: 41 * S,
+        });
+        assert!(decide(&[fresh(rep(2, 2, 30, 10)), late], stale_here).is_some());
     }
 
     #[test]
@@ -741,6 +782,7 @@ mod tests {
                     quiet_ms: q * 1000,
                     budget_ms: b * 1000,
                     phase: "steady".into(),
+                    stale_ms: 0,
                 },
                 age,
             )

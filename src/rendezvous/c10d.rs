@@ -705,7 +705,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         }
         if state.round != round {
             // Another node already moved on: a loss if it dropped peers of this round.
-            return self.dropped_by(&state);
+            return super::plumbing::dropped_by(&self.round_peers, &state);
         }
         let full = state.participants.len() <= self.full_check_max;
         let ids = if full {
@@ -745,7 +745,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                     RdzvEvent::RoundChanged { .. } => {
                         let dropped = match read_text(&*self.store, &key).await {
                             Ok(text) => RdzvState::decode(&text)
-                                .map(|st| self.dropped_by(&st))
+                                .map(|st| super::plumbing::dropped_by(&self.round_peers, &st))
                                 .unwrap_or_default(),
                             Err(_) => Vec::new(),
                         };
@@ -808,25 +808,6 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             let _ = self.store.add(&suspects, -1).await;
         }
         lost
-    }
-
-    /// The peers of this agent's round that `state` (a later round) no longer has, when that
-    /// round was started because peers stopped heartbeating.
-    fn dropped_by(&self, state: &RdzvState) -> Vec<String> {
-        if state.reason != RoundReason::PeerLost {
-            return Vec::new();
-        }
-        let kept: HashSet<&str> = state
-            .watched_members("")
-            .into_iter()
-            .map(|m| m.id.as_str())
-            .chain(state.expected.iter().map(String::as_str))
-            .collect();
-        self.round_peers
-            .iter()
-            .filter(|id| !kept.contains(id.as_str()))
-            .cloned()
-            .collect()
     }
 }
 

@@ -369,6 +369,27 @@ pub(super) fn watched_ids(state: &RdzvState, me: &str) -> Vec<String> {
     ids
 }
 
+/// The peers of an earlier round (`round_peers`, this agent excluded) that `state`, a later
+/// round, no longer has, when that round was started because peers were lost (c10d: a keeper
+/// dropped a peer that stopped heartbeating; etcd: leases expired). Any other later round:
+/// none (the backend judges those by their heartbeats or leases).
+pub(super) fn dropped_by(round_peers: &[String], state: &RdzvState) -> Vec<String> {
+    if state.reason != RoundReason::PeerLost {
+        return Vec::new();
+    }
+    let kept: HashSet<&str> = state
+        .watched_members("")
+        .into_iter()
+        .map(|m| m.id.as_str())
+        .chain(state.expected.iter().map(String::as_str))
+        .collect();
+    round_peers
+        .iter()
+        .filter(|id| !kept.contains(id.as_str()))
+        .cloned()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -656,7 +656,7 @@ impl EtcdRendezvous {
                 return Vec::new();
             }
             if state.round != round {
-                let dropped = dropped_by(&self.round_peers, &state);
+                let dropped = crate::rendezvous::plumbing::dropped_by(&self.round_peers, &state);
                 if !dropped.is_empty() {
                     return dropped;
                 }
@@ -754,25 +754,6 @@ fn lost_in_later_round(round_peers: &[String], leases: &[(String, i64)]) -> Vec<
     round_peers
         .iter()
         .filter(|id| !leases.iter().any(|(alive, _)| alive == *id))
-        .cloned()
-        .collect()
-}
-
-/// The peers of a round (`round_peers`) that `state` (a later round) no longer has, when that
-/// round was started because peers' leases expired.
-fn dropped_by(round_peers: &[String], state: &RdzvState) -> Vec<String> {
-    if state.reason != RoundReason::PeerLost {
-        return Vec::new();
-    }
-    let kept: HashSet<&str> = state
-        .watched_members("")
-        .into_iter()
-        .map(|m| m.id.as_str())
-        .chain(state.expected.iter().map(String::as_str))
-        .collect();
-    round_peers
-        .iter()
-        .filter(|id| !kept.contains(id.as_str()))
         .cloned()
         .collect()
 }
@@ -988,9 +969,12 @@ mod tests {
             participants: vec![m("10.0.0.1"), m("10.0.0.2")],
             ..Default::default()
         };
-        assert_eq!(dropped_by(&peers, &st), ["10.0.0.3_1_0"]);
+        assert_eq!(
+            crate::rendezvous::plumbing::dropped_by(&peers, &st),
+            ["10.0.0.3_1_0"]
+        );
         st.reason = RoundReason::WorkerFailure;
-        assert!(dropped_by(&peers, &st).is_empty());
+        assert!(crate::rendezvous::plumbing::dropped_by(&peers, &st).is_empty());
     }
 
     #[test]

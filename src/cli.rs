@@ -10,7 +10,7 @@
 //! flag" test for values (`--max-restarts -1` is a value, `--rdzv-conf -x` is not), and defaults
 //! read from `PET_<DEST>` converted exactly like command-line text.
 //!
-//! One responsibility despite the length (about 1,000 lines of code, the rest tests): the option
+//! One responsibility despite the length (about 1,140 lines of code, the rest tests): the option
 //! table, the argparse rules and the `--help` text belong together.
 //!
 //! Deliberate differences from argparse (recorded in docs/compat.md):

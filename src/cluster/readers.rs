@@ -4,7 +4,7 @@
 //! named in each field are the variables read, so the printed topology can say where each
 //! value came from.
 //!
-//! Length: about 1,070 lines before the tests, one reader per scheduler (Slurm, Kubernetes
+//! Length: about 1,085 lines before the tests, one reader per scheduler (Slurm, Kubernetes
 //! PyTorchJob/Trainer/JobSet/Volcano, Open MPI/MPICH/MVAPICH2, LSF, hostfiles), each short and
 //! independent; one file keeps their shared field helpers in one place. Splitting per scheduler
 //! is the natural next step if a reader grows.

@@ -28,7 +28,7 @@
 //! (appended JSON lines: agents announcing themselves, admitted in batches), and per round
 //! `rdrun.rendezvous.<run_id>.<round>/…` for agent keys such as the exit barrier.
 //!
-//! Length: about 900 lines before the tests, for one responsibility, the c10d protocol over the
+//! Length: about 1,030 lines before the tests (the version key and watched-peer selection of issue 16 included), for one responsibility, the c10d protocol over the
 //! store (join, rounds, heartbeats, close, the redundancy list). The pure round logic is already
 //! apart (`state`), and so is the plumbing it shares with `static_` (`plumbing`: events and
 //! the keeper task, retry, heartbeats and liveness rules, close acknowledgements).

@@ -27,7 +27,7 @@
 //!   wildcard IPv6 address.
 //! - Works on a current-thread or multi-thread tokio runtime: nothing on it blocks.
 //!
-//! Length: about 1,090 lines of code for one responsibility, serving the store: the accept thread
+//! Length: about 1,100 lines of code for one responsibility, serving the store: the accept thread
 //! (with its first-bytes stage and its small epoll wrapper),
 //! the per-connection task, and the hardening limits that only make sense together with them
 //! (accept backoff at the fd limit, the VALIDATE deadline, the global buffer cap, rate-limited

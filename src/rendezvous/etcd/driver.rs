@@ -19,7 +19,7 @@
 //! lost peer (a new round without it, not charged to the restart budget); losing etcd's quorum
 //! is [`RdzvEvent::StoreUnreachable`] once the lease could not be renewed for a whole TTL.
 //!
-//! Length: about 960 lines (a sixth of them tests) for one responsibility, the etcd round
+//! Length: about 915 lines before the tests for one responsibility, the etcd round
 //! protocol (join, rounds, leases and watches, close, exit barrier, the lease check after a
 //! worker failure). The decisions are `state.rs`'s, and the shared plumbing is
 //! `plumbing.rs`.

@@ -239,21 +239,65 @@ echo "timer file $TORCHELASTIC_TIMER_FILE"
 
 #[test]
 fn file_timer_expiry_kills_only_that_worker_and_restarts() {
+    let dir = TempDir::new("hang_file_timer");
+    let logs = dir.join("logs");
     let out = launch(2)
         .args(["--hang-detect", "off", "--max-restarts=1"])
+        .arg(format!("--log-dir={}", logs.display()))
         .env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
         .env_remove("TORCHELASTIC_TIMER_FILE")
         .args(["sh", "-c", FILE_TIMER])
         .run();
     // rdrun survived the expiry (torchrun SIGKILLs itself: 137) and restarted the group.
     out.assert_code(0);
-    let line = out
-        .stderr
-        .lines()
-        .find(|l| l.contains("FileTimer expired: sending SIGKILL to that worker process only"))
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    let signalled = lines
+        .iter()
+        .position(|l| l.contains("FileTimer expired: sending SIGKILL to that worker process only"))
         .unwrap_or_else(|| panic!("no expiry line: {out:?}"));
+    let line = lines[signalled];
     assert!(line.contains("rank=1"), "{line}");
     assert!(line.contains("test#1"), "{line}");
+    // The expired rank was captured first (detection is off: the FileTimer's own capture), in
+    // one block naming the timer, then signalled.
+    let block = lines
+        .iter()
+        .position(|l| {
+            l.starts_with("[rdrun] HANG (FileTimer): torch FileTimer expired (rank 1 pid ")
+        })
+        .unwrap_or_else(|| panic!("no capture block: {out:?}"));
+    assert!(block < signalled, "captured after the signal: {out:?}");
+    assert_eq!(out.stderr.matches("[rdrun] HANG (").count(), 1, "{out:?}");
+    assert!(
+        lines[block].contains("scope \"test#1\""),
+        "{}",
+        lines[block]
+    );
+    assert!(
+        out.stderr.contains("sending SIGKILL to rank 1 pid "),
+        "the block names the action: {out:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("<- suspect: its FileTimer expired") && l.contains("rank 1 pid")),
+        "{out:?}"
+    );
+    // Its file, taken while the process was alive: state and threads (a sleeping `sleep`).
+    let hang_dir = find_dir(&logs, "attempt_0")
+        .map(|d| d.join("hang"))
+        .unwrap_or_else(|| panic!("no attempt_0 under {logs:?}: {out:?}"));
+    let text = std::fs::read_to_string(hang_dir.join("rank1.txt"))
+        .unwrap_or_else(|e| panic!("rank1.txt: {e}: {out:?}"));
+    assert!(text.starts_with("rank 1 pid "), "{text}");
+    assert!(
+        text.contains(" state S"),
+        "captured alive and asleep: {text}"
+    );
+    assert!(
+        !hang_dir.join("rank0.txt").exists(),
+        "only the expired rank is captured"
+    );
     // Rank 1 was the root of the failure (killed by the timer's signal), rank 0 a bystander.
     assert!(
         out.stderr.contains("failed (exitcode: -9) local_rank: 1"),
@@ -280,6 +324,35 @@ fn file_timer_expiry_kills_only_that_worker_and_restarts() {
     );
     assert!(!fifo.exists(), "FIFO left behind: {fifo:?}");
     assert!(!fifo.parent().unwrap().exists(), "dir left: {fifo:?}");
+}
+
+/// Without restarts left the FileTimer capture is the run's root cause, in the report and the
+/// JSON, and rdrun exits with the killed worker's status (128 + 9), not its own SIGKILL.
+#[test]
+fn file_timer_expiry_is_the_root_cause_without_restarts() {
+    let dir = TempDir::new("hang_file_timer_root");
+    let report = dir.join("report.json");
+    let out = launch(2)
+        .args(["--hang-detect", "off", "--max-restarts=0"])
+        .arg(format!("--report-json={}", report.display()))
+        .env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
+        .env_remove("TORCHELASTIC_TIMER_FILE")
+        .args(["sh", "-c", FILE_TIMER])
+        .run();
+    out.assert_code(137);
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("report: {e}: {out:?}")),
+    )
+    .unwrap();
+    assert_eq!(v["root_cause_kind"], "hang", "{v}");
+    let root = &v["failures"][v["root_cause"].as_u64().unwrap() as usize];
+    assert_eq!(root["rank"], 1, "the expired rank is the root cause: {v}");
+    let msg = root["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.starts_with("hang: torch FileTimer expired: rank 1 scope \"test#1\" (SIGKILL)"),
+        "{v}"
+    );
+    assert!(msg.contains("; stacks in "), "{v}");
 }
 
 #[test]

@@ -146,9 +146,12 @@ def test_torch_file_timer_expiry(launcher, procs, tmp_path):
     tmp.mkdir()
     env = hang_env(procs, TORCHELASTIC_ENABLE_FILE_TIMER="1", TMPDIR=str(tmp))
     env.pop("TORCHELASTIC_TIMER_FILE", None)
+    logs = tmp_path / "logs"
+    # rdrun writes the expired rank's capture under the log directory (torchrun captures none).
+    log_dir = ("--log-dir", logs) if launcher.is_rdrun else ()
     r = procs.run(
         launcher.cmd(
-            "--standalone", "--nproc-per-node", "2", "--max-restarts=1",
+            "--standalone", "--nproc-per-node", "2", "--max-restarts=1", *log_dir,
             SCRIPTS / "hang_filetimer.py", "--out", out,
         ),
         env=env,
@@ -166,6 +169,30 @@ def test_torch_file_timer_expiry(launcher, procs, tmp_path):
         assert line is not None, r.describe()
         assert "rank=1" in line and f"pid={pid1}" in line and "hang_filetimer/slow" in line, line
         assert "failed (exitcode: -9) local_rank: 1" in r.err, r.describe()
+        # Captured before the signal: one block naming the timer, its scope and the action,
+        # printed before the SIGKILL went out, and rank 1's Python stack taken inside the
+        # `expires` block (py-spy of a live process; a killed one has no stack).
+        lines = r.err.splitlines()
+        head = next((i for i, l in enumerate(lines) if l.startswith("[rdrun] HANG (FileTimer)")),
+                    None)
+        assert head is not None, r.describe()
+        assert f"rank 1 pid {pid1} scope \"hang_filetimer/slow\"" in lines[head], lines[head]
+        assert head < lines.index(line), r.describe()
+        assert r.err.count("[rdrun] HANG (") == 1, r.describe()
+        assert f"sending SIGKILL to rank 1 pid {pid1} only" in r.err, r.describe()
+        hang_dir = find_dir(logs, "attempt_0")
+        assert hang_dir is not None, r.describe()
+        stack = (hang_dir / "hang" / "rank1.txt").read_text()
+        assert stack.startswith(f"rank 1 pid {pid1} "), stack
+        assert "python stack: ok" in stack and "hang_filetimer.py" in stack, stack
+        # The frame of the `time.sleep(120)` inside `expires(after=2)`: where rank 1 was when
+        # its timer expired (py-spy shows the Python frame calling the C sleep).
+        src = (SCRIPTS / "hang_filetimer.py").read_text().splitlines()
+        slow = next(i for i, l in enumerate(src) if 'scope="hang_filetimer/slow"' in l)
+        sleep_line = slow + 2  # 1-based: the line after the `with`
+        assert src[sleep_line - 1].strip() == "time.sleep(120)", src[sleep_line - 1]
+        assert f"<module> (hang_filetimer.py:{sleep_line})" in stack, stack
+        assert not (hang_dir / "hang" / "rank0.txt").exists(), "only the expired rank"
         assert "restarts left" in r.err, r.describe()
         for k in (0, 1):
             assert (out / f"done_rank{k}.txt").read_text() == "1\n", r.describe()

@@ -554,14 +554,19 @@ impl Agent {
         );
         // Hang detection starts with the workers (its startup budget counts from the spawn).
         if !group.launch_failed() {
+            let dir = hang_dir(
+                self.config.log.log_dir.as_deref(),
+                attempt_logs.dir.as_deref(),
+                &self.config.rdzv.run_id,
+                asg.restart_count,
+            );
+            // A FileTimer expiry is captured into the same directory, detection on or off.
+            if self.timers.is_some() {
+                group.timer_capture = Some((self.config.hang.clone(), dir.clone()));
+            }
             group.hang = HangLink::new(
                 &self.config.hang,
-                hang_dir(
-                    self.config.log.log_dir.as_deref(),
-                    attempt_logs.dir.as_deref(),
-                    &self.config.rdzv.run_id,
-                    asg.restart_count,
-                ),
+                dir,
                 super::hanglink::ClusterArgs::of(self.rdzv.as_ref(), asg),
             );
         }
@@ -618,7 +623,12 @@ impl Agent {
             }
             let watch_hang = group.watch_hang();
             if let (Some(wake), Some(timers)) = (timer_wake.take(), self.timers.as_mut()) {
-                group.on_timer(wake, timers);
+                let store = self
+                    .store
+                    .as_ref()
+                    .or_else(|| self.rdzv.as_ref().and_then(|r| r.server.as_ref()))
+                    .map(|s| &**s.store());
+                group.on_timer(wake, timers, store, &self.obs).await;
             }
             let watch_dstate = group.watch_dstate();
             if std::mem::take(&mut dstate_due) && watch_dstate && group.check_dstate() {

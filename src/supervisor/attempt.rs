@@ -22,7 +22,11 @@ use crate::store::state::Store;
 
 use super::dstate::DStateWatch;
 use super::hang::RankProcs;
-use super::hanglink::{owning_worker, FileTimerServe, HangFinding, HangLink, TimerWake};
+use super::hang::{HangSettings, TimerExpiry};
+use super::hanglink::{
+    capture_timer_expiry, owning_worker, ExpiredTarget, FileTimerServe, HangFinding, HangLink,
+    TimerWake,
+};
 use super::observe::Observer;
 use super::output::{self, AttemptLogs, OutputSummary, RankIdentity};
 use super::report::Failure;
@@ -216,6 +220,12 @@ pub(super) struct Group {
     hang_found: Option<HangFinding>,
     /// Hang detection (`None` when off or when a worker could not be started).
     pub(super) hang: Option<HangLink>,
+    /// Where a FileTimer expiry's capture goes and how it is bounded (`None` without a
+    /// FileTimer server: nothing can expire).
+    pub(super) timer_capture: Option<(HangSettings, PathBuf)>,
+    /// The capture of this attempt's last FileTimer expiry: the root cause when the expired
+    /// rank then fails (it may survive a catchable signal; then it is no failure at all).
+    timer_found: Option<HangFinding>,
     /// TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT's watch (`None` when unset).
     pub(super) dstate: Option<DStateWatch>,
 }
@@ -301,6 +311,8 @@ impl Group {
             rdzv_end: None,
             hang_found: None,
             hang: None,
+            timer_capture: None,
+            timer_found: None,
             dstate: config
                 .torch_env
                 .uninterruptible_timeout
@@ -570,9 +582,18 @@ impl Group {
     }
 
     /// A FileTimer message (a heartbeat for the hang detector, then the table) or a check for
-    /// expired timers: the signal goes to the timer's process only if it is in a live worker's
-    /// tree (never rdrun, never anything else); its exit then takes the normal failure path.
-    pub(super) fn on_timer(&mut self, wake: TimerWake, timers: &mut FileTimerServe) {
+    /// expired timers: each expired process in a live worker's tree is captured first (its
+    /// stack, waits and output: the same capture and files as a hang), then sent its timer's
+    /// signal — never rdrun, never anything outside the worker trees; its exit then takes the
+    /// normal failure path, with the capture as the root cause. `store`: the store rdrun hosts
+    /// for the workers, if any (its pending waits are part of the capture).
+    pub(super) async fn on_timer(
+        &mut self,
+        wake: TimerWake,
+        timers: &mut FileTimerServe,
+        store: Option<&Store>,
+        obs: &Observer,
+    ) {
         let slots = &self.slots;
         let live: Vec<i32> = slots
             .iter()
@@ -581,60 +602,122 @@ impl Group {
             .collect();
         let slot_of =
             |pid: i32| owning_worker(pid, &live).and_then(|w| slots.iter().find(|s| s.pid == w));
-        match wake {
+        let expired = match wake {
             TimerWake::Msg(Err(why)) => {
                 tracing::warn!("FileTimer: ignored a malformed request: {why}");
+                return;
             }
             TimerWake::Msg(Ok(msg)) => {
                 if let (Some(h), Some(s)) = (self.hang.as_mut(), slot_of(msg.pid())) {
                     h.timer_msg(s.rank as u32, s.pid, &msg);
                 }
                 timers.apply(msg);
+                return;
             }
-            TimerWake::Check => {
-                for e in timers.expired() {
-                    let scopes: Vec<&str> = e.timers.iter().map(|t| t.scope_id.as_str()).collect();
-                    let Some(s) = slot_of(e.pid) else {
-                        tracing::warn!(
-                            pid = e.pid,
-                            ?scopes,
-                            "FileTimer expired for a process outside every worker's tree; not signalled"
-                        );
-                        continue;
-                    };
-                    let Some(sig) = e.signal else {
-                        // A missed heartbeat is the hang detector's to judge (and report).
-                        if scopes
-                            .iter()
-                            .all(|s| super::hanglink::is_heartbeat_scope(s))
-                        {
-                            continue;
-                        }
-                        tracing::warn!(
-                            pid = e.pid,
-                            rank = s.rank,
-                            ?scopes,
-                            "FileTimer expired without a signal; not reaped"
-                        );
-                        continue;
-                    };
-                    tracing::error!(
-                        pid = e.pid,
-                        rank = s.rank,
-                        local_rank = s.local_rank,
-                        ?scopes,
-                        "FileTimer expired: sending {} to that worker process only",
-                        signals::name(sig)
-                    );
-                    // SAFETY: plain kill(2); the pid was just seen in a live worker's tree.
-                    if unsafe { libc::kill(e.pid, sig) } == -1 {
-                        tracing::warn!(
-                            pid = e.pid,
-                            "cannot signal the expired FileTimer's process: {}",
-                            std::io::Error::last_os_error()
-                        );
-                    }
+            TimerWake::Check => timers.expired(),
+        };
+        let mut to_signal: Vec<(ExpiredTarget, i32)> = Vec::new();
+        for e in expired {
+            let scopes: Vec<String> = e.timers.iter().map(|t| t.scope_id.clone()).collect();
+            let Some(s) = slot_of(e.pid) else {
+                tracing::warn!(
+                    pid = e.pid,
+                    ?scopes,
+                    "FileTimer expired for a process outside every worker's tree; not signalled"
+                );
+                continue;
+            };
+            let Some(sig) = e.signal else {
+                // A missed heartbeat is the hang detector's to judge (and report).
+                if scopes
+                    .iter()
+                    .all(|s| super::hanglink::is_heartbeat_scope(s))
+                {
+                    continue;
                 }
+                tracing::warn!(
+                    pid = e.pid,
+                    rank = s.rank,
+                    ?scopes,
+                    "FileTimer expired without a signal; not reaped"
+                );
+                continue;
+            };
+            tracing::info!(
+                pid = e.pid,
+                rank = s.rank,
+                ?scopes,
+                "FileTimer expired: capturing that process before it is signalled"
+            );
+            let expired_at = e
+                .timers
+                .iter()
+                .map(|t| t.expiration_time)
+                .fold(f64::INFINITY, f64::min);
+            to_signal.push((
+                ExpiredTarget {
+                    expiry: TimerExpiry {
+                        rank: s.rank as u32,
+                        pid: e.pid,
+                        scopes,
+                        signal: signals::name(sig).to_string(),
+                    },
+                    last_output: s.activity.last.snapshot(),
+                    expired_at,
+                },
+                sig,
+            ));
+        }
+        if to_signal.is_empty() {
+            return;
+        }
+        let sigs: Vec<(TimerExpiry, i32)> = to_signal
+            .iter()
+            .map(|(t, sig)| (t.expiry.clone(), *sig))
+            .collect();
+        let targets: Vec<ExpiredTarget> = to_signal.into_iter().map(|(t, _)| t).collect();
+        if let Some((settings, dir)) = self.timer_capture.as_ref() {
+            let found = capture_timer_expiry(settings, dir, targets, store).await;
+            obs.get().hang(&found);
+            self.timer_found = Some(found);
+        }
+        for (e, sig) in sigs {
+            let pid = e.pid;
+            // The capture took time: the process may have exited (or its timer been released
+            // too late); signal it only if it is still in a live worker's tree.
+            let live: Vec<i32> = self
+                .slots
+                .iter()
+                .filter(|s| s.status.is_none())
+                .map(|s| s.pid)
+                .collect();
+            if owning_worker(pid, &live).is_none() {
+                tracing::warn!(
+                    pid,
+                    "the expired FileTimer's process is gone; not signalled"
+                );
+                continue;
+            }
+            let local_rank = self
+                .slots
+                .iter()
+                .find(|s| s.rank as u32 == e.rank)
+                .map(|s| s.local_rank);
+            tracing::error!(
+                pid,
+                rank = e.rank,
+                local_rank,
+                scopes = ?e.scopes,
+                "FileTimer expired: sending {} to that worker process only",
+                e.signal
+            );
+            // SAFETY: plain kill(2); the pid was just seen in a live worker's tree.
+            if unsafe { libc::kill(pid, sig) } == -1 {
+                tracing::warn!(
+                    pid,
+                    "cannot signal the expired FileTimer's process: {}",
+                    std::io::Error::last_os_error()
+                );
             }
         }
     }
@@ -727,10 +810,15 @@ impl Group {
         if failures.is_empty() {
             Outcome::Succeeded
         } else {
+            // A FileTimer capture is the root cause only if its rank is among the failures.
+            let timer = self.timer_found.take().filter(|t| {
+                t.suspect
+                    .is_some_and(|r| failures.iter().any(|f| f.rank as u32 == r))
+            });
             Outcome::Failed {
-                failures,
                 peer_loss: self.peer_loss.take(),
-                hang: self.hang_found.take(),
+                hang: self.hang_found.take().or(timer),
+                failures,
             }
         }
     }

@@ -2,8 +2,9 @@
 //! [`HangMonitor`] and its poll timer, feeds it worker exits, and on a verdict captures every
 //! live rank, writes `rank<R>.txt` files and prints the one block on stderr. What follows the
 //! verdict (stop the group, restart) is the agent's: [`HangFinding::kill`] says whether to.
-//! [`FileTimerServe`] serves torch's FileTimer FIFO for the whole run; the agent signals what
-//! expires.
+//! [`FileTimerServe`] serves torch's FileTimer FIFO for the whole run; on an expiry the attempt
+//! captures the expired processes first ([`capture_timer_expiry`], the same capture and files
+//! as a hang) and then sends each its timer's signal.
 //!
 //! Multi-node ([`ClusterArgs`], from the rendezvous and the round's assignment): the local
 //! quiet rule gives way to `hang::cluster` — each poll publishes this node's quiet state and
@@ -28,7 +29,7 @@ use super::hang::capture::{store_waits_of, tcp_sockets_of};
 use super::hang::cluster::{job_suspect, Cluster, ClusterQuiet, NodeFindings, Step};
 use super::hang::{
     capture, CaptureOptions, CaptureTarget, HangMode, HangMonitor, HangReason, HangSettings,
-    RankProcs, TimerFifo, TimerMsg, TimerTable, Verdict,
+    RankProcs, TimerExpiry, TimerFifo, TimerMsg, TimerTable, Verdict,
 };
 use crate::rendezvous::{Assignment, Rendezvous, TcpRdzvStore};
 use crate::store::state::Store;
@@ -368,6 +369,100 @@ impl HangLink {
             ));
         }
         (lines, best.map(|(r, f)| (r, f.reason.clone())))
+    }
+}
+
+/// A FileTimer expiry of a live worker's tree, as the agent found it: captured before the
+/// signal goes out (issue 13: "capture that rank, then signal that worker only").
+pub(crate) struct ExpiredTarget {
+    pub expiry: TimerExpiry,
+    /// The worker (the tree's root) the expired process belongs to: its output tail.
+    pub last_output: Vec<String>,
+    /// The earliest expired timer's expiration (seconds since the epoch, torch's clock).
+    pub expired_at: f64,
+}
+
+/// Captures the processes whose FileTimers expired — Python stack, kernel waits, last output,
+/// store waits — in parallel and bounded like a hang capture, writes `rank<R>.txt` into `dir`,
+/// prints the one block and returns the finding for the failure report (`kill`: the signal is
+/// the timer's to send; the caller sends it after this returns). Capture works whether hang
+/// detection is on or off: the script opted into the watchdog, and its stack is the point.
+pub(crate) async fn capture_timer_expiry(
+    settings: &HangSettings,
+    dir: &Path,
+    expired: Vec<ExpiredTarget>,
+    store: Option<&Store>,
+) -> HangFinding {
+    let now = epoch_now();
+    let overdue = expired
+        .iter()
+        .map(|t| now - t.expired_at)
+        .fold(0.0_f64, f64::max);
+    let waits = store.map(Store::pending_waits_by_peer).unwrap_or_default();
+    let mut store_waits = if waits.is_empty() {
+        Default::default()
+    } else {
+        let sockets: Vec<_> = expired
+            .iter()
+            .map(|t| {
+                (
+                    t.expiry.rank,
+                    tcp_sockets_of(Path::new("/proc"), t.expiry.pid),
+                )
+            })
+            .collect();
+        store_waits_of(&waits, &sockets, Instant::now())
+    };
+    let targets: Vec<CaptureTarget> = expired
+        .iter()
+        .map(|t| CaptureTarget {
+            rank: t.expiry.rank,
+            pid: t.expiry.pid,
+            last_output: t.last_output.clone(),
+            store_waits: store_waits.remove(&t.expiry.rank).unwrap_or_default(),
+        })
+        .collect();
+    let verdict = Verdict {
+        reason: HangReason::FileTimer {
+            expired: expired.into_iter().map(|t| t.expiry).collect(),
+        },
+        phase: super::hang::Phase::Steady,
+        quiet_for: Duration::from_secs_f64(overdue.clamp(0.0, 1e9)),
+        budget: Duration::ZERO,
+        action: HangMode::Kill,
+        ranks: Vec::new(),
+    };
+    let mut report = capture(&verdict, &targets, &CaptureOptions::from_settings(settings)).await;
+    let files = match report.write_files(dir) {
+        Ok(_) => Some(dir.to_path_buf()),
+        Err(err) => {
+            tracing::warn!(dir = %dir.display(), "cannot write the FileTimer capture: {err}");
+            None
+        }
+    };
+    eprint!("{}", report.render());
+    let HangReason::FileTimer { expired } = &verdict.reason else {
+        unreachable!("built above");
+    };
+    let each: Vec<String> = expired
+        .iter()
+        .map(|e| {
+            format!(
+                "rank {} scope {:?} ({})",
+                e.rank,
+                e.scopes.join(","),
+                e.signal
+            )
+        })
+        .collect();
+    let mut summary = format!("torch FileTimer expired: {}", each.join("; "));
+    if let Some(d) = files {
+        summary.push_str(&format!("; stacks in {}", d.display()));
+    }
+    HangFinding {
+        kill: true,
+        suspect: report.suspects.first().copied(),
+        summary,
     }
 }
 

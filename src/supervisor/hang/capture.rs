@@ -382,6 +382,11 @@ pub async fn capture(
     done.sort_by_key(|c| c.rank);
     let (suspects, suspect_reason) = match &verdict.reason {
         HangReason::Heartbeat { rank } => (vec![*rank], "heartbeat past its budget".to_string()),
+        HangReason::FileTimer { expired } => {
+            let mut ranks: Vec<u32> = expired.iter().map(|e| e.rank).collect();
+            ranks.dedup();
+            (ranks, "its FileTimer expired".to_string())
+        }
         _ => pick_suspects(&done),
     };
     HangReport {
@@ -714,11 +719,26 @@ impl HangReport {
                 secs(v.budget),
                 v.ranks.iter().filter(|r| r.alive).count(),
             ),
+            HangReason::FileTimer { expired } => {
+                let each: Vec<String> = expired
+                    .iter()
+                    .map(|e| format!("rank {} pid {} scope {:?}", e.rank, e.pid, e.scopes.join(",")))
+                    .collect();
+                format!(
+                    "torch FileTimer expired ({}), {} past its expiration",
+                    each.join("; "),
+                    secs(v.quiet_for)
+                )
+            }
+        };
+        // A FileTimer expiry is not a phase of the sampler's: its header names the watchdog.
+        let phase = match &v.reason {
+            HangReason::FileTimer { .. } => "FileTimer",
+            _ => v.phase.as_str(),
         };
         let _ = writeln!(
             s,
-            "[rdrun] HANG ({}): {what}; captured diagnostics in {:.1}s",
-            v.phase.as_str(),
+            "[rdrun] HANG ({phase}): {what}; captured diagnostics in {:.1}s",
             self.duration.as_secs_f64()
         );
         for r in &self.ranks {
@@ -729,15 +749,18 @@ impl HangReport {
             };
             let _ = write!(
                 s,
-                "[rdrun]   rank {} pid {} {} {} cpu {:.1}% io {}B  {}",
+                "[rdrun]   rank {} pid {} {} {}",
                 r.rank,
                 r.pid,
                 r.state.map_or('?', |s| s.letter()),
                 r.main_wchan().unwrap_or("-"),
-                view.map_or(0.0, |x| x.cpu_pct),
-                view.map_or(0, |x| x.io_bytes),
-                top
             );
+            // The sampler's view of the last interval, when a sampler's verdict has one (a
+            // FileTimer expiry does not: no made-up zeros).
+            if let Some(x) = view {
+                let _ = write!(s, " cpu {:.1}% io {}B", x.cpu_pct, x.io_bytes);
+            }
+            let _ = write!(s, "  {top}");
             if self.suspects.contains(&r.rank) {
                 let _ = write!(s, "   <- suspect: {}", self.suspect_reason);
             }
@@ -765,10 +788,19 @@ impl HangReport {
         if let Some(d) = &self.files_dir {
             let _ = writeln!(s, "[rdrun]   stacks: {}/rank<R>.txt", d.display());
         }
-        let action = if v.action == HangMode::Kill {
-            "stopping the worker group"
-        } else {
-            "observe mode: workers left running"
+        let action = match &v.reason {
+            HangReason::FileTimer { expired } => expired
+                .iter()
+                .map(|e| {
+                    format!(
+                        "sending {} to rank {} pid {} only (the process that armed the timer)",
+                        e.signal, e.rank, e.pid
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            _ if v.action == HangMode::Kill => "stopping the worker group".to_string(),
+            _ => "observe mode: workers left running".to_string(),
         };
         let _ = writeln!(s, "[rdrun]   {action}");
         s
@@ -827,6 +859,94 @@ mod tests {
             last_output: vec![],
             store_waits: vec![],
         }
+    }
+
+    /// A FileTimer expiry's block: the watchdog in the header, the timer's rank, pid and scope,
+    /// no sampler figures (there are none), the expired rank as the suspect, and the action is
+    /// the timer's signal to that process alone.
+    #[test]
+    fn file_timer_block_names_the_timer_and_its_signal() {
+        use crate::supervisor::hang::detector::TimerExpiry;
+        let v = Verdict {
+            reason: HangReason::FileTimer {
+                expired: vec![TimerExpiry {
+                    rank: 1,
+                    pid: 101,
+                    scopes: vec!["train/step".into()],
+                    signal: "SIGKILL".into(),
+                }],
+            },
+            phase: Phase::Steady,
+            quiet_for: Duration::from_secs(1),
+            budget: Duration::ZERO,
+            action: HangMode::Kill,
+            ranks: vec![],
+        };
+        let ranks = vec![rc(1, &["<module> (train.py:34)"], "hrtimer_nanosleep")];
+        let (suspects, why) = match &v.reason {
+            HangReason::FileTimer { .. } => (vec![1], "its FileTimer expired".to_string()),
+            _ => unreachable!(),
+        };
+        let rep = HangReport {
+            verdict: v,
+            ranks,
+            suspects,
+            suspect_reason: why,
+            duration: Duration::from_millis(300),
+            files_dir: None,
+        };
+        let block = rep.render();
+        let lines: Vec<&str> = block.lines().collect();
+        assert_eq!(
+            lines[0],
+            "[rdrun] HANG (FileTimer): torch FileTimer expired (rank 1 pid 101 scope \"train/step\"), 1s past its expiration; captured diagnostics in 0.3s",
+            "{block}"
+        );
+        assert!(
+            lines[1].starts_with(
+                "[rdrun]   rank 1 pid 101 S hrtimer_nanosleep  <module> (train.py:34)"
+            ) && lines[1].ends_with("<- suspect: its FileTimer expired"),
+            "{block}"
+        );
+        assert!(
+            !block.contains(" cpu "),
+            "no made-up sampler figures: {block}"
+        );
+        assert_eq!(
+            lines.last().copied(),
+            Some("[rdrun]   sending SIGKILL to rank 1 pid 101 only (the process that armed the timer)"),
+            "{block}"
+        );
+    }
+
+    /// The capture names the expired ranks as suspects whatever their stacks look like.
+    #[tokio::test]
+    async fn file_timer_capture_suspects_the_expired_rank() {
+        use crate::supervisor::hang::detector::TimerExpiry;
+        let v = Verdict {
+            reason: HangReason::FileTimer {
+                expired: vec![TimerExpiry {
+                    rank: 3,
+                    pid: i32::MAX - 7,
+                    scopes: vec!["s".into()],
+                    signal: "SIGTERM".into(),
+                }],
+            },
+            phase: Phase::Steady,
+            quiet_for: Duration::ZERO,
+            budget: Duration::ZERO,
+            action: HangMode::Kill,
+            ranks: vec![],
+        };
+        let targets = [CaptureTarget {
+            rank: 3,
+            pid: i32::MAX - 7,
+            last_output: vec![],
+            store_waits: vec![],
+        }];
+        let rep = capture(&v, &targets, &opts(None)).await;
+        assert_eq!(rep.suspects, vec![3]);
+        assert_eq!(rep.suspect_reason, "its FileTimer expired");
     }
 
     const DUMP: &str = "Process 4183: python train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n\

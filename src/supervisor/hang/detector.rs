@@ -52,6 +52,21 @@ pub enum HangReason {
     /// Multi-node: every one of `nodes` nodes quiet past its budget (`cluster`), declared by
     /// node `by`.
     Cluster { nodes: u32, by: u32 },
+    /// torch FileTimers of these ranks expired (the agent's FileTimer server, not the sampler):
+    /// captured, then each expired process gets its timer's signal.
+    FileTimer { expired: Vec<TimerExpiry> },
+}
+
+/// One expired FileTimer of a live worker's tree: whose, which process, which scopes, and the
+/// signal the agent sends after the capture.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerExpiry {
+    pub rank: u32,
+    /// The process that armed the timer (the worker or one of its descendants).
+    pub pid: i32,
+    pub scopes: Vec<String>,
+    /// The timer's signal by name (`SIGKILL`).
+    pub signal: String,
 }
 
 impl HangReason {
@@ -62,6 +77,7 @@ impl HangReason {
             HangReason::ExitSkew { .. } => "exit_skew",
             HangReason::Heartbeat { .. } => "heartbeat",
             HangReason::Cluster { .. } => "quiescence",
+            HangReason::FileTimer { .. } => "file_timer",
         }
     }
 }

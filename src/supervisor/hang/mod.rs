@@ -20,7 +20,8 @@
 //!   rendezvous store, the job hangs only when every node is quiet, one verdict per round;
 //!   without the store, the local rule at twice the budget.
 //! * [`filetimer`]: torch's FileTimer protocol — line parser, timer table, FIFO reader task.
-//!   Expiry handling (signal only the worker tree, never rdrun) is the agent's job.
+//!   Expiry handling (capture that rank with [`capture()`], then signal only the process in the
+//!   worker tree that armed the timer, never rdrun) is the agent's job.
 
 pub mod capture;
 pub mod cluster;
@@ -31,7 +32,7 @@ pub mod sample;
 pub use crate::config::hang as settings;
 
 pub use capture::{capture, CaptureOptions, CaptureTarget, HangReport, StackStatus};
-pub use detector::{Detector, HangMonitor, HangReason, NodeQuiet, Phase, Verdict};
+pub use detector::{Detector, HangMonitor, HangReason, NodeQuiet, Phase, TimerExpiry, Verdict};
 pub use filetimer::{TimerFifo, TimerMsg, TimerTable};
 pub use sample::{OutputCounter, ProcFs, ProcSource, RankProcs, RankSample};
 pub use settings::{parse_duration, HangMode, HangSettings};

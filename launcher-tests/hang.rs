@@ -845,3 +845,78 @@ fn netns_active_rank_on_one_node_prevents_the_verdict_on_the_other() {
         crate::util::assert_no_leak(&recorded_worker_pids(dir.path()), Duration::from_secs(10));
     });
 }
+
+/// Every rank prints a line every 0.2 s (activity: no verdict is possible) until `$D/quiet`
+/// exists, then goes silent.
+const TICK_THEN_QUIET: &str = r#"
+echo $$ > "$D/pid.$RANK.$TORCHELASTIC_RESTART_COUNT"
+while [ ! -e "$D/quiet" ]; do echo "tick $RANK"; sleep 0.2; done
+exec sleep 300
+"#;
+
+/// Multi-node with the store lost (issue 13): node 1's cable is pulled while every rank is
+/// still active, then every rank goes quiet. Node 1 cannot read the other nodes' state, so it
+/// judges alone at twice the budget and says so in its block; node 0 (the store's host) sees
+/// node 1's report stop changing, counts it quiet since last seen, and declares the job hung.
+/// Both capture their own ranks and stop their workers (no restarts left). The order is made
+/// by the files, not by timing: nothing can be judged before `$D/quiet` exists.
+#[test]
+fn netns_store_lost_node_falls_back_to_the_local_rule() {
+    crate::rendezvous::bounded(Duration::from_secs(300), || {
+        let Some(net) = crate::rendezvous::Netns::create(2) else {
+            return;
+        };
+        let dir = TempDir::new("hang_netns_lost");
+        let runs: Vec<_> = (0..2)
+            .map(|n| netns_agent(&net, n, 2, &dir, 0, TICK_THEN_QUIET).spawn())
+            .collect();
+        // Every rank of both nodes is running (and ticking) before the cut.
+        let started = std::time::Instant::now();
+        while (0..4).any(|r| !dir.join(format!("pid.{r}.0")).exists()) {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "workers did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Let node 1 publish a few reports first (it is then a node node 0 has seen).
+        std::thread::sleep(Duration::from_secs(1));
+        net.cut(1);
+        std::fs::write(dir.join("quiet"), "").unwrap();
+        let outs: Vec<_> = runs.into_iter().map(|r| r.wait()).collect();
+        // Node 1: the local rule at 2x the budget, named in its one block.
+        let o1 = &outs[1];
+        assert_eq!(o1.stderr.matches("[rdrun] HANG (").count(), 1, "{o1:?}");
+        assert!(
+            o1.stderr
+                .contains("the other nodes' state is unknown (the rendezvous store is unreachable"),
+            "{o1:?}"
+        );
+        assert!(
+            o1.stderr.contains("(budget 4s)"),
+            "twice the 2 s budget: {o1:?}"
+        );
+        assert!(o1.stderr.contains("stopping the worker group"), "{o1:?}");
+        assert_ne!(o1.code, Some(0), "{o1:?}");
+        // Node 0: every node quiet (node 1's report stale), the job's verdict.
+        let o0 = &outs[0];
+        assert_eq!(o0.stderr.matches("[rdrun] HANG (").count(), 1, "{o0:?}");
+        assert!(
+            o0.stderr.contains("no activity on any of 2 nodes"),
+            "{o0:?}"
+        );
+        assert_ne!(o0.code, Some(0), "{o0:?}");
+        for (n, ranks) in [(0usize, 0..2u32), (1, 2..4)] {
+            let hang = find_dir(&dir.join(format!("logs{n}")), "attempt_0")
+                .expect("attempt_0")
+                .join("hang");
+            for r in ranks {
+                assert!(
+                    hang.join(format!("rank{r}.txt")).is_file(),
+                    "node {n} rank {r} not captured in {hang:?}"
+                );
+            }
+        }
+        crate::util::assert_no_leak(&recorded_worker_pids(dir.path()), Duration::from_secs(10));
+    });
+}

@@ -229,16 +229,7 @@ impl HangLink {
         store: Option<&Store>,
         cluster_note: Option<String>,
     ) -> HangFinding {
-        let waits = store.map(Store::pending_waits_by_peer).unwrap_or_default();
-        let mut store_waits = if waits.is_empty() {
-            Default::default()
-        } else {
-            let sockets: Vec<_> = live
-                .iter()
-                .map(|r| (r.rank, tcp_sockets_of(Path::new("/proc"), r.pid)))
-                .collect();
-            store_waits_of(&waits, &sockets, Instant::now())
-        };
+        let mut store_waits = rank_store_waits(store, live.iter().map(|r| (r.rank, r.pid)));
         let targets: Vec<CaptureTarget> = live
             .iter()
             .filter(|r| verdict.ranks.iter().any(|v| v.rank == r.rank && v.alive))
@@ -372,6 +363,22 @@ impl HangLink {
     }
 }
 
+/// The hosted store's pending waits of each `(rank, pid)`, mapped through the processes'
+/// sockets (nothing to read when nobody waits).
+fn rank_store_waits(
+    store: Option<&Store>,
+    ranks: impl Iterator<Item = (u32, i32)>,
+) -> std::collections::BTreeMap<u32, Vec<super::hang::capture::StoreWait>> {
+    let waits = store.map(Store::pending_waits_by_peer).unwrap_or_default();
+    if waits.is_empty() {
+        return Default::default();
+    }
+    let sockets: Vec<_> = ranks
+        .map(|(rank, pid)| (rank, tcp_sockets_of(Path::new("/proc"), pid)))
+        .collect();
+    store_waits_of(&waits, &sockets, Instant::now())
+}
+
 /// A FileTimer expiry of a live worker's tree, as the agent found it: captured before the
 /// signal goes out (issue 13: "capture that rank, then signal that worker only").
 pub(crate) struct ExpiredTarget {
@@ -398,21 +405,8 @@ pub(crate) async fn capture_timer_expiry(
         .iter()
         .map(|t| now - t.expired_at)
         .fold(0.0_f64, f64::max);
-    let waits = store.map(Store::pending_waits_by_peer).unwrap_or_default();
-    let mut store_waits = if waits.is_empty() {
-        Default::default()
-    } else {
-        let sockets: Vec<_> = expired
-            .iter()
-            .map(|t| {
-                (
-                    t.expiry.rank,
-                    tcp_sockets_of(Path::new("/proc"), t.expiry.pid),
-                )
-            })
-            .collect();
-        store_waits_of(&waits, &sockets, Instant::now())
-    };
+    let mut store_waits =
+        rank_store_waits(store, expired.iter().map(|t| (t.expiry.rank, t.expiry.pid)));
     let targets: Vec<CaptureTarget> = expired
         .iter()
         .map(|t| CaptureTarget {

@@ -96,6 +96,8 @@ job() { # launcher-name extra-env...
   case "$name" in
     rdrun) cmd=("$RDRUN" --standalone --nproc-per-node 2 --max-restarts 1 --hang-timeout 5
                 --hang-startup-timeout 30 --hang-poll-interval 0.5) ;;
+    # The timer fires first (the detection budget stays at its default): capture, then signal.
+    rdrun+FileTimer) cmd=("$RDRUN" --standalone --nproc-per-node 2 --max-restarts 1) ;;
     *) cmd=("$TORCHRUN" --standalone --nproc-per-node 2 --max-restarts 1) ;;
   esac
   local start rc=0
@@ -121,4 +123,5 @@ PYEOF
 job rdrun
 job torchrun
 job "torchrun+FileTimer" TORCHELASTIC_ENABLE_FILE_TIMER=1 BENCH_TIMER=5
+job "rdrun+FileTimer" TORCHELASTIC_ENABLE_FILE_TIMER=1 BENCH_TIMER=5
 fi

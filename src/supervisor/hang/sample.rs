@@ -265,6 +265,20 @@ impl Proc {
             + usize::from(self.status.is_some())
             + usize::from(self.children.is_some())
     }
+    fn max_fd(&self) -> usize {
+        use std::os::fd::AsRawFd;
+        [
+            Some(&self.stat),
+            self.io.as_ref(),
+            self.status.as_ref(),
+            self.children.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|f| f.as_raw_fd().max(0) as usize)
+        .max()
+        .unwrap_or(0)
+    }
 }
 
 /// What one visit read of one process.
@@ -284,8 +298,8 @@ struct Visit {
 /// `task/` listed and each other thread's `children` read, since a child's parent is the thread
 /// that forked it. Without `children` files (a kernel built without `CONFIG_PROC_CHILDREN`) one
 /// scan of `/proc/*/stat` per poll gives the tree instead. Held descriptors are capped at a
-/// quarter of the open-file soft limit; past it a process's files are opened for the visit and
-/// closed again.
+/// quarter of the open-file soft limit, and none is kept whose number is past half of it; past
+/// either a process's files are opened for the visit and closed again.
 #[derive(Debug)]
 pub struct ProcFs {
     root: PathBuf,
@@ -298,9 +312,12 @@ pub struct ProcFs {
     next: HashMap<i32, Proc>,
     /// Descriptors held in `prev` and `next`.
     held: usize,
-    /// Cap on `held` for this poll ([`ProcFs::fd_budget`]); `budget_override` replaces it in tests.
+    /// Caps for this poll ([`ProcFs::fd_budget`]): on `held`, and on the descriptor numbers a
+    /// kept file may have (the kernel hands out the lowest free one, so a new file numbered
+    /// past it means the agent already holds that many). `budget_override` replaces both in tests.
     budget: usize,
-    budget_override: Option<usize>,
+    fd_high: usize,
+    budget_override: Option<(usize, usize)>,
     /// Reused between reads and polls: the read buffer, the walk's (pid, parent) stack and the
     /// pids one rank's walk has visited (a guard against cycles through a reused pid).
     buf: Vec<u8>,
@@ -333,6 +350,7 @@ impl ProcFs {
             next: HashMap::new(),
             held: 0,
             budget: 0,
+            fd_high: 0,
             budget_override: None,
             buf: Vec::new(),
             stack: Vec::new(),
@@ -347,14 +365,18 @@ impl ProcFs {
     }
 
     /// How many descriptors the sampler may keep open: a quarter of the open-file soft limit
-    /// (the agent also holds pipes and store connections per worker), at most 65,536.
-    fn fd_budget(&self) -> usize {
+    /// (the agent also holds pipes and store connections per worker), at most 65,536; and none
+    /// numbered past half the limit, so that the sampler never takes the agent's last ones.
+    fn fd_budget(&self) -> (usize, usize) {
         if let Some(b) = self.budget_override {
             return b;
         }
         use nix::sys::resource::{getrlimit, Resource};
         let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(s, _)| s);
-        (soft / 4).min(65_536) as usize
+        (
+            (soft / 4).min(65_536) as usize,
+            (soft / 2).min(1 << 30) as usize,
+        )
     }
 
     /// ppid → children over every process, from one pass over `/proc` (the fallback).
@@ -417,7 +439,7 @@ impl ProcFs {
             Some((p, st)) => (p, st, true),
             None => {
                 let (p, st) = self.open(pid, worker)?;
-                let keep = self.held + p.fds() <= self.budget;
+                let keep = self.held + p.fds() <= self.budget && p.max_fd() < self.fd_high;
                 if keep {
                     self.held += p.fds();
                 }
@@ -532,7 +554,7 @@ impl ProcSource for ProcFs {
     fn sample(&mut self, ranks: &[RankProcs]) -> Vec<RankSample> {
         // Last poll's files become `prev`; what this poll does not visit is closed below.
         std::mem::swap(&mut self.prev, &mut self.next);
-        self.budget = self.fd_budget();
+        (self.budget, self.fd_high) = self.fd_budget();
         if !self.children_files {
             self.scan_children();
         }
@@ -851,26 +873,34 @@ mod tests {
         assert!(pread_all(&f, &mut buf, true).is_err());
     }
 
-    /// With no descriptors to spare every file is opened for the visit and closed: the same
-    /// tree, nothing held.
+    /// With no descriptors to spare (none left in the budget, or new ones numbered past the
+    /// cap) every file is opened for the visit and closed: the same tree, nothing held.
     #[test]
     fn over_the_descriptor_budget_nothing_is_held() {
         let tree = Tree::spawn("(sleep 1000 & wait) & wait");
         let ranks = tree.rank();
         let mut held = ProcFs::new();
         let mut none = ProcFs::new();
-        none.budget_override = Some(0);
+        none.budget_override = Some((0, usize::MAX));
+        let mut high = ProcFs::new();
+        high.budget_override = Some((usize::MAX, 3));
         assert!(
             eventually(|| {
                 held.sample(&ranks);
                 none.sample(&ranks);
-                held.visited.len() == 3 && sorted(&held.visited) == sorted(&none.visited)
+                high.sample(&ranks);
+                held.visited.len() == 3
+                    && sorted(&held.visited) == sorted(&none.visited)
+                    && sorted(&held.visited) == sorted(&high.visited)
             }),
-            "{:?} {:?}",
+            "{:?} {:?} {:?}",
             held.visited,
-            none.visited
+            none.visited,
+            high.visited
         );
-        assert!(none.next.is_empty() && none.held == 0);
+        for fs in [&none, &high] {
+            assert!(fs.next.is_empty() && fs.held == 0);
+        }
         // stat, io (and children) of each, and the worker's status.
         let per = 2 + usize::from(held.children_files);
         assert_eq!(held.held, 3 * per + 1);

@@ -8,7 +8,9 @@
 # shared: read the figures with it).
 # Env: AGENT_NPROC (default 256), AGENT_SECS (default 60), AGENT_OUT (default
 #      target/bench-agent), AGENT_SKIP_TORCH=1, AGENT_RDRUN (a built rdrun; default: build
-#      release).
+#      release), AGENT_HANG_OFF=1 (also each rdrun with RDRUN_HANG_DETECT=off, the agent without
+#      its hang monitor), AGENT_BASE (another built rdrun, e.g. an earlier commit's, measured in
+#      the same run as `rdrun-base`, each run just before the current one's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -86,7 +88,18 @@ run_one() { # name cmd...
 }
 
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$OUT/machine.txt"
-run_one rdrun "$RDRUN" --standalone --nproc-per-node "$N" --no-python sleep 100000
+rdrun_one() { # name binary on|off (hang detection)
+  if [ "$3" = off ]; then
+    run_one "$1-hang-off" env RDRUN_HANG_DETECT=off "$2" --standalone --nproc-per-node "$N" \
+      --no-python sleep 100000
+  else
+    run_one "$1" "$2" --standalone --nproc-per-node "$N" --no-python sleep 100000
+  fi
+}
+for hang in on ${AGENT_HANG_OFF:+off}; do
+  if [ -n "${AGENT_BASE:-}" ]; then rdrun_one rdrun-base "$AGENT_BASE" "$hang"; fi
+  rdrun_one rdrun "$RDRUN" "$hang"
+done
 if [ -n "$PY" ]; then
   run_one torchrun "$PY" -m torch.distributed.run --standalone --nproc-per-node "$N" \
     --no-python sleep 100000

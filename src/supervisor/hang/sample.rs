@@ -1,11 +1,14 @@
 //! Per-rank activity sampling: what the detector sees of each rank at one poll.
 //!
 //! [`ProcSource`] is the seam between the detector and the machine; [`ProcFs`] reads `/proc`
-//! (one scan of `/proc/*/stat` per poll to find every worker's descendants), tests use
-//! synthetic samples. Counters are cumulative; the detector takes the deltas.
+//! (each worker's descendants found down the kernel's `children` lists, the files of known
+//! processes kept open and re-read, see [`ProcFs`]), tests use synthetic samples. Counters are
+//! cumulative; the detector takes the deltas.
 
 use std::collections::HashMap;
-use std::fs;
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -125,20 +128,43 @@ pub struct Stat {
     pub ticks: u64,
     /// cutime+cstime in clock ticks (waited-for children).
     pub child_ticks: u64,
+    /// Number of threads (field 20; 0 when the line has none).
+    pub threads: u64,
+    /// Start time after boot in clock ticks (field 22; 0 when the line has none): with the pid,
+    /// what tells one process from a later one that got the same pid.
+    pub start: u64,
 }
 
 /// Parses a stat line: the command name can hold spaces and parentheses, so fields are
 /// counted after the last `)`.
 pub fn parse_stat(text: &str) -> Option<Stat> {
-    let rest = &text[text.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
-    // f[0] = field 3 (state), f[1] = ppid, f[11..15] = utime stime cutime cstime.
-    let num = |i: usize| f.get(i)?.parse::<i64>().ok();
+    parse_stat_bytes(text.as_bytes())
+}
+
+/// [`parse_stat`] on the bytes as read, without allocating.
+fn parse_stat_bytes(b: &[u8]) -> Option<Stat> {
+    let rest = &b[b.iter().rposition(|&c| c == b')')? + 1..];
+    let mut f = rest
+        .split(|c| c.is_ascii_whitespace())
+        .filter(|s| !s.is_empty());
+    let num = |s: Option<&[u8]>| std::str::from_utf8(s?).ok()?.parse::<i64>().ok();
+    // Fields after the name, from 0: 0 = state (field 3), 1 = ppid, 11..=14 = utime stime
+    // cutime cstime, 17 = num_threads, 19 = starttime.
+    let state = ProcState::from_letter(*f.next()?.first()? as char);
+    let ppid = num(f.next())? as i32;
+    let utime = num(f.nth(9))?;
+    let stime = num(f.next())?;
+    let cutime = num(f.next())?;
+    let cstime = num(f.next())?;
+    let threads = num(f.nth(2)).unwrap_or(0).max(0) as u64;
+    let start = num(f.nth(1)).unwrap_or(0).max(0) as u64;
     Some(Stat {
-        state: ProcState::from_letter(f.first()?.chars().next()?),
-        ppid: num(1)? as i32,
-        ticks: (num(11)? + num(12)?).max(0) as u64,
-        child_ticks: (num(13)? + num(14)?).max(0) as u64,
+        state,
+        ppid,
+        ticks: (utime + stime).max(0) as u64,
+        child_ticks: (cutime + cstime).max(0) as u64,
+        threads,
+        start,
     })
 }
 
@@ -165,11 +191,142 @@ pub fn parse_tracer_pid(text: &str) -> Option<i32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// Reads `file` from offset 0 into `buf` (grown as needed, never shrunk) and returns the
+/// length read. procfs builds a file's content afresh on every read at offset 0, so a file
+/// kept open reads like a new open. `single`: the file is one record that the kernel hands over
+/// whole (`stat`, `io`, `status`), so a read shorter than the buffer is the end and saves the
+/// read that would return 0; other files (`children`, one record per child) read until 0.
+fn pread_all(file: &File, buf: &mut Vec<u8>, single: bool) -> io::Result<usize> {
+    if buf.len() < 4096 {
+        buf.resize(4096, 0);
+    }
+    let mut n = 0;
+    loop {
+        match file.read_at(&mut buf[n..], n as u64) {
+            Ok(0) => return Ok(n),
+            Ok(k) => {
+                n += k;
+                if n == buf.len() {
+                    buf.resize(2 * n, 0);
+                } else if single {
+                    return Ok(n);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn read_stat(file: &File, buf: &mut Vec<u8>) -> Option<Stat> {
+    let n = pread_all(file, buf, true).ok()?;
+    parse_stat_bytes(&buf[..n])
+}
+
+fn read_text<T>(
+    file: Option<&File>,
+    buf: &mut Vec<u8>,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Option<T> {
+    let n = pread_all(file?, buf, true).ok()?;
+    parse(std::str::from_utf8(&buf[..n]).ok()?)
+}
+
+/// Pushes the pids of a `children` file (space-separated) as children of `parent`.
+fn push_children(text: &[u8], parent: i32, stack: &mut Vec<(i32, i32)>) {
+    for word in text.split(|&c| c == b' ' || c == b'\n') {
+        if let Some(pid) = std::str::from_utf8(word)
+            .ok()
+            .and_then(|w| w.parse::<i32>().ok())
+        {
+            stack.push((pid, parent));
+        }
+    }
+}
+
+/// The files of one process the sampler keeps open between polls. They were all opened while
+/// `stat` kept reading the same process (see [`ProcFs::open`]), so none belongs to another
+/// process that later got the same pid: once the process is reaped its open files read ESRCH.
+#[derive(Debug)]
+struct Proc {
+    /// starttime at the first read: a held `stat` reading another start is not this process.
+    start: u64,
+    stat: File,
+    io: Option<File>,
+    /// Only for a rank's worker (its `TracerPid`).
+    status: Option<File>,
+    /// `task/<pid>/children`: the children of the main thread.
+    children: Option<File>,
+}
+
+impl Proc {
+    fn fds(&self) -> usize {
+        1 + usize::from(self.io.is_some())
+            + usize::from(self.status.is_some())
+            + usize::from(self.children.is_some())
+    }
+    fn max_fd(&self) -> usize {
+        use std::os::fd::AsRawFd;
+        [
+            Some(&self.stat),
+            self.io.as_ref(),
+            self.status.as_ref(),
+            self.children.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|f| f.as_raw_fd().max(0) as usize)
+        .max()
+        .unwrap_or(0)
+    }
+}
+
+/// What one visit read of one process.
+struct Visit {
+    stat: Stat,
+    io: u64,
+    traced: bool,
+}
+
 /// The real sampler, reading a procfs mounted at `root` (normally `/proc`).
-#[derive(Debug, Clone)]
+///
+/// Cost per poll, in proportion to the ranks' process trees, not to the machine: each tree is
+/// walked down the kernel's per-thread `task/<tid>/children` lists, and each member's `stat`
+/// and `io` (and the worker's `status`) stay open between polls and are re-read with `pread` at
+/// offset 0 into one reused buffer, parsed in place: about four reads per single-threaded
+/// process and no `open` once the tree is known. A process with several threads also has its
+/// `task/` listed and each other thread's `children` read, since a child's parent is the thread
+/// that forked it. Without `children` files (a kernel built without `CONFIG_PROC_CHILDREN`) one
+/// scan of `/proc/*/stat` per poll gives the tree instead. Held descriptors are capped at a
+/// quarter of the open-file soft limit, and none is kept whose number is past half of it; past
+/// either a process's files are opened for the visit and closed again.
+#[derive(Debug)]
 pub struct ProcFs {
     root: PathBuf,
     ticks_per_sec: f64,
+    /// Whether this kernel has `task/<tid>/children` files (else: the full scan).
+    children_files: bool,
+    /// Files kept from the last poll, by pid; each visit moves its process's files to `next`,
+    /// and what is left here at the end of a poll (processes gone or left the trees) is closed.
+    prev: HashMap<i32, Proc>,
+    next: HashMap<i32, Proc>,
+    /// Descriptors held in `prev` and `next`.
+    held: usize,
+    /// Caps for this poll ([`ProcFs::fd_budget`]): on `held`, and on the descriptor numbers a
+    /// kept file may have (the kernel hands out the lowest free one, so a new file numbered
+    /// past it means the agent already holds that many). `budget_override` replaces both in tests.
+    budget: usize,
+    fd_high: usize,
+    budget_override: Option<(usize, usize)>,
+    /// Reused between reads and polls: the read buffer, the walk's (pid, parent) stack and the
+    /// pids one rank's walk has visited (a guard against cycles through a reused pid).
+    buf: Vec<u8>,
+    stack: Vec<(i32, i32)>,
+    visited: Vec<i32>,
+    /// The full scan's ppid → children, rebuilt each poll (only without `children` files).
+    scan: HashMap<i32, Vec<i32>>,
+    /// Files opened so far (tests check that a known tree is re-read, not reopened).
+    opened: u64,
 }
 
 impl Default for ProcFs {
@@ -182,9 +339,24 @@ impl ProcFs {
     pub fn new() -> Self {
         // SAFETY: sysconf has no memory-safety preconditions.
         let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let root = PathBuf::from("/proc");
+        let me = std::process::id();
+        let children_files = root.join(format!("{me}/task/{me}/children")).exists();
         ProcFs {
-            root: PathBuf::from("/proc"),
+            root,
             ticks_per_sec: if tck > 0 { tck as f64 } else { 100.0 },
+            children_files,
+            prev: HashMap::new(),
+            next: HashMap::new(),
+            held: 0,
+            budget: 0,
+            fd_high: 0,
+            budget_override: None,
+            buf: Vec::new(),
+            stack: Vec::new(),
+            visited: Vec::new(),
+            scan: HashMap::new(),
+            opened: 0,
         }
     }
 
@@ -192,82 +364,212 @@ impl ProcFs {
         fs::read_to_string(self.root.join(pid.to_string()).join(file)).ok()
     }
 
-    /// ppid → children over every process, from one pass over `/proc`.
-    fn children_map(&self) -> (HashMap<i32, Vec<i32>>, HashMap<i32, Stat>) {
-        let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-        let mut stats = HashMap::new();
+    /// How many descriptors the sampler may keep open: a quarter of the open-file soft limit
+    /// (the agent also holds pipes and store connections per worker), at most 65,536; and none
+    /// numbered past half the limit, so that the sampler never takes the agent's last ones.
+    fn fd_budget(&self) -> (usize, usize) {
+        if let Some(b) = self.budget_override {
+            return b;
+        }
+        use nix::sys::resource::{getrlimit, Resource};
+        let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(s, _)| s);
+        (
+            (soft / 4).min(65_536) as usize,
+            (soft / 2).min(1 << 30) as usize,
+        )
+    }
+
+    /// ppid → children over every process, from one pass over `/proc` (the fallback).
+    fn scan_children(&mut self) {
+        self.scan.clear();
         if let Ok(dir) = fs::read_dir(&self.root) {
             for e in dir.flatten() {
                 let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
                     continue;
                 };
                 if let Some(st) = self.read(pid, "stat").as_deref().and_then(parse_stat) {
-                    children.entry(st.ppid).or_default().push(pid);
-                    stats.insert(pid, st);
+                    self.scan.entry(st.ppid).or_default().push(pid);
                 }
             }
         }
-        (children, stats)
+    }
+
+    /// Opens a process's files. `stat` is opened first and read last: a process that still
+    /// exists when its `stat` reads existed while the other files were opened, so they are its
+    /// own and not those of a successor with the same pid.
+    fn open(&mut self, pid: i32, worker: bool) -> Option<(Proc, Stat)> {
+        let dir = self.root.join(pid.to_string());
+        let stat = File::open(dir.join("stat")).ok()?;
+        let io = File::open(dir.join("io")).ok();
+        let children = if self.children_files {
+            File::open(dir.join(format!("task/{pid}/children"))).ok()
+        } else {
+            None
+        };
+        let status = if worker {
+            File::open(dir.join("status")).ok()
+        } else {
+            None
+        };
+        let st = read_stat(&stat, &mut self.buf)?;
+        let p = Proc {
+            start: st.start,
+            stat,
+            io,
+            status,
+            children,
+        };
+        self.opened += p.fds() as u64;
+        Some((p, st))
+    }
+
+    /// Reads one process (`worker`: a rank's worker, whose `status` is read too) and pushes
+    /// its children onto `self.stack`. None when it is gone, or when `parent` is given and the
+    /// process is not its child (its pid was reused since `parent`'s list was read).
+    fn visit(&mut self, pid: i32, parent: Option<i32>, worker: bool) -> Option<Visit> {
+        let mut known = None;
+        if let Some(p) = self.prev.remove(&pid).or_else(|| self.next.remove(&pid)) {
+            match read_stat(&p.stat, &mut self.buf) {
+                Some(st) if st.start == p.start => known = Some((p, st)),
+                // Gone (a held file of a reaped process reads ESRCH) or not the same process.
+                _ => self.held -= p.fds(),
+            }
+        }
+        let (p, st, keep) = match known {
+            Some((p, st)) => (p, st, true),
+            None => {
+                let (p, st) = self.open(pid, worker)?;
+                let keep = self.held + p.fds() <= self.budget && p.max_fd() < self.fd_high;
+                if keep {
+                    self.held += p.fds();
+                }
+                (p, st, keep)
+            }
+        };
+        let visit = if parent.is_some_and(|q| q != st.ppid) {
+            None
+        } else {
+            Some(self.read_proc(pid, &p, st, worker))
+        };
+        if keep {
+            if let Some(old) = self.next.insert(pid, p) {
+                self.held -= old.fds();
+            }
+        }
+        visit
+    }
+
+    /// The reads of one known process: io, status, children.
+    fn read_proc(&mut self, pid: i32, p: &Proc, stat: Stat, worker: bool) -> Visit {
+        let io = read_text(p.io.as_ref(), &mut self.buf, parse_io).unwrap_or(0);
+        let traced = worker
+            && match &p.status {
+                Some(f) => read_text(Some(f), &mut self.buf, parse_tracer_pid),
+                None => self
+                    .read(pid, "status")
+                    .as_deref()
+                    .and_then(parse_tracer_pid),
+            }
+            .is_some_and(|t| t != 0);
+        if !self.children_files {
+            if let Some(c) = self.scan.get(&pid) {
+                self.stack.extend(c.iter().map(|&c| (c, pid)));
+            }
+        } else {
+            if let Some(n) = p
+                .children
+                .as_ref()
+                .and_then(|f| pread_all(f, &mut self.buf, false).ok())
+            {
+                push_children(&self.buf[..n], pid, &mut self.stack);
+            }
+            if stat.threads != 1 {
+                self.other_threads_children(pid, p);
+            }
+        }
+        Visit { stat, io, traced }
+    }
+
+    /// Children forked by the threads other than the main one, from `task/<tid>/children`.
+    fn other_threads_children(&mut self, pid: i32, p: &Proc) {
+        let mark = self.stack.len();
+        let task = self.root.join(pid.to_string()).join("task");
+        let Ok(dir) = fs::read_dir(&task) else {
+            return;
+        };
+        for e in dir.flatten() {
+            let Some(tid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            if tid == pid {
+                continue;
+            }
+            let Ok(f) = File::open(task.join(format!("{tid}/children"))) else {
+                continue;
+            };
+            self.opened += 1;
+            if let Ok(n) = pread_all(&f, &mut self.buf, false) {
+                push_children(&self.buf[..n], pid, &mut self.stack);
+            }
+        }
+        // `task/` was opened by path: if the process is still there now, it was its own.
+        if read_stat(&p.stat, &mut self.buf).map(|st| st.start) != Some(p.start) {
+            self.stack.truncate(mark);
+        }
+    }
+
+    /// One rank's tree: the worker and every live descendant.
+    fn sample_rank(&mut self, r: &RankProcs) -> Option<ProcSample> {
+        self.stack.clear();
+        self.visited.clear();
+        self.visited.push(r.pid);
+        let root = self.visit(r.pid, None, true)?;
+        if matches!(root.stat.state, ProcState::Zombie | ProcState::Dead) {
+            return None;
+        }
+        let mut ticks = root.stat.ticks + root.stat.child_ticks;
+        let mut io = root.io;
+        // The visited list guards against pid reuse making a cycle.
+        while let Some((p, parent)) = self.stack.pop() {
+            if self.visited.contains(&p) {
+                continue;
+            }
+            self.visited.push(p);
+            if let Some(v) = self.visit(p, Some(parent), false) {
+                ticks += v.stat.ticks;
+                io = io.saturating_add(v.io);
+            }
+        }
+        Some(ProcSample {
+            cpu_secs: ticks as f64 / self.ticks_per_sec,
+            io_bytes: io,
+            output_bytes: r.output.get(),
+            state: root.stat.state,
+            traced: root.traced,
+        })
     }
 }
 
 impl ProcSource for ProcFs {
     fn sample(&mut self, ranks: &[RankProcs]) -> Vec<RankSample> {
-        let (children, stats) = self.children_map();
-        ranks
-            .iter()
-            .map(|r| {
-                let sample = stats.get(&r.pid).and_then(|root| {
-                    if matches!(root.state, ProcState::Zombie | ProcState::Dead) {
-                        return None;
-                    }
-                    let mut ticks = root.ticks + root.child_ticks;
-                    let mut io = self
-                        .read(r.pid, "io")
-                        .as_deref()
-                        .and_then(parse_io)
-                        .unwrap_or(0);
-                    // Walk the tree; a visited set guards against pid reuse making a cycle.
-                    let mut stack = children.get(&r.pid).cloned().unwrap_or_default();
-                    let mut seen = vec![r.pid];
-                    while let Some(p) = stack.pop() {
-                        if seen.contains(&p) {
-                            continue;
-                        }
-                        seen.push(p);
-                        if let Some(st) = stats.get(&p) {
-                            ticks += st.ticks;
-                        }
-                        io = io.saturating_add(
-                            self.read(p, "io")
-                                .as_deref()
-                                .and_then(parse_io)
-                                .unwrap_or(0),
-                        );
-                        if let Some(c) = children.get(&p) {
-                            stack.extend(c);
-                        }
-                    }
-                    let traced = self
-                        .read(r.pid, "status")
-                        .as_deref()
-                        .and_then(parse_tracer_pid)
-                        .is_some_and(|t| t != 0);
-                    Some(ProcSample {
-                        cpu_secs: ticks as f64 / self.ticks_per_sec,
-                        io_bytes: io,
-                        output_bytes: r.output.get(),
-                        state: root.state,
-                        traced,
-                    })
-                });
-                RankSample {
-                    rank: r.rank,
-                    pid: r.pid,
-                    sample,
-                }
-            })
-            .collect()
+        // Last poll's files become `prev`; what this poll does not visit is closed below.
+        std::mem::swap(&mut self.prev, &mut self.next);
+        (self.budget, self.fd_high) = self.fd_budget();
+        if !self.children_files {
+            self.scan_children();
+        }
+        let mut out = Vec::with_capacity(ranks.len());
+        for r in ranks {
+            out.push(RankSample {
+                rank: r.rank,
+                pid: r.pid,
+                sample: self.sample_rank(r),
+            });
+        }
+        for (_, p) in self.prev.drain() {
+            self.held -= p.fds();
+        }
+        out
     }
 }
 
@@ -305,6 +607,304 @@ mod tests {
         d.add(5);
         c.add(2);
         assert_eq!(c.get(), 7);
+    }
+
+    #[test]
+    fn stat_parsing_reads_threads_and_start_time() {
+        let st = parse_stat(
+            "4182 (py (worker) 1) S 4100 4182 4100 0 -1 4194560 1 0 0 0 250 50 7 3 20 0 3 0 1234 2 3",
+        )
+        .unwrap();
+        assert_eq!((st.threads, st.start), (3, 1234));
+        // The line of a real process: one thread (this test's `sleep`), started after boot.
+        let mut child = Command::new("sleep").arg("100").spawn().unwrap();
+        let text = fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let st = parse_stat(&text).unwrap();
+        assert_eq!(st.ppid, std::process::id() as i32);
+        assert_eq!(st.threads, 1);
+        assert!(st.start > 0, "{text}");
+    }
+
+    /// Kills a whole process group on drop, even when an assertion panics first.
+    struct Group(i32);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            // SAFETY: plain syscall; the group is this test's own child's.
+            unsafe { libc::kill(-self.0, libc::SIGKILL) };
+        }
+    }
+
+    /// A shell in its own group with a tree below it, killed (and reaped) on drop.
+    struct Tree {
+        child: std::process::Child,
+        _group: Group,
+    }
+    impl Tree {
+        fn spawn(script: &str) -> Tree {
+            use std::os::unix::process::CommandExt;
+            let child = Command::new("sh")
+                .arg("-c")
+                .arg(script)
+                .stdin(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .unwrap();
+            let pid = child.id() as i32;
+            Tree {
+                child,
+                _group: Group(pid),
+            }
+        }
+        fn pid(&self) -> i32 {
+            self.child.id() as i32
+        }
+        fn rank(&self) -> [RankProcs; 1] {
+            [RankProcs {
+                rank: 0,
+                pid: self.pid(),
+                output: OutputCounter::new(),
+            }]
+        }
+    }
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            // SAFETY: plain syscall on the test's own child's group.
+            unsafe { libc::kill(-self.pid(), libc::SIGKILL) };
+            let _ = self.child.wait();
+        }
+    }
+
+    fn comm(pid: i32) -> String {
+        fs::read_to_string(format!("/proc/{pid}/comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    fn sorted(v: &[i32]) -> Vec<i32> {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v
+    }
+
+    /// The descriptors `held` counts are the ones the kept entries hold.
+    fn check_held(fs: &ProcFs) {
+        assert!(fs.prev.is_empty());
+        assert_eq!(fs.held, fs.next.values().map(Proc::fds).sum::<usize>());
+    }
+
+    /// Until `f` holds or 60 s pass; returns whether it held.
+    fn eventually(mut f: impl FnMut() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// The walk down the `children` files finds the same tree as the full scan of `/proc`:
+    /// children and grandchildren (a DataLoader-style worker below a subshell), their I/O
+    /// counted; a known tree is re-read through its open files, not reopened; an exited
+    /// grandchild and its exited parent drop out, their files closed.
+    #[test]
+    fn children_walk_matches_the_full_scan_and_drops_the_exited() {
+        let mut fs = ProcFs::new();
+        if !fs.children_files {
+            eprintln!("no task/<tid>/children files on this kernel: walk not tested");
+            return;
+        }
+        // sh ─┬─ sleep                  (child)
+        //     ├─ sh ── sleep            (subshell with a grandchild)
+        //     └─ sh ─┬─ cat /dev/zero   (grandchild, blocked writing a full pipe: I/O)
+        //            └─ sleep
+        let tree =
+            Tree::spawn("sleep 1000 & (sleep 1001 & wait) & (cat /dev/zero | sleep 1002) & wait");
+        let ranks = tree.rank();
+        let mut scan = ProcFs::new();
+        scan.children_files = false;
+        let mut members = Vec::new();
+        let mut io = 0;
+        let settled = eventually(|| {
+            io = fs.sample(&ranks)[0].sample.unwrap().io_bytes;
+            members = sorted(&fs.visited);
+            scan.sample(&ranks);
+            let names: Vec<String> = members.iter().map(|&p| comm(p)).collect();
+            names.iter().filter(|n| *n == "sleep").count() == 3
+                && names.iter().any(|n| n == "cat")
+                && members == sorted(&scan.visited)
+                && io >= 65_536
+        });
+        assert!(
+            settled,
+            "walk {members:?} scan {:?} io {io}",
+            sorted(&scan.visited)
+        );
+        assert_eq!(members.len(), 7, "{members:?}");
+        check_held(&fs);
+        // sleep 1001 is a grandchild (its parent is the subshell, not the worker).
+        let grandchild = *members
+            .iter()
+            .find(|&&p| {
+                comm(p) == "sleep" && {
+                    let st = parse_stat(&fs.read(p, "stat").unwrap()).unwrap();
+                    st.ppid != tree.pid() && fs.read(p, "cmdline").unwrap().contains("1001")
+                }
+            })
+            .expect("sleep 1001 below its subshell");
+        let subshell = parse_stat(&fs.read(grandchild, "stat").unwrap())
+            .unwrap()
+            .ppid;
+        assert!(fs.next.contains_key(&grandchild));
+
+        // A steady tree opens nothing.
+        let opened = fs.opened;
+        fs.sample(&ranks);
+        assert_eq!(members, sorted(&fs.visited));
+        assert_eq!(fs.opened, opened, "a known tree was reopened");
+
+        // SAFETY: plain syscall on a process of this test's own tree.
+        unsafe { libc::kill(grandchild, libc::SIGKILL) };
+        let dropped = eventually(|| {
+            fs.sample(&ranks);
+            !fs.visited.contains(&grandchild) && !fs.visited.contains(&subshell)
+        });
+        assert!(dropped, "exited processes still walked: {:?}", fs.visited);
+        assert_eq!(fs.visited.len(), 5, "{:?}", fs.visited);
+        assert!(!fs.next.contains_key(&grandchild) && !fs.next.contains_key(&subshell));
+        check_held(&fs);
+        drop(tree);
+        assert!(fs.sample(&ranks)[0].sample.is_none());
+        assert!(fs.next.is_empty(), "files of a finished rank kept");
+        check_held(&fs);
+    }
+
+    /// A child forked by a thread other than the main one is listed under that thread's
+    /// `task/<tid>/children`, not the process's: the walk lists the threads.
+    #[test]
+    fn children_of_other_threads_are_found() {
+        let mut fs = ProcFs::new();
+        if !fs.children_files {
+            eprintln!("no task/<tid>/children files on this kernel: walk not tested");
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        // The thread that forks stays alive while the test looks, so the child stays its.
+        let forker = std::thread::spawn(move || {
+            let mut child = Command::new("sleep").arg("1000").spawn().unwrap();
+            tx.send(child.id() as i32).unwrap();
+            let _ = done_rx.recv();
+            child.kill().unwrap();
+            child.wait().unwrap();
+        });
+        let child = rx.recv().unwrap();
+        let me = std::process::id() as i32;
+        let main_list = fs.read(me, &format!("task/{me}/children")).unwrap();
+        assert!(
+            !main_list.split_whitespace().any(|p| p == child.to_string()),
+            "the child is the main thread's: {main_list}"
+        );
+        let ranks = [RankProcs {
+            rank: 0,
+            pid: me,
+            output: OutputCounter::new(),
+        }];
+        fs.sample(&ranks);
+        let found = fs.visited.contains(&child);
+        done_tx.send(()).unwrap();
+        forker.join().unwrap();
+        assert!(found, "child {child} of a non-main thread not walked");
+        check_held(&fs);
+    }
+
+    /// A held entry whose process no longer reads as the one it was opened for (another start
+    /// time) is dropped and the pid's files opened afresh; a pid whose stat names another parent
+    /// than the one whose list it came from (a pid reused meanwhile) is not counted.
+    #[test]
+    fn start_time_and_parent_guard_against_reused_pids() {
+        let tree = Tree::spawn("sleep 1000 & wait");
+        let ranks = tree.rank();
+        let mut fs = ProcFs::new();
+        let mut child = 0;
+        assert!(
+            eventually(|| {
+                fs.sample(&ranks);
+                child = fs.visited.get(1).copied().unwrap_or(0);
+                fs.visited.len() == 2 && comm(child) == "sleep"
+            }),
+            "{:?}",
+            fs.visited
+        );
+        let cpu = fs.sample(&ranks)[0].sample.unwrap().cpu_secs;
+        // Pretend the held entry belongs to an earlier process that had this pid.
+        let real = fs.next[&child].start;
+        fs.next.get_mut(&child).unwrap().start = real + 1;
+        let opened = fs.opened;
+        let s = fs.sample(&ranks)[0].sample.unwrap();
+        assert_eq!(fs.next[&child].start, real, "stale entry kept");
+        assert!(fs.opened > opened, "pid's files not reopened");
+        assert_eq!(fs.visited.iter().filter(|&&p| p == child).count(), 1);
+        assert!(s.cpu_secs >= cpu);
+        check_held(&fs);
+        // This test process is nobody's child in the tree: given as the worker's child, it is
+        // rejected by its ppid, and with it everything below it.
+        let me = std::process::id() as i32;
+        fs.stack.clear();
+        assert!(fs.visit(me, Some(tree.pid()), false).is_none());
+        assert!(fs.stack.is_empty());
+        assert!(fs.visit(child, Some(tree.pid()), false).is_some());
+    }
+
+    /// What the held files rely on: once a process is reaped, a file of it opened before reads
+    /// an error, never the process that gets its pid next.
+    #[test]
+    fn held_file_of_a_reaped_process_reads_an_error() {
+        let mut child = Command::new("sleep").arg("1000").spawn().unwrap();
+        let f = File::open(format!("/proc/{}/stat", child.id())).unwrap();
+        let mut buf = Vec::new();
+        assert!(read_stat(&f, &mut buf).is_some());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(pread_all(&f, &mut buf, true).is_err());
+    }
+
+    /// With no descriptors to spare (none left in the budget, or new ones numbered past the
+    /// cap) every file is opened for the visit and closed: the same tree, nothing held.
+    #[test]
+    fn over_the_descriptor_budget_nothing_is_held() {
+        let tree = Tree::spawn("(sleep 1000 & wait) & wait");
+        let ranks = tree.rank();
+        let mut held = ProcFs::new();
+        let mut none = ProcFs::new();
+        none.budget_override = Some((0, usize::MAX));
+        let mut high = ProcFs::new();
+        high.budget_override = Some((usize::MAX, 3));
+        assert!(
+            eventually(|| {
+                held.sample(&ranks);
+                none.sample(&ranks);
+                high.sample(&ranks);
+                held.visited.len() == 3
+                    && sorted(&held.visited) == sorted(&none.visited)
+                    && sorted(&held.visited) == sorted(&high.visited)
+            }),
+            "{:?} {:?} {:?}",
+            held.visited,
+            none.visited,
+            high.visited
+        );
+        for fs in [&none, &high] {
+            assert!(fs.next.is_empty() && fs.held == 0);
+        }
+        // stat, io (and children) of each, and the worker's status.
+        let per = 2 + usize::from(held.children_files);
+        assert_eq!(held.held, 3 * per + 1);
+        check_held(&held);
     }
 
     /// A real process tree: a shell whose child burns CPU. The tree's CPU time grows although the

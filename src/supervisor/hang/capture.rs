@@ -4,7 +4,7 @@
 //! maps the store's pending waits to ranks through the workers' sockets); then the suspect, the
 //! one stderr block, and `rank<R>.txt` files.
 //!
-//! Length: about 770 lines of code for one responsibility, the bounded capture (py-spy, `/proc`
+//! Length: about 810 lines of code for one responsibility, the bounded capture (py-spy, `/proc`
 //! waits, output tails, the store waits mapped to ranks through the workers' sockets) and the
 //! suspect rules that read it; the rest are its tests.
 

@@ -19,18 +19,18 @@
 //!   out, ENFILE, ENOBUFS, ...) only make the listener back off while existing connections keep
 //!   being served: the server never stops because accept failed.
 //! - Accepting runs on a thread of its own that drains the kernel's queue as connections arrive,
-//!   whatever the runtime is busy with, and keeps each new connection in a fresh stage of its
-//!   own for its first requests: they are served there, newest connection first, as long as
-//!   they need no wait, so a new client is answered ahead of the storm queued on the runtime
-//!   (see [`AcceptLoop`]; issue 16). Idle connections hold no read or reply buffer (reads go
+//!   whatever the runtime is busy with, and hands each new connection to a fresh stage on a
+//!   second thread for its first requests: they are served there, newest connection first, as
+//!   long as they need no wait, so a new client is answered ahead of the storm queued on the
+//!   runtime (see [`AcceptLoop`]; issue 16). Idle connections hold no read or reply buffer (reads go
 //!   into a per-thread buffer and are served in the same poll).
 //! - No reverse DNS on accept (both PyTorch servers call `getnameinfo` per connection), listen
 //!   backlog as large as the kernel allows, TCP_NODELAY on every accepted socket, dual-stack on a
 //!   wildcard IPv6 address.
 //! - Works on a current-thread or multi-thread tokio runtime: nothing on it blocks.
 //!
-//! Length: about 1,300 lines of code for one responsibility, serving the store: the accept thread
-//! (with its fresh-connection stage and its small epoll wrapper),
+//! Length: about 1,350 lines of code for one responsibility, serving the store: the accept thread
+//! and the fresh-connection stage's (with their small epoll wrapper),
 //! the per-connection task, and the hardening limits that only make sense together with them
 //! (accept backoff at the fd limit, the VALIDATE deadline, the global buffer cap, rate-limited
 //! warnings). The codec is apart (`protocol`), and so are the state (`state`) and the counters
@@ -524,13 +524,15 @@ fn accept_error_is_fatal(e: &io::Error) -> bool {
 /// hands each to the runtime, so the accept queue empties as fast as SYNs arrive whatever the
 /// runtime is doing.
 ///
-/// The fresh stage: each accepted socket first joins the thread's own epoll set; what it sends
-/// is served right here ([`AcceptLoop::stage_step`], with the same code as the connection's
-/// task) for up to [`FRESH_READS`] reads within [`FIRST_BYTES_HOLD`] of accepting, newest
-/// connection first, and the socket is handed to the runtime with the decoder's state once a
-/// request waits or the stage is done with it. On the runtime a connection's task is queued
-/// behind every connection of a storm that is woken before it; here a new client's requests are
-/// answered within one batch of the thread's loop (issue 16).
+/// The fresh stage, on a second thread ([`AcceptLoop::stage_loop`]): each accepted socket first
+/// joins that thread's epoll set; what it sends is served there ([`AcceptLoop::stage_step`],
+/// with the same code as the connection's task) for up to [`FRESH_READS`] reads within
+/// [`FIRST_BYTES_HOLD`] of accepting, newest connection first, and the socket is handed to the
+/// runtime with the decoder's state once a request waits or the stage is done with it. On the
+/// runtime a connection's task is queued behind every connection of a storm that is woken
+/// before it; in the stage a new client's requests are answered within one turn of its loop
+/// (issue 16). The stage has its own thread because serving it on the accepting one let the
+/// kernel's accept queue (first in, first out) grow to thousands during a storm.
 struct AcceptLoop {
     listener: StdTcpListener,
     /// Readable when the server shuts down (a byte written, or the other end dropped).
@@ -542,16 +544,44 @@ struct AcceptLoop {
 
 impl AcceptLoop {
     fn run(self) -> ServerExit {
-        let ep = match Epoll::new() {
-            Ok(ep) => ep,
-            Err(e) => return ServerExit::Failed(format!("store accept thread: epoll: {e}")),
+        let (ep, stage_ep) = match (Epoll::new(), Epoll::new()) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                return ServerExit::Failed(format!("store accept thread: epoll: {e}"))
+            }
         };
         if let Err(e) = ep
             .add(self.wake.as_raw_fd(), WAKE_TOKEN)
             .and_then(|()| ep.add(self.listener.as_raw_fd(), LISTEN_TOKEN))
+            .and_then(|()| stage_ep.add(self.wake.as_raw_fd(), WAKE_TOKEN))
         {
             return ServerExit::Failed(format!("store accept thread: epoll_ctl: {e}"));
         }
+        let (tx, rx) = std::sync::mpsc::channel();
+        // The stage thread is joined when the scope ends, so its connections are forgotten
+        // before the exit is published.
+        std::thread::scope(|scope| {
+            let this = &self;
+            let stage_ep = &stage_ep;
+            let stage = std::thread::Builder::new()
+                .name("rdrun-store-fresh".into())
+                .spawn_scoped(scope, move || this.stage_loop(stage_ep, rx));
+            if let Err(e) = stage {
+                return ServerExit::Failed(format!("store fresh-stage thread: {e}"));
+            }
+            self.accept_loop(&ep, stage_ep, tx)
+        })
+    }
+
+    /// Accepts until shutdown or a broken listener; each new connection goes to the stage
+    /// thread (sent first, then added to its epoll set, so the stage has it by the time its
+    /// socket is reported readable).
+    fn accept_loop(
+        &self,
+        ep: &Epoll,
+        stage_ep: &Epoll,
+        tx: std::sync::mpsc::Sender<(u64, std::time::Instant, Box<Fresh>)>,
+    ) -> ServerExit {
         let mut backoff = ACCEPT_BACKOFF_MIN;
         // While set, accepting pauses until then (descriptors ran out); the listener is out
         // of the epoll set meanwhile (it stays readable, so it would wake us at once).
@@ -561,16 +591,9 @@ impl AcceptLoop {
             .config
             .log_interval
             .max(Duration::from_millis(1));
-        let hold = FIRST_BYTES_HOLD.min(self.shared.config.validate_timeout);
         let mut next_flush = std::time::Instant::now() + period;
-        // Accepted sockets whose first bytes have not arrived yet, and when to stop waiting for
-        // them (in accept order, so the oldest is first).
-        let mut fresh = Stage(HashMap::new());
-        let mut holds: VecDeque<(std::time::Instant, u64)> = VecDeque::new();
         let mut next_token: u64 = 0;
-        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
-        let mut buf = vec![0u8; READ_CHUNK];
-        let mut spoke: Vec<u64> = Vec::new();
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 8];
         let mut nodelay_inherited = false;
         loop {
             let now = std::time::Instant::now();
@@ -584,6 +607,112 @@ impl AcceptLoop {
                     return ServerExit::Failed(format!("store accept thread: epoll_ctl: {e}"));
                 }
             }
+            let until = resume.map_or(next_flush, |r| r.min(next_flush));
+            let wait_ms = until
+                .saturating_duration_since(now)
+                .as_millis()
+                .clamp(1, i32::MAX as u128) as i32;
+            let n = match ep.wait(&mut events, wait_ms) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return ServerExit::Failed(format!("store accept thread: epoll_wait: {e}"))
+                }
+            };
+            if *self.shared.shutdown_rx.borrow() || events[..n].iter().any(|e| e.u64 == WAKE_TOKEN)
+            {
+                self.shared.flush_logs(true);
+                return ServerExit::Shutdown;
+            }
+            if resume.is_some() || !events[..n].iter().any(|e| e.u64 == LISTEN_TOKEN) {
+                continue;
+            }
+            // Drain: everything the kernel has queued, without going back to epoll between
+            // (its queue is first in, first out: a fresh client waits behind every connection
+            // whose handshake completed before its own).
+            loop {
+                match accept_nonblocking(&self.listener) {
+                    Ok((stream, peer)) => {
+                        backoff = ACCEPT_BACKOFF_MIN;
+                        let token = next_token;
+                        next_token += 1;
+                        // Linux copies TCP_NODELAY from the listener to the accepted socket
+                        // (set in `start_with_store`): checked once, set per socket only where
+                        // it is not inherited (one system call less per client).
+                        if !nodelay_inherited {
+                            nodelay_inherited = stream.nodelay().unwrap_or(false);
+                            if !nodelay_inherited {
+                                if let Err(e) = stream.set_nodelay(true) {
+                                    debug!(%peer, error = %e, "set TCP_NODELAY failed");
+                                }
+                            }
+                        }
+                        let f = Box::new(Fresh {
+                            conn: Connection::new(&self.shared, &self.conns_done_tx, peer),
+                            stream,
+                            decoder: Decoder::new(self.shared.config.limits),
+                            validated: false,
+                            reads: 0,
+                        });
+                        let fd = f.stream.as_raw_fd();
+                        match tx.send((token, std::time::Instant::now(), f)) {
+                            // Not in the stage's epoll set: its hold hands it over.
+                            Ok(()) => {
+                                let _ = stage_ep.add(fd, token);
+                            }
+                            Err(std::sync::mpsc::SendError((_, _, f))) => {
+                                self.hand_over(*f, Vec::new(), Vec::new(), None)
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if accept_error_is_fatal(&e) => {
+                        return ServerExit::Failed(format!("store listening socket failed: {e}"));
+                    }
+                    Err(e) => {
+                        // Never fatal: back off and keep serving the others.
+                        self.shared.report_accept_failure(&e);
+                        ep.delete(self.listener.as_raw_fd());
+                        resume = Some(std::time::Instant::now() + backoff);
+                        backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The fresh stage, on a thread of its own: serves the new connections that spoke, newest
+    /// first, until each is handed to the runtime. Ends at shutdown or when the accept loop
+    /// ended (its sender is gone).
+    fn stage_loop(
+        &self,
+        ep: &Epoll,
+        rx: std::sync::mpsc::Receiver<(u64, std::time::Instant, Box<Fresh>)>,
+    ) {
+        let hold = FIRST_BYTES_HOLD.min(self.shared.config.validate_timeout);
+        let mut fresh = Stage(HashMap::new());
+        // When each connection's hold ends, in accept order (so the oldest is first).
+        let mut holds: VecDeque<(std::time::Instant, u64)> = VecDeque::new();
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        let mut buf = vec![0u8; READ_CHUNK];
+        let mut spoke: Vec<u64> = Vec::new();
+        let take_new = |fresh: &mut Stage, holds: &mut VecDeque<_>| loop {
+            match rx.try_recv() {
+                Ok((token, at, f)) => {
+                    fresh.0.insert(token, f);
+                    holds.push_back((at + hold, token));
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => return true,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return false,
+            }
+        };
+        loop {
+            if !take_new(&mut fresh, &mut holds) {
+                return;
+            }
+            let now = std::time::Instant::now();
             while let Some(&(t, token)) = holds.front() {
                 if t > now {
                     break;
@@ -600,7 +729,8 @@ impl AcceptLoop {
                 fresh.0 = HashMap::new();
                 holds = VecDeque::new();
             }
-            let mut until = resume.map_or(next_flush, |r| r.min(next_flush));
+            // New connections reach the map when their socket speaks (below) or within this.
+            let mut until = now + Duration::from_millis(50);
             if let Some(&(t, _)) = holds.front() {
                 until = until.min(t);
             }
@@ -610,7 +740,7 @@ impl AcceptLoop {
                 .clamp(1, i32::MAX as u128) as i32;
             // Room for every socket that can be ready: the stage serves the newest first, so it
             // must see them all (the kernel lists ready sockets oldest first).
-            let room = (fresh.0.len() + 2).clamp(256, 1 << 16);
+            let room = (fresh.0.len() + 4096).min(1 << 16);
             if events.len() < room {
                 events.resize(room, libc::epoll_event { events: 0, u64: 0 });
             }
@@ -618,82 +748,23 @@ impl AcceptLoop {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    return ServerExit::Failed(format!("store accept thread: epoll_wait: {e}"))
+                    warn!("store fresh stage: epoll_wait: {e}; new connections go to the runtime at once");
+                    return;
                 }
             };
-            if *self.shared.shutdown_rx.borrow() || events[..n].iter().any(|e| e.u64 == WAKE_TOKEN)
-            {
-                self.shared.flush_logs(true);
-                return ServerExit::Shutdown;
+            if events[..n].iter().any(|e| e.u64 == WAKE_TOKEN) {
+                return;
+            }
+            // Sent before their sockets joined the epoll set: every token reported is here now.
+            if !take_new(&mut fresh, &mut holds) {
+                return;
             }
             spoke.clear();
-            for ev in &events[..n] {
-                let token = ev.u64;
-                if token != LISTEN_TOKEN {
-                    spoke.push(token);
-                    continue;
-                }
-                if resume.is_some() {
-                    continue;
-                }
-                // Drain what the kernel has queued, a batch at a time: while a storm arrives as
-                // fast as it is accepted, an unbounded drain never came back to serve the fresh
-                // connections that already spoke (the listener stays readable: the next wait
-                // returns at once).
-                for _ in 0..ACCEPT_BATCH {
-                    match accept_nonblocking(&self.listener) {
-                        Ok((stream, peer)) => {
-                            backoff = ACCEPT_BACKOFF_MIN;
-                            let token = next_token;
-                            next_token += 1;
-                            // Linux copies TCP_NODELAY from the listener to the accepted
-                            // socket (set in `start_with_store`): checked once, set per socket
-                            // only where it is not inherited (one system call less per client).
-                            if !nodelay_inherited {
-                                nodelay_inherited = stream.nodelay().unwrap_or(false);
-                                if !nodelay_inherited {
-                                    if let Err(e) = stream.set_nodelay(true) {
-                                        debug!(%peer, error = %e, "set TCP_NODELAY failed");
-                                    }
-                                }
-                            }
-                            let f = Fresh {
-                                conn: Connection::new(&self.shared, &self.conns_done_tx, peer),
-                                stream,
-                                decoder: Decoder::new(self.shared.config.limits),
-                                validated: false,
-                                reads: 0,
-                            };
-                            if ep.add(f.stream.as_raw_fd(), token).is_ok() {
-                                fresh.0.insert(token, Box::new(f));
-                                holds.push_back((std::time::Instant::now() + hold, token));
-                            } else {
-                                self.hand_over(f, Vec::new(), Vec::new(), None);
-                            }
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) if accept_error_is_fatal(&e) => {
-                            return ServerExit::Failed(format!(
-                                "store listening socket failed: {e}"
-                            ));
-                        }
-                        Err(e) => {
-                            // Never fatal: back off and keep serving the others.
-                            self.shared.report_accept_failure(&e);
-                            ep.delete(self.listener.as_raw_fd());
-                            resume = Some(std::time::Instant::now() + backoff);
-                            backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                            break;
-                        }
-                    }
-                }
-            }
-            // Fresh connections that spoke, newest first, at most a batch before accepting
-            // again: a new client is answered ahead of the storm that came before it (issue 16).
-            // A connection that stays unserved here is handed to the runtime when its hold ends.
+            spoke.extend(events[..n].iter().map(|e| e.u64));
+            // Newest first: a new client is answered ahead of the storm that came before it
+            // (issue 16); one left unserved here goes to the runtime when its hold ends.
             spoke.sort_unstable_by(|a, b| b.cmp(a));
-            for &token in spoke.iter().take(STAGE_BATCH) {
+            for &token in &spoke {
                 let Some(f) = fresh.0.get_mut(&token) else {
                     continue;
                 };
@@ -707,7 +778,7 @@ impl AcceptLoop {
         }
     }
 
-    /// Serves what a fresh connection just sent, here on the accept thread: its requests are
+    /// Serves what a fresh connection just sent, on the stage thread: its requests are
     /// answered at once, ahead of everything queued on the runtime (issue 16). Returns `None`
     /// while the connection stays in the stage, or what its task starts from: bytes not served,
     /// replies not sent, and why to close it if it is bad. It leaves the stage once a request
@@ -823,12 +894,6 @@ const FIRST_BYTES_HOLD: Duration = Duration::from_millis(250);
 /// (PyTorch's client: VALIDATE + PING, then a SET and a GET, which is WAIT + GET), few enough
 /// that the storm's later requests go to the runtime and the stage stays the fast lane.
 const FRESH_READS: u32 = 8;
-/// Most connections accepted before the accept thread serves the fresh connections that spoke,
-/// and most of those served before it accepts again. Accepting has the larger share: a fresh
-/// client first waits in the kernel's accept queue (first in, first out) behind every
-/// connection of a storm that completed its handshake before it.
-const ACCEPT_BATCH: usize = 1024;
-const STAGE_BATCH: usize = 256;
 const WAKE_TOKEN: u64 = u64::MAX;
 const LISTEN_TOKEN: u64 = u64::MAX - 1;
 

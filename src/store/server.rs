@@ -847,13 +847,15 @@ impl AcceptLoop {
         };
         match stream {
             Ok(stream) => {
-                let resume = Resume {
+                // Boxed: an async fn keeps its arguments for its whole life, so a `Resume` by
+                // value made every connection's task bigger (issue 16).
+                let resume = Box::new(Resume {
                     decoder,
                     validated,
                     input,
                     out,
                     bad,
-                };
+                });
                 self.rt.spawn(conn.run(stream, resume));
             }
             Err(e) => {
@@ -1121,7 +1123,7 @@ impl Connection {
     }
 
     /// Serves one connection from where the accept thread left it.
-    async fn run(self, mut stream: TcpStream, resume: Resume) {
+    async fn run(self, mut stream: TcpStream, resume: Box<Resume>) {
         let close = self.serve(&mut stream, resume).await;
         self.forget();
         match close {
@@ -1175,7 +1177,7 @@ impl Connection {
     }
 
     /// Serves the connection from `resume` on.
-    async fn serve(&self, stream: &mut TcpStream, resume: Resume) -> Close {
+    async fn serve(&self, stream: &mut TcpStream, resume: Box<Resume>) -> Close {
         let cfg = &self.shared.config;
         let Resume {
             mut decoder,
@@ -1183,7 +1185,7 @@ impl Connection {
             input,
             mut out,
             mut bad,
-        } = resume;
+        } = *resume;
         let mut held = Held {
             total: &self.shared.buffered,
             mine: 0,

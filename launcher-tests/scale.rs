@@ -104,6 +104,11 @@ fn store_startup_pattern_2000_clients_over_two_processes() {
         .map(|p| field(line, &format!("{p}_done_s")).parse().expect("number"))
         .collect();
     assert!(done.windows(2).all(|w| w[0] <= w[1]), "{line}");
+    // The fresh-client probe (connect, VALIDATE + PING, SET of its own key, WAIT + GET of it,
+    // the value checked) ran at least once during the storm and never failed.
+    let probes: u64 = field(line, "probes").parse().expect("number");
+    assert!(probes >= 1, "{line}");
+    assert_eq!(field(line, "probe_failed"), "0", "{line}");
     // The server process was measured with every connection open.
     let rss: u64 = field(line, "server_rss_kib").parse().expect("number");
     assert!(rss > 0, "{line}");

@@ -943,10 +943,14 @@ fn proc_usage(pid: u32) -> Option<(f64, u64, u64)> {
     Some((ticks / hz, kb("VmRSS:")?, kb("VmHWM:")?))
 }
 
-/// Fresh-client probe: every `every`, a new connection does VALIDATE + PING; returns the worst
-/// (connect to pong) and the worst connect alone, the number of probes and of failed ones once `stop` is set. On a thread of its own with
-/// blocking sockets: as a task on the generator's runtime it waited behind the storm's own
-/// client tasks, so it measured the generator's queue as much as the server.
+/// Fresh-client probe: every `every`, a new client does what a PyTorch rank's first store
+/// use does: connect, VALIDATE + PING (the `TCPStore` constructor), SET of its own key, then
+/// `get` of it, which PyTorch's client sends as WAIT (answered STOP_WAITING) + GET: three round
+/// trips on one new connection, the value checked. Returns the worst (connect to the GET's
+/// value) and the worst connect alone, the number of probes and of failed ones once `stop` is
+/// set. On a thread of its own with blocking sockets: as a task on the generator's runtime it
+/// waited behind the storm's own client tasks, so it measured the generator's queue as much as
+/// the server.
 fn probe_loop(
     dest: std::net::SocketAddr,
     every: Duration,
@@ -954,11 +958,13 @@ fn probe_loop(
 ) -> (Duration, Duration, usize, usize) {
     use std::io::{Read, Write};
     let worst_connect = std::cell::Cell::new(Duration::ZERO);
-    let once = || -> Result<(), BoxErr> {
+    let mut seq = 0u64;
+    let mut once = || -> Result<(), BoxErr> {
         let limit = Duration::from_secs(30);
         let t = Instant::now();
         let mut s = std::net::TcpStream::connect_timeout(&dest, limit)?;
-        worst_connect.set(worst_connect.get().max(t.elapsed()));
+        let t_connect = t.elapsed();
+        worst_connect.set(worst_connect.get().max(t_connect));
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(limit))?;
         let mut buf = Request::Validate {
@@ -969,20 +975,66 @@ fn probe_loop(
         s.write_all(&buf)?;
         let mut pong = [0u8; 4];
         s.read_exact(&mut pong)?;
+        let t_ping = t.elapsed();
         if u32::from_ne_bytes(pong) != 7 {
             return Err("PING answered with the wrong nonce".into());
         }
+        seq += 1;
+        let key = format!("probe/{}/{seq}", std::process::id()).into_bytes();
+        let value = format!("probe value {seq}").into_bytes();
+        s.write_all(
+            &Request::Set {
+                key: key.clone(),
+                value: value.clone(),
+            }
+            .to_bytes(),
+        )?;
+        s.write_all(
+            &Request::Wait {
+                keys: vec![key.clone()],
+            }
+            .to_bytes(),
+        )?;
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b)?;
+        let t_wait = t.elapsed();
+        if b[0] != rdrun::store::protocol::STOP_WAITING {
+            return Err(format!("WAIT answered {}", b[0]).into());
+        }
+        s.write_all(&Request::Get { key }.to_bytes())?;
+        let mut len = [0u8; 8];
+        s.read_exact(&mut len)?;
+        let mut got = vec![0u8; u64::from_ne_bytes(len).min(1 << 20) as usize];
+        s.read_exact(&mut got)?;
+        if got != value {
+            return Err("GET of the probe's own key answered the wrong value".into());
+        }
+        tracing::debug!(
+            at_us = epoch_us(),
+            connect_ms = t_connect.as_secs_f64() * 1e3,
+            ping_ms = t_ping.as_secs_f64() * 1e3,
+            wait_ms = t_wait.as_secs_f64() * 1e3,
+            get_ms = t.elapsed().as_secs_f64() * 1e3,
+            "probe"
+        );
         Ok(())
     };
     let (mut worst, mut n, mut failed) = (Duration::ZERO, 0, 0);
-    while !stop.load(Ordering::Relaxed) {
+    // At least one probe, however short the storm.
+    loop {
         let t = Instant::now();
         match once() {
             Ok(()) => {
                 worst = worst.max(t.elapsed());
                 n += 1;
             }
-            Err(_) => failed += 1,
+            Err(e) => {
+                failed += 1;
+                tracing::debug!(error = %e, "fresh-client probe failed");
+            }
+        }
+        if stop.load(Ordering::Relaxed) {
+            break;
         }
         std::thread::sleep(every);
     }

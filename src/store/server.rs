@@ -18,17 +18,19 @@
 //!   [`ServerConfig::validate_timeout`] is closed; and accept failures (EMFILE when descriptors run
 //!   out, ENFILE, ENOBUFS, ...) only make the listener back off while existing connections keep
 //!   being served: the server never stops because accept failed.
-//! - Accepting runs on a thread of its own that drains the kernel's queue as fast as
-//!   connections arrive, whatever the runtime is busy with, and holds each new connection until
-//!   its first bytes arrive, so that they are served on the task's first poll instead of behind
-//!   the storm's queue (see [`AcceptLoop`]; issue 16).
+//! - Accepting runs on a thread of its own that drains the kernel's queue as connections arrive,
+//!   whatever the runtime is busy with, and hands each new connection to a fresh stage on a
+//!   second thread for its first requests: they are served there, newest connection first, as
+//!   long as they need no wait, so a new client is answered ahead of the storm queued on the
+//!   runtime (see [`AcceptLoop`]; issue 16). Idle connections hold no read or reply buffer (reads go
+//!   into a per-thread buffer and are served in the same poll).
 //! - No reverse DNS on accept (both PyTorch servers call `getnameinfo` per connection), listen
 //!   backlog as large as the kernel allows, TCP_NODELAY on every accepted socket, dual-stack on a
 //!   wildcard IPv6 address.
 //! - Works on a current-thread or multi-thread tokio runtime: nothing on it blocks.
 //!
-//! Length: about 1,100 lines of code for one responsibility, serving the store: the accept thread
-//! (with its first-bytes stage and its small epoll wrapper),
+//! Length: about 1,350 lines of code for one responsibility, serving the store: the accept thread
+//! and the fresh-connection stage's (with their small epoll wrapper),
 //! the per-connection task, and the hardening limits that only make sense together with them
 //! (accept backoff at the fd limit, the VALIDATE deadline, the global buffer cap, rate-limited
 //! warnings). The codec is apart (`protocol`), and so are the state (`state`) and the counters
@@ -43,7 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
@@ -190,6 +192,10 @@ impl StoreServer {
             ));
         }
         listener.set_nonblocking(true)?;
+        // Inherited by accepted sockets on Linux (the accept thread checks).
+        if let Err(e) = socket2::SockRef::from(&listener).set_tcp_nodelay(true) {
+            debug!(error = %e, "set TCP_NODELAY on the listener failed");
+        }
         let addr = listener.local_addr()?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let (exit_tx, exit_rx) = watch::channel(None);
@@ -517,6 +523,16 @@ fn accept_error_is_fatal(e: &io::Error) -> bool {
 /// wake-up socket, drains every pending connection with non-blocking `accept` until EAGAIN and
 /// hands each to the runtime, so the accept queue empties as fast as SYNs arrive whatever the
 /// runtime is doing.
+///
+/// The fresh stage, on a second thread ([`AcceptLoop::stage_loop`]): each accepted socket first
+/// joins that thread's epoll set; what it sends is served there ([`AcceptLoop::stage_step`],
+/// with the same code as the connection's task) for up to [`FRESH_READS`] reads within
+/// [`FIRST_BYTES_HOLD`] of accepting, newest connection first, and the socket is handed to the
+/// runtime with the decoder's state once a request waits or the stage is done with it. On the
+/// runtime a connection's task is queued behind every connection of a storm that is woken
+/// before it; in the stage a new client's requests are answered within one turn of its loop
+/// (issue 16). The stage has its own thread because serving it on the accepting one let the
+/// kernel's accept queue (first in, first out) grow to thousands during a storm.
 struct AcceptLoop {
     listener: StdTcpListener,
     /// Readable when the server shuts down (a byte written, or the other end dropped).
@@ -528,16 +544,44 @@ struct AcceptLoop {
 
 impl AcceptLoop {
     fn run(self) -> ServerExit {
-        let ep = match Epoll::new() {
-            Ok(ep) => ep,
-            Err(e) => return ServerExit::Failed(format!("store accept thread: epoll: {e}")),
+        let (ep, stage_ep) = match (Epoll::new(), Epoll::new()) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                return ServerExit::Failed(format!("store accept thread: epoll: {e}"))
+            }
         };
         if let Err(e) = ep
             .add(self.wake.as_raw_fd(), WAKE_TOKEN)
             .and_then(|()| ep.add(self.listener.as_raw_fd(), LISTEN_TOKEN))
+            .and_then(|()| stage_ep.add(self.wake.as_raw_fd(), WAKE_TOKEN))
         {
             return ServerExit::Failed(format!("store accept thread: epoll_ctl: {e}"));
         }
+        let (tx, rx) = std::sync::mpsc::channel();
+        // The stage thread is joined when the scope ends, so its connections are forgotten
+        // before the exit is published.
+        std::thread::scope(|scope| {
+            let this = &self;
+            let stage_ep = &stage_ep;
+            let stage = std::thread::Builder::new()
+                .name("rdrun-store-fresh".into())
+                .spawn_scoped(scope, move || this.stage_loop(stage_ep, rx));
+            if let Err(e) = stage {
+                return ServerExit::Failed(format!("store fresh-stage thread: {e}"));
+            }
+            self.accept_loop(&ep, stage_ep, tx)
+        })
+    }
+
+    /// Accepts until shutdown or a broken listener; each new connection goes to the stage
+    /// thread (sent first, then added to its epoll set, so the stage has it by the time its
+    /// socket is reported readable).
+    fn accept_loop(
+        &self,
+        ep: &Epoll,
+        stage_ep: &Epoll,
+        tx: std::sync::mpsc::Sender<(u64, std::time::Instant, Box<Fresh>)>,
+    ) -> ServerExit {
         let mut backoff = ACCEPT_BACKOFF_MIN;
         // While set, accepting pauses until then (descriptors ran out); the listener is out
         // of the epoll set meanwhile (it stays readable, so it would wake us at once).
@@ -547,14 +591,10 @@ impl AcceptLoop {
             .config
             .log_interval
             .max(Duration::from_millis(1));
-        let hold = FIRST_BYTES_HOLD.min(self.shared.config.validate_timeout);
         let mut next_flush = std::time::Instant::now() + period;
-        // Accepted sockets whose first bytes have not arrived yet, and when to stop waiting for
-        // them (in accept order, so the oldest is first).
-        let mut fresh: HashMap<u64, (std::net::TcpStream, SocketAddr)> = HashMap::new();
-        let mut holds: VecDeque<(std::time::Instant, u64)> = VecDeque::new();
         let mut next_token: u64 = 0;
-        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 8];
+        let mut nodelay_inherited = false;
         loop {
             let now = std::time::Instant::now();
             if now >= next_flush {
@@ -567,20 +607,7 @@ impl AcceptLoop {
                     return ServerExit::Failed(format!("store accept thread: epoll_ctl: {e}"));
                 }
             }
-            while let Some(&(t, token)) = holds.front() {
-                if t > now {
-                    break;
-                }
-                holds.pop_front();
-                if let Some((stream, peer)) = fresh.remove(&token) {
-                    ep.delete(stream.as_raw_fd());
-                    self.serve(stream, peer, Vec::new());
-                }
-            }
-            let mut until = resume.map_or(next_flush, |r| r.min(next_flush));
-            if let Some(&(t, _)) = holds.front() {
-                until = until.min(t);
-            }
+            let until = resume.map_or(next_flush, |r| r.min(next_flush));
             let wait_ms = until
                 .saturating_duration_since(now)
                 .as_millis()
@@ -597,107 +624,289 @@ impl AcceptLoop {
                 self.shared.flush_logs(true);
                 return ServerExit::Shutdown;
             }
-            for ev in &events[..n] {
-                let token = ev.u64;
-                if token != LISTEN_TOKEN {
-                    // A fresh connection spoke (or hung up): read what it sent and hand it over.
-                    if let Some((stream, peer)) = fresh.remove(&token) {
-                        ep.delete(stream.as_raw_fd());
-                        let first = read_first_bytes(&stream);
-                        self.serve(stream, peer, first);
-                    }
-                    continue;
-                }
-                if resume.is_some() {
-                    continue;
-                }
-                // Drain: everything the kernel has queued, without going back to epoll between.
-                loop {
-                    match accept_nonblocking(&self.listener) {
-                        Ok((stream, peer)) => {
-                            backoff = ACCEPT_BACKOFF_MIN;
-                            let token = next_token;
-                            next_token += 1;
-                            if ep.add(stream.as_raw_fd(), token).is_ok() {
-                                fresh.insert(token, (stream, peer));
-                                holds.push_back((std::time::Instant::now() + hold, token));
-                            } else {
-                                self.serve(stream, peer, Vec::new());
+            if resume.is_some() || !events[..n].iter().any(|e| e.u64 == LISTEN_TOKEN) {
+                continue;
+            }
+            // Drain: everything the kernel has queued, without going back to epoll between
+            // (its queue is first in, first out: a fresh client waits behind every connection
+            // whose handshake completed before its own).
+            loop {
+                match accept_nonblocking(&self.listener) {
+                    Ok((stream, peer)) => {
+                        backoff = ACCEPT_BACKOFF_MIN;
+                        let token = next_token;
+                        next_token += 1;
+                        // Linux copies TCP_NODELAY from the listener to the accepted socket
+                        // (set in `start_with_store`): checked once, set per socket only where
+                        // it is not inherited (one system call less per client).
+                        if !nodelay_inherited {
+                            nodelay_inherited = stream.nodelay().unwrap_or(false);
+                            if !nodelay_inherited {
+                                if let Err(e) = stream.set_nodelay(true) {
+                                    debug!(%peer, error = %e, "set TCP_NODELAY failed");
+                                }
                             }
                         }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) if accept_error_is_fatal(&e) => {
-                            return ServerExit::Failed(format!(
-                                "store listening socket failed: {e}"
-                            ));
+                        let f = Box::new(Fresh {
+                            conn: Connection::new(&self.shared, &self.conns_done_tx, peer),
+                            stream,
+                            decoder: Decoder::new(self.shared.config.limits),
+                            validated: false,
+                            reads: 0,
+                        });
+                        let fd = f.stream.as_raw_fd();
+                        match tx.send((token, std::time::Instant::now(), f)) {
+                            // Not in the stage's epoll set: its hold hands it over.
+                            Ok(()) => {
+                                let _ = stage_ep.add(fd, token);
+                            }
+                            Err(std::sync::mpsc::SendError((_, _, f))) => {
+                                self.hand_over(*f, Vec::new(), Vec::new(), None)
+                            }
                         }
-                        Err(e) => {
-                            // Never fatal: back off and keep serving the others.
-                            self.shared.report_accept_failure(&e);
-                            ep.delete(self.listener.as_raw_fd());
-                            resume = Some(std::time::Instant::now() + backoff);
-                            backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                            break;
-                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if accept_error_is_fatal(&e) => {
+                        return ServerExit::Failed(format!("store listening socket failed: {e}"));
+                    }
+                    Err(e) => {
+                        // Never fatal: back off and keep serving the others.
+                        self.shared.report_accept_failure(&e);
+                        ep.delete(self.listener.as_raw_fd());
+                        resume = Some(std::time::Instant::now() + backoff);
+                        backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                        break;
                     }
                 }
             }
         }
     }
 
-    /// Hands one accepted (already non-blocking) socket to the runtime. What can be done off
-    /// the runtime is done here, on the accept thread, so that on a busy server the runtime's
-    /// thread spends its time on requests (issue 16): TCP_NODELAY, the peer note for hang
-    /// capture, and the registration with the runtime's reactor (`epoll_ctl`; tokio's reactor
-    /// accepts registrations from any thread inside the runtime's context).
-    fn serve(&self, stream: std::net::TcpStream, peer: SocketAddr, first: Vec<u8>) {
-        let conn = Connection {
-            id: self.shared.next_id.fetch_add(1, Ordering::Relaxed),
-            peer,
-            shared: self.shared.clone(),
-            _done: self.conns_done_tx.clone(),
-            notify: Arc::new(Notify::new()),
+    /// The fresh stage, on a thread of its own: serves the new connections that spoke, newest
+    /// first, until each is handed to the runtime. Ends at shutdown or when the accept loop
+    /// ended (its sender is gone).
+    fn stage_loop(
+        &self,
+        ep: &Epoll,
+        rx: std::sync::mpsc::Receiver<(u64, std::time::Instant, Box<Fresh>)>,
+    ) {
+        let hold = FIRST_BYTES_HOLD.min(self.shared.config.validate_timeout);
+        let mut fresh = Stage(HashMap::new());
+        // When each connection's hold ends, in accept order (so the oldest is first).
+        let mut holds: VecDeque<(std::time::Instant, u64)> = VecDeque::new();
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        let mut buf = vec![0u8; READ_CHUNK];
+        let mut spoke: Vec<u64> = Vec::new();
+        let take_new = |fresh: &mut Stage, holds: &mut VecDeque<_>| loop {
+            match rx.try_recv() {
+                Ok((token, at, f)) => {
+                    fresh.0.insert(token, f);
+                    holds.push_back((at + hold, token));
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => return true,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return false,
+            }
         };
-        if let Err(e) = stream.set_nodelay(true) {
-            debug!(%peer, error = %e, "set TCP_NODELAY failed");
+        loop {
+            if !take_new(&mut fresh, &mut holds) {
+                return;
+            }
+            let now = std::time::Instant::now();
+            while let Some(&(t, token)) = holds.front() {
+                if t > now {
+                    break;
+                }
+                holds.pop_front();
+                if let Some(f) = fresh.0.remove(&token) {
+                    ep.delete(f.stream.as_raw_fd());
+                    self.hand_over(*f, Vec::new(), Vec::new(), None);
+                }
+            }
+            // The stage's peak (a storm) is not kept: an empty map gives its memory back, and
+            // every hold left then is for a connection already handed over.
+            if fresh.0.is_empty() && fresh.0.capacity() > 64 {
+                fresh.0 = HashMap::new();
+                holds = VecDeque::new();
+            }
+            // New connections reach the map when their socket speaks (below) or within this.
+            let mut until = now + Duration::from_millis(50);
+            if let Some(&(t, _)) = holds.front() {
+                until = until.min(t);
+            }
+            let wait_ms = until
+                .saturating_duration_since(now)
+                .as_millis()
+                .clamp(1, i32::MAX as u128) as i32;
+            // Room for every socket that can be ready: the stage serves the newest first, so it
+            // must see them all (the kernel lists ready sockets oldest first).
+            let room = (fresh.0.len() + 4096).min(1 << 16);
+            if events.len() < room {
+                events.resize(room, libc::epoll_event { events: 0, u64: 0 });
+            }
+            let n = match ep.wait(&mut events, wait_ms) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    warn!("store fresh stage: epoll_wait: {e}; new connections go to the runtime at once");
+                    return;
+                }
+            };
+            if events[..n].iter().any(|e| e.u64 == WAKE_TOKEN) {
+                return;
+            }
+            // Sent before their sockets joined the epoll set: every token reported is here now.
+            if !take_new(&mut fresh, &mut holds) {
+                return;
+            }
+            spoke.clear();
+            spoke.extend(events[..n].iter().map(|e| e.u64));
+            // Newest first: a new client is answered ahead of the storm that came before it
+            // (issue 16); one left unserved here goes to the runtime when its hold ends.
+            spoke.sort_unstable_by(|a, b| b.cmp(a));
+            for &token in &spoke {
+                let Some(f) = fresh.0.get_mut(&token) else {
+                    continue;
+                };
+                if let Some((input, out, bad)) = self.stage_step(f, &mut buf) {
+                    if let Some(f) = fresh.0.remove(&token) {
+                        ep.delete(f.stream.as_raw_fd());
+                        self.hand_over(*f, input, out, bad);
+                    }
+                }
+            }
         }
-        conn.shared.store.note_peer(conn.id, peer);
+    }
+
+    /// Serves what a fresh connection just sent, on the stage thread: its requests are
+    /// answered at once, ahead of everything queued on the runtime (issue 16). Returns `None`
+    /// while the connection stays in the stage, or what its task starts from: bytes not served,
+    /// replies not sent, and why to close it if it is bad. It leaves the stage once a request
+    /// waits (WAIT/BARRIER on absent keys), a request is partial (a big value streams in), a
+    /// reply does not fit the socket, after [`FRESH_READS`] reads, at EOF or on an error.
+    #[allow(clippy::type_complexity)]
+    fn stage_step(
+        &self,
+        f: &mut Fresh,
+        buf: &mut [u8],
+    ) -> Option<(Vec<u8>, Vec<u8>, Option<String>)> {
+        use std::io::Read;
+        let n = loop {
+            match (&f.stream).read(buf) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                // The task meets the EOF or the error itself.
+                Err(_) => break 0,
+            }
+        };
+        if n == 0 {
+            return Some((Vec::new(), Vec::new(), None));
+        }
+        super::stats::STATS.read(n);
+        f.reads += 1;
+        let mut out = Vec::new();
+        let (input, bad) =
+            match f
+                .conn
+                .process(&mut f.decoder, &mut f.validated, &buf[..n], &mut out)
+            {
+                Step::Done => (Vec::new(), None),
+                Step::Flush(k) => (buf[k..n].to_vec(), None),
+                Step::Bad(why) => (Vec::new(), Some(why)),
+            };
+        if !out.is_empty() {
+            let sent = send_now(&f.stream, &out);
+            super::stats::STATS.wrote(sent);
+            out.drain(..sent);
+        }
+        let stays = bad.is_none()
+            && input.is_empty()
+            && out.is_empty()
+            && f.decoder.at_boundary()
+            && n < buf.len()
+            && f.reads < FRESH_READS
+            && !self.shared.store.has_waits(f.conn.id);
+        (!stays).then_some((input, out, bad))
+    }
+
+    /// Hands a connection to the runtime: registers its socket with the runtime's reactor
+    /// (`epoll_ctl`, here rather than on the runtime's thread; tokio's reactor accepts
+    /// registrations from any thread inside the runtime's context) and spawns its task.
+    fn hand_over(&self, f: Fresh, input: Vec<u8>, out: Vec<u8>, bad: Option<String>) {
+        let Fresh {
+            conn,
+            stream,
+            decoder,
+            validated,
+            ..
+        } = f;
         let stream = {
             let _in_runtime = self.rt.enter();
             TcpStream::from_std(stream)
         };
         match stream {
             Ok(stream) => {
-                self.rt.spawn(conn.run(stream, first));
+                // Boxed: an async fn keeps its arguments for its whole life, so a `Resume` by
+                // value made every connection's task bigger (issue 16).
+                let resume = Box::new(Resume {
+                    decoder,
+                    validated,
+                    input,
+                    out,
+                    bad,
+                });
+                self.rt.spawn(conn.run(stream, resume));
             }
             Err(e) => {
-                conn.shared.store.disconnect(conn.id);
-                debug!(%peer, error = %e, "could not register connection");
+                conn.forget();
+                debug!(peer = %conn.peer, error = %e, "could not register connection");
             }
         }
     }
 }
 
-/// How long the accept thread waits for a new connection's first bytes before handing it to
-/// the runtime without them (the connection's task then applies the VALIDATE deadline).
+/// A connection in the accept thread's fresh stage: its socket is in the thread's epoll set,
+/// and what it sends is served there.
+struct Fresh {
+    conn: Connection,
+    stream: std::net::TcpStream,
+    decoder: Decoder,
+    validated: bool,
+    /// Reads served by the stage so far.
+    reads: u32,
+}
+
+/// The fresh stage's connections by token; those still there when the accept thread ends are
+/// forgotten (their sockets close).
+struct Stage(HashMap<u64, Box<Fresh>>);
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        for f in self.0.values() {
+            f.conn.forget();
+        }
+    }
+}
+
+/// How long a new connection may stay in the accept thread's fresh stage before it is handed
+/// to the runtime whatever it does (a silent one then meets the VALIDATE deadline in its task).
 const FIRST_BYTES_HOLD: Duration = Duration::from_millis(250);
+/// Most reads the fresh stage serves per connection: enough for a client's first round trips
+/// (PyTorch's client: VALIDATE + PING, then a SET and a GET, which is WAIT + GET), few enough
+/// that the storm's later requests go to the runtime and the stage stays the fast lane.
+const FRESH_READS: u32 = 8;
 const WAKE_TOKEN: u64 = u64::MAX;
 const LISTEN_TOKEN: u64 = u64::MAX - 1;
 
-/// The first bytes a fresh connection sent (its VALIDATE, usually with what followed), read
-/// without blocking; empty at EOF or on an error, which the connection's task then meets itself.
-fn read_first_bytes(stream: &std::net::TcpStream) -> Vec<u8> {
-    use std::io::Read;
-    let mut buf = [0u8; SMALL_READ];
+/// Sends what fits now without blocking (the socket is non-blocking); returns how much went.
+/// An error sends nothing: the connection's task meets it when it writes the rest.
+fn send_now(stream: &std::net::TcpStream, out: &[u8]) -> usize {
     loop {
-        match (&*stream).read(&mut buf) {
-            Ok(n) => {
-                super::stats::STATS.read(n);
-                return buf[..n].to_vec();
-            }
+        match socket2::SockRef::from(stream).send_with_flags(out, libc::MSG_NOSIGNAL) {
+            Ok(n) => return n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return Vec::new(),
+            Err(_) => return 0,
         }
     }
 }
@@ -798,10 +1007,60 @@ enum Close {
     Bad(String),
 }
 
-/// Largest read size; buffers above the idle size are freed once drained.
+/// The read size: every read goes into a per-thread buffer of this size ([`SCRATCH`]), so an
+/// idle connection holds no read buffer at all (issue 16: the 512-byte buffer each connection
+/// kept between requests was a sixth of its memory).
 const READ_CHUNK: usize = 64 * 1024;
-/// Read room kept while idle: TCPStore requests are small, so idle connections stay cheap.
-const SMALL_READ: usize = 512;
+
+thread_local! {
+    /// The read buffer of the runtime thread(s): a connection's task reads into it and serves
+    /// what it read in the same poll; bytes it cannot serve then (a partial request is kept by
+    /// the decoder; only a flush in mid-batch leaves bytes over) are copied out.
+    static SCRATCH: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0u8; READ_CHUNK].into_boxed_slice());
+}
+
+/// Reads what the socket has into [`SCRATCH`]; the bytes are there until the calling task's
+/// next await (it serves them within the same poll).
+fn read_scratch(stream: &mut TcpStream) -> impl Future<Output = io::Result<usize>> + '_ {
+    use tokio::io::AsyncRead;
+    std::future::poll_fn(move |cx| {
+        SCRATCH.with_borrow_mut(|buf| {
+            let mut rb = tokio::io::ReadBuf::new(&mut buf[..]);
+            // tokio clears the readiness on a short read, which saves the extra EAGAIN read per
+            // request that a readable()/try_read loop costs.
+            match std::pin::Pin::new(&mut *stream).poll_read(cx, &mut rb) {
+                std::task::Poll::Ready(Ok(())) => std::task::Poll::Ready(Ok(rb.filled().len())),
+                std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Err(e)),
+                std::task::Poll::Pending => std::task::Poll::Pending,
+            }
+        })
+    })
+}
+
+/// What serving a run of bytes came to.
+enum Step {
+    /// Every byte was served or is held by the decoder (a partial request).
+    Done,
+    /// The replies reached [`ServerConfig::max_pending_output`] after this many bytes: send
+    /// them, then go on with the rest.
+    Flush(usize),
+    /// The connection must be closed.
+    Bad(String),
+}
+
+/// Where a connection's task starts: what the accept thread's fresh stage left (see
+/// [`AcceptLoop`]).
+struct Resume {
+    decoder: Decoder,
+    validated: bool,
+    /// Bytes read and not served yet.
+    input: Vec<u8>,
+    /// Replies not sent yet.
+    out: Vec<u8>,
+    /// The stage found the connection bad: close it (after sending `out`) for this reason.
+    bad: Option<String>,
+}
 
 /// This connection's share of [`Shared::buffered`]; given back when dropped.
 struct Held<'a> {
@@ -838,16 +1097,35 @@ impl Drop for Held<'_> {
 }
 
 impl Connection {
-    /// Serves one connection (its peer already noted for hang capture, issue 13: who waits on
-    /// what; forgotten at disconnect).
-    async fn run(self, mut stream: TcpStream, first: Vec<u8>) {
+    /// A new connection, counted open and its peer noted for hang capture (issue 13: who waits
+    /// on what; forgotten at disconnect). Made on the accept thread.
+    fn new(shared: &Arc<Shared>, done: &mpsc::Sender<()>, peer: SocketAddr) -> Connection {
+        let conn = Connection {
+            id: shared.next_id.fetch_add(1, Ordering::Relaxed),
+            peer,
+            shared: shared.clone(),
+            _done: done.clone(),
+            notify: Arc::new(Notify::new()),
+        };
         super::stats::STATS.opened();
-        let close = self.serve(&mut stream, first).await;
+        conn.shared.store.note_peer(conn.id, peer);
+        conn
+    }
+
+    /// Forgets a connection that ends without a task (at shutdown, or when it could not be
+    /// registered with the runtime).
+    fn forget(&self) {
         let unanswered = self.shared.store.pending_waits(self.id)
             + self.shared.store.take_ready(self.id) as usize;
         super::stats::STATS.waits_ended(unanswered);
         self.shared.store.disconnect(self.id);
         super::stats::STATS.closed();
+    }
+
+    /// Serves one connection from where the accept thread left it.
+    async fn run(self, mut stream: TcpStream, resume: Box<Resume>) {
+        let close = self.serve(&mut stream, resume).await;
+        self.forget();
         match close {
             Close::Eof | Close::Shutdown => {
                 debug!(conn = self.id, peer = %self.peer, "store connection closed")
@@ -863,26 +1141,63 @@ impl Connection {
         drop(stream);
     }
 
-    /// Serves the connection; `first` holds the bytes the accept thread already read.
-    async fn serve(&self, stream: &mut TcpStream, first: Vec<u8>) -> Close {
+    /// Serves every complete request in `input`, in order, appending replies to `out`; the
+    /// decoder keeps a partial request at the end (and resumes at its last byte next time).
+    /// Synchronous: the accept thread's fresh stage and the connection's task both use it.
+    fn process(
+        &self,
+        decoder: &mut Decoder,
+        validated: &mut bool,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Step {
+        let mut pos = 0;
+        while pos < input.len() {
+            if !*validated && decoder.at_boundary() && input[pos] != QueryType::Validate as u8 {
+                return Step::Bad(format!(
+                    "first request is opcode {} instead of VALIDATE",
+                    input[pos]
+                ));
+            }
+            match decoder.decode(&input[pos..]) {
+                Ok((n, request)) => {
+                    pos += n;
+                    let Some(request) = request else { continue };
+                    if let Err(why) = self.handle(request, validated, out) {
+                        return Step::Bad(why);
+                    }
+                    if out.len() >= self.shared.config.max_pending_output && pos < input.len() {
+                        return Step::Flush(pos);
+                    }
+                }
+                Err(e) => return Step::Bad(e.to_string()),
+            }
+        }
+        Step::Done
+    }
+
+    /// Serves the connection from `resume` on.
+    async fn serve(&self, stream: &mut TcpStream, resume: Box<Resume>) -> Close {
         let cfg = &self.shared.config;
-        let mut decoder = Decoder::new(cfg.limits);
+        let Resume {
+            mut decoder,
+            mut validated,
+            input,
+            mut out,
+            mut bad,
+        } = *resume;
         let mut held = Held {
             total: &self.shared.buffered,
             mine: 0,
         };
-        // The connection's own buffer comes from this thread's allocator: a buffer allocated on
-        // the accept thread and kept for the connection's life measurably grew the RSS.
-        let mut inbuf: Vec<u8> = Vec::with_capacity(SMALL_READ.max(first.len()));
-        inbuf.extend_from_slice(&first);
-        drop(first);
-        let mut out: Vec<u8> = Vec::new();
-        let mut validated = false;
-        let mut streaming = false;
+        // Bytes read but not served from the read buffer: the stage's, or the rest of a read
+        // cut short by a flush.
+        let mut spill = input;
         // The futures that outlive one request are made once per connection, not per loop turn
         // (issue 16: re-creating them registered and unregistered a waiter on the `Notify`,
         // and the timer looked up the runtime, for every request).
-        let mut validate_timer = Some(Box::pin(tokio::time::sleep(cfg.validate_timeout)));
+        let mut validate_timer =
+            (!validated).then(|| Box::pin(tokio::time::sleep(cfg.validate_timeout)));
         let mut shutdown_rx = self.shared.shutdown_rx.clone();
         if *shutdown_rx.borrow_and_update() {
             return Close::Shutdown;
@@ -892,45 +1207,22 @@ impl Connection {
         let notified = self.notify.notified();
         tokio::pin!(notified);
         loop {
-            // Serve every complete request buffered so far, in order; the decoder keeps the
-            // partial one (and resumes at its last byte next time).
             let mut pos = 0;
-            let mut bad = None;
-            while pos < inbuf.len() {
-                if !validated && decoder.at_boundary() && inbuf[pos] != QueryType::Validate as u8 {
-                    bad = Some(format!(
-                        "first request is opcode {} instead of VALIDATE",
-                        inbuf[pos]
-                    ));
-                    break;
+            while bad.is_none() && pos < spill.len() {
+                if out.len() >= cfg.max_pending_output {
+                    if let Err(e) = write_out(stream, &out).await {
+                        return Close::Io(e);
+                    }
+                    out = Vec::new();
                 }
-                match decoder.decode(&inbuf[pos..]) {
-                    Ok((n, request)) => {
-                        pos += n;
-                        let Some(request) = request else { continue };
-                        if let Err(why) = self.handle(request, &mut validated, &mut out) {
-                            bad = Some(why);
-                            break;
-                        }
-                        if out.len() >= cfg.max_pending_output {
-                            if let Err(e) = write_out(stream, &out).await {
-                                return Close::Io(e);
-                            }
-                            out.clear();
-                        }
-                    }
-                    Err(e) => {
-                        bad = Some(e.to_string());
-                        break;
-                    }
+                match self.process(&mut decoder, &mut validated, &spill[pos..], &mut out) {
+                    Step::Done => pos = spill.len(),
+                    Step::Flush(n) => pos += n,
+                    Step::Bad(why) => bad = Some(why),
                 }
             }
-            // Every byte read is now served or held by the decoder. Release a big buffer once
-            // the client stops streaming; idle connections keep a small one.
-            if inbuf.capacity() > 4 * SMALL_READ && !streaming {
-                inbuf = Vec::new();
-            } else {
-                inbuf.clear();
+            if !spill.is_empty() {
+                spill = Vec::new();
             }
             if bad.is_none() {
                 if let Err(why) = held.set(decoder.buffered(), cfg.max_buffered_bytes) {
@@ -941,10 +1233,8 @@ impl Connection {
                 if let Err(e) = write_out(stream, &out).await {
                     return Close::Io(e);
                 }
-                out.clear();
-                if out.capacity() > READ_CHUNK {
-                    out = Vec::new();
-                }
+                // Not kept between requests: an idle connection holds no reply buffer.
+                out = Vec::new();
             }
             if let Some(why) = bad {
                 return Close::Bad(why);
@@ -952,11 +1242,6 @@ impl Connection {
             if validated {
                 validate_timer = None;
             }
-
-            // Room for the next read: small while idle, big while the client streams.
-            let want = if streaming { READ_CHUNK } else { SMALL_READ };
-            inbuf.reserve(want);
-            let room = inbuf.capacity() - inbuf.len();
             tokio::select! {
                 biased;
                 _ = &mut shutdown => return Close::Shutdown,
@@ -974,15 +1259,18 @@ impl Connection {
                         Reply::Byte(STOP_WAITING).encode(&mut out);
                     }
                 }
-                // read_buf is cancel-safe, and tokio clears the readiness on a short read, which
-                // saves the extra EAGAIN read per request that a readable()/try_read loop costs.
-                r = stream.read_buf(&mut inbuf) => match r {
+                r = read_scratch(stream) => match r {
                     Ok(0) => return Close::Eof,
-                    // A read that filled the room means more is queued (pipelined requests or a
-                    // big value): read in big chunks until the client stops streaming.
                     Ok(n) => {
                         super::stats::STATS.read(n);
-                        streaming = n >= room
+                        // Served from the read buffer within this poll (no await before).
+                        SCRATCH.with_borrow(|buf| {
+                            match self.process(&mut decoder, &mut validated, &buf[..n], &mut out) {
+                                Step::Done => {}
+                                Step::Flush(k) => spill = buf[k..n].to_vec(),
+                                Step::Bad(why) => bad = Some(why),
+                            }
+                        });
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Close::Io(e),
@@ -1267,6 +1555,98 @@ mod tests {
             r.expect("join").expect("client thread")
         });
         assert_eq!((prompt, silent), (42, 42));
+        rt.block_on(server.shutdown());
+    }
+
+    /// The fresh stage serves a client's first round trips itself and hands connections over in
+    /// mid-conversation without losing or reordering anything: a WAIT on a present key
+    /// (answered in the stage), a WAIT that must wait with a PING pipelined behind it (the PING
+    /// answered first; the WAIT once another fresh client SETs the key), and a value bigger
+    /// than one read sent right after VALIDATE (handed over with the decoder's partial state).
+    #[test]
+    fn fresh_stage_hands_over_waits_and_big_values_intact() {
+        use std::io::{Read, Write};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let loopback: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let server = rt.block_on(async { StoreServer::bind(loopback, ServerConfig::default()) });
+        let server = server.expect("bind");
+        let addr = server.local_addr();
+        let client = std::thread::spawn(move || {
+            let open = || {
+                let s = std::net::TcpStream::connect(addr).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(30)))
+                    .expect("timeout");
+                s
+            };
+            let validate = || {
+                Request::Validate {
+                    magic: VALIDATION_MAGIC,
+                }
+                .to_bytes()
+            };
+            let read_n = |s: &mut std::net::TcpStream, n: usize| {
+                let mut b = vec![0u8; n];
+                s.read_exact(&mut b).expect("reply");
+                b
+            };
+            let get = |s: &mut std::net::TcpStream, key: &[u8]| {
+                s.write_all(&Request::Get { key: key.to_vec() }.to_bytes())
+                    .expect("write");
+                let len = u64::from_ne_bytes(read_n(s, 8).try_into().expect("8 bytes"));
+                read_n(s, len as usize)
+            };
+            let mut a = open();
+            let mut hello = validate();
+            Request::Ping { nonce: 1 }.encode(&mut hello);
+            a.write_all(&hello).expect("write");
+            assert_eq!(read_n(&mut a, 4), 1u32.to_ne_bytes());
+            let mut b = Request::Set {
+                key: b"k1".to_vec(),
+                value: b"v1".to_vec(),
+            }
+            .to_bytes();
+            Request::Wait {
+                keys: vec![b"k1".to_vec()],
+            }
+            .encode(&mut b);
+            a.write_all(&b).expect("write");
+            assert_eq!(read_n(&mut a, 1), [STOP_WAITING]);
+            let mut b = Request::Wait {
+                keys: vec![b"k2".to_vec()],
+            }
+            .to_bytes();
+            Request::Ping { nonce: 2 }.encode(&mut b);
+            a.write_all(&b).expect("write");
+            assert_eq!(read_n(&mut a, 4), 2u32.to_ne_bytes());
+            let mut setter = open();
+            let mut b = validate();
+            Request::Set {
+                key: b"k2".to_vec(),
+                value: b"v2".to_vec(),
+            }
+            .encode(&mut b);
+            setter.write_all(&b).expect("write");
+            assert_eq!(read_n(&mut a, 1), [STOP_WAITING]);
+            assert_eq!(get(&mut a, b"k2"), b"v2");
+            let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+            let mut c = open();
+            let mut b = validate();
+            Request::Set {
+                key: b"big".to_vec(),
+                value: big.clone(),
+            }
+            .encode(&mut b);
+            c.write_all(&b).expect("write");
+            assert_eq!(get(&mut c, b"big"), big);
+            assert_eq!(get(&mut setter, b"k1"), b"v1");
+        });
+        rt.block_on(async {
+            let r = tokio::task::spawn_blocking(move || client.join()).await;
+            r.expect("join").expect("client thread");
+        });
         rt.block_on(server.shutdown());
     }
 

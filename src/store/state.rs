@@ -70,7 +70,10 @@ struct ConnWaits {
     notify: Arc<Notify>,
     /// Finished waits whose STOP_WAITING byte the connection has not taken yet.
     ready: u32,
-    pending: HashMap<u64, Pending>,
+    /// Registrations by wait id, in registration order: a connection has one at a time in
+    /// PyTorch's client (at most `max_pending_waits`), so a short list costs a tenth of the
+    /// memory of a map per waiting connection (issue 16: all ranks wait at once in a barrier).
+    pending: Vec<(u64, Pending)>,
 }
 
 struct Pending {
@@ -248,6 +251,11 @@ impl Store {
         self.lock().conns.get(&conn).map_or(0, |c| c.pending.len())
     }
 
+    /// Whether `conn` has a WAIT/BARRIER registered, pending or finished and not answered yet.
+    pub fn has_waits(&self, conn: ConnId) -> bool {
+        self.lock().conns.contains_key(&conn)
+    }
+
     /// Takes the number of finished waits of `conn` not yet answered.
     pub fn take_ready(&self, conn: ConnId) -> u32 {
         let mut g = self.lock();
@@ -257,6 +265,10 @@ impl Store {
         let n = std::mem::take(&mut c.ready);
         if c.pending.is_empty() {
             g.conns.remove(&conn);
+            // A barrier of every rank grows this map to the world size; give that back.
+            if g.conns.is_empty() && g.conns.capacity() > 1024 {
+                g.conns = HashMap::new();
+            }
         }
         n
     }
@@ -297,7 +309,7 @@ impl Store {
             .flat_map(|(c, w)| {
                 let peer = g.peers.get(c).copied();
                 let g = &g;
-                w.pending.values().map(move |p| {
+                w.pending.iter().map(move |(_, p)| {
                     let keys = p.keys.iter().filter(|k| !g.present(k)).cloned().collect();
                     (peer, keys, p.since)
                 })
@@ -351,24 +363,28 @@ impl Inner {
         let wait = self.next_wait;
         self.next_wait += 1;
         for k in &missing {
-            self.waiters
-                .entry(k.clone())
-                .or_default()
-                .push_back(WaitRef { conn, wait });
+            // No key copy when the key already has waiters (a barrier's every rank).
+            let w = WaitRef { conn, wait };
+            match self.waiters.get_mut(k) {
+                Some(list) => list.push_back(w),
+                None => {
+                    self.waiters.insert(k.clone(), VecDeque::from([w]));
+                }
+            }
         }
         let c = self.conns.entry(conn).or_insert_with(|| ConnWaits {
             notify: notify.clone(),
             ready: 0,
-            pending: HashMap::new(),
+            pending: Vec::new(),
         });
-        c.pending.insert(
+        c.pending.push((
             wait,
             Pending {
                 remaining: missing.len(),
                 keys: missing,
                 since: std::time::Instant::now(),
             },
-        );
+        ));
     }
 
     fn wake_all(&mut self, key: &[u8]) {
@@ -404,12 +420,13 @@ impl Inner {
         let Some(c) = self.conns.get_mut(&w.conn) else {
             return;
         };
-        let Some(p) = c.pending.get_mut(&w.wait) else {
+        let Some(i) = c.pending.iter().position(|(id, _)| *id == w.wait) else {
             return;
         };
+        let p = &mut c.pending[i].1;
         p.remaining = p.remaining.saturating_sub(1);
         if p.remaining == 0 {
-            c.pending.remove(&w.wait);
+            c.pending.remove(i);
             c.ready += 1;
             c.notify.notify_one();
         }
@@ -419,7 +436,7 @@ impl Inner {
         let Some(c) = self.conns.remove(&conn) else {
             return 0;
         };
-        for p in c.pending.values() {
+        for (_, p) in &c.pending {
             for k in &p.keys {
                 if let Some(list) = self.waiters.get_mut(k) {
                     list.retain(|w| w.conn != conn);

@@ -1,9 +1,15 @@
 //! The c10d-like rendezvous state every agent shares, and the pure decisions taken on it.
 //!
-//! The state is one JSON document in one store key (`rdrun.rendezvous.<run_id>/state`), updated
-//! only with `compare_set` using the previously read text as fencing token (as torchrun's
-//! `C10dRendezvousBackend` does with its pickled state; spec torchrun-compat §4.2). PyTorch's state
-//! is a pickled Python object, so rdrun and Python torchrun agents cannot share one rendezvous.
+//! The state is one JSON document ([`RdzvState`], the body) named by a small [`Head`] in one store
+//! key (`rdrun.rendezvous.<run_id>/state`); the head is updated only with `compare_set` using the
+//! previously read head as fencing token (as torchrun's `C10dRendezvousBackend` does with its
+//! pickled state; spec torchrun-compat §4.2), each body is written once under a key of its own.
+//! PyTorch's state is a pickled Python object, so rdrun and Python torchrun agents cannot share
+//! one rendezvous. Issue 16 (10,000 nodes): the head carries the counts every node needs, and the
+//! per-node keys are pure functions of the state here ([`notices`]: each node's list and watched
+//! peers; [`roster`]: a complete round's `id nproc` lines, from which [`roster_assignment`]
+//! builds the same [`Assignment`] as [`assignment`]); [`place_pending`] lets one write place
+//! every announced joiner.
 //!
 //! Everything here is synchronous and clock-free: the driver (`c10d.rs`) reads the state, measures
 //! local time, asks [`join_step`] what to do and writes the returned state. Time-dependent inputs
@@ -30,9 +36,11 @@
 //! - MASTER_ADDR/MASTER_PORT come from the state of each round (group rank 0's address and the
 //!   port it published when joining), so they are never stale.
 //!
-//! Length: about 515 lines of pure decisions; the rest are their table and property tests.
+//! Length: about 1,000 lines of pure decisions (the head, notices and roster of issue 16 included);
+//! the rest are their table and property tests.
 
 use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 /// Version of the JSON layout; agents refuse a state written in another format.
@@ -478,20 +486,44 @@ pub fn join_step(state: &RdzvState, v: &JoinView<'_>) -> JoinStep {
     // Incomplete round, not yet in it: join unless the free slots are reserved for expected nodes.
     // Every other announced joiner that fits is admitted in the same write (announcement order),
     // so N agents starting together need a few writes instead of N contended ones.
+    // Sets instead of list scans: one write may admit thousands (issue 16); the decisions are
+    // `can_admit`'s and `admit`'s, one candidate after the other.
+    let parts: HashSet<&str> = state.participants.iter().map(|m| m.id.as_str()).collect();
     let mut candidates: Vec<&Member> = v
         .pending
         .iter()
-        .filter(|p| !state.is_participant(&p.id))
+        .filter(|p| !parts.contains(p.id.as_str()))
         .map(|p| if p.id == id { v.me } else { p })
         .collect();
     if !candidates.iter().any(|c| c.id == id) {
         candidates.push(v.me);
     }
+    let mut expected: HashMap<&str, usize> = HashMap::new();
+    for e in &state.expected {
+        *expected.entry(e.as_str()).or_default() += 1;
+    }
+    // Slots reserved for expected nodes that have not rejoined (as `can_admit` counts them).
+    let mut reserved: usize = state
+        .expected
+        .iter()
+        .filter(|e| !parts.contains(e.as_str()))
+        .count();
+    let mut admitted: HashSet<&str> = HashSet::new();
     let mut new = state.clone();
     let mut me_in = false;
     for c in candidates {
-        if !new.is_participant(&c.id) && can_admit(&new, &c.id, v.max) {
+        if admitted.contains(c.id.as_str()) {
+            continue;
+        }
+        let times_expected = expected.get(c.id.as_str()).copied().unwrap_or(0);
+        let r = if times_expected > 0 { 0 } else { reserved };
+        let fits = new.participants.len() + r < v.max;
+        // The counted rule is `can_admit`'s (checked in debug builds, O(n) each).
+        debug_assert_eq!(fits, can_admit(&new, &c.id, v.max));
+        if fits {
             admit(&mut new, c, v.min);
+            admitted.insert(c.id.as_str());
+            reserved -= times_expected.min(reserved);
             me_in |= c.id == id;
         }
     }
@@ -727,16 +759,24 @@ impl Notice {
 
 /// Every known node's notice in `state`.
 fn all_notices(state: &RdzvState) -> Vec<(String, Notice)> {
+    let parts: HashSet<&str> = state.participants.iter().map(|m| m.id.as_str()).collect();
+    let wait: HashSet<&str> = state.wait_list.iter().map(|m| m.id.as_str()).collect();
+    let red: HashSet<&str> = state
+        .redundancy_list
+        .iter()
+        .map(|m| m.id.as_str())
+        .collect();
     let mut out = Vec::new();
     for (id, targets) in all_watch_targets(state) {
-        let status = if state.is_participant(&id) {
+        let status = if parts.contains(id.as_str()) {
             'p'
-        } else if state.in_wait_list(&id) {
+        } else if wait.contains(id.as_str()) {
             'w'
-        } else if state.in_redundancy_list(&id) {
+        } else if red.contains(id.as_str()) {
             'r'
         } else {
-            'e'
+            // Expected, not rejoined: no key (it waits to be admitted; participants watch it).
+            continue;
         };
         out.push((id, Notice { status, targets }));
     }
@@ -783,7 +823,50 @@ pub fn notices(old: Option<&RdzvState>, new: &RdzvState) -> Vec<(String, Notice)
 /// redundancy list as if it had written itself). Members already placed are left alone.
 pub fn place_pending(state: &RdzvState, pending: &[Member], min: usize, max: usize) -> RdzvState {
     let mut cur = state.clone();
-    for p in pending {
+    let mut placed: HashSet<String> = cur
+        .participants
+        .iter()
+        .chain(&cur.wait_list)
+        .chain(&cur.redundancy_list)
+        .map(|m| m.id.clone())
+        .collect();
+    let unplaced: Vec<Member> = pending
+        .iter()
+        .filter(|p| !placed.contains(&p.id))
+        .cloned()
+        .collect();
+    // An incomplete round admits the whole batch in one step (one copy of the state); whoever
+    // does not fit is placed one by one below.
+    if let Some(first) = unplaced.first() {
+        if !cur.complete && !cur.closed {
+            let v = JoinView {
+                me: first,
+                min,
+                max,
+                past_deadline: false,
+                last_call_expired: false,
+                bump_from: None,
+                pending: &unplaced,
+            };
+            if let JoinStep::Write(s) = join_step(&cur, &v) {
+                if s.round == cur.round {
+                    cur = s;
+                }
+            }
+            for m in cur
+                .participants
+                .iter()
+                .chain(&cur.wait_list)
+                .chain(&cur.redundancy_list)
+            {
+                placed.insert(m.id.clone());
+            }
+        }
+    }
+    for p in &unplaced {
+        if placed.contains(&p.id) {
+            continue;
+        }
         let v = JoinView {
             me: p,
             min,
@@ -799,6 +882,7 @@ pub fn place_pending(state: &RdzvState, pending: &[Member], min: usize, max: usi
                 _ => break,
             }
         }
+        placed.insert(p.id.clone());
     }
     cur
 }
@@ -852,8 +936,8 @@ pub fn roster_ids(roster: &[u8]) -> Option<Vec<String>> {
 /// Equal to [`assignment`] on the state the roster was made from.
 pub fn roster_assignment(roster: &[u8], id: &str, store_prefix: &str) -> Option<Assignment> {
     let text = std::str::from_utf8(roster).ok()?;
-    let mut lines = text.lines();
-    let head: Vec<&str> = lines.next()?.split(' ').collect();
+    let nl = text.find('\n').unwrap_or(text.len());
+    let head: Vec<&str> = text[..nl].split(' ').collect();
     if head.len() != 5 || head[0] != "rdrun-roster" {
         return None;
     }
@@ -867,19 +951,33 @@ pub fn roster_assignment(roster: &[u8], id: &str, store_prefix: &str) -> Option<
         _ => return None,
     };
     let master_port: u16 = head[4].parse().ok()?;
-    let mut nodes: Vec<(String, usize)> = Vec::new();
+    // One pass over bytes: every participant reads this once per round, and a round of 10,000
+    // nodes has 10,000 lines (issue 16: the per-node cost of a join).
+    let rest = text.get(nl + 1..).unwrap_or("").as_bytes();
+    let mut nodes: Vec<(String, usize)> = Vec::with_capacity(rest.len() / 16 + 1);
     let mut group_rank = None;
     let mut first = None;
-    for l in lines {
-        let (nid, nproc) = l.rsplit_once(' ')?;
-        let nproc: usize = nproc.parse().ok()?;
-        if nid == id {
+    for line in rest.split(|b| *b == b'\n') {
+        if line.is_empty() {
+            continue;
+        }
+        let sp = line.iter().rposition(|b| *b == b' ')?;
+        let (nid, nproc) = (&line[..sp], &line[sp + 1..]);
+        let mut np: usize = 0;
+        for d in nproc {
+            if !d.is_ascii_digit() {
+                return None;
+            }
+            np = np.checked_mul(10)?.checked_add(usize::from(d - b'0'))?;
+        }
+        if nid == id.as_bytes() {
             group_rank = Some(nodes.len());
         }
+        let nid = std::str::from_utf8(nid).ok()?;
         if first.is_none() {
             first = Some(nid);
         }
-        nodes.push((id_addr(nid).to_string(), nproc));
+        nodes.push((id_addr(nid).to_string(), np));
     }
     let group_rank = group_rank?;
     let nprocs: Vec<usize> = nodes.iter().map(|n| n.1).collect();

@@ -118,18 +118,25 @@ def main():
           ("PyTorch libuv", series(rows, "store", "server", "torch", "clients",
                                    "probe_worst_ms"), "s-")])
     sim = lambda key: series(rows, "rdzv", "impl", "rdrun-sim", "nodes", key)  # noqa: E731
+    before = lambda key: series(rows, "rdzv", "impl", "rdrun-sim-before", "nodes",  # noqa: E731
+                                key)
     plot(f"{out}/rdzv_join.png", "c10d rendezvous: one round (join), by node count", "seconds",
          [("rdrun, simulated nodes (join)", sim("join_s"), "o-"),
+          ("rdrun before (one JSON state, CAS)", before("join_s"), "^--"),
           ("rdrun, real agents (start to exit)",
            series(rows, "agents", "impl", "rdrun", "nodes", "wall_s"), "^-"),
           ("torchrun, real agents (start to exit)",
            series(rows, "agents", "impl", "torchrun", "nodes", "wall_s"), "s-")])
     plot(f"{out}/rdzv_steady_cpu.png", "c10d rendezvous: store CPU at steady state",
-         "% of one core", [("rdrun (simulated)", sim("steady_cpu_pct"), "o-")])
+         "% of one core", [("rdrun (simulated)", sim("steady_cpu_pct"), "o-"),
+                           ("rdrun before", before("steady_cpu_pct"), "^--")])
     plot(f"{out}/rdzv_bytes_per_join.png", "c10d rendezvous: store bytes moved per join",
-         "bytes per node (read + written)", [("rdrun (simulated)", sim("bytes_per_join"), "o-")])
+         "bytes per node (read + written)", [("rdrun (simulated)", sim("bytes_per_join"), "o-"),
+                                             ("rdrun before", before("bytes_per_join"), "^--")])
     plot(f"{out}/rdzv_detect.png", "c10d rendezvous: one lost node, last survivor told",
-         "seconds", [("rdrun (simulated)", sim("detect_all_s"), "o-")])
+         "seconds", [("rdrun (simulated)", sim("detect_all_s"), "o-"),
+                     ("rdrun (simulated), budget", sim("dead_after_s"), "k:"),
+                     ("rdrun before", before("detect_all_s"), "^--")])
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@
 //! its stdin with the byte counters of its server (`rdrun::store::stats`, socket bytes read and
 //! written), which is how bytes per join are measured. With `--port` (another server) bytes are
 //! not reported. Each simulated node opens two store connections, as a real agent does (the
-//! keeper has its own), up to 9,000 nodes; above, one (`conns_per_node=1`), so that 10,000
-//! nodes fit in the 20,000 descriptors a process may hold here on both sides. A benchmark, bounded by `--timeout-secs`; `scripts/bench-scale.sh` runs it.
+//! keeper has its own), as many as fit in 18,000 connections; the rest one each (at 10,000 nodes
+//! 8,000 with two and 2,000 with one, `conns_per_node=2x8000+1x2000`), so that both sides stay
+//! within the 20,000 descriptors a process may hold here. A benchmark, bounded by `--timeout-secs`; `scripts/bench-scale.sh` runs it.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -236,8 +237,10 @@ async fn run(args: Args) -> Res<()> {
 
     // Like a real agent, each node's keeper has a connection of its own (heartbeats never queue
     // behind a big read of the join), while both sides stay under the 20,000 descriptors a
-    // process may hold here; above 9,000 nodes the keeper shares the node's connection.
-    let two_conns = 2 * n <= 18_000;
+    // process may hold here; above 9,000 nodes the last nodes share one (see the module docs).
+    // Nodes `0..dual` get two connections, the rest one: at most 18,000 in all.
+    let dual = 18_000usize.saturating_sub(n).min(n);
+    let two_conns = dual == n;
     // Connections first, so the join measures the rendezvous, not the connect storm.
     let t_conn = Instant::now();
     let mut connecting = tokio::task::JoinSet::new();
@@ -245,7 +248,7 @@ async fn run(args: Args) -> Res<()> {
         let host = args.host.clone();
         connecting.spawn(async move {
             let main = TcpRdzvStore::connect(&host, port, deadline, op_timeout).await?;
-            let keeper = if two_conns {
+            let keeper = if i < dual {
                 Some(TcpRdzvStore::connect(&host, port, deadline, op_timeout).await?)
             } else {
                 None
@@ -293,8 +296,11 @@ async fn run(args: Args) -> Res<()> {
                 .await;
             let ok = asg
                 .as_ref()
-                .map(|a| a.group_world_size == n && a.world_size == n * nproc);
-            let _ = joined_tx.send((i, ok.map_err(|e| e.to_string()), Instant::now()));
+                .map(|a| a.group_world_size == n && a.world_size == n * nproc)
+                .map_err(|e| e.to_string());
+            // A real agent holds its one assignment; 10,000 held here would be 10^8 entries.
+            drop(asg);
+            let _ = joined_tx.send((i, ok, Instant::now()));
             loop {
                 tokio::select! {
                     ev = rdzv.watch() => {
@@ -312,8 +318,35 @@ async fn run(args: Args) -> Res<()> {
     }
     drop((joined_tx, event_tx));
     let mut last = t0;
-    for _ in 0..n {
-        let (i, ok, at) = joined_rx.recv().await.ok_or("a node task ended early")?;
+    // With RDRUN_SIM_PROGRESS set: every 5 s, how many joined and the round's head (stderr).
+    let progress = std::env::var_os("RDRUN_SIM_PROGRESS").is_some();
+    let probe = if progress {
+        Some(TcpRdzvStore::connect(&args.host, port, deadline, op_timeout).await?)
+    } else {
+        None
+    };
+    let mut next_report = Instant::now() + Duration::from_secs(5);
+    for done in 0..n {
+        let (i, ok, at) = loop {
+            match tokio::time::timeout_at(next_report, joined_rx.recv()).await {
+                Ok(r) => break r.ok_or("a node task ended early")?,
+                Err(_) => {
+                    next_report += Duration::from_secs(5);
+                    if let Some(p) = &probe {
+                        use rdrun::rendezvous::RdzvStore;
+                        let head = p
+                            .compare_set("rdrun.rendezvous.sim/state", b"\0", b"\0")
+                            .await
+                            .unwrap_or_default();
+                        eprintln!(
+                            "after {:.1}s: {done} joined; head {}",
+                            t0.elapsed().as_secs_f64(),
+                            String::from_utf8_lossy(&head)
+                        );
+                    }
+                }
+            }
+        };
         match ok {
             Ok(true) => {}
             Ok(false) => return Err(format!("node {i} got a wrong world").into()),
@@ -330,7 +363,11 @@ async fn run(args: Args) -> Res<()> {
 
     let mut line = format!(
         "nodes={n} conns_per_node={} connect_s={connect_s:.3} join_s={join_s:.3}",
-        1 + two_conns as u8
+        if two_conns {
+            "2".to_string()
+        } else {
+            format!("2x{dual}+1x{}", n - dual)
+        }
     );
     if let (Some(c0), Some(c1)) = (before, after_join) {
         line.push_str(&format!(" join_server_cpu_s={:.2}", c1 - c0));

@@ -5,7 +5,8 @@
 //! injected clock), and runs a background keeper task per agent that
 //! - writes this agent's heartbeat (`add(<prefix>/hb/<id>, 1)`) every `keep_alive_interval`;
 //! - while this agent runs a round, reads the state's version counter every `poll_interval`
-//!   (the state document itself only when the version moved) and turns what it sees into
+//!   (with the heartbeat, in one round trip; the small head and its own notice only when the
+//!   version moved) and turns what it sees into
 //!   [`RdzvEvent`]s for the agent: another agent started a new round, nodes are waiting, the
 //!   rendezvous was closed, a watched peer stopped heartbeating (then it starts the new round
 //!   itself), the store became unreachable.
@@ -21,14 +22,25 @@
 //! means dead. No wall clock is compared across machines (torchrun stores UTC times).
 //!
 //! Store keys (all under `rdrun.rendezvous.<run_id>`; torchrun uses `torch.rendezvous.<run_id>`):
-//! `/state` (JSON, see `state.rs`), `/version` (counter bumped after every state write),
-//! `/hb/<node id>` (decimal counter), `/suspects/<round>` (watchers of a stalled peer), `/nnodes/first`
-//! and `/nnodes/conflict` (the `--nnodes` agreement check), `/complete/<round>` (set
-//! when a round completes, so joined agents wait on it instead of polling), `/joiners/<round>`
-//! (appended JSON lines: agents announcing themselves, admitted in batches), and per round
-//! `rdrun.rendezvous.<run_id>.<round>/…` for agent keys such as the exit barrier.
+//! `/state` (the small JSON head every node reads: round, counts, flags, and the key of the
+//! body), `/body/<seq>.<nonce>` (the full state, see `state.rs`, written once per write, the
+//! previous one removed), `/version` (counter bumped after every write), `/hb/<node id>`
+//! (decimal counter), `/suspects/<round>` (watchers of a stalled peer), `/nnodes/first` and
+//! `/nnodes/conflict` (the `--nnodes` agreement check), `/joiners/<round>` (appended JSON lines:
+//! agents announcing themselves), `/admit/<round>` (`<head seq> <id>`: who admits the announced
+//! agents at that head), `/node/<round>/<id>` (that node's list and watched peers, written by
+//! whoever changed them), `/complete/<round>` (the round's roster, written when it completes),
+//! and per round `rdrun.rendezvous.<run_id>.<round>/…` for agent keys such as the exit barrier.
 //!
-//! Length: about 1,030 lines before the tests (the version key and watched-peer selection of issue 16 included), for one responsibility, the c10d protocol over the
+//! The join by per-node keys (issue 16; before, every joiner read and compare-and-set one JSON
+//! document, O(n) bytes per attempt, O(n²) per round: 2,000 simulated nodes did not finish in
+//! 300 s): a joiner announces itself and waits on its `/node/<round>/<id>` key; one node at a time
+//! (the holder of `/admit/<round>` for the current head, taken by compare-and-set, given up by
+//! writing, released, or taken over after two polls) reads the state and places every announced
+//! node in one write, and goes on while more arrive; participants wait on `/complete/<round>`
+//! and build their assignment from the roster (read once). Only writers read the O(n) body.
+//!
+//! Length: about 1,640 lines before the tests, for one responsibility, the c10d protocol over the
 //! store (join, rounds, heartbeats, close, the redundancy list). The pure round logic is already
 //! apart (`state`), and so is the plumbing it shares with `static_` (`plumbing`: events and
 //! the keeper task, retry, heartbeats and liveness rules, close acknowledgements).
@@ -47,8 +59,8 @@ use super::plumbing::{
 };
 use super::settings::C10dSettings;
 use super::state::{
-    self, assignment, join_step, prune_dead, watch_targets, Assignment, JoinStep, JoinView, Member,
-    RdzvState, RoundReason, NO_STATE,
+    self, assignment, join_step, prune_dead, roster_assignment, watch_targets, Assignment, Head,
+    JoinStep, JoinView, Member, Notice, RdzvState, RoundReason, StateError, NO_STATE,
 };
 use super::store::{try_get, RdzvStore, StoreOpError};
 
@@ -109,15 +121,88 @@ impl Keys {
     fn suspects(&self, round: u64) -> String {
         format!("{}/suspects/{round}", self.prefix)
     }
+    /// The body of write number `seq` (a random suffix keeps racing writers apart).
+    fn body(&self, seq: u64) -> String {
+        format!("{}/body/{seq}.{:016x}", self.prefix, fastrand::u64(..))
+    }
+    /// A node's notice in `round` (its list and watched peers, see `state::notices`).
+    fn notice(&self, round: u64, id: &str) -> String {
+        format!("{}/node/{round}/{id}", self.prefix)
+    }
+    /// Who admits the announced joiners of `round` at the current head (`<seq> <id>`).
+    fn admit(&self, round: u64) -> String {
+        format!("{}/admit/{round}", self.prefix)
+    }
     /// Appended `<id>\n` by every agent that learnt the rendezvous is closed.
     fn closed_acks(&self) -> String {
         format!("{}/closed_acks", self.prefix)
     }
 }
 
-/// Reads the state text without blocking and without changing an existing state.
-async fn read_text<S: RdzvStore>(store: &S, key: &str) -> Result<Vec<u8>, StoreOpError> {
-    store.compare_set(key, b"", NO_STATE).await
+/// A read of the rendezvous state that failed: the store, or a state that is not rdrun's.
+#[derive(Debug)]
+enum ReadError {
+    Store(StoreOpError),
+    State(StateError),
+}
+
+impl From<StoreOpError> for ReadError {
+    fn from(e: StoreOpError) -> Self {
+        Self::Store(e)
+    }
+}
+
+impl From<StateError> for ReadError {
+    fn from(e: StateError) -> Self {
+        Self::State(e)
+    }
+}
+
+impl From<ReadError> for RendezvousError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Store(e) => RendezvousError::Store(e),
+            ReadError::State(e) => RendezvousError::State(e),
+        }
+    }
+}
+
+/// Reads the head text without blocking and without changing an existing state (creates the
+/// [`NO_STATE`] sentinel on a fresh store).
+async fn read_head<S: RdzvStore>(store: &S, keys: &Keys) -> Result<Vec<u8>, StoreOpError> {
+    store.compare_set(&keys.state(), b"", NO_STATE).await
+}
+
+/// The body a head names (`Ok(None)`: gone, a newer write replaced it; read the head again).
+async fn read_body<S: RdzvStore>(
+    store: &S,
+    head: Option<&Head>,
+) -> Result<Option<RdzvState>, ReadError> {
+    let Some(h) = head else {
+        return Ok(Some(RdzvState::default()));
+    };
+    match try_get(store, &h.body).await? {
+        None => Ok(None),
+        Some(b) => Ok(Some(RdzvState::decode(&b)?)),
+    }
+}
+
+/// The current head text and the full state it names: O(n) bytes, read only by writers and on
+/// rare paths (issue 16).
+async fn load_state<S: RdzvStore>(
+    store: &S,
+    keys: &Keys,
+) -> Result<(Vec<u8>, RdzvState), ReadError> {
+    for _ in 0..100 {
+        let text = read_head(store, keys).await?;
+        let head = Head::decode(&text)?;
+        if let Some(st) = read_body(store, head.as_ref()).await? {
+            return Ok((text, st));
+        }
+    }
+    Err(ReadError::Store(StoreOpError(
+        "the rendezvous state kept changing while being read".into(),
+    )))
 }
 
 /// The state's version counter (empty before the first write).
@@ -125,22 +210,103 @@ async fn read_version<S: RdzvStore>(store: &S, keys: &Keys) -> Result<Vec<u8>, S
     Ok(try_get(store, &keys.version()).await?.unwrap_or_default())
 }
 
-/// Writes the state with compare-and-set against `expected` and, when the write went through,
-/// bumps the version so that every monitor reads the new state. Returns what compare_set did.
+/// What a write did: the head now stored, ours or another writer's.
+enum Wrote {
+    Won(Vec<u8>),
+    Lost(Vec<u8>),
+}
+
+/// Writes `new` (computed from `old`, read at head text `expected`): its body under a key of its
+/// own, then the head with compare-and-set against `expected`. When it went through, publishes
+/// what the nodes wait on instead of reading the state ([`publish`]), removes the previous
+/// body and bumps the version so that every monitor reads the new head.
 async fn write_state<S: RdzvStore>(
     store: &S,
     keys: &Keys,
     expected: &[u8],
-    desired: &[u8],
-) -> Result<Vec<u8>, StoreOpError> {
-    let got = store.compare_set(&keys.state(), expected, desired).await?;
-    if got == desired {
-        if let Err(e) = store.add(&keys.version(), 1).await {
-            // Monitors see this write with the next one (or the next version bump).
-            tracing::debug!(error = %e, "bumping the rendezvous state version failed");
+    old: Option<&RdzvState>,
+    new: &RdzvState,
+) -> Result<Wrote, StoreOpError> {
+    let prev = Head::decode(expected).ok().flatten();
+    let seq = prev.as_ref().map_or(1, |h| h.seq + 1);
+    let body = keys.body(seq);
+    store.set(&body, &new.encode()).await?;
+    let desired = Head::of(new, seq, &body).encode();
+    let got = match store.compare_set(&keys.state(), expected, &desired).await {
+        Ok(g) => g,
+        Err(e) => {
+            let _ = store.delete(&body).await;
+            return Err(e);
+        }
+    };
+    if got != desired {
+        let _ = store.delete(&body).await;
+        return Ok(Wrote::Lost(got));
+    }
+    publish(store, keys, old, new).await;
+    if let Some(p) = prev {
+        let _ = store.delete(&p.body).await;
+    }
+    if let Err(e) = store.add(&keys.version(), 1).await {
+        // Monitors see this write with the next one (or the next version bump).
+        tracing::debug!(error = %e, "bumping the rendezvous state version failed");
+    }
+    Ok(Wrote::Won(desired))
+}
+
+/// After a write: every node whose place or watched peers changed gets its notice key (one
+/// `multi_set` per [`state::NOTICE_CHUNK`] nodes), and a round that just completed gets its
+/// roster (read once by each participant). Best effort: a node that misses its notice finds its
+/// place in the state when its wait runs out.
+async fn publish<S: RdzvStore>(store: &S, keys: &Keys, old: Option<&RdzvState>, new: &RdzvState) {
+    let notes = state::notices(old, new);
+    for chunk in notes.chunks(state::NOTICE_CHUNK) {
+        let pairs: Vec<(String, Vec<u8>)> = chunk
+            .iter()
+            .map(|(id, n)| (keys.notice(new.round, id), n.encode()))
+            .collect();
+        if let Err(e) = store.multi_set(&pairs).await {
+            tracing::debug!(error = %e, "publishing rendezvous notices failed");
         }
     }
-    Ok(got)
+    let newly_complete = old.map_or(true, |o| o.round != new.round || !o.complete);
+    if new.complete && !new.closed && newly_complete {
+        if let Err(e) = store
+            .set(&keys.complete(new.round), &state::roster(new))
+            .await
+        {
+            tracing::debug!(error = %e, "writing the round's roster failed");
+        }
+    }
+}
+
+/// This node's own notice in `round`, if one was published.
+async fn read_notice<S: RdzvStore>(
+    store: &S,
+    keys: &Keys,
+    round: u64,
+    id: &str,
+) -> Result<Option<Notice>, StoreOpError> {
+    Ok(try_get(store, &keys.notice(round, id))
+        .await?
+        .and_then(|v| Notice::decode(&v)))
+}
+
+/// `id`'s notice as the state itself says (after reading the state).
+fn own_notice(state: &RdzvState, id: &str) -> Option<Notice> {
+    let status = if state.is_participant(id) {
+        'p'
+    } else if state.in_wait_list(id) {
+        'w'
+    } else if state.in_redundancy_list(id) {
+        'r'
+    } else {
+        return None;
+    };
+    Some(Notice {
+        status,
+        targets: watch_targets(state, id),
+    })
 }
 
 /// Peers' heartbeats are judged by all-to-all watching up to this many nodes after a worker
@@ -178,14 +344,45 @@ async fn read_beats<S: RdzvStore>(
 /// The announced joiners of a round: one JSON member per line, first announcement per id kept.
 fn parse_joiners(list: &[u8]) -> Vec<Member> {
     let mut out: Vec<Member> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
     for line in list.split(|b| *b == b'\n') {
         if let Ok(m) = serde_json::from_slice::<Member>(line) {
-            if !out.iter().any(|o| o.id == m.id) {
+            if seen.insert(m.id.clone()) {
                 out.push(m);
             }
         }
     }
     out
+}
+
+/// The head of a store nobody wrote yet.
+fn empty_head() -> Head {
+    Head::of(&RdzvState::default(), 0, "")
+}
+
+/// The participants of the round an agent runs: the roster it read, or the ids from the state.
+enum RoundPeers {
+    Roster(Vec<u8>),
+    Ids(Vec<String>),
+}
+
+impl RoundPeers {
+    /// The other participants' ids.
+    fn ids(&self, me: &str) -> Vec<String> {
+        let all = match self {
+            Self::Roster(r) => state::roster_ids(r).unwrap_or_default(),
+            Self::Ids(ids) => ids.clone(),
+        };
+        all.into_iter().filter(|p| p != me).collect()
+    }
+}
+
+/// How a node tried to become the round's admission writer.
+enum Admit {
+    /// It holds the admission key for the head it read: it reads the state and writes.
+    Got,
+    /// Another node writes at this head (or the head moved): wait.
+    Busy,
 }
 
 /// One agent's handle on the dynamic rendezvous.
@@ -207,7 +404,7 @@ pub struct C10dRendezvous<S: RdzvStore> {
     /// The first agent's `--nnodes` line, once read (see [`nnodes_conflict`]).
     nnodes_first: Option<String>,
     /// The other participants of the round this agent runs (ids).
-    round_peers: Vec<String>,
+    round_peers: RoundPeers,
     /// [`FULL_CHECK_MAX`] (lowered by tests to reach the large-world path with a few nodes).
     full_check_max: usize,
 }
@@ -233,7 +430,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             shared: Arc::default(),
             keeper: KeeperTask::new(),
             nnodes_first: None,
-            round_peers: Vec::new(),
+            round_peers: RoundPeers::Ids(Vec::new()),
             full_check_max: FULL_CHECK_MAX,
         }
     }
@@ -291,6 +488,13 @@ impl<S: RdzvStore> C10dRendezvous<S> {
     /// workers failed (`RoundReason::WorkerFailure`) or to admit waiting nodes
     /// (`RoundReason::Membership`) starts a new round for every node, unless another agent already
     /// did; only a `WorkerFailure` start is charged to the job-wide restart count.
+    ///
+    /// Per-node keys (issue 16): a node announces itself on the round's joiners list and waits
+    /// on its own notice key; one node at a time (the holder of the round's admission key for
+    /// the current head) reads the state and admits every announced node in one write, then
+    /// publishes each placed node's notice. A participant waits on the round's roster, written
+    /// once when the round completes, and builds its assignment from it. Only writers (admission,
+    /// last call, a dead peer, a bump, a timeout) read the O(n) state.
     pub async fn next_round(&mut self, req: RoundRequest) -> Result<Assignment, RendezvousError> {
         lock(&self.shared).running = None;
         self.me.master_port = req.master_port;
@@ -311,51 +515,54 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             };
             (r, reason)
         });
-        let state_key = self.keys.state();
         let (min, max) = (self.settings.min_nodes, self.settings.max_nodes);
+        let poll_max = self.settings.poll_interval;
+        let min_poll = Duration::from_millis(20).min(poll_max);
+        let max_backoff = Duration::from_millis(100).min(poll_max);
+        // Another node holding the admission key for as long as this without writing is taken
+        // over (it died, or its store link did).
+        let admit_stale = (poll_max * 2).max(Duration::from_millis(200));
+        let nnodes = nnodes_text(min, max);
         let mut tracker = HeartbeatTracker::default();
         let mut last_call: Option<((u64, u64), Instant)> = None;
-        let min_poll = Duration::from_millis(20).min(self.settings.poll_interval);
         let mut poll = min_poll;
         let mut lost = 0u32;
-        let max_backoff = Duration::from_millis(100).min(self.settings.poll_interval);
         let mut announced: Option<u64> = None;
-        let nnodes = nnodes_text(min, max);
-        // The version read just before `text` (`None`: unknown, e.g. `text` came back from a
-        // compare_set): while it is unchanged, `text` is current and is not read again.
-        let mut text_version = read_version(&*self.store, &self.keys).await.ok();
+        // This node's place as last learnt (its notice key, or the state a write read).
+        let mut mine: Option<(u64, Notice)> = None;
+        // The admission key's value another node holds, and since when this node sees it.
+        let mut admit_seen: Option<(Vec<u8>, Instant)> = None;
+        // The head seq at which a waiting or redundant node last re-ran its join in the state.
+        let mut rejoined_at: Option<u64> = None;
+        // Since when a complete round's roster is missing (its completer may have died).
+        let mut roster_missing: Option<(u64, Instant)> = None;
+        // This node admitted a batch and holds the admission key for the head it wrote: it
+        // admits the next batch at once (the others only wait on their notices).
+        let mut keep_admitting = false;
+        let mut next_checks = Instant::now();
+        let mut notice_due = Instant::now();
+        let mut version: Option<Vec<u8>> = None;
         let mut text = self
-            .retry_store(deadline, |s, _| {
-                let key = state_key.clone();
-                async move { read_text(&*s, &key).await }
+            .retry_store(deadline, |s, k| {
+                let k = k.clone();
+                async move { read_head(&*s, &k).await }
             })
             .await?;
-        // Decoded once per change of `text`, with what this loop asks of it on every pass (all
-        // O(n) at n nodes, so not repeated while nothing changed).
-        let mut cur = RdzvState::default();
-        let mut dirty = true;
-        let (mut me_in, mut me_redundant) = (false, false);
-        let mut targets: Vec<String> = Vec::new();
-        // The inputs of the last `join_step` that said Wait: the same state and inputs say it again.
-        let mut waited_on: Option<(bool, bool, usize)> = None;
         loop {
-            if dirty {
-                cur = RdzvState::decode(&text)?;
-                me_in = cur.is_participant(&self.me.id);
-                me_redundant = cur.in_redundancy_list(&self.me.id);
-                targets = watch_targets(&cur, &self.me.id);
-                waited_on = None;
-                dirty = false;
-            }
-            let state = &cur;
+            let head = Head::decode(&text)?.unwrap_or_else(empty_head);
             let now = Instant::now();
-            let id = self.me.id.as_str();
+            let id = self.me.id.clone();
+            let placed = mine
+                .as_ref()
+                .filter(|(r, _)| *r == head.round)
+                .map(|(_, n)| n.status);
+            let me_in = placed == Some('p');
             // A redundant node waits without a deadline while the round is full (torchrun).
-            if state.complete && me_redundant && state.participants.len() >= max {
+            if head.complete && placed == Some('r') && head.participants >= max {
                 deadline = now + join_timeout;
             }
-            let last_call_expired = if !state.complete && me_in && state.participants.len() >= min {
-                let key = (state.round, state.last_call_seq);
+            let last_call_expired = if !head.complete && me_in && head.participants >= min {
+                let key = (head.round, head.last_call_seq);
                 match last_call {
                     Some((k, since)) if k == key => {
                         now.duration_since(since) >= self.settings.last_call_timeout
@@ -368,22 +575,255 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             } else {
                 false
             };
-            // Announce this agent for the round (once), and read who else did, so a writer can
-            // admit every announced agent at once.
-            let mut pending = Vec::new();
-            if !state.complete && !state.closed && !me_in {
-                let key = self.keys.joiners(state.round);
-                if announced != Some(state.round) {
-                    let mut line = serde_json::to_vec(&self.me).expect("member serializes");
-                    line.push(b'\n');
-                    if self.store.append(&key, &line).await.is_ok() {
-                        announced = Some(state.round);
-                    }
-                }
-                if let Ok(Some(list)) = try_get(&*self.store, &key).await {
-                    pending = parse_joiners(&list);
+            // The `--nnodes` agreement (and a torchrun agent on the run) before this node joins
+            // anything, then once per poll interval while it waits.
+            if !(head.closed || head.complete && me_in) && now >= next_checks {
+                next_checks = now + poll_max;
+                if let Some(err) = self.conflict_checks(&nnodes).await {
+                    return Err(err);
                 }
             }
+            let bump_due = bump_from.is_some_and(|(r, _)| head.round == r && head.complete);
+            let past_deadline = now >= deadline;
+            // Decide what needs the full state; everything else is a wait on small keys.
+            let mut slow = head.closed || bump_due || past_deadline;
+            let mut admit = false;
+            if std::mem::take(&mut keep_admitting) && !head.complete && !slow {
+                slow = true;
+                admit = true;
+            }
+            let mut dead: Vec<String> = Vec::new();
+            if !slow && head.complete && me_in {
+                // Done: the round's roster says everything this node needs.
+                let roster = try_get(&*self.store, &self.keys.complete(head.round)).await;
+                match roster {
+                    Ok(Some(r)) => {
+                        if let Some(asg) = roster_assignment(&r, &id, &self.keys.prefix) {
+                            // The peers' ids are parsed only if a loss needs them (O(n)).
+                            return Ok(self.finish(asg, RoundPeers::Roster(r), head.waiting));
+                        }
+                        slow = true;
+                    }
+                    Ok(None) => {
+                        // Its completer may have died before writing it: after two polls, any
+                        // participant writes it from the state.
+                        let since = match roster_missing {
+                            Some((r, t)) if r == head.round => t,
+                            _ => {
+                                roster_missing = Some((head.round, now));
+                                now
+                            }
+                        };
+                        if now.duration_since(since) >= poll_max * 2 {
+                            slow = true;
+                        } else {
+                            let key = [self.keys.complete(head.round)];
+                            let _ = self.store.wait(&key, self.wait_slice(poll, deadline)).await;
+                            poll = (poll * 2).min(poll_max);
+                            text = self
+                                .reread(deadline, &mut version, true, &text, None)
+                                .await?;
+                            continue;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "reading the round's roster failed");
+                        tokio::time::sleep(poll).await;
+                        text = self
+                            .reread(deadline, &mut version, true, &text, None)
+                            .await?;
+                        continue;
+                    }
+                }
+            } else if !slow && last_call_expired {
+                // Every participant's last call runs out at about the same time: the holder of
+                // the admission key completes the round, the others see it complete.
+                match self.try_admit(&head, &mut admit_seen, admit_stale).await {
+                    Admit::Got => {
+                        slow = true;
+                        admit = true;
+                    }
+                    Admit::Busy => {}
+                }
+            } else if !slow
+                && !head.complete
+                && matches!(placed, None | Some('x'))
+                && announced != Some(head.round)
+            {
+                // Announce this node for the round (once): a writer admits every announced node.
+                let mut line = serde_json::to_vec(&self.me).expect("member serializes");
+                line.push(b'\n');
+                if self
+                    .store
+                    .append(&self.keys.joiners(head.round), &line)
+                    .await
+                    .is_ok()
+                {
+                    announced = Some(head.round);
+                }
+            } else if !slow && head.complete && matches!(placed, None | Some('x')) {
+                // A complete round: this node goes to its wait or redundancy list.
+                slow = true;
+            } else if !slow
+                && matches!(placed, Some('w') | Some('r'))
+                && rejoined_at != Some(head.seq)
+                && (!head.complete || head.participants < max)
+            {
+                // The state moved while this node waits on a list: see whether it fits now.
+                slow = true;
+            }
+            if !slow && !me_in && !matches!(placed, Some('w') | Some('r')) && !head.complete {
+                // Not placed yet: become the admission writer, or wait for a notice.
+                if placed == Some('x') {
+                    slow = true;
+                } else {
+                    match self.try_admit(&head, &mut admit_seen, admit_stale).await {
+                        Admit::Got => {
+                            slow = true;
+                            admit = true;
+                        }
+                        Admit::Busy => {}
+                    }
+                }
+            }
+            if !slow {
+                // A wait on small keys: the roster (participants), this node's notice (not yet
+                // placed), or nothing (wait and redundancy lists); then the version and the
+                // watched heartbeats.
+                super::progress::c10d(head.round, head.participants, min, max, deadline);
+                // A node not yet placed is woken by its notice; it tries to admit the others
+                // itself only after a whole poll interval without one (the admission writer
+                // keeps going while nodes arrive).
+                let slice = if placed.is_none() {
+                    self.wait_slice(poll_max, deadline)
+                } else {
+                    self.wait_slice(poll, deadline)
+                };
+                let waited = if me_in {
+                    let key = [self.keys.complete(head.round)];
+                    self.store.wait(&key, slice).await
+                } else if placed.is_none() {
+                    let key = [self.keys.notice(head.round, &id)];
+                    self.store.wait(&key, slice).await
+                } else {
+                    tokio::time::sleep(slice).await;
+                    Ok(false)
+                };
+                let woke = match waited {
+                    Ok(w) => w,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "waiting in the rendezvous failed");
+                        tokio::time::sleep(poll).await;
+                        false
+                    }
+                };
+                if woke && placed.is_none() {
+                    if let Ok(Some(n)) =
+                        read_notice(&*self.store, &self.keys, head.round, &id).await
+                    {
+                        mine = Some((head.round, n));
+                    }
+                }
+                // Watched peers (from this node's notice) that stopped heartbeating are dropped
+                // so that the round can go on; read with the version in one request (both exist
+                // once this node was placed).
+                let mut known = None;
+                if let Some((r, n)) = &mine {
+                    if *r == head.round && !n.targets.is_empty() {
+                        let mut ks = vec![self.keys.version()];
+                        ks.extend(n.targets.iter().map(|t| self.keys.hb(t)));
+                        match self.store.multi_get(&ks).await {
+                            Ok(mut vals) => {
+                                known = Some(vals.remove(0));
+                                let beats = n.targets.iter().cloned().zip(vals).collect();
+                                dead = tracker.observe(
+                                    Instant::now(),
+                                    beats,
+                                    self.settings.dead_after(),
+                                );
+                            }
+                            Err(e) => tracing::debug!(error = %e, "reading heartbeats failed"),
+                        }
+                    }
+                }
+                let before = version.clone();
+                text = self
+                    .reread(deadline, &mut version, woke, &text, known)
+                    .await?;
+                if me_in && !woke && before != version && now >= notice_due {
+                    // A participant's own notice changes when its watched peers do (read at
+                    // most once per poll interval: the join writes often).
+                    notice_due = now + poll_max;
+                    if let Ok(Some(n)) =
+                        read_notice(&*self.store, &self.keys, head.round, &id).await
+                    {
+                        mine = Some((head.round, n));
+                    }
+                }
+                poll = if woke {
+                    min_poll
+                } else {
+                    (poll * 2).min(poll_max)
+                };
+                if dead.is_empty() {
+                    continue;
+                }
+            }
+            // The full state: read it, decide as before (`join_step`), write.
+            let batch_started = Instant::now();
+            let (t, state) = match load_state(&*self.store, &self.keys).await {
+                Ok(v) => v,
+                Err(ReadError::State(e)) => return Err(e.into()),
+                Err(ReadError::Store(e)) => {
+                    tracing::warn!(error = %e, "rendezvous store error; retrying");
+                    self.release_admit(admit, &head).await;
+                    tokio::time::sleep(poll).await;
+                    text = self
+                        .reread(deadline, &mut version, true, &text, None)
+                        .await?;
+                    continue;
+                }
+            };
+            text = t;
+            mine = own_notice(&state, &id).map(|n| (state.round, n));
+            if matches!(mine.as_ref().map(|m| m.1.status), Some('w') | Some('r')) {
+                rejoined_at = Head::decode(&text).ok().flatten().map(|h| h.seq);
+            }
+            if !dead.is_empty() {
+                self.release_admit(admit, &head).await;
+                if let Some(new) = prune_dead(&state, &dead, min, max) {
+                    tracing::warn!(?dead, "dropping nodes that stopped heartbeating");
+                    match write_state(&*self.store, &self.keys, &text, Some(&state), &new).await {
+                        Ok(Wrote::Won(t)) | Ok(Wrote::Lost(t)) => text = t,
+                        Err(e) => tracing::debug!(error = %e, "dropping dead nodes failed"),
+                    }
+                }
+                continue;
+            }
+            let pending = if admit && !state.complete && !state.closed {
+                match try_get(&*self.store, &self.keys.joiners(state.round)).await {
+                    Ok(Some(list)) => parse_joiners(&list),
+                    _ => Vec::new(),
+                }
+            } else {
+                Vec::new()
+            };
+            let me_in_state = state.is_participant(&id);
+            let last_call_expired =
+                if !state.complete && me_in_state && state.participants.len() >= min {
+                    let key = (state.round, state.last_call_seq);
+                    match last_call {
+                        Some((k, since)) if k == key => {
+                            now.duration_since(since) >= self.settings.last_call_timeout
+                        }
+                        _ => {
+                            last_call = Some((key, now));
+                            self.settings.last_call_timeout.is_zero()
+                        }
+                    }
+                } else {
+                    false
+                };
             let view = JoinView {
                 me: &self.me,
                 min,
@@ -393,45 +833,38 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 bump_from,
                 pending: &pending,
             };
-            let inputs = (view.past_deadline, view.last_call_expired, pending.len());
-            let step = if waited_on == Some(inputs) {
-                JoinStep::Wait
-            } else {
-                join_step(state, &view)
-            };
-            waited_on = matches!(step, JoinStep::Wait).then_some(inputs);
-            let write = match step {
+            let new = match join_step(&state, &view) {
                 JoinStep::Done => {
-                    let asg = assignment(state, id, &self.keys.prefix).expect(
+                    let asg = assignment(&state, &id, &self.keys.prefix).expect(
                         "join_step returns Done only for a participant of a complete round",
                     );
-                    self.my_round = Some(state.round);
-                    self.round_peers = state
-                        .participants
-                        .iter()
-                        .filter(|m| m.id != self.me.id)
-                        .map(|m| m.id.clone())
-                        .collect();
-                    {
-                        let mut sh = lock(&self.shared);
-                        sh.running = Some(state.round);
-                        sh.waiting = state.num_nodes_waiting();
-                    }
-                    // The agent logs the completed round at INFO (once per round).
-                    tracing::debug!(round = asg.round, "c10d round complete");
-                    return Ok(asg);
+                    self.release_admit(admit, &head).await;
+                    // The roster of this round, if its completer did not get to write it.
+                    let _ = self
+                        .store
+                        .compare_set(
+                            &self.keys.complete(state.round),
+                            b"",
+                            &state::roster(&state),
+                        )
+                        .await;
+                    let peers = state.participants.iter().map(|m| m.id.clone()).collect();
+                    return Ok(self.finish(asg, RoundPeers::Ids(peers), state.num_nodes_waiting()));
                 }
                 JoinStep::Closed { redundant } => {
-                    ack_closed(&*self.store, &self.keys.closed_acks(), id).await;
+                    self.release_admit(admit, &head).await;
+                    ack_closed(&*self.store, &self.keys.closed_acks(), &id).await;
                     return Err(match &state.closed_reason {
                         Some(why) if !redundant => RendezvousError::JobFailed(why.clone()),
                         _ => RendezvousError::Closed { redundant },
                     });
                 }
                 JoinStep::TimedOut(leave) => {
+                    self.release_admit(admit, &head).await;
                     if let Some(new) = leave {
                         // Best effort: leave the lists so the others do not wait for us.
-                        let _ = write_state(&*self.store, &self.keys, &text, &new.encode()).await;
+                        let _ =
+                            write_state(&*self.store, &self.keys, &text, Some(&state), &new).await;
                     }
                     return Err(RendezvousError::Timeout {
                         waited: now.duration_since(started),
@@ -439,154 +872,227 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                         min,
                     });
                 }
-                JoinStep::Write(new) => Some(new),
+                JoinStep::Write(new) => new,
                 JoinStep::Wait => {
-                    super::progress::c10d(
-                        state.round,
-                        state.participants.len(),
-                        min,
-                        max,
-                        deadline,
-                    );
-                    if let Ok(Some((other_node, other))) = nnodes_conflict(
-                        &*self.store,
-                        &self.keys.nnodes_first(),
-                        &self.keys.nnodes_conflict(),
-                        &nnodes,
-                        id,
-                        &mut self.nnodes_first,
-                    )
-                    .await
-                    {
-                        let mut new = state.clone();
-                        new.remove_everywhere(id);
-                        // Best effort: leave the lists so the others do not wait for us.
-                        let _ = write_state(&*self.store, &self.keys, &text, &new.encode()).await;
-                        return Err(RendezvousError::NnodesDisagree {
-                            mine: nnodes,
-                            other_node,
-                            other,
-                        });
-                    }
-                    // A PyTorch torchrun agent on the same endpoint and run id waits in a
-                    // rendezvous of its own: say so instead of timing out much later.
-                    if let Ok(Some(_)) = try_get(&*self.store, &self.keys.torch_state()).await {
-                        return Err(RendezvousError::TorchrunPeer {
-                            key: self.keys.torch_state(),
-                        });
-                    }
-                    // While waiting, drop the watched peers that stopped heartbeating so the
-                    // round can go on (each node watches a few, see `watch_targets`).
-                    match read_beats(&*self.store, &self.keys, targets.clone()).await {
-                        Ok(beats) => {
-                            let dead = tracker.observe(now, beats, self.settings.dead_after());
-                            if dead.is_empty() {
-                                None
-                            } else {
-                                tracing::warn!(?dead, "dropping nodes that stopped heartbeating");
-                                prune_dead(state, &dead, min, max)
-                            }
-                        }
-                        Err(e) => {
-                            tracing::debug!(error = %e, "reading heartbeats failed");
-                            None
-                        }
-                    }
-                }
-            };
-            // `Ok(None)`: `text` is still current.
-            let next: Result<Option<Vec<u8>>, StoreOpError> = match write {
-                Some(new) => {
-                    let desired = new.encode();
-                    match write_state(&*self.store, &self.keys, &text, &desired).await {
-                        Ok(got) if got == desired => {
-                            lost = 0;
-                            poll = min_poll;
-                            if new.complete && !state.complete {
-                                // Wake the participants waiting on this round at once.
-                                let _ = self.store.set(&self.keys.complete(new.round), b"1").await;
-                            }
-                            text_version = None;
-                            Ok(Some(got))
-                        }
-                        Ok(got) => {
-                            // Lost a race: back off a random while before retrying, so that many
-                            // agents joining together do not all retry in lockstep (each lost
-                            // attempt costs a full state transfer).
-                            lost += 1;
-                            let cap = Duration::from_millis(1u64 << lost.min(7)).min(max_backoff);
-                            tokio::time::sleep(cap.mul_f64(fastrand::f64())).await;
-                            tracing::debug!(lost, "rendezvous state changed under us; retrying");
-                            text_version = None;
-                            Ok(Some(got))
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-                None => {
-                    let mut completed = false;
-                    if !state.complete && me_in {
-                        // Joined and waiting: the completer sets the round's complete key.
-                        let key = [self.keys.complete(state.round)];
-                        // A WAIT holds the store connection: keep it shorter than the heartbeat
-                        // period, or peers would see this agent's beats stall.
-                        let slice = poll.min(self.settings.keep_alive_interval);
-                        match self.store.wait(&key, slice).await {
-                            Ok(done) => completed = done,
-                            Err(e) => {
-                                tracing::debug!(error = %e, "waiting for round completion failed");
-                                tokio::time::sleep(poll).await;
-                            }
-                        }
+                    // Already placed: the admission writer still places the announced nodes.
+                    let batch = if pending.is_empty() {
+                        None
                     } else {
-                        tokio::time::sleep(poll).await;
-                    }
-                    // The state document is read again only when its version moved.
-                    let read = async {
-                        let v = read_version(&*self.store, &self.keys).await?;
-                        if !completed && text_version.as_ref() == Some(&v) {
-                            return Ok((v, None));
-                        }
-                        Ok((v, Some(read_text(&*self.store, &state_key).await?)))
+                        Some(state::place_pending(&state, &pending, min, max))
                     };
-                    match read.await {
-                        Ok((v, got)) => {
-                            text_version = Some(v);
-                            let changed = got.as_ref().is_some_and(|g| *g != text);
-                            // A joined node backs off regardless; a waiting one looks again
-                            // soon after a change.
-                            poll = if changed && (state.complete || !me_in) {
-                                min_poll
-                            } else {
-                                (poll * 2).min(self.settings.poll_interval)
-                            };
-                            Ok(got)
+                    match batch {
+                        Some(b) if b != state => b,
+                        _ => {
+                            let h = Head::decode(&text)
+                                .ok()
+                                .flatten()
+                                .unwrap_or_else(empty_head);
+                            self.release_admit(admit, &h).await;
+                            continue;
                         }
-                        Err(e) => Err(e),
                     }
                 }
             };
-            let got = match next {
-                Ok(t) => t,
+            // One write admits (or places) every announced node too.
+            let new = if new.round == state.round && !pending.is_empty() {
+                state::place_pending(&new, &pending, min, max)
+            } else {
+                new
+            };
+            match write_state(&*self.store, &self.keys, &text, Some(&state), &new).await {
+                Ok(Wrote::Won(t)) => {
+                    lost = 0;
+                    poll = min_poll;
+                    if admit && !new.complete && !new.closed && new.round == state.round {
+                        // Keep the admission key for the head just written and admit whoever
+                        // announced meanwhile after a short pause (batches, not one by one).
+                        let key = self.keys.admit(new.round);
+                        let old_seq = Head::decode(&text).ok().flatten().map_or(0, |h| h.seq);
+                        let ours = |seq: u64| format!("{seq} {}", self.me.id).into_bytes();
+                        let next = Head::decode(&t).ok().flatten().map_or(0, |h| h.seq);
+                        if let Ok(got) = self
+                            .store
+                            .compare_set(&key, &ours(old_seq), &ours(next))
+                            .await
+                        {
+                            if got == ours(next) {
+                                keep_admitting = true;
+                                // As long as the batch took (20-200 ms): more arrive per write.
+                                let pause = batch_started
+                                    .elapsed()
+                                    .clamp(Duration::from_millis(20), Duration::from_millis(200))
+                                    .min(poll_max);
+                                tokio::time::sleep(pause).await;
+                            }
+                        }
+                    }
+                    text = t;
+                    mine = own_notice(&new, &id).map(|n| (new.round, n));
+                    if matches!(mine.as_ref().map(|m| m.1.status), Some('w') | Some('r')) {
+                        rejoined_at = Head::decode(&text).ok().flatten().map(|h| h.seq);
+                    }
+                }
+                Ok(Wrote::Lost(t)) => {
+                    // Lost a race: back off a random while before retrying, so that many agents
+                    // writing together do not all retry in lockstep.
+                    lost += 1;
+                    let cap = Duration::from_millis(1u64 << lost.min(7)).min(max_backoff);
+                    tokio::time::sleep(cap.mul_f64(fastrand::f64())).await;
+                    tracing::debug!(lost, "rendezvous state changed under us; retrying");
+                    text = t;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "rendezvous store error; retrying");
-                    text_version = None;
-                    Some(
-                        self.retry_store(deadline, |s, _| {
-                            let key = state_key.clone();
-                            async move { read_text(&*s, &key).await }
-                        })
-                        .await?,
-                    )
-                }
-            };
-            if let Some(t) = got {
-                if t != text {
-                    text = t;
-                    dirty = true;
+                    self.release_admit(admit, &head).await;
+                    tokio::time::sleep(poll).await;
+                    text = self
+                        .reread(deadline, &mut version, true, &text, None)
+                        .await?;
                 }
             }
         }
+    }
+
+    /// Records the completed round this agent runs and returns its assignment.
+    fn finish(&mut self, asg: Assignment, peers: RoundPeers, waiting: usize) -> Assignment {
+        self.my_round = Some(asg.round);
+        self.round_peers = peers;
+        {
+            let mut sh = lock(&self.shared);
+            sh.running = Some(asg.round);
+            sh.waiting = waiting;
+        }
+        // The agent logs the completed round at INFO (once per round).
+        tracing::debug!(round = asg.round, "c10d round complete");
+        asg
+    }
+
+    /// How long one wait on a small key may hold the store connection: shorter than the
+    /// heartbeat period, or peers would see this agent's beats stall when they share it.
+    fn wait_slice(&self, poll: Duration, deadline: Instant) -> Duration {
+        let s = poll.min(self.settings.keep_alive_interval);
+        // Spread the many waiting nodes' wake-ups (issue 16), never past the join deadline.
+        let left = deadline.saturating_duration_since(Instant::now());
+        s.mul_f64(0.75 + 0.5 * fastrand::f64())
+            .min(left)
+            .max(Duration::from_millis(1))
+    }
+
+    /// The head again (with the store retried up to the join deadline) when the version moved
+    /// (or `force`), else `cur`. `known`: the version already read with the heartbeats.
+    async fn reread(
+        &self,
+        deadline: Instant,
+        version: &mut Option<Vec<u8>>,
+        force: bool,
+        cur: &[u8],
+        known: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, RendezvousError> {
+        let v = match known {
+            Some(v) => Some(v),
+            None => read_version(&*self.store, &self.keys).await.ok(),
+        };
+        let moved = v.is_none() || *version != v;
+        *version = v;
+        if !moved && !force {
+            return Ok(cur.to_vec());
+        }
+        self.retry_store(deadline, |s, k| {
+            let k = k.clone();
+            async move { read_head(&*s, &k).await }
+        })
+        .await
+    }
+
+    /// Tries to become the round's admission writer for `head` (see [`Admit`]).
+    async fn try_admit(
+        &self,
+        head: &Head,
+        seen: &mut Option<(Vec<u8>, Instant)>,
+        stale: Duration,
+    ) -> Admit {
+        let key = self.keys.admit(head.round);
+        let mine = format!("{} {}", head.seq, self.me.id).into_bytes();
+        let cur = match try_get(&*self.store, &key).await {
+            Ok(c) => c,
+            Err(_) => return Admit::Busy,
+        };
+        let expected: Vec<u8> = match cur {
+            None => Vec::new(),
+            Some(v) => {
+                let held: Option<u64> = std::str::from_utf8(&v)
+                    .ok()
+                    .and_then(|t| t.split(' ').next())
+                    .and_then(|s| s.parse().ok());
+                if held.is_some_and(|h| h >= head.seq) {
+                    // Someone writes at this head (or a newer one exists): wait, unless it has
+                    // held it too long.
+                    let now = Instant::now();
+                    match seen {
+                        Some((sv, since)) if *sv == v => {
+                            if now.duration_since(*since) < stale || held > Some(head.seq) {
+                                return Admit::Busy;
+                            }
+                        }
+                        _ => {
+                            *seen = Some((v, now));
+                            return Admit::Busy;
+                        }
+                    }
+                }
+                v
+            }
+        };
+        match self.store.compare_set(&key, &expected, &mine).await {
+            Ok(got) if got == mine => Admit::Got,
+            _ => Admit::Busy,
+        }
+    }
+
+    /// Gives the admission key back when this node held it and did not write.
+    async fn release_admit(&self, held: bool, head: &Head) {
+        if held {
+            let key = self.keys.admit(head.round);
+            let mine = format!("{} {}", head.seq, self.me.id).into_bytes();
+            let _ = self.store.compare_set(&key, &mine, b"free").await;
+        }
+    }
+
+    /// The `--nnodes` agreement and the torchrun-peer checks; `Some(error)` ends the join (this
+    /// node leaves the lists first, best effort).
+    async fn conflict_checks(&mut self, nnodes: &str) -> Option<RendezvousError> {
+        let id = self.me.id.clone();
+        if let Ok(Some((other_node, other))) = nnodes_conflict(
+            &*self.store,
+            &self.keys.nnodes_first(),
+            &self.keys.nnodes_conflict(),
+            nnodes,
+            &id,
+            &mut self.nnodes_first,
+        )
+        .await
+        {
+            if let Ok((text, state)) = load_state(&*self.store, &self.keys).await {
+                let mut new = state.clone();
+                new.remove_everywhere(&id);
+                if new != state {
+                    let _ = write_state(&*self.store, &self.keys, &text, Some(&state), &new).await;
+                }
+            }
+            return Some(RendezvousError::NnodesDisagree {
+                mine: nnodes.to_string(),
+                other_node,
+                other,
+            });
+        }
+        // A PyTorch torchrun agent on the same endpoint and run id waits in a rendezvous of its
+        // own: say so instead of timing out much later.
+        if let Ok(Some(_)) = try_get(&*self.store, &self.keys.torch_state()).await {
+            return Some(RendezvousError::TorchrunPeer {
+                key: self.keys.torch_state(),
+            });
+        }
+        None
     }
 
     /// [`retry`] with this agent's store and keys.
@@ -604,6 +1110,37 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         .await
     }
 
+    /// The current head and state, the store retried up to `deadline`.
+    async fn load_retry(&self, deadline: Instant) -> Result<(Vec<u8>, RdzvState), RendezvousError> {
+        let state_err: std::sync::Mutex<Option<StateError>> = std::sync::Mutex::new(None);
+        let r = self
+            .retry_store(deadline, |s, k| {
+                let k = k.clone();
+                let state_err = &state_err;
+                async move {
+                    match load_state(&*s, &k).await {
+                        Ok(v) => Ok(Some(v)),
+                        Err(ReadError::State(e)) => {
+                            *state_err.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                            Ok(None)
+                        }
+                        Err(ReadError::Store(e)) => Err(e),
+                    }
+                }
+            })
+            .await?;
+        match r {
+            Some(v) => Ok(v),
+            None => Err(state_err
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .map(RendezvousError::State)
+                .unwrap_or_else(|| {
+                    RendezvousError::Store(StoreOpError("unreadable rendezvous state".into()))
+                })),
+        }
+    }
+
     /// Marks the rendezvous closed for every node (torchrun's `shutdown()`), within
     /// `close_timeout`, and stops this agent's heartbeats. `reason` (`failed on node N`) tells
     /// the others why; `None` = the job finished. A store already found lost fails at once.
@@ -614,26 +1151,19 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             return Err(RendezvousError::StoreLost(why));
         }
         let deadline = Instant::now() + self.settings.close_timeout;
-        let key = self.keys.state();
         let mut backoff = Duration::from_millis(20);
         loop {
-            let text = self
-                .retry_store(deadline, |s, _| {
-                    let key = key.clone();
-                    async move { read_text(&*s, &key).await }
-                })
-                .await?;
-            let st = RdzvState::decode(&text)?;
+            let (text, st) = self.load_retry(deadline).await?;
             if st.closed {
                 ack_closed(&*self.store, &self.keys.closed_acks(), &self.me.id).await;
                 return Ok(());
             }
-            let desired = state::close(&st, reason).encode();
-            if let Ok(got) = write_state(&*self.store, &self.keys, &text, &desired).await {
-                if got == desired {
-                    ack_closed(&*self.store, &self.keys.closed_acks(), &self.me.id).await;
-                    return Ok(());
-                }
+            let new = state::close(&st, reason);
+            if let Ok(Wrote::Won(_)) =
+                write_state(&*self.store, &self.keys, &text, Some(&st), &new).await
+            {
+                ack_closed(&*self.store, &self.keys.closed_acks(), &self.me.id).await;
+                return Ok(());
             }
             let now = Instant::now();
             if now >= deadline {
@@ -652,10 +1182,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
     /// The agents of the closed rendezvous that have not yet said they saw the close (every
     /// agent in the state but this one); empty when the store cannot be read.
     pub async fn unacked_close(&self) -> Vec<String> {
-        let Ok(text) = read_text(&*self.store, &self.keys.state()).await else {
-            return Vec::new();
-        };
-        let Ok(state) = RdzvState::decode(&text) else {
+        let Ok((_, state)) = load_state(&*self.store, &self.keys).await else {
             return Vec::new();
         };
         let Some(acked) = closed_acks(&*self.store, &self.keys.closed_acks()).await else {
@@ -674,6 +1201,15 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         self.settings.poll_interval
     }
 
+    /// The peers of the round this agent ran that the current state no longer has (empty when
+    /// it cannot be read).
+    async fn dropped_now(&self) -> Vec<String> {
+        match load_state(&*self.store, &self.keys).await {
+            Ok((_, st)) => super::plumbing::dropped_by(&self.round_peers.ids(&self.me.id), &st),
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// After this agent's workers failed, before the failure is charged: which peers of the
     /// running round are lost (issue 17.7). A SIGKILLed node makes its peers' collectives fail
     /// a second or so before any heartbeat budget runs out, so the failure alone cannot say
@@ -684,34 +1220,42 @@ impl<S: RdzvStore> C10dRendezvous<S> {
     /// close, a lost store, another node's new round) returns empty: `next_round` deals with it.
     ///
     /// Up to [`FULL_CHECK_MAX`] nodes every peer is checked. Above, only the peers this node
-    /// watches (`watch_targets`) are, which keeps a failure of every node at once O(n) in all
-    /// instead of O(n²): the others' watchers publish a stalled peer on the round's suspects
+    /// watches (its notice's targets) are, which keeps a failure of every node at once O(n) in
+    /// all instead of O(n²): the others' watchers publish a stalled peer on the round's suspects
     /// counter (their keepers, and this same call on their nodes), so "all alive" also waits
     /// until two keep-alive intervals plus two polls have passed with no suspect.
     pub async fn lost_peers_after_failure(&mut self) -> Vec<String> {
         let Some(round) = self.my_round else {
             return Vec::new();
         };
-        let key = self.keys.state();
-        let state = match read_text(&*self.store, &key).await {
-            Ok(text) => match RdzvState::decode(&text) {
-                Ok(st) => st,
-                Err(_) => return Vec::new(),
+        let head = match read_head(&*self.store, &self.keys).await {
+            Ok(text) => match Head::decode(&text) {
+                Ok(Some(h)) => h,
+                _ => return Vec::new(),
             },
             Err(_) => return Vec::new(),
         };
-        if state.closed {
+        if head.closed {
             return Vec::new();
         }
-        if state.round != round {
+        if head.round != round {
             // Another node already moved on: a loss if it dropped peers of this round.
-            return super::plumbing::dropped_by(&self.round_peers, &state);
+            return self.dropped_now().await;
         }
-        let full = state.participants.len() <= self.full_check_max;
+        let full = head.participants <= self.full_check_max;
         let ids = if full {
-            watched_ids(&state, &self.me.id)
+            match load_state(&*self.store, &self.keys).await {
+                Ok((_, st)) => watched_ids(&st, &self.me.id),
+                Err(_) => return Vec::new(),
+            }
         } else {
-            watch_targets(&state, &self.me.id)
+            match read_notice(&*self.store, &self.keys, round, &self.me.id).await {
+                Ok(Some(n)) => n.targets,
+                _ => match load_state(&*self.store, &self.keys).await {
+                    Ok((_, st)) => watch_targets(&st, &self.me.id),
+                    Err(_) => return Vec::new(),
+                },
+            }
         };
         if full && ids.is_empty() {
             return Vec::new();
@@ -743,13 +1287,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                     }
                     RdzvEvent::NodesWaiting(_) => {}
                     RdzvEvent::RoundChanged { .. } => {
-                        let dropped = match read_text(&*self.store, &key).await {
-                            Ok(text) => RdzvState::decode(&text)
-                                .map(|st| super::plumbing::dropped_by(&self.round_peers, &st))
-                                .unwrap_or_default(),
-                            Err(_) => Vec::new(),
-                        };
-                        ev_out = Some(dropped);
+                        ev_out = Some(self.dropped_now().await);
                         break;
                     }
                     _ => {
@@ -821,13 +1359,25 @@ struct Keeper<S: RdzvStore> {
     tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
 }
 
-/// What the keeper last read of the round it monitors: the state text at `version`, decoded,
-/// and the peers this node watches in it.
+/// What the keeper last read of the round it monitors: the version, the head at it, and the
+/// peers this node watches (its notice).
 struct Seen {
     version: Vec<u8>,
-    text: Vec<u8>,
-    state: RdzvState,
+    head: Head,
     targets: Vec<String>,
+}
+
+impl Seen {
+    /// The keys one poll reads (the version, then the watched heartbeats), once the version key
+    /// is known to exist.
+    fn poll_keys(&self, keys: &Keys, round: u64) -> Option<Vec<String>> {
+        if self.version.is_empty() || self.head.round != round {
+            return None;
+        }
+        let mut out = vec![keys.version()];
+        out.extend(self.targets.iter().map(|id| keys.hb(id)));
+        Some(out)
+    }
 }
 
 /// The keeper's monitoring memory for one round.
@@ -856,6 +1406,67 @@ impl<S: RdzvStore> Keeper<S> {
         loop {
             let now = Instant::now();
             let running = lock(&self.shared).running;
+            if let Some(round) = running {
+                // A suspicion stays on the counter of a round that ended: it is the round's
+                // record that a peer stalled (read by `lost_peers_after_failure`).
+                if mon.as_ref().map(|m| m.round) != Some(round) {
+                    mon = Some(Monitor {
+                        round,
+                        waiting: 0,
+                        ended: false,
+                        seen: None,
+                        tracker: HeartbeatTracker::default(),
+                        suspecting: false,
+                    });
+                }
+            }
+            // The beat and the poll fall due together (both every second by default): one
+            // round trip carries both (issue 16: the store's load per node per second).
+            let combined = match mon.as_ref().filter(|m| running == Some(m.round)) {
+                Some(m) if now >= next_beat && now >= next_poll && !m.ended => m
+                    .seen
+                    .as_ref()
+                    .and_then(|s| s.poll_keys(&self.keys, m.round)),
+                _ => None,
+            };
+            if let Some(keys) = combined {
+                next_beat = now + interval;
+                next_poll = now + poll;
+                let r = tokio::time::timeout(
+                    self.settings.heartbeat_timeout,
+                    self.store.beat_and_read(&hb_key, &keys),
+                )
+                .await;
+                let values = match r {
+                    Ok(Ok(v)) if v.len() == keys.len() => {
+                        loss.ok(Instant::now());
+                        Some(v)
+                    }
+                    Ok(Ok(_)) => {
+                        loss.ok(Instant::now());
+                        None
+                    }
+                    Ok(Err(e)) => {
+                        if self.beat_failed(&mut loss, running, e.to_string()) {
+                            return;
+                        }
+                        None
+                    }
+                    Err(_) => {
+                        if self.beat_failed(&mut loss, running, "heartbeat timed out".into()) {
+                            return;
+                        }
+                        None
+                    }
+                };
+                if let (Some(values), Some(m)) = (values, mon.as_mut()) {
+                    if let Err(e) = self.monitor(m, Some(values)).await {
+                        tracing::debug!(error = %e, "monitoring the rendezvous failed");
+                    }
+                }
+                tokio::time::sleep(tick).await;
+                continue;
+            }
             if now >= next_beat {
                 next_beat = now + interval;
                 let lost = match beat(&*self.store, &hb_key, self.settings.heartbeat_timeout).await
@@ -871,23 +1482,10 @@ impl<S: RdzvStore> Keeper<S> {
                     return;
                 }
             }
-            if let Some(round) = running {
-                // A suspicion stays on the counter of a round that ended: it is the round's
-                // record that a peer stalled (read by `lost_peers_after_failure`).
-                if mon.as_ref().map(|m| m.round) != Some(round) {
-                    mon = Some(Monitor {
-                        round,
-                        waiting: 0,
-                        ended: false,
-                        seen: None,
-                        tracker: HeartbeatTracker::default(),
-                        suspecting: false,
-                    });
-                }
-                let m = mon.as_mut().expect("just set");
+            if let Some(m) = mon.as_mut().filter(|m| running == Some(m.round)) {
                 if now >= next_poll && !m.ended {
                     next_poll = now + poll;
-                    if let Err(e) = self.monitor(m).await {
+                    if let Err(e) = self.monitor(m, None).await {
                         tracing::debug!(error = %e, "monitoring the rendezvous failed");
                     }
                 }
@@ -915,18 +1513,24 @@ impl<S: RdzvStore> Keeper<S> {
     }
 
     /// One poll of the running round: the version counter and the heartbeats of the few watched
-    /// peers (one multi_get); the state only when the version moved. A watched peer found dead is
-    /// dropped from the state (which every other node then sees through the version).
-    async fn monitor(&self, m: &mut Monitor) -> Result<(), StoreOpError> {
+    /// peers (one multi_get); the small head and this node's notice only when the version moved.
+    /// A watched peer found dead is dropped from the state (read for that, rarely), which every
+    /// other node then sees through the version.
+    async fn monitor(
+        &self,
+        m: &mut Monitor,
+        read: Option<Vec<Vec<u8>>>,
+    ) -> Result<(), StoreOpError> {
         let round = m.round;
-        let key = self.keys.state();
         // Once the version key is known to exist (keys are never removed), the version and the
-        // watched heartbeats are one multi_get: two requests per node per poll with the beat.
-        let (version, mut beats) = match &m.seen {
-            Some(s) if !s.version.is_empty() && s.state.round == round => {
-                let mut keys = vec![self.keys.version()];
-                keys.extend(s.targets.iter().map(|id| self.keys.hb(id)));
-                let mut values = self.store.multi_get(&keys).await?;
+        // watched heartbeats are one multi_get (`read`: already done with the beat).
+        let poll_keys = m.seen.as_ref().and_then(|s| s.poll_keys(&self.keys, round));
+        let (version, mut beats) = match (&m.seen, poll_keys) {
+            (Some(s), Some(keys)) => {
+                let mut values = match read {
+                    Some(v) => v,
+                    None => self.store.multi_get(&keys).await?,
+                };
                 let version = values.remove(0);
                 let beats: Vec<(String, Vec<u8>)> = s.targets.iter().cloned().zip(values).collect();
                 (version, Some(beats))
@@ -936,40 +1540,51 @@ impl<S: RdzvStore> Keeper<S> {
         let fresh = m
             .seen
             .as_ref()
-            .map_or(true, |s| s.version != version || s.state.round != round);
+            .map_or(true, |s| s.version != version || s.head.round != round);
         if fresh {
-            let text = read_text(&*self.store, &key).await?;
-            let Ok(state) = RdzvState::decode(&text) else {
+            let text = read_head(&*self.store, &self.keys).await?;
+            let Ok(Some(head)) = Head::decode(&text) else {
                 return Ok(());
             };
             let send = |ev| {
                 let _ = self.tx.send((round, ev));
             };
-            if state.closed {
+            if head.closed {
                 m.ended = true;
                 ack_closed(&*self.store, &self.keys.closed_acks(), &self.me).await;
-                send(closed_event(&state));
+                let st = RdzvState {
+                    closed: true,
+                    closed_reason: head.closed_reason.clone(),
+                    ..RdzvState::default()
+                };
+                send(closed_event(&st));
                 return Ok(());
             }
-            if state.round != round {
+            if head.round != round {
                 m.ended = true;
                 send(RdzvEvent::RoundChanged {
-                    round: state.round,
-                    reason: state.reason,
+                    round: head.round,
+                    reason: head.reason,
                 });
                 return Ok(());
             }
-            let waiting = state.num_nodes_waiting();
+            let waiting = head.waiting;
             lock(&self.shared).waiting = waiting;
             if waiting > 0 && waiting != m.waiting {
                 send(RdzvEvent::NodesWaiting(waiting));
             }
             m.waiting = waiting;
-            let targets = watch_targets(&state, &self.me);
+            let targets = match read_notice(&*self.store, &self.keys, round, &self.me).await? {
+                Some(n) => n.targets,
+                None => m
+                    .seen
+                    .as_ref()
+                    .map(|s| s.targets.clone())
+                    .unwrap_or_default(),
+            };
             m.seen = Some(Seen {
                 version,
-                text,
-                state,
+                head,
                 targets,
             });
             // The watched peers may have changed with the state.
@@ -1003,20 +1618,31 @@ impl<S: RdzvStore> Keeper<S> {
             return Ok(());
         }
         let (min, max) = (self.settings.min_nodes, self.settings.max_nodes);
-        let Some(new) = prune_dead(&seen.state, &dead, min, max) else {
+        let (text, state) = match load_state(&*self.store, &self.keys).await {
+            Ok(v) => v,
+            Err(ReadError::Store(e)) => return Err(e),
+            Err(ReadError::State(_)) => return Ok(()),
+        };
+        if state.round != round {
+            // Moved on meanwhile: the version shows it next poll.
+            m.seen = None;
+            return Ok(());
+        }
+        let Some(new) = prune_dead(&state, &dead, min, max) else {
             return Ok(());
         };
-        let desired = new.encode();
-        let got = write_state(&*self.store, &self.keys, &seen.text, &desired).await?;
-        if got == desired {
-            tracing::warn!(?dead, round, "peers stopped heartbeating; dropped them");
-            if new.round != round {
-                m.ended = true;
-                send_lost(&self.tx, round, dead);
+        match write_state(&*self.store, &self.keys, &text, Some(&state), &new).await? {
+            Wrote::Won(_) => {
+                tracing::warn!(?dead, round, "peers stopped heartbeating; dropped them");
+                if new.round != round {
+                    m.ended = true;
+                    send_lost(&self.tx, round, dead);
+                }
             }
-        } else {
-            // The state moved under us: read it again next poll.
-            m.seen = None;
+            Wrote::Lost(_) => {
+                // The state moved under us: read it again next poll.
+                m.seen = None;
+            }
         }
         Ok(())
     }
@@ -1052,6 +1678,13 @@ mod tests {
             nproc,
         )
         .with_pid(100)
+    }
+
+    /// The full state the head names.
+    fn peek_state(store: &MemStore) -> RdzvState {
+        let head = store.peek("rdrun.rendezvous.job/state").unwrap();
+        let head = Head::decode(&head).unwrap().unwrap();
+        RdzvState::decode(&store.peek(&head.body).unwrap()).unwrap()
     }
 
     fn req(reason: RoundReason) -> RoundRequest {
@@ -1176,7 +1809,7 @@ mod tests {
             err.to_string(),
             "rendezvous timed out after 3s: 1 node(s) joined, at least 2 needed"
         );
-        let st = RdzvState::decode(&store.peek("rdrun.rendezvous.job/state").unwrap()).unwrap();
+        let st = peek_state(&store);
         assert!(st.participants.is_empty());
     }
 
@@ -1361,7 +1994,8 @@ mod tests {
         join_all(&mut nodes, RoundReason::Initial).await;
         // Let every keeper take its first look at the round.
         tokio::time::sleep(s.poll_interval * 3).await;
-        let state_len = store.peek("rdrun.rendezvous.job/state").unwrap().len() as u64;
+        // The state document (now the body the small head names).
+        let state_len = peek_state(&store).encode().len() as u64;
         let before = store.read_bytes();
         let secs = 20;
         tokio::time::sleep(Duration::from_secs(secs)).await;
@@ -1431,11 +2065,7 @@ mod tests {
         // Group rank 0 watches ranks 1 and 2; rank 4 dies.
         let dead = nodes.remove(4);
         let dead_id = dead.node_id().to_string();
-        assert!(!watch_targets(
-            &RdzvState::decode(&store.peek("rdrun.rendezvous.job/state").unwrap()).unwrap(),
-            nodes[0].node_id()
-        )
-        .contains(&dead_id));
+        assert!(!watch_targets(&peek_state(&store), nodes[0].node_id()).contains(&dead_id));
         drop(dead);
         let t1 = Instant::now();
         let lost = nodes[0].lost_peers_after_failure().await;

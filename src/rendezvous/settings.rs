@@ -103,6 +103,15 @@ pub fn unknown_keys(conf: &BTreeMap<String, String>) -> Vec<String> {
         .collect()
 }
 
+/// Default `keep_alive_interval` and `poll_interval` of a c10d job, in seconds (issue 16): 1 s
+/// up to 2,000 nodes (`--nnodes` MAX), then MAX / 2,000 s up to 3 s from 6,000 nodes on, so
+/// that the rendezvous store's steady load stays well under a fifth of a core at 10,000 nodes
+/// while a lost node is still dropped within 5 × 3 = 15 s at any size (torchrun's default
+/// budget, 5 s × 3). Explicit `--rdzv-conf` values always win.
+pub fn beat_default(nodes: NodeRange) -> f64 {
+    (nodes.max as f64 / 2000.0).clamp(1.0, 3.0)
+}
+
 /// Settings of the c10d-like backend.
 #[derive(Debug, Clone, PartialEq)]
 pub struct C10dSettings {
@@ -149,12 +158,13 @@ impl C10dSettings {
             last_call_timeout: secs(conf, "last_call_timeout", 30.0)?,
             close_timeout: secs(conf, "close_timeout", 30.0)?,
             heartbeat_timeout: secs(conf, "heartbeat_timeout", 5.0)?,
-            keep_alive_interval: secs(conf, "keep_alive_interval", 1.0)?
+            keep_alive_interval: secs(conf, "keep_alive_interval", beat_default(nodes))?
                 .max(Duration::from_millis(10)),
             keep_alive_max_attempt: count(conf, "keep_alive_max_attempt", 5)?,
             read_timeout: secs(conf, "read_timeout", 60.0)?,
             is_host: boolean(conf, "is_host")?,
-            poll_interval: secs(conf, "poll_interval", 1.0)?.max(Duration::from_millis(10)),
+            poll_interval: secs(conf, "poll_interval", beat_default(nodes))?
+                .max(Duration::from_millis(10)),
         })
     }
 
@@ -205,6 +215,24 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// Issue 16: the heartbeat defaults grow with `--nnodes` MAX (bounded), explicit values win.
+    #[test]
+    fn heartbeat_defaults_scale_with_the_job_and_explicit_values_win() {
+        let at = |max: usize, c: &[(&str, &str)]| {
+            C10dSettings::from_conf(NodeRange { min: 1, max }, &conf(c)).unwrap()
+        };
+        assert_eq!(at(2000, &[]).keep_alive_interval, Duration::from_secs(1));
+        assert_eq!(at(4000, &[]).keep_alive_interval, Duration::from_secs(2));
+        assert_eq!(at(4000, &[]).poll_interval, Duration::from_secs(2));
+        assert_eq!(at(100_000, &[]).dead_after(), Duration::from_secs(15));
+        let set = at(
+            10_000,
+            &[("keep_alive_interval", "1"), ("poll_interval", "0.5")],
+        );
+        assert_eq!(set.keep_alive_interval, Duration::from_secs(1));
+        assert_eq!(set.poll_interval, Duration::from_millis(500));
     }
 
     #[test]

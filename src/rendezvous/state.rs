@@ -1,9 +1,15 @@
 //! The c10d-like rendezvous state every agent shares, and the pure decisions taken on it.
 //!
-//! The state is one JSON document in one store key (`rdrun.rendezvous.<run_id>/state`), updated
-//! only with `compare_set` using the previously read text as fencing token (as torchrun's
-//! `C10dRendezvousBackend` does with its pickled state; spec torchrun-compat §4.2). PyTorch's state
-//! is a pickled Python object, so rdrun and Python torchrun agents cannot share one rendezvous.
+//! The state is one JSON document ([`RdzvState`], the body) named by a small [`Head`] in one store
+//! key (`rdrun.rendezvous.<run_id>/state`); the head is updated only with `compare_set` using the
+//! previously read head as fencing token (as torchrun's `C10dRendezvousBackend` does with its
+//! pickled state; spec torchrun-compat §4.2), each body is written once under a key of its own.
+//! PyTorch's state is a pickled Python object, so rdrun and Python torchrun agents cannot share
+//! one rendezvous. Issue 16 (10,000 nodes): the head carries the counts every node needs, and the
+//! per-node keys are pure functions of the state here ([`notices`]: each node's list and watched
+//! peers; [`roster`]: a complete round's `id nproc` lines, from which [`roster_assignment`]
+//! builds the same [`Assignment`] as [`assignment`]); [`place_pending`] lets one write place
+//! every announced joiner.
 //!
 //! Everything here is synchronous and clock-free: the driver (`c10d.rs`) reads the state, measures
 //! local time, asks [`join_step`] what to do and writes the returned state. Time-dependent inputs
@@ -30,13 +36,15 @@
 //! - MASTER_ADDR/MASTER_PORT come from the state of each round (group rank 0's address and the
 //!   port it published when joining), so they are never stale.
 //!
-//! Length: about 515 lines of pure decisions; the rest are their table and property tests.
+//! Length: about 1,000 lines of pure decisions (the head, notices and roster of issue 16 included);
+//! the rest are their table and property tests.
 
 use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 /// Version of the JSON layout; agents refuse a state written in another format.
-pub const STATE_FORMAT: u32 = 1;
+pub const STATE_FORMAT: u32 = 2;
 
 /// One agent as the rendezvous knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -478,20 +486,44 @@ pub fn join_step(state: &RdzvState, v: &JoinView<'_>) -> JoinStep {
     // Incomplete round, not yet in it: join unless the free slots are reserved for expected nodes.
     // Every other announced joiner that fits is admitted in the same write (announcement order),
     // so N agents starting together need a few writes instead of N contended ones.
+    // Sets instead of list scans: one write may admit thousands (issue 16); the decisions are
+    // `can_admit`'s and `admit`'s, one candidate after the other.
+    let parts: HashSet<&str> = state.participants.iter().map(|m| m.id.as_str()).collect();
     let mut candidates: Vec<&Member> = v
         .pending
         .iter()
-        .filter(|p| !state.is_participant(&p.id))
+        .filter(|p| !parts.contains(p.id.as_str()))
         .map(|p| if p.id == id { v.me } else { p })
         .collect();
     if !candidates.iter().any(|c| c.id == id) {
         candidates.push(v.me);
     }
+    let mut expected: HashMap<&str, usize> = HashMap::new();
+    for e in &state.expected {
+        *expected.entry(e.as_str()).or_default() += 1;
+    }
+    // Slots reserved for expected nodes that have not rejoined (as `can_admit` counts them).
+    let mut reserved: usize = state
+        .expected
+        .iter()
+        .filter(|e| !parts.contains(e.as_str()))
+        .count();
+    let mut admitted: HashSet<&str> = HashSet::new();
     let mut new = state.clone();
     let mut me_in = false;
     for c in candidates {
-        if !new.is_participant(&c.id) && can_admit(&new, &c.id, v.max) {
+        if admitted.contains(c.id.as_str()) {
+            continue;
+        }
+        let times_expected = expected.get(c.id.as_str()).copied().unwrap_or(0);
+        let r = if times_expected > 0 { 0 } else { reserved };
+        let fits = new.participants.len() + r < v.max;
+        // The counted rule is `can_admit`'s (checked in debug builds, O(n) each).
+        debug_assert_eq!(fits, can_admit(&new, &c.id, v.max));
+        if fits {
             admit(&mut new, c, v.min);
+            admitted.insert(c.id.as_str());
+            reserved -= times_expected.min(reserved);
             me_in |= c.id == id;
         }
     }
@@ -569,6 +601,400 @@ pub fn assignment(state: &RdzvState, id: &str, store_prefix: &str) -> Option<Ass
             .iter()
             .map(|m| (m.addr.clone(), m.nproc))
             .collect(),
+    })
+}
+
+/// How many members one writer's notices cover per `multi_set` (keeps a request well under the
+/// store's limits at any size).
+pub const NOTICE_CHUNK: usize = 512;
+
+/// The small key every agent reads (`<prefix>/state`): the summary of the current state and
+/// where its body (the full [`RdzvState`], O(n) bytes) is. Writes compare-and-set this head, so
+/// a lost race costs a few hundred bytes instead of the whole state (issue 16); the body key is
+/// written once, before the head that names it, and never changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Head {
+    pub format: u32,
+    /// Incremented by every write (the body key is unique per write).
+    pub seq: u64,
+    /// The body's key, relative to the run's prefix.
+    pub body: String,
+    pub round: u64,
+    pub complete: bool,
+    pub closed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_reason: Option<String>,
+    pub reason: RoundReason,
+    pub restart_count: u32,
+    pub participants: usize,
+    pub waiting: usize,
+    pub redundant: usize,
+    pub last_call_seq: u64,
+}
+
+impl Head {
+    /// The head of `state` written as write number `seq` with its body at `body`.
+    pub fn of(state: &RdzvState, seq: u64, body: &str) -> Self {
+        Self {
+            format: STATE_FORMAT,
+            seq,
+            body: body.to_string(),
+            round: state.round,
+            complete: state.complete,
+            closed: state.closed,
+            closed_reason: state.closed_reason.clone(),
+            reason: state.reason,
+            restart_count: state.restart_count,
+            participants: state.participants.len(),
+            waiting: state.wait_list.len(),
+            redundant: state.redundancy_list.len(),
+            last_call_seq: state.last_call_seq,
+        }
+    }
+
+    /// Parses the head key's text: `None` for [`NO_STATE`] (nothing written yet).
+    pub fn decode(bytes: &[u8]) -> Result<Option<Self>, StateError> {
+        if bytes == NO_STATE {
+            return Ok(None);
+        }
+        #[derive(Deserialize)]
+        struct Probe {
+            format: u32,
+        }
+        let probe: Probe =
+            serde_json::from_slice(bytes).map_err(|e| StateError::Foreign(e.to_string()))?;
+        if probe.format != STATE_FORMAT {
+            return Err(StateError::Format {
+                found: probe.format,
+            });
+        }
+        serde_json::from_slice(bytes)
+            .map(Some)
+            .map_err(|e| StateError::Foreign(e.to_string()))
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("head is plain data and always serializes")
+    }
+}
+
+/// [`watch_targets`] of every known node at once, in O(n) (a writer publishes them all).
+pub fn all_watch_targets(state: &RdzvState) -> Vec<(String, Vec<String>)> {
+    let parts: Vec<&str> = state.participants.iter().map(|m| m.id.as_str()).collect();
+    let in_parts: std::collections::HashSet<&str> = parts.iter().copied().collect();
+    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let others: Vec<&str> = state
+        .expected
+        .iter()
+        .map(String::as_str)
+        .chain(state.wait_list.iter().map(|m| m.id.as_str()))
+        .chain(state.redundancy_list.iter().map(|m| m.id.as_str()))
+        .filter(|id| !in_parts.contains(id) && seen.insert(id))
+        .collect();
+    fn push(out: &mut Vec<String>, me: &str, id: &str) {
+        if id != me && !out.iter().any(|o| o == id) {
+            out.push(id.to_string());
+        }
+    }
+    let n = parts.len();
+    let mut pt: Vec<Vec<String>> = vec![Vec::new(); n];
+    for (i, t) in pt.iter_mut().enumerate() {
+        for d in 1..=WATCHERS.min(n.saturating_sub(1)) {
+            push(t, parts[i], parts[(i + d) % n]);
+        }
+    }
+    let m = others.len();
+    let mut ot: Vec<Vec<String>> = vec![Vec::new(); m];
+    for (j, o) in others.iter().enumerate() {
+        if n > 0 {
+            for d in 0..WATCHERS {
+                let i = (j + d) % n;
+                push(&mut pt[i], parts[i], o);
+            }
+            for d in 0..WATCHERS.min(n) {
+                push(&mut ot[j], o, parts[(j + d) % n]);
+            }
+        } else {
+            for d in 1..=WATCHERS.min(m - 1) {
+                push(&mut ot[j], o, others[(j + d) % m]);
+            }
+        }
+    }
+    parts
+        .iter()
+        .map(|p| p.to_string())
+        .zip(pt)
+        .chain(others.iter().map(|o| o.to_string()).zip(ot))
+        .collect()
+}
+
+/// What a node's notice key says about it in one round: which list it is on (`p` participant,
+/// `e` expected but not rejoined, `w` wait list, `r` redundancy list, `x` no longer in any) and
+/// the peers it watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub status: char,
+    pub targets: Vec<String>,
+}
+
+impl Notice {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut s = String::from(self.status);
+        for t in &self.targets {
+            s.push(' ');
+            s.push_str(t);
+        }
+        s.into_bytes()
+    }
+    pub fn decode(v: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(v).ok()?;
+        let mut it = text.split(' ');
+        let status = it.next()?.chars().next()?;
+        Some(Self {
+            status,
+            targets: it.filter(|t| !t.is_empty()).map(str::to_string).collect(),
+        })
+    }
+}
+
+/// Every known node's notice in `state`.
+fn all_notices(state: &RdzvState) -> Vec<(String, Notice)> {
+    let parts: HashSet<&str> = state.participants.iter().map(|m| m.id.as_str()).collect();
+    let wait: HashSet<&str> = state.wait_list.iter().map(|m| m.id.as_str()).collect();
+    let red: HashSet<&str> = state
+        .redundancy_list
+        .iter()
+        .map(|m| m.id.as_str())
+        .collect();
+    let mut out = Vec::new();
+    for (id, targets) in all_watch_targets(state) {
+        let status = if parts.contains(id.as_str()) {
+            'p'
+        } else if wait.contains(id.as_str()) {
+            'w'
+        } else if red.contains(id.as_str()) {
+            'r'
+        } else {
+            // Expected, not rejoined: no key (it waits to be admitted; participants watch it).
+            continue;
+        };
+        out.push((id, Notice { status, targets }));
+    }
+    out
+}
+
+/// The notices a writer publishes after replacing `old` with `new` (issue 16): nodes wait on
+/// their own small key instead of reading the O(n) state. Within one round only the nodes
+/// whose notice changed (and `x` for the ones dropped); for a new round (or no `old`) every
+/// node of it. A closed state needs none (the head says so).
+pub fn notices(old: Option<&RdzvState>, new: &RdzvState) -> Vec<(String, Notice)> {
+    if new.closed {
+        return Vec::new();
+    }
+    let fresh = all_notices(new);
+    let Some(old) = old.filter(|o| o.round == new.round && !o.closed) else {
+        return fresh;
+    };
+    let before: std::collections::HashMap<String, Notice> = all_notices(old).into_iter().collect();
+    let now: std::collections::HashSet<&str> = fresh.iter().map(|(id, _)| id.as_str()).collect();
+    let mut gone: Vec<(String, Notice)> = before
+        .keys()
+        .filter(|id| !now.contains(id.as_str()))
+        .map(|id| {
+            (
+                id.clone(),
+                Notice {
+                    status: 'x',
+                    targets: Vec::new(),
+                },
+            )
+        })
+        .collect();
+    gone.sort_by(|a, b| a.0.cmp(&b.0));
+    fresh
+        .into_iter()
+        .filter(|(id, n)| before.get(id) != Some(n))
+        .chain(gone)
+        .collect()
+}
+
+/// Places every announced joiner of `pending` as its own [`join_step`] would, one after the
+/// other (so one write admits a whole batch, and a joiner that does not fit goes to the wait or
+/// redundancy list as if it had written itself). Members already placed are left alone.
+pub fn place_pending(state: &RdzvState, pending: &[Member], min: usize, max: usize) -> RdzvState {
+    let mut cur = state.clone();
+    let mut placed: HashSet<String> = cur
+        .participants
+        .iter()
+        .chain(&cur.wait_list)
+        .chain(&cur.redundancy_list)
+        .map(|m| m.id.clone())
+        .collect();
+    let unplaced: Vec<Member> = pending
+        .iter()
+        .filter(|p| !placed.contains(&p.id))
+        .cloned()
+        .collect();
+    // An incomplete round admits the whole batch in one step (one copy of the state); whoever
+    // does not fit is placed one by one below.
+    if let Some(first) = unplaced.first() {
+        if !cur.complete && !cur.closed {
+            let v = JoinView {
+                me: first,
+                min,
+                max,
+                past_deadline: false,
+                last_call_expired: false,
+                bump_from: None,
+                pending: &unplaced,
+            };
+            if let JoinStep::Write(s) = join_step(&cur, &v) {
+                if s.round == cur.round {
+                    cur = s;
+                }
+            }
+            for m in cur
+                .participants
+                .iter()
+                .chain(&cur.wait_list)
+                .chain(&cur.redundancy_list)
+            {
+                placed.insert(m.id.clone());
+            }
+        }
+    }
+    for p in &unplaced {
+        if placed.contains(&p.id) {
+            continue;
+        }
+        let v = JoinView {
+            me: p,
+            min,
+            max,
+            past_deadline: false,
+            last_call_expired: false,
+            bump_from: None,
+            pending: &[],
+        };
+        for _ in 0..4 {
+            match join_step(&cur, &v) {
+                JoinStep::Write(s) if s.round == cur.round => cur = s,
+                _ => break,
+            }
+        }
+        placed.insert(p.id.clone());
+    }
+    cur
+}
+
+/// The compact roster of a complete round (issue 16): a header line
+/// `rdrun-roster <round> <restart_count> <reason> <master_port>` and one `<id> <nproc>` line per
+/// participant in group-rank order. Written once when the round completes; every participant
+/// reads it once and builds its [`Assignment`] from it ([`roster_assignment`]).
+pub fn roster(state: &RdzvState) -> Vec<u8> {
+    let port = state.participants.first().map_or(0, |m| m.master_port);
+    let mut out = format!(
+        "rdrun-roster {} {} {} {port}\n",
+        state.round,
+        state.restart_count,
+        reason_name(state.reason)
+    );
+    for m in &state.participants {
+        out.push_str(&m.id);
+        out.push(' ');
+        out.push_str(&m.nproc.to_string());
+        out.push('\n');
+    }
+    out.into_bytes()
+}
+
+fn reason_name(r: RoundReason) -> &'static str {
+    match r {
+        RoundReason::Initial => "initial",
+        RoundReason::WorkerFailure => "worker_failure",
+        RoundReason::Membership => "membership",
+        RoundReason::PeerLost => "peer_lost",
+    }
+}
+
+/// The address part of a node id (`<addr>_<pid>_<local_id>`).
+pub fn id_addr(id: &str) -> &str {
+    id.rsplitn(3, '_').nth(2).unwrap_or(id)
+}
+
+/// The roster's participant ids, in group-rank order (`None`: not a roster).
+pub fn roster_ids(roster: &[u8]) -> Option<Vec<String>> {
+    let text = std::str::from_utf8(roster).ok()?;
+    let mut lines = text.lines();
+    lines.next()?.strip_prefix("rdrun-roster ")?;
+    lines
+        .map(|l| l.split(' ').next().map(str::to_string))
+        .collect()
+}
+
+/// `id`'s assignment from a roster ([`roster`]); `None` if it is not in it or the roster is bad.
+/// Equal to [`assignment`] on the state the roster was made from.
+pub fn roster_assignment(roster: &[u8], id: &str, store_prefix: &str) -> Option<Assignment> {
+    let text = std::str::from_utf8(roster).ok()?;
+    let nl = text.find('\n').unwrap_or(text.len());
+    let head: Vec<&str> = text[..nl].split(' ').collect();
+    if head.len() != 5 || head[0] != "rdrun-roster" {
+        return None;
+    }
+    let round: u64 = head[1].parse().ok()?;
+    let restart_count: u32 = head[2].parse().ok()?;
+    let reason = match head[3] {
+        "initial" => RoundReason::Initial,
+        "worker_failure" => RoundReason::WorkerFailure,
+        "membership" => RoundReason::Membership,
+        "peer_lost" => RoundReason::PeerLost,
+        _ => return None,
+    };
+    let master_port: u16 = head[4].parse().ok()?;
+    // One pass over bytes: every participant reads this once per round, and a round of 10,000
+    // nodes has 10,000 lines (issue 16: the per-node cost of a join).
+    let rest = text.get(nl + 1..).unwrap_or("").as_bytes();
+    let mut nodes: Vec<(String, usize)> = Vec::with_capacity(rest.len() / 16 + 1);
+    let mut group_rank = None;
+    let mut first = None;
+    for line in rest.split(|b| *b == b'\n') {
+        if line.is_empty() {
+            continue;
+        }
+        let sp = line.iter().rposition(|b| *b == b' ')?;
+        let (nid, nproc) = (&line[..sp], &line[sp + 1..]);
+        let mut np: usize = 0;
+        for d in nproc {
+            if !d.is_ascii_digit() {
+                return None;
+            }
+            np = np.checked_mul(10)?.checked_add(usize::from(d - b'0'))?;
+        }
+        if nid == id.as_bytes() {
+            group_rank = Some(nodes.len());
+        }
+        let nid = std::str::from_utf8(nid).ok()?;
+        if first.is_none() {
+            first = Some(nid);
+        }
+        nodes.push((id_addr(nid).to_string(), np));
+    }
+    let group_rank = group_rank?;
+    let nprocs: Vec<usize> = nodes.iter().map(|n| n.1).collect();
+    let (base, world) = base_rank(&nprocs, group_rank);
+    Some(Assignment {
+        round,
+        group_rank,
+        group_world_size: nodes.len(),
+        local_world_size: nodes[group_rank].1,
+        base_rank: base,
+        world_size: world,
+        master_addr: id_addr(first?).to_string(),
+        master_port,
+        restart_count,
+        reason,
+        store_prefix: format!("{store_prefix}.{round}"),
+        nodes,
     })
 }
 
@@ -1023,5 +1449,120 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Issue 16: the per-node-keys join builds the same assignment from the compact roster as
+    /// from the full state, and publishes the same watch targets as `watch_targets`.
+    #[test]
+    fn roster_gives_the_assignment_of_the_state_and_batch_targets_match() {
+        let mut s = RdzvState {
+            participants: vec![
+                Member::new("10.0.0.3", 7, 0, 4, 29500),
+                Member::new("node-a", 3, 1, 2, 29400),
+                Member::new("::1", 9, 0, 1, 1),
+            ],
+            round: 3,
+            restart_count: 2,
+            reason: RoundReason::PeerLost,
+            ..Default::default()
+        };
+        mark_complete(&mut s);
+        let r = roster(&s);
+        for m in &s.participants {
+            assert_eq!(
+                roster_assignment(&r, &m.id, "p"),
+                assignment(&s, &m.id, "p"),
+                "{}",
+                String::from_utf8_lossy(&r)
+            );
+        }
+        assert_eq!(roster_assignment(&r, "10.0.0.9_1_0", "p"), None);
+        assert_eq!(roster_assignment(b"junk", &s.participants[0].id, "p"), None);
+        assert_eq!(
+            roster_ids(&r).unwrap(),
+            s.participants
+                .iter()
+                .map(|m| m.id.clone())
+                .collect::<Vec<_>>()
+        );
+        let ms: Vec<Member> = (1..=9).map(|i| m(&format!("10.0.0.{i}"), 1)).collect();
+        for (np, nw, nr, ne) in [(4, 1, 1, 2), (0, 2, 1, 1), (1, 0, 0, 3), (5, 0, 0, 0)] {
+            let st = RdzvState {
+                participants: ms[..np].to_vec(),
+                wait_list: ms[np..np + nw].to_vec(),
+                redundancy_list: ms[np + nw..np + nw + nr].to_vec(),
+                expected: ms[np + nw + nr..np + nw + nr + ne]
+                    .iter()
+                    .map(|m| m.id.clone())
+                    .chain(ms.first().map(|m| m.id.clone()))
+                    .collect(),
+                ..Default::default()
+            };
+            for (id, t) in all_watch_targets(&st) {
+                assert_eq!(t, watch_targets(&st, &id), "{id} in {np}/{nw}/{nr}/{ne}");
+            }
+        }
+    }
+
+    #[test]
+    fn notices_cover_changed_nodes_and_dropped_ones() {
+        let ms: Vec<Member> = (1..=5).map(|i| m(&format!("10.0.0.{i}"), 1)).collect();
+        let old = RdzvState {
+            participants: ms[..3].to_vec(),
+            ..Default::default()
+        };
+        let all = notices(None, &old);
+        assert_eq!(all.len(), 3);
+        assert!(all
+            .iter()
+            .all(|(_, n)| n.status == 'p' && n.targets.len() == 2));
+        // One more admitted: it and the node whose successors wrap around to it change.
+        let mut new = old.clone();
+        new.participants.push(ms[3].clone());
+        let ch: Vec<String> = notices(Some(&old), &new)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert!(ch.contains(&ms[3].id) && ch.contains(&ms[2].id), "{ch:?}");
+        assert!(!ch.contains(&ms[0].id), "{ch:?}");
+        // One dropped: `x`.
+        let mut gone = new.clone();
+        gone.remove_everywhere(&ms[1].id);
+        let x = notices(Some(&new), &gone);
+        assert!(x.iter().any(|(id, n)| *id == ms[1].id && n.status == 'x'));
+        assert_eq!(
+            Notice::decode(&x[0].1.encode()),
+            Some(x[0].1.clone()),
+            "round trip"
+        );
+        // A closed state needs none.
+        assert!(notices(Some(&new), &close(&new, None)).is_empty());
+    }
+
+    #[test]
+    fn one_batch_places_every_announced_node_as_their_own_steps_would() {
+        let ms: Vec<Member> = (1..=5).map(|i| m(&format!("10.0.0.{i}"), 1)).collect();
+        // Incomplete round, max 3: three admitted, it completes, the other two wait.
+        let s = place_pending(&RdzvState::default(), &ms, 2, 3);
+        assert!(s.complete);
+        assert_eq!(s.participants.len(), 3);
+        assert_eq!(s.wait_list.len() + s.redundancy_list.len(), 2);
+        let mut one_by_one = RdzvState::default();
+        for p in &ms {
+            settle(&mut one_by_one, &view(p, 2, 3));
+        }
+        assert_eq!(s, one_by_one);
+        // Head: foreign text and another format are clear errors.
+        assert!(matches!(
+            Head::decode(b"Y2FuaW1hZGFt"),
+            Err(StateError::Foreign(_))
+        ));
+        assert_eq!(
+            Head::decode(br#"{"format":1}"#),
+            Err(StateError::Format { found: 1 })
+        );
+        let h = Head::of(&s, 4, "k");
+        assert_eq!(Head::decode(&h.encode()).unwrap(), Some(h));
+        assert_eq!(Head::decode(NO_STATE).unwrap(), None);
     }
 }

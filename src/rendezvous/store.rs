@@ -60,6 +60,40 @@ pub trait RdzvStore: Send + Sync + 'static {
         keys: &[String],
         timeout: Duration,
     ) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// Overwrites several keys (one request where the store has MULTI_SET; by default one SET
+    /// each).
+    fn multi_set(
+        &self,
+        pairs: &[(String, Vec<u8>)],
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        async move {
+            for (k, v) in pairs {
+                self.set(k, v).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// A heartbeat (`add(hb_key, 1)`) and the values of `keys` (known to exist), in one round
+    /// trip where the store allows (by default two requests).
+    fn beat_and_read(
+        &self,
+        hb_key: &str,
+        keys: &[String],
+    ) -> impl Future<Output = StoreResult<Vec<Vec<u8>>>> + Send {
+        async move {
+            self.add(hb_key, 1).await?;
+            self.multi_get(keys).await
+        }
+    }
+
+    /// Removes `key` (a missing key is fine). By default nothing is removed: callers use it
+    /// only to free memory, never for meaning.
+    fn delete(&self, key: &str) -> impl Future<Output = StoreResult<()>> + Send {
+        let _ = key;
+        async { Ok(()) }
+    }
 }
 
 impl<S: RdzvStore> RdzvStore for Arc<S> {
@@ -92,6 +126,22 @@ impl<S: RdzvStore> RdzvStore for Arc<S> {
         timeout: Duration,
     ) -> impl Future<Output = StoreResult<bool>> + Send {
         (**self).wait(keys, timeout)
+    }
+    fn multi_set(
+        &self,
+        pairs: &[(String, Vec<u8>)],
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        (**self).multi_set(pairs)
+    }
+    fn delete(&self, key: &str) -> impl Future<Output = StoreResult<()>> + Send {
+        (**self).delete(key)
+    }
+    fn beat_and_read(
+        &self,
+        hb_key: &str,
+        keys: &[String],
+    ) -> impl Future<Output = StoreResult<Vec<Vec<u8>>>> + Send {
+        (**self).beat_and_read(hb_key, keys)
     }
 }
 
@@ -260,6 +310,12 @@ impl RdzvStore for MemStore {
             self.count_read(vs.iter().map(Vec::len).sum());
         }
         out
+    }
+
+    async fn delete(&self, key: &str) -> StoreResult<()> {
+        self.check_cut()?;
+        self.lock().remove(key);
+        Ok(())
     }
 
     async fn wait(&self, keys: &[String], timeout: Duration) -> StoreResult<bool> {

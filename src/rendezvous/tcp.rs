@@ -207,6 +207,32 @@ impl RdzvStore for TcpRdzvStore {
         self.run(|c| async move { c.multi_get(&keys).await }).await
     }
 
+    async fn multi_set(&self, pairs: &[(String, Vec<u8>)]) -> StoreResult<()> {
+        let pairs: Vec<(&str, &[u8])> = pairs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        self.run(|c| {
+            let pairs = &pairs;
+            async move { c.multi_set(pairs).await }
+        })
+        .await
+    }
+
+    async fn beat_and_read(&self, hb_key: &str, keys: &[String]) -> StoreResult<Vec<Vec<u8>>> {
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        self.run(|c| {
+            let keys = &keys;
+            async move { c.add_and_multi_get(hb_key, 1, keys).await.map(|r| r.1) }
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str) -> StoreResult<()> {
+        self.run(|c| async move { c.delete_key(key).await.map(|_| ()) })
+            .await
+    }
+
     async fn wait(&self, keys: &[String], timeout: Duration) -> StoreResult<bool> {
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let (generation, client) = self.client().await?;

@@ -457,6 +457,30 @@ impl Client {
         }
     }
 
+    /// ADD then MULTI_GET pipelined in one write (one round trip): a heartbeat and a poll of
+    /// keys known to exist (no WAIT first, unlike [`Client::multi_get`]; rdrun's server answers
+    /// a missing key with an empty value).
+    pub async fn add_and_multi_get(
+        &self,
+        key: &str,
+        delta: i64,
+        keys: &[&str],
+    ) -> Result<(i64, Vec<Vec<u8>>), StoreError> {
+        let reqs = [
+            Request::Add {
+                key: self.wire_key(key),
+                delta,
+            },
+            Request::MultiGet {
+                keys: self.wire_keys(keys),
+            },
+        ];
+        match self.exchange_all("add", key, &reqs).await?.as_mut_slice() {
+            [Reply::I64(v), Reply::Strs(vals)] => Ok((*v, std::mem::take(vals))),
+            _ => mismatch(None),
+        }
+    }
+
     /// MULTI_SET (no reply).
     pub async fn multi_set<V: AsRef<[u8]>>(&self, pairs: &[(&str, V)]) -> Result<(), StoreError> {
         let req = Request::MultiSet {

@@ -561,20 +561,15 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             if head.complete && placed == Some('r') && head.participants >= max {
                 deadline = now + join_timeout;
             }
-            let last_call_expired = if !head.complete && me_in && head.participants >= min {
-                let key = (head.round, head.last_call_seq);
-                match last_call {
-                    Some((k, since)) if k == key => {
-                        now.duration_since(since) >= self.settings.last_call_timeout
-                    }
-                    _ => {
-                        last_call = Some((key, now));
-                        self.settings.last_call_timeout.is_zero()
-                    }
-                }
-            } else {
-                false
-            };
+            let last_call_expired = !head.complete
+                && me_in
+                && head.participants >= min
+                && last_call_over(
+                    &mut last_call,
+                    (head.round, head.last_call_seq),
+                    now,
+                    self.settings.last_call_timeout,
+                );
             // The `--nnodes` agreement (and a torchrun agent on the run) before this node joins
             // anything, then once per poll interval while it waits.
             if !(head.closed || head.complete && me_in) && now >= next_checks {
@@ -809,21 +804,15 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 Vec::new()
             };
             let me_in_state = state.is_participant(&id);
-            let last_call_expired =
-                if !state.complete && me_in_state && state.participants.len() >= min {
-                    let key = (state.round, state.last_call_seq);
-                    match last_call {
-                        Some((k, since)) if k == key => {
-                            now.duration_since(since) >= self.settings.last_call_timeout
-                        }
-                        _ => {
-                            last_call = Some((key, now));
-                            self.settings.last_call_timeout.is_zero()
-                        }
-                    }
-                } else {
-                    false
-                };
+            let last_call_expired = !state.complete
+                && me_in_state
+                && state.participants.len() >= min
+                && last_call_over(
+                    &mut last_call,
+                    (state.round, state.last_call_seq),
+                    now,
+                    self.settings.last_call_timeout,
+                );
             let view = JoinView {
                 me: &self.me,
                 min,
@@ -1651,6 +1640,23 @@ impl<S: RdzvStore> Keeper<S> {
 /// Reports peers this keeper dropped to the agent running `round`.
 fn send_lost(tx: &mpsc::UnboundedSender<(u64, RdzvEvent)>, round: u64, dead: Vec<String>) {
     let _ = tx.send((round, RdzvEvent::PeersLost(dead)));
+}
+
+/// The last call of round state `key` (round, last-call sequence) is over: `timeout` since
+/// this node first saw that key (a new key restarts the clock; a zero timeout is over at once).
+fn last_call_over(
+    seen: &mut Option<((u64, u64), Instant)>,
+    key: (u64, u64),
+    now: Instant,
+    timeout: Duration,
+) -> bool {
+    match *seen {
+        Some((k, since)) if k == key => now.duration_since(since) >= timeout,
+        _ => {
+            *seen = Some((key, now));
+            timeout.is_zero()
+        }
+    }
 }
 
 #[cfg(test)]

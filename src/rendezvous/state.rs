@@ -206,6 +206,23 @@ impl RdzvState {
 /// How many peers' heartbeats each node watches (see [`watch_targets`]).
 pub const WATCHERS: usize = 2;
 
+/// The two lists [`watch_targets`] pairs: the participants in group-rank order, and every
+/// other known node (expected, waiting, redundant) once, in that order.
+fn watch_lists(state: &RdzvState) -> (Vec<&str>, Vec<&str>) {
+    let parts: Vec<&str> = state.participants.iter().map(|m| m.id.as_str()).collect();
+    let in_parts: std::collections::HashSet<&str> = parts.iter().copied().collect();
+    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let others: Vec<&str> = state
+        .expected
+        .iter()
+        .map(String::as_str)
+        .chain(state.wait_list.iter().map(|m| m.id.as_str()))
+        .chain(state.redundancy_list.iter().map(|m| m.id.as_str()))
+        .filter(|id| !in_parts.contains(id) && seen.insert(id))
+        .collect();
+    (parts, others)
+}
+
 /// The peers whose heartbeats `me` watches in `state`: each node watches a few others
 /// instead of all of them, so that a poll costs O(1) per node instead of O(n) (issue 16; the
 /// all-to-all watching made the store's load grow with n² and, at 1,000 nodes, made live nodes
@@ -219,17 +236,7 @@ pub const WATCHERS: usize = 2;
 /// Whoever notices a dead node drops it from the state; the others learn it from the state
 /// (whose version key every node polls). A node in no list watches nobody.
 pub fn watch_targets(state: &RdzvState, me: &str) -> Vec<String> {
-    let parts: Vec<&str> = state.participants.iter().map(|m| m.id.as_str()).collect();
-    let in_parts: std::collections::HashSet<&str> = parts.iter().copied().collect();
-    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    let others: Vec<&str> = state
-        .expected
-        .iter()
-        .map(String::as_str)
-        .chain(state.wait_list.iter().map(|m| m.id.as_str()))
-        .chain(state.redundancy_list.iter().map(|m| m.id.as_str()))
-        .filter(|id| !in_parts.contains(id) && seen.insert(id))
-        .collect();
+    let (parts, others) = watch_lists(state);
     let mut out: Vec<String> = Vec::new();
     let mut push = |id: &str| {
         if id != me && !out.iter().any(|o| o == id) {
@@ -680,17 +687,7 @@ impl Head {
 
 /// [`watch_targets`] of every known node at once, in O(n) (a writer publishes them all).
 pub fn all_watch_targets(state: &RdzvState) -> Vec<(String, Vec<String>)> {
-    let parts: Vec<&str> = state.participants.iter().map(|m| m.id.as_str()).collect();
-    let in_parts: std::collections::HashSet<&str> = parts.iter().copied().collect();
-    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    let others: Vec<&str> = state
-        .expected
-        .iter()
-        .map(String::as_str)
-        .chain(state.wait_list.iter().map(|m| m.id.as_str()))
-        .chain(state.redundancy_list.iter().map(|m| m.id.as_str()))
-        .filter(|id| !in_parts.contains(id) && seen.insert(id))
-        .collect();
+    let (parts, others) = watch_lists(state);
     fn push(out: &mut Vec<String>, me: &str, id: &str) {
         if id != me && !out.iter().any(|o| o == id) {
             out.push(id.to_string());

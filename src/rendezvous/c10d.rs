@@ -40,7 +40,7 @@
 //! node in one write, and goes on while more arrive; participants wait on `/complete/<round>`
 //! and build their assignment from the roster (read once). Only writers read the O(n) body.
 //!
-//! Length: about 1,640 lines before the tests, for one responsibility, the c10d protocol over the
+//! Length: about 1,660 lines before the tests, for one responsibility, the c10d protocol over the
 //! store (join, rounds, heartbeats, close, the redundancy list). The pure round logic is already
 //! apart (`state`), and so is the plumbing it shares with `static_` (`plumbing`: events and
 //! the keeper task, retry, heartbeats and liveness rules, close acknowledgements).

@@ -29,7 +29,7 @@
 //!   wildcard IPv6 address.
 //! - Works on a current-thread or multi-thread tokio runtime: nothing on it blocks.
 //!
-//! Length: about 1,350 lines of code for one responsibility, serving the store: the accept thread
+//! Length: about 1,390 lines of code for one responsibility, serving the store: the accept thread
 //! and the fresh-connection stage's (with their small epoll wrapper),
 //! the per-connection task, and the hardening limits that only make sense together with them
 //! (accept backoff at the fd limit, the VALIDATE deadline, the global buffer cap, rate-limited

@@ -6,6 +6,10 @@
 //!
 //! The group never waits on its own and never decides what follows the attempt (that is
 //! `restart::decide`'s); *how* it stops is [`GroupStop`]'s.
+//!
+//! Length: about 830 lines before the tests for one responsibility, one attempt's state and its
+//! event methods; each method is the whole reaction to one event (the FileTimer expiry's
+//! capture-then-signal included), and splitting them apart would scatter the attempt's state.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -616,7 +620,9 @@ impl Group {
             }
             TimerWake::Check => timers.expired(),
         };
-        let mut to_signal: Vec<(ExpiredTarget, i32)> = Vec::new();
+        // What to capture, and what to signal after it (signal number, local rank).
+        let mut targets: Vec<ExpiredTarget> = Vec::new();
+        let mut sigs: Vec<(TimerExpiry, i32, usize)> = Vec::new();
         for e in expired {
             let scopes: Vec<String> = e.timers.iter().map(|t| t.scope_id.clone()).collect();
             let Some(s) = slot_of(e.pid) else {
@@ -654,43 +660,31 @@ impl Group {
                 .iter()
                 .map(|t| t.expiration_time)
                 .fold(f64::INFINITY, f64::min);
-            to_signal.push((
-                ExpiredTarget {
-                    expiry: TimerExpiry {
-                        rank: s.rank as u32,
-                        pid: e.pid,
-                        scopes,
-                        signal: signals::name(sig).to_string(),
-                    },
-                    last_output: s.activity.last.snapshot(),
-                    expired_at,
-                },
-                sig,
-            ));
+            let expiry = TimerExpiry {
+                rank: s.rank as u32,
+                pid: e.pid,
+                scopes,
+                signal: signals::name(sig).to_string(),
+            };
+            sigs.push((expiry.clone(), sig, s.local_rank));
+            targets.push(ExpiredTarget {
+                expiry,
+                last_output: s.activity.last.snapshot(),
+                expired_at,
+            });
         }
-        if to_signal.is_empty() {
+        if targets.is_empty() {
             return;
         }
-        let sigs: Vec<(TimerExpiry, i32)> = to_signal
-            .iter()
-            .map(|(t, sig)| (t.expiry.clone(), *sig))
-            .collect();
-        let targets: Vec<ExpiredTarget> = to_signal.into_iter().map(|(t, _)| t).collect();
         if let Some((settings, dir)) = self.timer_capture.as_ref() {
             let found = capture_timer_expiry(settings, dir, targets, store).await;
             obs.get().hang(&found);
             self.timer_found = Some(found);
         }
-        for (e, sig) in sigs {
+        for (e, sig, local_rank) in sigs {
             let pid = e.pid;
-            // The capture took time: the process may have exited (or its timer been released
-            // too late); signal it only if it is still in a live worker's tree.
-            let live: Vec<i32> = self
-                .slots
-                .iter()
-                .filter(|s| s.status.is_none())
-                .map(|s| s.pid)
-                .collect();
+            // The capture took time: the process may have exited (its pid even reused); signal
+            // it only if it is still in a live worker's tree (read afresh from /proc).
             if owning_worker(pid, &live).is_none() {
                 tracing::warn!(
                     pid,
@@ -698,11 +692,6 @@ impl Group {
                 );
                 continue;
             }
-            let local_rank = self
-                .slots
-                .iter()
-                .find(|s| s.rank as u32 == e.rank)
-                .map(|s| s.local_rank);
             tracing::error!(
                 pid,
                 rank = e.rank,

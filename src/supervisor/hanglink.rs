@@ -416,6 +416,18 @@ pub(crate) async fn capture_timer_expiry(
             store_waits: store_waits.remove(&t.expiry.rank).unwrap_or_default(),
         })
         .collect();
+    let each: Vec<String> = expired
+        .iter()
+        .map(|t| {
+            let e = &t.expiry;
+            format!(
+                "rank {} scope {:?} ({})",
+                e.rank,
+                e.scopes.join(","),
+                e.signal
+            )
+        })
+        .collect();
     let verdict = Verdict {
         reason: HangReason::FileTimer {
             expired: expired.into_iter().map(|t| t.expiry).collect(),
@@ -435,20 +447,6 @@ pub(crate) async fn capture_timer_expiry(
         }
     };
     eprint!("{}", report.render());
-    let HangReason::FileTimer { expired } = &verdict.reason else {
-        unreachable!("built above");
-    };
-    let each: Vec<String> = expired
-        .iter()
-        .map(|e| {
-            format!(
-                "rank {} scope {:?} ({})",
-                e.rank,
-                e.scopes.join(","),
-                e.signal
-            )
-        })
-        .collect();
     let mut summary = format!("torch FileTimer expired: {}", each.join("; "));
     if let Some(d) = files {
         summary.push_str(&format!("; stacks in {}", d.display()));

@@ -883,15 +883,11 @@ mod tests {
             ranks: vec![],
         };
         let ranks = vec![rc(1, &["<module> (train.py:34)"], "hrtimer_nanosleep")];
-        let (suspects, why) = match &v.reason {
-            HangReason::FileTimer { .. } => (vec![1], "its FileTimer expired".to_string()),
-            _ => unreachable!(),
-        };
         let rep = HangReport {
             verdict: v,
             ranks,
-            suspects,
-            suspect_reason: why,
+            suspects: vec![1],
+            suspect_reason: "its FileTimer expired".to_string(),
             duration: Duration::from_millis(300),
             files_dir: None,
         };

@@ -14,10 +14,14 @@
 //! binary with `--serve` (so that the server's CPU is its own): the child answers each line on
 //! its stdin with the byte counters of its server (`rdrun::store::stats`, socket bytes read and
 //! written), which is how bytes per join are measured. With `--port` (another server) bytes are
-//! not reported. Each simulated node opens two store connections, as a real agent does (the
-//! keeper has its own), as many as fit in 18,000 connections; the rest one each (at 10,000 nodes
-//! 8,000 with two and 2,000 with one, `conns_per_node=2x8000+1x2000`), so that both sides stay
-//! within the 20,000 descriptors a process may hold here. A benchmark, bounded by `--timeout-secs`; `scripts/bench-scale.sh` runs it.
+//! not reported. Each simulated node has its own store connection for the join, and its keeper
+//! one for heartbeats and monitoring, as a real agent does; above 9,000 nodes the keepers'
+//! connections are shared, so that both sides stay within the 20,000 descriptors a process may
+//! hold here: 18,000 connections in all, the keeper of node i on keeper connection
+//! i mod (18,000 − n) (at 10,000 nodes 8,000 keeper connections, `keeper_conns=8000`). A keeper
+//! sends only short requests (a heartbeat with its poll in one round trip, never a WAIT), so a
+//! shared keeper connection delays a beat by one other keeper's round trip at most; a join's
+//! connection is never shared (its WAITs would hold the beats). A benchmark, bounded by `--timeout-secs`; `scripts/bench-scale.sh` runs it.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -132,10 +136,18 @@ async fn serve(host: &str) -> Res<()> {
             }
             let s = rdrun::store::stats::STATS.snapshot();
             let mut out = std::io::stdout().lock();
+            let ops: Vec<String> = s
+                .ops
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(k, n)| format!("{k}:{n}"))
+                .collect();
             let _ = writeln!(
                 out,
-                "bytes_read={} bytes_written={}",
-                s.bytes_read, s.bytes_written
+                "bytes_read={} bytes_written={} ops={}",
+                s.bytes_read,
+                s.bytes_written,
+                ops.join(",")
             );
             let _ = out.flush();
         }
@@ -183,16 +195,29 @@ impl Child {
 
     /// Socket bytes read + written by the child's server so far.
     async fn bytes(&mut self) -> Res<u64> {
+        Ok(self.counters().await?.0)
+    }
+
+    /// Socket bytes read + written by the child's server so far, and its requests per opcode.
+    async fn counters(&mut self) -> Res<(u64, BTreeMap<String, u64>)> {
         use tokio::io::AsyncWriteExt;
         self.stdin.write_all(b"?\n").await?;
         self.stdin.flush().await?;
         let line = self.stdout.next_line().await?.ok_or("store child ended")?;
         let mut total = 0;
+        let mut ops = BTreeMap::new();
         for kv in line.split(' ') {
-            let (_, v) = kv.split_once('=').ok_or("bad stats line")?;
-            total += v.parse::<u64>()?;
+            let (k, v) = kv.split_once('=').ok_or("bad stats line")?;
+            if k == "ops" {
+                for op in v.split(',').filter(|o| !o.is_empty()) {
+                    let (name, n) = op.split_once(':').ok_or("bad ops entry")?;
+                    ops.insert(name.to_string(), n.parse::<u64>()?);
+                }
+            } else {
+                total += v.parse::<u64>()?;
+            }
         }
-        Ok(total)
+        Ok((total, ops))
     }
 }
 
@@ -235,37 +260,35 @@ async fn run(args: Args) -> Res<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let op_timeout = settings.read_timeout;
 
-    // Like a real agent, each node's keeper has a connection of its own (heartbeats never queue
-    // behind a big read of the join), while both sides stay under the 20,000 descriptors a
-    // process may hold here; above 9,000 nodes the last nodes share one (see the module docs).
-    // Nodes `0..dual` get two connections, the rest one: at most 18,000 in all.
-    let dual = 18_000usize.saturating_sub(n).min(n);
-    let two_conns = dual == n;
+    // Like a real agent, each node's keeper has a connection apart from its join's (heartbeats
+    // never queue behind a WAIT or a big read of the join), while both sides stay under the
+    // 20,000 descriptors a process may hold here: above 9,000 nodes keepers share their
+    // connections (see the module docs); 18,000 connections at most in all.
+    let keeper_conns = 18_000usize.saturating_sub(n).clamp(1, n);
     // Connections first, so the join measures the rendezvous, not the connect storm.
     let t_conn = Instant::now();
     let mut connecting = tokio::task::JoinSet::new();
-    for i in 0..n {
+    for i in 0..n + keeper_conns {
         let host = args.host.clone();
         connecting.spawn(async move {
-            let main = TcpRdzvStore::connect(&host, port, deadline, op_timeout).await?;
-            let keeper = if i < dual {
-                Some(TcpRdzvStore::connect(&host, port, deadline, op_timeout).await?)
-            } else {
-                None
-            };
-            Ok::<_, rdrun::rendezvous::RendezvousError>((i, (main, keeper)))
+            let c = TcpRdzvStore::connect(&host, port, deadline, op_timeout).await?;
+            Ok::<_, rdrun::rendezvous::RendezvousError>((i, c))
         });
     }
-    type Conns = (TcpRdzvStore, Option<TcpRdzvStore>);
-    let mut stores: Vec<Option<Conns>> = (0..n).map(|_| None).collect();
+    let mut conns: Vec<Option<TcpRdzvStore>> = (0..n + keeper_conns).map(|_| None).collect();
     while let Some(r) = connecting.join_next().await {
-        let (i, s) = r??;
-        stores[i] = Some(s);
+        let (i, c) = r??;
+        conns[i] = Some(c);
     }
+    let keepers: Vec<Arc<TcpRdzvStore>> = conns
+        .drain(n..)
+        .map(|c| Arc::new(c.expect("every keeper connection made")))
+        .collect();
+    let stores = conns;
     let connect_s = t_conn.elapsed().as_secs_f64();
 
-    let bytes0 = match child.as_mut() {
-        Some(c) => Some(c.bytes().await?),
+    let counters0 = match child.as_mut() {
+        Some(c) => Some(c.counters().await?),
         None => None,
     };
     let before = usage(server_pid);
@@ -274,9 +297,9 @@ async fn run(args: Args) -> Res<()> {
     let (event_tx, mut event_rx) = tokio::sync::mpsc::unbounded_channel();
     let (kill_tx, kill_rx) = tokio::sync::watch::channel(None::<usize>);
     let mut nodes = tokio::task::JoinSet::new();
-    for (i, conns) in stores.into_iter().enumerate() {
-        let (store, keeper) = conns.expect("every node connected");
-        let store = Arc::new(store);
+    for (i, store) in stores.into_iter().enumerate() {
+        let store = Arc::new(store.expect("every node connected"));
+        let keeper = keepers[i % keeper_conns].clone();
         let settings = settings.clone();
         let (joined_tx, event_tx, mut kill_rx) =
             (joined_tx.clone(), event_tx.clone(), kill_rx.clone());
@@ -284,19 +307,24 @@ async fn run(args: Args) -> Res<()> {
         nodes.spawn(async move {
             let mut rdzv =
                 C10dRendezvous::new(store, settings, "sim", &node_addr(i), i as u32, nproc)
-                    .with_pid(1);
-            if let Some(k) = keeper {
-                rdzv = rdzv.with_keeper_store(Arc::new(k));
-            }
+                    .with_pid(1)
+                    .with_keeper_store(keeper);
             let asg = rdzv
                 .next_round(RoundRequest {
                     reason: RoundReason::Initial,
                     master_port: 29500,
                 })
                 .await;
+            // The world, and ranks consistent with the group rank (checked unique below).
             let ok = asg
                 .as_ref()
-                .map(|a| a.group_world_size == n && a.world_size == n * nproc)
+                .map(|a| {
+                    let right = a.group_world_size == n
+                        && a.world_size == n * nproc
+                        && a.base_rank == a.group_rank * nproc
+                        && a.local_world_size == nproc;
+                    right.then_some(a.group_rank)
+                })
                 .map_err(|e| e.to_string());
             // A real agent holds its one assignment; 10,000 held here would be 10^8 entries.
             drop(asg);
@@ -326,6 +354,7 @@ async fn run(args: Args) -> Res<()> {
         None
     };
     let mut next_report = Instant::now() + Duration::from_secs(5);
+    let mut ranks_seen = vec![false; n];
     for done in 0..n {
         let (i, ok, at) = loop {
             match tokio::time::timeout_at(next_report, joined_rx.recv()).await {
@@ -348,36 +377,45 @@ async fn run(args: Args) -> Res<()> {
             }
         };
         match ok {
-            Ok(true) => {}
-            Ok(false) => return Err(format!("node {i} got a wrong world").into()),
+            Ok(Some(g)) => {
+                if g >= n || std::mem::replace(&mut ranks_seen[g], true) {
+                    return Err(
+                        format!("node {i} got group rank {g}, out of range or taken").into(),
+                    );
+                }
+            }
+            Ok(None) => return Err(format!("node {i} got a wrong world").into()),
             Err(e) => return Err(format!("node {i} failed to join: {e}").into()),
         }
         last = last.max(at);
     }
     let join_s = last.duration_since(t0).as_secs_f64();
     let after_join = usage(server_pid);
-    let bytes1 = match child.as_mut() {
-        Some(c) => Some(c.bytes().await?),
+    let counters1 = match child.as_mut() {
+        Some(c) => Some(c.counters().await?),
         None => None,
     };
 
     let mut line = format!(
-        "nodes={n} conns_per_node={} connect_s={connect_s:.3} join_s={join_s:.3}",
-        if two_conns {
-            "2".to_string()
-        } else {
-            format!("2x{dual}+1x{}", n - dual)
-        }
+        "nodes={n} keeper_conns={keeper_conns} connect_s={connect_s:.3} join_s={join_s:.3}"
     );
     if let (Some(c0), Some(c1)) = (before, after_join) {
         line.push_str(&format!(" join_server_cpu_s={:.2}", c1 - c0));
     }
-    if let (Some(b0), Some(b1)) = (bytes0, bytes1) {
+    if let (Some((b0, o0)), Some((b1, o1))) = (counters0, counters1) {
         line.push_str(&format!(
             " join_bytes={} bytes_per_join={}",
             b1 - b0,
             (b1 - b0) / n as u64
         ));
+        // Store requests per join, per opcode (what each node's join costs the store).
+        let per: Vec<String> = o1
+            .iter()
+            .map(|(k, v)| (k, v - o0.get(k).copied().unwrap_or(0)))
+            .filter(|(_, d)| *d > 0)
+            .map(|(k, d)| format!("{k}:{:.2}", d as f64 / n as f64))
+            .collect();
+        line.push_str(&format!(" requests_per_join={}", per.join(",")));
     }
     // Steady state: the round runs; only heartbeats and monitoring reach the store.
     if args.steady_secs > 0.0 {

@@ -93,8 +93,14 @@ impl Keys {
     fn hb(&self, id: &str) -> String {
         format!("{}/hb/{id}", self.prefix)
     }
+    /// The round's summary (`state::round_summary`), written last when it completes: what
+    /// its participants wait on.
     fn complete(&self, round: u64) -> String {
         format!("{}/complete/{round}", self.prefix)
+    }
+    /// The round's roster (every participant's id and nproc), written just before its summary.
+    fn roster(&self, round: u64) -> String {
+        format!("{}/roster/{round}", self.prefix)
     }
     /// torchrun's c10d state key (`torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py`).
     fn torch_state(&self) -> String {
@@ -255,9 +261,10 @@ async fn write_state<S: RdzvStore>(
 }
 
 /// After a write: every node whose place or watched peers changed gets its notice key (one
-/// `multi_set` per [`state::NOTICE_CHUNK`] nodes), and a round that just completed gets its
-/// roster (read once by each participant). Best effort: a node that misses its notice finds its
-/// place in the state when its wait runs out.
+/// `multi_set` per [`state::NOTICE_CHUNK`] nodes; a participant's notice carries its ranks once
+/// the round is complete), and a round that just completed gets its roster and then its
+/// summary (what the participants wait on). Best effort: a node that misses its notice finds
+/// its place in the state when its wait runs out.
 async fn publish<S: RdzvStore>(store: &S, keys: &Keys, old: Option<&RdzvState>, new: &RdzvState) {
     let notes = state::notices(old, new);
     for chunk in notes.chunks(state::NOTICE_CHUNK) {
@@ -271,11 +278,14 @@ async fn publish<S: RdzvStore>(store: &S, keys: &Keys, old: Option<&RdzvState>, 
     }
     let newly_complete = old.map_or(true, |o| o.round != new.round || !o.complete);
     if new.complete && !new.closed && newly_complete {
-        if let Err(e) = store
-            .set(&keys.complete(new.round), &state::roster(new))
-            .await
-        {
-            tracing::debug!(error = %e, "writing the round's roster failed");
+        let written = store
+            .multi_set(&[
+                (keys.roster(new.round), state::roster(new)),
+                (keys.complete(new.round), state::round_summary(new)),
+            ])
+            .await;
+        if let Err(e) = written {
+            tracing::debug!(error = %e, "writing the round's roster and summary failed");
         }
     }
 }
@@ -303,16 +313,24 @@ fn own_notice(state: &RdzvState, id: &str) -> Option<Notice> {
     } else {
         return None;
     };
+    let rank = if status == 'p' && state.complete {
+        let g = state.participants.iter().position(|m| m.id == id)?;
+        Some((g, state.participants[..g].iter().map(|m| m.nproc).sum()))
+    } else {
+        None
+    };
     Some(Notice {
         status,
+        rank,
         targets: watch_targets(state, id),
     })
 }
 
-/// Peers' heartbeats are judged by all-to-all watching up to this many nodes after a worker
-/// failure ([`C10dRendezvous::lost_peers_after_failure`]); above it, by the watched few plus the
-/// suspects counter (O(1) per node instead of O(n)).
-const FULL_CHECK_MAX: usize = 256;
+/// Up to this many nodes a world is small: peers' heartbeats are judged by all-to-all watching
+/// after a worker failure ([`C10dRendezvous::lost_peers_after_failure`]) and participants read
+/// the whole roster of a completed round. Above it, by the watched few plus the suspects
+/// counter, and from the round's summary and their own notice (O(1) per node instead of O(n)).
+const FULL_CHECK_MAX: usize = state::ROSTER_EAGER_MAX;
 
 /// A watched peer whose heartbeat counter has not moved for this many keep-alive intervals is
 /// published on the round's suspects counter by the keeper watching it (a live peer's counter
@@ -360,18 +378,25 @@ fn empty_head() -> Head {
     Head::of(&RdzvState::default(), 0, "")
 }
 
-/// The participants of the round an agent runs: the roster it read, or the ids from the state.
+/// The participants of the round an agent runs: the roster it read, the ids from the state, or
+/// the round whose roster it did not read (above [`state::ROSTER_EAGER_MAX`] nodes).
 enum RoundPeers {
     Roster(Vec<u8>),
     Ids(Vec<String>),
+    Unread(u64),
 }
 
 impl RoundPeers {
-    /// The other participants' ids.
-    fn ids(&self, me: &str) -> Vec<String> {
+    /// The other participants' ids (the roster read now if it was not before; empty if that
+    /// fails).
+    async fn ids<S: RdzvStore>(&self, store: &S, keys: &Keys, me: &str) -> Vec<String> {
         let all = match self {
             Self::Roster(r) => state::roster_ids(r).unwrap_or_default(),
             Self::Ids(ids) => ids.clone(),
+            Self::Unread(round) => match try_get(store, &keys.roster(*round)).await {
+                Ok(Some(r)) => state::roster_ids(&r).unwrap_or_default(),
+                _ => Vec::new(),
+            },
         };
         all.into_iter().filter(|p| p != me).collect()
     }
@@ -589,19 +614,19 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             }
             let mut dead: Vec<String> = Vec::new();
             if !slow && head.complete && me_in {
-                // Done: the round's roster says everything this node needs.
-                let roster = try_get(&*self.store, &self.keys.complete(head.round)).await;
-                match roster {
-                    Ok(Some(r)) => {
-                        if let Some(asg) = roster_assignment(&r, &id, &self.keys.prefix) {
-                            // The peers' ids are parsed only if a loss needs them (O(n)).
-                            return Ok(self.finish(asg, RoundPeers::Roster(r), head.waiting));
+                // Done: the round's summary with this node's notice (or, in a small round, its
+                // roster) says everything this node needs.
+                let summary = try_get(&*self.store, &self.keys.complete(head.round)).await;
+                match summary {
+                    Ok(Some(sum)) => {
+                        if let Some((asg, peers)) = self.completed(head.round, &sum).await {
+                            return Ok(self.finish(asg, peers, head.waiting));
                         }
                         slow = true;
                     }
                     Ok(None) => {
                         // Its completer may have died before writing it: after two polls, any
-                        // participant writes it from the state.
+                        // participant writes it (and the notices) from the state.
                         let since = match roster_missing {
                             Some((r, t)) if r == head.round => t,
                             _ => {
@@ -828,15 +853,12 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                         "join_step returns Done only for a participant of a complete round",
                     );
                     self.release_admit(admit, &head).await;
-                    // The roster of this round, if its completer did not get to write it.
-                    let _ = self
-                        .store
-                        .compare_set(
-                            &self.keys.complete(state.round),
-                            b"",
-                            &state::roster(&state),
-                        )
-                        .await;
+                    // The notices, roster and summary of this round, if its completer did not
+                    // get to write them (O(n): only then).
+                    if let Ok(None) = try_get(&*self.store, &self.keys.complete(state.round)).await
+                    {
+                        publish(&*self.store, &self.keys, None, &state).await;
+                    }
                     let peers = state.participants.iter().map(|m| m.id.clone()).collect();
                     return Ok(self.finish(asg, RoundPeers::Ids(peers), state.num_nodes_waiting()));
                 }
@@ -940,6 +962,27 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 }
             }
         }
+    }
+
+    /// This participant's assignment in the complete `round` whose summary it read: from the
+    /// roster in a round of up to [`FULL_CHECK_MAX`] nodes, else from its own notice
+    /// (its ranks; O(1) bytes). `None` if they are missing or do not fit (then the caller reads
+    /// the state).
+    async fn completed(&self, round: u64, summary: &[u8]) -> Option<(Assignment, RoundPeers)> {
+        let size = state::summary_size(summary)?;
+        if size <= self.full_check_max {
+            let r = try_get(&*self.store, &self.keys.roster(round))
+                .await
+                .ok()??;
+            let asg = roster_assignment(&r, &self.me.id, &self.keys.prefix)?;
+            // The peers' ids are parsed only if a loss needs them.
+            return Some((asg, RoundPeers::Roster(r)));
+        }
+        let notice = read_notice(&*self.store, &self.keys, round, &self.me.id)
+            .await
+            .ok()??;
+        let asg = state::summary_assignment(summary, &notice, self.me.nproc, &self.keys.prefix)?;
+        (asg.round == round).then_some((asg, RoundPeers::Unread(round)))
     }
 
     /// Records the completed round this agent runs and returns its assignment.
@@ -1194,7 +1237,13 @@ impl<S: RdzvStore> C10dRendezvous<S> {
     /// it cannot be read).
     async fn dropped_now(&self) -> Vec<String> {
         match load_state(&*self.store, &self.keys).await {
-            Ok((_, st)) => super::plumbing::dropped_by(&self.round_peers.ids(&self.me.id), &st),
+            Ok((_, st)) => {
+                let ids = self
+                    .round_peers
+                    .ids(&*self.store, &self.keys, &self.me.id)
+                    .await;
+                super::plumbing::dropped_by(&ids, &st)
+            }
             Err(_) => Vec::new(),
         }
     }
@@ -2084,6 +2133,60 @@ mod tests {
         let asgs = join_all(&mut nodes, RoundReason::Membership).await;
         check_ranks(&asgs, &[1; 5]);
         assert!(asgs.iter().all(|a| a.restart_count == 0), "{asgs:?}");
+    }
+
+    /// Issue 16: above `FULL_CHECK_MAX` nodes a participant builds its assignment from the
+    /// round's summary and its own notice (no roster read), the same as from the state but for
+    /// the node list; a node whose workers failed after another node already dropped a peer
+    /// reads the roster only then, to name the loss.
+    #[tokio::test(start_paused = true)]
+    async fn a_large_round_assigns_from_the_summary_and_reads_the_roster_only_for_a_loss() {
+        let store = MemStore::new();
+        let s = settings(5, 5, &[]);
+        let nprocs = [2, 1, 4, 1, 3];
+        let mut nodes: Vec<_> = nprocs
+            .iter()
+            .zip(1..)
+            .map(|(&np, i)| node(&store, &s, i, np).with_full_check_max(2))
+            .collect();
+        let asgs = join_all(&mut nodes, RoundReason::Initial).await;
+        let mut sorted: Vec<_> = asgs.iter().zip(&nodes).collect();
+        sorted.sort_by_key(|(a, _)| a.group_rank);
+        let by_rank: Vec<usize> = sorted.iter().map(|(a, _)| a.local_world_size).collect();
+        check_ranks(&asgs, &by_rank);
+        let st = peek_state(&store);
+        for (a, n) in asgs.iter().zip(&nodes) {
+            let mut want = assignment(&st, n.node_id(), "rdrun.rendezvous.job").unwrap();
+            assert!(!want.nodes.is_empty() && !want.uniform_nproc);
+            want.nodes.clear();
+            assert_eq!(*a, want, "{}", n.node_id());
+        }
+        // A round within the limit still lists every node (the events name them).
+        let small = MemStore::new();
+        let s2 = settings(2, 2, &[]);
+        let mut two: Vec<_> = (1..=2).map(|i| node(&small, &s2, i, 1)).collect();
+        let asgs2 = join_all(&mut two, RoundReason::Initial).await;
+        assert!(asgs2.iter().all(|a| a.nodes.len() == 2 && a.uniform_nproc));
+
+        // A node dies; its watchers drop it and start the next round.
+        let dead = nodes.remove(2);
+        let dead_id = dead.node_id().to_string();
+        drop(dead);
+        let round = asgs[0].round;
+        let t0 = Instant::now();
+        loop {
+            tokio::time::sleep(s.poll_interval).await;
+            if peek_state(&store).round != round {
+                break;
+            }
+            assert!(
+                t0.elapsed() <= s.dead_after() + s.poll_interval * 4,
+                "nobody dropped the dead node"
+            );
+        }
+        // A node whose workers fail now learns the loss from the roster it had not read.
+        let lost = nodes[0].lost_peers_after_failure().await;
+        assert_eq!(lost, vec![dead_id]);
     }
 
     #[tokio::test(start_paused = true)]

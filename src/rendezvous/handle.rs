@@ -270,6 +270,8 @@ impl Rendezvous {
             .get(asg.group_rank)
             .map(|n| n.0.clone())
             .filter(|a| !a.is_empty())
+            // A large c10d round lists no nodes (`Assignment::nodes`): the address it joined with.
+            .or_else(|| self.advertised.clone())
             .or_else(|| {
                 nix::unistd::gethostname()
                     .ok()

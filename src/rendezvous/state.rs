@@ -44,7 +44,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 /// Version of the JSON layout; agents refuse a state written in another format.
-pub const STATE_FORMAT: u32 = 2;
+pub const STATE_FORMAT: u32 = 3;
 
 /// One agent as the rendezvous knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -570,9 +570,18 @@ pub struct Assignment {
     pub reason: RoundReason,
     /// Store key prefix for this round's agent keys (exit barrier), without trailing "/".
     pub store_prefix: String,
-    /// `(addr, nproc)` of every node in group-rank order.
+    /// `(addr, nproc)` of every node in group-rank order, or empty where the rendezvous does
+    /// not read every node's entry: c10d rounds above [`ROSTER_EAGER_MAX`] nodes (issue 16: a
+    /// 10,000-node roster read by every node is 2 GB through the store) and single-node runs.
     pub nodes: Vec<(String, usize)>,
+    /// Every node runs the same number of workers (known even when `nodes` is empty).
+    pub uniform_nproc: bool,
 }
+
+/// c10d participants of a round of up to this many nodes read its whole roster (and fill
+/// [`Assignment::nodes`]); above, each reads the round's summary and its own notice only
+/// (O(1) bytes per node), and the roster only where a loss needs the peers' ids.
+pub const ROSTER_EAGER_MAX: usize = 256;
 
 /// Ranks from per-node nproc in group-rank order: `(base_rank, world_size)` for `group_rank`.
 pub fn base_rank(nprocs: &[usize], group_rank: usize) -> (usize, usize) {
@@ -608,6 +617,7 @@ pub fn assignment(state: &RdzvState, id: &str, store_prefix: &str) -> Option<Ass
             .iter()
             .map(|m| (m.addr.clone(), m.nproc))
             .collect(),
+        uniform_nproc: nprocs.iter().all(|n| *n == nprocs[0]),
     })
 }
 
@@ -728,15 +738,23 @@ pub fn all_watch_targets(state: &RdzvState) -> Vec<(String, Vec<String>)> {
 /// What a node's notice key says about it in one round: which list it is on (`p` participant,
 /// `e` expected but not rejoined, `w` wait list, `r` redundancy list, `x` no longer in any) and
 /// the peers it watches.
+/// A participant's notice in a complete round also carries its group rank and base rank
+/// (encoded `p=<group_rank>,<base_rank> <targets>`): with the round's summary
+/// ([`round_summary`]) that is its whole assignment, without reading the roster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notice {
     pub status: char,
+    /// `(group_rank, base_rank)`: a participant of a complete round.
+    pub rank: Option<(usize, usize)>,
     pub targets: Vec<String>,
 }
 
 impl Notice {
     pub fn encode(&self) -> Vec<u8> {
         let mut s = String::from(self.status);
+        if let Some((g, b)) = self.rank {
+            s.push_str(&format!("={g},{b}"));
+        }
         for t in &self.targets {
             s.push(' ');
             s.push_str(t);
@@ -746,9 +764,21 @@ impl Notice {
     pub fn decode(v: &[u8]) -> Option<Self> {
         let text = std::str::from_utf8(v).ok()?;
         let mut it = text.split(' ');
-        let status = it.next()?.chars().next()?;
+        let first = it.next()?;
+        let mut chars = first.chars();
+        let status = chars.next()?;
+        let rest = chars.as_str();
+        let rank = match rest.strip_prefix('=') {
+            None if rest.is_empty() => None,
+            None => return None,
+            Some(r) => {
+                let (g, b) = r.split_once(',')?;
+                Some((g.parse().ok()?, b.parse().ok()?))
+            }
+        };
         Some(Self {
             status,
+            rank,
             targets: it.filter(|t| !t.is_empty()).map(str::to_string).collect(),
         })
     }
@@ -763,8 +793,18 @@ fn all_notices(state: &RdzvState) -> Vec<(String, Notice)> {
         .iter()
         .map(|m| m.id.as_str())
         .collect();
+    // A complete round's participants learn their ranks from their notices.
+    let mut ranks: std::collections::HashMap<&str, (usize, usize)> = Default::default();
+    if state.complete {
+        let mut base = 0;
+        for (g, m) in state.participants.iter().enumerate() {
+            ranks.insert(m.id.as_str(), (g, base));
+            base += m.nproc;
+        }
+    }
     let mut out = Vec::new();
     for (id, targets) in all_watch_targets(state) {
+        let rank = ranks.get(id.as_str()).copied();
         let status = if parts.contains(id.as_str()) {
             'p'
         } else if wait.contains(id.as_str()) {
@@ -775,7 +815,14 @@ fn all_notices(state: &RdzvState) -> Vec<(String, Notice)> {
             // Expected, not rejoined: no key (it waits to be admitted; participants watch it).
             continue;
         };
-        out.push((id, Notice { status, targets }));
+        out.push((
+            id,
+            Notice {
+                status,
+                rank,
+                targets,
+            },
+        ));
     }
     out
 }
@@ -802,6 +849,7 @@ pub fn notices(old: Option<&RdzvState>, new: &RdzvState) -> Vec<(String, Notice)
                 id.clone(),
                 Notice {
                     status: 'x',
+                    rank: None,
                     targets: Vec::new(),
                 },
             )
@@ -914,6 +962,16 @@ fn reason_name(r: RoundReason) -> &'static str {
     }
 }
 
+fn reason_of(name: &str) -> Option<RoundReason> {
+    Some(match name {
+        "initial" => RoundReason::Initial,
+        "worker_failure" => RoundReason::WorkerFailure,
+        "membership" => RoundReason::Membership,
+        "peer_lost" => RoundReason::PeerLost,
+        _ => return None,
+    })
+}
+
 /// The address part of a node id (`<addr>_<pid>_<local_id>`).
 pub fn id_addr(id: &str) -> &str {
     id.rsplitn(3, '_').nth(2).unwrap_or(id)
@@ -940,13 +998,7 @@ pub fn roster_assignment(roster: &[u8], id: &str, store_prefix: &str) -> Option<
     }
     let round: u64 = head[1].parse().ok()?;
     let restart_count: u32 = head[2].parse().ok()?;
-    let reason = match head[3] {
-        "initial" => RoundReason::Initial,
-        "worker_failure" => RoundReason::WorkerFailure,
-        "membership" => RoundReason::Membership,
-        "peer_lost" => RoundReason::PeerLost,
-        _ => return None,
-    };
+    let reason = reason_of(head[3])?;
     let master_port: u16 = head[4].parse().ok()?;
     // One pass over bytes: every participant reads this once per round, and a round of 10,000
     // nodes has 10,000 lines (issue 16: the per-node cost of a join).
@@ -991,7 +1043,98 @@ pub fn roster_assignment(roster: &[u8], id: &str, store_prefix: &str) -> Option<
         restart_count,
         reason,
         store_prefix: format!("{store_prefix}.{round}"),
+        uniform_nproc: nprocs.iter().all(|n| *n == nprocs[0]),
         nodes,
+    })
+}
+
+/// The small summary of a complete round (issue 16), the key its participants wait on:
+/// `rdrun-round <round> <restart_count> <reason> <master_port> <group_world_size> <world_size>
+/// <nproc | mixed> <master id>`. With its own notice's ranks it is a node's whole assignment
+/// ([`summary_assignment`]); the roster ([`roster`]) is read only by rounds up to
+/// [`ROSTER_EAGER_MAX`] nodes, and after a failure.
+pub fn round_summary(state: &RdzvState) -> Vec<u8> {
+    let ps = &state.participants;
+    let port = ps.first().map_or(0, |m| m.master_port);
+    let world: usize = ps.iter().map(|m| m.nproc).sum();
+    let nproc = match ps.first() {
+        Some(f) if ps.iter().all(|m| m.nproc == f.nproc) => f.nproc.to_string(),
+        _ => "mixed".to_string(),
+    };
+    format!(
+        "rdrun-round {} {} {} {port} {} {world} {nproc} {}",
+        state.round,
+        state.restart_count,
+        reason_name(state.reason),
+        ps.len(),
+        ps.first().map_or("", |m| m.id.as_str()),
+    )
+    .into_bytes()
+}
+
+/// A round summary's fields ([`round_summary`]).
+struct Summary<'a> {
+    round: u64,
+    restart_count: u32,
+    reason: RoundReason,
+    master_port: u16,
+    group_world_size: usize,
+    world_size: usize,
+    uniform: bool,
+    master_id: &'a str,
+}
+
+fn parse_summary(summary: &[u8]) -> Option<Summary<'_>> {
+    let f: Vec<&str> = std::str::from_utf8(summary).ok()?.split(' ').collect();
+    if f.len() != 9 || f[0] != "rdrun-round" {
+        return None;
+    }
+    Some(Summary {
+        round: f[1].parse().ok()?,
+        restart_count: f[2].parse().ok()?,
+        reason: reason_of(f[3])?,
+        master_port: f[4].parse().ok()?,
+        group_world_size: f[5].parse().ok()?,
+        world_size: f[6].parse().ok()?,
+        uniform: f[7] != "mixed",
+        master_id: f[8],
+    })
+}
+
+/// The number of nodes of a round summary (`None`: not a summary).
+pub fn summary_size(summary: &[u8]) -> Option<usize> {
+    parse_summary(summary).map(|s| s.group_world_size)
+}
+
+/// The assignment of a participant running `nproc` workers from the round's summary and its
+/// own notice (which carries its group and base rank), with [`Assignment::nodes`] empty; `None`
+/// if they do not fit together (another round, no ranks, out of range). Equal to
+/// [`assignment`] on the state they were made from, but for `nodes`.
+pub fn summary_assignment(
+    summary: &[u8],
+    notice: &Notice,
+    nproc: usize,
+    store_prefix: &str,
+) -> Option<Assignment> {
+    let s = parse_summary(summary)?;
+    let (group_rank, base_rank) = notice.rank.filter(|_| notice.status == 'p')?;
+    if group_rank >= s.group_world_size || base_rank + nproc > s.world_size {
+        return None;
+    }
+    Some(Assignment {
+        round: s.round,
+        group_rank,
+        group_world_size: s.group_world_size,
+        local_world_size: nproc,
+        base_rank,
+        world_size: s.world_size,
+        master_addr: id_addr(s.master_id).to_string(),
+        master_port: s.master_port,
+        restart_count: s.restart_count,
+        reason: s.reason,
+        store_prefix: format!("{store_prefix}.{}", s.round),
+        nodes: Vec::new(),
+        uniform_nproc: s.uniform,
     })
 }
 
@@ -1473,6 +1616,38 @@ mod tests {
                 String::from_utf8_lossy(&r)
             );
         }
+        // The summary and each participant's own notice give the same, without the roster.
+        let sum = round_summary(&s);
+        assert_eq!(summary_size(&sum), Some(3));
+        let notes: std::collections::HashMap<String, Notice> =
+            notices(None, &s).into_iter().collect();
+        for m in &s.participants {
+            let n = &notes[&m.id];
+            assert_eq!(Notice::decode(&n.encode()).as_ref(), Some(n), "round trip");
+            let mut want = assignment(&s, &m.id, "p").unwrap();
+            assert!(!want.uniform_nproc, "4, 2 and 1 workers");
+            want.nodes.clear();
+            assert_eq!(
+                summary_assignment(&sum, n, m.nproc, "p"),
+                Some(want),
+                "{}",
+                String::from_utf8_lossy(&sum)
+            );
+        }
+        // A notice without ranks (an incomplete round's), or ranks that do not fit: none.
+        let plain = Notice {
+            status: 'p',
+            rank: None,
+            targets: vec![],
+        };
+        assert_eq!(summary_assignment(&sum, &plain, 1, "p"), None);
+        let far = Notice {
+            rank: Some((3, 0)),
+            ..plain.clone()
+        };
+        assert_eq!(summary_assignment(&sum, &far, 1, "p"), None);
+        assert_eq!(summary_assignment(b"rdrun-round 1", &far, 1, "p"), None);
+        assert_eq!(Notice::decode(b"p=1 a"), None, "bad ranks");
         assert_eq!(roster_assignment(&r, "10.0.0.9_1_0", "p"), None);
         assert_eq!(roster_assignment(b"junk", &s.participants[0].id, "p"), None);
         assert_eq!(

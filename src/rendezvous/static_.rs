@@ -393,6 +393,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 RoundReason::WorkerFailure
             },
             store_prefix: format!("{}.{gen}", self.keys.prefix),
+            uniform_nproc: nprocs.iter().all(|n| *n == self.nproc),
             nodes: hosts
                 .iter()
                 .map(|h| String::from_utf8_lossy(h).into_owned())

@@ -434,6 +434,7 @@ impl Agent {
             reason,
             store_prefix: String::new(),
             nodes: Vec::new(),
+            uniform_nproc: true,
         }
     }
 

@@ -186,14 +186,21 @@ pub fn spawn_spec(
     run_env: &RunWorkerEnv,
 ) -> Result<SpawnSpec, EnvError> {
     let nproc = config.nproc_per_node;
-    if local_rank == 0
-        && config.torch_env.worker_identical
-        && asg.nodes.iter().any(|(_, n)| *n != nproc)
-    {
+    if local_rank == 0 && config.torch_env.worker_identical && !asg.uniform_nproc {
         // torch's fast path would give overlapping ranks here; rdrun keeps the real ones.
+        let counts = if asg.nodes.is_empty() {
+            format!(
+                "{} workers in all on {} nodes",
+                asg.world_size, asg.group_world_size
+            )
+        } else {
+            format!(
+                "{:?}",
+                asg.nodes.iter().map(|(_, n)| *n).collect::<Vec<_>>()
+            )
+        };
         tracing::warn!(
-            "TORCH_ELASTIC_WORKER_IDENTICAL=1 but the nodes run different numbers of workers ({:?}); ranks follow the real counts (torch would compute RANK = GROUP_RANK * {nproc} + LOCAL_RANK and overlap)",
-            asg.nodes.iter().map(|(_, n)| *n).collect::<Vec<_>>()
+            "TORCH_ELASTIC_WORKER_IDENTICAL=1 but the nodes run different numbers of workers ({counts}); ranks follow the real counts (torch would compute RANK = GROUP_RANK * {nproc} + LOCAL_RANK and overlap)"
         );
     }
     // The worker's index in this agent's group (always 0 in place, where the agent runs one).

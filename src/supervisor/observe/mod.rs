@@ -240,6 +240,8 @@ impl Inner {
                         "world_size": asg.world_size,
                         "restart_count": asg.restart_count,
                         "members": members,
+                        // c10d rounds above 256 nodes do not read every node's entry.
+                        "members_listed": members.len() == asg.group_world_size,
                         "duration_s": took,
                     })),
                 );

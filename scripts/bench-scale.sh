@@ -22,7 +22,11 @@
 #      SCALE_OUT (default target/bench-scale), SCALE_NO_PLOT=1 to skip the plots,
 #      SCALE_SKIP=store|sim|real (comma-separated),
 #      SCALE_BASELINE=<an older rdrun-store-bench binary>: its server too (server=rdrun-before),
-#      each size right after the current one, with the current generator.
+#      each size right after the current one, with the current generator,
+#      SCALE_GEN_NICE (default 19; 0 to skip): each rdrun size once more with the generators
+#      at that nice value (server=rdrun-nice; the coordinator and its fresh-client probe stay
+#      at normal priority), so that on this one machine the clients' CPU yields to the
+#      server's as it would were they on other hosts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +38,7 @@ TORCHRUN_SIZES="${SCALE_TORCHRUN_SIZES:-8,16,32}"
 CAP="${SCALE_CAP_S:-120}"
 OUT="${SCALE_OUT:-target/bench-scale}"
 SKIP="${SCALE_SKIP:-}"
+GEN_NICE="${SCALE_GEN_NICE:-19}"
 
 echo "== building rdrun-store-bench and rdrun-rdzv-sim (release)" >&2
 cargo build --release --quiet --no-default-features --bin rdrun-store-bench --bin rdrun-rdzv-sim \
@@ -64,7 +69,7 @@ wait_port() { # file -> prints the port
   echo "bench-scale: error: server did not print its port ($1)" >&2; exit 1
 }
 start_server() { # kind name -> sets SRV_PID, SRV_PORT
-  if [ "$1" = rdrun ]; then
+  if [ "$1" = rdrun ] || [ "$1" = rdrun-nice ]; then
     "$BENCH" serve --threads 0 >"$TMP/$2.out" 2>"$TMP/$2.err" &
   elif [ "$1" = rdrun-before ]; then
     "$SCALE_BASELINE" serve --threads 0 >"$TMP/$2.out" 2>"$TMP/$2.err" &
@@ -86,6 +91,7 @@ if ! skipped store; then
   RUNS=""
   for n in ${STORE_SIZES//,/ }; do
     RUNS="$RUNS rdrun:$n"
+    [ "$GEN_NICE" != 0 ] && RUNS="$RUNS rdrun-nice:$n"
     [ -n "${SCALE_BASELINE:-}" ] && RUNS="$RUNS rdrun-before:$n"
   done
   if [ -n "$PY" ]; then for n in ${TORCH_SIZES//,/ }; do RUNS="$RUNS torch:$n"; done; fi
@@ -93,7 +99,9 @@ if ! skipped store; then
     kind="${run%%:*}"; n="${run#*:}"
     {
       start_server "$kind" "s_${kind}_$n"
-      line=$(timeout $((CAP + 30)) "$BENCH" startup --port "$SRV_PORT" --clients "$n" \
+      nice_args=()
+      [ "$kind" = rdrun-nice ] && nice_args=(--gen-nice "$GEN_NICE")
+      line=$(timeout $((CAP + 30)) "$BENCH" startup --port "$SRV_PORT" --clients "$n" "${nice_args[@]}" \
         --server-pid "$SRV_PID" --timeout-secs "$CAP" --tag "s$n" 2>"$TMP/g.err") \
         || line="clients=$n wall_s=unfinished cap_s=$CAP $(tail -n 1 "$TMP/g.err" | tr ' ' '_')"
       stop "$SRV_PID"

@@ -128,6 +128,11 @@ enum Mode {
         /// Fresh-client probe period.
         #[arg(long, default_value_t = 10)]
         probe_ms: u64,
+        /// Run every generator share in a child process at this nice value (1-19), this
+        /// process only coordinating and probing at normal priority: on one machine, the
+        /// clients' CPU then yields to the server's, as if they ran on other hosts.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=19))]
+        gen_nice: i32,
     },
     /// One generator process of `startup` (started by it).
     #[command(hide = true)]
@@ -280,6 +285,7 @@ async fn run(mode: Mode) -> Res {
             tag,
             server_pid,
             probe_ms,
+            gen_nice,
         } => {
             let procs = if procs == 0 {
                 clients.div_ceil(8000)
@@ -295,6 +301,7 @@ async fn run(mode: Mode) -> Res {
                 &tag,
                 server_pid,
                 Duration::from_millis(probe_ms),
+                gen_nice,
             )
             .await
         }
@@ -1054,6 +1061,7 @@ async fn startup(
     tag: &str,
     server_pid: Option<u32>,
     probe_every: Duration,
+    gen_nice: i32,
 ) -> Res {
     use tokio::io::AsyncBufReadExt;
     let dest: std::net::SocketAddr = (host.parse::<std::net::IpAddr>()?, port).into();
@@ -1069,7 +1077,10 @@ async fn startup(
     };
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
-    for k in 1..procs {
+    // Niced generators: every share in a child (see `--gen-nice`); else this process runs
+    // share 0 itself.
+    let own_share = gen_nice == 0;
+    for k in usize::from(own_share)..procs {
         let (first, count) = share(k);
         let mut cmd = tokio::process::Command::new(&exe);
         cmd.args(["startup-part", "--host", host])
@@ -1082,6 +1093,17 @@ async fn startup(
             .kill_on_drop(true);
         if let Some(src) = source(k) {
             cmd.args(["--source", &src.to_string()]);
+        }
+        if gen_nice > 0 {
+            // SAFETY: between fork and exec only setpriority (async-signal-safe) runs.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setpriority(libc::PRIO_PROCESS as _, 0, gen_nice) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         let mut child = cmd.spawn()?;
         let stdin = child.stdin.take().ok_or("child stdin")?;
@@ -1104,9 +1126,12 @@ async fn startup(
         let stop = stop.clone();
         std::thread::spawn(move || probe_loop(dest, probe_every, stop))
     };
-    let (first, count) = share(0);
-    let (conns, mut total) =
-        startup_part(source(0), dest, first, count, world, tag, limit, go).await?;
+    let (conns, mut total) = if own_share {
+        let (first, count) = share(0);
+        startup_part(source(0), dest, first, count, world, tag, limit, go).await?
+    } else {
+        (Vec::new(), PartResult::default())
+    };
     for (_, _, lines) in children.iter_mut() {
         let line = tokio::time::timeout(limit, lines.next_line())
             .await
@@ -1134,7 +1159,7 @@ async fn startup(
         let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
     }
     let mut line = format!(
-        "clients={world} procs={procs} ok={} failed={} connect_retries={} wall_s={:.3}",
+        "clients={world} procs={procs} gen_nice={gen_nice} ok={} failed={} connect_retries={} wall_s={:.3}",
         total.ok,
         total.failed,
         total.retries,

@@ -124,8 +124,12 @@ def main():
     sim = lambda key: series(rows, "rdzv", "impl", "rdrun-sim", "nodes", key)  # noqa: E731
     before = lambda key: series(rows, "rdzv", "impl", "rdrun-sim-before", "nodes",  # noqa: E731
                                 key)
+    # The per-node-keys join while every node still read the whole roster (issue 16, pass 1).
+    roster = lambda key: series(rows, "rdzv", "impl", "rdrun-sim-roster", "nodes",  # noqa: E731
+                                key)
     plot(f"{out}/rdzv_join.png", "c10d rendezvous: one round (join), by node count", "seconds",
          [("rdrun, simulated nodes (join)", sim("join_s"), "o-"),
+          ("rdrun, per-node keys, roster read by all", roster("join_s"), "d:"),
           ("rdrun before (one JSON state, CAS)", before("join_s"), "^--"),
           ("rdrun, real agents (start to exit)",
            series(rows, "agents", "impl", "rdrun", "nodes", "wall_s"), "^-"),
@@ -133,13 +137,17 @@ def main():
            series(rows, "agents", "impl", "torchrun", "nodes", "wall_s"), "s-")])
     plot(f"{out}/rdzv_steady_cpu.png", "c10d rendezvous: store CPU at steady state",
          "% of one core", [("rdrun (simulated)", sim("steady_cpu_pct"), "o-"),
+                           ("rdrun, roster read by all", roster("steady_cpu_pct"), "d:"),
                            ("rdrun before", before("steady_cpu_pct"), "^--")])
     plot(f"{out}/rdzv_bytes_per_join.png", "c10d rendezvous: store bytes moved per join",
          "bytes per node (read + written)", [("rdrun (simulated)", sim("bytes_per_join"), "o-"),
+                                             ("rdrun, roster read by all",
+                                              roster("bytes_per_join"), "d:"),
                                              ("rdrun before", before("bytes_per_join"), "^--")])
     plot(f"{out}/rdzv_detect.png", "c10d rendezvous: one lost node, last survivor told",
          "seconds", [("rdrun (simulated)", sim("detect_all_s"), "o-"),
                      ("rdrun (simulated), budget", sim("dead_after_s"), "k:"),
+                     ("rdrun, roster read by all", roster("detect_all_s"), "d:"),
                      ("rdrun before", before("detect_all_s"), "^--")])
 
 

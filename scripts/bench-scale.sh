@@ -26,7 +26,14 @@
 #      SCALE_GEN_NICE (default 19; 0 to skip): each rdrun size once more with the generators
 #      at that nice value (server=rdrun-nice; the coordinator and its fresh-client probe stay
 #      at normal priority), so that on this one machine the clients' CPU yields to the
-#      server's as it would were they on other hosts.
+#      server's as it would were they on other hosts,
+#      SCALE_TORCH_NODNS (default 1; 0 to skip): PyTorch's libuv server at every store size
+#      too with its reverse-DNS lookup per accept failing at once (server=torch-nodns, and
+#      torch-nodns-nice with the niced generators): it runs in a private mount namespace whose
+#      /etc/resolv.conf names a resolver on 127.0.0.1 (needs root and unshare; skipped, and
+#      said, otherwise). PyTorch logs "The hostname of the client socket cannot be retrieved"
+#      once per accept there and serves on; with the machine's resolver each accept waits for
+#      a PTR query (server=torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +46,7 @@ CAP="${SCALE_CAP_S:-120}"
 OUT="${SCALE_OUT:-target/bench-scale}"
 SKIP="${SCALE_SKIP:-}"
 GEN_NICE="${SCALE_GEN_NICE:-19}"
+TORCH_NODNS="${SCALE_TORCH_NODNS:-1}"
 
 echo "== building rdrun-store-bench and rdrun-rdzv-sim (release)" >&2
 cargo build --release --quiet --no-default-features --bin rdrun-store-bench --bin rdrun-rdzv-sim \
@@ -73,6 +81,11 @@ start_server() { # kind name -> sets SRV_PID, SRV_PORT
     "$BENCH" serve --threads 0 >"$TMP/$2.out" 2>"$TMP/$2.err" &
   elif [ "$1" = rdrun-before ]; then
     "$SCALE_BASELINE" serve --threads 0 >"$TMP/$2.out" 2>"$TMP/$2.err" &
+  elif [ "$1" = torch-nodns ] || [ "$1" = torch-nodns-nice ]; then
+    # unshare and sh exec: the server's pid is $!.
+    printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$TMP/resolv.conf"
+    unshare -m --propagation private sh -c 'mount --bind "$1" /etc/resolv.conf && shift && exec "$@"' \
+      sh "$TMP/resolv.conf" "$PY" scripts/store_bench.py serve >"$TMP/$2.out" 2>"$TMP/$2.err" &
   else
     "$PY" scripts/store_bench.py serve >"$TMP/$2.out" 2>"$TMP/$2.err" &
   fi
@@ -95,12 +108,29 @@ if ! skipped store; then
     [ -n "${SCALE_BASELINE:-}" ] && RUNS="$RUNS rdrun-before:$n"
   done
   if [ -n "$PY" ]; then for n in ${TORCH_SIZES//,/ }; do RUNS="$RUNS torch:$n"; done; fi
+  if [ -n "$PY" ] && [ "$TORCH_NODNS" != 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null \
+      && unshare -m --propagation private true 2>/dev/null; then
+      # After rdrun's runs of each size, in the same run (interleaved, so both meet one load).
+      R2=""
+      for run in $RUNS; do
+        R2="$R2 $run"
+        case "$run" in
+          rdrun:*) R2="$R2 torch-nodns:${run#*:}"
+            [ "$GEN_NICE" != 0 ] && R2="$R2 torch-nodns-nice:${run#*:}" ;;
+        esac
+      done
+      RUNS="$R2"
+    else
+      echo "(PyTorch without its DNS lookup skipped: needs root and unshare -m)"
+    fi
+  fi
   for run in $RUNS; do
     kind="${run%%:*}"; n="${run#*:}"
     {
       start_server "$kind" "s_${kind}_$n"
       nice_args=()
-      [ "$kind" = rdrun-nice ] && nice_args=(--gen-nice "$GEN_NICE")
+      case "$kind" in *-nice) nice_args=(--gen-nice "$GEN_NICE") ;; esac
       line=$(timeout $((CAP + 30)) "$BENCH" startup --port "$SRV_PORT" --clients "$n" "${nice_args[@]}" \
         --server-pid "$SRV_PID" --timeout-secs "$CAP" --tag "s$n" 2>"$TMP/g.err") \
         || line="clients=$n wall_s=unfinished cap_s=$CAP $(tail -n 1 "$TMP/g.err" | tr ' ' '_')"

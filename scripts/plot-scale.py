@@ -96,7 +96,9 @@ def main():
            series(rows, "store", "server", "rdrun-nice", "clients", "wall_s"), "d:"),
           ("rdrun before", series(rows, "store", "server", "rdrun-before", "clients", "wall_s"),
            "^--"),
-          ("PyTorch libuv (this VM)", pt, "s-")],
+          ("PyTorch libuv (this VM)", pt, "s-"),
+          ("PyTorch libuv, DNS lookup failing at once",
+           series(rows, "store", "server", "torch-nodns", "clients", "wall_s"), "s--")],
          anchor=ANCHOR, extrapolate_to=100_000)
     plot(f"{out}/store_server_cpu.png", "Store: server CPU for the start-up pattern",
          "CPU seconds",
@@ -104,14 +106,18 @@ def main():
           ("rdrun before", series(rows, "store", "server", "rdrun-before", "clients",
                                   "server_cpu_s"), "^--"),
           ("PyTorch libuv", series(rows, "store", "server", "torch", "clients", "server_cpu_s"),
-           "s-")])
+           "s-"),
+          ("PyTorch libuv, no DNS",
+           series(rows, "store", "server", "torch-nodns", "clients", "server_cpu_s"), "s--")])
     plot(f"{out}/store_rss.png", "Store: server peak RSS with every client connected",
          "KiB per connection",
          [("rdrun", series(rows, "store", "server", "rdrun", "clients", "per_conn_kib"), "o-"),
           ("rdrun before", series(rows, "store", "server", "rdrun-before", "clients",
                                   "per_conn_kib"), "^--"),
           ("PyTorch libuv", series(rows, "store", "server", "torch", "clients", "per_conn_kib"),
-           "s-")])
+           "s-"),
+          ("PyTorch libuv, no DNS",
+           series(rows, "store", "server", "torch-nodns", "clients", "per_conn_kib"), "s--")])
     plot(f"{out}/store_probe.png", "Store: worst fresh-client answer during the storm",
          "milliseconds",
          [("rdrun", series(rows, "store", "server", "rdrun", "clients", "probe_worst_ms"), "o-"),
@@ -120,7 +126,12 @@ def main():
           ("rdrun before", series(rows, "store", "server", "rdrun-before", "clients",
                                   "probe_worst_ms"), "^--"),
           ("PyTorch libuv", series(rows, "store", "server", "torch", "clients",
-                                   "probe_worst_ms"), "s-")])
+                                   "probe_worst_ms"), "s-"),
+          ("PyTorch libuv, no DNS",
+           series(rows, "store", "server", "torch-nodns", "clients", "probe_worst_ms"), "s--"),
+          ("PyTorch libuv, no DNS, generators niced",
+           series(rows, "store", "server", "torch-nodns-nice", "clients", "probe_worst_ms"),
+           "x:")])
     sim = lambda key: series(rows, "rdzv", "impl", "rdrun-sim", "nodes", key)  # noqa: E731
     before = lambda key: series(rows, "rdzv", "impl", "rdrun-sim-before", "nodes",  # noqa: E731
                                 key)

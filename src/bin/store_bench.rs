@@ -1066,8 +1066,13 @@ async fn startup(
     use tokio::io::AsyncBufReadExt;
     let dest: std::net::SocketAddr = (host.parse::<std::net::IpAddr>()?, port).into();
     let loopback_sources = dest.ip().is_loopback() && dest.is_ipv4();
-    let source =
-        |k: usize| loopback_sources.then(|| std::net::IpAddr::from([127, 0, 1, (k + 1) as u8]));
+    // Share 0 connects from the default source (127.0.0.1, which /etc/hosts names: PyTorch's
+    // server looks the name of every accepted peer up, and an address not there costs it a DNS
+    // query per accept); every other share from an address of its own, so that no source runs
+    // out of ephemeral ports.
+    let source = |k: usize| {
+        (loopback_sources && k > 0).then(|| std::net::IpAddr::from([127, 0, 1, (k + 1) as u8]))
+    };
     let procs = procs.clamp(1, 200).min(world.max(1));
     let share = |k: usize| {
         (

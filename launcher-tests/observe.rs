@@ -625,6 +625,7 @@ fn wait_for_nodes(tty: bool) {
     assert_eq!(c["round"], 0);
     assert_eq!(c["group_world_size"], 2);
     assert_eq!(c["members"].as_array().map(Vec::len), Some(2), "{c}");
+    assert_eq!(c["members_listed"], true, "{c}");
     assert!(c["duration_s"].as_f64().unwrap() > 0.3, "{c}");
     assert_eq!(ev.last().unwrap()["event"], "run_end");
 }

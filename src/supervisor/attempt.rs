@@ -625,6 +625,15 @@ impl Group {
         let mut sigs: Vec<(TimerExpiry, i32, usize)> = Vec::new();
         for e in expired {
             let scopes: Vec<String> = e.timers.iter().map(|t| t.scope_id.clone()).collect();
+            // A missed heartbeat is the hang detector's to judge (and report), whether its
+            // process still lives or was already stopped (a hang verdict stops the group
+            // before the heartbeat's own expiry comes due).
+            let heartbeat_only = scopes
+                .iter()
+                .all(|s| super::hanglink::is_heartbeat_scope(s));
+            if e.signal.is_none() && heartbeat_only {
+                continue;
+            }
             let Some(s) = slot_of(e.pid) else {
                 tracing::warn!(
                     pid = e.pid,
@@ -634,13 +643,6 @@ impl Group {
                 continue;
             };
             let Some(sig) = e.signal else {
-                // A missed heartbeat is the hang detector's to judge (and report).
-                if scopes
-                    .iter()
-                    .all(|s| super::hanglink::is_heartbeat_scope(s))
-                {
-                    continue;
-                }
                 tracing::warn!(
                     pid = e.pid,
                     rank = s.rank,

@@ -44,7 +44,7 @@
 //! of up to 256 nodes from the roster, which lists every node for the events. Only writers
 //! read the O(n) body. (Every node reading a 10,000-node roster was 2 GB through the store.)
 //!
-//! Length: about 1,660 lines before the tests, for one responsibility, the c10d protocol over the
+//! Length: about 1,720 lines before the tests, for one responsibility, the c10d protocol over the
 //! store (join, rounds, heartbeats, close, the redundancy list). The pure round logic is already
 //! apart (`state`), and so is the plumbing it shares with `static_` (`plumbing`: events and
 //! the keeper task, retry, heartbeats and liveness rules, close acknowledgements).

@@ -4,7 +4,7 @@
 //!
 //! - PyTorch's start-up pattern for 2,000 store clients spread over two generator processes
 //!   (`rdrun-store-bench startup`) against rdrun's server in a child process: every client
-//!   finishes every phase.
+//!   finishes every phase; once more with `--gen-nice 10` (every share in a niced child).
 //! - 300 simulated c10d nodes (`rdrun-rdzv-sim`) join one round (more than 256: each node builds
 //!   its assignment from the round's summary and its own notice, not the roster); a dropped node
 //!   is reported to every survivor.
@@ -45,41 +45,28 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
 }
 
-#[test]
-fn store_startup_pattern_2000_clients_over_two_processes() {
-    let bench = env!("CARGO_BIN_EXE_rdrun-store-bench");
-    let mut server = Killed(
-        Command::new(bench)
-            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn rdrun-store-bench serve"),
-    );
-    let mut first = String::new();
-    BufReader::new(server.0.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("port line");
-    let port = first
-        .trim()
-        .strip_prefix("port=")
-        .expect("port=N")
-        .to_string();
-    let pid = server.0.id().to_string();
-    let out = std::env::temp_dir().join(format!("rdrun-scale-{}.out", std::process::id()));
+/// One `rdrun-store-bench startup` of 2,000 clients over two generator processes against the
+/// server at `port` (pid `pid`), with `extra` arguments; asserts every client through every
+/// phase and returns the result line.
+fn startup_2000(bench: &str, port: &str, pid: &str, extra: &[&str]) -> String {
+    let out = std::env::temp_dir().join(format!(
+        "rdrun-scale-{}-{}.out",
+        std::process::id(),
+        extra.len()
+    ));
     let mut gen = Killed(
         Command::new(bench)
             .args([
                 "startup",
                 "--port",
-                &port,
+                port,
                 "--clients",
                 "2000",
                 "--procs",
                 "2",
             ])
-            .args(["--server-pid", &pid, "--timeout-secs", "240"])
+            .args(["--server-pid", pid, "--timeout-secs", "240"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).expect("create output file"))
             .stderr(Stdio::inherit())
@@ -113,6 +100,35 @@ fn store_startup_pattern_2000_clients_over_two_processes() {
     // The server process was measured with every connection open.
     let rss: u64 = field(line, "server_rss_kib").parse().expect("number");
     assert!(rss > 0, "{line}");
+    line.to_string()
+}
+
+#[test]
+fn store_startup_pattern_2000_clients_over_two_processes() {
+    let bench = env!("CARGO_BIN_EXE_rdrun-store-bench");
+    let mut server = Killed(
+        Command::new(bench)
+            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn rdrun-store-bench serve"),
+    );
+    let mut first = String::new();
+    BufReader::new(server.0.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("port line");
+    let port = first
+        .trim()
+        .strip_prefix("port=")
+        .expect("port=N")
+        .to_string();
+    let pid = server.0.id().to_string();
+    startup_2000(bench, &port, &pid, &[]);
+    // The same with the generators niced: every share in a child, the probe in the parent.
+    let line = startup_2000(bench, &port, &pid, &["--gen-nice", "10"]);
+    assert_eq!(field(&line, "gen_nice"), "10", "{line}");
     if let Some(st) = server.0.try_wait().expect("try_wait") {
         panic!("store server exited during the run: {st}");
     }

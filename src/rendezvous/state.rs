@@ -90,6 +90,30 @@ pub enum RoundReason {
     PeerLost,
 }
 
+impl RoundReason {
+    /// The name in the state, the roster, the summary and the events (`initial`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Initial => "initial",
+            Self::WorkerFailure => "worker_failure",
+            Self::Membership => "membership",
+            Self::PeerLost => "peer_lost",
+        }
+    }
+
+    /// The reason [`RoundReason::name`] gives `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            Self::Initial,
+            Self::WorkerFailure,
+            Self::Membership,
+            Self::PeerLost,
+        ]
+        .into_iter()
+        .find(|r| r.name() == name)
+    }
+}
+
 /// The shared rendezvous state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RdzvState {
@@ -184,14 +208,17 @@ impl RdzvState {
         self.wait_list.len()
     }
 
-    /// Every member known to the state, except `except` (whose heartbeats others watch).
-    pub fn watched_members(&self, except: &str) -> Vec<&Member> {
+    /// Every member on a list: participants, then the wait and the redundancy list.
+    pub fn listed(&self) -> impl Iterator<Item = &Member> {
         self.participants
             .iter()
             .chain(&self.wait_list)
             .chain(&self.redundancy_list)
-            .filter(|m| m.id != except)
-            .collect()
+    }
+
+    /// Every member known to the state, except `except` (whose heartbeats others watch).
+    pub fn watched_members(&self, except: &str) -> Vec<&Member> {
+        self.listed().filter(|m| m.id != except).collect()
     }
 
     /// Drops `id` from every list (an agent leaving).
@@ -868,13 +895,7 @@ pub fn notices(old: Option<&RdzvState>, new: &RdzvState) -> Vec<(String, Notice)
 /// redundancy list as if it had written itself). Members already placed are left alone.
 pub fn place_pending(state: &RdzvState, pending: &[Member], min: usize, max: usize) -> RdzvState {
     let mut cur = state.clone();
-    let mut placed: HashSet<String> = cur
-        .participants
-        .iter()
-        .chain(&cur.wait_list)
-        .chain(&cur.redundancy_list)
-        .map(|m| m.id.clone())
-        .collect();
+    let mut placed: HashSet<String> = cur.listed().map(|m| m.id.clone()).collect();
     let unplaced: Vec<Member> = pending
         .iter()
         .filter(|p| !placed.contains(&p.id))
@@ -898,14 +919,7 @@ pub fn place_pending(state: &RdzvState, pending: &[Member], min: usize, max: usi
                     cur = s;
                 }
             }
-            for m in cur
-                .participants
-                .iter()
-                .chain(&cur.wait_list)
-                .chain(&cur.redundancy_list)
-            {
-                placed.insert(m.id.clone());
-            }
+            placed.extend(cur.listed().map(|m| m.id.clone()));
         }
     }
     for p in &unplaced {
@@ -942,7 +956,7 @@ pub fn roster(state: &RdzvState) -> Vec<u8> {
         "rdrun-roster {} {} {} {port}\n",
         state.round,
         state.restart_count,
-        reason_name(state.reason)
+        state.reason.name()
     );
     for m in &state.participants {
         out.push_str(&m.id);
@@ -951,25 +965,6 @@ pub fn roster(state: &RdzvState) -> Vec<u8> {
         out.push('\n');
     }
     out.into_bytes()
-}
-
-fn reason_name(r: RoundReason) -> &'static str {
-    match r {
-        RoundReason::Initial => "initial",
-        RoundReason::WorkerFailure => "worker_failure",
-        RoundReason::Membership => "membership",
-        RoundReason::PeerLost => "peer_lost",
-    }
-}
-
-fn reason_of(name: &str) -> Option<RoundReason> {
-    Some(match name {
-        "initial" => RoundReason::Initial,
-        "worker_failure" => RoundReason::WorkerFailure,
-        "membership" => RoundReason::Membership,
-        "peer_lost" => RoundReason::PeerLost,
-        _ => return None,
-    })
 }
 
 /// The address part of a node id (`<addr>_<pid>_<local_id>`).
@@ -998,7 +993,7 @@ pub fn roster_assignment(roster: &[u8], id: &str, store_prefix: &str) -> Option<
     }
     let round: u64 = head[1].parse().ok()?;
     let restart_count: u32 = head[2].parse().ok()?;
-    let reason = reason_of(head[3])?;
+    let reason = RoundReason::from_name(head[3])?;
     let master_port: u16 = head[4].parse().ok()?;
     // One pass over bytes: every participant reads this once per round, and a round of 10,000
     // nodes has 10,000 lines (issue 16: the per-node cost of a join).
@@ -1065,7 +1060,7 @@ pub fn round_summary(state: &RdzvState) -> Vec<u8> {
         "rdrun-round {} {} {} {port} {} {world} {nproc} {}",
         state.round,
         state.restart_count,
-        reason_name(state.reason),
+        state.reason.name(),
         ps.len(),
         ps.first().map_or("", |m| m.id.as_str()),
     )
@@ -1092,7 +1087,7 @@ fn parse_summary(summary: &[u8]) -> Option<Summary<'_>> {
     Some(Summary {
         round: f[1].parse().ok()?,
         restart_count: f[2].parse().ok()?,
-        reason: reason_of(f[3])?,
+        reason: RoundReason::from_name(f[3])?,
         master_port: f[4].parse().ok()?,
         group_world_size: f[5].parse().ok()?,
         world_size: f[6].parse().ok()?,
@@ -1489,13 +1484,7 @@ mod tests {
         use proptest::prelude::*;
 
         fn check_invariants(s: &RdzvState, max: usize, min: usize) {
-            let mut all: Vec<&str> = s
-                .participants
-                .iter()
-                .chain(&s.wait_list)
-                .chain(&s.redundancy_list)
-                .map(|m| m.id.as_str())
-                .collect();
+            let mut all: Vec<&str> = s.listed().map(|m| m.id.as_str()).collect();
             let n = all.len();
             all.sort();
             all.dedup();
@@ -1674,6 +1663,24 @@ mod tests {
                 assert_eq!(t, watch_targets(&st, &id), "{id} in {np}/{nw}/{nr}/{ne}");
             }
         }
+    }
+
+    /// The reason's name (roster, summary, events) is its serde name, and reads back.
+    #[test]
+    fn round_reason_names_match_serde_and_read_back() {
+        for r in [
+            RoundReason::Initial,
+            RoundReason::WorkerFailure,
+            RoundReason::Membership,
+            RoundReason::PeerLost,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&r).unwrap(),
+                format!("\"{}\"", r.name())
+            );
+            assert_eq!(RoundReason::from_name(r.name()), Some(r));
+        }
+        assert_eq!(RoundReason::from_name("restart"), None);
     }
 
     #[test]

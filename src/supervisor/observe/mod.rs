@@ -206,10 +206,7 @@ impl Inner {
         self.set_health(State::Rendezvous);
         self.rdzv_began = Some(Instant::now());
         self.status.set(Some(Waiting::rendezvous()));
-        self.emit(
-            "rendezvous_start",
-            obj(json!({ "reason": reason_name(reason) })),
-        );
+        self.emit("rendezvous_start", obj(json!({ "reason": reason.name() })));
     }
 
     /// The round ended: its assignment, or why it failed.
@@ -500,15 +497,6 @@ fn obj(v: Value) -> Map<String, Value> {
     match v {
         Value::Object(m) => m,
         _ => Map::new(),
-    }
-}
-
-fn reason_name(r: RoundReason) -> &'static str {
-    match r {
-        RoundReason::Initial => "initial",
-        RoundReason::WorkerFailure => "worker_failure",
-        RoundReason::Membership => "membership",
-        RoundReason::PeerLost => "peer_lost",
     }
 }
 

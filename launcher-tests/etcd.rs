@@ -156,6 +156,22 @@ impl Cluster {
         self.endpoints.join(",")
     }
 
+    /// The index of the member that leads the cluster now (`etcdctl endpoint status`).
+    fn leader(&self) -> usize {
+        let out = self.ctl(&["endpoint", "status", "-w", "json"]);
+        assert!(out.status.success(), "endpoint status: {out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status json");
+        let rows = v.as_array().expect("status rows");
+        let leader = rows[0]["Status"]["leader"].as_u64().expect("leader id");
+        let i = rows
+            .iter()
+            .find(|r| r["Status"]["header"]["member_id"].as_u64() == Some(leader))
+            .and_then(|r| r["Endpoint"].as_str())
+            .and_then(|e| self.endpoints.iter().position(|m| e.ends_with(m.as_str())))
+            .expect("the leader is one of the members");
+        i
+    }
+
     /// SIGKILL member `i` by PID.
     fn kill(&mut self, i: usize) {
         if let Some(mut m) = self.members[i].take() {
@@ -397,6 +413,50 @@ fn sigkilled_node_whose_peers_fail_is_not_charged() {
                 o.stderr.contains("the failure is the membership change's"),
                 "{o:?}"
             );
+        }
+        let recs = records(dir.path());
+        check_round(&recs, 2, 0, Some(&[1, 1]));
+        assert!(
+            !recs.keys().any(|k| k.1 > 0),
+            "a lost node is not a restart: {recs:#?}"
+        );
+        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+    });
+}
+
+/// Issue 24.2: the same loss with the etcd leader SIGKILLed first (a minority of members
+/// down, which nothing notices), then the agent that hosts the workers' store: still not
+/// charged (before, the first read that reached the dead member ended the 17.7 wait at once, so
+/// with `--max-restarts 0` both survivors exited 1 within 2.6 s).
+#[test]
+fn etcd_leader_down_then_store_host_sigkilled_is_not_charged() {
+    bounded(TEST_TIMEOUT, || {
+        let Some(mut tb) = Testbed::new(3, 3) else {
+            return;
+        };
+        let dir = TempDir::new("etcd-leader-host");
+        let mut running: Vec<_> = (0..3)
+            .map(|i| {
+                tb.agent(&dir, "leaderhost", "2:3", i, "")
+                    .args(["--max-restarts", "0"])
+                    .env("MN_FAIL_ON_LOSS_GWS", "3")
+                    .spawn()
+            })
+            .collect();
+        wait_records(dir.path(), 3, 0, 3, Duration::from_secs(90));
+        let leader = tb.etcd.leader();
+        tb.etcd.kill(leader);
+        // A new leader among the two others (the agents notice nothing).
+        tb.etcd.wait_healthy(Cluster::healthy);
+        let recs = records(dir.path());
+        let (master, _) = check_round(&recs, 3, 0, Some(&[1, 1, 1]));
+        let killed = running.remove(node_of(&master));
+        killed.signal(libc::SIGKILL);
+        assert_eq!(killed.wait().signal, Some(libc::SIGKILL));
+        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        for o in &outs {
+            assert!(!o.stderr.contains("restarting (attempt"), "{o:?}");
         }
         let recs = records(dir.path());
         check_round(&recs, 2, 0, Some(&[1, 1]));

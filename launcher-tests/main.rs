@@ -7,6 +7,7 @@
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
 //! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
+//! - `static_restart`: restarts of a static two-node PyTorch DDP job on loopback (issue 24.1).
 //! - `slurm`: a real Slurm 22.05 cluster (munged, slurmctld, a slurmd per network namespace):
 //!   srun, salloc and sbatch launches of rdrun with no flag beyond the program.
 //! - `cluster`: scheduler environments (a Slurm step, in place too; pods and LSF hosts in network
@@ -45,6 +46,7 @@ mod runtime;
 mod scale;
 mod signals;
 mod slurm;
+mod static_restart;
 mod store;
 #[cfg(feature = "train")]
 mod train;

@@ -262,3 +262,61 @@ fn unkillable_worker_is_reported_and_rdrun_exits() {
     drop(frozen);
     assert_no_leak(&pids, Duration::from_secs(10));
 }
+
+/// Issue 24.3: `exec rdrun … > >(logger) 2>&1` as the last command of a bash script makes the
+/// shell's children (the process-substitution logger, a background job) rdrun's. They are not
+/// rdrun's to signal: a worker failure stops only the workers, nothing inherited is counted
+/// as left behind, the run's status is the failing worker's, and the logger gets every line.
+#[test]
+fn children_inherited_from_the_shell_are_never_signalled() {
+    let dir = TempDir::new("inherited");
+    let (bg, log) = (dir.join("bg.pid"), dir.join("console.log"));
+    let script = format!(
+        "sleep 300 & echo $! > '{bg}'; exec '{rdrun}' --nproc-per-node 2 --leftovers kill --no-python sh -c 'echo rank $LOCAL_RANK; if [ $LOCAL_RANK = 1 ]; then exit 3; fi; sleep 60' > >(cat > '{log}') 2>&1",
+        bg = bg.display(),
+        rdrun = crate::util::rdrun_bin().display(),
+        log = log.display(),
+    );
+    let mut child = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("bash");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("rdrun under bash exceeded 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let bg_pid: i32 = std::fs::read_to_string(&bg)
+        .expect("bg pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    let survived = alive(bg_pid);
+    // SAFETY: kill(2) of the background job this test's shell started.
+    unsafe {
+        libc::kill(bg_pid, libc::SIGKILL);
+    }
+    assert_eq!(status.code(), Some(3), "the failing worker's status");
+    assert!(survived, "rdrun signalled the shell's background job");
+    // The logger ends on EOF once rdrun is gone: everything rdrun wrote is in its file.
+    let until = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("Root Cause") || Instant::now() > until {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(text.contains("Root Cause"), "{text}");
+    assert!(text.contains("rank 0") && text.contains("rank 1"), "{text}");
+    assert!(!text.contains("stray descendant"), "{text}");
+    assert!(!text.contains("left behind"), "{text}");
+}

@@ -527,3 +527,70 @@ fn odd_node_list_through_the_real_daemons() {
         }
     });
 }
+
+/// Issue 24.1 under the real daemons: `srun -N2 --ntasks-per-node=1 rdrun --nproc_per_node=2
+/// --max-restarts=1` with rank 3 (node 2) exiting 7 on attempt 0 restarts every node once and
+/// attempt 1 forms its gloo world (before, it read attempt 0's addresses from node 0's store
+/// and died in connectFullMesh on both nodes).
+#[test]
+fn srun_one_task_per_node_ddp_restarts_after_a_failure() {
+    let Some(py) = torch_python() else { return };
+    bounded(Duration::from_secs(420), move || {
+        let Some(c) = Cluster::up(&["node01", "node02"]) else {
+            return;
+        };
+        let out_dir = TempDir::new("slurm_restart");
+        let py = py.to_string_lossy();
+        let script = crate::util::torch_script("ddp_restart.py");
+        let out = c.run(
+            out_dir.path(),
+            &[("PYTHON_EXEC", &py)],
+            &[
+                "srun",
+                "-N2",
+                "--ntasks-per-node=1",
+                &rdrun(),
+                "--nproc_per_node=2",
+                "--max-restarts=1",
+                &script.to_string_lossy(),
+                &out_dir.path().to_string_lossy(),
+                "3",
+            ],
+            Duration::from_secs(360),
+        );
+        out.assert_code(0);
+        crate::static_restart::assert_finished(out_dir.path(), 4, 1, std::slice::from_ref(&out));
+    });
+}
+
+/// The same in place (`srun -N2 --ntasks-per-node=2 rdrun`: each rdrun one rank, a static
+/// rendezvous of four members), rank 0 — on the node whose agent hosts the store — failing.
+#[test]
+fn srun_in_place_ddp_restarts_after_a_failure() {
+    let Some(py) = torch_python() else { return };
+    bounded(Duration::from_secs(420), move || {
+        let Some(c) = Cluster::up(&["node01", "node02"]) else {
+            return;
+        };
+        let out_dir = TempDir::new("slurm_inplace_restart");
+        let py = py.to_string_lossy();
+        let script = crate::util::torch_script("ddp_restart.py");
+        let out = c.run(
+            out_dir.path(),
+            &[("PYTHON_EXEC", &py)],
+            &[
+                "srun",
+                "-N2",
+                "--ntasks-per-node=2",
+                &rdrun(),
+                "--max-restarts=1",
+                &script.to_string_lossy(),
+                &out_dir.path().to_string_lossy(),
+                "0",
+            ],
+            Duration::from_secs(360),
+        );
+        out.assert_code(0);
+        crate::static_restart::assert_finished(out_dir.path(), 4, 1, std::slice::from_ref(&out));
+    });
+}

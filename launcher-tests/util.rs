@@ -436,3 +436,24 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("bind 127.0.0.1:0")
 }
+
+/// The torch venv's python (`scripts/torch-venv.sh` caches it), or `None` after a SKIP line.
+pub fn torch_python() -> Option<PathBuf> {
+    let cache = std::env::var_os("RDRUN_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rdrun")))?;
+    let p = cache.join("torch-venv/bin/python");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIP: no torch venv (scripts/torch-venv.sh makes it)");
+        None
+    }
+}
+
+/// A script of the PyTorch suite (`launcher-tests/torch/scripts/<name>`).
+pub fn torch_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("launcher-tests/torch/scripts")
+        .join(name)
+}

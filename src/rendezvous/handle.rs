@@ -179,6 +179,18 @@ impl Rendezvous {
                     endpoint.port,
                 )?
                 .with_keeper_store(keeper);
+                // The workers share this store (TORCHELASTIC_USE_AGENT_STORE): node 0 empties
+                // their namespace before each round opens (issue 24.1).
+                let r = match server.as_ref() {
+                    Some(s) => {
+                        let hosted = s.store().clone();
+                        // rdrun's keys as clients send them ("/" + key, as TCPStore) or raw.
+                        r.with_worker_reset(Arc::new(move || {
+                            hosted.clear_except(&[b"/rdrun.", b"rdrun."])
+                        }))
+                    }
+                    None => r,
+                };
                 let r = match config.local_addr.as_deref() {
                     Some(a) => r.with_identity(a),
                     None => r,

@@ -78,10 +78,21 @@ impl Keys {
     fn arrived(&self, gen: u64) -> String {
         format!("{}/round/{gen}/arrived", self.prefix)
     }
+    /// Set by the last agent to arrive in a round; node 0 waits on it, resets the workers'
+    /// namespace, then sets [`Keys::go`].
+    fn all_in(&self, gen: u64) -> String {
+        format!("{}/round/{gen}/all", self.prefix)
+    }
     fn go(&self, gen: u64) -> String {
         format!("{}/round/{gen}/go", self.prefix)
     }
 }
+
+/// Empties the workers' namespace of the store node 0 hosts (every key outside the launcher's
+/// own `rdrun.` keys) and returns how many keys it removed. Called by node 0 between "every
+/// agent arrived" and "go": no worker of the old attempt is alive then, and none of the new one
+/// has started.
+pub type WorkerReset = Arc<dyn Fn() -> usize + Send + Sync>;
 
 /// One agent's handle on a static rendezvous (same loop shape as `C10dRendezvous`).
 pub struct StaticRendezvous<S: RdzvStore> {
@@ -109,6 +120,8 @@ pub struct StaticRendezvous<S: RdzvStore> {
     said_nnodes: bool,
     /// `gethostname()`, published for the others (see [`Keys::host`]).
     host: String,
+    /// Node 0's reset of the workers' namespace (see [`WorkerReset`]); `None` elsewhere.
+    reset: Option<WorkerReset>,
 }
 
 impl<S: RdzvStore> StaticRendezvous<S> {
@@ -154,7 +167,16 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 .ok()
                 .and_then(|h| h.into_string().ok())
                 .unwrap_or_else(|| "an unnamed host".into()),
+            reset: None,
         })
+    }
+
+    /// Node 0's reset of the workers' namespace, run before every round opens (issue 24.1):
+    /// torch's `env://` rendezvous under `TORCHELASTIC_USE_AGENT_STORE` uses this store with no
+    /// per-attempt prefix, so without it attempt 1 reads attempt 0's gloo/NCCL addresses.
+    pub fn with_worker_reset(mut self, reset: WorkerReset) -> Self {
+        self.reset = Some(reset);
+        self
     }
 
     /// How this agent's rank claim names its machine (default: the host name).
@@ -303,7 +325,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                     })
                     .await?;
                 if n == self.nnodes as i64 {
-                    store.set(&keys.go(gen), b"1").await?;
+                    store.set(&keys.all_in(gen), b"1").await?;
                 }
             }
             let (mine, who) = (
@@ -321,7 +343,11 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 });
             }
             all_keys.truncate(self.nnodes);
-            all_keys.push(self.keys.go(gen));
+            // Node 0 opens the round (after the reset), the others wait for it to be open.
+            all_keys.push(match rank {
+                0 => self.keys.all_in(gen),
+                _ => self.keys.go(gen),
+            });
             let now = Instant::now();
             if now >= deadline {
                 let joined = store.add(&keys.arrived(gen), 0).await.unwrap_or(0);
@@ -347,6 +373,26 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 .min(self.settings.keep_alive_interval)
                 .min(deadline - now);
             match store.wait(&all_keys, slice).await {
+                Ok(true) if rank == 0 => {
+                    // Every agent arrived, so every worker of the previous attempt is gone: a
+                    // clean namespace for the new one before any of its workers can start.
+                    if let Some(reset) = &self.reset {
+                        let gone = reset();
+                        if gone > 0 {
+                            tracing::info!(
+                                gone,
+                                round = gen,
+                                "cleared the previous attempt's worker keys from the store"
+                            );
+                        }
+                    }
+                    self.retry(deadline, || {
+                        let (store, keys) = (store.clone(), keys.clone());
+                        async move { store.set(&keys.go(gen), b"1").await }
+                    })
+                    .await?;
+                    break gen;
+                }
                 Ok(true) => break gen,
                 Ok(false) => {}
                 Err(e) => {
@@ -661,6 +707,62 @@ mod tests {
             asgs.iter().all(|a| a.restart_count == 1 && a.round == 1),
             "{asgs:?}"
         );
+    }
+
+    /// Issue 24.1: node 0 resets the workers' namespace once per round, after every agent
+    /// arrived and before any agent (node 0 included) gets its assignment, so no worker of the
+    /// new attempt can read a key of the old one.
+    #[tokio::test(start_paused = true)]
+    async fn node_zero_resets_the_worker_namespace_before_any_round_opens() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let store = MemStore::new();
+        let resets = Arc::new(AtomicUsize::new(0));
+        let opened = Arc::new(AtomicUsize::new(0));
+        let mut ns = nodes(&store, &settings(&[]), &[2, 2]);
+        let (r, o, mem) = (resets.clone(), opened.clone(), store.handle());
+        let first = ns.remove(0).with_worker_reset(Arc::new(move || {
+            // No agent may have its assignment yet: the round is not open.
+            assert_eq!(
+                o.load(Ordering::SeqCst),
+                0,
+                "a round opened before the reset"
+            );
+            r.fetch_add(1, Ordering::SeqCst);
+            // A worker key of the previous attempt (as gloo writes it) is removed here.
+            usize::from(mem.peek("0//cpu//0/0").is_some())
+        }));
+        ns.insert(0, first);
+        let run = |ns: Vec<StaticRendezvous<MemStore>>, reason| {
+            let opened = opened.clone();
+            async move {
+                let tasks: Vec<_> = ns
+                    .into_iter()
+                    .map(|mut n| {
+                        let opened = opened.clone();
+                        tokio::spawn(async move {
+                            let r = n.next_round(reason).await.unwrap();
+                            opened.fetch_add(1, Ordering::SeqCst);
+                            (n, r)
+                        })
+                    })
+                    .collect();
+                let mut out = Vec::new();
+                for t in tasks {
+                    out.push(t.await.unwrap());
+                }
+                out
+            }
+        };
+        let ns: Vec<_> = run(ns, RoundReason::Initial)
+            .await
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(resets.load(Ordering::SeqCst), 1);
+        opened.store(0, Ordering::SeqCst);
+        let out = run(ns, RoundReason::WorkerFailure).await;
+        assert_eq!(resets.load(Ordering::SeqCst), 2);
+        assert!(out.iter().all(|(_, a)| a.restart_count == 1));
     }
 
     #[tokio::test(start_paused = true)]

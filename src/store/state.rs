@@ -328,6 +328,18 @@ impl Store {
         g.queues.clear();
     }
 
+    /// Drops every key and queue whose name starts with none of `keep`, returning how many went;
+    /// waiters stay as in [`Store::clear`]. The static rendezvous' host uses it to give each
+    /// attempt's workers an empty namespace while its own `rdrun.` keys stay.
+    pub fn clear_except(&self, keep: &[&[u8]]) -> usize {
+        let mut g = self.lock();
+        let (keys, queues) = (g.kv.len(), g.queues.len());
+        let kept = |k: &Vec<u8>| keep.iter().any(|p| k.starts_with(p));
+        g.kv.retain(|k, _| kept(k));
+        g.queues.retain(|k, _| kept(k));
+        keys + queues - g.kv.len() - g.queues.len()
+    }
+
     /// Number of connections with pending or unanswered waits, and of keys with waiters (for
     /// tests and diagnostics: both drop to zero when no wait is outstanding).
     pub fn waiter_counts(&self) -> (usize, usize) {
@@ -617,5 +629,20 @@ mod tests {
         assert!(!s.check(&[k("a")]));
         s.set(k("z"), k("1"));
         assert_eq!(s.take_ready(1), 1);
+    }
+
+    #[test]
+    fn clear_except_keeps_only_the_prefix() {
+        let s = Store::new();
+        // As on the wire: TCPStore clients send "/" + key.
+        s.set(k("/rdrun.static.job/gen"), k("1"));
+        s.set(k("/0//cpu//0/0"), k("addr"));
+        s.set(k("/rdrunner"), k("x"));
+        s.queue_push(b"q", k("1"));
+        s.queue_push(b"/rdrun.q", k("1"));
+        assert_eq!(s.clear_except(&[b"/rdrun.", b"rdrun."]), 3);
+        assert_eq!(s.list_keys(), vec![k("/rdrun.static.job/gen")]);
+        assert_eq!(s.queue_len(b"/rdrun.q"), 1);
+        assert_eq!(s.queue_len(b"q"), 0);
     }
 }

@@ -67,6 +67,14 @@ pub fn run(config: LaunchConfig) -> RunEnd {
             "supervisor::run is not on the main thread: workers get SIGKILL when this thread ends"
         );
     }
+    // Before anything is spawned: the children rdrun inherited are never its to signal.
+    let inherited = super::worker::note_inherited();
+    if !inherited.is_empty() {
+        tracing::debug!(
+            ?inherited,
+            "children inherited from the parent; never signalled"
+        );
+    }
     // Forked first, while the process has a single thread.
     // Containment hook: the watchdog creates the run's cgroup; dropping it removes the cgroup.
     let watchdog = match Watchdog::start(&config.rdzv.run_id) {

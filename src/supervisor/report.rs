@@ -156,6 +156,19 @@ impl ResolvedReport {
         self
     }
 
+    /// The status failure `i` stands for (issue 24.5): its own, except for a worker that had
+    /// failed (its error file was written before rdrun began stopping the group) and was then
+    /// ended by that stop's signal. The signal is rdrun's, not the failure: such a worker counts
+    /// as `Exited(1)`, Python's status for the uncaught exception its error file records (a
+    /// scheduler reads 143 as a preemption, and the status would depend on how fast the
+    /// worker's teardown ran).
+    fn status_of(&self, i: usize) -> WorkerStatus {
+        match self.resolved[i].stopped_after_failing {
+            true => WorkerStatus::Exited(1),
+            false => self.failures[i].status,
+        }
+    }
+
     /// The hang that is the root cause, if any ([`ResolvedReport::with_hang`]).
     pub fn hang(&self) -> Option<&str> {
         self.hang.as_deref()
@@ -170,7 +183,7 @@ impl ResolvedReport {
     /// [`WorkerStatus::launcher_exit_code`]), or a launcher failure when there is none.
     pub fn exit_code(&self) -> i32 {
         self.root
-            .map(|i| self.failures[i].status.launcher_exit_code())
+            .map(|i| self.status_of(i).launcher_exit_code())
             .filter(|&c| c != 0 || self.hang.is_none())
             .unwrap_or(crate::exit::LAUNCHER_FAILURE)
     }
@@ -276,6 +289,9 @@ struct Resolved {
     /// Traceback lines, from the error file or captured from stderr.
     traceback: Option<Vec<String>>,
     data: Option<Value>,
+    /// The worker died of a signal rdrun's stop sent after its error file recorded a failure
+    /// (see [`ResolvedReport::status_of`]).
+    stopped_after_failing: bool,
 }
 
 fn epoch_secs(t: SystemTime) -> i64 {
@@ -306,6 +322,7 @@ fn resolve(f: &Failure) -> Resolved {
         short: String::new(),
         traceback: None,
         data: None,
+        stopped_after_failing: false,
     };
     match ef {
         ErrorFile::Missing => {}
@@ -381,6 +398,7 @@ fn resolve(f: &Failure) -> Resolved {
         r.message = message;
         r.short = short;
     }
+    r.stopped_after_failing = signalled_after_failing(f, &r);
     r
 }
 
@@ -391,6 +409,14 @@ fn failed_on_its_own(f: &Failure, r: &Resolved) -> bool {
         None => true,
         Some(stop) => r.written_at.is_some_and(|ts| ts < epoch_secs(stop)),
     }
+}
+
+/// A signal that rdrun's stop sent ended a worker whose error file shows it had failed before
+/// that stop began.
+fn signalled_after_failing(f: &Failure, r: &Resolved) -> bool {
+    matches!(f.status, WorkerStatus::Signaled(_))
+        && f.stop_sent_at.is_some()
+        && failed_on_its_own(f, r)
 }
 
 /// The root cause (module doc): the workers that failed on their own first (all of them when
@@ -467,12 +493,16 @@ fn block(
     time: &dyn Fn(i64) -> String,
 ) -> String {
     let code = f.status.torchrun_code();
-    let sig = match f.status {
+    let mut sig = match f.status {
         WorkerStatus::Signaled(n) => signal_name(n)
             .map(|s| format!(" ({s})"))
             .unwrap_or_default(),
         WorkerStatus::Exited(_) => String::new(),
     };
+    if r.stopped_after_failing {
+        // rdrun's difference (issue 24.5): the signal is rdrun's stop, not the failure.
+        sig.push_str(" sent by rdrun's stop after this worker had failed (counted as exit 1)");
+    }
     format!(
         "[{idx}]:\n  time      : {}\n  host      : {host}\n  rank      : {} (local_rank: {})\n  exitcode  : {code} (pid: {}) {sig}\n  error_file: {}\n  traceback : {}",
         time(r.time),
@@ -587,8 +617,10 @@ fn suffix_overlap(tail: &[String], tb: &[String]) -> usize {
 /// The report as JSON for `--report-json` (schema `rdrun.failure-report/1`, see docs/compat.md):
 /// `{schema, name, host, exit_code, root_cause, failures: [{index, rank, local_rank, pid,
 /// exitcode, signal, time, timestamp, error_file, error_file_error, message, traceback,
-/// stderr_tail}], root_cause_kind, hang}`. `exitcode` is torchrun's (negative for a signal);
-/// `exit_code` is rdrun's; `root_cause_kind` is `"hang"` when rdrun stopped the group for a
+/// stderr_tail, stopped_by_rdrun, stopped_after_failing}], root_cause_kind, hang}`. `exitcode`
+/// is torchrun's (negative for a signal); `stopped_by_rdrun`: the signal came from rdrun's stop;
+/// `stopped_after_failing`: it did, after the worker's error file recorded its failure (the
+/// worker then counts as exit 1, [`ResolvedReport::status_of`]); `exit_code` is rdrun's; `root_cause_kind` is `"hang"` when rdrun stopped the group for a
 /// hang (then `hang` is its one-line summary, else null), otherwise `"failure"`.
 pub fn to_json(report: &ResolvedReport) -> Value {
     to_json_with(report, &format_local_time)
@@ -620,6 +652,9 @@ fn to_json_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> Value 
                 "message": r.short,
                 "traceback": r.traceback,
                 "stderr_tail": f.stderr_tail,
+                "stopped_by_rdrun": f.stop_sent_at.is_some()
+                    && matches!(f.status, WorkerStatus::Signaled(_)),
+                "stopped_after_failing": r.stopped_after_failing,
             })
         })
         .collect();
@@ -653,7 +688,7 @@ pub fn parent_error_json(report: &ResolvedReport) -> Option<Value> {
     let root = report.root?;
     let f = &report.failures[root];
     let r = &report.resolved[root];
-    let code = f.status.torchrun_code();
+    let code = report.status_of(root).torchrun_code();
     if let Some(mut data) = r.data.clone() {
         if code != 0 {
             if let Some(m) = data.get_mut("message").and_then(Value::as_object_mut) {
@@ -1164,6 +1199,50 @@ Root Cause (first observed failure):
             ..failure(1, 2, WorkerStatus::Signaled(15), T)
         };
         assert_eq!(root_cause(&[x, y]), Some(1));
+    }
+
+    /// Issue 24.5: rank 0 raised (its error file names second T) and was slow to exit; rank 1
+    /// failed on its own at T+2; rdrun's stop then SIGTERMed rank 0. Rank 0 is the root cause,
+    /// and the status is its failure's (1), not rdrun's SIGTERM (143); the report says whose
+    /// signal it was.
+    #[test]
+    fn a_failed_worker_that_rdruns_stop_then_signalled_counts_as_its_failure() {
+        let s = Scratch::new();
+        let second = failure(1, 11, WorkerStatus::Exited(1), T + 2);
+        let mut first = Failure {
+            observed_at: at(T + 2) + Duration::from_millis(30),
+            stop_sent_at: Some(at(T + 2)),
+            ..failure(0, 10, WorkerStatus::Signaled(libc::SIGTERM), T + 2)
+        };
+        first.error_file = Some(s.file("f.json", &record_json(&T.to_string())));
+        let r = report("teardown.py", vec![second.clone(), first.clone()]);
+        assert_eq!(r.root_cause(), Some(1));
+        assert_eq!(r.exit_code(), 1);
+        let out = render_with(&r, &format_utc_time);
+        let root = out.split("Root Cause").nth(1).unwrap();
+        assert!(
+            root.contains("exitcode  : -15 (pid: 10)  (SIGTERM) sent by rdrun's stop after this worker had failed (counted as exit 1)"),
+            "{out}"
+        );
+        let v = to_json_with(&r, &format_utc_time);
+        assert_eq!(v["exit_code"], 1);
+        assert_eq!(v["failures"][1]["stopped_by_rdrun"], true);
+        assert_eq!(v["failures"][1]["stopped_after_failing"], true);
+        assert_eq!(v["failures"][0]["stopped_after_failing"], false);
+        assert_eq!(parent_error_json(&r).unwrap()["message"]["errorCode"], 1);
+        // The same worker without an error file is a bystander of rank 1's failure.
+        first.error_file = None;
+        let r = report("teardown.py", vec![second.clone(), first.clone()]);
+        assert_eq!((r.root_cause(), r.exit_code()), (Some(0), 1));
+        // An error file of the stop's own second proves nothing (it may be the SIGTERM's).
+        first.error_file = Some(s.file("g.json", &record_json(&(T + 2).to_string())));
+        let r = report("teardown.py", vec![second, first]);
+        assert_eq!(r.root_cause(), Some(0));
+        assert!(
+            !to_json_with(&r, &format_utc_time)["failures"][1]["stopped_after_failing"]
+                .as_bool()
+                .unwrap()
+        );
     }
 
     #[test]

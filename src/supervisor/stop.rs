@@ -178,12 +178,13 @@ impl GroupStop {
         self.phase = Phase::Killed(Instant::now() + KILL_WAIT);
     }
 
-    /// Live descendants of rdrun, the watchdog excluded. Every member of a worker group is one
+    /// Live descendants of rdrun that it started (never what it inherited from the shell that
+    /// exec'd it, issue 24.3), the watchdog excluded. Every member of a worker group is one
     /// (a group only gains members by fork or by setpgid within its session), so this is also
     /// everything left of the attempt.
     pub(crate) fn tree(&self) -> Vec<ProcEntry> {
         let me = std::process::id() as i32;
-        worker::scan_tree(me)
+        worker::own_tree(me, worker::note_inherited())
             .into_iter()
             .filter(|p| !p.zombie && Some(p.pid) != self.watchdog_pid)
             .collect()

@@ -355,11 +355,12 @@ fn children(pid: i32) -> Vec<i32> {
     out
 }
 
-/// Records every live process below `rdrun` (the watchdog itself excluded).
+/// Records every live process below `rdrun` that rdrun started (the watchdog itself excluded).
 fn track(rdrun: i32, me: i32, st: &mut State) {
     st.tracked
         .retain(|&pid, &mut start| start_time(pid) == Some(start));
-    for p in super::worker::scan_tree(rdrun) {
+    // Only what rdrun started: never what it inherited (noted before this process was forked).
+    for p in super::worker::own_tree(rdrun, super::worker::note_inherited()) {
         if p.pid == me || p.zombie || st.tracked.contains_key(&p.pid) {
             continue;
         }

@@ -479,6 +479,9 @@ pub struct ProcEntry {
     pub pid: i32,
     pub ppid: i32,
     pub pgid: i32,
+    /// Session id: every worker leads a session of its own, so nothing a worker started can be
+    /// in rdrun's session (see [`own_tree`]).
+    pub sid: i32,
     /// State `Z`: already dead, waiting to be reaped.
     pub zombie: bool,
 }
@@ -493,10 +496,12 @@ pub fn parse_stat(line: &str) -> Option<ProcEntry> {
     let state = fields.next()?;
     let ppid = fields.next()?.parse().ok()?;
     let pgid = fields.next()?.parse().ok()?;
+    let sid = fields.next()?.parse().ok()?;
     Some(ProcEntry {
         pid,
         ppid,
         pgid,
+        sid,
         zombie: state == "Z" || state == "X",
     })
 }
@@ -558,6 +563,57 @@ pub fn scan_tree(root: i32) -> Vec<ProcEntry> {
         }
     }
     out
+}
+
+/// rdrun's children before it spawned anything (see [`note_inherited`]).
+static INHERITED: std::sync::OnceLock<Vec<i32>> = std::sync::OnceLock::new();
+
+/// Records the children this process has before it spawns any (issue 24.3): a shell that execs
+/// rdrun leaves it the children it had, e.g. the `logger` of `rdrun … > >(logger)`. They are
+/// not rdrun's to signal, count as left behind or kill when it dies. Call it first thing.
+pub fn note_inherited() -> &'static [i32] {
+    INHERITED.get_or_init(|| {
+        let me = std::process::id() as i32;
+        scan_tree(me)
+            .into_iter()
+            .filter(|p| p.ppid == me)
+            .map(|p| p.pid)
+            .collect()
+    })
+}
+
+/// The processes below `root` that rdrun started: [`scan_tree`] without `root`'s own session
+/// (workers lead sessions of their own and nothing can join another session, so a process in
+/// it is one rdrun inherited or a descendant of one) and without the `inherited` pids and their
+/// descendants (an inherited process may have made a session of its own).
+pub fn own_tree(root: i32, inherited: &[i32]) -> Vec<ProcEntry> {
+    // SAFETY: plain syscall; a pid that is gone gives -1, which matches no session.
+    let sid = unsafe { libc::getsid(root) };
+    filter_own(scan_tree(root), sid, inherited)
+}
+
+/// The pure part of [`own_tree`].
+fn filter_own(tree: Vec<ProcEntry>, root_sid: i32, inherited: &[i32]) -> Vec<ProcEntry> {
+    let mut foreign: Vec<i32> = tree
+        .iter()
+        .filter(|p| p.sid == root_sid || inherited.contains(&p.pid))
+        .map(|p| p.pid)
+        .collect();
+    // Descendants of foreign processes, whatever order the scan listed them in.
+    loop {
+        let more: Vec<i32> = tree
+            .iter()
+            .filter(|p| !foreign.contains(&p.pid) && foreign.contains(&p.ppid))
+            .map(|p| p.pid)
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        foreign.extend(more);
+    }
+    tree.into_iter()
+        .filter(|p| !foreign.contains(&p.pid))
+        .collect()
 }
 
 /// Pids of every descendant of `root` in `procs`, zombies included.
@@ -731,17 +787,19 @@ mod tests {
 
     #[test]
     fn stat_parsing() {
-        let e = parse_stat("42 (my (odd) name) S 7 42 42 0 -1 4194560").unwrap();
+        let e = parse_stat("42 (my (odd) name) S 7 42 41 0 -1 4194560").unwrap();
         assert_eq!(
             e,
             ProcEntry {
                 pid: 42,
                 ppid: 7,
                 pgid: 42,
+                sid: 41,
                 zombie: false
             }
         );
         assert!(parse_stat("43 (z) Z 1 43 43").unwrap().zombie);
+        assert_eq!(parse_stat("44 (short) S 1 44"), None);
         assert_eq!(parse_stat("garbage"), None);
     }
 
@@ -767,6 +825,7 @@ mod tests {
             pid,
             ppid,
             pgid: pid,
+            sid: pid,
             zombie,
         };
         let procs = [
@@ -781,5 +840,36 @@ mod tests {
         d.sort();
         assert_eq!(d, vec![11, 12, 13]);
         assert!(descendants_all(20, &procs).is_empty());
+    }
+
+    /// Issue 24.3: what rdrun inherited (in its session, or named at start) is not its own,
+    /// nor is anything below it; a worker's tree is, also where a member made a new session.
+    #[test]
+    fn own_tree_leaves_out_inherited_processes() {
+        let p = |pid, ppid, sid| ProcEntry {
+            pid,
+            ppid,
+            pgid: pid,
+            sid,
+            zombie: false,
+        };
+        // rdrun is 1 in session 100; 2 a logger from its shell; 3 its child in another session;
+        // 5 an inherited process that made a session of its own, 6 its child; 10 a worker
+        // (session 10) with child 11 and 12, which made session 12.
+        let tree = vec![
+            p(6, 5, 5),
+            p(2, 1, 100),
+            p(3, 2, 3),
+            p(5, 1, 5),
+            p(10, 1, 10),
+            p(11, 10, 10),
+            p(12, 11, 12),
+        ];
+        let mut own: Vec<i32> = filter_own(tree, 100, &[5])
+            .into_iter()
+            .map(|p| p.pid)
+            .collect();
+        own.sort();
+        assert_eq!(own, vec![10, 11, 12]);
     }
 }

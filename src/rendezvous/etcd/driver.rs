@@ -644,13 +644,46 @@ impl EtcdRendezvous {
         let mut renewing: HashSet<String> = HashSet::new();
         // Every request is bounded by the deadline too (one etcd request may take 5 s).
         let limit = deadline + tick;
+        // Issue 24.2: with a member of the etcd cluster down (its leader, say), a request that
+        // the client sends to that member fails at once, while the others answer. A failed
+        // read is retried until the deadline, never taken as "no peer lost": charging on the
+        // first error made a minority of etcd members decide how a node loss is attributed.
+        let mut failed_reads = 0u32;
+        // The peers of the round as last read: at the deadline, those not seen renewing are lost
+        // even when the last reads failed.
+        let mut last_ids: Option<Vec<String>> = None;
+        macro_rules! retry {
+            ($what:expr, $e:expr) => {{
+                failed_reads += 1;
+                tracing::debug!(what = $what, error = %$e, failed_reads, "17.7 wait: a read failed; retrying");
+                tokio::time::sleep(tick).await;
+                continue;
+            }};
+        }
         loop {
-            let Ok(Ok((state, _, _))) =
-                tokio::time::timeout_at(limit, read_state(&self.etcd, &self.keys)).await
-            else {
-                tracing::debug!("17.7 wait: cannot read the round state; the failure is charged");
-                return Vec::new();
-            };
+            if failed_reads > 0 && Instant::now() >= deadline {
+                let Some(ids) = last_ids else {
+                    tracing::debug!(
+                        "17.7 wait: etcd did not answer until the deadline; the failure is charged"
+                    );
+                    return Vec::new();
+                };
+                return ids
+                    .into_iter()
+                    .filter(|id| !renewing.contains(id))
+                    .collect();
+            }
+            let state =
+                match tokio::time::timeout_at(limit, read_state(&self.etcd, &self.keys)).await {
+                    Ok(Ok((state, _, _))) => state,
+                    Ok(Err(e)) => retry!("round state", e),
+                    Err(_) => {
+                        tracing::debug!(
+                            "17.7 wait: cannot read the round state; the failure is charged"
+                        );
+                        return Vec::new();
+                    }
+                };
             if state.closed {
                 tracing::debug!("17.7 wait: the rendezvous is closed");
                 return Vec::new();
@@ -665,11 +698,14 @@ impl EtcdRendezvous {
                 // change, not `PeerLost`). The old round's peers whose leases are gone are the
                 // lost ones (before, this returned none and the failure was charged: a race
                 // between the survivors, seen in `etcd::sigkilled_node_whose_peers_fail_is_not_charged`).
-                let Ok(Ok(leases)) =
-                    tokio::time::timeout_at(limit, self.etcd.leases_under(&alive_prefix)).await
-                else {
-                    return Vec::new();
-                };
+                let leases =
+                    match tokio::time::timeout_at(limit, self.etcd.leases_under(&alive_prefix))
+                        .await
+                    {
+                        Ok(Ok(leases)) => leases,
+                        Ok(Err(e)) => retry!("leases", e),
+                        Err(_) => return Vec::new(),
+                    };
                 let lost = lost_in_later_round(&self.round_peers, &leases);
                 tracing::debug!(
                     round = state.round,
@@ -679,12 +715,18 @@ impl EtcdRendezvous {
                 return lost;
             }
             let ids = watched_ids(&state, &self.me.id);
-            let Ok(Ok(leases)) =
-                tokio::time::timeout_at(limit, self.etcd.leases_under(&alive_prefix)).await
-            else {
-                tracing::debug!("17.7 wait: cannot read the peers' leases; the failure is charged");
-                return Vec::new();
-            };
+            last_ids = Some(ids.clone());
+            let leases =
+                match tokio::time::timeout_at(limit, self.etcd.leases_under(&alive_prefix)).await {
+                    Ok(Ok(leases)) => leases,
+                    Ok(Err(e)) => retry!("leases", e),
+                    Err(_) => {
+                        tracing::debug!(
+                            "17.7 wait: cannot read the peers' leases; the failure is charged"
+                        );
+                        return Vec::new();
+                    }
+                };
             let leases: HashMap<String, i64> = leases.into_iter().collect();
             let mut lost: Vec<String> = ids
                 .iter()

@@ -320,3 +320,42 @@ wait"#;
         assert!(!root.contains("ConnectionResetError"), "try {attempt}: {e}");
     }
 }
+
+/// Issue 24.5 with real torch `@record`: rank 0 fails first and is slow to exit, rank 1 fails
+/// 2.2 s later, rdrun's stop SIGTERMs rank 0. rdrun exits 1 (the failure), not 143 (its own
+/// SIGTERM); the report names rank 0 with its own traceback and says whose the -15 was.
+#[test]
+fn a_failed_worker_slow_to_exit_is_reported_by_its_failure_not_rdruns_sigterm() {
+    let Some(py) = crate::util::torch_python() else {
+        return;
+    };
+    let dir = crate::util::TempDir::new("slow_teardown");
+    let json = dir.join("report.json");
+    let out = crate::util::Rdrun::new()
+        .timeout(std::time::Duration::from_secs(180))
+        .env("PYTHON_EXEC", &py)
+        .args(["--standalone", "--nproc-per-node", "2", "--report-json"])
+        .arg(&json)
+        .arg(crate::util::torch_script("slow_teardown.py"))
+        .run();
+    out.assert_code(1);
+    let v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&json).expect("report json")).expect("json");
+    assert_eq!(v["exit_code"], 1, "{v}");
+    let root = &v["failures"][v["root_cause"].as_u64().expect("root") as usize];
+    assert_eq!(root["rank"], 0, "{v}");
+    assert!(
+        root["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("rank 0 failed first")),
+        "{v}"
+    );
+    // Rank 0 sleeps 60 s in atexit: rdrun's stop always finds it alive and SIGTERMs it.
+    assert_eq!(root["exitcode"], -15, "{v}");
+    assert_eq!(root["stopped_after_failing"], true, "{v}");
+    assert!(
+        out.stderr
+            .contains("sent by rdrun's stop after this worker had failed"),
+        "{out:?}"
+    );
+}

@@ -83,6 +83,16 @@ impl Keys {
     }
 }
 
+/// What a duplicate learnt about the agent that holds its node rank.
+enum OwnerCheck {
+    /// Its heartbeats change: a live agent holds the rank.
+    Alive,
+    /// Its job is over (closed, or its store went away): the claim can never be made; why.
+    JobOver(String),
+    /// No heartbeat for the budget: the rank may be taken over.
+    Silent,
+}
+
 /// One agent's handle on a static rendezvous (same loop shape as `C10dRendezvous`).
 pub struct StaticRendezvous<S: RdzvStore> {
     store: Arc<S>,
@@ -166,6 +176,11 @@ impl<S: RdzvStore> StaticRendezvous<S> {
     /// Claims this node rank for this agent, once (issue 17.6). A rank claimed by another agent
     /// whose heartbeats still change is an error naming that agent; one whose heartbeats stopped
     /// for the heartbeat budget (a node that died and comes back) is taken over.
+    ///
+    /// The duplicate learns its answer within the heartbeat budget whatever the job does (issue
+    /// 25.2): the owner's heartbeat is read every interval (the first change is the answer), and
+    /// a job that has already ended, or whose store goes away meanwhile, is said at once with
+    /// the owner's name, never after the rendezvous timeout as an unreachable store.
     async fn claim_rank(&mut self, deadline: Instant) -> Result<(), RendezvousError> {
         if self.claim.is_some() {
             return Ok(());
@@ -188,22 +203,75 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 return Ok(());
             }
             let other = String::from_utf8_lossy(&got).into_owned();
-            let beats = || {
-                let (store, key) = (store.clone(), keys.hb(rank));
-                async move { try_get(&*store, &key).await }
-            };
-            let before = self.retry(deadline, beats).await?;
-            tokio::time::sleep(self.settings.dead_after() + self.settings.keep_alive_interval)
-                .await;
-            let after = self.retry(deadline, beats).await?;
-            if before != after {
-                return Err(RendezvousError::RankTaken {
-                    node_rank: rank,
-                    other,
-                });
+            match self.owner_check().await {
+                OwnerCheck::Alive => {
+                    return Err(RendezvousError::RankTaken {
+                        node_rank: rank,
+                        other,
+                    })
+                }
+                OwnerCheck::JobOver(why) => {
+                    return Err(RendezvousError::RankTakenJobOver {
+                        node_rank: rank,
+                        other,
+                        why,
+                    })
+                }
+                OwnerCheck::Silent => {}
             }
             tracing::warn!(node_rank = rank, %other, "taking over the node rank of an agent that stopped heartbeating");
             expected = other;
+        }
+    }
+
+    /// Whether the agent holding this node rank still heartbeats: its heartbeat key read every
+    /// interval for the heartbeat budget (plus one interval), the job's closed key beside it.
+    /// Each read is bounded, so a store host that went away cannot hold the duplicate.
+    async fn owner_check(&self) -> OwnerCheck {
+        let s = &self.settings;
+        let (store, keys, rank) = (&self.store, &self.keys, self.node_rank);
+        let until = Instant::now() + s.dead_after() + s.keep_alive_interval;
+        let bound = s.heartbeat_timeout.max(s.keep_alive_interval);
+        let read = || async move {
+            let op = async {
+                let hb = try_get(&**store, &keys.hb(rank)).await?;
+                let closed = try_get(&**store, &keys.closed()).await?;
+                Ok::<_, StoreOpError>((hb, closed))
+            };
+            match tokio::time::timeout(bound, op).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer in {}s", bound.as_secs_f64())),
+            }
+        };
+        let over = |closed: &[u8]| {
+            OwnerCheck::JobOver(match closed_reason(closed) {
+                Some(why) => format!("that job has already ended ({why})"),
+                None => "that job has already ended".into(),
+            })
+        };
+        let gone = |e: String| {
+            OwnerCheck::JobOver(format!(
+                "that job's store went away while this agent checked it ({e}): the job ended"
+            ))
+        };
+        let first = match read().await {
+            Ok((_, Some(closed))) => return over(&closed),
+            Ok((hb, None)) => hb,
+            Err(e) => return gone(e),
+        };
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return OwnerCheck::Silent;
+            }
+            tokio::time::sleep(s.keep_alive_interval.min(until - now)).await;
+            match read().await {
+                Ok((_, Some(closed))) => return over(&closed),
+                Ok((hb, None)) if hb != first => return OwnerCheck::Alive,
+                Ok(_) => {}
+                Err(e) => return gone(e),
+            }
         }
     }
 
@@ -530,12 +598,16 @@ impl<S: RdzvStore> StaticRendezvous<S> {
 }
 
 #[cfg(test)]
+#[path = "static_dup_tests.rs"]
+mod dup_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::rendezvous::store::MemStore;
     use std::collections::BTreeMap;
 
-    fn settings(pairs: &[(&str, &str)]) -> StaticSettings {
+    pub(super) fn settings(pairs: &[(&str, &str)]) -> StaticSettings {
         let conf: BTreeMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -543,7 +615,7 @@ mod tests {
         StaticSettings::from_conf(&conf).unwrap()
     }
 
-    fn nodes(
+    pub(super) fn nodes(
         store: &MemStore,
         s: &StaticSettings,
         nprocs: &[usize],
@@ -567,7 +639,7 @@ mod tests {
             .collect()
     }
 
-    async fn round_all(
+    pub(super) async fn round_all(
         ns: Vec<StaticRendezvous<MemStore>>,
         reason: RoundReason,
     ) -> (Vec<StaticRendezvous<MemStore>>, Vec<Assignment>) {

@@ -215,7 +215,11 @@ fn dry_run_says_what_the_run_would_do() {
         line_of(o, "rendezvous"),
         "rdrun:   rendezvous       localhost:12001  (static)"
     );
-    assert_eq!(line_of(o, "run_id"), "rdrun:   run_id           81234.0");
+    assert_eq!(
+        line_of(o, "run_id"),
+        "rdrun:   run_id           81234.0  (SLURM_JOB_ID.SLURM_STEP_ID)"
+    );
+    assert_eq!(o.matches("run_id").count(), 1, "one run id row: {o}");
     let out = clean(&env, &["--print-topology=json", &x]);
     out.assert_code(0);
     let j: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("JSON");

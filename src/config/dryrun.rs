@@ -173,15 +173,14 @@ impl RunPreview {
             &self.ranks_how,
         ));
         s.push_str(&row("rendezvous", &self.endpoint, self.backend));
-        s.push_str(&row(
-            "run_id",
-            self.run_id.as_deref().unwrap_or("a fresh one at launch"),
-            if self.run_id.is_some() {
-                ""
-            } else {
-                "made up by each real run"
-            },
-        ));
+        // A known run id is the topology's own row (with its source); only its absence is said.
+        if self.run_id.is_none() {
+            s.push_str(&row(
+                "run_id",
+                "a fresh one at launch",
+                "made up by each real run",
+            ));
+        }
         s.push_str(&row("command", &self.command, ""));
         s.push_str(&row(
             "interpreter",

@@ -26,7 +26,7 @@ const JOB: &str = "81234";
 
 /// The variables Slurm 22.05 sets for task `node` of `srun -N2 --ntasks-per-node=1
 /// --gpus-per-node=2 --resv-ports` (job 81234, step 0); `port` is the reserved port.
-fn slurm_step_env(node: usize, port: u16) -> Vec<(String, String)> {
+pub(crate) fn slurm_step_env(node: usize, port: u16) -> Vec<(String, String)> {
     let list = NODES.join(",");
     let n = node.to_string();
     [

@@ -12,6 +12,8 @@
 //!   srun, salloc and sbatch launches of rdrun with no flag beyond the program.
 //! - `cluster`: scheduler environments (a Slurm step, in place too; pods and LSF hosts in network
 //!   namespaces) with no flag: one world, the topology banner, `--dry-run`, refusals.
+//! - `schedenv`: what a user sees of a scheduler environment (issue 25): the `PET_*` quirks,
+//!   one MPI rank, a node count against a fixed node set, LSF slots, what `--dry-run` adds.
 //! - `mpi`: in-place mode under a real Open MPI (`mpirun -np 4 rdrun script`, gloo all_reduce),
 //!   and node identity from the hostnames the ranks exchange.
 //! - `etcd` (feature `etcd`): the etcd v3 rendezvous against a real etcd cluster, nodes and
@@ -44,6 +46,7 @@ mod report;
 mod restart;
 mod runtime;
 mod scale;
+mod schedenv;
 mod signals;
 mod slurm;
 mod static_restart;

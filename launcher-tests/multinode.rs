@@ -1036,6 +1036,73 @@ fn static_duplicate_node_rank_is_refused_naming_the_other_agent() {
     });
 }
 
+/// Issue 25.2: a duplicate whose job ends while it checks the rank's owner is told at once,
+/// naming that agent, not after the static timeout as "store unreachable". The owner's
+/// heartbeat is made slow (every 30 s, the job's agents declare a peer dead only after 150 s)
+/// and the duplicate's budget long (200 s), so the job ends inside the duplicate's check
+/// whatever the machine's load; if the owner's heartbeat comes first, the duplicate is told
+/// that a live agent holds the rank. Either answer names the owner and comes within the bound
+/// (before the fix it came after the duplicate's whole budget, then the static timeout).
+#[test]
+fn static_duplicate_whose_job_ends_meanwhile_is_told_at_once() {
+    bounded(Duration::from_secs(240), || {
+        let dir = TempDir::new("mn_dup_rank_end");
+        let port = free_port();
+        let release = dir.join("release");
+        let slow = strings(&["--rdzv-conf", "keep_alive_interval=30"]);
+        let run = |rank: usize, extra: &[String]| {
+            agent(
+                &dir,
+                &[static_args(port, 2, rank, 1), slow.clone(), extra.to_vec()].concat(),
+            )
+            .env("MN_UNTIL", &release)
+            .spawn()
+        };
+        let a = run(0, &[]);
+        let b = run(1, &strings(&["--local-addr", "127.0.0.2"]));
+        let owner = b.pid;
+        wait_records(dir.path(), 2, 0, 2, Duration::from_secs(60));
+        let dup = agent(
+            &dir,
+            &[
+                static_args(port, 2, 1, 1),
+                strings(&[
+                    "--local-addr",
+                    "127.0.0.3",
+                    "--rdzv-conf",
+                    "keep_alive_interval=1,keep_alive_max_attempt=200,timeout=600",
+                ]),
+            ]
+            .concat(),
+        )
+        .timeout(Duration::from_secs(100))
+        .spawn();
+        // A generous time for the duplicate to connect and start its check, then the job ends.
+        std::thread::sleep(Duration::from_secs(8));
+        std::fs::write(&release, b"").expect("release the workers");
+        let (a, b) = (a.wait(), b.wait());
+        a.assert_code(0);
+        b.assert_code(0);
+        let dup = dup.wait();
+        dup.assert_code(1);
+        let errors: Vec<&str> = dup
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("rdrun: error:"))
+            .collect();
+        assert_eq!(errors.len(), 1, "{dup:?}");
+        assert!(
+            errors[0].starts_with(
+                "rdrun: error: node rank 1 is already taken by the agent on 127.0.0.2 "
+            ) && errors[0].contains(&format!("(pid {owner}"))
+                && errors[0].ends_with("give every node its own --node-rank"),
+            "{dup:?}"
+        );
+        assert!(!dup.stderr.contains("unreachable"), "{dup:?}");
+        assert_eq!(records(dir.path()).len(), 2, "no third worker");
+    });
+}
+
 /// Issue 17.8: `--nnodes 2` on one static node and `3` on the other: both say that the nodes
 /// disagree and what each said, at once, instead of a confusing rendezvous timeout.
 #[test]

@@ -1080,7 +1080,9 @@ impl Builder<'_> {
         }
     }
 
-    /// torchrun's `check_env`: on when given, else `bool(int(PET_X))`, else off.
+    /// torchrun's `check_env`: on when given, else `bool(int(PET_X))`, else off. One deliberate
+    /// difference: an empty `PET_STANDALONE` is on, because the PyTorchJob operator sets it so
+    /// for a one-replica job and the cluster reader reads it the same way (docs/compat.md).
     fn flag(&mut self, dest: &str) -> Result<bool, UsageError> {
         let id = Self::id(dest);
         if self.flags[id] {
@@ -1089,6 +1091,7 @@ impl Builder<'_> {
         let var = Self::pet_name(dest);
         match (self.env)(&var) {
             None => Ok(false),
+            Some(text) if dest == "standalone" && text.trim().is_empty() => Ok(true),
             Some(text) => match python_int(&text) {
                 Some(v) => Ok(v != 0),
                 None => Err(UsageError::InvalidEnvFlag { var, value: text }),
@@ -1394,6 +1397,12 @@ mod tests {
                     on,
                     "{pet}={text}"
                 );
+            }
+            if *pet == "PET_STANDALONE" {
+                // As PyTorchJob sets it: empty means on (issue 25.1).
+                assert!(get(&parse_env(&["t.py"], &[(pet, "")]).unwrap()), "{pet}=");
+            } else {
+                assert!(parse_env(&["t.py"], &[(pet, "")]).is_err(), "{pet}=");
             }
             let e = parse_env(&["t.py"], &[(pet, "true")]).unwrap_err();
             assert_eq!(

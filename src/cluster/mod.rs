@@ -33,6 +33,7 @@
 //! becomes a static rendezvous of one member per rank there (`config::cluster::InPlace`); the
 //! node of an MPI rank comes from [`node_of`] over the hostnames the ranks exchange.
 
+mod fixed;
 pub mod hostlist;
 pub mod readers;
 pub mod render;
@@ -384,6 +385,7 @@ pub fn detect(
     // (a Slurm step of orteds, an LSF job: exactly the job's hosts). A hostfile may name more
     // hosts than the job uses, and an MPI launcher names no node index at all: then the ranks
     // exchange their hostnames in the store instead.
+    fixed::check_node_count(&explicit, &sched)?;
     let in_place = sched
         .iter()
         .find_map(|l| l.fields.mode.as_ref())
@@ -410,12 +412,12 @@ pub fn detect(
 }
 
 /// The per-field merge: the first layer defining a field wins; a later, different value becomes
-/// a note `field: A (src) overrides B (src)`.
+/// a note `field: A (src) overrides B (src)`, values as a user writes them (`2:4`, `h0`).
 pub fn merge(layers: Vec<Layer>) -> Topology {
     let mut out = Fields::default();
     let mut notes = Vec::new();
     let mut scheduler = None;
-    fn take<T: Clone + PartialEq + fmt::Debug>(
+    fn take<T: Clone + PartialEq + render::UserText>(
         name: &str,
         out: &mut Option<Sourced<T>>,
         from: &Option<Sourced<T>>,
@@ -424,8 +426,11 @@ pub fn merge(layers: Vec<Layer>) -> Topology {
         match (out.as_ref(), from) {
             (None, Some(v)) => *out = Some(v.clone()),
             (Some(have), Some(v)) if have.value != v.value => notes.push(format!(
-                "{name}: {:?} ({}) overrides {:?} ({})",
-                have.value, have.source, v.value, v.source
+                "{name}: {} ({}) overrides {} ({})",
+                have.value.user_text(),
+                have.source,
+                v.value.user_text(),
+                v.source
             )),
             _ => {}
         }

@@ -196,8 +196,15 @@ pub fn pet(env: &dyn Env) -> R<Option<Layer>> {
         notes.push("PET_N_PROC_PER_NODE is the 2021-22 training-operator typo of PET_NPROC_PER_NODE; read it anyway".into());
         f.nproc = src(v, "PET_N_PROC_PER_NODE");
     }
-    if env.get("PET_STANDALONE").is_some() {
-        f.standalone = src(true, "PET_STANDALONE (present = on)");
+    // The command line's rule (`cli`): empty is on (as PyTorchJob sets it), else an integer,
+    // 0 = off; any other text was refused there.
+    if let Some(v) = env.get("PET_STANDALONE") {
+        let t = v.trim();
+        if t.is_empty() {
+            f.standalone = src(true, "PET_STANDALONE (empty = on)");
+        } else if t.parse::<i64>() != Ok(0) {
+            f.standalone = src(true, "PET_STANDALONE");
+        }
     }
     f.mode = src(Mode::Node, "PET_*");
     f.devices = devices(env);
@@ -502,7 +509,9 @@ pub fn mpi(env: &dyn Env, host: &HostFacts<'_>) -> R<Option<Layer>> {
             .fold(0u64, |h, b| h.wrapping_mul(131).wrapping_add(b as u64));
         (h, var.clone())
     };
-    if local_size.value == 1 && size.value > 1 {
+    // One rank on this host is node mode whatever the world (`mpirun -np 1 rdrun
+    // --nproc-per-node 2` is one task per node too): this rdrun is the node's agent.
+    if local_size.value == 1 {
         f.mode = src(Mode::Node, format!("{}=1: one rank per host", vars[3]));
         f.nnodes = src(
             NodeCount {
@@ -838,6 +847,24 @@ pub fn lsf(env: &dyn Env, host: &HostFacts<'_>) -> R<Option<Layer>> {
     f.master_port = src(derived_port(jobn, 0), "derived from LSB_JOBID");
     f.run_id = src(format!("lsf-{}", job.trim()), "LSB_JOBID");
     f.backend = src("static".into(), "LSF job: fixed hosts");
+    // LSF slots are CPU slots (`bsub -n 64 -R "span[ptile=32]"` asks for cores), so they never
+    // set the workers: a GPU job's workers are the GPUs LSF gave this host (`bsub -gpu` sets
+    // CUDA_VISIBLE_DEVICES), else torchrun's default of 1. A hostfile's `slots=N` differ: there
+    // they are DeepSpeed's device slots (docs/compat.md).
+    let slots_here = hosts[me].1;
+    f.devices = devices(env);
+    match f.devices.as_ref().filter(|d| !d.value.is_empty()) {
+        Some(d) => {
+            f.nproc = src(
+                d.value.len().to_string(),
+                "CUDA_VISIBLE_DEVICES (the GPUs LSF gave this host)",
+            );
+        }
+        None if slots_here > 1 => notes.push(format!(
+            "{var} gives this host {slots_here} slots: LSF slots are CPU slots, not workers (workers: --nproc-per-node, else the GPUs in CUDA_VISIBLE_DEVICES)"
+        )),
+        None => {}
+    }
     f.node_list = src(names, var);
     Ok(Some(Layer {
         name: "lsf".into(),

@@ -4,6 +4,36 @@
 use super::{Fields, Sourced, Topology};
 use serde_json::{json, Map, Value};
 
+/// A value as a user writes it on a command line (`3`, `2:4`, `node`, `h0`, `[a, b]`), for
+/// notes and errors: never Rust's `Debug` text (`NodeCount { min: 3, max: 3 }`).
+pub trait UserText {
+    fn user_text(&self) -> String;
+}
+
+macro_rules! user_text_by_display {
+    ($($t:ty),*) => {$(
+        impl UserText for $t {
+            fn user_text(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+
+user_text_by_display!(usize, u16, bool, String, super::NodeCount);
+
+impl UserText for super::Mode {
+    fn user_text(&self) -> String {
+        self.name().to_string()
+    }
+}
+
+impl UserText for Vec<String> {
+    fn user_text(&self) -> String {
+        short_list(self)
+    }
+}
+
 /// Every set field as `(name, value as text, source)`, in a fixed order.
 pub fn rows(f: &Fields) -> Vec<(&'static str, String, String)> {
     fn row<T>(

@@ -610,7 +610,7 @@ fn innermost_launcher_wins() {
     assert!(
         t.notes
             .iter()
-            .any(|n| n.starts_with("mode: InPlace (OMPI_COMM_WORLD_LOCAL_SIZE=4) overrides Node")),
+            .any(|n| n.starts_with("mode: in-place (OMPI_COMM_WORLD_LOCAL_SIZE=4) overrides node")),
         "{:?}",
         t.notes
     );
@@ -632,7 +632,7 @@ fn innermost_launcher_wins() {
     assert!(
         t.notes
             .iter()
-            .any(|n| n.contains("overrides \"pod-0\" (MASTER_ADDR)")),
+            .any(|n| n.contains("overrides pod-0 (MASTER_ADDR)")),
         "{:?}",
         t.notes
     );

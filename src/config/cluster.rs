@@ -38,6 +38,8 @@ pub struct ClusterPlan {
     /// Variables every worker gets from the topology: CUDA_VISIBLE_DEVICES = the slots a
     /// hostfile filter kept (DeepSpeed: slots are device indices).
     pub worker_env: Vec<(String, String)>,
+    /// A dry run's "what the run would do" rows (`super::dryrun`); `None` otherwise.
+    pub run: Option<super::dryrun::RunPreview>,
 }
 
 /// A local run that is not a dry run (test fixtures; [`plan`] fills the real one).
@@ -53,6 +55,7 @@ impl Default for ClusterPlan {
             dry_run: None,
             in_place: None,
             worker_env: Vec::new(),
+            run: None,
         }
     }
 }
@@ -63,9 +66,19 @@ impl ClusterPlan {
     pub fn banner(&self) -> Option<String> {
         match self.dry_run {
             Some(TopologyFormat::Json) => {
-                Some(format!("{}\n", cluster::render::json(&self.topology)))
+                let mut j = cluster::render::json(&self.topology);
+                if let (Some(run), Some(o)) = (&self.run, j.as_object_mut()) {
+                    o.insert("run".into(), run.json());
+                }
+                Some(format!("{j}\n"))
             }
-            Some(TopologyFormat::Text) => Some(cluster::render::text(&self.topology)),
+            Some(TopologyFormat::Text) => {
+                let mut s = cluster::render::text(&self.topology);
+                if let Some(run) = &self.run {
+                    s.push_str(&run.text());
+                }
+                Some(s)
+            }
             None if !self.detected => None,
             None => {
                 let rank = match &self.in_place {
@@ -585,6 +598,7 @@ pub(super) fn plan(
         dry_run,
         in_place,
         worker_env,
+        run: None,
     })
 }
 

@@ -13,7 +13,9 @@
 //!   in one place;
 //! - [`command`]: the worker command (program and python lookup, the `--run-path` bootstrap);
 //! - [`cluster`]: scheduler detection ([`crate::cluster::detect`]) filling what the command line
-//!   did not give, and the topology printed before spawning (`--dry-run`, `--print-topology`).
+//!   did not give, and the topology printed before spawning (`--dry-run`, `--print-topology`);
+//! - [`dryrun`]: what a dry run adds to it (world size, this node's ranks, the worker command,
+//!   the rendezvous endpoint).
 //!
 //! The per-worker rules the supervisor applies at spawn time (`${local_rank}`, OMP_NUM_THREADS,
 //! `--virtual-local-rank` devices, the signal list) live in [`crate::workerenv`].
@@ -27,12 +29,15 @@ use flags::resolve_logs;
 
 mod cluster;
 mod command;
+mod dryrun;
 mod endpoint;
 mod flags;
 pub mod hang;
 mod host;
 pub mod numa;
 pub mod observe;
+#[cfg(test)]
+mod schedenv_tests;
 pub mod torchenv;
 
 pub use cluster::{ClusterPlan, InPlace, TopologyFormat};
@@ -500,6 +505,15 @@ fn resolve_args(
         torch_env,
     };
     cfg.cluster = cluster::plan(detected, &args, &cfg)?;
+    if cfg.cluster.dry_run.is_some() {
+        // Standalone, or no --rdzv-id elsewhere: the real run makes its own id up at launch, so
+        // the one made up here is not shown as if it were the run's.
+        let fresh = cfg.standalone || args.rdzv_id.is_empty();
+        if fresh {
+            cfg.cluster.topology.fields.run_id = None;
+        }
+        cfg.cluster.run = Some(dryrun::preview(&cfg, fresh));
+    }
     Ok(cfg)
 }
 

@@ -47,6 +47,13 @@ pub enum RendezvousError {
     },
     #[error("node rank {node_rank} is already taken by the agent on {other}; give every node its own --node-rank")]
     RankTaken { node_rank: usize, other: String },
+    /// A duplicate node rank whose job is over (closed, or its store gone): said at once.
+    #[error("node rank {node_rank} is already taken by the agent on {other}, and {why}; give every node its own --node-rank")]
+    RankTakenJobOver {
+        node_rank: usize,
+        other: String,
+        why: String,
+    },
     #[error("node rank {node_rank} is outside 0..{nnodes}")]
     NodeRank { node_rank: usize, nnodes: usize },
     #[error("exit barrier timed out after {:.0}s: {arrived} of {expected} node(s) arrived", waited.as_secs_f64())]

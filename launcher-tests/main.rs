@@ -21,6 +21,7 @@
 //! - `observe`: lifecycle events, the health endpoint, `/metrics`, the waiting status line.
 //! - `compat`: torchrun features that are "same" or "improved" (issue 15): NUMA/CPU binding of
 //!   real workers over fake sysfs trees, completion scripts in the real shells, the man page.
+//! - `completion`: every flag's completion typed at a terminal (tmux) in bash, zsh and fish.
 //! - `scale`: small-size smokes of the scale benchmarks (store start-up storm), no timings.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
@@ -28,6 +29,7 @@ mod addr;
 mod cli;
 mod cluster;
 mod compat;
+mod completion;
 mod contain;
 mod env;
 #[cfg(feature = "etcd")]

@@ -604,6 +604,36 @@ fn a_node_added_mid_run_grows_the_world() {
     });
 }
 
+/// Issue 25: a successful etcd run logged `ERROR exit barrier: exit barrier ended early` — the
+/// last agent to arrive saw the barrier complete, closed and revoked its lease (its barrier key
+/// with it) before an earlier agent re-read the count. Agents finish one after another (the
+/// stragglers arrive last), several runs; every agent exits 0 and no stderr line is an ERROR.
+#[test]
+fn a_successful_run_logs_no_error() {
+    bounded(TEST_TIMEOUT, || {
+        let Some(tb) = Testbed::new(3, 1) else {
+            return;
+        };
+        for run in 0..3 {
+            let dir = TempDir::new("etcd-clean-success");
+            let running: Vec<_> = (0..3)
+                .map(|i| {
+                    tb.agent(&dir, &format!("clean{run}"), "3", i, "")
+                        .env("MN_STRAGGLE", format!("{}:1", (run + 1) % 3))
+                        .spawn()
+                })
+                .collect();
+            let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+            assert_ok(&outs);
+            for o in &outs {
+                let errors: Vec<&str> =
+                    o.stderr.lines().filter(|l| l.contains(" ERROR ")).collect();
+                assert!(errors.is_empty(), "{errors:#?}\n{o:?}");
+            }
+        }
+    });
+}
+
 /// A loopback etcd cluster of `n` members on free ports (healthy); `None` with a message when
 /// etcd is not installed.
 fn loopback_cluster(n: usize) -> Option<Cluster> {

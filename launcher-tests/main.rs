@@ -22,8 +22,10 @@
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `hang`: hang detection wired into the agent, with small budgets.
 //! - `observe`: lifecycle events, the health endpoint, `/metrics`, the waiting status line.
+//! - `observe_http`: `/metrics` by `Accept` (both Python parsers), HEAD, the health port on IPv6.
 //! - `compat`: torchrun features that are "same" or "improved" (issue 15): NUMA/CPU binding of
 //!   real workers over fake sysfs trees, completion scripts in the real shells, the man page.
+//! - `completion`: every flag's completion typed at a terminal (tmux) in bash, zsh and fish.
 //! - `scale`: small-size smokes of the scale benchmarks (store start-up storm), no timings.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
@@ -31,6 +33,7 @@ mod addr;
 mod cli;
 mod cluster;
 mod compat;
+mod completion;
 mod contain;
 mod env;
 #[cfg(feature = "etcd")]
@@ -39,6 +42,7 @@ mod hang;
 mod mpi;
 mod multinode;
 mod observe;
+mod observe_http;
 mod output;
 mod regression;
 mod rendezvous;

@@ -99,12 +99,16 @@ impl Drop for Live {
     }
 }
 
-/// GET `path` on 127.0.0.1:`port`: (status, body); `None` while nothing listens.
+/// GET `path` on 127.0.0.1:`port`: (status, body); `None` while nothing listens. Asks for
+/// OpenMetrics, as Prometheus does (the classic format: `observe_http`).
 fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-        .ok()?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text\r\n\r\n")
+            .as_bytes(),
+    )
+    .ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     let status = text.split(' ').nth(1)?.parse().ok()?;

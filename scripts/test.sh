@@ -19,7 +19,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets --features nccl -- -D warnings
-# The etcd v3 rendezvous (feature `etcd`: etcd-client over gRPC, needs protoc + protobuf headers;
+# The etcd v3 rendezvous (feature `etcd`: etcd-client over gRPC, protoc from protoc-bin-vendored;
 # `etcd-tls` adds TLS and implies `etcd`: one feature set for its lints and tests, one build).
 cargo clippy --all-targets --no-default-features --features etcd-tls -- -D warnings
 echo "== cargo test"

@@ -212,6 +212,10 @@ struct OptSpec {
     /// Default as shown in `--help`.
     default: &'static str,
     help: &'static str,
+    /// The closed set of words a [`Kind::Str`] option accepts, for the completion scripts and
+    /// the man page. The parser passes the text through unchecked (torchrun's argparse does, and
+    /// `config` gives the precise error); `config`'s tests check each word resolves.
+    values: &'static [&'static str],
 }
 
 const fn opt(
@@ -229,6 +233,7 @@ const fn opt(
         abbreviable: true,
         default,
         help,
+        values: &[],
     }
 }
 
@@ -236,6 +241,16 @@ const START_METHODS: &[&str] = &["spawn", "fork", "forkserver"];
 const NUMA_MODES: &[&str] = &["node", "socket", "exclusive", "core-complex"];
 /// torchrun offers shtab's shells (bash, zsh, tcsh); rdrun adds fish.
 pub const SHELLS: &[&str] = &["bash", "zsh", "tcsh", "fish"];
+/// `--rdzv-backend` (`etcd` is an alias of `etcd-v3`, not offered twice).
+pub const RDZV_BACKENDS: &[&str] = &["static", "c10d", "etcd-v3"];
+/// `--event-log-handler`.
+pub const EVENT_HANDLERS: &[&str] = &["null", "console"];
+/// `--leftovers`.
+pub const LEFTOVER_POLICIES: &[&str] = &["kill", "wait", "leave"];
+/// `--cluster`.
+pub const CLUSTER_CHOICES: &[&str] = &["auto", "none", "slurm", "k8s", "mpi", "lsf", "hostfile"];
+/// `--hang-detect`.
+pub const HANG_MODES: &[&str] = &["off", "observe", "kill"];
 
 /// Every option, in torchrun's registration order (which is the order argparse lists ambiguous
 /// matches in), followed by rdrun's own.
@@ -248,8 +263,11 @@ static OPTIONS: &[OptSpec] = &[
         "Number of nodes, or the range of nodes in form <minimum_nodes>:<maximum_nodes>; more than one node runs the --rdzv-backend rendezvous (static: node ranks; c10d: elastic)."),
     opt("nproc_per_node", &["--nproc-per-node", "--nproc_per_node"], Kind::Str, "1",
         "Number of workers per node; supported values: [auto, cpu, gpu, int] (int: at most 4096)."),
-    opt("rdzv_backend", &["--rdzv-backend", "--rdzv_backend"], Kind::Str, "static",
-        "Rendezvous backend: static, c10d, etcd-v3 (alias etcd; needs the `etcd` build feature)."),
+    OptSpec {
+        values: RDZV_BACKENDS,
+        ..opt("rdzv_backend", &["--rdzv-backend", "--rdzv_backend"], Kind::Str, "static",
+            "Rendezvous backend: static, c10d, etcd-v3 (alias etcd; needs the `etcd` build feature).")
+    },
     opt("rdzv_endpoint", &["--rdzv-endpoint", "--rdzv_endpoint"], Kind::Str, "",
         "Rendezvous backend endpoint; usually in form <host>:<port>."),
     opt("rdzv_id", &["--rdzv-id", "--rdzv_id"], Kind::Str, "none", "User-defined group id."),
@@ -263,8 +281,11 @@ static OPTIONS: &[OptSpec] = &[
         "Accepted for compatibility; rdrun reacts to worker exits as events and does not poll."),
     opt("start_method", &["--start-method", "--start_method"], Kind::Choice(START_METHODS), "spawn",
         "Accepted for compatibility and ignored (torchrun uses it only for Python function entrypoints)."),
-    opt("event_log_handler", &["--event-log-handler", "--event_log_handler"], Kind::Str, "null",
-        "Event logging handler: null or console (other handlers are Python plugins, not supported)."),
+    OptSpec {
+        values: EVENT_HANDLERS,
+        ..opt("event_log_handler", &["--event-log-handler", "--event_log_handler"], Kind::Str, "null",
+            "Event logging handler: null or console (other handlers are Python plugins, not supported).")
+    },
     opt("role", &["--role"], Kind::Str, "default", "User-defined role for the workers."),
     opt("module", &["-m", "--module"], Kind::Flag, "off",
         "Interpret the training script as a Python module, executing with the same behavior as 'python -m'."),
@@ -347,12 +368,14 @@ static OPTIONS: &[OptSpec] = &[
     OptSpec {
         abbreviable: false,
         pet: false,
+        values: LEFTOVER_POLICIES,
         ..opt("leftovers", &["--leftovers"], Kind::Str, "kill",
             "rdrun: processes the workers leave behind after a successful run: kill (stop them, each named at WARN), wait (until they exit), leave. Else RDRUN_LEFTOVERS.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        values: CLUSTER_CHOICES,
         ..opt("cluster", &["--cluster"], Kind::Str, "auto",
             "rdrun: scheduler detection: auto (read Slurm, Kubernetes, MPI, LSF, hostfile environments), none (a local run as torchrun), or force one of slurm, k8s, mpi, lsf, hostfile. Else RDRUN_CLUSTER.")
     },
@@ -404,24 +427,27 @@ static OPTIONS: &[OptSpec] = &[
         ..opt("metrics_addr", &["--metrics-addr", "--metrics_addr"], Kind::Str, "none",
             "rdrun: serve Prometheus metrics at http://HOST:PORT/metrics and the health state at /healthz (PORT alone: loopback). Else RDRUN_METRICS_ADDR.")
     },
-    hang_opt("hang_detect", &["--hang-detect"],
-        "rdrun: hang detection: kill (capture stacks, then stop and restart the group), observe (capture and report only), off. Default kill; observe when rdrun's stdin is a terminal. Else RDRUN_HANG_DETECT."),
-    hang_opt("hang_timeout", &["--hang-timeout"],
-        "rdrun: a hang is every rank quiet (no CPU, I/O, output or heartbeat) for this long once running (seconds, or 90s/15m/1h). Default 900. Else RDRUN_HANG_TIMEOUT."),
-    hang_opt("hang_startup_timeout", &["--hang-startup-timeout"],
-        "rdrun: the same budget from spawn until every rank has shown progress (output or a heartbeat). Default 1800. Else RDRUN_HANG_STARTUP_TIMEOUT."),
-    hang_opt("hang_exit_skew_timeout", &["--hang-exit-skew-timeout"],
-        "rdrun: a hang is also some rank exited 0 and the others quiet for this long. Default 300. Else RDRUN_HANG_EXIT_SKEW_TIMEOUT."),
-    hang_opt("hang_poll_interval", &["--hang-poll-interval"],
-        "rdrun: how often every rank's activity is sampled from /proc. Default 5. Else RDRUN_HANG_POLL_INTERVAL."),
-    hang_opt("hang_cpu_idle", &["--hang-cpu-idle"],
-        "rdrun: a rank using less CPU than this percentage of one core in a poll interval is quiet. Default 5. Else RDRUN_HANG_CPU_IDLE."),
-    hang_opt("hang_io_idle", &["--hang-io-idle"],
-        "rdrun: a rank reading+writing fewer bytes than this in a poll interval is quiet. Default 65536. Else RDRUN_HANG_IO_IDLE."),
-    hang_opt("hang_capture_timeout", &["--hang-capture-timeout"],
-        "rdrun: wall-clock bound of the capture (stacks, kernel waits) after a hang. Default 20. Else RDRUN_HANG_CAPTURE_TIMEOUT."),
-    hang_opt("py_spy", &["--py-spy"],
-        "rdrun: the py-spy binary used for the Python stacks of a hung job (else RDRUN_PY_SPY, else py-spy on PATH or beside the worker's python; absent: stacks are recorded as unavailable)."),
+    OptSpec {
+        values: HANG_MODES,
+        ..hang_opt("hang_detect", &["--hang-detect"], "kill; observe when rdrun's stdin is a terminal",
+            "rdrun: hang detection: kill (capture stacks, then stop and restart the group), observe (capture and report only), off. Else RDRUN_HANG_DETECT.")
+    },
+    hang_opt("hang_timeout", &["--hang-timeout"], "900",
+        "rdrun: a hang is every rank quiet (no CPU, I/O, output or heartbeat) for this long once running (seconds, or 90s/15m/1h). Else RDRUN_HANG_TIMEOUT."),
+    hang_opt("hang_startup_timeout", &["--hang-startup-timeout"], "1800",
+        "rdrun: the same budget from spawn until every rank has shown progress (output or a heartbeat). Else RDRUN_HANG_STARTUP_TIMEOUT."),
+    hang_opt("hang_exit_skew_timeout", &["--hang-exit-skew-timeout"], "300",
+        "rdrun: a hang is also some rank exited 0 and the others quiet for this long. Else RDRUN_HANG_EXIT_SKEW_TIMEOUT."),
+    hang_opt("hang_poll_interval", &["--hang-poll-interval"], "5",
+        "rdrun: how often every rank's activity is sampled from /proc. Else RDRUN_HANG_POLL_INTERVAL."),
+    hang_opt("hang_cpu_idle", &["--hang-cpu-idle"], "5",
+        "rdrun: a rank using less CPU than this percentage of one core in a poll interval is quiet. Else RDRUN_HANG_CPU_IDLE."),
+    hang_opt("hang_io_idle", &["--hang-io-idle"], "65536",
+        "rdrun: a rank reading+writing fewer bytes than this in a poll interval is quiet. Else RDRUN_HANG_IO_IDLE."),
+    hang_opt("hang_capture_timeout", &["--hang-capture-timeout"], "20",
+        "rdrun: wall-clock bound of the capture (stacks, kernel waits) after a hang. Else RDRUN_HANG_CAPTURE_TIMEOUT."),
+    hang_opt("py_spy", &["--py-spy"], "py-spy on PATH, else beside the worker's python",
+        "rdrun: the py-spy binary used for the Python stacks of a hung job (absent: stacks are recorded as unavailable). Else RDRUN_PY_SPY."),
 ];
 
 const TOPOLOGY_FORMATS: &[&str] = &["text", "json"];
@@ -444,12 +470,13 @@ pub const HANG_FLAGS: &[(&str, &str)] = &[
 const fn hang_opt(
     dest: &'static str,
     names: &'static [&'static str],
+    default: &'static str,
     help: &'static str,
 ) -> OptSpec {
     OptSpec {
         abbreviable: false,
         pet: false,
-        ..opt(dest, names, Kind::Str, "none", help)
+        ..opt(dest, names, Kind::Str, default, help)
     }
 }
 
@@ -489,12 +516,13 @@ pub fn flag_table() -> Vec<FlagView> {
         .map(|o| {
             let metavar = match o.dest {
                 "log_dir" => "DIR",
-                "report_json" | "hostfile" | "py_spy" => "PATH",
+                "report_json" | "hostfile" | "py_spy" | "events" => "PATH",
                 _ => "VALUE",
             };
             let value = match o.kind {
                 Kind::Flag | Kind::Help | Kind::Man => FlagValue::None,
                 Kind::Choice(c) => FlagValue::Choice(c),
+                Kind::Str if !o.values.is_empty() => FlagValue::Choice(o.values),
                 Kind::Completion => FlagValue::Choice(SHELLS),
                 Kind::OptionalChoice(c) => FlagValue::OptionalChoice(c),
                 _ if metavar != "VALUE" => FlagValue::Path { metavar },

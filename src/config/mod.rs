@@ -734,4 +734,46 @@ mod tests {
         assert_eq!(c.command.args, vec!["-u", "t.py", "x"]);
         assert_eq!(c.local_addr, None);
     }
+
+    /// The words the completion scripts offer (`cli`'s closed value sets) are exactly words
+    /// `config` accepts, and the hang flags' shown defaults are the ones [`hang::HangSettings`]
+    /// uses (issue 25: one default, stated once).
+    #[test]
+    fn completed_words_resolve_and_shown_defaults_hold() {
+        for v in crate::cli::RDZV_BACKENDS {
+            assert!(endpoint::parse_backend(v).is_ok(), "{v}");
+        }
+        for v in crate::cli::HANG_MODES {
+            assert!(v.parse::<hang::HangMode>().is_ok(), "{v}");
+        }
+        for v in crate::cli::LEFTOVER_POLICIES {
+            assert!(LeftoverPolicy::parse(v).is_some(), "{v}");
+        }
+        for v in crate::cli::CLUSTER_CHOICES {
+            assert!(crate::cluster::ClusterChoice::parse(v).is_ok(), "{v}");
+        }
+        for v in crate::cli::EVENT_HANDLERS {
+            assert!(observe::resolve(None, v, None, &|_| None).is_ok(), "{v}");
+        }
+        let d = hang::HangSettings::default();
+        let shown = |name: &str| {
+            crate::cli::flag_table()
+                .into_iter()
+                .find(|f| f.names[0] == name)
+                .map(|f| f.default)
+                .unwrap()
+        };
+        assert!(shown("--hang-detect").starts_with(&d.mode.to_string()));
+        for (name, secs) in [
+            ("--hang-timeout", d.steady_budget),
+            ("--hang-startup-timeout", d.startup_budget),
+            ("--hang-exit-skew-timeout", d.exit_skew_budget),
+            ("--hang-poll-interval", d.poll_interval),
+            ("--hang-capture-timeout", d.capture_timeout),
+        ] {
+            assert_eq!(shown(name), secs.as_secs().to_string(), "{name}");
+        }
+        assert_eq!(shown("--hang-cpu-idle"), format!("{}", d.cpu_idle_pct));
+        assert_eq!(shown("--hang-io-idle"), d.io_idle_bytes.to_string());
+    }
 }

@@ -480,6 +480,11 @@ impl LogLimiter {
         Some(self.summary())
     }
 
+    /// Whether events are held back for a summary.
+    pub fn holding(&self) -> bool {
+        self.held > 0
+    }
+
     /// The summary of held-back events now, interval or not (nothing is lost at shutdown).
     pub fn flush_all(&mut self) -> Option<String> {
         (self.held > 0).then(|| self.summary())

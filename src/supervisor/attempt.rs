@@ -22,9 +22,11 @@ use tokio::time::{Duration, Instant};
 use crate::config::{LaunchConfig, LeftoverPolicy};
 use crate::exit::WorkerStatus;
 use crate::rendezvous::{Assignment, RdzvEvent, RoundReason};
+use crate::store::server::LogLimiter;
 use crate::store::state::Store;
 
 use super::dstate::DStateWatch;
+use super::hang::filetimer::scope_list;
 use super::hang::RankProcs;
 use super::hang::{HangSettings, TimerExpiry};
 use super::hanglink::{
@@ -230,6 +232,8 @@ pub(super) struct Group {
     /// The capture of this attempt's last FileTimer expiry: the root cause when the expired
     /// rank then fails (it may survive a catchable signal; then it is no failure at all).
     timer_found: Option<HangFinding>,
+    /// FileTimer expiries of processes outside the worker trees: one line per interval.
+    outside_warns: LogLimiter,
     /// TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT's watch (`None` when unset).
     pub(super) dstate: Option<DStateWatch>,
 }
@@ -317,6 +321,10 @@ impl Group {
             hang: None,
             timer_capture: None,
             timer_found: None,
+            outside_warns: LogLimiter::new(
+                super::hang::filetimer::WARN_INTERVAL,
+                "FileTimer expiries outside the worker trees",
+            ),
             dstate: config
                 .torch_env
                 .uninterruptible_timeout
@@ -607,8 +615,9 @@ impl Group {
         let slot_of =
             |pid: i32| owning_worker(pid, &live).and_then(|w| slots.iter().find(|s| s.pid == w));
         let expired = match wake {
-            TimerWake::Msg(Err(why)) => {
-                tracing::warn!("FileTimer: ignored a malformed request: {why}");
+            // Already rate-limited by the FIFO reader (one line per interval).
+            TimerWake::Msg(Err(line)) => {
+                tracing::warn!("FileTimer: {line}");
                 return;
             }
             TimerWake::Msg(Ok(msg)) => {
@@ -618,28 +627,37 @@ impl Group {
                 timers.apply(msg);
                 return;
             }
-            TimerWake::Check => timers.expired(),
+            TimerWake::Check => {
+                if let Some(line) = self.outside_warns.flush(Instant::now()) {
+                    tracing::warn!("FileTimer: {line}");
+                }
+                timers.expired()
+            }
         };
         // What to capture, and what to signal after it (signal number, local rank).
         let mut targets: Vec<ExpiredTarget> = Vec::new();
         let mut sigs: Vec<(TimerExpiry, i32, usize)> = Vec::new();
         for e in expired {
-            let scopes: Vec<String> = e.timers.iter().map(|t| t.scope_id.clone()).collect();
             // A missed heartbeat is the hang detector's to judge (and report), whether its
             // process still lives or was already stopped (a hang verdict stops the group
             // before the heartbeat's own expiry comes due).
-            let heartbeat_only = scopes
+            let heartbeat_only = e
+                .timers
                 .iter()
-                .all(|s| super::hanglink::is_heartbeat_scope(s));
+                .all(|t| super::hanglink::is_heartbeat_scope(&t.scope_id));
+            // Capped: every line and report below names at most a few (issue 25).
+            let scopes = scope_list(&e.timers);
             if e.signal.is_none() && heartbeat_only {
                 continue;
             }
             let Some(s) = slot_of(e.pid) else {
-                tracing::warn!(
-                    pid = e.pid,
-                    ?scopes,
-                    "FileTimer expired for a process outside every worker's tree; not signalled"
-                );
+                let what = format!("pid {} (scopes {scopes:?})", e.pid);
+                if let Some(line) = self.outside_warns.event(Instant::now(), what) {
+                    tracing::warn!(
+                        "FileTimer expired for a process outside every worker's tree; not \
+                         signalled: {line}"
+                    );
+                }
                 continue;
             };
             let Some(sig) = e.signal else {
@@ -720,6 +738,9 @@ impl Group {
         stop_output: &watch::Sender<bool>,
         obs: &Observer,
     ) -> Outcome {
+        if let Some(line) = self.outside_warns.flush_all() {
+            tracing::warn!("FileTimer: {line}");
+        }
         obs.get().attempt_over();
         // Workers whose exit came in the very last batch (after a deadline) are failures too.
         let now = SystemTime::now();

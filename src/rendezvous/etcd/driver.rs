@@ -77,6 +77,10 @@ impl Keys {
     fn barrier(&self, round: u64) -> String {
         format!("{}barrier/{round}/", self.base)
     }
+    /// Written (without a lease) by the first agent that saw the round's barrier complete.
+    fn barrier_done(&self, round: u64) -> String {
+        format!("{}barrier_done/{round}", self.base)
+    }
     /// The assignment's `store_prefix` (as c10d's: `rdrun.rendezvous.<run_id>`).
     fn store_prefix(&self) -> String {
         format!("rdrun.rendezvous.{}", self.run_id)
@@ -528,10 +532,15 @@ impl EtcdRendezvous {
         .await?;
         let mut waker: Option<Waker> = None;
         let mut arrived = 0usize;
+        let done = self.keys.barrier_done(asg.round);
         loop {
             if let Ok((kvs, revision)) = self.etcd.get_prefix(&prefix).await {
                 arrived = kvs.len();
                 if arrived >= asg.group_world_size {
+                    // Before this agent closes and revokes its lease (its barrier key goes with
+                    // it): an agent still waiting then finds the barrier complete, not a peer
+                    // gone or the rendezvous closed (issue 25: an ERROR line on success).
+                    let _ = self.etcd.put(&done, b"1".to_vec(), None).await;
                     return Ok(());
                 }
                 if waker.is_none() {
@@ -565,9 +574,15 @@ impl EtcdRendezvous {
                 } => Some(ev),
             };
             if let Some(ev) = ev {
-                // The count first: the last agent's close follows its complete barrier.
+                // The count first: the last agent's close follows its complete barrier; an
+                // agent that saw it complete has marked it done before it closed and left.
                 if let Ok((kvs, _)) = self.etcd.get_prefix(&prefix).await {
                     if kvs.len() >= asg.group_world_size {
+                        return Ok(());
+                    }
+                }
+                if let Ok(r) = self.etcd.get(&done).await {
+                    if r.value.is_some() {
                         return Ok(());
                     }
                 }

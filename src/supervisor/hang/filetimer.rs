@@ -13,6 +13,13 @@
 //! The FIFO is created 0600 (its directory should be private), opened read-write and
 //! non-blocking before any worker starts — so a client's `O_WRONLY|O_NONBLOCK` open never gets
 //! ENXIO and the reader never sees EOF — and removed when [`TimerFifo`] is dropped.
+//!
+//! What rdrun says about the FIFO is bounded (issue 25: 200,000 malformed lines gave 200,252
+//! WARN lines; 20,000 expired scopes of one pid one 20 MB line): malformed lines are counted in
+//! the reader task and reported as the store's warnings are ([`LogLimiter`]: the first of a
+//! quiet period at once, then one summary per [`WARN_INTERVAL`]), so they are never queued one
+//! by one; and a log line lists at most [`MAX_LISTED`] scopes of [`MAX_SCOPE_CHARS`] each
+//! ([`scope_list`]).
 
 use std::collections::HashMap;
 use std::io;
@@ -21,8 +28,35 @@ use std::path::{Path, PathBuf};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 
+use crate::store::server::LogLimiter;
+
 /// Longest request line torch's client sends, newline excluded (`select.PIPE_BUF`).
 pub const MAX_LINE: usize = 4096;
+
+/// At most one warning line about the FIFO's malformed requests per this interval (the store's
+/// interval for its warnings).
+pub const WARN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// Scopes one log line names; more are counted.
+pub const MAX_LISTED: usize = 8;
+/// Characters of one scope id in a log line; longer ones are cut (with `...`).
+pub const MAX_SCOPE_CHARS: usize = 200;
+
+/// The scope ids of `timers` for a log line: at most [`MAX_LISTED`], each at most
+/// [`MAX_SCOPE_CHARS`] characters, and a last entry `(N more)` for the rest.
+pub fn scope_list(timers: &[Timer]) -> Vec<String> {
+    let mut out: Vec<String> = timers
+        .iter()
+        .take(MAX_LISTED)
+        .map(|t| match t.scope_id.char_indices().nth(MAX_SCOPE_CHARS) {
+            Some((at, _)) => format!("{}...", &t.scope_id[..at]),
+            None => t.scope_id.clone(),
+        })
+        .collect();
+    if timers.len() > MAX_LISTED {
+        out.push(format!("({} more)", timers.len() - MAX_LISTED));
+    }
+    out
+}
 
 /// One request.
 #[derive(Debug, Clone, PartialEq)]
@@ -250,8 +284,10 @@ impl TimerFifo {
     }
 
     /// Opens the reading end (read-write, non-blocking: never EOF, writers never ENXIO) and
-    /// spawns the reader task, which sends every parsed line on the returned channel until the
-    /// receiver is dropped. Must run inside a tokio runtime.
+    /// spawns the reader task, which sends every request on the returned channel until the
+    /// receiver is dropped. Malformed lines are not sent one by one: the channel carries
+    /// `Err(line)` only for a warning line to print, at most one per [`WARN_INTERVAL`] (see the
+    /// module docs). Must run inside a tokio runtime.
     pub fn serve(&self) -> io::Result<mpsc::UnboundedReceiver<Result<TimerMsg, String>>> {
         let mut rx = tokio::net::unix::pipe::OpenOptions::new()
             .read_write(true)
@@ -259,6 +295,7 @@ impl TimerFifo {
         let (tx, out) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut split = LineSplitter::default();
+            let mut warns = MalformedWarnings::new(WARN_INTERVAL);
             let mut buf = vec![0u8; 8192];
             loop {
                 let n = tokio::select! {
@@ -267,15 +304,65 @@ impl TimerFifo {
                         Ok(n) => n,
                     },
                     _ = tx.closed() => break,
+                    // A summary of what was held back comes due.
+                    _ = tokio::time::sleep(WARN_INTERVAL), if warns.holding() => 0,
                 };
+                let now = tokio::time::Instant::now();
+                let mut send = Vec::new();
                 for m in split.push(&buf[..n]) {
+                    match m {
+                        Ok(m) => send.push(Ok(m)),
+                        Err(why) => send.extend(warns.malformed(now, why).map(Err)),
+                    }
+                }
+                send.extend(warns.due(now).map(Err));
+                for m in send {
                     if tx.send(m).is_err() {
                         return;
                     }
                 }
             }
+            if let Some(line) = warns.flush_all() {
+                let _ = tx.send(Err(line));
+            }
         });
         Ok(out)
+    }
+}
+
+/// The warning lines about malformed requests: the first of a quiet period names it, later ones
+/// are counted into one summary per interval.
+#[derive(Debug)]
+pub struct MalformedWarnings(LogLimiter);
+
+impl MalformedWarnings {
+    pub fn new(interval: std::time::Duration) -> MalformedWarnings {
+        MalformedWarnings(LogLimiter::new(interval, "malformed requests ignored"))
+    }
+
+    /// One malformed line (`why`); the warning line to print now, if any.
+    pub fn malformed(&mut self, now: tokio::time::Instant, why: String) -> Option<String> {
+        let first = !self.holding();
+        let line = self.0.event(now, why)?;
+        Some(match first {
+            true => format!("ignored a malformed request: {line}"),
+            false => line,
+        })
+    }
+
+    /// The summary of held-back lines, once the interval has passed.
+    pub fn due(&mut self, now: tokio::time::Instant) -> Option<String> {
+        self.0.flush(now)
+    }
+
+    /// The summary of held-back lines now (the reader is ending).
+    pub fn flush_all(&mut self) -> Option<String> {
+        self.0.flush_all()
+    }
+
+    /// Whether some lines are held back for a summary.
+    pub fn holding(&self) -> bool {
+        self.0.holding()
     }
 }
 
@@ -482,5 +569,82 @@ mod tests {
         drop(rx);
         drop(fifo);
         assert!(!path.exists(), "FIFO left behind");
+    }
+
+    /// Issue 25: 200,000 malformed lines gave 200,252 warning lines. Now the first is named,
+    /// the rest of the flood is one summary line with the count, and good requests still pass.
+    #[tokio::test]
+    async fn a_flood_of_malformed_lines_is_one_warning_and_one_summary() {
+        let tmp = tempfile::Builder::new()
+            .prefix("rdrun-ft-")
+            .tempdir()
+            .unwrap();
+        let path = tmp.path().join("timer");
+        let fifo = TimerFifo::create(&path).unwrap();
+        let mut rx = fifo.serve().unwrap();
+        let n = 20_000;
+        let writer = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                let junk = "not json\n".repeat(1000);
+                for _ in 0..n / 1000 {
+                    f.write_all(junk.as_bytes()).unwrap();
+                }
+                f.write_all(format!("{ACQ}\n").as_bytes()).unwrap();
+            })
+        };
+        let bound = std::time::Duration::from_secs(60);
+        let mut warnings = Vec::new();
+        // Every line is read once the acquire arrives; then the reader ends (dropped FIFO
+        // reader: the receiver closes) and flushes its summary.
+        loop {
+            match tokio::time::timeout(bound, rx.recv())
+                .await
+                .unwrap()
+                .unwrap()
+            {
+                Ok(TimerMsg::Acquire { pid: 17818, .. }) => break,
+                Ok(m) => panic!("unexpected {m:?}"),
+                Err(line) => warnings.push(line),
+            }
+        }
+        writer.join().unwrap();
+        assert!(warnings.len() <= 2, "{warnings:#?}");
+        assert!(
+            warnings[0].starts_with("ignored a malformed request: timer request is not JSON"),
+            "{warnings:#?}"
+        );
+        // The held-back rest comes as one summary (here: when the interval passes).
+        let summary = match warnings.get(1) {
+            Some(s) => s.clone(),
+            None => tokio::time::timeout(WARN_INTERVAL * 3, rx.recv())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap_err(),
+        };
+        assert!(
+            summary.starts_with(&format!("{} more malformed requests ignored", n - 1)),
+            "{summary}"
+        );
+    }
+
+    #[test]
+    fn scope_lists_are_capped() {
+        let t = |s: &str| Timer {
+            scope_id: s.to_string(),
+            expiration_time: 1.0,
+            signal: 9,
+        };
+        let few: Vec<Timer> = ["a", "b"].iter().map(|s| t(s)).collect();
+        assert_eq!(scope_list(&few), ["a", "b"]);
+        let long = "x".repeat(1024);
+        let many: Vec<Timer> = (0..20_000).map(|_| t(&long)).collect();
+        let l = scope_list(&many);
+        assert_eq!(l.len(), MAX_LISTED + 1);
+        assert_eq!(l[0], format!("{}...", "x".repeat(MAX_SCOPE_CHARS)));
+        assert_eq!(l[MAX_LISTED], format!("({} more)", 20_000 - MAX_LISTED));
+        assert!(format!("{l:?}").len() < 4096);
     }
 }

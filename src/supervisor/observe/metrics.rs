@@ -1,6 +1,11 @@
 //! The `/metrics` registry (Prometheus text format, through the `prometheus-client` crate: the
 //! maintained, dependency-light client of the Prometheus project's Rust org, whose text encoder
-//! gets names, escaping, `_total` suffixes and `# EOF` right so rdrun need not).
+//! gets names, escaping, `_total` suffixes and `# EOF` right so rdrun need not). Its encoder
+//! writes OpenMetrics; [`super::exposition`] gives the classic format to clients that ask for it.
+//!
+//! Every series whose labels are known up front exists from the first scrape, at 0: a counter
+//! that appears only with its first increment hides that increment from `rate()`/`increase()`
+//! (issue 25: one restart, `increase(rdrun_restarts_total[10m])` = 0).
 //!
 //! The agent updates the values where things happen (through [`super::Observer`]); the output
 //! watch and the store counters are sampled when a scrape comes (and every [`SAMPLE`] for the
@@ -152,6 +157,12 @@ impl Metrics {
             "Store WAIT/BARRIER requests not answered yet",
             m.store_waits.clone(),
         );
+        for charged in [true, false] {
+            drop(
+                m.restarts
+                    .get_or_create(&[("charged", charged.to_string())]),
+            );
+        }
         Metrics { registry, ..m }
     }
 
@@ -246,15 +257,20 @@ impl Metrics {
         *seen = Some(now);
     }
 
-    /// The text exposition (`# EOF` terminated, OpenMetrics-compatible text).
-    pub fn render(&self) -> String {
+    /// The text exposition: OpenMetrics (`# EOF` terminated) or, `openmetrics` false, the
+    /// classic text format 0.0.4.
+    pub fn render(&self, openmetrics: bool) -> String {
         self.sample_outputs();
         self.sample_store();
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
-        out
+        if openmetrics {
+            out
+        } else {
+            super::exposition::classic(&out)
+        }
     }
 }
 
@@ -278,7 +294,7 @@ mod tests {
         m.rendezvous_took(Duration::from_millis(1500));
         tokio::time::advance(Duration::from_secs(2)).await;
         c.add(10);
-        let text = m.render();
+        let text = m.render(true);
         for want in [
             "rdrun_workers_up{local_rank=\"0\"} 1",
             "rdrun_workers_up{local_rank=\"1\"} 0",
@@ -296,6 +312,30 @@ mod tests {
         assert!(text.contains("rdrun_store_operations_total{op=\"get\"}"));
         // A new attempt forgets the old workers.
         m.attempt_begins(2);
-        assert!(!m.render().contains("rdrun_workers_up{"));
+        assert!(!m.render(true).contains("rdrun_workers_up{"));
+    }
+
+    /// Issue 25: both `charged` series of the restart counter exist at 0 before any restart,
+    /// in either format.
+    #[test]
+    fn counters_exist_at_zero_from_the_first_scrape() {
+        let m = Metrics::new();
+        for open in [true, false] {
+            let text = m.render(open);
+            for want in [
+                "rdrun_restarts_total{charged=\"true\"} 0",
+                "rdrun_restarts_total{charged=\"false\"} 0",
+                "rdrun_rendezvous_seconds_total 0",
+                "rdrun_store_connections_accepted_total ",
+            ] {
+                assert!(text.contains(want), "{want} missing in\n{text}");
+            }
+        }
+        let classic = m.render(false);
+        assert!(
+            classic.contains("# TYPE rdrun_restarts_total counter\n"),
+            "{classic}"
+        );
+        assert!(!classic.contains("# EOF"), "{classic}");
     }
 }

@@ -1,6 +1,7 @@
 //! Watching a run from outside (issue 15): the lifecycle event log ([`lifecycle`]), the health
-//! state and endpoint ([`health`]), the Prometheus metrics ([`metrics`]) over a minimal HTTP
-//! responder ([`http`]), and the status line while rdrun waits ([`status`]).
+//! state and endpoint ([`health`]), the Prometheus metrics ([`metrics`]; OpenMetrics or classic
+//! text as the request's `Accept` asks, [`exposition`]) over a minimal HTTP responder
+//! ([`http`]), and the status line while rdrun waits ([`status`]).
 //!
 //! The agent owns one [`Observer`] and calls it where things happen (one line per hook); the
 //! observer turns each call into an event, a health state and metric values, so the agent's
@@ -8,6 +9,7 @@
 //! started: a sink that breaks is dropped with one warning. Only binding the ports and opening
 //! `--events` fail the launch, before anything starts.
 
+pub mod exposition;
 pub mod health;
 pub mod http;
 pub mod lifecycle;
@@ -109,12 +111,19 @@ impl Inner {
         if let Some(addr) = o.metrics_addr {
             let m = Arc::new(Metrics::new());
             let (mm, hh) = (m.clone(), health.clone());
-            let handler: http::Handler = Arc::new(move |path: &str| match path {
-                "/metrics" => http::Response {
-                    status: 200,
-                    content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    body: mm.render(),
-                },
+            let handler: http::Handler = Arc::new(move |req: &http::Request| match &*req.path {
+                "/metrics" => {
+                    let open = exposition::wants_openmetrics(req.accept.as_deref());
+                    http::Response {
+                        status: 200,
+                        content_type: if open {
+                            exposition::OPENMETRICS
+                        } else {
+                            exposition::CLASSIC
+                        },
+                        body: mm.render(open),
+                    }
+                }
                 "/healthz" => hh.response(),
                 _ => http::text(404, "not found: try /metrics or /healthz\n"),
             });
@@ -134,11 +143,20 @@ impl Inner {
             metrics = Some(m);
         }
         if let Some(port) = o.health_port {
-            // Every address: a health probe (a kubelet) comes over the pod's address.
-            let addr = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+            // Every address, IPv6 too: a health probe (a kubelet) comes over the pod's address,
+            // which may be IPv6. `[::]` is dual-stack (IPv4 clients arrive as mapped addresses);
+            // a host without IPv6 gets the IPv4 wildcard.
             let hh = health.clone();
-            let handler: http::Handler = Arc::new(move |_: &str| hh.response());
-            let (bound, task) = http::serve(addr, handler).await.map_err(|e| {
+            let handler: http::Handler = Arc::new(move |_: &http::Request| hh.response());
+            let any6 = std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
+            let served = match http::serve(any6, handler.clone()).await {
+                Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+                    let any4 = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+                    http::serve(any4, handler).await
+                }
+                r => r,
+            };
+            let (bound, task) = served.map_err(|e| {
                 format!("TORCHELASTIC_HEALTH_CHECK_PORT={port}: cannot listen: {e}")
             })?;
             tracing::info!("serving the health check on port {}", bound.port());
@@ -222,6 +240,9 @@ impl Inner {
         match res {
             Ok(asg) => {
                 self.common.node_rank = Some(asg.group_rank);
+                // The round's job-wide restart count is the attempt its workers run
+                // (TORCHELASTIC_RESTART_COUNT); a node joining late learns it only here.
+                self.common.attempt = asg.restart_count;
                 let members: Vec<Value> = asg
                     .nodes
                     .iter()
@@ -422,6 +443,8 @@ impl Inner {
             "restart",
             obj(json!({"next_attempt": next, "charged": charged, "kind": kind})),
         );
+        // What follows (the next round's rendezvous events) belongs to the next attempt.
+        self.common.attempt = next;
     }
 
     /// The hang detector's verdict.
@@ -533,4 +556,85 @@ fn config_json(c: &LaunchConfig) -> Value {
         "leftovers": format!("{:?}", c.leftovers).to_lowercase(),
         "hang_detect": format!("{:?}", c.hang.mode).to_lowercase(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::observe::EventsDest;
+
+    /// Issue 25: the restart round's rendezvous events said `attempt 0` beside
+    /// `restart_count 1`. Every event after `restart` carries the next attempt.
+    #[tokio::test]
+    async fn restart_round_events_carry_the_next_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let mut config = crate::config::testkit::launch_config(false, "127.0.0.1", Some(1));
+        config.observe.events = Some(EventsDest::File(path.clone()));
+        let mut obs = Inner::start(&config, "h").await.unwrap();
+        let asg = |restart_count| Assignment {
+            round: u64::from(restart_count),
+            group_rank: 0,
+            group_world_size: 1,
+            local_world_size: 1,
+            base_rank: 0,
+            world_size: 1,
+            master_addr: "127.0.0.1".into(),
+            master_port: 1,
+            restart_count,
+            reason: RoundReason::Initial,
+            store_prefix: String::new(),
+            nodes: vec![(String::new(), 1)],
+            uniform_nproc: true,
+        };
+        obs.rendezvous_begins(RoundReason::Initial);
+        obs.rendezvous_ended(Ok(&asg(0)));
+        obs.attempt_begins(0, None);
+        obs.restart(1, true, "restart");
+        obs.rendezvous_begins(RoundReason::WorkerFailure);
+        obs.rendezvous_ended(Ok(&asg(1)));
+        obs.attempt_begins(1, None);
+        drop(obs);
+        let lines: Vec<Value> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let got: Vec<(String, u64)> = lines
+            .iter()
+            .map(|v| {
+                (
+                    v["event"].as_str().unwrap().to_string(),
+                    v["attempt"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let want: Vec<(String, u64)> = [
+            ("run_start", 0),
+            ("rendezvous_start", 0),
+            ("rendezvous_complete", 0),
+            ("restart", 0),
+            ("rendezvous_start", 1),
+            ("rendezvous_complete", 1),
+        ]
+        .iter()
+        .map(|(e, a)| (e.to_string(), *a))
+        .collect();
+        assert_eq!(got, want);
+        // A node joining late (its own count 0) runs the round's attempt.
+        let mut late = Inner::start(&config, "h").await.unwrap();
+        late.rendezvous_begins(RoundReason::Initial);
+        late.rendezvous_ended(Ok(&asg(3)));
+        drop(late);
+        let last: Value = serde_json::from_str(
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .lines()
+                .last()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(last["event"], "rendezvous_complete");
+        assert_eq!(last["attempt"], 3);
+    }
 }

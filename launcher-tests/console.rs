@@ -31,6 +31,12 @@ enum Dest {
     Slow,
 }
 
+/// A pipe whose ends rdrun and its workers do not inherit (close-on-exec): a read end left in
+/// them would keep the pipe open after the test closed its own.
+fn pipe() -> (OwnedFd, OwnedFd) {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe")
+}
+
 /// A pipe's read end read by a thread: at once, or slowly (`chunk` bytes, then `pause`).
 fn reader(r: OwnedFd, chunk: usize, pause: Duration) -> JoinHandle<Vec<u8>> {
     std::thread::spawn(move || {
@@ -61,12 +67,12 @@ fn open(dest: Dest) -> (Stdio, Option<JoinHandle<Vec<u8>>>) {
             (Stdio::from(f), None)
         }
         Dest::Closed => {
-            let (r, w) = nix::unistd::pipe().expect("pipe");
+            let (r, w) = pipe();
             drop(r);
             (Stdio::from(w), None)
         }
         Dest::Read | Dest::Slow => {
-            let (r, w) = nix::unistd::pipe().expect("pipe");
+            let (r, w) = pipe();
             let slow = dest == Dest::Slow;
             let (chunk, pause) = if slow {
                 (64, Duration::from_millis(2))
@@ -151,7 +157,7 @@ fn closed_stdout_and_stderr_keep_the_workers_status() {
 #[test]
 fn head_one_of_both_streams_keeps_the_workers_status() {
     use std::io::{BufRead, BufReader};
-    let (r, w) = nix::unistd::pipe().expect("pipe");
+    let (r, w) = pipe();
     let w2 = w.try_clone().expect("dup");
     let running = Rdrun::new()
         .args(["--standalone", "--nproc_per_node=2", "--no-python"])
@@ -197,7 +203,7 @@ fn slow_console_keeps_the_workers_status_and_lines() {
         }
     }
     // Both streams into one slowly read pipe (a slow terminal).
-    let (r, w) = nix::unistd::pipe().expect("pipe");
+    let (r, w) = pipe();
     let w2 = w.try_clone().expect("dup");
     let read = reader(r, 64, Duration::from_millis(2));
     let run = Rdrun::new()
@@ -221,7 +227,7 @@ fn slow_console_keeps_the_workers_status_and_lines() {
 fn own_lines_never_glued_onto_an_open_worker_line() {
     let dir = TempDir::new("console-glue");
     let pidfile = dir.join("escapee");
-    let (r, w) = nix::unistd::pipe().expect("pipe");
+    let (r, w) = pipe();
     let w2 = w.try_clone().expect("dup");
     let read = reader(r, 64 << 10, Duration::ZERO);
     let script =
@@ -302,7 +308,7 @@ fn stress_every_line_whole_once_and_in_order_on_a_slow_console() {
     const RANKS: u32 = 6;
     const LINES: u64 = 3000;
     let worker = util::worker("console_burst");
-    let (r, w) = nix::unistd::pipe().expect("pipe");
+    let (r, w) = pipe();
     let w2 = w.try_clone().expect("dup");
     // Under 1 MB/s for about 4 MB: the workers finish long before the console has read what
     // they wrote (rdrun's reader ends seconds behind them).

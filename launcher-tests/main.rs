@@ -3,6 +3,8 @@
 //!
 //! - `util`: the `Rdrun` runner builder, temp dirs, hard timeouts, process-leak checks.
 //! - `cli`, `env`, `restart`, `signals`, `output`, `report`: the launcher (single node).
+//! - `console`: closed, full and slow consoles never panic rdrun; the console stress probe (many
+//!   ranks, a slow reader: every line whole, once, in order).
 //! - `store`: the TCPStore-compatible server and client over 127.0.0.1.
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
 //! - `rendezvous`: multi-node launches on loopback and in network namespaces.
@@ -34,6 +36,7 @@ mod cli;
 mod cluster;
 mod compat;
 mod completion;
+mod console;
 mod contain;
 mod env;
 #[cfg(feature = "etcd")]

@@ -211,6 +211,22 @@ impl Rdrun {
     pub fn run(&self) -> Output {
         self.spawn().wait()
     }
+
+    /// Starts rdrun with stdout and stderr given by the test (a closed pipe, `/dev/full`, a pipe
+    /// the test reads slowly); the [`Output`] then has empty `stdout` and `stderr`.
+    pub fn spawn_with(&self, stdout: Stdio, stderr: Stdio) -> Running {
+        let mut cmd = self.command();
+        cmd.stdout(stdout).stderr(stderr);
+        let child = cmd.spawn().expect("spawn rdrun");
+        Running {
+            cmd: self.describe(),
+            pid: child.id() as i32,
+            child,
+            stdout: None,
+            stderr: None,
+            deadline: Instant::now() + self.timeout,
+        }
+    }
 }
 
 fn reader(mut r: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
@@ -257,8 +273,8 @@ impl Running {
             std::thread::sleep(Duration::from_millis(10));
         };
         // Output pipes close once rdrun and its workers are gone; bound that too.
-        let stdout = join_bounded(self.stdout.take().expect("reader"));
-        let stderr = join_bounded(self.stderr.take().expect("reader"));
+        let stdout = self.stdout.take().map(join_bounded).unwrap_or_default();
+        let stderr = self.stderr.take().map(join_bounded).unwrap_or_default();
         use std::os::unix::process::ExitStatusExt;
         let out = Output {
             cmd: std::mem::take(&mut self.cmd),

@@ -87,19 +87,16 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
 /// rdrun's own text on stdout. A closed pipe (`rdrun --help | true`) or a full disk must not
 /// become a panic (exit 101, issue 10): the text is lost, the exit code stays the real one.
 fn print_out(text: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(text.as_bytes());
-    let _ = out.flush();
+    supervisor::output::own::stdout(text);
 }
 
-/// [`print_out`] for stderr (`rdrun: error: …` lines; `2>/dev/full` still exits 2, not 101).
+/// [`print_out`] for stderr (`rdrun: error: …` lines, the failure report; `2>/dev/full` still
+/// exits with the real status, not 101), after any worker line left open on the console.
 fn print_err(text: &str) {
-    use std::io::Write;
-    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+    supervisor::output::own::stderr(text);
 }
 
-/// rdrun's own log on stderr, each line stamped with its RFC 3339 time: level from RUST_LOG (full filter syntax), else LOGLEVEL (torchrun's
+/// rdrun's own log on stderr (never inside a worker's open line), each line stamped with its RFC 3339 time: level from RUST_LOG (full filter syntax), else LOGLEVEL (torchrun's
 /// variable: DEBUG, INFO, WARNING, ERROR, CRITICAL), else warnings and errors only.
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
@@ -113,7 +110,11 @@ fn init_tracing() {
         });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        // Never a panic on a closed or full stderr (issue 24): the writer drops what cannot be
+        // written and reports no error, and tracing's own report of one (an `eprintln!`, which
+        // panics on that same stderr) is off.
+        .with_writer(supervisor::output::own::log_writer)
+        .log_internal_errors(false)
         // Colour codes only on a terminal: logs captured by schedulers and CI stay plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         // RFC 3339 UTC timestamps with microseconds (2026-12-01T11:37:17.123456Z): torchrun's

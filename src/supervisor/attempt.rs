@@ -17,7 +17,7 @@ use std::time::SystemTime;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{Duration, Instant};
+use tokio::time::Instant;
 
 use crate::config::{LaunchConfig, LeftoverPolicy};
 use crate::exit::WorkerStatus;
@@ -40,10 +40,6 @@ use super::restart::{self, AttemptEnd};
 use super::signals::{self, SignalReaction};
 use super::stop::{self, GroupGuard, GroupStop, Phase, StopReason, KILL_WAIT};
 use super::worker::{self, RunWorkerEnv};
-
-/// How long rdrun waits for a worker's output pipes to close once its processes are gone (a
-/// pipe may still be held by a process rdrun cannot kill).
-const OUTPUT_WAIT: Duration = Duration::from_secs(2);
 
 /// One worker of the current attempt.
 #[derive(Debug)]
@@ -197,8 +193,8 @@ pub(super) struct SpawnArgs<'a> {
     pub logs: &'a AttemptLogs,
     pub worker_env: &'a RunWorkerEnv,
     pub obs: &'a Observer,
-    /// Ends the output forwarders whose pipes stay open after every process rdrun can see is
-    /// gone (a descendant that escaped and outlived the stop).
+    /// Tells the output forwarders that every process rdrun can stop is gone: a pipe still open
+    /// then is held by a descendant that escaped and outlived the stop (`output::pump`).
     pub stop_output: &'a watch::Sender<bool>,
 }
 
@@ -764,30 +760,16 @@ impl Group {
                 failures.push(s.failure(WorkerStatus::Signaled(libc::SIGKILL), now, true));
             }
         }
-        // Output: what is still in the pipes is forwarded; a pipe still held open after
-        // OUTPUT_WAIT (by a process rdrun could not kill) is drained and closed on request.
-        let deadline = Instant::now() + OUTPUT_WAIT;
+        // Output: every byte in the pipes is forwarded, however far behind the console is. The
+        // forwarders learn that the workers' processes are gone: a pipe they then find drained
+        // and still held open (a process rdrun could not stop) is closed after a short linger
+        // (`output::pump` decides that from the pipe, never from a clock while data flows).
+        let _ = stop_output.send(true);
         for s in self.slots.iter_mut() {
-            let Some(mut handle) = s.output.take() else {
+            let Some(handle) = s.output.take() else {
                 continue;
             };
-            let summary = tokio::select! {
-                res = &mut handle => res.ok(),
-                _ = tokio::time::sleep_until(deadline) => {
-                    tracing::warn!(
-                        local_rank = s.local_rank,
-                        "output pipes of the worker still open {OUTPUT_WAIT:?} after it ended; closing them"
-                    );
-                    let _ = stop_output.send(true);
-                    match tokio::time::timeout(OUTPUT_WAIT, &mut handle).await {
-                        Ok(res) => res.ok(),
-                        Err(_) => {
-                            handle.abort();
-                            None
-                        }
-                    }
-                }
-            };
+            let summary = handle.await.ok();
             if let Some(summary) = summary {
                 for f in failures.iter_mut().filter(|f| f.local_rank == s.local_rank) {
                     f.set_output(&summary);

@@ -273,7 +273,7 @@ impl HangLink {
                 .map_or(0, |i| i + 1);
             block.insert_str(cut, &extra);
         }
-        eprint!("{block}");
+        super::output::own::stderr(&block);
         let kill = verdict.action == HangMode::Kill;
         if kill {
             self.done = true;
@@ -446,7 +446,7 @@ pub(crate) async fn capture_timer_expiry(
             None
         }
     };
-    eprint!("{}", report.render());
+    super::output::own::stderr(&report.render());
     let mut summary = format!("torch FileTimer expired: {}", each.join("; "));
     if let Some(d) = files {
         summary.push_str(&format!("; stacks in {}", d.display()));

@@ -54,7 +54,8 @@ impl EventLog {
             None => {}
             Some(EventsDest::Stderr) => sinks.push(Sink {
                 name: "stderr".into(),
-                out: Box::new(io::stderr()),
+                // rdrun's own stderr text: never inside a worker's open line, never a panic.
+                out: Box::new(crate::supervisor::output::own::LogWriter),
             }),
             Some(EventsDest::File(p)) => sinks.push(Sink {
                 name: p.display().to_string(),
@@ -127,7 +128,7 @@ impl EventLog {
                 }
             });
         if self.console {
-            eprintln!("{}", console_line(common, event, &text_fields));
+            crate::supervisor::output::own::stderr_line(&console_line(common, event, &text_fields));
         }
     }
 }

@@ -185,7 +185,7 @@ async fn printer(inner: Arc<Mutex<Inner>>, tty: bool, every: Duration) {
             };
             if due {
                 last_line = Some(now);
-                eprintln!("rdrun: {text}");
+                crate::supervisor::output::own::stderr_line(&format!("rdrun: {text}"));
             }
         }
     }

@@ -10,13 +10,19 @@
 //! as a chunk that leaves the line *open*; the rest of the line comes later as a continuation.
 //! The rule, per terminal (stdout and stderr count as one terminal when both are the same file,
 //! as with a TTY or `2>&1`; otherwise each is its own):
-//! - While a source has a line open, only that source's chunks for that stream are written; every
-//!   other chunk for the terminal waits, in order, so nothing is ever written into the open line.
+//! - While a source has a line open, only that source's chunks for that stream are written (its
+//!   own waiting chunks first, in order, wherever they wait); every other chunk for the terminal
+//!   waits, in order, so nothing is ever written into the open line.
 //! - When the source's continuation ends the line, the waiting chunks are written.
-//! - If chunks have waited [`OPEN_LINE_HOLD`] (a prompt waiting for the user), the writer ends
-//!   the open line with a `\n`, writes the waiting chunks, and the line is no longer open. The
-//!   source's continuation then starts a line of its own: with the stream's prefix (tee'd
-//!   streams), and nothing at all if it is only the line terminator.
+//! - A continuation never waits for the byte budget: the chunks waiting behind its line hold
+//!   that budget until the line ends.
+//! - If chunks have waited [`OPEN_LINE_HOLD`] since the source's last write ended (a prompt
+//!   waiting for the user), and no message is queued for the writer (the rest of the line may be
+//!   among them), the writer ends the open line with a `\n`, writes the waiting chunks, and the
+//!   line is no longer open. The source's continuation then starts a line of its own: with the
+//!   stream's prefix (tee'd streams), and nothing at all if it is only the line terminator.
+//! - rdrun's own text ([`super::own`]) ends an open line of the process-wide console with a `\n`
+//!   before it is written; the continuation then starts a line of its own, as above.
 //!
 //! # Output that cannot be written
 //! A write error never panics and never stops the forwarding of other streams. `EPIPE` (rdrun's
@@ -34,6 +40,7 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::own;
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 /// Console bytes queued (all workers together) before forwarders wait for the terminal.
@@ -82,7 +89,8 @@ impl Chunk {
 }
 
 enum ConsoleMsg {
-    Data(Chunk, OwnedSemaphorePermit),
+    /// A chunk and its share of the budget (none for a continuation: see [`Console::send`]).
+    Data(Chunk, Option<OwnedSemaphorePermit>),
     Flush(oneshot::Sender<()>),
 }
 
@@ -119,7 +127,17 @@ impl Console {
     ) -> io::Result<Console> {
         let (tx, rx) = std_mpsc::channel::<ConsoleMsg>();
         let broken = Arc::new([watch::channel(false).0, watch::channel(false).0]);
-        let mut writer = Writer::new([stdout, stderr], shared, broken.clone());
+        let writer = Writer::new([stdout, stderr], shared, broken.clone());
+        Console::start(writer, rx, tx, broken)
+    }
+
+    fn start(
+        mut writer: Writer,
+        rx: std_mpsc::Receiver<ConsoleMsg>,
+        tx: std_mpsc::Sender<ConsoleMsg>,
+        broken: Arc<[watch::Sender<bool>; 2]>,
+    ) -> io::Result<Console> {
+        writer.real_clock = true;
         std::thread::Builder::new()
             .name("rdrun-console".into())
             .spawn(move || loop {
@@ -140,9 +158,11 @@ impl Console {
                 match msg {
                     Some(ConsoleMsg::Data(chunk, permit)) => writer.accept(chunk, permit, now),
                     Some(ConsoleMsg::Flush(ack)) => writer.flush_request(ack),
-                    None => {}
+                    // Only when nothing is queued: the open line's rest may be among the queued
+                    // messages (a reader far behind), and ending the line before reading them
+                    // would break it.
+                    None => writer.tick(now),
                 }
-                writer.tick(now);
             })?;
         Ok(Console {
             tx,
@@ -152,16 +172,23 @@ impl Console {
     }
 
     /// The process-wide console: rdrun's own stdout and stderr.
+    ///
+    /// rdrun's own lines on these streams ([`super::own`]) end the console's open line first;
+    /// this console records where its writes leave the cursor for them.
     pub fn global() -> Console {
         static GLOBAL: OnceLock<Console> = OnceLock::new();
         GLOBAL
             .get_or_init(|| {
-                Console::with_terminal(
-                    Box::new(io::stdout()),
-                    Box::new(io::stderr()),
-                    same_file(1, 2),
-                )
-                .expect("cannot start the console writer thread")
+                let (tx, rx) = std_mpsc::channel::<ConsoleMsg>();
+                let broken = Arc::new([watch::channel(false).0, watch::channel(false).0]);
+                let mut writer = Writer::new(
+                    [Box::new(io::stdout()), Box::new(io::stderr())],
+                    own::shared_terminal(),
+                    broken.clone(),
+                );
+                writer.global = true;
+                Console::start(writer, rx, tx, broken)
+                    .expect("cannot start the console writer thread")
             })
             .clone()
     }
@@ -178,13 +205,23 @@ impl Console {
     }
 
     /// Queues a chunk; waits while [`CONSOLE_BUDGET`] bytes are queued.
+    ///
+    /// A continuation of an open line never waits: the chunks held behind that line keep their
+    /// share of the budget until the line ends, so a continuation that waited for budget could
+    /// come only after the hold broke the line. What bypasses the budget is bounded: one
+    /// continuation per open chunk, each at most a line piece and one read.
     pub(crate) async fn send(&self, chunk: Chunk) {
         if !chunk.continues && chunk.body.is_empty() {
             return;
         }
-        let n = chunk.len().clamp(1, CONSOLE_BUDGET) as u32;
-        let Ok(permit) = self.budget.clone().acquire_many_owned(n).await else {
-            return; // the semaphore is never closed
+        let permit = if chunk.continues {
+            None
+        } else {
+            let n = chunk.len().clamp(1, CONSOLE_BUDGET) as u32;
+            let Ok(permit) = self.budget.clone().acquire_many_owned(n).await else {
+                return; // the semaphore is never closed
+            };
+            Some(permit)
         };
         let _ = self.tx.send(ConsoleMsg::Data(chunk, permit));
     }
@@ -199,21 +236,11 @@ impl Console {
     }
 }
 
-/// Whether two fds refer to the same file (one terminal, or `2>&1`).
-fn same_file(a: i32, b: i32) -> bool {
-    let stat = |fd: i32| -> Option<(u64, u64)> {
-        // SAFETY: fstat writes into the zeroed struct we own; an invalid fd only returns -1.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
-    };
-    matches!((stat(a), stat(b)), (Some(x), Some(y)) if x == y)
-}
-
 /// Per-terminal state: which source has a line open, and what waits behind it.
 #[derive(Default)]
 struct Term {
     open: Option<(u64, Stream)>,
-    held: VecDeque<(u64, Chunk, OwnedSemaphorePermit)>,
+    held: VecDeque<(u64, Chunk, Option<OwnedSemaphorePermit>)>,
     /// When the oldest waiting chunk started to wait behind the current open line.
     held_since: Option<Instant>,
 }
@@ -232,6 +259,13 @@ struct Writer {
     seq: u64,
     flushes: Vec<(u64, oneshot::Sender<()>)>,
     hold: Duration,
+    /// The process-wide console: its writes take both std locks and keep [`own`]'s record of
+    /// open lines (rdrun's own text ends them).
+    global: bool,
+    /// The hold restarts at the time a write of the owner's ended (the writer thread), not at
+    /// the time its message was taken (tests drive a clock of their own): on a slow terminal
+    /// the write itself may take longer than the hold.
+    real_clock: bool,
 }
 
 impl Writer {
@@ -250,6 +284,8 @@ impl Writer {
             seq: 0,
             flushes: Vec::new(),
             hold: OPEN_LINE_HOLD,
+            global: false,
+            real_clock: false,
         }
     }
 
@@ -261,7 +297,7 @@ impl Writer {
         }
     }
 
-    fn accept(&mut self, chunk: Chunk, permit: OwnedSemaphorePermit, now: Instant) {
+    fn accept(&mut self, chunk: Chunk, permit: Option<OwnedSemaphorePermit>, now: Instant) {
         self.seq += 1;
         let Some(stream) = chunk.stream else {
             return;
@@ -304,7 +340,7 @@ impl Writer {
             let due = matches!(self.terms[t].held_since, Some(s) if now >= s + self.hold);
             if due {
                 if let Some((_, stream)) = self.terms[t].open.take() {
-                    self.write_raw(stream, b"\n");
+                    self.end_line(stream);
                 }
                 self.drain(t, now);
             }
@@ -316,7 +352,7 @@ impl Writer {
         for t in 0..2 {
             if let Some((_, stream)) = self.terms[t].open.take() {
                 if !self.terms[t].held.is_empty() {
-                    self.write_raw(stream, b"\n");
+                    self.end_line(stream);
                 }
             }
             while let Some((_, c, _)) = self.terms[t].held.pop_front() {
@@ -327,24 +363,30 @@ impl Writer {
         self.ack_flushes();
     }
 
-    /// Writes the held chunks that may go now, in order.
+    /// Writes the held chunks that may go now. With no line open that is the queue in order; while
+    /// a source has its line open, it is that source's chunks, in their order, wherever they wait
+    /// in the queue: they may have been queued behind others' before their line opened (a held
+    /// open chunk, its continuation, then others'), and waiting behind chunks that wait for the
+    /// line to end would break the line (and let that source's later lines, written directly,
+    /// overtake its held ones).
     fn drain(&mut self, t: usize, now: Instant) {
         loop {
             let term = &self.terms[t];
-            let Some((_, front, _)) = term.held.front() else {
+            let next = match term.open {
+                None => (!term.held.is_empty()).then_some(0),
+                Some(owner) => term
+                    .held
+                    .iter()
+                    .position(|(_, c, _)| c.stream.map(|s| (c.source, s)) == Some(owner)),
+            };
+            let Some(i) = next else {
                 break;
             };
-            let go = match term.open {
-                None => true,
-                Some(owner) => Some(owner) == front.stream.map(|s| (front.source, s)),
-            };
-            if !go {
-                break;
-            }
-            let (_, chunk, permit) = self.terms[t].held.pop_front().expect("front");
+            let (_, chunk, permit) = self.terms[t].held.remove(i).expect("index");
             self.write_chunk(t, chunk);
             drop(permit);
         }
+        let now = if self.real_clock { Instant::now() } else { now };
         let term = &mut self.terms[t];
         term.held_since = if term.held.is_empty() {
             None
@@ -378,7 +420,13 @@ impl Writer {
         let Some(stream) = chunk.stream else {
             return;
         };
-        let still_open = self.terms[t].open == Some((chunk.source, stream));
+        // Both std locks for the check and the write: rdrun's own text (`own`) may have ended
+        // this source's open line since it was written.
+        let locks = self.global.then(own::lock);
+        let mut still_open = self.terms[t].open == Some((chunk.source, stream));
+        if let Some(l) = &locks {
+            still_open &= own::mid_line(l, stream);
+        }
         let mut bytes = Vec::with_capacity(chunk.len());
         if chunk.continues {
             if still_open {
@@ -392,6 +440,16 @@ impl Writer {
         bytes.extend_from_slice(&chunk.body);
         self.terms[t].open = chunk.open.then_some((chunk.source, stream));
         self.write_raw(stream, &bytes);
+        drop(locks);
+    }
+
+    /// Ends the open line on `stream` with a newline, unless rdrun's own text already did.
+    fn end_line(&mut self, stream: Stream) {
+        let locks = self.global.then(own::lock);
+        if locks.as_ref().is_some_and(|l| !own::mid_line(l, stream)) {
+            return;
+        }
+        self.write_raw(stream, b"\n");
     }
 
     fn write_raw(&mut self, stream: Stream, bytes: &[u8]) {
@@ -399,8 +457,14 @@ impl Writer {
         if bytes.is_empty() || self.is_broken[i] {
             return;
         }
+        let locks = self.global.then(own::lock);
+        if let Some(l) = &locks {
+            own::wrote(l, stream, bytes);
+        }
         let w = &mut self.outs[i];
-        match w.write_all(bytes).and_then(|()| w.flush()) {
+        let res = w.write_all(bytes).and_then(|()| w.flush());
+        drop(locks);
+        match res {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
                 self.is_broken[i] = true;
@@ -475,8 +539,8 @@ mod tests {
         (w, Arc::new(Semaphore::new(1 << 20)))
     }
 
-    fn permit(s: &Arc<Semaphore>) -> OwnedSemaphorePermit {
-        s.clone().try_acquire_owned().expect("permit")
+    fn permit(s: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+        Some(s.clone().try_acquire_owned().expect("permit"))
     }
 
     fn lines(source: u64, stream: Stream, body: &str) -> Chunk {
@@ -550,6 +614,40 @@ mod tests {
         w.tick(t0 + OPEN_LINE_HOLD * 3);
         w.accept(cont(1, Stdout, "[a]:", "\n", false), permit(&s), t0);
         assert_eq!(out.text(), "(Pdb) \n[a]:rest\n[a]:x\n[b]:y\n");
+    }
+
+    /// A source whose open chunk and continuation were both held behind another's open line
+    /// gets them written together when that line ends, ahead of the chunks that were queued
+    /// between them; its later lines come after its continuation, not glued onto its open line
+    /// (issue 24: `@0:1:7383@0:1:7398:…`, the rest of 7383 later).
+    #[test]
+    fn held_open_line_and_its_rest_go_together() {
+        use Stream::*;
+        let (out, err) = (Rec::default(), Rec::default());
+        let (mut w, s) = writer(false, &out, &err);
+        let t0 = Instant::now();
+        w.accept(partial(1, Stdout, "", "T? "), permit(&s), t0);
+        w.accept(partial(2, Stdout, "", "@0:7383"), permit(&s), t0);
+        w.accept(lines(3, Stdout, "u1\n"), permit(&s), t0);
+        w.accept(cont(2, Stdout, "", ":rest\n@0:7384\n", false), None, t0);
+        w.accept(cont(1, Stdout, "", "yes\n", false), None, t0);
+        w.accept(lines(2, Stdout, "@0:7385\n"), permit(&s), t0);
+        w.accept(lines(3, Stdout, "u2\n"), permit(&s), t0);
+        assert_eq!(
+            out.text(),
+            "T? yes\n@0:7383:rest\n@0:7384\nu1\n@0:7385\nu2\n"
+        );
+        assert_eq!(w.deadline(), None);
+        // An open line made by a held chunk lets its owner's later direct chunks through in order.
+        w.accept(partial(1, Stdout, "", "A"), permit(&s), t0);
+        w.accept(partial(2, Stdout, "", "B"), permit(&s), t0);
+        w.accept(lines(3, Stdout, "u3\n"), permit(&s), t0);
+        w.accept(cont(1, Stdout, "", "a\n", false), None, t0);
+        w.accept(cont(2, Stdout, "", "b\n", false), None, t0);
+        assert_eq!(
+            out.text(),
+            "T? yes\n@0:7383:rest\n@0:7384\nu1\n@0:7385\nu2\nAa\nBb\nu3\n"
+        );
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! - [`tail`]: the stderr tail and the Python traceback scanner for the report.
 //! - [`console`]: the console writer thread (one write per run of whole lines, a byte budget).
 //! - [`pump`]: the forwarding task per worker that ties the others together.
+//! - [`own`]: rdrun's own text on its stdout and stderr (log lines, report, events, status, hang
+//!   block): never a panic on a closed or full stream, never glued onto a worker's open line.
 //!
 //! Every stream passes through rdrun, so lines are never split or interleaved mid-line (torchrun
 //! passes untee'd streams through raw, and its tail threads split partial lines); a prompt left
@@ -28,6 +30,7 @@
 pub mod console;
 pub mod lines;
 pub mod logdir;
+pub mod own;
 pub mod prefix;
 pub mod pump;
 pub mod tail;

@@ -1,14 +1,24 @@
 //! The forwarding pump: one task per worker reads both pipes, writes log files byte for byte as
 //! soon as bytes are read (a killed worker loses nothing), splits lines for the console and the
-//! filtered logs, and feeds the stderr tracker; it ends at EOF on both pipes or on a stop request.
+//! filtered logs, and feeds the stderr tracker; it ends at EOF on both pipes, or when a process
+//! that outlived the worker holds a pipe open (below).
 //!
 //! A console stream whose worker stops mid-line for [`PARTIAL_IDLE`] (a prompt) has the line's
 //! start sent as an open [`Chunk`]; the rest follows as its continuation (rules in `console`).
+//!
+//! # The end of a worker
+//! Every byte a worker wrote before it ended is forwarded, however far behind the console is: no
+//! clock runs while there is data to read. Once the agent says the worker's processes are gone
+//! (the `ended` signal of [`forward_until`]), a pipe still without EOF is one that a process rdrun
+//! could not stop still holds open (a descendant that escaped): the kernel ends a pipe as soon as
+//! its last writer closes it. That is decided from the pipe itself: `poll(2)` finds it empty (all
+//! the worker wrote has been read) and not hung up (a writer is left). From that moment every
+//! byte still to come is the outliver's; the pipe gets [`LINGER`] more, then is closed with a
+//! warning, after the worker's last line (ended with a newline) is on the console.
 //! When the console becomes a closed pipe, a stream with no other destination has its pipe
 //! closed (the worker's next write fails as under torchrun); a tee'd one keeps its log file.
 //!
-//! Length: about 415 lines of code; the rest are its tests (partial lines, kills, pipes closed
-//! early).
+//! Its tests are in `pump_tests.rs`.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -30,6 +40,12 @@ const READ_CHUNK: usize = 64 << 10;
 /// A console stream whose worker wrote nothing for this long in the middle of a line gets the
 /// line's start shown (prompts); a line written in one burst is never cut.
 pub const PARTIAL_IDLE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long a pipe held open by a process that outlived the worker is still read, counted from
+/// the moment everything the worker wrote was read (see the module docs).
+pub const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+/// How often a pipe without EOF is looked at once the worker ended.
+const LINGER_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// How many of a worker's last output lines [`LastLines`] keeps, and how much of each.
 const LAST_LINES: usize = 5;
@@ -146,9 +162,37 @@ fn into_reader(fd: OwnedFd) -> Box<dyn AsyncRead + Unpin + Send> {
 /// How one wait on a worker pipe ended.
 enum Step {
     Read(io::Result<usize>),
-    Stop,
+    /// The agent says the worker's processes are gone.
+    Ended,
     ConsoleBroken,
     Idle,
+    /// Time to look whether the pipe is drained and still held (after `Ended`).
+    Check,
+}
+
+/// What `poll(2)` says about a pipe without waiting.
+#[derive(Debug, PartialEq, Eq)]
+enum PipeState {
+    /// Bytes to read, or no writer left (EOF comes): the reader will see it.
+    Pending,
+    /// Empty, and some process still holds its write end.
+    HeldEmpty,
+}
+
+fn pipe_state(fd: std::os::fd::RawFd) -> PipeState {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd we own, zero timeout; the fd stays open while the reader owns it.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n == 0 {
+        PipeState::HeldEmpty
+    } else {
+        // Readable, hung up, or an error the next read reports: the reader goes on.
+        PipeState::Pending
+    }
 }
 
 async fn pump(
@@ -157,33 +201,47 @@ async fn pump(
     mut plan: StreamPlan,
     console: Console,
     mut tracker: Option<StderrTracker>,
-    mut stop: Option<watch::Receiver<bool>>,
+    mut ended_rx: Option<watch::Receiver<bool>>,
     activity: Option<Activity>,
 ) -> Option<StderrTracker> {
+    use std::os::fd::AsRawFd;
+    // The read end's number, for `poll(2)`; `None` once the reader no longer owns it.
+    let mut raw_fd = Some(fd.as_raw_fd());
     let mut reader = into_reader(fd);
     let mut splitter = Splitter::new(MAX_LINE);
     let mut buf = vec![0u8; READ_CHUNK];
-    let mut stopping = false;
+    let mut ended = false;
+    // When everything the worker wrote had been read and the pipe was still held open.
+    let mut held_since: Option<tokio::time::Instant> = None;
+    let mut outlived = false;
+    // When a line left unfinished is shown as a prompt (armed while one is held).
+    let mut idle_at: Option<tokio::time::Instant> = None;
     let source = Console::source_id();
     let mut broken = console.broken(plan.stream);
     // Bytes of the held (unfinished) line already on the console.
     let mut shown = 0usize;
     loop {
         let idle_armed = plan.console && splitter.held_len() > shown;
-        let step = if stopping {
-            // Stop requested: take only what is already in the pipe, then end as at EOF.
-            match tokio::time::timeout(std::time::Duration::ZERO, reader.read(&mut buf)).await {
-                Ok(r) => Step::Read(r),
-                Err(_) => Step::Read(Ok(0)),
-            }
+        let idle = match idle_armed {
+            true => *idle_at.get_or_insert_with(|| tokio::time::Instant::now() + PARTIAL_IDLE),
+            false => tokio::time::Instant::now(),
+        };
+        let step = if outlived {
+            Step::Read(Ok(0))
         } else {
             tokio::select! {
+                // Data first: a pipe with bytes to read is never given up (see `Check`).
+                biased;
                 r = reader.read(&mut buf) => Step::Read(r),
-                _ = wait_stop(&mut stop) => Step::Stop,
+                _ = wait_stop(&mut ended_rx), if !ended => Step::Ended,
                 _ = wait_true(&mut broken), if plan.console => Step::ConsoleBroken,
-                _ = tokio::time::sleep(PARTIAL_IDLE), if idle_armed => Step::Idle,
+                _ = tokio::time::sleep_until(idle), if idle_armed => Step::Idle,
+                _ = tokio::time::sleep(LINGER_CHECK), if ended => Step::Check,
             }
         };
+        if matches!(step, Step::Read(_) | Step::Idle) {
+            idle_at = None;
+        }
         let n = match step {
             Step::Read(Ok(n)) => n,
             Step::Read(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -191,8 +249,21 @@ async fn pump(
                 tracing::warn!(local_rank = id.local_rank, error = %e, "cannot read worker output");
                 0
             }
-            Step::Stop => {
-                stopping = true;
+            Step::Ended => {
+                ended = true;
+                continue;
+            }
+            Step::Check => {
+                let Some(fd) = raw_fd else {
+                    continue;
+                };
+                if pipe_state(fd) == PipeState::HeldEmpty {
+                    let now = tokio::time::Instant::now();
+                    let since = *held_since.get_or_insert(now);
+                    // Everything the worker wrote was read at `since`; what came after is the
+                    // outliver's, and it is not waited for without end.
+                    outlived = now >= since + LINGER;
+                }
                 continue;
             }
             Step::ConsoleBroken => {
@@ -200,6 +271,7 @@ async fn pump(
                 if plan.file.is_none() {
                     // The console was this stream's only destination: close the pipe so that
                     // the worker's next write fails as it would under torchrun (SIGPIPE/EPIPE).
+                    raw_fd = None;
                     drop(std::mem::replace(&mut reader, Box::new(tokio::io::empty())));
                     tracing::debug!(local_rank = id.local_rank, stream = ?plan.stream,
                         "console closed: worker pipe closed");
@@ -305,6 +377,13 @@ async fn pump(
         }
         console.send(chunk).await;
         if n == 0 {
+            if outlived {
+                // After the worker's last line is on the console, never inside it.
+                console.flush().await;
+                tracing::warn!(local_rank = id.local_rank, stream = ?plan.stream,
+                    "a process that outlived the worker still holds its output pipe {LINGER:?} \
+                     after all the worker wrote was forwarded; closing it");
+            }
             return tracker;
         }
     }
@@ -326,16 +405,16 @@ async fn wait_true(rx: &mut watch::Receiver<bool>) {
 }
 
 /// Forwards one worker's stdout and stderr (pipe read ends) line by line according to `sink`,
-/// onto the process-wide console, until both reach EOF or `stop` becomes `true`: what is already in the pipes is
-/// forwarded, then the task ends as at EOF (a partial last line is emitted). For a worker whose
-/// descendants escaped its process group and keep the pipes open after it was reaped: the agent
-/// sets `stop` after a short wait instead of waiting for an EOF that may never come.
+/// onto the process-wide console, until both reach EOF. `ended` becomes `true` once the worker's
+/// processes are gone: a pipe then found drained and still held open (by a descendant that
+/// escaped the stop) is read for [`LINGER`] more and closed (a partial last line is emitted); a
+/// pipe with data to read is read to its end first, however long that takes.
 pub fn forward_until(
     id: RankIdentity,
     sink: RankSink,
     stdout: OwnedFd,
     stderr: OwnedFd,
-    stop: watch::Receiver<bool>,
+    ended: watch::Receiver<bool>,
     activity: Activity,
 ) -> tokio::task::JoinHandle<OutputSummary> {
     forward_counted(
@@ -344,21 +423,21 @@ pub fn forward_until(
         sink,
         stdout,
         stderr,
-        Some(stop),
+        Some(ended),
         Some(activity),
     )
 }
 
-/// [`forward_until`] onto a given console, `stop` optional (tests use in-memory consoles).
+/// [`forward_until`] onto a given console, `ended` optional (tests use in-memory consoles).
 pub fn forward_to(
     console: Console,
     id: RankIdentity,
     sink: RankSink,
     stdout: OwnedFd,
     stderr: OwnedFd,
-    stop: Option<watch::Receiver<bool>>,
+    ended: Option<watch::Receiver<bool>>,
 ) -> tokio::task::JoinHandle<OutputSummary> {
-    forward_counted(console, id, sink, stdout, stderr, stop, None)
+    forward_counted(console, id, sink, stdout, stderr, ended, None)
 }
 
 /// [`forward_to`], every byte read from either pipe also counted in `activity` and every line
@@ -369,7 +448,7 @@ fn forward_counted(
     sink: RankSink,
     stdout: OwnedFd,
     stderr: OwnedFd,
-    stop: Option<watch::Receiver<bool>>,
+    ended: Option<watch::Receiver<bool>>,
     activity: Option<Activity>,
 ) -> tokio::task::JoinHandle<OutputSummary> {
     let out_plan = StreamPlan::new(
@@ -397,7 +476,7 @@ fn forward_counted(
             out_plan,
             console.clone(),
             None,
-            stop.clone(),
+            ended.clone(),
             activity.clone(),
         );
         let err = pump(
@@ -406,7 +485,7 @@ fn forward_counted(
             err_plan,
             console.clone(),
             Some(StderrTracker::default()),
-            stop,
+            ended,
             activity,
         );
         let (_, tracker) = tokio::join!(out, err);
@@ -416,443 +495,5 @@ fn forward_counted(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::testutil::{id, Scratch, TB};
-    use super::*;
-    use std::fs;
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
-    #[test]
-    fn last_lines_keep_the_newest_few_and_cut_long_ones() {
-        let l = LastLines::default();
-        for i in 0..8 {
-            l.push(format!("line {i}").as_bytes());
-        }
-        let got = l.snapshot();
-        assert_eq!(got.len(), LAST_LINES);
-        assert_eq!(got.first().map(String::as_str), Some("line 3"));
-        assert_eq!(got.last().map(String::as_str), Some("line 7"));
-        l.push(&[b'x'; 1000]);
-        assert_eq!(l.snapshot().last().unwrap().len(), LAST_LINE_CHARS);
-    }
-
-    /// An in-memory console stream.
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.0.lock().expect("lock").extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-    impl Buf {
-        fn text(&self) -> String {
-            String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
-        }
-    }
-
-    fn console() -> (Console, Buf, Buf) {
-        let (out, err) = (Buf::default(), Buf::default());
-        let c = Console::new(Box::new(out.clone()), Box::new(err.clone())).expect("console");
-        (c, out, err)
-    }
-
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime")
-    }
-
-    /// Runs `forward_to` over real pipes fed by `write(stdout_w, stderr_w)` on a thread.
-    fn run_forward(
-        console: Console,
-        ident: RankIdentity,
-        sink: RankSink,
-        write: impl FnOnce(File, File) + Send + 'static,
-    ) -> OutputSummary {
-        let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
-        let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
-        let writer = std::thread::spawn(move || write(File::from(out_w), File::from(err_w)));
-        let summary = rt().block_on(async {
-            let h = forward_to(console, ident, sink, out_r, err_r, None);
-            tokio::time::timeout(Duration::from_secs(60), h)
-                .await
-                .expect("forward finished in time")
-                .expect("forward task")
-        });
-        writer.join().expect("writer thread");
-        summary
-    }
-
-    fn plain() -> RankSink {
-        RankSink {
-            stdout_console: true,
-            stderr_console: true,
-            prefix: Some("[default0]:".into()),
-            ..RankSink::default()
-        }
-    }
-
-    #[test]
-    fn forward_plain_console_unprefixed_with_last_line() {
-        let (c, out, err) = console();
-        let s = run_forward(c, id(0), plain(), |mut o, mut e| {
-            o.write_all(b"hello\nwor").expect("w");
-            o.write_all(b"ld\nno newline").expect("w");
-            e.write_all(b"err1\n").expect("w");
-            e.write_all(TB.as_bytes()).expect("w");
-            e.write_all(b"partial").expect("w");
-        });
-        assert_eq!(out.text(), "hello\nworld\nno newline\n");
-        assert_eq!(err.text(), format!("err1\n{TB}partial\n"));
-        assert_eq!(s.stderr_tail.first().map(String::as_str), Some("err1"));
-        assert_eq!(s.stderr_tail.last().map(String::as_str), Some("partial"));
-        assert_eq!(
-            s.traceback.expect("tb").last().map(String::as_str),
-            Some("ValueError: bad value")
-        );
-    }
-
-    #[test]
-    fn forward_tee_redirect_and_filters() {
-        let scratch = Scratch::new();
-        let f = |n: &str| scratch.0.join(n);
-        for n in ["out.log", "err.log", "filtered.log"] {
-            File::create(f(n)).expect("create");
-        }
-        let (c, out, err) = console();
-        // stdout tee'd (file + console, prefixed, filtered); stderr redirected (file only).
-        let sink = RankSink {
-            stdout_file: Some(f("out.log")),
-            stderr_file: Some(f("err.log")),
-            stdout_console: true,
-            stderr_console: false,
-            prefix: Some("[0|vm]".into()),
-            filtered_stdout: Some(f("filtered.log")),
-            stdout_filters: vec!["loss".into()],
-            ..RankSink::default()
-        };
-        let s = run_forward(c, id(0), sink, |mut o, mut e| {
-            o.write_all(b"step 1 loss=3\r\nstep 2\nloss tail")
-                .expect("w");
-            e.write_all(b"warn\nlast").expect("w");
-        });
-        assert_eq!(
-            out.text(),
-            "[0|vm]step 1 loss=3\r\n[0|vm]step 2\n[0|vm]loss tail\n"
-        );
-        assert_eq!(err.text(), "");
-        assert_eq!(
-            fs::read(f("out.log")).expect("r"),
-            b"step 1 loss=3\r\nstep 2\nloss tail"
-        );
-        assert_eq!(fs::read(f("err.log")).expect("r"), b"warn\nlast");
-        assert_eq!(
-            fs::read_to_string(f("filtered.log")).expect("r"),
-            "[0|vm]step 1 loss=3\r\n[0|vm]loss tail\n"
-        );
-        // The stderr tail is kept even when stderr goes only to a file.
-        assert_eq!(s.stderr_tail, vec!["warn", "last"]);
-    }
-
-    #[test]
-    fn forward_filtered_out_rank_still_writes_files() {
-        let scratch = Scratch::new();
-        let path = scratch.0.join("out.log");
-        let (c, out, err) = console();
-        let sink = RankSink {
-            stdout_file: Some(path.clone()),
-            stdout_console: false,
-            stderr_console: false,
-            prefix: Some("[default1]:".into()),
-            ..RankSink::default()
-        };
-        run_forward(c, id(1), sink, |mut o, mut e| {
-            o.write_all(b"a\nb\n").expect("w");
-            e.write_all(b"dropped\n").expect("w");
-        });
-        assert_eq!(out.text(), "");
-        assert_eq!(err.text(), "");
-        assert_eq!(fs::read(&path).expect("r"), b"a\nb\n");
-    }
-
-    #[test]
-    fn forward_long_line_in_pieces() {
-        let (c, out, _) = console();
-        let n = MAX_LINE * 2 + 10;
-        run_forward(c, id(0), plain(), move |mut o, _e| {
-            let line = vec![b'z'; n];
-            for chunk in line.chunks(7777) {
-                o.write_all(chunk).expect("w");
-            }
-            o.write_all(b"\nend\n").expect("w");
-        });
-        let text = out.text();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 4);
-        assert_eq!(lines[0].len(), MAX_LINE);
-        assert_eq!(lines[1].len(), MAX_LINE);
-        assert_eq!(lines[2].len(), 10);
-        assert_eq!(lines[3], "end");
-    }
-
-    #[test]
-    fn ranks_never_interleave_mid_line() {
-        let (c, out, _) = console();
-        const RANKS: usize = 4;
-        const LINES: usize = 2000;
-        let handles = rt().block_on(async {
-            let mut handles = Vec::new();
-            let mut writers = Vec::new();
-            for r in 0..RANKS {
-                let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
-                let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
-                handles.push(forward_to(c.clone(), id(r), plain(), out_r, err_r, None));
-                writers.push(std::thread::spawn(move || {
-                    let mut o = File::from(out_w);
-                    drop(err_w);
-                    // Lines written in odd-sized pieces so that reads end mid-line.
-                    let mut all = Vec::new();
-                    for i in 0..LINES {
-                        all.extend_from_slice(
-                            format!("rank{r}-line{i}-{}\n", "x".repeat(i % 50)).as_bytes(),
-                        );
-                    }
-                    for piece in all.chunks(97) {
-                        o.write_all(piece).expect("w");
-                    }
-                }));
-            }
-            let mut done = Vec::new();
-            for h in handles {
-                done.push(
-                    tokio::time::timeout(Duration::from_secs(120), h)
-                        .await
-                        .expect("in time")
-                        .expect("task"),
-                );
-            }
-            for w in writers {
-                w.join().expect("writer");
-            }
-            done
-        });
-        assert_eq!(handles.len(), RANKS);
-        let text = out.text();
-        let mut next = [0usize; RANKS];
-        for line in text.lines() {
-            let (r, rest) = line
-                .strip_prefix("rank")
-                .and_then(|l| l.split_once("-line"))
-                .unwrap_or_else(|| panic!("mangled line {line:?}"));
-            let r: usize = r.parse().expect("rank");
-            let i = next[r];
-            assert_eq!(
-                rest,
-                format!("{i}-{}", "x".repeat(i % 50)),
-                "rank {r} line {i}"
-            );
-            next[r] += 1;
-        }
-        assert_eq!(next, [LINES; RANKS]);
-    }
-
-    #[test]
-    fn forward_stops_on_request_with_open_pipes() {
-        let (c, out, err) = console();
-        let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
-        let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
-        // The write ends stay open (an escaped grandchild holds them).
-        let mut o = File::from(out_w);
-        let mut e = File::from(err_w);
-        o.write_all(b"a\nparti").expect("w");
-        e.write_all(b"oops\n").expect("w");
-        let summary = rt().block_on(async {
-            let (tx, rx) = watch::channel(false);
-            let h = forward_to(c, id(0), plain(), out_r, err_r, Some(rx));
-            tx.send(true).expect("send");
-            tokio::time::timeout(Duration::from_secs(60), h)
-                .await
-                .expect("stopped in time")
-                .expect("task")
-        });
-        assert_eq!(out.text(), "a\nparti\n");
-        assert_eq!(err.text(), "oops\n");
-        assert_eq!(summary.stderr_tail, vec!["oops"]);
-        drop((o, e));
-    }
-
-    #[test]
-    fn forward_reads_a_non_pipe_fd() {
-        let scratch = Scratch::new();
-        let path = scratch.0.join("in");
-        fs::write(&path, "from a file\n").expect("w");
-        let (c, out, _) = console();
-        let summary = rt().block_on(async {
-            let o = OwnedFd::from(File::open(&path).expect("open"));
-            let e = OwnedFd::from(File::open("/dev/null").expect("open"));
-            tokio::time::timeout(
-                Duration::from_secs(60),
-                forward_to(c, id(0), plain(), o, e, None),
-            )
-            .await
-            .expect("in time")
-            .expect("task")
-        });
-        assert_eq!(out.text(), "from a file\n");
-        assert!(summary.stderr_tail.is_empty());
-    }
-
-    /// Waits (bounded) until `buf` shows `want`.
-    fn wait_for_text(buf: &Buf, want: &str) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while buf.text() != want {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "console shows {:?}, want {want:?}",
-                buf.text()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    #[test]
-    fn prompt_without_newline_is_shown_before_its_rest() {
-        let (c, out, _) = console();
-        let sink = RankSink {
-            stdout_console: true,
-            stderr_console: true,
-            prefix: None,
-            ..RankSink::default()
-        };
-        let seen = out.clone();
-        run_forward(c, id(0), sink, move |mut o, _e| {
-            o.write_all(b"line\nName? ").expect("w");
-            // The worker waits for input: its prompt must reach the console first.
-            wait_for_text(&seen, "line\nName? ");
-            o.write_all(b"(y/n) ").expect("w");
-            wait_for_text(&seen, "line\nName? (y/n) ");
-            o.write_all(b"bob\nnext\n").expect("w");
-        });
-        // The continuation is written as is: no prefix, no added newline.
-        assert_eq!(out.text(), "line\nName? (y/n) bob\nnext\n");
-    }
-
-    #[test]
-    fn tee_prompt_continues_unprefixed() {
-        let scratch = Scratch::new();
-        let file = scratch.0.join("out.log");
-        File::create(&file).expect("create");
-        let (c, out, _) = console();
-        let sink = RankSink {
-            stdout_file: Some(file.clone()),
-            stdout_console: true,
-            prefix: Some("[default0]:".into()),
-            ..RankSink::default()
-        };
-        let seen = out.clone();
-        run_forward(c, id(0), sink, move |mut o, _e| {
-            o.write_all(b"(Pdb) ").expect("w");
-            wait_for_text(&seen, "[default0]:(Pdb) ");
-            o.write_all(b"done\nlast").expect("w");
-        });
-        assert_eq!(out.text(), "[default0]:(Pdb) done\n[default0]:last\n");
-        assert_eq!(fs::read(&file).expect("r"), b"(Pdb) done\nlast");
-    }
-
-    /// A console stream that fails with EPIPE after `ok` bytes.
-    struct Closed {
-        ok: usize,
-        written: Arc<Mutex<Vec<u8>>>,
-    }
-    impl Write for Closed {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            let mut v = self.written.lock().expect("lock");
-            if v.len() >= self.ok {
-                return Err(io::Error::from(io::ErrorKind::BrokenPipe));
-            }
-            v.extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn closed_console_closes_console_only_pipes() {
-        use std::os::unix::process::ExitStatusExt;
-        use std::process::{Command, Stdio};
-        let scratch = Scratch::new();
-        let file = scratch.0.join("out.log");
-        File::create(&file).expect("create");
-        let written = Arc::new(Mutex::new(Vec::new()));
-        let closed = Closed {
-            ok: 1,
-            written: written.clone(),
-        };
-        let c = Console::new(Box::new(closed), Box::new(Buf::default())).expect("console");
-        // Worker 0 writes to the console only: it gets SIGPIPE as under torchrun. Worker 1 is
-        // tee'd: its file keeps everything and it runs to its end.
-        // Killed (by PID) and reaped if the test fails half-way.
-        struct Reap(std::process::Child);
-        impl Drop for Reap {
-            fn drop(&mut self) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-            }
-        }
-        let spawn = |script: &str| {
-            let mut child = Command::new("sh")
-                .args(["-c", script])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn");
-            let o = OwnedFd::from(child.stdout.take().expect("stdout"));
-            let e = OwnedFd::from(child.stderr.take().expect("stderr"));
-            (Reap(child), o, e)
-        };
-        let (mut w0, o0, e0) = spawn("while :; do echo spam; done");
-        let (mut w1, o1, e1) = spawn("i=0; while [ $i -lt 3000 ]; do echo l$i; i=$((i+1)); done");
-        let tee = RankSink {
-            stdout_file: Some(file.clone()),
-            stdout_console: true,
-            stderr_console: true,
-            prefix: Some("[default1]:".into()),
-            ..RankSink::default()
-        };
-        rt().block_on(async {
-            let h0 = forward_to(c.clone(), id(0), plain(), o0, e0, None);
-            let h1 = forward_to(c.clone(), id(1), tee, o1, e1, None);
-            for h in [h0, h1] {
-                tokio::time::timeout(Duration::from_secs(60), h)
-                    .await
-                    .expect("forwarding ended in time")
-                    .expect("task");
-            }
-        });
-        let kill_bound = |child: &mut std::process::Child| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            loop {
-                if let Some(s) = child.try_wait().expect("wait") {
-                    return s;
-                }
-                assert!(std::time::Instant::now() < deadline, "worker still running");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        };
-        assert_eq!(kill_bound(&mut w0.0).signal(), Some(libc::SIGPIPE));
-        assert!(kill_bound(&mut w1.0).success());
-        let logged = fs::read_to_string(&file).expect("read");
-        assert_eq!(logged.lines().count(), 3000);
-        assert!(logged.ends_with("l2999\n"));
-    }
-}
+#[path = "pump_tests.rs"]
+mod tests;

@@ -1,0 +1,160 @@
+//! rdrun's own text on its stdout and stderr: log lines (the writer `tracing` is given), the
+//! failure report, lifecycle events on the console, the waiting status line, the hang block.
+//!
+//! Two rules, both about sharing the terminal with worker output:
+//! - A write that fails (a closed pipe: `rdrun … 2>&1 | head -1`; a full disk: `2>/dev/full`) is
+//!   dropped, never a panic: the run's status stays the workers' (issue 24). `eprint!` panics on
+//!   such an error, so rdrun's code never uses it for its own text.
+//! - A line of rdrun's never lands inside a worker's unfinished line. The process-wide console
+//!   ([`super::console`]) records, under the std locks of stdout and stderr, whether its last
+//!   write to each left the cursor mid-line ([`MID_LINE`]); rdrun's own text takes the same locks
+//!   and first ends such a line with `\n`. The console then sees that its open line was ended
+//!   and writes the worker's continuation as a line of its own.
+//!
+//! Both locks are always taken in the same order (stdout, then stderr), here and in the console
+//! writer, so that on a shared terminal (`2>&1`, a TTY) nothing slips between the check and the
+//! write.
+
+use std::io::{self, StderrLock, StdoutLock, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use super::console::Stream;
+
+/// Per stream (stdout, stderr): the process-wide console's last write to it did not end with a
+/// newline (an open prompt, a `\r` progress line, a worker's last line while it is shown).
+static MID_LINE: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+
+/// rdrun's stdout and stderr, both locked (stdout first).
+pub(crate) struct Locked {
+    pub out: StdoutLock<'static>,
+    pub err: StderrLock<'static>,
+}
+
+/// Takes both std locks in the one order every writer of rdrun's uses.
+pub(crate) fn lock() -> Locked {
+    let out = io::stdout().lock();
+    let err = io::stderr().lock();
+    Locked { out, err }
+}
+
+fn index(stream: Stream) -> usize {
+    match stream {
+        Stream::Stdout => 0,
+        Stream::Stderr => 1,
+    }
+}
+
+/// Whether the console's last write to `stream` left the cursor mid-line (call with [`lock`]
+/// held).
+pub(crate) fn mid_line(_held: &Locked, stream: Stream) -> bool {
+    MID_LINE[index(stream)].load(Ordering::Relaxed)
+}
+
+/// Records where the console's write of `bytes` to `stream` left the cursor (call with [`lock`]
+/// held).
+pub(crate) fn wrote(_held: &Locked, stream: Stream, bytes: &[u8]) {
+    if let Some(last) = bytes.last() {
+        MID_LINE[index(stream)].store(*last != b'\n', Ordering::Relaxed);
+    }
+}
+
+/// stdout and stderr are one file (a TTY, `2>&1`), so a line left open on either is in the way
+/// of rdrun's stderr text. Decided once: rdrun's own fds 1 and 2 do not change during a run.
+pub(crate) fn shared_terminal() -> bool {
+    static SHARED: OnceLock<bool> = OnceLock::new();
+    *SHARED.get_or_init(|| same_file(1, 2))
+}
+
+/// Whether two fds refer to the same file (one terminal, or `2>&1`).
+pub(crate) fn same_file(a: i32, b: i32) -> bool {
+    let stat = |fd: i32| -> Option<(u64, u64)> {
+        // SAFETY: fstat writes into the zeroed struct we own; an invalid fd only returns -1.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    };
+    matches!((stat(a), stat(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// Ends the console's open line that `stream`'s text would otherwise be glued onto.
+fn end_open_line(l: &mut Locked, stream: Stream) {
+    let shared = shared_terminal();
+    for s in [Stream::Stdout, Stream::Stderr] {
+        if (s == stream || shared) && MID_LINE[index(s)].swap(false, Ordering::Relaxed) {
+            let _ = match s {
+                Stream::Stdout => l.out.write_all(b"\n").and_then(|()| l.out.flush()),
+                Stream::Stderr => l.err.write_all(b"\n"),
+            };
+        }
+    }
+}
+
+/// Writes rdrun's own `text` to its stderr: after any open worker line is ended, errors dropped.
+pub fn stderr(text: &str) {
+    stderr_bytes(text.as_bytes());
+}
+
+/// [`stderr`] with a newline added (the `eprintln!` of rdrun's own lines).
+pub fn stderr_line(text: &str) {
+    let mut l = lock();
+    end_open_line(&mut l, Stream::Stderr);
+    let _ = l.err.write_all(text.as_bytes());
+    let _ = l.err.write_all(b"\n");
+}
+
+fn stderr_bytes(bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    let mut l = lock();
+    end_open_line(&mut l, Stream::Stderr);
+    let _ = l.err.write_all(bytes);
+}
+
+/// Writes rdrun's own `text` to its stdout (help, `--dry-run`): errors dropped.
+pub fn stdout(text: &str) {
+    let mut l = lock();
+    end_open_line(&mut l, Stream::Stdout);
+    let _ = l.out.write_all(text.as_bytes());
+    let _ = l.out.flush();
+}
+
+/// The writer `tracing` formats each event into (one `write_all` per event): rdrun's stderr
+/// through [`stderr`]; it never reports an error, so `tracing` has nothing to print about one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        stderr_bytes(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The `MakeWriter` for rdrun's log (`tracing_subscriber::fmt().with_writer(own::log_writer)`).
+pub fn log_writer() -> LogWriter {
+    LogWriter
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mid_line_is_ended_before_own_text() {
+        let l = lock();
+        wrote(&l, Stream::Stderr, b"(Pdb) ");
+        assert!(mid_line(&l, Stream::Stderr));
+        drop(l);
+        // The test harness captures neither fd 2 nor std's stderr lock; the text goes to the
+        // test's stderr, and what matters is the state the console reads back.
+        stderr_line("rdrun: own line");
+        let l = lock();
+        assert!(!mid_line(&l, Stream::Stderr), "open line not ended");
+        wrote(&l, Stream::Stderr, b"done\n");
+        assert!(!mid_line(&l, Stream::Stderr));
+    }
+}

@@ -15,6 +15,9 @@ use std::time::Duration;
 
 use crate::util::{Rdrun, TempDir};
 
+/// Real PyTorch DDP jobs: whom the suspect rules name (issue 24).
+mod torch;
+
 /// Small budgets: 2 s quiet (startup and steady), polled every 0.25 s.
 fn launch(nproc: usize) -> Rdrun {
     launch_budget(nproc, "2")

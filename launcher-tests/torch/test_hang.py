@@ -86,14 +86,15 @@ def test_gloo_desync_detected_captured_named_and_restarted(procs, tmp_path):
     assert head.startswith("[rdrun] HANG (steady): no activity on any of 2 ranks"), r.describe()
     assert "(budget 5s)" in head, head
 
-    # Both stacks, in the block (top frame) and in the files.
+    # Both stacks, in the block (the innermost frame, and after a library call the user's own
+    # innermost frame) and in the files.
     rank_line = {}
     for l in block:
         m = re.match(r"\[rdrun\]   rank (\d) pid \d+ ", l)
         if m:
             rank_line[int(m.group(1))] = l
     assert set(rank_line) == {0, 1}, "\n".join(block)
-    assert "all_reduce (" in rank_line[0], "\n".join(block)
+    assert "all_reduce ← <module> (hang_desync.py:" in rank_line[0], "\n".join(block)
     assert "desert (" in rank_line[1] and "hang_desync.py" in rank_line[1], "\n".join(block)
     assert "<- suspect" in rank_line[1] and "<- suspect" not in rank_line[0], "\n".join(block)
     assert "not in a collective" in rank_line[1], rank_line[1]

@@ -16,9 +16,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use super::children::{capture_children, python_children, ChildCapture};
 use super::detector::{HangReason, Verdict};
+use super::frames::describe;
 use super::sample::{parse_stat, ProcState};
 use super::settings::HangMode;
+pub use super::suspect::pick_suspects;
 
 /// One rank to capture.
 #[derive(Debug, Clone)]
@@ -117,6 +120,8 @@ pub struct RankCapture {
     pub main_frames: Vec<String>,
     pub last_output: Vec<String>,
     pub store_waits: Vec<StoreWait>,
+    /// The rank's Python descendants (DataLoader workers ...), nearest first.
+    pub children: Vec<ChildCapture>,
 }
 
 impl RankCapture {
@@ -267,13 +272,21 @@ fn read_threads(root: &Path, pid: i32) -> Vec<ThreadWait> {
         .collect()
 }
 
-async fn run_py_spy(bin: &Path, pid: i32, bound: Duration) -> (StackStatus, String) {
+pub(super) async fn run_py_spy(bin: &Path, pid: i32, bound: Duration) -> (StackStatus, String) {
     let mut cmd = tokio::process::Command::new(bin);
-    cmd.args(["dump", "--nonblocking", "--pid", &pid.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    // Full file names: what tells the user's own code from the standard library and
+    // site-packages (shortened, both are bare `name.py`).
+    cmd.args([
+        "dump",
+        "--nonblocking",
+        "--pid",
+        &pid.to_string(),
+        "--full-filenames",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -308,11 +321,25 @@ async fn run_py_spy(bin: &Path, pid: i32, bound: Duration) -> (StackStatus, Stri
 
 async fn capture_rank(t: CaptureTarget, opts: CaptureOptions) -> RankCapture {
     let dirs = worker_bin_dirs(&opts.proc_root, t.pid);
-    let (stack_status, stack) =
-        match find_py_spy(opts.py_spy.as_deref(), opts.search_path.as_deref(), &dirs) {
-            Ok(bin) => run_py_spy(&bin, t.pid, opts.tool_timeout).await,
-            Err(why) => (StackStatus::Unavailable(why), String::new()),
-        };
+    let root = opts.proc_root.clone();
+    let pid = t.pid;
+    let kids = tokio::task::spawn_blocking(move || python_children(&root, pid))
+        .await
+        .unwrap_or_default();
+    let bin = find_py_spy(opts.py_spy.as_deref(), opts.search_path.as_deref(), &dirs);
+    // The rank and its children at once: the rank's bound is one tool run, not one per child.
+    let ((stack_status, stack), children) = match &bin {
+        Ok(bin) => {
+            tokio::join!(
+                run_py_spy(bin, t.pid, opts.tool_timeout),
+                capture_children(Some(bin), &kids, opts.tool_timeout)
+            )
+        }
+        Err(why) => (
+            (StackStatus::Unavailable(why.clone()), String::new()),
+            Vec::new(),
+        ),
+    };
     let main_frames = if stack_status == StackStatus::Ok {
         parse_py_spy_main_frames(&stack)
     } else {
@@ -340,6 +367,7 @@ async fn capture_rank(t: CaptureTarget, opts: CaptureOptions) -> RankCapture {
         main_frames,
         last_output: t.last_output,
         store_waits: t.store_waits,
+        children,
     }
 }
 
@@ -376,6 +404,7 @@ pub async fn capture(
                 main_frames: Vec::new(),
                 last_output: t.last_output.clone(),
                 store_waits: t.store_waits.clone(),
+                children: Vec::new(),
             });
         }
     }
@@ -397,123 +426,6 @@ pub async fn capture(
         duration: started.elapsed(),
         files_dir: None,
     }
-}
-
-/// Whether a Python frame is a wait: a torch.distributed collective or `Work.wait`, a store
-/// get/wait, `queue.get`, a `threading` wait.
-pub fn is_wait_frame(frame: &str) -> bool {
-    const NAMES: &[&str] = &[
-        "all_reduce",
-        "all_gather",
-        "reduce_scatter",
-        "broadcast",
-        "barrier",
-        "all_to_all",
-        "reduce (",
-        "gather (",
-        "scatter (",
-        "recv (",
-        "irecv",
-        "send (",
-        "monitored_barrier",
-        "wait (",
-        "wait_for",
-        "get (",
-        "acquire (",
-        "join (",
-        "select (",
-        "poll (",
-        "synchronize",
-    ];
-    frame.contains("torch/distributed")
-        || frame.contains("distributed_c10d")
-        || frame.contains("threading.py")
-        || frame.contains("queue.py")
-        || NAMES
-            .iter()
-            .any(|n| frame.starts_with(n) || frame.contains(&format!(" {n}")))
-}
-
-/// The rank(s) that differ: with stacks, those whose main thread is not in a wait while others
-/// are, else the odd one out among top frames; without stacks, the odd kernel wait.
-pub fn pick_suspects(ranks: &[RankCapture]) -> (Vec<u32>, String) {
-    let stacked: Vec<&RankCapture> = ranks.iter().filter(|r| !r.main_frames.is_empty()).collect();
-    if stacked.len() >= 2 {
-        let not_waiting: Vec<u32> = stacked
-            .iter()
-            .filter(|r| !r.main_frames.iter().any(|f| is_wait_frame(f)))
-            .map(|r| r.rank)
-            .collect();
-        if !not_waiting.is_empty() && not_waiting.len() < stacked.len() {
-            return (not_waiting, "not in a collective".to_string());
-        }
-    }
-    if let Some(found) = missing_setters(ranks) {
-        return found;
-    }
-    if stacked.len() >= 2 {
-        if let Some(odd) = odd_one_out(
-            stacked
-                .iter()
-                .map(|r| (r.rank, r.top_frame().unwrap_or(""))),
-        ) {
-            return (odd, "top frame differs from the other ranks".to_string());
-        }
-    }
-    let waits = ranks.iter().filter_map(|r| Some((r.rank, r.main_wchan()?)));
-    if let Some(odd) = odd_one_out(waits) {
-        return (odd, "kernel wait differs from the other ranks".to_string());
-    }
-    (Vec::new(), String::new())
-}
-
-/// The rank a waited-on key names as its setter: the key's last number (`/ready/1`,
-/// `rank_3`, `store_based_barrier_key:2` → 1, 3, 2), when it is one of `ranks`.
-pub fn expected_setter(key: &str, ranks: &[u32]) -> Option<u32> {
-    let digits: String = key
-        .chars()
-        .rev()
-        .take_while(char::is_ascii_digit)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    let before = key[..key.len() - digits.len()].chars().last();
-    if digits.is_empty() || !matches!(before, Some('/' | '_' | ':' | '-' | '.')) {
-        return None;
-    }
-    let n: u32 = digits.parse().ok()?;
-    ranks.contains(&n).then_some(n)
-}
-
-/// The store rule: ranks that should have set a key others wait on (named by
-/// [`expected_setter`]) and are not themselves waiting on it.
-fn missing_setters(ranks: &[RankCapture]) -> Option<(Vec<u32>, String)> {
-    let ids: Vec<u32> = ranks.iter().map(|r| r.rank).collect();
-    let mut found: Vec<u32> = Vec::new();
-    let mut why = String::new();
-    for r in ranks {
-        for w in &r.store_waits {
-            let Some(setter) = expected_setter(&w.key, &ids) else {
-                continue;
-            };
-            let setter_waits_too = ranks
-                .iter()
-                .any(|o| o.rank == setter && o.store_waits.iter().any(|x| x.key == w.key));
-            if setter == r.rank || setter_waits_too || found.contains(&setter) {
-                continue;
-            }
-            if why.is_empty() {
-                why = format!(
-                    "never set store key {:?} that rank {} waits on",
-                    w.key, r.rank
-                );
-            }
-            found.push(setter);
-        }
-    }
-    found.sort_unstable();
-    (!found.is_empty()).then_some((found, why))
 }
 
 /// Local socket addresses of `pid`'s TCP sockets (its `fd/` links, looked up in its network
@@ -605,26 +517,6 @@ pub fn store_waits_of(
     out
 }
 
-/// The members of the smaller groups when one group holds a strict majority of ≥ 2.
-fn odd_one_out<'a>(items: impl Iterator<Item = (u32, &'a str)>) -> Option<Vec<u32>> {
-    let items: Vec<(u32, &str)> = items.collect();
-    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
-    for (_, k) in &items {
-        *counts.entry(k).or_default() += 1;
-    }
-    let (major, n) = counts.iter().max_by_key(|(_, n)| **n)?;
-    if *n < 2 || *n * 2 <= items.len() || *n == items.len() {
-        return None;
-    }
-    Some(
-        items
-            .iter()
-            .filter(|(_, k)| k != major)
-            .map(|(r, _)| *r)
-            .collect(),
-    )
-}
-
 fn secs(d: Duration) -> String {
     let s = d.as_secs();
     if s >= 60 {
@@ -673,6 +565,24 @@ impl HangReport {
                 _ => {}
             }
             s.push_str(&r.stack);
+            for c in &r.children {
+                let _ = writeln!(
+                    s,
+                    "\nchild process {} (parent {}) python stack: {}{}",
+                    c.pid,
+                    c.ppid,
+                    c.stack_status.name(),
+                    if c.stuck() {
+                        " (stuck in user code)"
+                    } else {
+                        ""
+                    }
+                );
+                if let StackStatus::Unavailable(w) | StackStatus::Failed(w) = &c.stack_status {
+                    let _ = writeln!(s, "  {w}");
+                }
+                s.push_str(&c.stack);
+            }
             if !r.store_waits.is_empty() {
                 let _ = writeln!(s, "\nstore waits (key, age):");
                 for w in &r.store_waits {
@@ -743,8 +653,8 @@ impl HangReport {
         );
         for r in &self.ranks {
             let view = v.ranks.iter().find(|x| x.rank == r.rank);
-            let top = match (&r.stack_status, r.top_frame()) {
-                (StackStatus::Ok, Some(f)) => f.to_string(),
+            let top = match (&r.stack_status, describe(&r.main_frames)) {
+                (StackStatus::Ok, Some(f)) => f,
                 (st, _) => format!("(stack {})", st.name()),
             };
             let _ = write!(
@@ -765,6 +675,16 @@ impl HangReport {
                 let _ = write!(s, "   <- suspect: {}", self.suspect_reason);
             }
             s.push('\n');
+            // Only stuck children: idle DataLoader workers are in the rank's file.
+            for c in r.children.iter().filter(|c| c.stuck()) {
+                let _ = writeln!(
+                    s,
+                    "[rdrun]   rank {} child pid {} stuck in {}",
+                    r.rank,
+                    c.pid,
+                    describe(&c.main_frames).unwrap_or_default()
+                );
+            }
             if let Some(l) = r.last_output.last() {
                 let _ = writeln!(s, "[rdrun]   rank {} last output: {:?}", r.rank, l);
             }
@@ -858,6 +778,7 @@ mod tests {
             main_frames: frames.iter().map(|s| s.to_string()).collect(),
             last_output: vec![],
             store_waits: vec![],
+            children: vec![],
         }
     }
 
@@ -961,79 +882,6 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
     }
 
     #[test]
-    fn suspect_is_the_rank_not_in_a_collective() {
-        let ranks = [
-            rc(
-                0,
-                &[
-                    "all_reduce (torch/distributed/distributed_c10d.py:4181)",
-                    "<module> (t.py:12)",
-                ],
-                "futex_do_wait",
-            ),
-            rc(1, &["<module> (t.py:10)"], "hrtimer_nanosleep"),
-        ];
-        let (s, why) = pick_suspects(&ranks);
-        assert_eq!(s, vec![1]);
-        assert_eq!(why, "not in a collective");
-    }
-
-    #[test]
-    fn suspect_is_the_odd_top_frame_when_all_wait() {
-        let a = "all_reduce (torch/distributed/distributed_c10d.py:4181)";
-        let b = "barrier (torch/distributed/distributed_c10d.py:4700)";
-        let ranks = [
-            rc(0, &[a], "f"),
-            rc(1, &[a], "f"),
-            rc(2, &[b], "f"),
-            rc(3, &[a], "f"),
-        ];
-        assert_eq!(pick_suspects(&ranks).0, vec![2]);
-        // No majority: no suspect.
-        let ranks = [rc(0, &[a], "f"), rc(1, &[b], "f")];
-        assert!(pick_suspects(&ranks).0.is_empty());
-    }
-
-    #[test]
-    fn store_rule_names_the_missing_setter() {
-        let ids = [0, 1, 2, 3];
-        assert_eq!(expected_setter("/ready/1", &ids), Some(1));
-        assert_eq!(expected_setter("rank_3", &ids), Some(3));
-        assert_eq!(expected_setter("store_based_barrier_key:2", &ids), Some(2));
-        assert_eq!(expected_setter("/ready/7", &ids), None, "not a rank");
-        assert_eq!(expected_setter("v2", &ids), None, "no separator");
-        assert_eq!(expected_setter("/x/", &ids), None);
-        let wait = |key: &str| StoreWait {
-            key: key.into(),
-            age: Duration::from_secs(30),
-        };
-        // No stacks; rank 0 waits for rank 1's key; kernel waits alike.
-        let mut a = rc(0, &[], "futex_do_wait");
-        a.store_waits = vec![wait("/ready/1")];
-        let b = rc(1, &[], "futex_do_wait");
-        let (s, why) = pick_suspects(&[a.clone(), b.clone()]);
-        assert_eq!(s, vec![1]);
-        assert!(
-            why.contains("\"/ready/1\"") && why.contains("rank 0"),
-            "{why}"
-        );
-        // A setter that waits on the same key (a barrier of all) is not the culprit.
-        let mut b2 = b.clone();
-        b2.store_waits = vec![wait("/ready/1")];
-        assert!(pick_suspects(&[a.clone(), b2]).0.is_empty());
-        // The stack rule comes first.
-        let c = rc(
-            0,
-            &["all_reduce (torch/distributed/distributed_c10d.py:1)"],
-            "f",
-        );
-        let d = rc(1, &["idle (t.py:3)"], "f");
-        let mut d2 = d.clone();
-        d2.store_waits = vec![wait("/k/0")];
-        assert_eq!(pick_suspects(&[c, d2]).0, vec![1]);
-    }
-
-    #[test]
     fn proc_net_addresses_and_wait_mapping() {
         let v4 = parse_proc_net_addr("0100007F:1F90").unwrap();
         #[cfg(target_endian = "little")]
@@ -1070,20 +918,6 @@ Thread 4183 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distribute
         let mine = c.local_addr().unwrap();
         let found = tcp_sockets_of(Path::new("/proc"), std::process::id() as i32);
         assert!(found.contains(&mine), "{mine} not in {found:?}");
-    }
-
-    #[test]
-    fn without_stacks_the_odd_kernel_wait() {
-        let ranks = [
-            rc(0, &[], "futex_do_wait"),
-            rc(1, &[], "hrtimer_nanosleep"),
-            rc(2, &[], "futex_do_wait"),
-        ];
-        let (s, why) = pick_suspects(&ranks);
-        assert_eq!(s, vec![1]);
-        assert!(why.contains("kernel wait"));
-        let same = [rc(0, &[], "futex_do_wait"), rc(1, &[], "futex_do_wait")];
-        assert!(pick_suspects(&same).0.is_empty());
     }
 
     #[test]

@@ -187,16 +187,22 @@ pub struct NodeFindings {
 }
 
 /// How strong a suspect reason is, to pick the job's suspect among the nodes' findings:
-/// a rank not in a collective beats a missing setter beats an odd top frame beats an odd
-/// kernel wait.
+/// a rank not in a collective (or whose child process is stuck) beats a missing setter beats
+/// an odd top frame beats an odd kernel wait. Matched on the reasons' fixed beginnings: the
+/// rest can quote the user's function names.
 pub fn reason_strength(reason: &str) -> u8 {
-    if reason.contains("heartbeat") {
+    let starts = |p: &[&str]| p.iter().any(|p| reason.starts_with(p));
+    if starts(&["heartbeat"]) {
         5
-    } else if reason.contains("not in a collective") {
+    } else if starts(&[
+        "not in a collective",
+        "its DataLoader worker",
+        "its child process",
+    ]) {
         4
-    } else if reason.contains("set") {
+    } else if starts(&["never set"]) {
         3
-    } else if reason.contains("top frame") {
+    } else if starts(&["top frame"]) {
         2
     } else if reason.is_empty() {
         0
@@ -682,6 +688,17 @@ mod tests {
             ..a.clone()
         };
         assert_eq!(job_suspect(&[&none]).map(|s| s.0), None);
+        // A quoted user function name does not change a reason's strength.
+        let odd = "top frame differs from the other ranks";
+        let stuck = "its DataLoader worker pid 7 is stuck in reset_heartbeat (data.py:3)";
+        assert!(reason_strength(stuck) > reason_strength(odd));
+        assert_eq!(
+            reason_strength(stuck),
+            reason_strength(
+                "not in a collective: waits in Event.wait from its own code x (t.py:1)"
+            )
+        );
+        assert!(reason_strength("heartbeat past its budget") > reason_strength(stuck));
     }
 
     /// Two agents on one in-memory store: node 1 active keeps node 0 from a verdict; once both

@@ -14,8 +14,11 @@
 //! * [`sample`]: per-rank `/proc` sampling of the whole process tree behind [`ProcSource`], and
 //!   the [`OutputCounter`] the output pump bumps.
 //! * [`detector`]: the pure rules ([`Detector`]) and the poll-driven [`HangMonitor`].
-//! * [`capture`]: bounded, parallel capture, suspect selection, the stderr block and
-//!   `rank<R>.txt` files ([`capture()`], [`HangReport`]).
+//! * [`capture`]: bounded, parallel capture, the stderr block and `rank<R>.txt` files
+//!   ([`capture()`], [`HangReport`]); [`children`]: each rank's Python descendants
+//!   (DataLoader workers) and their stacks, captured with the rank.
+//! * [`frames`]: a py-spy frame's origin (the user's code, the stdlib, site-packages) and what a
+//!   stack waits in; [`suspect`]: the pure rules naming the rank to blame.
 //! * [`cluster`]: the multi-node rule — every agent publishes its node's quiet state to the
 //!   rendezvous store, the job hangs only when every node is quiet, one verdict per round;
 //!   without the store, the local rule at twice the budget.
@@ -24,10 +27,13 @@
 //!   worker tree that armed the timer, never rdrun) is the agent's job.
 
 pub mod capture;
+pub mod children;
 pub mod cluster;
 pub mod detector;
 pub mod filetimer;
+pub mod frames;
 pub mod sample;
+pub mod suspect;
 /// The settings are resolved flags, so `config` owns them (see docs/architecture.md).
 pub use crate::config::hang as settings;
 

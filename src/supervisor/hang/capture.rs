@@ -1,12 +1,13 @@
 //! Capture after a verdict: per rank, in parallel and bounded in wall time, the Python stack
-//! (`py-spy dump --nonblocking`), each thread's kernel wait (`wchan`, `syscall`) and the last
-//! output lines, and the store keys the rank waits on (rdrun hosts the store: [`store_waits_of`]
-//! maps the store's pending waits to ranks through the workers' sockets); then the suspect, the
-//! one stderr block, and `rank<R>.txt` files.
+//! (`py-spy dump --nonblocking`) of the rank and of its Python descendants (`children.rs`),
+//! each thread's kernel wait (`wchan`, `syscall`) and the last output lines, and the store keys
+//! the rank waits on (rdrun hosts the store: [`store_waits_of`] maps the store's pending waits
+//! to ranks through the workers' sockets); then the suspect (`suspect.rs`), the one stderr
+//! block, and `rank<R>.txt` files.
 //!
-//! Length: about 810 lines of code for one responsibility, the bounded capture (py-spy, `/proc`
-//! waits, output tails, the store waits mapped to ranks through the workers' sockets) and the
-//! suspect rules that read it; the rest are its tests.
+//! Length: about 730 lines of code for one responsibility, the bounded capture (py-spy, `/proc`
+//! waits, output tails, the store waits mapped to ranks through the workers' sockets) and its
+//! rendering; the rest are its tests.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;

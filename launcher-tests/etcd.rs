@@ -760,22 +760,12 @@ fn bad_endpoints_auth_and_prefix_are_one_line_errors() {
     );
 }
 
-/// The torch venv's python (`scripts/torch-venv.sh` builds it), if present.
-fn torch_python() -> Option<PathBuf> {
-    let cache = std::env::var_os("RDRUN_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rdrun")))?;
-    let p = cache.join("torch-venv/bin/python");
-    p.exists().then_some(p)
-}
-
 /// (e) PyTorch gloo DDP across three nodes under the etcd backend: every rank trains, the
 /// parameters agree after training, and the ranks are 0..3.
 #[test]
 fn pytorch_gloo_ddp_across_nodes() {
     bounded(TEST_TIMEOUT, || {
-        let Some(python) = torch_python() else {
-            eprintln!("SKIPPED: no torch venv (scripts/torch-venv.sh builds it)");
+        let Some(python) = crate::util::torch_python() else {
             return;
         };
         let Some(tb) = Testbed::new(3, 3) else {

@@ -32,14 +32,6 @@ fn mpirun_path() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn torch_python() -> Option<PathBuf> {
-    let cache = std::env::var_os("RDRUN_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rdrun")))?;
-    let p = cache.join("torch-venv/bin/python");
-    p.exists().then_some(p)
-}
-
 /// What an mpirun run left: exit code (`None`: killed at the bound), stdout, stderr.
 struct MpiOut {
     code: Option<i32>,
@@ -131,8 +123,7 @@ fn mpirun_four_ranks_in_place_gloo_all_reduce() {
         eprintln!("SKIP: mpirun not found (Debian's openmpi-bin installs it)");
         return;
     };
-    let Some(python) = torch_python() else {
-        eprintln!("SKIP: no torch venv (scripts/torch-venv.sh installs it)");
+    let Some(python) = crate::util::torch_python() else {
         return;
     };
     let dir = TempDir::new("mpi_torch");
@@ -394,8 +385,7 @@ fn mpirun_across_two_hosts_gloo_all_reduce() {
         eprintln!("SKIP: mpirun not found (Debian's openmpi-bin installs it)");
         return;
     };
-    let Some(python) = torch_python() else {
-        eprintln!("SKIP: no torch venv (scripts/torch-venv.sh installs it)");
+    let Some(python) = crate::util::torch_python() else {
         return;
     };
     crate::rendezvous::bounded(Duration::from_secs(400), move || {

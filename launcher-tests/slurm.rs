@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::multinode::{get, records};
 use crate::rendezvous::bounded;
-use crate::util::{rdrun_bin, worker, Output, TempDir};
+use crate::util::{rdrun_bin, torch_python, worker, Output, TempDir};
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -31,21 +31,6 @@ fn repo_root() -> PathBuf {
 
 fn script() -> Command {
     Command::new(repo_root().join("scripts/slurm-cluster.sh"))
-}
-
-/// The torch venv's python (`scripts/torch-venv.sh` caches it), or None with a SKIP line.
-fn torch_python() -> Option<PathBuf> {
-    let cache = std::env::var_os("RDRUN_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rdrun")));
-    let p = cache.map(|c| c.join("torch-venv/bin/python"));
-    match p {
-        Some(p) if p.exists() => Some(p),
-        _ => {
-            eprintln!("SKIP: no torch venv (scripts/torch-venv.sh makes it)");
-            None
-        }
-    }
 }
 
 /// A running cluster; `down` (also on drop, on panic) removes all of it.
@@ -543,12 +528,13 @@ fn odd_node_list_through_the_real_daemons() {
     });
 }
 
-/// Issue 24.1 under the real daemons: `srun -N2 --ntasks-per-node=1 rdrun --nproc_per_node=2
-/// --max-restarts=1` with rank 3 (node 2) exiting 7 on attempt 0 restarts every node once and
-/// attempt 1 forms its gloo world (before, it read attempt 0's addresses from node 0's store
-/// and died in connectFullMesh on both nodes).
-#[test]
-fn srun_one_task_per_node_ddp_restarts_after_a_failure() {
+/// Runs `srun -N2 --ntasks-per-node=<tasks> rdrun <extra> --max-restarts=1 ddp_restart.py`
+/// with `fail` exiting 7 on attempt 0, and checks every rank of attempt 1 finished (issue 24.1).
+fn srun_ddp_restart(
+    tasks_per_node: &'static str,
+    extra: &'static [&'static str],
+    fail: &'static str,
+) {
     let Some(py) = torch_python() else { return };
     bounded(Duration::from_secs(420), move || {
         let Some(c) = Cluster::up(&["node01", "node02"]) else {
@@ -557,20 +543,19 @@ fn srun_one_task_per_node_ddp_restarts_after_a_failure() {
         let out_dir = TempDir::new("slurm_restart");
         let py = py.to_string_lossy();
         let script = crate::util::torch_script("ddp_restart.py");
+        let (rdrun, script, dir) = (
+            rdrun(),
+            script.to_string_lossy().into_owned(),
+            out_dir.path().to_string_lossy().into_owned(),
+        );
+        let ntasks = format!("--ntasks-per-node={tasks_per_node}");
+        let mut args = vec!["srun", "-N2", ntasks.as_str(), rdrun.as_str()];
+        args.extend_from_slice(extra);
+        args.extend(["--max-restarts=1", script.as_str(), dir.as_str(), fail]);
         let out = c.run(
             out_dir.path(),
             &[("PYTHON_EXEC", &py)],
-            &[
-                "srun",
-                "-N2",
-                "--ntasks-per-node=1",
-                &rdrun(),
-                "--nproc_per_node=2",
-                "--max-restarts=1",
-                &script.to_string_lossy(),
-                &out_dir.path().to_string_lossy(),
-                "3",
-            ],
+            &args,
             Duration::from_secs(360),
         );
         out.assert_code(0);
@@ -578,34 +563,18 @@ fn srun_one_task_per_node_ddp_restarts_after_a_failure() {
     });
 }
 
+/// Issue 24.1 under the real daemons: `srun -N2 --ntasks-per-node=1 rdrun --nproc_per_node=2
+/// --max-restarts=1` with rank 3 (node 2) exiting 7 on attempt 0 restarts every node once and
+/// attempt 1 forms its gloo world (before, it read attempt 0's addresses from node 0's store
+/// and died in connectFullMesh on both nodes).
+#[test]
+fn srun_one_task_per_node_ddp_restarts_after_a_failure() {
+    srun_ddp_restart("1", &["--nproc_per_node=2"], "3");
+}
+
 /// The same in place (`srun -N2 --ntasks-per-node=2 rdrun`: each rdrun one rank, a static
 /// rendezvous of four members), rank 0 — on the node whose agent hosts the store — failing.
 #[test]
 fn srun_in_place_ddp_restarts_after_a_failure() {
-    let Some(py) = torch_python() else { return };
-    bounded(Duration::from_secs(420), move || {
-        let Some(c) = Cluster::up(&["node01", "node02"]) else {
-            return;
-        };
-        let out_dir = TempDir::new("slurm_inplace_restart");
-        let py = py.to_string_lossy();
-        let script = crate::util::torch_script("ddp_restart.py");
-        let out = c.run(
-            out_dir.path(),
-            &[("PYTHON_EXEC", &py)],
-            &[
-                "srun",
-                "-N2",
-                "--ntasks-per-node=2",
-                &rdrun(),
-                "--max-restarts=1",
-                &script.to_string_lossy(),
-                &out_dir.path().to_string_lossy(),
-                "0",
-            ],
-            Duration::from_secs(360),
-        );
-        out.assert_code(0);
-        crate::static_restart::assert_finished(out_dir.path(), 4, 1, std::slice::from_ref(&out));
-    });
+    srun_ddp_restart("2", &[], "0");
 }

@@ -7,9 +7,7 @@
 //! The group never waits on its own and never decides what follows the attempt (that is
 //! `restart::decide`'s); *how* it stops is [`GroupStop`]'s.
 //!
-//! Length: about 830 lines before the tests for one responsibility, one attempt's state and its
-//! event methods; each method is the whole reaction to one event (the FileTimer expiry's
-//! capture-then-signal included), and splitting them apart would scatter the attempt's state.
+//! How an attempt ended, [`Outcome`], lives in `outcome.rs`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,10 +34,12 @@ use super::hanglink::{
 use super::observe::Observer;
 use super::output::{self, AttemptLogs, OutputSummary, RankIdentity};
 use super::report::Failure;
-use super::restart::{self, AttemptEnd};
+use super::restart;
 use super::signals::{self, SignalReaction};
 use super::stop::{self, GroupGuard, GroupStop, Phase, StopReason, KILL_WAIT};
 use super::worker::{self, RunWorkerEnv};
+
+pub(super) use super::outcome::{rendezvous_end, Outcome};
 
 /// One worker of the current attempt.
 #[derive(Debug)]
@@ -73,114 +73,6 @@ impl Slot {
             abandoned,
             stop_sent_at: self.stop_sent_at,
         }
-    }
-}
-
-/// How one attempt ended, with what the report and the decision need.
-#[derive(Debug)]
-pub(super) enum Outcome {
-    Succeeded,
-    /// Workers failed; `peer_loss`: a peer node was reported lost close to the first failure
-    /// (the reason the round would have had, and the lost nodes).
-    Failed {
-        failures: Vec<Failure>,
-        peer_loss: Option<(RoundReason, Vec<String>)>,
-        /// The group was stopped because it hung (kill mode): the report's root cause.
-        hang: Option<HangFinding>,
-    },
-    Interrupted {
-        signal: i32,
-        failures: Vec<Failure>,
-    },
-    LauncherError(String),
-    /// The rendezvous membership changed (multi-node): join the next round with `reason`.
-    Regroup {
-        reason: RoundReason,
-        lost: Vec<String>,
-    },
-    /// The rendezvous was closed or its store became unreachable: the run cannot go on.
-    RendezvousLost(String),
-}
-
-impl Outcome {
-    /// What [`restart::decide`] needs to know of it.
-    pub(super) fn attempt_end(&self) -> AttemptEnd {
-        match self {
-            Outcome::Succeeded => AttemptEnd::Succeeded,
-            Outcome::Failed {
-                peer_loss: None, ..
-            } => AttemptEnd::Failed,
-            Outcome::Failed {
-                peer_loss: Some((reason, _)),
-                ..
-            } => AttemptEnd::FailedWithPeerLoss {
-                charged: *reason == RoundReason::PeerLost,
-            },
-            Outcome::Regroup { reason, .. } => AttemptEnd::Regroup {
-                charged: *reason == RoundReason::PeerLost,
-            },
-            Outcome::Interrupted { .. } => AttemptEnd::Interrupted,
-            Outcome::LauncherError(_) => AttemptEnd::LauncherError,
-            Outcome::RendezvousLost(_) => AttemptEnd::RendezvousLost,
-        }
-    }
-
-    /// The peer nodes a regroup is about (lost ones), logging why the group regroups.
-    pub(super) fn log_regroup(&self) {
-        let lost = match self {
-            Outcome::Regroup { lost, .. } => lost.as_slice(),
-            Outcome::Failed {
-                peer_loss: Some((_, lost)),
-                ..
-            } => {
-                tracing::warn!(
-                    ?lost,
-                    "the workers failed while peer node(s) were lost; counting the failure as the membership change"
-                );
-                lost.as_slice()
-            }
-            _ => &[],
-        };
-        if lost.is_empty() {
-            tracing::warn!(
-                "rendezvous membership changed; stopping the workers and joining the next round"
-            );
-        } else {
-            tracing::warn!(
-                ?lost,
-                "peer node(s) stopped heartbeating; stopping the workers and joining the next round"
-            );
-        }
-    }
-}
-
-/// What a rendezvous event means for the running attempt. A static job cannot shrink: a lost
-/// peer is a failure of the job (charged, `PeerLost`); a c10d job regroups without it.
-pub(super) fn rendezvous_end(ev: RdzvEvent, static_job: bool) -> Outcome {
-    match ev {
-        RdzvEvent::Closed => Outcome::RendezvousLost(
-            "the rendezvous was closed: its store says so (normally another node's job finished \
-             or gave up there; any client of the unauthenticated store can write that mark)"
-                .into(),
-        ),
-        RdzvEvent::StoreUnreachable(msg) => {
-            Outcome::RendezvousLost(format!("lost the rendezvous store: {msg}"))
-        }
-        RdzvEvent::JobFailed(why) => {
-            Outcome::RendezvousLost(format!("the job {why}; its agent closed the rendezvous"))
-        }
-        RdzvEvent::PeersLost(lost) => Outcome::Regroup {
-            reason: if static_job {
-                RoundReason::PeerLost
-            } else {
-                RoundReason::Membership
-            },
-            lost,
-        },
-        RdzvEvent::NodesWaiting(_) | RdzvEvent::RoundChanged { .. } => Outcome::Regroup {
-            reason: RoundReason::Membership,
-            lost: Vec::new(),
-        },
     }
 }
 

@@ -15,6 +15,7 @@ pub mod hang;
 mod hanglink;
 pub mod ncclpath;
 mod observe;
+mod outcome;
 pub mod output;
 mod rdzvlink;
 pub mod report;

@@ -162,7 +162,7 @@ const CALLSTACK: &str = "Traceback (most recent call last):\n  File \"/root/.cac
 
 fn record_json(ts: &str) -> String {
     json!({"message": {"message": "ValueError: bad value",
-        "extraInfo": {"py_callstack": CALLSTACK, "timestamp": ts}}})
+            "extraInfo": {"py_callstack": CALLSTACK, "timestamp": ts}}})
     .to_string()
 }
 
@@ -177,7 +177,7 @@ fn torchrun_record_and_sigterm() {
     peer.error_file = Some(s.0.path().join("missing.json"));
     let r = report("rec.py", vec![root, peer]);
     let want = format!(
-        "
+            "
 ============================================================
 rec.py FAILED
 ------------------------------------------------------------
@@ -198,16 +198,16 @@ Root Cause (first observed failure):
   exitcode  : 1 (pid: 3832) 
   error_file: {}
   traceback : Traceback (most recent call last):
-File \"/root/.cache/rdrun/torch-venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py\", line 384, in wrapper
-  result = f(*args, **kwargs)
-           ^^^^^^^^^^^^^^^^^^
-File \"/tmp/rdrun-scn/rec.py\", line 6, in main
-  raise ValueError(\"bad value\")
+    File \"/root/.cache/rdrun/torch-venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py\", line 384, in wrapper
+      result = f(*args, **kwargs)
+               ^^^^^^^^^^^^^^^^^^
+    File \"/tmp/rdrun-scn/rec.py\", line 6, in main
+      raise ValueError(\"bad value\")
   ValueError: bad value
   
 ============================================================",
-        ef.display()
-    );
+            ef.display()
+        );
     assert_eq!(message(&r), want);
 }
 
@@ -316,12 +316,12 @@ fn captured_traceback_without_record() {
     // The tail is not only the traceback: it is shown after the block.
     let out = render_with(&r, &format_utc_time);
     assert!(
-        out.ends_with(&format!(
-            "=\nRoot cause stderr (last 1 line before the traceback, rank 0, local_rank 0, pid 9):\n  loading\n{}",
-            "=".repeat(60)
-        )),
-        "{out}"
-    );
+            out.ends_with(&format!(
+                "=\nRoot cause stderr (last 1 line before the traceback, rank 0, local_rank 0, pid 9):\n  loading\n{}",
+                "=".repeat(60)
+            )),
+            "{out}"
+        );
     // A tail that is only the traceback is not repeated.
     let mut g = f.clone();
     g.stderr_tail = tb();
@@ -361,9 +361,9 @@ fn captured_traceback_without_record() {
     a.abandoned = true;
     let msg = message(&report("t.py", vec![a]));
     assert!(
-        msg.contains("  traceback : SIGKILL sent to PID 9, which did not exit (uninterruptible sleep?); rdrun left it behind\n"),
-        "{msg}"
-    );
+            msg.contains("  traceback : SIGKILL sent to PID 9, which did not exit (uninterruptible sleep?); rdrun left it behind\n"),
+            "{msg}"
+        );
     assert!(!msg.contains("received by PID"), "{msg}");
 }
 
@@ -480,9 +480,9 @@ fn a_failed_worker_that_rdruns_stop_then_signalled_counts_as_its_failure() {
     let out = render_with(&r, &format_utc_time);
     let root = out.split("Root Cause").nth(1).unwrap();
     assert!(
-        root.contains("exitcode  : -15 (pid: 10)  (SIGTERM) sent by rdrun's stop after this worker had failed (counted as exit 1)"),
-        "{out}"
-    );
+            root.contains("exitcode  : -15 (pid: 10)  (SIGTERM) sent by rdrun's stop after this worker had failed (counted as exit 1)"),
+            "{out}"
+        );
     let v = to_json_with(&r, &format_utc_time);
     assert_eq!(v["exit_code"], 1);
     assert_eq!(v["failures"][1]["stopped_by_rdrun"], true);

@@ -758,30 +758,7 @@ mod tests {
         }
     }
 
-    fn rc(rank: u32, frames: &[&str], wchan: &str) -> RankCapture {
-        RankCapture {
-            rank,
-            pid: rank as i32 + 100,
-            state: Some(ProcState::Sleeping),
-            threads: vec![ThreadWait {
-                tid: rank as i32 + 100,
-                name: "python".into(),
-                state: Some(ProcState::Sleeping),
-                wchan: Some(wchan.into()),
-                syscall: Some(202),
-            }],
-            stack_status: if frames.is_empty() {
-                StackStatus::Unavailable("x".into())
-            } else {
-                StackStatus::Ok
-            },
-            stack: String::new(),
-            main_frames: frames.iter().map(|s| s.to_string()).collect(),
-            last_output: vec![],
-            store_waits: vec![],
-            children: vec![],
-        }
-    }
+    use crate::supervisor::hang::suspect::tests::rc;
 
     /// A FileTimer expiry's block: the watchdog in the header, the timer's rank, pid and scope,
     /// no sampler figures (there are none), the expired rank as the suspect, and the action is

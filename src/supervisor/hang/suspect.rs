@@ -165,7 +165,7 @@ fn odd_one_out<'a>(items: impl Iterator<Item = (u32, &'a str)>) -> Option<Vec<u3
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::supervisor::hang::capture::{
         parse_py_spy_main_frames, StackStatus, StoreWait, ThreadWait,
@@ -173,7 +173,8 @@ mod tests {
     use crate::supervisor::hang::sample::ProcState;
     use std::time::Duration;
 
-    fn rc(rank: u32, frames: &[&str], wchan: &str) -> RankCapture {
+    /// A sleeping rank with these main-thread frames (also used by `capture.rs`'s tests).
+    pub(in crate::supervisor::hang) fn rc(rank: u32, frames: &[&str], wchan: &str) -> RankCapture {
         RankCapture {
             rank,
             pid: rank as i32 + 100,

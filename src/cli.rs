@@ -31,11 +31,6 @@ pub mod completion;
 /// Reads one environment variable; `None` when unset. Tests pass a closure over a map.
 pub type EnvFn<'a> = &'a dyn Fn(&str) -> Option<String>;
 
-/// The process environment as an [`EnvFn`] (non-UTF-8 values are converted lossily).
-pub fn process_env(name: &str) -> Option<String> {
-    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
-}
-
 /// What the user typed, typed as argparse types it, before any resolution.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaunchArgs {

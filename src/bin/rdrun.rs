@@ -35,7 +35,7 @@ fn main() {
 }
 
 fn run(argv: &[std::ffi::OsString]) -> i32 {
-    let args = match cli::parse_from(argv, &cli::process_env) {
+    let args = match cli::parse_from(argv, &config::process_env) {
         Ok(Invocation::Launch(args)) => *args,
         Ok(Invocation::Help) => {
             print_out(&cli::help_text());
@@ -50,7 +50,7 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
             return exit::USAGE;
         }
     };
-    let cfg = match config::resolve(args, &cli::process_env) {
+    let cfg = match config::resolve(args, &config::process_env) {
         Ok(cfg) => cfg,
         Err(e) => {
             print_err(&format!(

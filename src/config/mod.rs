@@ -36,6 +36,7 @@ pub mod hang;
 mod host;
 pub mod numa;
 pub mod observe;
+pub mod runenv;
 #[cfg(test)]
 mod schedenv_tests;
 pub mod torchenv;
@@ -208,6 +209,8 @@ pub struct LaunchConfig {
     pub binding: numa::Binding,
     /// torch agent variables rdrun honours (`torchenv.rs`).
     pub torch_env: torchenv::TorchAgentEnv,
+    /// The rest of rdrun's environment the run consults (`runenv.rs`).
+    pub run_env: runenv::RunEnv,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -296,6 +299,10 @@ pub enum ConfigError {
     Binding { flag: String, reason: String },
     #[error(transparent)]
     VirtualDevices(#[from] crate::workerenv::VirtualDevicesError),
+    /// A variable of rdrun's environment with a bad value (`RDRUN_CGROUP=yes`; the message
+    /// names it): a usage error.
+    #[error("{0}")]
+    Env(String),
 }
 
 impl ConfigError {
@@ -308,7 +315,8 @@ impl ConfigError {
         match self {
             ConfigError::Invalid { .. }
             | ConfigError::ModuleWithNoPython
-            | ConfigError::Hang(_) => crate::exit::USAGE,
+            | ConfigError::Hang(_)
+            | ConfigError::Env(_) => crate::exit::USAGE,
             _ => crate::exit::LAUNCHER_FAILURE,
         }
     }
@@ -371,7 +379,16 @@ pub(crate) fn invalid(
 
 /// Resolves the parsed command line against this machine and the process environment.
 pub fn resolve(args: LaunchArgs, env: EnvFn<'_>) -> Result<LaunchConfig, ConfigError> {
-    resolve_with(args, env, &RealHost)
+    let mut cfg = resolve_with(args, env, &RealHost)?;
+    // The paths as the OS gives them (`env` converts to UTF-8).
+    cfg.run_env.read_os(|k| std::env::var_os(k));
+    cfg.hang.search_path = cfg.run_env.path.clone();
+    Ok(cfg)
+}
+
+/// The process environment as an [`EnvFn`] (non-UTF-8 values are converted lossily).
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
 /// [`resolve`] with explicit machine facts.
@@ -427,7 +444,9 @@ fn resolve_args(
             )
         })?,
     };
-    let hang = resolve_hang(&args, env)?;
+    let run_env = runenv::RunEnv::resolve(env)?;
+    let mut hang = resolve_hang(&args, env)?;
+    hang.search_path = run_env.path.clone();
     let observe = resolve_observe(&args, env)?;
     let backend = parse_backend(&args.rdzv_backend)?;
     let conf = parse_rdzv_conf(&args.rdzv_conf)?;
@@ -503,6 +522,7 @@ fn resolve_args(
         observe,
         binding,
         torch_env,
+        run_env,
     };
     cfg.cluster = cluster::plan(detected, &args, &cfg)?;
     if cfg.cluster.dry_run.is_some() {

@@ -95,10 +95,26 @@ const KNOWN: &[&str] = &[
     "poll_interval",
 ];
 
+/// `--rdzv-conf` keys only the etcd backend reads.
+pub const ETCD_KEYS: &[&str] = &[
+    crate::config::ETCD_ENDPOINTS_KEY,
+    "ttl",
+    "lease_ttl",
+    "key_prefix",
+    "prefix",
+    "protocol",
+    "cacert",
+    "cert",
+    "key",
+    "username",
+    "user",
+    "password",
+];
+
 /// Conf keys rdrun ignores (for a warning).
 pub fn unknown_keys(conf: &BTreeMap<String, String>) -> Vec<String> {
     conf.keys()
-        .filter(|k| !KNOWN.contains(&k.as_str()) && !super::etcd::KNOWN_KEYS.contains(&k.as_str()))
+        .filter(|k| !KNOWN.contains(&k.as_str()) && !ETCD_KEYS.contains(&k.as_str()))
         .cloned()
         .collect()
 }

@@ -174,7 +174,7 @@ impl Inner {
             log,
             health,
             metrics,
-            status: Status::new(),
+            status: Status::new(config.run_env.status_interval),
             servers,
             nproc: config.nproc_per_node,
             grace: config.shutdown_timeout,

@@ -306,19 +306,25 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    /// The process exit status for this error (see docs/compat.md, "exit paths").
+    /// How rdrun exits on this error (see docs/compat.md, "exit paths").
     ///
     /// A value that is wrong on any machine is a usage error (2), like argparse's type errors;
     /// what this machine lacks (GPUs, the script, an interpreter) or does not support yet is a
     /// launcher failure (1). torchrun exits 1 for all of these, with a Python traceback.
-    pub fn exit_code(&self) -> i32 {
+    pub fn exit(&self) -> crate::exit::Exit {
+        use crate::exit::Exit;
         match self {
             ConfigError::Invalid { .. }
             | ConfigError::ModuleWithNoPython
             | ConfigError::Hang(_)
-            | ConfigError::Env(_) => crate::exit::USAGE,
-            _ => crate::exit::LAUNCHER_FAILURE,
+            | ConfigError::Env(_) => Exit::Usage,
+            _ => Exit::LauncherFailure,
         }
+    }
+
+    /// [`ConfigError::exit`]'s number.
+    pub fn exit_code(&self) -> i32 {
+        self.exit().code()
     }
 }
 

@@ -36,6 +36,7 @@ pub mod hang;
 mod host;
 pub mod numa;
 pub mod observe;
+pub mod rdzv_conf;
 pub mod runenv;
 #[cfg(test)]
 mod schedenv_tests;
@@ -303,6 +304,10 @@ pub enum ConfigError {
     /// names it): a usage error.
     #[error("{0}")]
     Env(String),
+    /// A `--rdzv-conf` value of the wrong type (the message names the key). A launcher failure
+    /// (exit 1), as when the rendezvous found it at its start.
+    #[error("invalid rendezvous configuration: {0}")]
+    RdzvConf(#[from] rdzv_conf::ConfError),
 }
 
 impl ConfigError {
@@ -483,6 +488,15 @@ fn resolve_args(
     let (standalone, rdzv, master_addr, master_port) =
         endpoint::resolve_rendezvous(&args, backend, conf, nnodes, node_rank, master_port, host)?;
 
+    if uses_rendezvous(standalone, &rdzv, nnodes) {
+        // Typed now, so that a bad value stops the run before anything starts.
+        match rdzv.backend {
+            RdzvBackend::Static => drop(rdzv_conf::StaticSettings::from_conf(&rdzv.conf)?),
+            RdzvBackend::C10d => drop(rdzv_conf::C10dSettings::from_conf(nnodes, &rdzv.conf)?),
+            RdzvBackend::Etcd | RdzvBackend::EtcdV2 => {}
+        }
+    }
+
     let log = resolve_logs(&args, env, host)?;
     let signals_to_handle = parse_signals(&args.signals_to_handle);
     let shutdown_timeout = resolve_shutdown_timeout(args.shutdown_timeout, env)?;
@@ -541,6 +555,19 @@ fn resolve_args(
         cfg.cluster.run = Some(dryrun::preview(&cfg, fresh));
     }
     Ok(cfg)
+}
+
+/// Whether a run with these values holds a rendezvous (see [`LaunchConfig::uses_rendezvous`]).
+fn uses_rendezvous(standalone: bool, rdzv: &RdzvConfig, nnodes: NodeRange) -> bool {
+    !standalone && rdzv.endpoint.is_some() && (nnodes.max > 1 || rdzv.backend == RdzvBackend::C10d)
+}
+
+impl LaunchConfig {
+    /// Whether the run holds a rendezvous: several nodes, or a c10d endpoint (a single-node
+    /// run, standalone or not, starts none).
+    pub fn uses_rendezvous(&self) -> bool {
+        uses_rendezvous(self.standalone, &self.rdzv, self.nnodes)
+    }
 }
 
 /// `--numa-binding`, `--cpu-binding`, `--omp-num-threads`: computed for every local rank now, so

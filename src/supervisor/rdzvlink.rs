@@ -23,9 +23,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// path (same ranks, same store, no rendezvous traffic), and so does a one-node etcd launch
 /// (one node needs no etcd).
 pub(crate) fn uses_rendezvous(config: &LaunchConfig) -> bool {
-    !config.standalone
-        && config.rdzv.endpoint.is_some()
-        && (config.nnodes.max > 1 || config.rdzv.backend == RdzvBackend::C10d)
+    config.uses_rendezvous()
 }
 
 /// The next rendezvous event; pending forever without a rendezvous.

@@ -491,8 +491,12 @@ fn resolve_args(
     if uses_rendezvous(standalone, &rdzv, nnodes) {
         // Typed now, so that a bad value stops the run before anything starts.
         match rdzv.backend {
-            RdzvBackend::Static => drop(rdzv_conf::StaticSettings::from_conf(&rdzv.conf)?),
-            RdzvBackend::C10d => drop(rdzv_conf::C10dSettings::from_conf(nnodes, &rdzv.conf)?),
+            RdzvBackend::Static => {
+                rdzv_conf::StaticSettings::from_conf(&rdzv.conf)?;
+            }
+            RdzvBackend::C10d => {
+                rdzv_conf::C10dSettings::from_conf(nnodes, &rdzv.conf)?;
+            }
             RdzvBackend::Etcd | RdzvBackend::EtcdV2 => {}
         }
     }

@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::config::{LaunchConfig, RdzvBackend};
+use crate::config::LaunchConfig;
 use crate::rendezvous::{
     Assignment, RdzvEvent, Rendezvous, RendezvousError, RoundReason, RoundRequest,
 };
@@ -166,6 +166,7 @@ pub(crate) async fn close(rdzv: &mut Rendezvous) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RdzvBackend;
 
     use crate::config::testkit::launch_config as config;
 

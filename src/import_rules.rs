@@ -605,3 +605,30 @@ fn the_environment_is_read_only_where_the_config_is_resolved() {
 
 /// The spellings of an environment read (`env::var` covers `var`, `var_os`, `vars`, `vars_os`).
 const ENV_READS: &[&str] = &["env::var", "getenv("];
+
+/// The file-graph helpers: a `use` tree gives every path it names, a circle is reported with all
+/// its files, and the environment rule sees each spelling of a read.
+#[test]
+fn the_file_graph_helpers_see_paths_and_circles() {
+    let c = "crate";
+    let paths: Vec<Vec<String>> =
+        paths_after(&format!("use {c}::a::{{b, c::{{d, self}}}};"), "crate::")
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert_eq!(paths, [s(&["a", "b"]), s(&["a", "c", "d"]), s(&["a", "c"])]);
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (a, b) in [("x", "y"), ("y", "z"), ("z", "x"), ("z", "w"), ("u", "v")] {
+        edges.entry(a.into()).or_default().insert(b.into());
+        edges.entry(b.into()).or_default();
+    }
+    assert_eq!(cycles(&edges), [s(&["x", "y", "z"])]);
+    edges.get_mut("z").unwrap().remove("x");
+    assert!(cycles(&edges).is_empty());
+    for read in ["std::env::var(\"X\")", "env::var_os(k)", "std::env::vars()"] {
+        assert!(ENV_READS.iter().any(|r| read.contains(r)), "{read}");
+    }
+    let text = "fn a() {}\n#[cfg(test)]\nmod tests;\nfn b() {}\n#[cfg(test)]\nmod tests {\n fn c() {}\n}\n";
+    assert!(production(text).contains("fn b()") && !production(text).contains("fn c()"));
+}

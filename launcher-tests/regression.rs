@@ -179,7 +179,7 @@ exit 5"#;
 /// See: pytorch/pytorch#135712.
 #[test]
 fn torchrun_135712_store_keeps_keys_across_restarts() {
-    use rdrun::store::client::BlockingClient;
+    use rdrun::store::BlockingClient;
     let dir = TempDir::new("store_cleared");
     // The worker reports MASTER_PORT, waits for the test's go, and fails on attempt 0.
     let script = r#"c=$TORCHELASTIC_RESTART_COUNT

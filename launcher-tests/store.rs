@@ -7,9 +7,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdrun::store::client::{BlockingClient, Client, StoreError};
 use rdrun::store::protocol::{Limits, Request, VALIDATION_MAGIC};
 use rdrun::store::server::{raise_nofile_limit, ServerConfig, ServerExit, StoreServer};
+use rdrun::store::{BlockingClient, Client, StoreError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

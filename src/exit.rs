@@ -4,30 +4,48 @@
 //! worker failure, exits with the root-cause worker's own status (its code, or 128+N for death by
 //! signal N, as `srun` does). See docs/compat.md for the table against torchrun.
 
-use crate::supervisor::RunEnd;
+/// Every way rdrun's process can end, and (in [`Exit::code`]) its status: the only mapping from
+/// an outcome to a number. The supervisor maps its run's end here (`RunEnd::exit`), the config
+/// its errors (`ConfigError::exit`), the binary its usage errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// All workers exited 0 (also `--help`, `--dry-run`).
+    Success,
+    /// A launcher-level failure: rendezvous timeout, a config error found after parsing, a
+    /// worker that could not be started, a lost rendezvous, an internal error.
+    LauncherFailure,
+    /// A command-line usage error (as argparse/torchrun).
+    Usage,
+    /// A worker failure: the root-cause worker's own status.
+    Worker(WorkerStatus),
+    /// A shutdown signal reached rdrun.
+    Signal(i32),
+}
+
+impl Exit {
+    /// The process status: 0, 1, 2; the root cause's code, or 128+N for a worker killed by
+    /// signal N (as `srun`); 128+N after signal N reached rdrun.
+    pub const fn code(self) -> i32 {
+        match self {
+            Exit::Success => 0,
+            Exit::LauncherFailure => 1,
+            Exit::Usage => 2,
+            Exit::Worker(status) => status.launcher_exit_code(),
+            Exit::Signal(signal) => 128 + signal,
+        }
+    }
+}
 
 /// All workers exited 0.
-pub const SUCCESS: i32 = 0;
-/// A launcher-level failure: rendezvous timeout, a config error found after parsing, a worker that
-/// could not be started, an internal error.
-pub const LAUNCHER_FAILURE: i32 = 1;
+pub const SUCCESS: i32 = Exit::Success.code();
+/// See [`Exit::LauncherFailure`].
+pub const LAUNCHER_FAILURE: i32 = Exit::LauncherFailure.code();
 /// A command-line usage error (as argparse/torchrun).
-pub const USAGE: i32 = 2;
+pub const USAGE: i32 = Exit::Usage.code();
 
 /// Shell convention for "terminated by signal N".
 pub const fn for_signal(signal: i32) -> i32 {
-    128 + signal
-}
-
-/// The status of a run that ended as `end`: 0 on success, the root cause's own status for a
-/// worker failure, 128+N after signal N, 1 for a launcher error or a lost rendezvous.
-pub fn for_run_end(end: &RunEnd) -> i32 {
-    match end {
-        RunEnd::Succeeded => SUCCESS,
-        RunEnd::WorkersFailed(report) => report.exit_code(),
-        RunEnd::Interrupted { signal, .. } => for_signal(*signal),
-        RunEnd::LauncherError(_) | RunEnd::RendezvousLost(_) => LAUNCHER_FAILURE,
-    }
+    Exit::Signal(signal).code()
 }
 
 /// How a worker process ended, as seen by `waitpid`.
@@ -49,11 +67,11 @@ impl WorkerStatus {
     ///
     /// An exit code of 0 cannot be a root cause; a code above 255 cannot occur on Linux, but is
     /// clamped so that a failure never turns into a success.
-    pub fn launcher_exit_code(self) -> i32 {
+    pub const fn launcher_exit_code(self) -> i32 {
         match self {
-            WorkerStatus::Exited(code) if code & 0xff == 0 => LAUNCHER_FAILURE,
+            WorkerStatus::Exited(code) if code & 0xff == 0 => Exit::LauncherFailure.code(),
             WorkerStatus::Exited(code) => code & 0xff,
-            WorkerStatus::Signaled(sig) => for_signal(sig),
+            WorkerStatus::Signaled(sig) => Exit::Signal(sig).code(),
         }
     }
 
@@ -85,48 +103,5 @@ mod tests {
         );
         assert!(WorkerStatus::Exited(0).success());
         assert!(!WorkerStatus::Signaled(0).success());
-    }
-
-    #[test]
-    fn run_ends() {
-        use crate::supervisor::report::{Failure, FailureReport};
-        let failed = |status| {
-            RunEnd::WorkersFailed(
-                FailureReport {
-                    name: "x".into(),
-                    host: "h".into(),
-                    failures: vec![Failure {
-                        local_rank: 0,
-                        rank: 0,
-                        pid: 1,
-                        status,
-                        observed_at: std::time::SystemTime::now(),
-                        error_file: None,
-                        stderr_tail: Vec::new(),
-                        traceback: None,
-                        abandoned: false,
-                        stop_sent_at: None,
-                    }],
-                }
-                .resolve(),
-            )
-        };
-        let table = [
-            (RunEnd::Succeeded, SUCCESS),
-            (failed(WorkerStatus::Exited(3)), 3),
-            (failed(WorkerStatus::Signaled(9)), 137),
-            (
-                RunEnd::Interrupted {
-                    signal: 2,
-                    report: None,
-                },
-                130,
-            ),
-            (RunEnd::error("x"), LAUNCHER_FAILURE),
-            (RunEnd::RendezvousLost("gone".into()), LAUNCHER_FAILURE),
-        ];
-        for (end, want) in table {
-            assert_eq!(for_run_end(&end), want, "{end:?}");
-        }
     }
 }

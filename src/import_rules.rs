@@ -1,8 +1,9 @@
 //! The dependency rules of `docs/architecture.md`, enforced: every `src/**/*.rs` file is scanned
 //! for the crate modules it names (`crate::x`, `use crate::{x, y::z}`, and `super::` chains that
 //! climb to the crate root), and each arrow must be in [`ALLOWED`]. A new top-level module fails
-//! the test until it has a row, so the table stays the whole map. The runtime's files must also
-//! import each other without a cycle (production code; tests may reach anywhere in `runtime`).
+//! the test until it has a row, so the table stays the whole map. The files of `src/` must also
+//! import each other without a cycle, and only `config`, `workerenv`, `bin` (and the runtime,
+//! inside workers) may read the environment (production code; tests may reach anywhere).
 //!
 //! This is a text scan, not a parser: comments are dropped first, and inline modules are assumed
 //! to run to the end of their file (the crate's only inline modules are trailing `mod tests`).
@@ -34,8 +35,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "workerenv",
         ],
     ),
-    // `exit::for_run_end` maps the supervisor's `RunEnd` (and its report) to the exit code.
-    ("exit", &["supervisor"]),
+    // Exit codes are a leaf: the supervisor maps its `RunEnd` to an `exit::Exit`.
+    ("exit", &[]),
 ];
 
 /// Files that are not part of a top-level module's code.
@@ -226,73 +227,6 @@ fn every_import_follows_the_documented_arrows() {
     assert!(bad.is_empty(), "forbidden imports:\n{}", bad.join("\n"));
 }
 
-/// The runtime's own files form no import cycle (production code: up to the first trailing
-/// `#[cfg(test)]` module), e.g. `group` and `nccl` both sit on `bootstrap`, neither on the other.
-#[test]
-fn runtime_files_import_each_other_without_a_cycle() {
-    let dir = src_dir().join("runtime");
-    let mut files = Vec::new();
-    rs_files(&dir, &mut files);
-    let names: BTreeSet<String> = files
-        .iter()
-        .map(|f| f.file_stem().unwrap().to_string_lossy().into_owned())
-        .filter(|n| n != "mod" && n != "tests")
-        .collect();
-    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for f in &files {
-        let me = f.file_stem().unwrap().to_string_lossy().into_owned();
-        if !names.contains(&me) {
-            continue;
-        }
-        let text = strip_comments(&std::fs::read_to_string(f).unwrap());
-        let prod = text.split("#[cfg(test)]\nmod ").next().unwrap();
-        let mut uses = BTreeSet::new();
-        for pat in ["super::", "crate::runtime::"] {
-            for (i, _) in prod.match_indices(pat) {
-                if !starts_path(prod, i) {
-                    continue;
-                }
-                let rest = &prod[i + pat.len()..];
-                let heads = match rest.trim_start().strip_prefix('{') {
-                    Some(g) => group_heads(g),
-                    None => vec![ident_at(rest).to_string()],
-                };
-                uses.extend(heads.into_iter().filter(|h| names.contains(h) && *h != me));
-            }
-        }
-        edges.insert(me, uses);
-    }
-    assert!(!edges["nccl"].contains("group"), "nccl.rs imports group.rs");
-    // Depth-first search for a back edge.
-    fn visit<'a>(
-        n: &'a str,
-        edges: &'a BTreeMap<String, BTreeSet<String>>,
-        path: &mut Vec<&'a str>,
-        done: &mut BTreeSet<&'a str>,
-    ) -> Option<String> {
-        if let Some(at) = path.iter().position(|p| *p == n) {
-            return Some(format!("{} -> {n}", path[at..].join(" -> ")));
-        }
-        if !done.insert(n) {
-            return None;
-        }
-        path.push(n);
-        for m in edges.get(n).into_iter().flatten() {
-            if let Some(c) = visit(m, edges, path, done) {
-                return Some(c);
-            }
-        }
-        path.pop();
-        None
-    }
-    let mut done = BTreeSet::new();
-    for n in edges.keys() {
-        if let Some(cycle) = visit(n, &edges, &mut Vec::new(), &mut done) {
-            panic!("import cycle among src/runtime files: {cycle}");
-        }
-    }
-}
-
 /// The scanner itself sees each spelling of a cross-module path and ignores comments.
 #[test]
 fn the_scanner_finds_each_spelling() {
@@ -339,4 +273,362 @@ fn the_scanner_finds_each_spelling() {
     )
     .is_empty());
     assert!(m(&["store"], &format!("use {c}::store::X; other_{c}::cli")).is_empty());
+}
+
+/// The production text of a file: up to its first trailing `#[cfg(test)]` inline module
+/// (`mod tests {`; a `mod x;` declaration does not end it).
+fn production(text: &str) -> &str {
+    let end = text.match_indices("#[cfg(test)]\n").find(|(i, m)| {
+        let next = text[i + m.len()..].lines().next().unwrap_or("").trim();
+        next.strip_prefix("pub ")
+            .unwrap_or(next)
+            .starts_with("mod ")
+            && next.ends_with('{')
+    });
+    &text[..end.map_or(text.len(), |(i, _)| i)]
+}
+
+/// Files that are compiled only for tests: those declared by a `mod x;` under `#[cfg(test)]`
+/// (following a `#[path = "..."]` if given), and everything below them.
+fn test_only_files(src: &Path, files: &[PathBuf]) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        for (i, l) in lines.iter().enumerate() {
+            let l = l.strip_prefix("pub(crate) ").unwrap_or(l);
+            let l = l.strip_prefix("pub ").unwrap_or(l);
+            let Some(name) = l.strip_prefix("mod ").and_then(|m| m.strip_suffix(';')) else {
+                continue;
+            };
+            let attrs: Vec<&str> = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|a| a.starts_with("#["))
+                .copied()
+                .collect();
+            if !attrs.contains(&"#[cfg(test)]") {
+                continue;
+            }
+            let here = f.parent().unwrap();
+            let stem = f.file_stem().unwrap();
+            let dir = if stem == "mod" || stem == "lib" {
+                here.to_path_buf()
+            } else {
+                here.join(stem)
+            };
+            let path = attrs.iter().find_map(|a| {
+                a.strip_prefix("#[path = \"")
+                    .and_then(|p| p.strip_suffix("\"]"))
+            });
+            match path {
+                Some(p) => {
+                    out.insert(here.join(p));
+                }
+                None => {
+                    out.insert(dir.join(format!("{name}.rs")));
+                    out.insert(dir.join(name).join("mod.rs"));
+                }
+            }
+        }
+    }
+    // Everything below a test-only module file is test-only too.
+    let roots: Vec<PathBuf> = out.iter().cloned().collect();
+    for f in files {
+        for r in &roots {
+            let folder = if r.file_name().is_some_and(|n| n == "mod.rs") {
+                r.parent().unwrap().to_path_buf()
+            } else {
+                r.with_extension("")
+            };
+            if f.starts_with(&folder) && folder != src {
+                out.insert(f.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Every path after `prefix` in `text`, as its segments: `a::b::{c, d::e}` gives `[a, b, c]`
+/// and `[a, b, d, e]`.
+fn paths_after(text: &str, prefix: &str) -> Vec<(usize, Vec<String>)> {
+    let mut found = Vec::new();
+    for (i, _) in text.match_indices(prefix) {
+        if !starts_path(text, i) {
+            continue;
+        }
+        found.extend(
+            parse_paths(&text[i + prefix.len()..])
+                .into_iter()
+                .map(|p| (i, p)),
+        );
+    }
+    found
+}
+
+/// The paths a `use` tree or path expression at the start of `s` names (see [`paths_after`]).
+fn parse_paths(s: &str) -> Vec<Vec<String>> {
+    fn parse(s: &str, base: &[String], out: &mut Vec<Vec<String>>) {
+        let mut segs = base.to_vec();
+        let mut rest = s.trim_start();
+        loop {
+            if let Some(group) = rest.strip_prefix('{') {
+                let mut depth = 0;
+                let mut start = 0;
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => {
+                            parse(&group[start..i], &segs, out);
+                            return;
+                        }
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            parse(&group[start..i], &segs, out);
+                            start = i + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                return;
+            }
+            let id = ident_at(rest);
+            if id.is_empty() {
+                break;
+            }
+            if id != "self" {
+                segs.push(id.to_string());
+            }
+            rest = rest.trim_start()[id.len()..].trim_start();
+            match rest.strip_prefix("::") {
+                Some(r) => rest = r.trim_start(),
+                None => break,
+            }
+        }
+        if segs.len() > base.len() || !base.is_empty() {
+            out.push(segs);
+        }
+    }
+    let mut paths = Vec::new();
+    parse(s, &[], &mut paths);
+    paths
+}
+
+/// The production files of `src/` and, for each, the other production files it names
+/// (`crate::`, `super::` and `self::` paths, resolved to the deepest file they reach). An arrow
+/// between a folder's file and a file below it is left out: a `mod.rs` declares and re-exports
+/// its children, so those arrows run both ways by design.
+fn file_edges() -> BTreeMap<String, BTreeSet<String>> {
+    let src = src_dir();
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let tests = test_only_files(&src, &files);
+    let mut by_module: BTreeMap<Vec<String>, String> = BTreeMap::new();
+    let mut prod = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        if tests.contains(f) || skipped(rel) {
+            continue;
+        }
+        let name = rel.display().to_string();
+        by_module.insert(module_path(rel), name.clone());
+        prod.push((f.clone(), module_path(rel), name));
+    }
+    let resolve = |segs: &[String]| -> Option<(Vec<String>, String)> {
+        (1..=segs.len()).rev().find_map(|n| {
+            by_module
+                .get(&segs[..n])
+                .map(|f| (segs[..n].to_vec(), f.clone()))
+        })
+    };
+    let mut edges = BTreeMap::new();
+    for (f, module, name) in &prod {
+        let text = strip_comments(&std::fs::read_to_string(f).unwrap());
+        let text = production(&text);
+        let mut out = BTreeSet::new();
+        let mut named: Vec<Vec<String>> = Vec::new();
+        named.extend(paths_after(text, "crate::").into_iter().map(|(_, p)| p));
+        for (_, p) in paths_after(text, "self::") {
+            named.push(module.iter().cloned().chain(p).collect());
+        }
+        for (i, _) in text.match_indices("super::") {
+            if !starts_path(text, i) || text[..i].ends_with("super::") {
+                continue;
+            }
+            let mut rest = &text[i..];
+            let mut ups = 0;
+            while let Some(r) = rest.strip_prefix("super::") {
+                ups += 1;
+                rest = r;
+            }
+            // `super` of a `foo.rs` is its folder's module; of a `mod.rs`, the folder above.
+            let Some(keep) = module.len().checked_sub(ups) else {
+                continue;
+            };
+            for p in parse_paths(rest) {
+                named.push(module[..keep].iter().cloned().chain(p).collect());
+            }
+        }
+        for segs in named {
+            let Some((target, file)) = resolve(&segs) else {
+                continue;
+            };
+            let related = target.starts_with(module) || module.starts_with(&target);
+            if !related {
+                out.insert(file);
+            }
+        }
+        edges.insert(name.clone(), out);
+    }
+    edges
+}
+
+/// The groups of files that import each other in a circle (strongly connected components of
+/// more than one file), each sorted.
+fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    // Tarjan's algorithm, recursive (the graph has a few hundred files).
+    struct T<'a> {
+        edges: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on: BTreeSet<&'a str>,
+        out: Vec<Vec<String>>,
+    }
+    fn go<'a>(t: &mut T<'a>, n: &'a str) {
+        let i = t.index.len();
+        t.index.insert(n, i);
+        t.low.insert(n, i);
+        t.stack.push(n);
+        t.on.insert(n);
+        let edges = t.edges;
+        for m in edges.get(n).into_iter().flatten() {
+            let m = m.as_str();
+            if !t.index.contains_key(m) {
+                go(t, m);
+                let l = t.low[m].min(t.low[n]);
+                t.low.insert(n, l);
+            } else if t.on.contains(m) {
+                let l = t.index[m].min(t.low[n]);
+                t.low.insert(n, l);
+            }
+        }
+        if t.low[n] == t.index[n] {
+            let mut group = Vec::new();
+            loop {
+                let m = t.stack.pop().unwrap();
+                t.on.remove(m);
+                group.push(m.to_string());
+                if m == n {
+                    break;
+                }
+            }
+            if group.len() > 1 {
+                group.sort();
+                t.out.push(group);
+            }
+        }
+    }
+    let mut t = T {
+        edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        out: Vec::new(),
+    };
+    for n in edges.keys() {
+        if !t.index.contains_key(n.as_str()) {
+            go(&mut t, n);
+        }
+    }
+    t.out.sort();
+    t.out
+}
+
+/// No two files of `src/` import each other, directly or round a longer circle (production
+/// code; tests may reach anywhere). A circle means neither file can be read first.
+#[test]
+fn files_import_each_other_without_a_cycle() {
+    let edges = file_edges();
+    assert!(
+        !edges["runtime/nccl.rs"].contains("runtime/group.rs"),
+        "runtime/nccl.rs imports runtime/group.rs"
+    );
+    let found = cycles(&edges);
+    let text: Vec<String> = found.iter().map(|c| c.join(" <-> ")).collect();
+    assert!(
+        found.is_empty(),
+        "import cycles among the files of src/ (each line: files that import each other):\n{}",
+        text.join("\n")
+    );
+}
+
+/// Where the environment may be read: `config` resolves it once, `workerenv` is the worker
+/// contract, `bin` is the entry point. The runtime is also allowed: it is the library inside a
+/// worker process, and what it reads is exactly the contract `workerenv` writes (and the
+/// user's own `CUDA_VISIBLE_DEVICES`), not a launcher setting.
+fn may_read_env(rel: &Path) -> bool {
+    ["config", "workerenv.rs", "bin", "runtime"]
+        .iter()
+        .any(|m| rel.starts_with(m))
+}
+
+/// Every environment read of the launcher happens while the config is resolved, so a bad value
+/// is a one-line error before anything starts, and the rest of the code gets typed values.
+#[test]
+fn the_environment_is_read_only_where_the_config_is_resolved() {
+    let src = src_dir();
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let tests = test_only_files(&src, &files);
+    let mut bad = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        if tests.contains(f) || skipped(rel) || may_read_env(rel) {
+            continue;
+        }
+        let text = strip_comments(&std::fs::read_to_string(f).unwrap());
+        for (n, line) in production(&text).lines().enumerate() {
+            if ENV_READS.iter().any(|r| line.contains(r)) {
+                bad.push(format!("{}:{}: {}", rel.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "environment reads outside config/, workerenv.rs and bin/ (resolve them into the \
+         config and pass the value down):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The spellings of an environment read (`env::var` covers `var`, `var_os`, `vars`, `vars_os`).
+const ENV_READS: &[&str] = &["env::var", "getenv("];
+
+/// The file-graph helpers: a `use` tree gives every path it names, a circle is reported with all
+/// its files, and the environment rule sees each spelling of a read.
+#[test]
+fn the_file_graph_helpers_see_paths_and_circles() {
+    let c = "crate";
+    let paths: Vec<Vec<String>> =
+        paths_after(&format!("use {c}::a::{{b, c::{{d, self}}}};"), "crate::")
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert_eq!(paths, [s(&["a", "b"]), s(&["a", "c", "d"]), s(&["a", "c"])]);
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (a, b) in [("x", "y"), ("y", "z"), ("z", "x"), ("z", "w"), ("u", "v")] {
+        edges.entry(a.into()).or_default().insert(b.into());
+        edges.entry(b.into()).or_default();
+    }
+    assert_eq!(cycles(&edges), [s(&["x", "y", "z"])]);
+    edges.get_mut("z").unwrap().remove("x");
+    assert!(cycles(&edges).is_empty());
+    for read in ["std::env::var(\"X\")", "env::var_os(k)", "std::env::vars()"] {
+        assert!(ENV_READS.iter().any(|r| read.contains(r)), "{read}");
+    }
+    let text = "fn a() {}\n#[cfg(test)]\nmod tests;\nfn b() {}\n#[cfg(test)]\nmod tests {\n fn c() {}\n}\n";
+    assert!(production(text).contains("fn b()") && !production(text).contains("fn c()"));
 }

@@ -4,11 +4,11 @@
 //! Thin on purpose: every decision lives in the library. How the run ended (a
 //! `supervisor::RunEnd`) is printed here, once: the failure report, or `rdrun: error: <message
 //! and its causes>`; the report's files (`--report-json`, the parent TORCHELASTIC_ERROR_FILE) are
-//! written from the same resolved report; the status is `exit::for_run_end`'s.
+//! written from the same resolved report; the status is `RunEnd::exit`'s, numbered by `exit::Exit`.
 
 use rdrun::cli::{self, Invocation};
 use rdrun::config;
-use rdrun::exit;
+use rdrun::exit::Exit;
 use rdrun::supervisor;
 use std::path::PathBuf;
 
@@ -35,29 +35,29 @@ fn main() {
 }
 
 fn run(argv: &[std::ffi::OsString]) -> i32 {
-    let args = match cli::parse_from(argv, &cli::process_env) {
+    let args = match cli::parse_from(argv, &config::process_env) {
         Ok(Invocation::Launch(args)) => *args,
         Ok(Invocation::Help) => {
             print_out(&cli::help_text());
-            return exit::SUCCESS;
+            return Exit::Success.code();
         }
         Ok(Invocation::Print(text)) => {
             print_out(&text);
-            return exit::SUCCESS;
+            return Exit::Success.code();
         }
         Err(e) => {
             print_err(&format!("rdrun: error: {e}\n"));
-            return exit::USAGE;
+            return Exit::Usage.code();
         }
     };
-    let cfg = match config::resolve(args, &cli::process_env) {
+    let cfg = match config::resolve(args, &config::process_env) {
         Ok(cfg) => cfg,
         Err(e) => {
             print_err(&format!(
                 "rdrun: error: {e}
 "
             ));
-            return e.exit_code();
+            return e.exit().code();
         }
     };
     // The resolved topology: `--dry-run`/`--print-topology` print it on stdout and start nothing;
@@ -65,7 +65,7 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
     if let Some(text) = cfg.cluster.banner() {
         if cfg.cluster.dry_run.is_some() {
             print_out(&text);
-            return exit::SUCCESS;
+            return Exit::Success.code();
         }
         print_err(&text);
     }
@@ -81,7 +81,7 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
     if let Some(msg) = end.message() {
         print_err(&format!("{msg}\n"));
     }
-    exit::for_run_end(&end)
+    end.exit().code()
 }
 
 /// rdrun's own text on stdout. A closed pipe (`rdrun --help | true`) or a full disk must not

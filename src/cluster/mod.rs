@@ -62,18 +62,6 @@ impl Env for BTreeMap<String, String> {
     }
 }
 
-/// The real process environment (non-UTF-8 values are treated as unset).
-pub struct ProcessEnv;
-
-impl Env for ProcessEnv {
-    fn get(&self, name: &str) -> Option<String> {
-        std::env::var(name).ok()
-    }
-    fn names(&self) -> Vec<String> {
-        std::env::vars().map(|(k, _)| k).collect()
-    }
-}
-
 /// Facts about this machine the readers need; filled by the caller (tests fill them by hand).
 pub struct HostFacts<'a> {
     /// `gethostname()`.

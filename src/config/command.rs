@@ -340,7 +340,7 @@ mod tests {
     /// The `--run-path` bootstrap writes torch's error-file JSON; needs a python3 on PATH.
     #[test]
     fn run_path_bootstrap_writes_error_file() {
-        let Some(python) = find_program("python3", &crate::cli::process_env, &RealHost) else {
+        let Some(python) = find_program("python3", &crate::config::process_env, &RealHost) else {
             eprintln!("skipped: no python3 on PATH");
             return;
         };

@@ -72,6 +72,9 @@ pub struct HangSettings {
     /// `--py-spy` / `RDRUN_PY_SPY`: explicit py-spy binary; else PATH, else next to the
     /// worker's python.
     pub py_spy: Option<PathBuf>,
+    /// rdrun's `PATH`, where py-spy is looked for after `py_spy` (set with the run's
+    /// environment, `runenv.rs`).
+    pub search_path: Option<std::ffi::OsString>,
 }
 
 impl Default for HangSettings {
@@ -87,6 +90,7 @@ impl Default for HangSettings {
             capture_timeout: Duration::from_secs(20),
             tool_timeout: Duration::from_secs(10),
             py_spy: None,
+            search_path: None,
         }
     }
 }

@@ -36,6 +36,8 @@ pub mod hang;
 mod host;
 pub mod numa;
 pub mod observe;
+pub mod rdzv_conf;
+pub mod runenv;
 #[cfg(test)]
 mod schedenv_tests;
 pub mod torchenv;
@@ -208,6 +210,8 @@ pub struct LaunchConfig {
     pub binding: numa::Binding,
     /// torch agent variables rdrun honours (`torchenv.rs`).
     pub torch_env: torchenv::TorchAgentEnv,
+    /// The rest of rdrun's environment the run consults (`runenv.rs`).
+    pub run_env: runenv::RunEnv,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -296,21 +300,36 @@ pub enum ConfigError {
     Binding { flag: String, reason: String },
     #[error(transparent)]
     VirtualDevices(#[from] crate::workerenv::VirtualDevicesError),
+    /// A variable of rdrun's environment with a bad value (`RDRUN_CGROUP=yes`; the message
+    /// names it): a usage error.
+    #[error("{0}")]
+    Env(String),
+    /// A `--rdzv-conf` value of the wrong type (the message names the key). A launcher failure
+    /// (exit 1), as when the rendezvous found it at its start.
+    #[error("invalid rendezvous configuration: {0}")]
+    RdzvConf(#[from] rdzv_conf::ConfError),
 }
 
 impl ConfigError {
-    /// The process exit status for this error (see docs/compat.md, "exit paths").
+    /// How rdrun exits on this error (see docs/compat.md, "exit paths").
     ///
     /// A value that is wrong on any machine is a usage error (2), like argparse's type errors;
     /// what this machine lacks (GPUs, the script, an interpreter) or does not support yet is a
     /// launcher failure (1). torchrun exits 1 for all of these, with a Python traceback.
-    pub fn exit_code(&self) -> i32 {
+    pub fn exit(&self) -> crate::exit::Exit {
+        use crate::exit::Exit;
         match self {
             ConfigError::Invalid { .. }
             | ConfigError::ModuleWithNoPython
-            | ConfigError::Hang(_) => crate::exit::USAGE,
-            _ => crate::exit::LAUNCHER_FAILURE,
+            | ConfigError::Hang(_)
+            | ConfigError::Env(_) => Exit::Usage,
+            _ => Exit::LauncherFailure,
         }
+    }
+
+    /// [`ConfigError::exit`]'s number.
+    pub fn exit_code(&self) -> i32 {
+        self.exit().code()
     }
 }
 
@@ -371,7 +390,16 @@ pub(crate) fn invalid(
 
 /// Resolves the parsed command line against this machine and the process environment.
 pub fn resolve(args: LaunchArgs, env: EnvFn<'_>) -> Result<LaunchConfig, ConfigError> {
-    resolve_with(args, env, &RealHost)
+    let mut cfg = resolve_with(args, env, &RealHost)?;
+    // The paths as the OS gives them (`env` converts to UTF-8).
+    cfg.run_env.read_os(|k| std::env::var_os(k));
+    cfg.hang.search_path = cfg.run_env.path.clone();
+    Ok(cfg)
+}
+
+/// The process environment as an [`EnvFn`] (non-UTF-8 values are converted lossily).
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
 
 /// [`resolve`] with explicit machine facts.
@@ -427,7 +455,9 @@ fn resolve_args(
             )
         })?,
     };
-    let hang = resolve_hang(&args, env)?;
+    let run_env = runenv::RunEnv::resolve(env)?;
+    let mut hang = resolve_hang(&args, env)?;
+    hang.search_path = run_env.path.clone();
     let observe = resolve_observe(&args, env)?;
     let backend = parse_backend(&args.rdzv_backend)?;
     let conf = parse_rdzv_conf(&args.rdzv_conf)?;
@@ -457,6 +487,19 @@ fn resolve_args(
 
     let (standalone, rdzv, master_addr, master_port) =
         endpoint::resolve_rendezvous(&args, backend, conf, nnodes, node_rank, master_port, host)?;
+
+    if uses_rendezvous(standalone, &rdzv, nnodes) {
+        // Typed now, so that a bad value stops the run before anything starts.
+        match rdzv.backend {
+            RdzvBackend::Static => {
+                rdzv_conf::StaticSettings::from_conf(&rdzv.conf)?;
+            }
+            RdzvBackend::C10d => {
+                rdzv_conf::C10dSettings::from_conf(nnodes, &rdzv.conf)?;
+            }
+            RdzvBackend::Etcd | RdzvBackend::EtcdV2 => {}
+        }
+    }
 
     let log = resolve_logs(&args, env, host)?;
     let signals_to_handle = parse_signals(&args.signals_to_handle);
@@ -503,6 +546,7 @@ fn resolve_args(
         observe,
         binding,
         torch_env,
+        run_env,
     };
     cfg.cluster = cluster::plan(detected, &args, &cfg)?;
     if cfg.cluster.dry_run.is_some() {
@@ -515,6 +559,19 @@ fn resolve_args(
         cfg.cluster.run = Some(dryrun::preview(&cfg, fresh));
     }
     Ok(cfg)
+}
+
+/// Whether a run with these values holds a rendezvous (see [`LaunchConfig::uses_rendezvous`]).
+fn uses_rendezvous(standalone: bool, rdzv: &RdzvConfig, nnodes: NodeRange) -> bool {
+    !standalone && rdzv.endpoint.is_some() && (nnodes.max > 1 || rdzv.backend == RdzvBackend::C10d)
+}
+
+impl LaunchConfig {
+    /// Whether the run holds a rendezvous: several nodes, or a c10d endpoint (a single-node
+    /// run, standalone or not, starts none).
+    pub fn uses_rendezvous(&self) -> bool {
+        uses_rendezvous(self.standalone, &self.rdzv, self.nnodes)
+    }
 }
 
 /// `--numa-binding`, `--cpu-binding`, `--omp-num-threads`: computed for every local rank now, so

@@ -134,5 +134,6 @@ pub(crate) fn launch_config(
         observe: Default::default(),
         binding: Default::default(),
         torch_env: Default::default(),
+        run_env: Default::default(),
     }
 }

@@ -11,7 +11,7 @@
 //! - `store`: the store operations used ([`RdzvStore`]) and an in-memory store for tests.
 //! - `tcp`: the store over TCP: the one store binder, hosting (is_host), connecting, a
 //!   reconnecting client. `addr` also says where a store listens (`listen_plan`).
-//! - `settings`: `--rdzv-conf` parsing. `error`: [`RendezvousError`].
+//! - `settings`: `--rdzv-conf` parsing (the config's `rdzv_conf`, under its old name). `error`: [`RendezvousError`].
 
 pub mod addr;
 pub(crate) mod barrier;
@@ -21,7 +21,8 @@ pub mod etcd;
 pub(crate) mod handle;
 pub(crate) mod plumbing;
 pub mod progress;
-pub(crate) mod settings;
+/// The `--rdzv-conf` settings are resolved flags, owned by the config (`config/rdzv_conf.rs`).
+pub(crate) use crate::config::rdzv_conf as settings;
 pub(crate) mod state;
 pub(crate) mod static_;
 pub(crate) mod store;

@@ -133,9 +133,8 @@ impl GroupOptions {
 /// Connects to the launcher's TCP store at MASTER_ADDR:MASTER_PORT (blocking client, retrying
 /// until `timeout`).
 pub fn connect_store(env: &WorkerEnv, timeout: Duration) -> Result<Box<dyn GroupStore>> {
-    let c =
-        crate::store::client::BlockingClient::connect(&env.master_addr, env.master_port, timeout)
-            .map_err(|e| RuntimeError::Store {
+    let c = crate::store::BlockingClient::connect(&env.master_addr, env.master_port, timeout)
+        .map_err(|e| RuntimeError::Store {
             rank: env.rank,
             op: "init",
             msg: e.to_string(),

@@ -172,9 +172,9 @@ impl GroupStore for FileStore {
 }
 
 /// The launcher's TCP store (PyTorch TCPStore protocol) as the group's rendezvous.
-impl GroupStore for crate::store::client::BlockingClient {
+impl GroupStore for crate::store::BlockingClient {
     fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreFailure> {
-        crate::store::client::BlockingClient::set(self, key, value)
+        crate::store::BlockingClient::set(self, key, value)
             .map_err(|e| StoreFailure::Other(e.to_string()))
     }
 
@@ -190,7 +190,7 @@ impl GroupStore for crate::store::client::BlockingClient {
     }
 
     fn add(&self, key: &str, delta: i64) -> Result<i64, StoreFailure> {
-        crate::store::client::BlockingClient::add(self, key, delta)
+        crate::store::BlockingClient::add(self, key, delta)
             .map_err(|e| StoreFailure::Other(e.to_string()))
     }
 }

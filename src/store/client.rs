@@ -1,5 +1,5 @@
 //! The async store [`Client`] (the blocking wrapper for the worker runtime is
-//! [`super::blocking::BlockingClient`], re-exported here). It speaks PyTorch 2.15.0's TCPStore protocol (`torch/csrc/distributed/c10d/TCPStore.cpp`) to
+//! [`super::blocking::BlockingClient`], re-exported by the store module). It speaks PyTorch 2.15.0's TCPStore protocol (`torch/csrc/distributed/c10d/TCPStore.cpp`) to
 //! rdrun's server or to PyTorch's own.
 //!
 //! Conventions copied from PyTorch so that keys written from Rust and Python agree:
@@ -28,7 +28,6 @@ use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 use tokio::time::{timeout_at, Instant};
 
-pub use super::blocking::BlockingClient;
 use super::protocol::{
     Limits, Reply, ReplyDecoder, ReplyShape, Request, CHECK_READY, STOP_WAITING, VALIDATION_MAGIC,
     WAIT_CANCELED,

@@ -18,6 +18,7 @@ pub mod server;
 pub(crate) mod state;
 pub mod stats;
 
-pub use client::{BlockingClient, Client, StoreError};
+pub use blocking::BlockingClient;
+pub use client::{Client, StoreError};
 pub use protocol::Limits;
 pub use server::{ServerConfig, StoreServer};

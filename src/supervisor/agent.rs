@@ -77,7 +77,7 @@ pub fn run(config: LaunchConfig) -> RunEnd {
     }
     // Forked first, while the process has a single thread.
     // Containment hook: the watchdog creates the run's cgroup; dropping it removes the cgroup.
-    let watchdog = match Watchdog::start(&config.rdzv.run_id) {
+    let watchdog = match Watchdog::start(&config.rdzv.run_id, config.run_env.cgroup) {
         Ok(w) => Some(w),
         Err(err) => {
             tracing::warn!(
@@ -203,7 +203,7 @@ impl Agent {
             watchdog.as_ref().and_then(Watchdog::cgroup_fd),
         );
         // Before any worker starts: a FileTimer client must never find the FIFO unread.
-        let timers = match FileTimerServe::start(|k| std::env::var(k).ok()) {
+        let timers = match FileTimerServe::start(|k| config.run_env.var(k)) {
             Ok(Some((t, path))) => {
                 if let Some(p) = path {
                     worker_env

@@ -21,30 +21,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// The environment variable that chooses the containment (`auto`, `v2`, `v1`, `off`).
-pub const ENV: &str = "RDRUN_CGROUP";
-
-/// Which hierarchies may hold the run's cgroup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Auto,
-    V2,
-    V1,
-    Off,
-}
-
-impl Mode {
-    /// Parses `RDRUN_CGROUP` (unset or empty: `auto`).
-    pub fn parse(value: Option<&str>) -> Result<Mode, String> {
-        match value.map(str::trim).unwrap_or("") {
-            "" | "auto" => Ok(Mode::Auto),
-            "v2" | "cgroup2" => Ok(Mode::V2),
-            "v1" | "freezer" => Ok(Mode::V1),
-            "off" | "none" | "0" => Ok(Mode::Off),
-            other => Err(format!("{ENV}={other:?} is not one of auto, v2, v1, off")),
-        }
-    }
-}
+/// The containment choice and its variable are resolved in the config (`RDRUN_CGROUP`).
+pub use crate::config::runenv::{CgroupMode as Mode, CGROUP_ENV as ENV};
 
 /// One line of `/proc/self/mountinfo` as containment needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -527,14 +505,5 @@ mod tests {
         assert!(candidate_parents(Mode::Auto, &m, &c).is_empty());
         let c = parse_proc_cgroup("0::/docker/xy\n");
         assert!(candidate_parents(Mode::Auto, &m, &c).is_empty());
-    }
-
-    #[test]
-    fn mode_parsing() {
-        assert_eq!(Mode::parse(None), Ok(Mode::Auto));
-        assert_eq!(Mode::parse(Some("off")), Ok(Mode::Off));
-        assert_eq!(Mode::parse(Some("v1")), Ok(Mode::V1));
-        let err = Mode::parse(Some("yes")).unwrap_err();
-        assert!(err.contains("RDRUN_CGROUP") && err.contains("yes"), "{err}");
     }
 }

@@ -1,11 +1,12 @@
-//! How a run ended: the value [`super::run`] returns. `crate::exit` maps it to the process
-//! status; the binary prints it (the error chain, or the failure report) once. Nothing in the
+//! How a run ended: the value [`super::run`] returns. [`RunEnd::exit`] names its process
+//! status in `crate::exit`'s terms; the binary prints it (the error chain, or the failure report) once. Nothing in the
 //! supervisor prints an error itself.
 
 use std::fmt;
 use std::path::Path;
 
 use super::report::{self, ResolvedReport};
+use crate::exit::Exit;
 
 /// The end of one launch.
 #[derive(Debug)]
@@ -26,6 +27,18 @@ pub enum RunEnd {
 }
 
 impl RunEnd {
+    /// The status of a run that ended so: success, the root cause's own status for a worker
+    /// failure, the signal's after a signal, a launcher failure for a launcher error or a lost
+    /// rendezvous.
+    pub fn exit(&self) -> Exit {
+        match self {
+            RunEnd::Succeeded => Exit::Success,
+            RunEnd::WorkersFailed(report) => report.exit(),
+            RunEnd::Interrupted { signal, .. } => Exit::Signal(*signal),
+            RunEnd::LauncherError(_) | RunEnd::RendezvousLost(_) => Exit::LauncherFailure,
+        }
+    }
+
     /// A launcher error from a message.
     pub fn error(msg: impl Into<String>) -> RunEnd {
         RunEnd::LauncherError(LaunchError::Message(msg.into()))
@@ -178,5 +191,49 @@ mod tests {
             .message(),
             None
         );
+    }
+
+    #[test]
+    fn run_ends() {
+        use crate::exit::{WorkerStatus, LAUNCHER_FAILURE, SUCCESS};
+        use crate::supervisor::report::{Failure, FailureReport};
+        let failed = |status| {
+            RunEnd::WorkersFailed(
+                FailureReport {
+                    name: "x".into(),
+                    host: "h".into(),
+                    failures: vec![Failure {
+                        local_rank: 0,
+                        rank: 0,
+                        pid: 1,
+                        status,
+                        observed_at: std::time::SystemTime::now(),
+                        error_file: None,
+                        stderr_tail: Vec::new(),
+                        traceback: None,
+                        abandoned: false,
+                        stop_sent_at: None,
+                    }],
+                }
+                .resolve(),
+            )
+        };
+        let table = [
+            (RunEnd::Succeeded, SUCCESS),
+            (failed(WorkerStatus::Exited(3)), 3),
+            (failed(WorkerStatus::Signaled(9)), 137),
+            (
+                RunEnd::Interrupted {
+                    signal: 2,
+                    report: None,
+                },
+                130,
+            ),
+            (RunEnd::error("x"), LAUNCHER_FAILURE),
+            (RunEnd::RendezvousLost("gone".into()), LAUNCHER_FAILURE),
+        ];
+        for (end, want) in table {
+            assert_eq!(end.exit().code(), want, "{end:?}");
+        }
     }
 }

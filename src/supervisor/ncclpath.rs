@@ -103,15 +103,6 @@ pub fn pip_nccl_ld_library_path(
     Ok(Some(prepend_ld_library_path(&dir, existing)))
 }
 
-/// The per-user cache directory for shims: `$XDG_CACHE_HOME/rdrun` or `~/.cache/rdrun`.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .map(|c| c.join("rdrun"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

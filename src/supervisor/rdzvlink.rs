@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::config::{LaunchConfig, RdzvBackend};
+use crate::config::LaunchConfig;
 use crate::rendezvous::{
     Assignment, RdzvEvent, Rendezvous, RendezvousError, RoundReason, RoundRequest,
 };
@@ -23,9 +23,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// path (same ranks, same store, no rendezvous traffic), and so does a one-node etcd launch
 /// (one node needs no etcd).
 pub(crate) fn uses_rendezvous(config: &LaunchConfig) -> bool {
-    !config.standalone
-        && config.rdzv.endpoint.is_some()
-        && (config.nnodes.max > 1 || config.rdzv.backend == RdzvBackend::C10d)
+    config.uses_rendezvous()
 }
 
 /// The next rendezvous event; pending forever without a rendezvous.
@@ -168,6 +166,7 @@ pub(crate) async fn close(rdzv: &mut Rendezvous) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RdzvBackend;
 
     use crate::config::testkit::launch_config as config;
 

@@ -181,10 +181,16 @@ impl ResolvedReport {
     /// rdrun's exit status for this report: the root cause's own (see
     /// [`WorkerStatus::launcher_exit_code`]), or a launcher failure when there is none.
     pub fn exit_code(&self) -> i32 {
+        self.exit().code()
+    }
+
+    /// [`Self::exit_code`] as an [`crate::exit::Exit`].
+    pub fn exit(&self) -> crate::exit::Exit {
+        use crate::exit::Exit;
         self.root
-            .map(|i| self.status_of(i).launcher_exit_code())
-            .filter(|&c| c != 0 || self.hang.is_none())
-            .unwrap_or(crate::exit::LAUNCHER_FAILURE)
+            .map(|i| Exit::Worker(self.status_of(i)))
+            .filter(|e| e.code() != 0 || self.hang.is_none())
+            .unwrap_or(Exit::LauncherFailure)
     }
 }
 

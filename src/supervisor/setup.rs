@@ -44,7 +44,7 @@ pub(crate) fn log_worker_env(config: &LaunchConfig) {
     super::worker::log_binding(&config.binding);
     if config.binding.omp_threads.is_empty()
         && crate::workerenv::should_set_omp_num_threads(
-            std::env::var("OMP_NUM_THREADS").ok().as_deref(),
+            config.run_env.var("OMP_NUM_THREADS").as_deref(),
             config.nproc_per_node,
         )
     {

@@ -73,16 +73,11 @@ struct Plan {
 }
 
 impl Watchdog {
-    /// Forks the watchdog, then creates the run's cgroup (`RDRUN_CGROUP` chooses, see
-    /// [`contain`]). Call before any thread or runtime exists. `run_id` names the shared-memory
+    /// Forks the watchdog, then creates the run's cgroup (`mode`, from `RDRUN_CGROUP`, chooses,
+    /// see [`contain`]). Call before any thread or runtime exists. `run_id` names the shared-memory
     /// segments to remove if rdrun dies (not for the shared default id "none", which a
     /// concurrent job may use).
-    pub fn start(run_id: &str) -> io::Result<Watchdog> {
-        let env = std::env::var(contain::ENV).ok();
-        let mode = Mode::parse(env.as_deref()).unwrap_or_else(|err| {
-            tracing::warn!("{err}; using auto");
-            Mode::Auto
-        });
+    pub fn start(run_id: &str, mode: Mode) -> io::Result<Watchdog> {
         let plan = Plan {
             rdrun: std::process::id() as i32,
             cgroups: contain::plan(mode),

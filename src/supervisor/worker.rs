@@ -235,7 +235,7 @@ pub fn spawn_spec(
         nproc,
         &run_env.signals_env,
         config.virtual_local_rank,
-        |k| std::env::var(k).ok(),
+        |k| config.run_env.var(k),
     )?;
     env.extend(run_env.extra.iter().cloned());
     if let Some(n) = config.binding.omp_of(local_rank) {
@@ -312,10 +312,10 @@ pub fn pip_nccl_env(config: &LaunchConfig) -> Vec<(String, String)> {
     let Some(python) = config.command.python.clone() else {
         return Vec::new();
     };
-    let Some(cache) = ncclpath::default_cache_dir() else {
+    let Some(cache) = config.run_env.cache_dir.clone() else {
         return Vec::new();
     };
-    let existing = std::env::var_os("LD_LIBRARY_PATH");
+    let existing = config.run_env.ld_library_path.clone();
     match ncclpath::pip_nccl_ld_library_path(&python, &cache, existing.as_deref()) {
         Ok(Some(value)) => {
             tracing::debug!(

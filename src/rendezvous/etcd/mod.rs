@@ -30,21 +30,8 @@ pub(crate) mod driver;
 /// config's `Endpoint` holds only the first one).
 pub use crate::config::ETCD_ENDPOINTS_KEY as ENDPOINTS_KEY;
 
-/// `--rdzv-conf` keys only the etcd backend reads.
-pub const KNOWN_KEYS: &[&str] = &[
-    ENDPOINTS_KEY,
-    "ttl",
-    "lease_ttl",
-    "key_prefix",
-    "prefix",
-    "protocol",
-    "cacert",
-    "cert",
-    "key",
-    "username",
-    "user",
-    "password",
-];
+/// `--rdzv-conf` keys only the etcd backend reads (listed with the others in `settings`).
+pub use super::settings::ETCD_KEYS as KNOWN_KEYS;
 
 /// Default lease TTL: a dead agent is noticed within this (rdrun's c10d drops a node after 5 s
 /// too; torchrun's 3 × 5 s would miss the < 10 s failover goal of issue 14). etcd grants at

@@ -47,7 +47,7 @@ pub struct StoreWait {
 pub struct CaptureOptions {
     /// `--py-spy` / `$RDRUN_PY_SPY`, tried first.
     pub py_spy: Option<PathBuf>,
-    /// The PATH to search for `py-spy` (production: `std::env::var_os("PATH")`).
+    /// The PATH to search for `py-spy` (production: rdrun's `PATH`, read by the config).
     pub search_path: Option<OsString>,
     /// Bound of the whole capture.
     pub timeout: Duration,
@@ -62,7 +62,7 @@ impl CaptureOptions {
     pub fn from_settings(s: &super::settings::HangSettings) -> Self {
         CaptureOptions {
             py_spy: s.py_spy.clone(),
-            search_path: std::env::var_os("PATH"),
+            search_path: s.search_path.clone(),
             timeout: s.capture_timeout,
             tool_timeout: s.tool_timeout.min(s.capture_timeout),
             proc_root: PathBuf::from("/proc"),

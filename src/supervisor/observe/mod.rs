@@ -174,7 +174,7 @@ impl Inner {
             log,
             health,
             metrics,
-            status: Status::new(),
+            status: Status::new(config.run_env.status_interval),
             servers,
             nproc: config.nproc_per_node,
             grace: config.shutdown_timeout,
@@ -487,7 +487,7 @@ impl Inner {
         });
         let mut f = obj(json!({
             "outcome": outcome,
-            "exit_code": crate::exit::for_run_end(end),
+            "exit_code": end.exit().code(),
         }));
         if let RunEnd::Interrupted { signal, .. } = end {
             // A signal outside an attempt (rendezvous, between attempts) got no event yet.

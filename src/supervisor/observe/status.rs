@@ -69,17 +69,6 @@ impl Waiting {
     }
 }
 
-/// The plain interval between two lines (`RDRUN_STATUS_INTERVAL`, seconds; default 5).
-pub fn interval() -> Duration {
-    std::env::var("RDRUN_STATUS_INTERVAL")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map_or(Duration::from_secs(5), |s| {
-            Duration::from_secs_f64(s.max(0.05))
-        })
-}
-
 #[derive(Default)]
 struct Inner {
     waiting: Option<Waiting>,
@@ -95,11 +84,12 @@ pub struct Status {
 }
 
 impl Status {
-    /// Starts the printer (on the current tokio runtime).
-    pub fn new() -> Status {
+    /// Starts the printer (on the current tokio runtime); `interval` is the plain interval
+    /// between two lines (`RDRUN_STATUS_INTERVAL`, resolved in the config).
+    pub fn new(interval: Duration) -> Status {
         let inner = Arc::new(Mutex::new(Inner::default()));
         let tty = std::io::stderr().is_terminal();
-        let task = tokio::spawn(printer(inner.clone(), tty, interval()));
+        let task = tokio::spawn(printer(inner.clone(), tty, interval));
         Status {
             inner,
             task: Some(task),

@@ -1,4 +1,8 @@
 //! `--rdzv-conf` keys turned into typed rendezvous settings (pure; spec torchrun-compat §4.1-4.3).
+//! The config checks them when it resolves a run that will hold a rendezvous
+//! ([`super::LaunchConfig::uses_rendezvous`]), so a bad value is a one-line error naming its key
+//! before anything starts; the rendezvous backends (`rendezvous::settings`) build theirs from the
+//! same functions.
 //!
 //! Values are torchrun's: seconds as integers (rdrun also accepts fractions), booleans as
 //! 1/0/true/false/t/f/yes/no/y/n in any case. Unknown keys are ignored as torchrun does (they are
@@ -10,10 +14,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::config::NodeRange;
+use super::NodeRange;
 
 /// A bad `--rdzv-conf` value.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ConfError {
     #[error("rdzv-conf {key}={value:?}: expected a number of seconds")]
     Seconds { key: String, value: String },
@@ -95,10 +99,26 @@ const KNOWN: &[&str] = &[
     "poll_interval",
 ];
 
+/// `--rdzv-conf` keys only the etcd backend reads.
+pub const ETCD_KEYS: &[&str] = &[
+    super::ETCD_ENDPOINTS_KEY,
+    "ttl",
+    "lease_ttl",
+    "key_prefix",
+    "prefix",
+    "protocol",
+    "cacert",
+    "cert",
+    "key",
+    "username",
+    "user",
+    "password",
+];
+
 /// Conf keys rdrun ignores (for a warning).
 pub fn unknown_keys(conf: &BTreeMap<String, String>) -> Vec<String> {
     conf.keys()
-        .filter(|k| !KNOWN.contains(&k.as_str()) && !super::etcd::KNOWN_KEYS.contains(&k.as_str()))
+        .filter(|k| !KNOWN.contains(&k.as_str()) && !ETCD_KEYS.contains(&k.as_str()))
         .cloned()
         .collect()
 }
@@ -335,5 +355,42 @@ mod tests {
             unknown_keys(&conf(&[("timeout", "1"), ("colour", "red")])),
             ["colour"]
         );
+    }
+
+    /// A run that holds a rendezvous types its `--rdzv-conf` at resolution: a bad value is one
+    /// line naming the key, exit 1 as when the rendezvous found it; a run without one (a single
+    /// node, standalone) does not look at it, as before.
+    #[test]
+    fn resolution_types_the_conf_of_a_run_with_a_rendezvous() {
+        use crate::config::testkit::{fail, ok};
+        let multi = [
+            "--nnodes=2",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=h:29400",
+            "--rdzv-conf=join_timeout=x",
+            "--no-python",
+            "true",
+        ];
+        let e = fail(&multi);
+        assert_eq!(
+            e.to_string(),
+            "invalid rendezvous configuration: rdzv-conf join_timeout=\"x\": expected a number of seconds"
+        );
+        assert_eq!(e.exit_code(), crate::exit::LAUNCHER_FAILURE);
+        let stat = [
+            "--nnodes=2",
+            "--rdzv-backend=static",
+            "--master-addr=h",
+            "--rdzv-conf=keep_alive_max_attempt=0",
+            "--no-python",
+            "true",
+        ];
+        assert!(fail(&stat).to_string().contains("keep_alive_max_attempt"));
+        ok(&[
+            "--standalone",
+            "--rdzv-conf=join_timeout=x",
+            "--no-python",
+            "true",
+        ]);
     }
 }

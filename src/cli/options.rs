@@ -1,0 +1,416 @@
+//! The option table: every flag rdrun accepts, with its spellings, kind, `PET_*` default and help,
+//! in torchrun's registration order. The parser, `--help` ([`help_text`]), the completion scripts
+//! and the man page ([`flag_table`]) are all generated from [`OPTIONS`]: there is no second list.
+
+/// How an option consumes its value and converts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// No value; `check_env` semantics for the `PET_*` default.
+    Flag,
+    Str,
+    Int,
+    Float,
+    /// A comma-separated list where `,,` is a literal comma.
+    List,
+    /// A string restricted to these values on the command line (not in `PET_*`, as argparse).
+    Choice(&'static [&'static str]),
+    /// A flag that takes a value only as `--flag=VALUE` (one of these), like argparse's
+    /// `nargs='?'` with `const`: `--print-topology` or `--print-topology=json`.
+    OptionalChoice(&'static [&'static str]),
+    Help,
+    Completion,
+    /// `--print-man`: print the man page and exit, like `-h`.
+    Man,
+}
+
+/// One option of the table below.
+#[derive(Debug)]
+pub(super) struct OptSpec {
+    /// argparse's dest; also the suffix of the `PET_*` variable.
+    pub(super) dest: &'static str,
+    pub(super) names: &'static [&'static str],
+    pub(super) kind: Kind,
+    /// Whether `PET_<DEST>` supplies the default.
+    pub(super) pet: bool,
+    /// rdrun's own flags take part in no abbreviation (see the module docs).
+    pub(super) abbreviable: bool,
+    /// Default as shown in `--help`.
+    pub(super) default: &'static str,
+    pub(super) help: &'static str,
+    /// The closed set of words a [`Kind::Str`] option accepts, for the completion scripts and
+    /// the man page. The parser passes the text through unchecked (torchrun's argparse does, and
+    /// `config` gives the precise error); `config`'s tests check each word resolves.
+    pub(super) values: &'static [&'static str],
+}
+
+pub(super) const fn opt(
+    dest: &'static str,
+    names: &'static [&'static str],
+    kind: Kind,
+    default: &'static str,
+    help: &'static str,
+) -> OptSpec {
+    OptSpec {
+        dest,
+        names,
+        kind,
+        pet: true,
+        abbreviable: true,
+        default,
+        help,
+        values: &[],
+    }
+}
+
+pub(super) const START_METHODS: &[&str] = &["spawn", "fork", "forkserver"];
+pub(super) const NUMA_MODES: &[&str] = &["node", "socket", "exclusive", "core-complex"];
+/// torchrun offers shtab's shells (bash, zsh, tcsh); rdrun adds fish.
+pub const SHELLS: &[&str] = &["bash", "zsh", "tcsh", "fish"];
+/// `--rdzv-backend` (`etcd` is an alias of `etcd-v3`, not offered twice).
+pub const RDZV_BACKENDS: &[&str] = &["static", "c10d", "etcd-v3"];
+/// `--event-log-handler`.
+pub const EVENT_HANDLERS: &[&str] = &["null", "console"];
+/// `--leftovers`.
+pub const LEFTOVER_POLICIES: &[&str] = &["kill", "wait", "leave"];
+/// `--cluster`.
+pub const CLUSTER_CHOICES: &[&str] = &["auto", "none", "slurm", "k8s", "mpi", "lsf", "hostfile"];
+/// `--hang-detect`.
+pub const HANG_MODES: &[&str] = &["off", "observe", "kill"];
+
+/// Every option, in torchrun's registration order (which is the order argparse lists ambiguous
+/// matches in), followed by rdrun's own.
+pub(super) static OPTIONS: &[OptSpec] = &[
+    OptSpec {
+        pet: false,
+        ..opt("help", &["-h", "--help"], Kind::Help, "", "show this help message and exit")
+    },
+    opt("nnodes", &["--nnodes"], Kind::Str, "1:1",
+        "Number of nodes, or the range of nodes in form <minimum_nodes>:<maximum_nodes>; more than one node runs the --rdzv-backend rendezvous (static: node ranks; c10d: elastic)."),
+    opt("nproc_per_node", &["--nproc-per-node", "--nproc_per_node"], Kind::Str, "1",
+        "Number of workers per node; supported values: [auto, cpu, gpu, int] (int: at most 4096)."),
+    OptSpec {
+        values: RDZV_BACKENDS,
+        ..opt("rdzv_backend", &["--rdzv-backend", "--rdzv_backend"], Kind::Str, "static",
+            "Rendezvous backend: static, c10d, etcd-v3 (alias etcd; needs the `etcd` build feature).")
+    },
+    opt("rdzv_endpoint", &["--rdzv-endpoint", "--rdzv_endpoint"], Kind::Str, "",
+        "Rendezvous backend endpoint; usually in form <host>:<port>."),
+    opt("rdzv_id", &["--rdzv-id", "--rdzv_id"], Kind::Str, "none", "User-defined group id."),
+    opt("rdzv_conf", &["--rdzv-conf", "--rdzv_conf"], Kind::Str, "",
+        "Additional rendezvous configuration (<key1>=<value1>,<key2>=<value2>,...)."),
+    opt("standalone", &["--standalone"], Kind::Flag, "off",
+        "Single-node run with a local store on a free loopback port and a fresh run id; --rdzv-backend, --rdzv-endpoint and --rdzv-id are ignored."),
+    opt("max_restarts", &["--max-restarts", "--max_restarts"], Kind::Int, "0",
+        "Maximum number of worker group restarts before failing."),
+    opt("monitor_interval", &["--monitor-interval", "--monitor_interval"], Kind::Float, "0.1",
+        "Accepted for compatibility; rdrun reacts to worker exits as events and does not poll."),
+    opt("start_method", &["--start-method", "--start_method"], Kind::Choice(START_METHODS), "spawn",
+        "Accepted for compatibility and ignored (torchrun uses it only for Python function entrypoints)."),
+    OptSpec {
+        values: EVENT_HANDLERS,
+        ..opt("event_log_handler", &["--event-log-handler", "--event_log_handler"], Kind::Str, "null",
+            "Event logging handler: null or console (other handlers are Python plugins, not supported).")
+    },
+    opt("role", &["--role"], Kind::Str, "default", "User-defined role for the workers."),
+    opt("module", &["-m", "--module"], Kind::Flag, "off",
+        "Interpret the training script as a Python module, executing with the same behavior as 'python -m'."),
+    opt("no_python", &["--no-python", "--no_python"], Kind::Flag, "off",
+        "Execute the training script directly instead of under python (rdrun also does this for any executable that is not a .py file)."),
+    opt("run_path", &["--run-path", "--run_path"], Kind::Flag, "off",
+        "Run the training script with runpy.run_path in a python -u -c bootstrap that writes the error file; takes precedence over --no-python."),
+    opt("log_dir", &["--log-dir", "--log_dir"], Kind::Str, "none",
+        "Base directory for log files; a <run_id>_<suffix>/attempt_<n>/<local_rank>/ tree is created in it when something is written."),
+    opt("redirects", &["-r", "--redirects"], Kind::Str, "0",
+        "Redirect std streams into log files (0 none, 1 stdout, 2 stderr, 3 both; or a map like 0:1,1:2 with ranks of any number of digits)."),
+    opt("tee", &["-t", "--tee"], Kind::Str, "0",
+        "Tee std streams into a log file and also to the console (same format as --redirects)."),
+    opt("log_line_prefix_template", &["--log-line-prefix-template", "--log_line_prefix_template"], Kind::Str, "",
+        "Prefix of each tee'd console line; macros ${role_name}, ${local_rank}, ${rank}, ${hostname}. Defaults to TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else '[${role_name}${local_rank}]:'."),
+    opt("local_ranks_filter", &["--local-ranks-filter", "--local_ranks_filter"], Kind::Str, "",
+        "Only show the console output of these comma-separated local ranks (log files are unaffected)."),
+    opt("duplicate_stdout_filters", &["--duplicate-stdout-filters", "--duplicate_stdout_filters"], Kind::List, "",
+        "Also copy tee'd stdout lines containing any of these comma-separated strings (',,' is a literal comma) to filtered_stdout.log."),
+    opt("duplicate_stderr_filters", &["--duplicate-stderr-filters", "--duplicate_stderr_filters"], Kind::List, "",
+        "Same as --duplicate-stdout-filters, for stderr."),
+    opt("node_rank", &["--node-rank", "--node_rank"], Kind::Int, "0",
+        "Rank of the node for multi-node training (static rendezvous only)."),
+    opt("master_addr", &["--master-addr", "--master_addr"], Kind::Str, "127.0.0.1",
+        "Address of the master node (static rendezvous only); IPv6 as [::1]."),
+    opt("master_port", &["--master-port", "--master_port"], Kind::Int, "none",
+        "Port on the master node (static rendezvous only); setting it disables the automatic standalone mode. Static default 29500."),
+    opt("local_addr", &["--local-addr", "--local_addr"], Kind::Str, "none",
+        "Address of the local node."),
+    OptSpec {
+        pet: false,
+        ..opt("logs_specs", &["--logs-specs", "--logs_specs"], Kind::Str, "none",
+            "Not supported: a torchrun.logs_specs Python plugin.")
+    },
+    OptSpec {
+        pet: false,
+        ..opt("numa_binding", &["--numa-binding", "--numa_binding"], Kind::Choice(NUMA_MODES), "none",
+            "Bind each worker to the CPUs near the accelerator whose index is its local rank (torch/numa/binding.py modes), read from sysfs and set by rdrun between fork and exec (no numactl needed).")
+    },
+    opt("signals_to_handle", &["--signals-to-handle", "--signals_to_handle"], Kind::Str,
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
+        "Comma-separated signals to catch and forward to every worker's process group. TERM/INT/HUP/QUIT stop the run; USR1/USR2 (e.g. a scheduler's preemption notice) are forwarded and the run goes on, but a worker that does not handle them dies of them (exit 138/140) and fails the run: list only TERM,INT,HUP,QUIT (torchrun's default) not to forward them (a USR1/USR2 then ends rdrun by its default action, as torchrun)."),
+    opt("shutdown_timeout", &["--shutdown-timeout", "--shutdown_timeout"], Kind::Int, "30",
+        "Seconds between the stop signal and SIGKILL, for every stop (also after a worker failure). Else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30."),
+    opt("virtual_local_rank", &["--virtual-local-rank", "--virtual_local_rank"], Kind::Flag, "off",
+        "LOCAL_RANK=0 for every worker and one GPU each through CUDA_VISIBLE_DEVICES."),
+    OptSpec {
+        pet: false,
+        ..opt("print_completion", &["--print-completion", "--print_completion"], Kind::Completion, "",
+            "Print a shell completion script for rdrun to stdout and exit (e.g. --print-completion bash > ~/.local/share/bash-completion/completions/rdrun).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("cpu_binding", &["--cpu-binding", "--cpu_binding"], Kind::Flag, "off",
+            "rdrun: give each local rank its own share of rdrun's CPU affinity mask (whole physical cores when there are enough), for CPU-only jobs; not with --numa-binding.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("omp_num_threads", &["--omp-num-threads", "--omp_num_threads"], Kind::Str, "none",
+            "rdrun: OMP_NUM_THREADS for every worker, over any inherited value: cpus (the number of CPUs the worker is bound to; unbound: the affinity mask divided by the workers) or a positive integer. Without it torchrun's rule holds (1 when unset and nproc > 1).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("print_man", &["--print-man"], Kind::Man, "",
+            "rdrun: print rdrun's man page (roff, from this option table) to stdout and exit.")
+    },
+    OptSpec {
+        abbreviable: false,
+        ..opt("report_json", &["--report-json", "--report_json"], Kind::Str, "none",
+            "rdrun: write the run's outcome (root cause, failures, exit code) as JSON to this path.")
+    },
+    OptSpec {
+        abbreviable: false,
+        ..opt("exit_barrier_timeout", &["--exit-barrier-timeout", "--exit_barrier_timeout"], Kind::Float, "300",
+            "rdrun: seconds to wait for the other nodes after local success (multi-node).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        values: LEFTOVER_POLICIES,
+        ..opt("leftovers", &["--leftovers"], Kind::Str, "kill",
+            "rdrun: processes the workers leave behind after a successful run: kill (stop them, each named at WARN), wait (until they exit), leave. Else RDRUN_LEFTOVERS.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        values: CLUSTER_CHOICES,
+        ..opt("cluster", &["--cluster"], Kind::Str, "auto",
+            "rdrun: scheduler detection: auto (read Slurm, Kubernetes, MPI, LSF, hostfile environments), none (a local run as torchrun), or force one of slurm, k8s, mpi, lsf, hostfile. Else RDRUN_CLUSTER.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("hostfile", &["--hostfile"], Kind::Str, "none",
+            "rdrun: a hostfile (DeepSpeed 'host slots=N' or Open MPI dialect); this node's rank is its host's position. Else RDRUN_HOSTFILE or OMPI_MCA_orte_default_hostfile.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("include", &["--include"], Kind::Str, "none",
+            "rdrun: keep only these hostfile hosts/slots, DeepSpeed's NODE_SPEC[@NODE_SPEC...] with NODE_SPEC = NAME[:SLOT[,SLOT...]] (slots are device indices).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("exclude", &["--exclude"], Kind::Str, "none",
+            "rdrun: drop these hostfile hosts/slots (same syntax as --include; not both).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("nested", &["--nested"], Kind::Flag, "off",
+            "rdrun: allow this launch from inside a torchrun/rdrun worker while a scheduler is detected (it forms a world of its own; refused by default). Else RDRUN_NESTED=1.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("dry_run", &["--dry-run", "--dry_run"], Kind::Flag, "off",
+            "rdrun: resolve the configuration, print the topology (where every value came from) and exit 0 without starting anything.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("print_topology", &["--print-topology", "--print_topology"], Kind::OptionalChoice(TOPOLOGY_FORMATS), "off",
+            "rdrun: as --dry-run; --print-topology=json prints the topology as JSON.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("events", &["--events"], Kind::Str, "none",
+            "rdrun: also write every lifecycle event (spawn, exit, stop, restart, rendezvous, ...) as one JSON object per line to this file, or to stderr with '-' (with --log-dir they always go to <run dir>/events.jsonl).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("metrics_addr", &["--metrics-addr", "--metrics_addr"], Kind::Str, "none",
+            "rdrun: serve Prometheus metrics at http://HOST:PORT/metrics and the health state at /healthz (PORT alone: loopback). Else RDRUN_METRICS_ADDR.")
+    },
+    OptSpec {
+        values: HANG_MODES,
+        ..hang_opt("hang_detect", &["--hang-detect"], "kill; observe when rdrun's stdin is a terminal",
+            "rdrun: hang detection: kill (capture stacks, then stop and restart the group), observe (capture and report only), off. Else RDRUN_HANG_DETECT.")
+    },
+    hang_opt("hang_timeout", &["--hang-timeout"], "900",
+        "rdrun: a hang is every rank quiet (no CPU, I/O, output or heartbeat) for this long once running (seconds, or 90s/15m/1h). Else RDRUN_HANG_TIMEOUT."),
+    hang_opt("hang_startup_timeout", &["--hang-startup-timeout"], "1800",
+        "rdrun: the same budget from spawn until every rank has shown progress (output or a heartbeat). Else RDRUN_HANG_STARTUP_TIMEOUT."),
+    hang_opt("hang_exit_skew_timeout", &["--hang-exit-skew-timeout"], "300",
+        "rdrun: a hang is also some rank exited 0 and the others quiet for this long. Else RDRUN_HANG_EXIT_SKEW_TIMEOUT."),
+    hang_opt("hang_poll_interval", &["--hang-poll-interval"], "5",
+        "rdrun: how often every rank's activity is sampled from /proc. Else RDRUN_HANG_POLL_INTERVAL."),
+    hang_opt("hang_cpu_idle", &["--hang-cpu-idle"], "5",
+        "rdrun: a rank using less CPU than this percentage of one core in a poll interval is quiet. Else RDRUN_HANG_CPU_IDLE."),
+    hang_opt("hang_io_idle", &["--hang-io-idle"], "65536",
+        "rdrun: a rank reading+writing fewer bytes than this in a poll interval is quiet. Else RDRUN_HANG_IO_IDLE."),
+    hang_opt("hang_capture_timeout", &["--hang-capture-timeout"], "20",
+        "rdrun: wall-clock bound of the capture (stacks, kernel waits) after a hang. Else RDRUN_HANG_CAPTURE_TIMEOUT."),
+    hang_opt("py_spy", &["--py-spy"], "py-spy on PATH, else beside the worker's python",
+        "rdrun: the py-spy binary used for the Python stacks of a hung job (absent: stacks are recorded as unavailable). Else RDRUN_PY_SPY."),
+];
+
+pub(super) const TOPOLOGY_FORMATS: &[&str] = &["text", "json"];
+
+/// rdrun's hang-detection flags: (dest, name without `--`), as `HangSettings::set` names them.
+pub const HANG_FLAGS: &[(&str, &str)] = &[
+    ("hang_detect", "hang-detect"),
+    ("hang_timeout", "hang-timeout"),
+    ("hang_startup_timeout", "hang-startup-timeout"),
+    ("hang_exit_skew_timeout", "hang-exit-skew-timeout"),
+    ("hang_poll_interval", "hang-poll-interval"),
+    ("hang_cpu_idle", "hang-cpu-idle"),
+    ("hang_io_idle", "hang-io-idle"),
+    ("hang_capture_timeout", "hang-capture-timeout"),
+    ("py_spy", "py-spy"),
+];
+
+/// An rdrun hang-detection option: a string checked by `config` (through `HangSettings`), no
+/// `PET_*` variable (its `RDRUN_*` one is read by `config`), never abbreviated.
+pub(super) const fn hang_opt(
+    dest: &'static str,
+    names: &'static [&'static str],
+    default: &'static str,
+    help: &'static str,
+) -> OptSpec {
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt(dest, names, Kind::Str, default, help)
+    }
+}
+
+/// What an option takes, as completion scripts and the man page describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagValue {
+    /// No value (a switch, `-h`, `--print-man`).
+    None,
+    /// Any text; `metavar` names it.
+    Text { metavar: &'static str },
+    /// A path (file or directory).
+    Path { metavar: &'static str },
+    /// One of these words.
+    Choice(&'static [&'static str]),
+    /// Optionally `=` one of these words (`--print-topology[=json]`).
+    OptionalChoice(&'static [&'static str]),
+}
+
+/// One option of the parser's table, for [`super::completion`] (scripts and man page come from
+/// the same table the parser uses: no second list to keep in sync).
+#[derive(Debug, Clone)]
+pub struct FlagView {
+    /// Every spelling, canonical first (`--nproc-per-node`, `--nproc_per_node`).
+    pub names: &'static [&'static str],
+    pub value: FlagValue,
+    pub help: &'static str,
+    /// Default as `--help` shows it; empty for none.
+    pub default: &'static str,
+    /// `PET_<DEST>` when that variable supplies the default.
+    pub env: Option<String>,
+}
+
+/// The option table, in `--help` order.
+pub fn flag_table() -> Vec<FlagView> {
+    OPTIONS
+        .iter()
+        .map(|o| {
+            let metavar = match o.dest {
+                "log_dir" => "DIR",
+                "report_json" | "hostfile" | "py_spy" | "events" => "PATH",
+                _ => "VALUE",
+            };
+            let value = match o.kind {
+                Kind::Flag | Kind::Help | Kind::Man => FlagValue::None,
+                Kind::Choice(c) => FlagValue::Choice(c),
+                Kind::Str if !o.values.is_empty() => FlagValue::Choice(o.values),
+                Kind::Completion => FlagValue::Choice(SHELLS),
+                Kind::OptionalChoice(c) => FlagValue::OptionalChoice(c),
+                _ if metavar != "VALUE" => FlagValue::Path { metavar },
+                _ => FlagValue::Text { metavar: o.dest },
+            };
+            FlagView {
+                names: o.names,
+                value,
+                help: o.help,
+                default: if matches!(o.kind, Kind::Help | Kind::Completion | Kind::Man) {
+                    ""
+                } else {
+                    o.default
+                },
+                env: o
+                    .pet
+                    .then(|| format!("PET_{}", o.dest.to_ascii_uppercase())),
+            }
+        })
+        .collect()
+}
+
+/// The `--help` text: every flag with its spellings, default and `PET_*` variable.
+pub fn help_text() -> String {
+    let mut out = String::from(
+        "usage: rdrun [OPTIONS] training_script [training_script_args ...]\n\n\
+         rdrun: a drop-in replacement for torchrun (torch.distributed.run, PyTorch 2.15).\n\
+         Everything after training_script is passed to it verbatim.\n\n\
+         positional arguments:\n  \
+         training_script       Path of the training script (.py), module name (-m) or program to launch.\n  \
+         training_script_args  Arguments for the training script; ${local_rank} becomes the local rank.\n\n\
+         options (every long option also accepts '_' for '-', --opt=value, and unique prefixes):\n",
+    );
+    for o in OPTIONS {
+        let names = o.names.join(", ");
+        let metavar = match o.kind {
+            Kind::Flag | Kind::Help | Kind::Man => String::new(),
+            Kind::Choice(c) => format!(" {{{}}}", c.join(",")),
+            Kind::OptionalChoice(c) => format!("[={{{}}}]", c.join(",")),
+            Kind::Completion => format!(" {{{}}}", SHELLS.join(",")),
+            _ => format!(" {}", o.dest.to_ascii_uppercase()),
+        };
+        out.push_str(&format!("  {names}{metavar}\n      {}\n", o.help));
+        let mut notes = Vec::new();
+        if !matches!(o.kind, Kind::Help | Kind::Completion | Kind::Man) {
+            let d = if o.default.is_empty() {
+                "\"\"".to_string()
+            } else {
+                o.default.to_string()
+            };
+            notes.push(format!("default: {d}"));
+        }
+        if o.pet {
+            notes.push(format!("env: PET_{}", o.dest.to_ascii_uppercase()));
+        }
+        if !notes.is_empty() {
+            out.push_str(&format!("      [{}]\n", notes.join("; ")));
+        }
+    }
+    out.push_str(
+        "\nExit status: 0 on success; the failed worker's own status (its exit code, or 128+N for \
+         signal N) on worker failure; 1 when rdrun itself fails; 2 on a usage error; 128+N after a \
+         forwarded shutdown signal N.\n",
+    );
+    out
+}

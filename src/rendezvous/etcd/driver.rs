@@ -36,6 +36,7 @@ use super::client::Etcd;
 use super::EtcdSettings;
 use crate::rendezvous::c10d::RoundRequest;
 use crate::rendezvous::error::RendezvousError;
+use crate::rendezvous::keys::etcd::Keys;
 use crate::rendezvous::plumbing::{
     closed_event, lock, nnodes_text, watched_ids, RdzvEvent, SharedRef,
 };
@@ -44,48 +45,6 @@ use crate::rendezvous::state::{
     RoundReason, NO_STATE,
 };
 use crate::rendezvous::store::StoreOpError;
-
-/// Keys of one run: `<prefix>/<run_id>/…`.
-#[derive(Debug, Clone)]
-struct Keys {
-    base: String,
-    run_id: String,
-}
-
-impl Keys {
-    fn new(prefix: &str, run_id: &str) -> Keys {
-        Keys {
-            base: format!("{prefix}/{run_id}/"),
-            run_id: run_id.to_string(),
-        }
-    }
-    fn state(&self) -> String {
-        format!("{}state", self.base)
-    }
-    fn alive_prefix(&self) -> String {
-        format!("{}alive/", self.base)
-    }
-    fn alive(&self, id: &str) -> String {
-        format!("{}{id}", self.alive_prefix())
-    }
-    fn joiners(&self, round: u64) -> String {
-        format!("{}joiners/{round}/", self.base)
-    }
-    fn nnodes_prefix(&self) -> String {
-        format!("{}nnodes/", self.base)
-    }
-    fn barrier(&self, round: u64) -> String {
-        format!("{}barrier/{round}/", self.base)
-    }
-    /// Written (without a lease) by the first agent that saw the round's barrier complete.
-    fn barrier_done(&self, round: u64) -> String {
-        format!("{}barrier_done/{round}", self.base)
-    }
-    /// The assignment's `store_prefix` (as c10d's: `rdrun.rendezvous.<run_id>`).
-    fn store_prefix(&self) -> String {
-        format!("rdrun.rendezvous.{}", self.run_id)
-    }
-}
 
 /// The watched ids without an alive key (their lease expired or was revoked).
 fn dead_among(state: &RdzvState, me: &str, alive: &HashSet<String>) -> Vec<String> {
@@ -120,7 +79,7 @@ impl Waker {
     fn new(etcd: &Etcd, keys: &Keys, from: i64) -> Waker {
         Waker {
             etcd: etcd.clone(),
-            prefix: keys.base.clone(),
+            prefix: keys.base().to_string(),
             stream: None,
             next: from,
         }
@@ -220,12 +179,8 @@ impl EtcdRendezvous {
         let record = serde_json::to_vec(&me).expect("member serializes");
         etcd.put(&keys.alive(&me.id), record, Some(lease)).await?;
         let nnodes = nnodes_text(settings.rounds.min_nodes, settings.rounds.max_nodes);
-        etcd.put(
-            &format!("{}{}", keys.nnodes_prefix(), me.id),
-            nnodes.into_bytes(),
-            Some(lease),
-        )
-        .await?;
+        etcd.put(&keys.nnodes(&me.id), nnodes.into_bytes(), Some(lease))
+            .await?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let mut r = EtcdRendezvous {
             etcd,
@@ -385,7 +340,7 @@ impl EtcdRendezvous {
                     let line = serde_json::to_vec(&self.me).expect("member serializes");
                     if self
                         .etcd
-                        .put(&format!("{prefix}{id}"), line, Some(self.lease))
+                        .put(&self.keys.joiner(state.round, &id), line, Some(self.lease))
                         .await
                         .is_ok()
                     {
@@ -525,7 +480,7 @@ impl EtcdRendezvous {
     ) -> Result<(), RendezvousError> {
         let prefix = self.keys.barrier(asg.round);
         let deadline = Instant::now() + timeout;
-        let key = format!("{prefix}{}", self.me.id);
+        let key = self.keys.barrier_entry(asg.round, &self.me.id);
         self.retry(deadline, || async {
             Ok(self.etcd.put(&key, b"1".to_vec(), Some(self.lease)).await?)
         })

@@ -1,6 +1,5 @@
 //! Unit tests of the rendezvous handle (`handle.rs`).
 use super::*;
-use crate::config::Endpoint;
 
 fn rdzv_config(backend: RdzvBackend) -> RdzvConfig {
     RdzvConfig {

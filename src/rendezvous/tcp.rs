@@ -18,7 +18,7 @@
 //! - [`connect`]: every agent (the host too) connects to the endpoint with retry and backoff until
 //!   the rendezvous deadline, with an error naming host:port.
 //!
-//! Length: about 520 lines of code; the rest are its tests (binding, hosting races, reconnects).
+//! Its tests (binding, hosting races, reconnects) are in `tcp_tests.rs`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;

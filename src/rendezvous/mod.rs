@@ -19,6 +19,7 @@ pub(crate) mod c10d;
 pub(crate) mod error;
 pub mod etcd;
 pub(crate) mod handle;
+pub(crate) mod join_machine;
 pub(crate) mod keys;
 pub(crate) mod plumbing;
 pub mod progress;

@@ -1,6 +1,7 @@
 //! `--rdzv-backend=c10d`: rdrun's dynamic rendezvous driver over the shared store.
 //!
-//! The decisions live in `state.rs` (pure); this file does the I/O: reads the state key, writes
+//! The decisions live in `state.rs` (on the state) and `join_machine.rs` (the join loop's,
+//! on the head), both pure; this driver does the I/O: reads the state key, writes
 //! with compare-and-set, measures time with tokio's monotonic clock (so tests run on a paused,
 //! injected clock), and runs a background keeper task per agent that
 //! - writes this agent's heartbeat (`add(<prefix>/hb/<id>, 1)`) every `keep_alive_interval`;
@@ -44,8 +45,9 @@
 //! of up to 256 nodes from the roster, which lists every node for the events. Only writers
 //! read the O(n) body. (Every node reading a 10,000-node roster was 2 GB through the store.)
 //!
-//! Files: `c10d/io.rs` (the store reads and writes of the state and the per-node keys),
-//! `c10d/keeper.rs` (the background keeper). Shared with `static_`: `plumbing` (events and the
+//! Files: `c10d/join.rs` (the join loop, `next_round`), `c10d/io.rs` (the store reads and
+//! writes of the state and the per-node keys), `c10d/keeper.rs` (the background keeper); this
+//! file keeps the handle, the close, and the checks after a worker failure. Shared with `static_`: `plumbing` (events and the
 //! keeper task, retry, heartbeats and liveness rules, close acknowledgements); the key spellings
 //! are `keys::c10d`.
 

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use super::error::RendezvousError;
+use super::keys::round::exit_barrier as exit_barrier_keys;
 use super::store::RdzvStore;
 
 /// Waits until `group_world_size` agents called this with the same `prefix` (the round's
@@ -20,9 +21,7 @@ pub async fn exit_barrier<S: RdzvStore>(
     group_world_size: usize,
     timeout: Duration,
 ) -> Result<(), RendezvousError> {
-    let base = format!("{prefix}/torchelastic/agent/terminal_state");
-    let count_key = format!("{base}/num_members");
-    let last_key = format!("{base}/last_member");
+    let (count_key, last_key) = exit_barrier_keys(prefix);
     let arrived = store.add(&count_key, 1).await?;
     if arrived == group_world_size as i64 {
         store.set(&last_key, b"1").await?;

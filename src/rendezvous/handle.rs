@@ -42,7 +42,7 @@ use super::state::Assignment;
 use super::static_::StaticRendezvous;
 use super::store::{RdzvStore, StoreOpError};
 use super::tcp::{self, TcpRdzvStore};
-use crate::config::{LaunchConfig, NodeRange, RdzvBackend, RdzvConfig};
+use crate::config::{Endpoint, LaunchConfig, NodeRange, RdzvBackend, RdzvConfig};
 use crate::store::StoreServer;
 
 /// What the rendezvous needs to know about this node (from [`LaunchConfig`]).
@@ -58,14 +58,14 @@ pub struct NodeSpec {
 /// the port the kernel picked for the store this agent hosts; an agent that does not host it
 /// cannot know that port.
 fn served_endpoint(
-    endpoint: crate::config::Endpoint,
+    endpoint: Endpoint,
     server: Option<&StoreServer>,
-) -> Result<crate::config::Endpoint, RendezvousError> {
+) -> Result<Endpoint, RendezvousError> {
     if endpoint.port != 0 {
         return Ok(endpoint);
     }
     match server {
-        Some(s) => Ok(crate::config::Endpoint {
+        Some(s) => Ok(Endpoint {
             port: s.port(),
             ..endpoint
         }),
@@ -75,6 +75,29 @@ fn served_endpoint(
             addr::host_port(&endpoint.host, 0)
         ))),
     }
+}
+
+/// The store this agent hosts (if `hosting` served it; a failure names the endpoint), and the
+/// endpoint every agent connects to then (see [`served_endpoint`]).
+fn hosted(
+    endpoint: Endpoint,
+    hosting: Result<Option<StoreServer>, tcp::HostError>,
+) -> Result<(Option<StoreServer>, Endpoint), RendezvousError> {
+    let server = hosting.map_err(|e| RendezvousError::Host {
+        endpoint: addr::host_port(&endpoint.host, endpoint.port),
+        source: e.source,
+    })?;
+    let endpoint = served_endpoint(endpoint, server.as_ref())?;
+    Ok((server, endpoint))
+}
+
+/// One connection to the rendezvous store, retried until `deadline`.
+async fn connect(
+    endpoint: &Endpoint,
+    deadline: Instant,
+    read_timeout: Duration,
+) -> Result<Arc<TcpRdzvStore>, RendezvousError> {
+    tcp::connect(&endpoint.host, endpoint.port, deadline, read_timeout).await
 }
 
 /// One rendezvous of any backend.
@@ -144,30 +167,13 @@ impl Rendezvous {
         match rdzv.backend {
             RdzvBackend::Static => {
                 let settings = StaticSettings::from_conf(&rdzv.conf)?;
-                let server =
-                    tcp::host_static_store(config.node_rank, &endpoint.host, endpoint.port)
-                        .await
-                        .map_err(|e| RendezvousError::Host {
-                            endpoint: addr::host_port(&endpoint.host, endpoint.port),
-                            source: e.source,
-                        })?;
-                let endpoint = served_endpoint(endpoint, server.as_ref())?;
+                let hosting =
+                    tcp::host_static_store(config.node_rank, &endpoint.host, endpoint.port).await;
+                let (server, endpoint) = hosted(endpoint, hosting)?;
                 let deadline = Instant::now() + settings.timeout;
-                let store = tcp::connect(
-                    &endpoint.host,
-                    endpoint.port,
-                    deadline,
-                    settings.read_timeout,
-                )
-                .await?;
+                let store = connect(&endpoint, deadline, settings.read_timeout).await?;
                 // The keeper's own connection (see `StaticRendezvous::with_keeper_store`).
-                let keeper = tcp::connect(
-                    &endpoint.host,
-                    endpoint.port,
-                    deadline,
-                    settings.read_timeout,
-                )
-                .await?;
+                let keeper = connect(&endpoint, deadline, settings.read_timeout).await?;
                 let r = StaticRendezvous::new(
                     store.clone(),
                     settings,
@@ -205,22 +211,12 @@ impl Rendezvous {
             }
             RdzvBackend::C10d => {
                 let settings = C10dSettings::from_conf(config.nnodes, &rdzv.conf)?;
-                let server = tcp::host_c10d_store(&endpoint.host, endpoint.port, settings.is_host)
-                    .await
-                    .map_err(|e| RendezvousError::Host {
-                        endpoint: addr::host_port(&endpoint.host, endpoint.port),
-                        source: e.source,
-                    })?;
-                let endpoint = served_endpoint(endpoint, server.as_ref())?;
+                let hosting =
+                    tcp::host_c10d_store(&endpoint.host, endpoint.port, settings.is_host).await;
+                let (server, endpoint) = hosted(endpoint, hosting)?;
                 // Peers start unevenly: keep trying for the whole join timeout (pain point 13).
                 let deadline = Instant::now() + settings.join_timeout;
-                let store = tcp::connect(
-                    &endpoint.host,
-                    endpoint.port,
-                    deadline,
-                    settings.read_timeout,
-                )
-                .await?;
+                let store = connect(&endpoint, deadline, settings.read_timeout).await?;
                 let me = addr::advertised_addr(
                     config.local_addr.as_deref(),
                     &endpoint.host,
@@ -235,13 +231,8 @@ impl Rendezvous {
                 static LOCAL_ID: std::sync::atomic::AtomicU32 =
                     std::sync::atomic::AtomicU32::new(0);
                 let local_id = LOCAL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let keeper = tcp::connect(
-                    &endpoint.host,
-                    endpoint.port,
-                    deadline,
-                    settings.read_timeout,
-                )
-                .await?;
+                // The keeper's own connection (see `C10dRendezvous::with_keeper_store`).
+                let keeper = connect(&endpoint, deadline, settings.read_timeout).await?;
                 let r = C10dRendezvous::new(
                     store.clone(),
                     settings,
@@ -438,7 +429,7 @@ impl Rendezvous {
 async fn start_etcd(
     rdzv: &RdzvConfig,
     config: NodeSpec,
-    endpoint: crate::config::Endpoint,
+    endpoint: Endpoint,
 ) -> Result<Rendezvous, RendezvousError> {
     use super::etcd::{client::Etcd, driver::EtcdRendezvous, EtcdSettings};
     let settings = EtcdSettings::from_conf(config.nnodes, &endpoint, &rdzv.conf)
@@ -478,7 +469,7 @@ async fn start_etcd(
 async fn start_etcd(
     _: &RdzvConfig,
     _: NodeSpec,
-    _: crate::config::Endpoint,
+    _: Endpoint,
 ) -> Result<Rendezvous, RendezvousError> {
     Err(RendezvousError::Unsupported(super::etcd::missing_feature()))
 }
@@ -553,70 +544,5 @@ impl Backend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Endpoint;
-
-    fn rdzv_config(backend: RdzvBackend) -> RdzvConfig {
-        RdzvConfig {
-            backend,
-            endpoint: Some(Endpoint {
-                host: "127.0.0.1".into(),
-                port: 1,
-            }),
-            run_id: "x".into(),
-            conf: Default::default(),
-        }
-    }
-
-    #[tokio::test]
-    async fn etcd_v2_is_rejected_naming_etcd_v3() {
-        let err = start_for(rdzv_config(RdzvBackend::EtcdV2))
-            .await
-            .err()
-            .unwrap();
-        assert!(err.to_string().contains("v2 API is gone"), "{err}");
-        assert!(err.to_string().contains("etcd-v3"), "{err}");
-    }
-
-    #[cfg(not(feature = "etcd"))]
-    #[tokio::test]
-    async fn etcd_without_the_feature_says_how_to_enable_it() {
-        let err = start_for(rdzv_config(RdzvBackend::Etcd))
-            .await
-            .err()
-            .unwrap();
-        assert!(err.to_string().contains("--features etcd"), "{err}");
-    }
-
-    #[cfg(feature = "etcd")]
-    #[tokio::test]
-    async fn unreachable_etcd_is_a_bounded_error_naming_the_endpoints() {
-        let mut cfg = rdzv_config(RdzvBackend::Etcd);
-        cfg.conf.insert(
-            super::super::etcd::ENDPOINTS_KEY.into(),
-            "127.0.0.1:1,127.0.0.1:2".into(),
-        );
-        let t0 = std::time::Instant::now();
-        let err = start_for(cfg).await.err().unwrap().to_string();
-        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
-        assert!(
-            err.starts_with("etcd rendezvous at 127.0.0.1:1, 127.0.0.1:2: no member answered"),
-            "{err}"
-        );
-        assert!(!err.contains('\n'), "{err}");
-    }
-
-    async fn start_for(rdzv: RdzvConfig) -> Result<Rendezvous, RendezvousError> {
-        Rendezvous::start_with(
-            &rdzv,
-            NodeSpec {
-                nnodes: NodeRange { min: 2, max: 2 },
-                node_rank: 0,
-                nproc_per_node: 1,
-                local_addr: None,
-            },
-        )
-        .await
-    }
-}
+#[path = "handle_tests.rs"]
+mod tests;

@@ -2,7 +2,9 @@
 //!
 //! - `handle`: [`Rendezvous::start`], the supervisor's entry point (any backend, one API).
 //! - `static_`: `--rdzv-backend=static` (fixed `--node-rank`, node 0 hosts the store).
-//! - `c10d` + `state`: rdrun's dynamic rendezvous (MIN:MAX nodes) over the store.
+//! - `c10d` + `state` + `join_machine`: rdrun's dynamic rendezvous (MIN:MAX nodes) over the
+//!   store: the driver's I/O, the pure decisions on the state, the pure decisions of its join loop.
+//! - `keys`: every store key, spelled once per namespace (c10d, static, etcd, a round's own).
 //! - `plumbing`: what the backends share: round events and the keeper task, store retry with
 //!   backoff, heartbeats and the liveness rules (own store loss, peers' heartbeats), close
 //!   acknowledgements, the `--nnodes` agreement check.
@@ -19,6 +21,8 @@ pub(crate) mod c10d;
 pub(crate) mod error;
 pub mod etcd;
 pub(crate) mod handle;
+pub(crate) mod join_machine;
+pub(crate) mod keys;
 pub(crate) mod plumbing;
 pub mod progress;
 /// The `--rdzv-conf` settings are resolved flags, owned by the config (`config/rdzv_conf.rs`).

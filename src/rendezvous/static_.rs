@@ -23,6 +23,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::error::RendezvousError;
+use super::keys::static_::Keys;
 use super::plumbing::{
     ack_closed, beat, closed_acks, nnodes_disagreement, retry, HeartbeatTracker, KeeperTask,
     RdzvEvent, StoreLoss,
@@ -38,54 +39,6 @@ fn parse_u64(bytes: &[u8]) -> Option<u64> {
 /// The reason stored in the closed key, `None` when the job finished.
 fn closed_reason(value: &[u8]) -> Option<String> {
     (value != b"1").then(|| String::from_utf8_lossy(value).into_owned())
-}
-
-#[derive(Debug, Clone)]
-struct Keys {
-    prefix: String,
-}
-
-impl Keys {
-    fn nproc(&self, rank: usize) -> String {
-        format!("{}/nproc/{rank}", self.prefix)
-    }
-    /// This agent's host name: the node identity of in-place ranks (`Assignment::nodes`).
-    fn host(&self, rank: usize) -> String {
-        format!("{}/host/{rank}", self.prefix)
-    }
-    /// Appended `<nnodes> <who>` by every agent (see `c10d::nnodes_disagreement`).
-    fn nnodes(&self) -> String {
-        format!("{}/nnodes", self.prefix)
-    }
-    /// Who claimed a node rank (`<host> (pid P, agent N)`): one agent per rank.
-    fn owner(&self, rank: usize) -> String {
-        format!("{}/owner/{rank}", self.prefix)
-    }
-    fn hb(&self, rank: usize) -> String {
-        format!("{}/hb/{rank}", self.prefix)
-    }
-    fn gen(&self) -> String {
-        format!("{}/gen", self.prefix)
-    }
-    /// `1` when the job finished, `failed on node N` when a node gave up.
-    fn closed(&self) -> String {
-        format!("{}/closed", self.prefix)
-    }
-    /// Appended `<rank>\n` by every agent that learnt the job is closed.
-    fn closed_acks(&self) -> String {
-        format!("{}/closed_acks", self.prefix)
-    }
-    fn arrived(&self, gen: u64) -> String {
-        format!("{}/round/{gen}/arrived", self.prefix)
-    }
-    /// Set by the last agent to arrive in a round; node 0 waits on it, resets the workers'
-    /// namespace, then sets [`Keys::go`].
-    fn all_in(&self, gen: u64) -> String {
-        format!("{}/round/{gen}/all", self.prefix)
-    }
-    fn go(&self, gen: u64) -> String {
-        format!("{}/round/{gen}/go", self.prefix)
-    }
 }
 
 /// Empties the workers' namespace of the store node 0 hosts (every key outside the launcher's
@@ -155,9 +108,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             keeper_store: store.clone(),
             store,
             settings,
-            keys: Keys {
-                prefix: format!("rdrun.static.{run_id}"),
-            },
+            keys: Keys::new(run_id),
             node_rank,
             nnodes,
             nproc,
@@ -506,7 +457,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             } else {
                 RoundReason::WorkerFailure
             },
-            store_prefix: format!("{}.{gen}", self.keys.prefix),
+            store_prefix: self.keys.round_prefix(gen),
             uniform_nproc: nprocs.iter().all(|n| *n == self.nproc),
             nodes: hosts
                 .iter()

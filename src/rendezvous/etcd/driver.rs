@@ -19,10 +19,8 @@
 //! lost peer (a new round without it, not charged to the restart budget); losing etcd's quorum
 //! is [`RdzvEvent::StoreUnreachable`] once the lease could not be renewed for a whole TTL.
 //!
-//! Length: about 915 lines before the tests for one responsibility, the etcd round
-//! protocol (join, rounds, leases and watches, close, exit barrier, the lease check after a
-//! worker failure). The decisions are `state.rs`'s, and the shared plumbing is
-//! `plumbing.rs`.
+//! The background keeper (lease renewal, the watch of the running round) is `driver/keeper.rs`;
+//! the shared plumbing is `plumbing.rs`, the key spellings `keys::etcd`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -36,6 +34,7 @@ use super::client::Etcd;
 use super::EtcdSettings;
 use crate::rendezvous::c10d::RoundRequest;
 use crate::rendezvous::error::RendezvousError;
+use crate::rendezvous::keys::etcd::Keys;
 use crate::rendezvous::plumbing::{
     closed_event, lock, nnodes_text, watched_ids, RdzvEvent, SharedRef,
 };
@@ -45,47 +44,8 @@ use crate::rendezvous::state::{
 };
 use crate::rendezvous::store::StoreOpError;
 
-/// Keys of one run: `<prefix>/<run_id>/…`.
-#[derive(Debug, Clone)]
-struct Keys {
-    base: String,
-    run_id: String,
-}
-
-impl Keys {
-    fn new(prefix: &str, run_id: &str) -> Keys {
-        Keys {
-            base: format!("{prefix}/{run_id}/"),
-            run_id: run_id.to_string(),
-        }
-    }
-    fn state(&self) -> String {
-        format!("{}state", self.base)
-    }
-    fn alive_prefix(&self) -> String {
-        format!("{}alive/", self.base)
-    }
-    fn alive(&self, id: &str) -> String {
-        format!("{}{id}", self.alive_prefix())
-    }
-    fn joiners(&self, round: u64) -> String {
-        format!("{}joiners/{round}/", self.base)
-    }
-    fn nnodes_prefix(&self) -> String {
-        format!("{}nnodes/", self.base)
-    }
-    fn barrier(&self, round: u64) -> String {
-        format!("{}barrier/{round}/", self.base)
-    }
-    /// Written (without a lease) by the first agent that saw the round's barrier complete.
-    fn barrier_done(&self, round: u64) -> String {
-        format!("{}barrier_done/{round}", self.base)
-    }
-    /// The assignment's `store_prefix` (as c10d's: `rdrun.rendezvous.<run_id>`).
-    fn store_prefix(&self) -> String {
-        format!("rdrun.rendezvous.{}", self.run_id)
-    }
-}
+mod keeper;
+use keeper::Keeper;
 
 /// The watched ids without an alive key (their lease expired or was revoked).
 fn dead_among(state: &RdzvState, me: &str, alive: &HashSet<String>) -> Vec<String> {
@@ -120,7 +80,7 @@ impl Waker {
     fn new(etcd: &Etcd, keys: &Keys, from: i64) -> Waker {
         Waker {
             etcd: etcd.clone(),
-            prefix: keys.base.clone(),
+            prefix: keys.base().to_string(),
             stream: None,
             next: from,
         }
@@ -220,12 +180,8 @@ impl EtcdRendezvous {
         let record = serde_json::to_vec(&me).expect("member serializes");
         etcd.put(&keys.alive(&me.id), record, Some(lease)).await?;
         let nnodes = nnodes_text(settings.rounds.min_nodes, settings.rounds.max_nodes);
-        etcd.put(
-            &format!("{}{}", keys.nnodes_prefix(), me.id),
-            nnodes.into_bytes(),
-            Some(lease),
-        )
-        .await?;
+        etcd.put(&keys.nnodes(&me.id), nnodes.into_bytes(), Some(lease))
+            .await?;
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let mut r = EtcdRendezvous {
             etcd,
@@ -385,7 +341,7 @@ impl EtcdRendezvous {
                     let line = serde_json::to_vec(&self.me).expect("member serializes");
                     if self
                         .etcd
-                        .put(&format!("{prefix}{id}"), line, Some(self.lease))
+                        .put(&self.keys.joiner(state.round, &id), line, Some(self.lease))
                         .await
                         .is_ok()
                     {
@@ -525,7 +481,7 @@ impl EtcdRendezvous {
     ) -> Result<(), RendezvousError> {
         let prefix = self.keys.barrier(asg.round);
         let deadline = Instant::now() + timeout;
-        let key = format!("{prefix}{}", self.me.id);
+        let key = self.keys.barrier_entry(asg.round, &self.me.id);
         self.retry(deadline, || async {
             Ok(self.etcd.put(&key, b"1".to_vec(), Some(self.lease)).await?)
         })
@@ -813,161 +769,6 @@ fn lost_in_later_round(round_peers: &[String], leases: &[(String, i64)]) -> Vec<
         .filter(|id| !leases.iter().any(|(alive, _)| alive == *id))
         .cloned()
         .collect()
-}
-
-/// The background task of one agent: renews the lease, and watches the running round.
-struct Keeper {
-    etcd: Etcd,
-    settings: EtcdSettings,
-    keys: Keys,
-    me: String,
-    lease: i64,
-    shared: SharedRef,
-    running_changed: Arc<Notify>,
-    tx: mpsc::UnboundedSender<(u64, RdzvEvent)>,
-}
-
-impl Keeper {
-    async fn run(self) {
-        let ttl = self.settings.ttl;
-        let beat_every = ttl / 3;
-        let mut next_beat = Instant::now() + beat_every;
-        let mut last_ok = Instant::now();
-        let mut waker: Option<Waker> = None;
-        // The round monitored, and whether its end was already reported.
-        let mut monitored: Option<(u64, bool)> = None;
-        let mut last_waiting = 0usize;
-        let mut dirty = true;
-        loop {
-            let running = lock(&self.shared).running;
-            if let Some(round) = running {
-                if monitored.map(|m| m.0) != Some(round) {
-                    monitored = Some((round, false));
-                    last_waiting = 0;
-                    dirty = true;
-                }
-                if dirty && !monitored.is_some_and(|m| m.1) {
-                    dirty = false;
-                    match self.monitor(round, &mut last_waiting, &mut waker).await {
-                        Ok(true) => monitored = Some((round, true)),
-                        Ok(false) => {}
-                        Err(e) => {
-                            dirty = true;
-                            tracing::debug!(error = %e, "watching the etcd rendezvous failed");
-                        }
-                    }
-                }
-            }
-            let watching = running.is_some() && !monitored.is_some_and(|m| m.1);
-            tokio::select! {
-                _ = tokio::time::sleep_until(next_beat) => {
-                    next_beat = Instant::now() + beat_every;
-                    match self.etcd.keep_alive_once(self.lease).await {
-                        Ok(left) if left > 0 => last_ok = Instant::now(),
-                        Ok(_) => {
-                            self.lost(running, format!(
-                                "this node's etcd lease expired (no renewal reached etcd at {} \
-                                 for {}s), so the other nodes dropped it",
-                                self.etcd.endpoints(), ttl.as_secs()));
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "renewing the etcd lease failed");
-                            if last_ok.elapsed() >= ttl {
-                                self.lost(running, format!(
-                                    "no etcd member at {} renewed this node's lease for {}s \
-                                     (is a majority of the etcd cluster down?): {e}",
-                                    self.etcd.endpoints(), ttl.as_secs()));
-                                return;
-                            }
-                            // Retry soon: the client fails over to another member.
-                            next_beat = Instant::now() + Duration::from_millis(300).min(beat_every);
-                        }
-                    }
-                }
-                events = async {
-                    match waker.as_mut() {
-                        Some(w) => w.wait(Duration::from_secs(5)).await,
-                        None => std::future::pending().await,
-                    }
-                }, if watching && waker.is_some() => {
-                    if !events.is_empty() {
-                        dirty = true;
-                    }
-                }
-                _ = self.running_changed.notified() => {}
-            }
-        }
-    }
-
-    fn lost(&self, running: Option<u64>, why: String) {
-        tracing::error!("{why}");
-        lock(&self.shared).lost = Some(why.clone());
-        if let Some(round) = running {
-            let _ = self.tx.send((round, RdzvEvent::StoreUnreachable(why)));
-        }
-    }
-
-    /// Re-reads the state and the alive keys; true when the round ended (event sent).
-    async fn monitor(
-        &self,
-        round: u64,
-        last_waiting: &mut usize,
-        waker: &mut Option<Waker>,
-    ) -> Result<bool, RendezvousError> {
-        let (state, seen, revision) = read_state(&self.etcd, &self.keys).await?;
-        if waker.is_none() {
-            *waker = Some(Waker::new(&self.etcd, &self.keys, revision + 1));
-        }
-        let send = |ev| {
-            let _ = self.tx.send((round, ev));
-        };
-        if state.closed {
-            send(closed_event(&state));
-            return Ok(true);
-        }
-        if state.round != round {
-            send(RdzvEvent::RoundChanged {
-                round: state.round,
-                reason: state.reason,
-            });
-            return Ok(true);
-        }
-        let waiting = state.num_nodes_waiting();
-        lock(&self.shared).waiting = waiting;
-        if waiting > 0 && waiting != *last_waiting {
-            send(RdzvEvent::NodesWaiting(waiting));
-        }
-        *last_waiting = waiting;
-        let alive = alive_ids(&self.etcd, &self.keys).await?;
-        let dead = dead_among(&state, &self.me, &alive);
-        if dead.is_empty() {
-            return Ok(false);
-        }
-        let (min, max) = (
-            self.settings.rounds.min_nodes,
-            self.settings.rounds.max_nodes,
-        );
-        let Some(new) = prune_dead(&state, &dead, min, max) else {
-            return Ok(false);
-        };
-        if self
-            .etcd
-            .compare_and_set(&self.keys.state(), seen, new.encode())
-            .await?
-        {
-            tracing::warn!(?dead, round, "peers' etcd leases expired; dropped them");
-            if new.round != round {
-                send(RdzvEvent::PeersLost(dead));
-                return Ok(true);
-            }
-            return Ok(false);
-        }
-        // Lost a race: whatever was written instead is read on the next pass.
-        Err(RendezvousError::Store(StoreOpError(
-            "state changed; re-reading".into(),
-        )))
-    }
 }
 
 #[cfg(test)]

@@ -1,18 +1,8 @@
-//! Unit tests of the etcd v3 driver (`driver.rs`): keys, lease arithmetic, the 17.7 wait's pure parts.
+//! Unit tests of the etcd v3 driver (`driver.rs`): lease arithmetic, the 17.7 wait's pure parts.
 use super::*;
 
 fn m(addr: &str) -> Member {
     Member::new(addr, 1, 0, 1, 0)
-}
-
-#[test]
-fn keys_live_under_the_prefix_and_run_id() {
-    let k = Keys::new("/rdrun", "job");
-    assert_eq!(k.state(), "/rdrun/job/state");
-    assert_eq!(k.alive("a_1_0"), "/rdrun/job/alive/a_1_0");
-    assert_eq!(k.joiners(3), "/rdrun/job/joiners/3/");
-    assert_eq!(k.barrier(2), "/rdrun/job/barrier/2/");
-    assert_eq!(k.store_prefix(), "rdrun.rendezvous.job");
 }
 
 #[test]

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::detector::NodeQuiet;
+use crate::rendezvous::keys::round::HangKeys;
 use crate::rendezvous::store::{try_get, RdzvStore};
 
 /// Without the store, the local rule applies at this multiple of the budget.
@@ -235,7 +236,7 @@ pub enum Step {
 pub struct Cluster<S> {
     /// None: no store to share (the etcd backend): always the fallback rule.
     store: Option<S>,
-    prefix: String,
+    keys: HangKeys,
     node: u32,
     nodes: u32,
     seq: u64,
@@ -267,7 +268,7 @@ impl<S: RdzvStore> Cluster<S> {
         let op_timeout = poll.clamp(Duration::from_millis(500), Duration::from_secs(2));
         Cluster {
             store,
-            prefix: format!("{round_prefix}/rdrun_hang"),
+            keys: HangKeys::new(round_prefix),
             node,
             nodes,
             seq: 0,
@@ -291,15 +292,15 @@ impl<S: RdzvStore> Cluster<S> {
     }
 
     fn node_key(&self, n: u32) -> String {
-        format!("{}/node/{n}", self.prefix)
+        self.keys.node(n)
     }
 
     fn verdict_key(&self) -> String {
-        format!("{}/verdict", self.prefix)
+        self.keys.verdict()
     }
 
     fn report_key(&self, n: u32) -> String {
-        format!("{}/report/{n}", self.prefix)
+        self.keys.report(n)
     }
 
     /// One poll: publish this node's state, read the others' and the verdict, decide.

@@ -1,0 +1,65 @@
+//! Unit tests of the rendezvous handle (`handle.rs`).
+use super::*;
+
+fn rdzv_config(backend: RdzvBackend) -> RdzvConfig {
+    RdzvConfig {
+        backend,
+        endpoint: Some(Endpoint {
+            host: "127.0.0.1".into(),
+            port: 1,
+        }),
+        run_id: "x".into(),
+        conf: Default::default(),
+    }
+}
+
+#[tokio::test]
+async fn etcd_v2_is_rejected_naming_etcd_v3() {
+    let err = start_for(rdzv_config(RdzvBackend::EtcdV2))
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("v2 API is gone"), "{err}");
+    assert!(err.to_string().contains("etcd-v3"), "{err}");
+}
+
+#[cfg(not(feature = "etcd"))]
+#[tokio::test]
+async fn etcd_without_the_feature_says_how_to_enable_it() {
+    let err = start_for(rdzv_config(RdzvBackend::Etcd))
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("--features etcd"), "{err}");
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn unreachable_etcd_is_a_bounded_error_naming_the_endpoints() {
+    let mut cfg = rdzv_config(RdzvBackend::Etcd);
+    cfg.conf.insert(
+        super::super::etcd::ENDPOINTS_KEY.into(),
+        "127.0.0.1:1,127.0.0.1:2".into(),
+    );
+    let t0 = std::time::Instant::now();
+    let err = start_for(cfg).await.err().unwrap().to_string();
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    assert!(
+        err.starts_with("etcd rendezvous at 127.0.0.1:1, 127.0.0.1:2: no member answered"),
+        "{err}"
+    );
+    assert!(!err.contains('\n'), "{err}");
+}
+
+async fn start_for(rdzv: RdzvConfig) -> Result<Rendezvous, RendezvousError> {
+    Rendezvous::start_with(
+        &rdzv,
+        NodeSpec {
+            nnodes: NodeRange { min: 2, max: 2 },
+            node_rank: 0,
+            nproc_per_node: 1,
+            local_addr: None,
+        },
+    )
+    .await
+}

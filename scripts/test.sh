@@ -25,7 +25,8 @@ cargo clippy --all-targets --no-default-features --features etcd-tls -- -D warni
 echo "== cargo test"
 # The PyTorch suite runs the release launcher (as users do); candle is not needed for it.
 cargo build --release --no-default-features --bin rdrun
-cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}"
+# etcd v3 is in the default build; its tests run once, below, with TLS and one thread.
+cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}" --skip etcd::
 # The runtime's NCCL-side logic (backend choice, probe, errors without a GPU) with the feature on.
 cargo test --features nccl --lib runtime:: -- --test-threads="${RDRUN_TEST_THREADS:-2}"
 # The etcd backend: its unit tests, then the launcher tests against a real etcd cluster (they

@@ -29,12 +29,10 @@
 //!   wildcard IPv6 address.
 //! - Works on a current-thread or multi-thread tokio runtime: nothing on it blocks.
 //!
-//! Length: about 1,390 lines of code for one responsibility, serving the store: the accept thread
-//! and the fresh-connection stage's (with their small epoll wrapper),
-//! the per-connection task, and the hardening limits that only make sense together with them
-//! (accept backoff at the fd limit, the VALIDATE deadline, the global buffer cap, rate-limited
-//! warnings). The codec is apart (`protocol`), and so are the state (`state`) and the counters
-//! (`stats`).
+//! Files: this one holds the settings, the handle and what its parts share (the limiter of
+//! warnings, the buffer cap); `server/accept.rs` the accept thread and the fresh stage;
+//! `server/conn.rs` one connection's task. The codec is apart (`protocol`), and so are the
+//! state (`state`) and the counters (`stats`).
 
 use std::future::Future;
 use std::io;

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::backend::Backend;
+use super::backend::{all_gather_own, alone, reduce_scatter_alone, Backend};
 use super::elem::{div_bytes, fold_dual_bytes, reduce_bytes, reduce_into_bytes, DType, ReduceOp};
 use super::error::{Result, RuntimeError};
 use super::tcp::chunk_bounds;
@@ -561,7 +561,7 @@ impl Backend for ShmComm {
     }
 
     fn all_reduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        if self.world == 1 || buf.is_empty() {
+        if alone(self.world, buf.len()) {
             return Ok(());
         }
         if buf.len() <= NAIVE_THRESHOLD.min(self.slot) {
@@ -571,7 +571,7 @@ impl Backend for ShmComm {
     }
 
     fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
-        if self.world == 1 || buf.is_empty() {
+        if alone(self.world, buf.len()) {
             return Ok(());
         }
         let slot = self.slot;
@@ -590,8 +590,7 @@ impl Backend for ShmComm {
 
     fn all_gather(&mut self, send: &[u8], recv: &mut [u8]) -> Result<()> {
         let (n, r, l) = (self.world, self.rank, send.len());
-        recv[r * l..(r + 1) * l].copy_from_slice(send);
-        if n == 1 || l == 0 {
+        if all_gather_own(n, r, send, recv) {
             return Ok(());
         }
         let mut off = 0;
@@ -617,8 +616,7 @@ impl Backend for ShmComm {
         op: ReduceOp,
     ) -> Result<()> {
         let (n, r, l) = (self.world, self.rank, recv.len());
-        if n == 1 || l == 0 {
-            recv.copy_from_slice(&send[..l]);
+        if reduce_scatter_alone(n, send, recv) {
             return Ok(());
         }
         let es = dtype.size();

@@ -2,13 +2,19 @@
 //! the deadline), for the launcher's status line (issue 12: "while waiting for nodes: a status
 //! line every few seconds ... not silence for 600 s").
 //!
-//! A process-wide board rather than a value threaded through every backend: the backends'
-//! wait loops publish with one call each ([`publish`]) and the supervisor's status line reads
-//! it ([`current`]). One rdrun process runs one rendezvous at a time; library tests that run
-//! several in one process only write it (nothing in them reads it).
+//! The caller owns where it goes: it makes a [`Board`] (a watch channel: the last look wins)
+//! and runs the round's future inside [`Board::scope`]; the backends' wait loops publish with
+//! one call each ([`c10d`], [`look_static`]) to the board of the round they run in, and the
+//! caller's status line reads it ([`Board::current`]). A round run outside any scope (library
+//! tests, the simulator) publishes nowhere. The board travels with the round's future rather
+//! than as an argument through every backend's `next_round`, so the backends keep their
+//! signatures; nothing is process-wide, so two rounds in one process never see each other's.
 
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Instant;
+
+use tokio::sync::watch;
 
 /// One look at a round that is not complete yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,21 +34,46 @@ pub struct JoinProgress {
     pub deadline: Instant,
 }
 
-static BOARD: Mutex<Option<JoinProgress>> = Mutex::new(None);
+/// Where the waiting round's looks go: made by the caller of a round, read by its status line.
+#[derive(Debug, Clone)]
+pub struct Board(Arc<watch::Sender<Option<JoinProgress>>>);
 
-/// Records what the waiting round sees now.
-pub fn publish(p: JoinProgress) {
-    *BOARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+impl Default for Board {
+    fn default() -> Self {
+        Board(Arc::new(watch::Sender::new(None)))
+    }
 }
 
-/// Forgets it (the round completed or failed).
-pub fn clear() {
-    *BOARD.lock().unwrap_or_else(|e| e.into_inner()) = None;
+impl Board {
+    /// Runs `round` (a rendezvous round's future) with its looks published to this board.
+    pub async fn scope<F: Future>(&self, round: F) -> F::Output {
+        SCOPE.scope(self.clone(), round).await
+    }
+
+    /// Records what the waiting round sees now.
+    pub fn publish(&self, p: JoinProgress) {
+        self.0.send_replace(Some(p));
+    }
+
+    /// Forgets it (the round completed or failed).
+    pub fn clear(&self) {
+        self.0.send_replace(None);
+    }
+
+    /// What the waiting round saw last, if one is waiting.
+    pub fn current(&self) -> Option<JoinProgress> {
+        self.0.borrow().clone()
+    }
 }
 
-/// What the waiting round saw last, if one is waiting.
-pub fn current() -> Option<JoinProgress> {
-    BOARD.lock().unwrap_or_else(|e| e.into_inner()).clone()
+tokio::task_local! {
+    /// The board of the round being polled (set by [`Board::scope`] for that future only).
+    static SCOPE: Board;
+}
+
+/// Records what the waiting round sees now on its caller's board (none: dropped).
+fn publish(p: JoinProgress) {
+    let _ = SCOPE.try_with(|b| b.publish(p));
 }
 
 /// How often a static round re-reads who has arrived (it costs store requests).
@@ -99,4 +130,34 @@ pub async fn look_static<S: super::store::RdzvStore>(
         missing,
         deadline: deadline.into_std(),
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn look(round: u64) -> JoinProgress {
+        JoinProgress {
+            round,
+            joined: 1,
+            needed: 2,
+            max: 2,
+            missing: Vec::new(),
+            deadline: Instant::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_look_reaches_only_the_board_of_its_scope() {
+        let a = Board::default();
+        let b = Board::default();
+        a.scope(async { publish(look(1)) }).await;
+        assert_eq!(a.current().map(|p| p.round), Some(1));
+        assert_eq!(b.current(), None);
+        // Outside any scope: published nowhere.
+        publish(look(2));
+        assert_eq!(a.current().map(|p| p.round), Some(1));
+        a.clear();
+        assert_eq!(a.current(), None);
+    }
 }

@@ -26,3 +26,27 @@ pub trait Backend: Send {
     /// Returns once every rank has entered the barrier.
     fn barrier(&mut self) -> Result<()>;
 }
+
+/// One rank, or nothing to move: the collective is done at once, on every host backend alike.
+pub(crate) fn alone(world: usize, len: usize) -> bool {
+    world == 1 || len == 0
+}
+
+/// The start of `all_gather` on a host backend: places this rank's own block in `recv`;
+/// `true` when that is all there is to do ([`alone`]).
+pub(crate) fn all_gather_own(world: usize, rank: usize, send: &[u8], recv: &mut [u8]) -> bool {
+    let l = send.len();
+    recv[rank * l..(rank + 1) * l].copy_from_slice(send);
+    alone(world, l)
+}
+
+/// The trivial `reduce_scatter` of a host backend: with one rank (or nothing to receive) its
+/// block is the front of `send`, copied to `recv`; `true` when it was.
+pub(crate) fn reduce_scatter_alone(world: usize, send: &[u8], recv: &mut [u8]) -> bool {
+    let l = recv.len();
+    if !alone(world, l) {
+        return false;
+    }
+    recv.copy_from_slice(&send[..l]);
+    true
+}

@@ -89,6 +89,18 @@ impl GroupOptions {
         }
     }
 
+    /// The process's worker environment (a bad one: an `init` error) and the options from it:
+    /// how every `init_from_env` begins (the group's and the NCCL communicator's).
+    pub fn from_process_env() -> Result<(WorkerEnv, Self)> {
+        let env = WorkerEnv::from_env().map_err(|source| RuntimeError::Env {
+            rank: 0,
+            op: "init",
+            source,
+        })?;
+        let opts = Self::from_worker_env(&env)?;
+        Ok((env, opts))
+    }
+
     /// Options from the launcher's environment plus `RDRUN_BACKEND`, `RDRUN_TIMEOUT_SECS`,
     /// `RDRUN_AUTO_NCCL`, `RDRUN_SHM_SLOT_BYTES`.
     pub fn from_worker_env(env: &WorkerEnv) -> Result<Self> {

@@ -25,7 +25,6 @@ use super::error::{Result, RuntimeError};
 use super::groupstore::{GroupStore, StoreFailure};
 use super::shm::{unique_segment_path, ShmComm, ShmSetup};
 use super::tcp::TcpMesh;
-use crate::workerenv::WorkerEnv;
 
 struct State {
     backend: Box<dyn Backend>,
@@ -383,12 +382,7 @@ impl ProcessGroup {
     /// TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, RDRUN_BACKEND, RDRUN_TIMEOUT_SECS) and
     /// a given store connection.
     pub fn init_with_store(store: &dyn GroupStore) -> Result<Self> {
-        let env = WorkerEnv::from_env().map_err(|source| RuntimeError::Env {
-            rank: 0,
-            op: "init",
-            source,
-        })?;
-        let mut opts = GroupOptions::from_worker_env(&env)?;
+        let (env, mut opts) = GroupOptions::from_process_env()?;
         opts.advertise_ip = Some(advertise_ip_for(&env.master_addr, env.master_port));
         Self::new(store, &opts)
     }
@@ -396,12 +390,7 @@ impl ProcessGroup {
     /// Joins using the launcher's environment: the TCP store at MASTER_ADDR:MASTER_PORT, or the
     /// directory store named by `RDRUN_FILE_STORE` when that is set.
     pub fn init_from_env() -> Result<Self> {
-        let env = WorkerEnv::from_env().map_err(|source| RuntimeError::Env {
-            rank: 0,
-            op: "init",
-            source,
-        })?;
-        let opts = GroupOptions::from_worker_env(&env)?;
+        let (env, opts) = GroupOptions::from_process_env()?;
         let store = store_from_env(&env, opts.timeout)?;
         Self::init_with_store(store.as_ref())
     }

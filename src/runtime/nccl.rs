@@ -31,7 +31,6 @@ use super::bootstrap::{store_from_env, GroupOptions};
 use super::elem::{DType, Element, ReduceOp};
 use super::error::{Result, RuntimeError};
 use super::groupstore::{GroupStore, StoreFailure};
-use crate::workerenv::WorkerEnv;
 
 /// Which CUDA device a local rank uses: `RDRUN_CUDA_DEVICE` wins; a single visible device is 0;
 /// otherwise the local rank, which must exist.
@@ -317,12 +316,7 @@ impl NcclGroup {
 
     /// From the launcher's environment (`RDRUN_FILE_STORE` or the TCP store).
     pub fn init_from_env() -> Result<Self> {
-        let env = WorkerEnv::from_env().map_err(|source| RuntimeError::Env {
-            rank: 0,
-            op: "init",
-            source,
-        })?;
-        let opts = GroupOptions::from_worker_env(&env)?;
+        let (env, opts) = GroupOptions::from_process_env()?;
         let ordinal =
             probe_device(env.rank, env.local_rank).map_err(|why| RuntimeError::Unavailable {
                 rank: env.rank,

@@ -20,7 +20,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use super::backend::Backend;
+use super::backend::{all_gather_own, alone, reduce_scatter_alone, Backend};
 use super::elem::{div_bytes, reduce_bytes, AlignedBuf, DType, ReduceOp};
 use super::error::{Result, RuntimeError};
 
@@ -472,7 +472,7 @@ impl Backend for TcpMesh {
     }
 
     fn all_reduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        if self.world == 1 || buf.is_empty() {
+        if alone(self.world, buf.len()) {
             return Ok(());
         }
         let count = buf.len() / dtype.size();
@@ -486,7 +486,7 @@ impl Backend for TcpMesh {
 
     fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
         let (n, r) = (self.world, self.rank);
-        if n == 1 || buf.is_empty() {
+        if alone(n, buf.len()) {
             return Ok(());
         }
         if buf.len() < RING_THRESHOLD {
@@ -559,8 +559,7 @@ impl Backend for TcpMesh {
 
     fn all_gather(&mut self, send: &[u8], recv: &mut [u8]) -> Result<()> {
         let (n, r, l) = (self.world, self.rank, send.len());
-        recv[r * l..(r + 1) * l].copy_from_slice(send);
-        if n == 1 || l == 0 {
+        if all_gather_own(n, r, send, recv) {
             return Ok(());
         }
         let bounds: Vec<usize> = (0..=n).map(|c| c * l).collect();
@@ -575,8 +574,7 @@ impl Backend for TcpMesh {
         op: ReduceOp,
     ) -> Result<()> {
         let (n, r, l) = (self.world, self.rank, recv.len());
-        if n == 1 || l == 0 {
-            recv.copy_from_slice(&send[..l]);
+        if reduce_scatter_alone(n, send, recv) {
             return Ok(());
         }
         let mut work = std::mem::replace(&mut self.work, AlignedBuf::new(0));

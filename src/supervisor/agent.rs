@@ -450,7 +450,9 @@ impl Agent {
     async fn join_round(&mut self, reason: RoundReason) -> Result<Assignment, RunEnd> {
         self.obs.get().rendezvous_begins(reason);
         let rdzv = self.rdzv.as_mut().expect("multi-node run has a rendezvous");
-        let res = rdzvlink::join_round(rdzv, &mut self.signals, reason, self.master_port).await;
+        let board = self.obs.get().join_progress();
+        let join = rdzvlink::join_round(rdzv, &mut self.signals, reason, self.master_port);
+        let res = board.scope(join).await;
         self.obs.get().rendezvous_ended(res.as_ref());
         res
     }

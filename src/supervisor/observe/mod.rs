@@ -227,6 +227,12 @@ impl Inner {
         self.emit("rendezvous_start", obj(json!({ "reason": reason.name() })));
     }
 
+    /// Where the round about to be joined publishes what it waits for (the status line's);
+    /// join it in [`crate::rendezvous::progress::Board::scope`].
+    pub fn join_progress(&self) -> crate::rendezvous::progress::Board {
+        self.status.board()
+    }
+
     /// The round ended: its assignment, or why it failed.
     pub fn rendezvous_ended(&mut self, res: Result<&Assignment, &RunEnd>) {
         self.status.set(None);

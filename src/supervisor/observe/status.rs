@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::task::JoinHandle;
 
-use crate::rendezvous::progress::{self, JoinProgress};
+use crate::rendezvous::progress::{Board, JoinProgress};
 
 /// What rdrun waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WaitKind {
     /// Reaching the rendezvous store at this endpoint (before the first round).
     Connect(String),
-    /// A rendezvous round: the nodes (details from [`progress::current`]).
+    /// A rendezvous round: the nodes (details from the run's [`Board`]).
     Rendezvous,
     /// The exit barrier, until `deadline`.
     Barrier { deadline: Instant },
@@ -75,6 +75,8 @@ struct Inner {
     /// The terminal's status line while one is drawn (cleared at once when the wait ends, so
     /// that what follows is not drawn over it).
     bar: Option<ProgressBar>,
+    /// What a waiting rendezvous round has seen (its backends publish there).
+    board: Board,
 }
 
 /// The status line's state and its printer task.
@@ -96,6 +98,11 @@ impl Status {
         }
     }
 
+    /// The board a rendezvous round publishes its looks to (run it in [`Board::scope`]).
+    pub fn board(&self) -> Board {
+        lock(&self.inner).board.clone()
+    }
+
     /// What rdrun waits for now (`None`: nothing). The same kind of wait keeps its start.
     pub fn set(&self, w: Option<Waiting>) {
         let mut g = lock(&self.inner);
@@ -108,7 +115,7 @@ impl Status {
             (slot, new) => *slot = new,
         }
         if g.waiting.is_none() {
-            progress::clear();
+            g.board.clear();
             if let Some(b) = g.bar.take() {
                 b.finish_and_clear();
             }
@@ -153,7 +160,7 @@ async fn printer(inner: Arc<Mutex<Inner>>, tty: bool, every: Duration) {
             current = Some(w.since);
             last_line = None;
         }
-        let text = describe(&w, progress::current().as_ref(), now);
+        let text = describe(&w, g.board.current().as_ref(), now);
         if tty {
             if now.duration_since(w.since) < Duration::from_secs(1) {
                 continue;

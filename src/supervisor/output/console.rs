@@ -40,7 +40,7 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::own;
+use super::own::{self, Stream};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 /// Console bytes queued (all workers together) before forwarders wait for the terminal.
@@ -48,22 +48,6 @@ pub const CONSOLE_BUDGET: usize = 4 << 20;
 /// Longest time other output waits behind a worker's open (partial) line before that line is
 /// ended with a newline.
 pub const OPEN_LINE_HOLD: Duration = Duration::from_secs(2);
-
-/// Which console stream a message goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
-    Stdout,
-    Stderr,
-}
-
-impl Stream {
-    fn index(self) -> usize {
-        match self {
-            Stream::Stdout => 0,
-            Stream::Stderr => 1,
-        }
-    }
-}
 
 /// One message of one source (a stream of one worker) for the console.
 #[derive(Debug, Clone, Default)]

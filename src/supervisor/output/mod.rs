@@ -35,9 +35,10 @@ pub mod prefix;
 pub mod pump;
 pub mod tail;
 
-pub use console::{Console, Stream, CONSOLE_BUDGET};
+pub use console::{Console, CONSOLE_BUDGET};
 pub use lines::MAX_LINE;
 pub use logdir::{AttemptLogs, RankLogs, RankSink, RunLogs};
+pub use own::Stream;
 pub use prefix::{line_prefix, substitute_template, RankIdentity};
 pub use pump::{forward_to, forward_until, Activity, LastLines};
 pub use tail::{

@@ -19,7 +19,21 @@ use std::io::{self, StderrLock, StdoutLock, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-use super::console::Stream;
+/// Which of rdrun's streams a text goes to (a worker's stream is shown on the same one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub(super) fn index(self) -> usize {
+        match self {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        }
+    }
+}
 
 /// Per stream (stdout, stderr): the process-wide console's last write to it did not end with a
 /// newline (an open prompt, a `\r` progress line, a worker's last line while it is shown).
@@ -38,24 +52,17 @@ pub(crate) fn lock() -> Locked {
     Locked { out, err }
 }
 
-fn index(stream: Stream) -> usize {
-    match stream {
-        Stream::Stdout => 0,
-        Stream::Stderr => 1,
-    }
-}
-
 /// Whether the console's last write to `stream` left the cursor mid-line (call with [`lock`]
 /// held).
 pub(crate) fn mid_line(_held: &Locked, stream: Stream) -> bool {
-    MID_LINE[index(stream)].load(Ordering::Relaxed)
+    MID_LINE[stream.index()].load(Ordering::Relaxed)
 }
 
 /// Records where the console's write of `bytes` to `stream` left the cursor (call with [`lock`]
 /// held).
 pub(crate) fn wrote(_held: &Locked, stream: Stream, bytes: &[u8]) {
     if let Some(last) = bytes.last() {
-        MID_LINE[index(stream)].store(*last != b'\n', Ordering::Relaxed);
+        MID_LINE[stream.index()].store(*last != b'\n', Ordering::Relaxed);
     }
 }
 
@@ -80,7 +87,7 @@ pub(crate) fn same_file(a: i32, b: i32) -> bool {
 fn end_open_line(l: &mut Locked, stream: Stream) {
     let shared = shared_terminal();
     for s in [Stream::Stdout, Stream::Stderr] {
-        if (s == stream || shared) && MID_LINE[index(s)].swap(false, Ordering::Relaxed) {
+        if (s == stream || shared) && MID_LINE[s.index()].swap(false, Ordering::Relaxed) {
             let _ = match s {
                 Stream::Stdout => l.out.write_all(b"\n").and_then(|()| l.out.flush()),
                 Stream::Stderr => l.err.write_all(b"\n"),

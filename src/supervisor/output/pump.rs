@@ -28,9 +28,10 @@ use std::path::PathBuf;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::watch;
 
-use super::console::{Chunk, Console, Stream};
+use super::console::{Chunk, Console};
 use super::lines::{content, End, Splitter, MAX_LINE};
 use super::logdir::RankSink;
+use super::own::Stream;
 use super::prefix::RankIdentity;
 use super::tail::{OutputSummary, StderrTracker};
 use crate::supervisor::hang::OutputCounter;

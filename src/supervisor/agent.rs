@@ -68,7 +68,7 @@ pub fn run(config: LaunchConfig) -> RunEnd {
         );
     }
     // Before anything is spawned: the children rdrun inherited are never its to signal.
-    let inherited = super::worker::note_inherited();
+    let inherited = super::proctree::note_inherited();
     if !inherited.is_empty() {
         tracing::debug!(
             ?inherited,

@@ -17,6 +17,7 @@ pub mod ncclpath;
 mod observe;
 mod outcome;
 pub mod output;
+pub mod proctree;
 mod rdzvlink;
 pub mod report;
 pub mod restart;

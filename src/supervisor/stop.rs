@@ -14,8 +14,9 @@ use tokio::time::Instant;
 
 use crate::config::LeftoverPolicy;
 
+use super::proctree::ProcEntry;
 use super::signals;
-use super::worker::{self, ProcEntry};
+use super::worker;
 
 /// How long rdrun waits for processes to disappear after SIGKILL before it gives up on them
 /// (a process in uninterruptible sleep cannot die until its I/O ends).
@@ -184,7 +185,7 @@ impl GroupStop {
     /// everything left of the attempt.
     pub(crate) fn tree(&self) -> Vec<ProcEntry> {
         let me = std::process::id() as i32;
-        worker::own_tree(me, worker::note_inherited())
+        super::proctree::own_tree(me, super::proctree::note_inherited())
             .into_iter()
             .filter(|p| !p.zombie && Some(p.pid) != self.watchdog_pid)
             .collect()

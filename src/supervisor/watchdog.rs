@@ -355,7 +355,7 @@ fn track(rdrun: i32, me: i32, st: &mut State) {
     st.tracked
         .retain(|&pid, &mut start| start_time(pid) == Some(start));
     // Only what rdrun started: never what it inherited (noted before this process was forked).
-    for p in super::worker::own_tree(rdrun, super::worker::note_inherited()) {
+    for p in super::proctree::own_tree(rdrun, super::proctree::note_inherited()) {
         if p.pid == me || p.zombie || st.tracked.contains_key(&p.pid) {
             continue;
         }

@@ -5,24 +5,24 @@
 //! to ranks through the workers' sockets); then the suspect (`suspect.rs`), the one stderr
 //! block, and `rank<R>.txt` files.
 //!
-//! Length: about 730 lines of code for one responsibility, the bounded capture (py-spy, `/proc`
-//! waits, output tails, the store waits mapped to ranks through the workers' sockets) and its
-//! rendering; the rest are its tests.
+//! What a capture records is in `record.rs`; running py-spy and reading its text in `pyspy.rs`.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use super::children::{capture_children, python_children, ChildCapture};
+use super::children::{capture_children, python_children};
 use super::detector::{HangReason, Verdict};
 use super::frames::describe;
-use super::sample::{parse_stat, ProcState};
+use super::pyspy::run_py_spy;
+pub use super::pyspy::{parse_py_spy_main_frames, StackStatus};
+pub use super::record::{RankCapture, StoreWait, ThreadWait};
+use super::sample::parse_stat;
 use super::settings::HangMode;
-pub use super::suspect::pick_suspects;
+use super::suspect::pick_suspects;
 
 /// One rank to capture.
 #[derive(Debug, Clone)]
@@ -33,13 +33,6 @@ pub struct CaptureTarget {
     pub last_output: Vec<String>,
     /// Store keys the rank waits on (WAIT, or torch's blocking get), oldest first.
     pub store_waits: Vec<StoreWait>,
-}
-
-/// One pending store wait of a rank: a key it waits for and for how long.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoreWait {
-    pub key: String,
-    pub age: Duration,
 }
 
 /// How to capture.
@@ -67,70 +60,6 @@ impl CaptureOptions {
             tool_timeout: s.tool_timeout.min(s.capture_timeout),
             proc_root: PathBuf::from("/proc"),
         }
-    }
-}
-
-/// Outcome of the stack capture of one rank.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StackStatus {
-    /// py-spy ran; its text output is in `RankCapture::stack`.
-    Ok,
-    /// No py-spy binary found (where we looked).
-    Unavailable(String),
-    /// py-spy ran and failed (exit status and the first stderr line: permission hints live there).
-    Failed(String),
-    /// py-spy did not finish within the bound and was killed.
-    Timeout,
-}
-
-impl StackStatus {
-    pub fn name(&self) -> &'static str {
-        match self {
-            StackStatus::Ok => "ok",
-            StackStatus::Unavailable(_) => "unavailable",
-            StackStatus::Failed(_) => "failed",
-            StackStatus::Timeout => "timeout",
-        }
-    }
-}
-
-/// One thread's kernel wait.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ThreadWait {
-    pub tid: i32,
-    pub name: String,
-    pub state: Option<ProcState>,
-    /// `wchan` symbol; None when unreadable or `0` (running, or no ptrace-read right).
-    pub wchan: Option<String>,
-    /// Current syscall number; None when running or unreadable.
-    pub syscall: Option<i64>,
-}
-
-/// Everything captured for one rank.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RankCapture {
-    pub rank: u32,
-    pub pid: i32,
-    pub state: Option<ProcState>,
-    /// Threads, main thread first.
-    pub threads: Vec<ThreadWait>,
-    pub stack_status: StackStatus,
-    /// py-spy's text dump.
-    pub stack: String,
-    /// Main thread's frames, innermost first ("func (file:line)").
-    pub main_frames: Vec<String>,
-    pub last_output: Vec<String>,
-    pub store_waits: Vec<StoreWait>,
-    /// The rank's Python descendants (DataLoader workers ...), nearest first.
-    pub children: Vec<ChildCapture>,
-}
-
-impl RankCapture {
-    pub fn top_frame(&self) -> Option<&str> {
-        self.main_frames.first().map(String::as_str)
-    }
-    pub fn main_wchan(&self) -> Option<&str> {
-        self.threads.first().and_then(|t| t.wchan.as_deref())
     }
 }
 
@@ -215,27 +144,6 @@ pub fn find_py_spy(
     Err("py-spy not found (set --py-spy or RDRUN_PY_SPY, or pip install py-spy)".to_string())
 }
 
-/// The main thread's frames of a `py-spy dump` text, innermost first.
-pub fn parse_py_spy_main_frames(text: &str) -> Vec<String> {
-    let mut threads: Vec<(bool, Vec<String>)> = Vec::new();
-    for line in text.lines() {
-        if line.starts_with("Thread ") {
-            threads.push((line.contains("\"MainThread\""), Vec::new()));
-        } else if let Some((_, frames)) = threads.last_mut() {
-            let t = line.trim();
-            if line.starts_with(char::is_whitespace) && !t.is_empty() && !t.starts_with("Locals:") {
-                frames.push(t.to_string());
-            }
-        }
-    }
-    let pick = threads.iter().position(|t| t.0).unwrap_or(0);
-    threads
-        .into_iter()
-        .nth(pick)
-        .map(|t| t.1)
-        .unwrap_or_default()
-}
-
 fn read_threads(root: &Path, pid: i32) -> Vec<ThreadWait> {
     let task = root.join(pid.to_string()).join("task");
     let mut tids: Vec<i32> = fs::read_dir(&task)
@@ -271,53 +179,6 @@ fn read_threads(root: &Path, pid: i32) -> Vec<ThreadWait> {
             }
         })
         .collect()
-}
-
-pub(super) async fn run_py_spy(bin: &Path, pid: i32, bound: Duration) -> (StackStatus, String) {
-    let mut cmd = tokio::process::Command::new(bin);
-    // Full file names: what tells the user's own code from the standard library and
-    // site-packages (shortened, both are bare `name.py`).
-    cmd.args([
-        "dump",
-        "--nonblocking",
-        "--pid",
-        &pid.to_string(),
-        "--full-filenames",
-    ])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .kill_on_drop(true);
-    let child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            return (
-                StackStatus::Failed(format!("cannot run {}: {e}", bin.display())),
-                String::new(),
-            )
-        }
-    };
-    match tokio::time::timeout(bound, child.wait_with_output()).await {
-        Err(_) => (StackStatus::Timeout, String::new()),
-        Ok(Err(e)) => (StackStatus::Failed(e.to_string()), String::new()),
-        Ok(Ok(out)) => {
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            if out.status.success() {
-                (StackStatus::Ok, text)
-            } else {
-                let err = String::from_utf8_lossy(&out.stderr);
-                let first = err
-                    .lines()
-                    .find(|l| !l.trim().is_empty())
-                    .unwrap_or("")
-                    .trim();
-                (
-                    StackStatus::Failed(format!("{}: {first}", out.status)),
-                    text,
-                )
-            }
-        }
-    }
 }
 
 async fn capture_rank(t: CaptureTarget, opts: CaptureOptions) -> RankCapture {
@@ -732,7 +593,9 @@ impl HangReport {
 mod tests {
     use super::*;
     use crate::supervisor::hang::detector::{Phase, RankView};
+    use crate::supervisor::hang::sample::ProcState;
     use std::os::unix::fs::PermissionsExt;
+    use std::process::Stdio;
 
     fn verdict(ranks: &[(u32, i32)]) -> Verdict {
         Verdict {

@@ -8,8 +8,8 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use super::capture::{parse_py_spy_main_frames, run_py_spy, StackStatus};
 use super::frames::child_is_stuck;
+use super::pyspy::{parse_py_spy_main_frames, run_py_spy, StackStatus};
 use super::sample::parse_stat;
 
 /// Most descendants captured per rank: a DataLoader's default worker counts stay below it, and

@@ -16,7 +16,8 @@
 //! * [`detector`]: the pure rules ([`Detector`]) and the poll-driven [`HangMonitor`].
 //! * [`capture`]: bounded, parallel capture, the stderr block and `rank<R>.txt` files
 //!   ([`capture()`], [`HangReport`]); [`children`]: each rank's Python descendants
-//!   (DataLoader workers) and their stacks, captured with the rank.
+//!   (DataLoader workers) and their stacks, captured with the rank; [`record`]: what a capture
+//!   records for a rank; [`pyspy`]: running py-spy and reading its text.
 //! * [`frames`]: a py-spy frame's origin (the user's code, the stdlib, site-packages) and what a
 //!   stack waits in; [`suspect`]: the pure rules naming the rank to blame.
 //! * [`cluster`]: the multi-node rule — every agent publishes its node's quiet state to the
@@ -32,6 +33,8 @@ pub mod cluster;
 pub mod detector;
 pub mod filetimer;
 pub mod frames;
+pub mod pyspy;
+pub mod record;
 pub mod sample;
 pub mod suspect;
 /// The settings are resolved flags, so `config` owns them (see docs/architecture.md).

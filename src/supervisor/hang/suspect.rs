@@ -5,9 +5,9 @@
 //! when none waits in a collective, the ranks with a stuck child process; the rank that never
 //! set a store key another waits on; the odd top frame; without stacks, the odd kernel wait.
 
-use super::capture::RankCapture;
 use super::children::ChildCapture;
 use super::frames::{classify, describe, StackKind};
+use super::record::RankCapture;
 
 /// The rank(s) that differ, and why (empty without suspects).
 pub fn pick_suspects(ranks: &[RankCapture]) -> (Vec<u32>, String) {
@@ -167,9 +167,8 @@ fn odd_one_out<'a>(items: impl Iterator<Item = (u32, &'a str)>) -> Option<Vec<u3
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::supervisor::hang::capture::{
-        parse_py_spy_main_frames, StackStatus, StoreWait, ThreadWait,
-    };
+    use crate::supervisor::hang::pyspy::{parse_py_spy_main_frames, StackStatus};
+    use crate::supervisor::hang::record::{StoreWait, ThreadWait};
     use crate::supervisor::hang::sample::ProcState;
     use std::time::Duration;
 

@@ -1,0 +1,256 @@
+//! rdrun's view of the process table: one `/proc` line as the stop logic needs it, the tree of
+//! a process, and rdrun's own tree — which leaves out the children rdrun inherited and every
+//! process of rdrun's own session (it signals only what it started). Used by the stop, the
+//! leftover check and the watchdog; kept apart from `worker.rs` so that the watchdog, which
+//! `worker.rs` registers process groups with, does not import the spawner back.
+
+/// One line of /proc as the stop logic needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcEntry {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    /// Session id: every worker leads a session of its own, so nothing a worker started can be
+    /// in rdrun's session (see [`own_tree`]).
+    pub sid: i32,
+    /// State `Z`: already dead, waiting to be reaped.
+    pub zombie: bool,
+}
+
+/// Parses `/proc/<pid>/stat`: `pid (comm) state ppid pgrp …` (proc(5)); comm may hold spaces and
+/// parentheses, so the fields are read after the last `)`.
+pub fn parse_stat(line: &str) -> Option<ProcEntry> {
+    let open = line.find('(')?;
+    let close = line.rfind(')')?;
+    let pid = line[..open].trim().parse().ok()?;
+    let mut fields = line.get(close + 1..)?.split_whitespace();
+    let state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgid = fields.next()?.parse().ok()?;
+    let sid = fields.next()?.parse().ok()?;
+    Some(ProcEntry {
+        pid,
+        ppid,
+        pgid,
+        sid,
+        zombie: state == "Z" || state == "X",
+    })
+}
+
+/// Every process visible in /proc (processes that vanish during the scan are skipped).
+pub fn scan_procs() -> Vec<ProcEntry> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|s| parse_stat(&s))
+        .collect()
+}
+
+/// The processes below `root` (its children, their children, …), zombies included.
+///
+/// Walks `/proc/<pid>/task/<tid>/children` (proc(5), Linux ≥ 3.5 with CONFIG_PROC_CHILDREN), so
+/// the cost follows the size of rdrun's own tree, not of the machine's process table; falls back
+/// to a full `/proc` scan where that file does not exist.
+pub fn scan_tree(root: i32) -> Vec<ProcEntry> {
+    let probe = format!("/proc/{root}/task/{root}/children");
+    if std::fs::metadata(&probe).is_err() {
+        let procs = scan_procs();
+        let below = descendants_all(root, &procs);
+        return procs
+            .into_iter()
+            .filter(|p| below.contains(&p.pid))
+            .collect();
+    }
+    let mut out: Vec<ProcEntry> = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+            continue;
+        };
+        for task in tasks.filter_map(|t| t.ok()) {
+            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for pid in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+            {
+                if out.iter().any(|p| p.pid == pid) {
+                    continue;
+                }
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+                if let Some(entry) = stat.as_deref().and_then(parse_stat) {
+                    out.push(entry);
+                    frontier.push(pid);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// rdrun's children before it spawned anything (see [`note_inherited`]).
+static INHERITED: std::sync::OnceLock<Vec<i32>> = std::sync::OnceLock::new();
+
+/// Records the children this process has before it spawns any (issue 24.3): a shell that execs
+/// rdrun leaves it the children it had, e.g. the `logger` of `rdrun … > >(logger)`. They are
+/// not rdrun's to signal, count as left behind or kill when it dies. Call it first thing.
+pub fn note_inherited() -> &'static [i32] {
+    INHERITED.get_or_init(|| {
+        let me = std::process::id() as i32;
+        scan_tree(me)
+            .into_iter()
+            .filter(|p| p.ppid == me)
+            .map(|p| p.pid)
+            .collect()
+    })
+}
+
+/// The processes below `root` that rdrun started: [`scan_tree`] without `root`'s own session
+/// (workers lead sessions of their own and nothing can join another session, so a process in
+/// it is one rdrun inherited or a descendant of one) and without the `inherited` pids and their
+/// descendants (an inherited process may have made a session of its own).
+pub fn own_tree(root: i32, inherited: &[i32]) -> Vec<ProcEntry> {
+    // SAFETY: plain syscall; a pid that is gone gives -1, which matches no session.
+    let sid = unsafe { libc::getsid(root) };
+    filter_own(scan_tree(root), sid, inherited)
+}
+
+/// The pure part of [`own_tree`].
+fn filter_own(tree: Vec<ProcEntry>, root_sid: i32, inherited: &[i32]) -> Vec<ProcEntry> {
+    let mut foreign: Vec<i32> = tree
+        .iter()
+        .filter(|p| p.sid == root_sid || inherited.contains(&p.pid))
+        .map(|p| p.pid)
+        .collect();
+    // Descendants of foreign processes, whatever order the scan listed them in.
+    loop {
+        let more: Vec<i32> = tree
+            .iter()
+            .filter(|p| !foreign.contains(&p.pid) && foreign.contains(&p.ppid))
+            .map(|p| p.pid)
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        foreign.extend(more);
+    }
+    tree.into_iter()
+        .filter(|p| !foreign.contains(&p.pid))
+        .collect()
+}
+
+/// Pids of every descendant of `root` in `procs`, zombies included.
+fn descendants_all(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for p in procs.iter().filter(|p| p.ppid == parent && p.pid != root) {
+            if !out.contains(&p.pid) {
+                out.push(p.pid);
+                frontier.push(p.pid);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parsing() {
+        let e = parse_stat("42 (my (odd) name) S 7 42 41 0 -1 4194560").unwrap();
+        assert_eq!(
+            e,
+            ProcEntry {
+                pid: 42,
+                ppid: 7,
+                pgid: 42,
+                sid: 41,
+                zombie: false
+            }
+        );
+        assert!(parse_stat("43 (z) Z 1 43 43").unwrap().zombie);
+        assert_eq!(parse_stat("44 (short) S 1 44"), None);
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn tree_scan_sees_own_children() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let me = std::process::id() as i32;
+        let pid = child.id() as i32;
+        let tree = scan_tree(me);
+        let _ = child.kill();
+        let _ = child.wait();
+        let entry = tree.iter().find(|p| p.pid == pid).expect("child in tree");
+        assert_eq!(entry.ppid, me);
+        assert!(!entry.zombie);
+    }
+
+    #[test]
+    fn descendant_walk() {
+        let p = |pid, ppid, zombie| ProcEntry {
+            pid,
+            ppid,
+            pgid: pid,
+            sid: pid,
+            zombie,
+        };
+        let procs = [
+            p(1, 0, false),
+            p(10, 1, false),
+            p(11, 10, false),
+            p(12, 11, false),
+            p(13, 10, true),
+            p(20, 1, false),
+        ];
+        let mut d = descendants_all(10, &procs);
+        d.sort();
+        assert_eq!(d, vec![11, 12, 13]);
+        assert!(descendants_all(20, &procs).is_empty());
+    }
+
+    /// Issue 24.3: what rdrun inherited (in its session, or named at start) is not its own,
+    /// nor is anything below it; a worker's tree is, also where a member made a new session.
+    #[test]
+    fn own_tree_leaves_out_inherited_processes() {
+        let p = |pid, ppid, sid| ProcEntry {
+            pid,
+            ppid,
+            pgid: pid,
+            sid,
+            zombie: false,
+        };
+        // rdrun is 1 in session 100; 2 a logger from its shell; 3 its child in another session;
+        // 5 an inherited process that made a session of its own, 6 its child; 10 a worker
+        // (session 10) with child 11 and 12, which made session 12.
+        let tree = vec![
+            p(6, 5, 5),
+            p(2, 1, 100),
+            p(3, 2, 3),
+            p(5, 1, 5),
+            p(10, 1, 10),
+            p(11, 10, 10),
+            p(12, 11, 12),
+        ];
+        let mut own: Vec<i32> = filter_own(tree, 100, &[5])
+            .into_iter()
+            .map(|p| p.pid)
+            .collect();
+        own.sort();
+        assert_eq!(own, vec![10, 11, 12]);
+    }
+}

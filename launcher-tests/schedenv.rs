@@ -151,6 +151,23 @@ fn lsf_slots_are_cpu_slots_and_gpus_are_workers() {
     );
 }
 
+/// A uuid's shape: five groups of hex digits of lengths 8, 4, 4, 4 and 12, joined by dashes.
+fn looks_like_uuid(word: &str) -> bool {
+    let groups: Vec<&str> = word.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+#[test]
+fn uuid_shape_is_told_from_a_test_path() {
+    assert!(looks_like_uuid("0f8e4a52-1c1d-4b5e-9a0b-123456789abc"));
+    assert!(!looks_like_uuid("/tmp/rdrun-test-2679-426-se_dry/x.py"));
+    assert!(!looks_like_uuid("81234.0"));
+}
+
 /// 25.6: a dry run says what the run would do: world size, this node's global ranks, the
 /// worker command and interpreter, the rendezvous endpoint; a local one shows no made-up run id.
 #[test]
@@ -190,12 +207,10 @@ fn dry_run_says_what_the_run_would_do() {
         command.contains(&format!("command          {python} -u ")),
         "{o}"
     );
-    // No run id made up for the dry run alone (a uuid is 36 characters with 4 dashes).
-    assert!(
-        !o.split_whitespace()
-            .any(|w| w.len() == 36 && w.matches('-').count() == 4),
-        "{o}"
-    );
+    // No run id made up for the dry run alone. A uuid is five groups of hex digits, 8-4-4-4-12;
+    // a test path can also be 36 characters with 4 dashes (pid and counter digits), so the
+    // shape is checked, not the length.
+    assert!(!o.split_whitespace().any(looks_like_uuid), "{o}");
 
     // Node 1 of a 2-node Slurm step with 2 GPUs per node: ranks 2-3 of 4 at node 0's store.
     let env = slurm_step_env(1, 12001);

@@ -271,8 +271,12 @@ fn unkillable_worker_is_reported_and_rdrun_exits() {
 fn children_inherited_from_the_shell_are_never_signalled() {
     let dir = TempDir::new("inherited");
     let (bg, log) = (dir.join("bg.pid"), dir.join("console.log"));
+    // Rank 1 fails only once rank 0 has printed its line (a loaded machine may otherwise run
+    // rank 1's exit, and rdrun's stop of rank 0, before rank 0's echo).
+    let printed = dir.join("rank0.printed");
     let script = format!(
-        "sleep 300 & echo $! > '{bg}'; exec '{rdrun}' --nproc-per-node 2 --leftovers kill --no-python sh -c 'echo rank $LOCAL_RANK; if [ $LOCAL_RANK = 1 ]; then exit 3; fi; sleep 60' > >(cat > '{log}') 2>&1",
+        "sleep 300 & echo $! > '{bg}'; exec '{rdrun}' --nproc-per-node 2 --leftovers kill --no-python sh -c 'echo rank $LOCAL_RANK; if [ $LOCAL_RANK = 1 ]; then while [ ! -e \"{printed}\" ]; do sleep 0.05; done; exit 3; fi; touch \"{printed}\"; sleep 60' > >(cat > '{log}') 2>&1",
+        printed = printed.display(),
         bg = bg.display(),
         rdrun = crate::util::rdrun_bin().display(),
         log = log.display(),

@@ -34,11 +34,10 @@ use crate::config::LaunchConfig;
 use crate::rendezvous::{Assignment, Rendezvous, RoundReason};
 use crate::store::server::{self, ServerExit, StoreServer};
 
-use super::attempt::{Group, Outcome, SpawnArgs};
-use super::dstate::DStateWatch;
+use super::attempt::{Flow, Group, GroupSettings, Outcome};
+use super::effects::Os;
 use super::end::RunEnd;
 use super::events::Event;
-use super::hanglink::{hang_dir, FileTimerServe, HangLink, TimerWake};
 use super::observe::Observer;
 use super::output::{RankIdentity, RunLogs};
 use super::rdzvlink::{self, until_shutdown, uses_rendezvous, watch_opt};
@@ -46,12 +45,22 @@ use super::report::{Failure, FailureReport};
 use super::restart::{self, Decision};
 use super::setup::{self, short_host, single_node_master_addr, ReportHost};
 use super::signals::{self, SignalAction, Signals};
+use super::spawn::Workers;
+use super::watch::files::{clear_torch_dump_keys, hang_dir};
+use super::watch::link::{ClusterArgs, HangLink};
+use super::watch::task::{AttemptWatch, Watch};
+use super::watch::timers::FileTimerServe;
+use super::watch::verdict::WatchVerdict;
 use super::watchdog::Watchdog;
 use super::worker::{self, RunWorkerEnv};
 
 /// How often `--leftovers=wait` looks whether the processes left behind are gone (a grandchild
 /// of a leftover exits without a SIGCHLD to rdrun).
 const LEFTOVER_POLL: Duration = Duration::from_secs(1);
+
+/// Beyond `--hang-capture-timeout`: how long a capture's verdict may still take (the other
+/// nodes' findings are waited for up to 10 s after a multi-node verdict, plus a few polls).
+const CAPTURE_VERDICT_SLACK: Duration = Duration::from_secs(20);
 
 /// Runs one launch to the end and says how it ended (see [`crate::exit::for_run_end`]).
 ///
@@ -135,12 +144,15 @@ struct Agent {
     store_failed: Option<String>,
     /// The rendezvous of a multi-node run (`None`: single node, no rounds).
     rdzv: Option<Rendezvous>,
-    /// torch's FileTimer FIFO, served for the whole run (`TORCHELASTIC_ENABLE_FILE_TIMER=1`).
-    timers: Option<FileTimerServe>,
+    /// Hang detection, the D-state check and torch's FileTimer FIFO (served for the whole run
+    /// with `TORCHELASTIC_ENABLE_FILE_TIMER=1`): the watch task, which sends verdicts.
+    watch: Option<Watch>,
+    /// Whether the FileTimer FIFO is served (its expiries are captured into the hang dir).
+    file_timer: bool,
     /// Events, health, metrics, status line (issue 15): one hook call where things happen.
     obs: Observer,
     /// A worker stayed in D state past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: no more
-    /// restarts (as torch; `dstate.rs`).
+    /// restarts (as torch; `watch/dstate.rs`).
     restarts_disabled: bool,
 }
 
@@ -229,7 +241,8 @@ impl Agent {
             store_closed,
             store_failed: None,
             rdzv,
-            timers,
+            file_timer: timers.is_some(),
+            watch: Some(Watch::start(timers)),
             obs,
             restarts_disabled: false,
         };
@@ -262,7 +275,11 @@ impl Agent {
             // Containment hook: removes the cgroup, ends and reaps the watchdog.
             drop(w);
         }
-        // Dropping `timers` removes the FIFO (and its private directory).
+        // Ending the watch task drops the FileTimer server: the FIFO (and its private
+        // directory) is removed.
+        if let Some(watch) = self.watch.take() {
+            watch.end().await;
+        }
     }
 
     /// The restart loop (one rendezvous round per attempt when multi-node).
@@ -412,11 +429,11 @@ impl Agent {
     /// Once the round is joined (every agent has stopped its old workers), before spawning:
     /// torch's fatal-dump keys out of every store rdrun hosts for workers, so a stale one from
     /// a previous attempt cannot poison this one (the static backend's rendezvous store keeps
-    /// its keys across attempts; see `hanglink::TORCH_DUMP_KEYS`).
+    /// its keys across attempts; see `watch::files::TORCH_DUMP_KEYS`).
     fn clear_torch_dump_keys(&self) {
         let hosted = self.rdzv.as_ref().and_then(|r| r.server.as_ref());
         for server in self.store.iter().chain(hosted) {
-            let gone = super::hanglink::clear_torch_dump_keys(server.store());
+            let gone = clear_torch_dump_keys(server.store());
             if !gone.is_empty() {
                 tracing::info!(
                     ?gone,
@@ -548,22 +565,28 @@ impl Agent {
             .attempt_begins(asg.restart_count, logs.run_dir());
         let (stop_output, _) = tokio::sync::watch::channel(false);
         let watchdog = self.watchdog.as_ref();
-        let mut group = Group::spawn(
-            SpawnArgs {
-                config: &self.config,
-                asg,
-                ids: &ids,
-                logs: &attempt_logs,
-                worker_env: &self.worker_env,
-                obs: &self.obs,
-                stop_output: &stop_output,
-            },
-            (
-                watchdog.map(Watchdog::pid),
-                watchdog.and_then(Watchdog::cgroup_dir),
-            ),
-        );
-        // Hang detection starts with the workers (its startup budget counts from the spawn).
+        let settings = GroupSettings {
+            grace: self.config.shutdown_timeout,
+            watchdog_pid: watchdog.map(Watchdog::pid),
+            cgroup: watchdog.and_then(Watchdog::cgroup_dir),
+            program: self.config.command.program.clone(),
+            leftovers: self.config.leftovers,
+            static_job: self
+                .rdzv
+                .as_ref()
+                .is_some_and(Rendezvous::uses_rendezvous_store),
+        };
+        let mut spawner = Workers {
+            config: &self.config,
+            asg,
+            logs: &attempt_logs,
+            worker_env: &self.worker_env,
+            obs: &self.obs,
+            stop_output: &stop_output,
+        };
+        let group = Group::spawn(&ids, &mut spawner, settings, Box::new(Os));
+        // Watching starts with the workers (the hang budget counts from the spawn).
+        let mut watch = AttemptWatch::default();
         if !group.launch_failed() {
             let dir = hang_dir(
                 self.config.log.log_dir.as_deref(),
@@ -571,99 +594,68 @@ impl Agent {
                 &self.config.rdzv.run_id,
                 asg.restart_count,
             );
-            // A FileTimer expiry is captured into the same directory, detection on or off.
-            if self.timers.is_some() {
-                group.timer_capture = Some((self.config.hang.clone(), dir.clone()));
-            }
-            group.hang = HangLink::new(
-                &self.config.hang,
-                dir,
-                super::hanglink::ClusterArgs::of(self.rdzv.as_ref(), asg),
-            );
+            watch = AttemptWatch {
+                ranks: group.watched_ranks(),
+                hang: HangLink::new(
+                    &self.config.hang,
+                    dir.clone(),
+                    ClusterArgs::of(self.rdzv.as_ref(), asg),
+                ),
+                dstate: self.config.torch_env.uninterruptible_timeout,
+                // A FileTimer expiry is captured into the same directory, detection on or off.
+                capture: self.file_timer.then(|| (self.config.hang.clone(), dir)),
+                store: self.worker_store().cloned(),
+            };
+        }
+        if let Some(w) = self.watch.as_mut() {
+            w.attempt(watch);
         }
         self.supervise(group, &stop_output).await
     }
 
-    /// The select loop of one attempt: waits for the next event and hands it to the group,
-    /// until no worker is left (the group stops itself on the first failure, on a shutdown
-    /// signal, on a rendezvous change or a hang verdict).
+    /// The store rdrun hosts for the workers, if any (the worker store, or the static
+    /// rendezvous store the workers share).
+    fn worker_store(&self) -> Option<&std::sync::Arc<crate::store::state::Store>> {
+        self.store
+            .as_ref()
+            .or_else(|| self.rdzv.as_ref().and_then(|r| r.server.as_ref()))
+            .map(|s| s.store())
+    }
+
+    /// The select loop of one attempt: every wake-up becomes a batch of [`Event`]s; the
+    /// observer sees each, the watch task learns of exits, and the group handles the batch
+    /// until it says the attempt is over (the group stops itself on the first failure, on a
+    /// shutdown signal, on a rendezvous change or a kill verdict).
     async fn supervise(
         &mut self,
         mut group: Group,
         stop_output: &tokio::sync::watch::Sender<bool>,
     ) -> Outcome {
-        let mut hang_due = false;
-        let mut dstate_due = false;
-        let mut timer_wake: Option<TimerWake> = None;
-        if let Some(t) = self.timers.as_mut() {
-            t.clear();
-        }
-        let static_job = self
-            .rdzv
-            .as_ref()
-            .is_some_and(Rendezvous::uses_rendezvous_store);
         // Exits that happened before the SIGCHLD stream saw them are picked up here.
-        let mut pending: Vec<Event> = worker::reap()
-            .into_iter()
-            .map(|(pid, status)| Event::Reaped { pid, status })
-            .collect();
+        let mut pending: Vec<Event> = reaped_events();
         loop {
-            for event in pending.drain(..) {
-                match event {
-                    Event::Reaped { pid, status } => {
-                        self.obs.get().reaped(pid, status);
-                        group.on_reaped(pid, status);
-                    }
-                    Event::Signal(sig) => {
-                        self.obs.get().signal(sig);
-                        group.on_signal(sig);
-                    }
-                    Event::Rendezvous(ev) => group.on_rendezvous(ev, static_job),
-                    Event::StoreStopped(why) => group.on_store_stopped(why),
-                    Event::Deadline => {
-                        if group.on_deadline() {
-                            return group.finish(stop_output, &self.obs).await;
-                        }
-                    }
+            for event in &pending {
+                self.observe(event);
+            }
+            let flow = group.handle(pending.drain(..));
+            self.restarts_disabled |= group.disables_restarts();
+            self.obs.get().watch_stop(group.stop(), group.live());
+            if !group.judging() {
+                if let Some(w) = self.watch.as_mut() {
+                    w.pause();
                 }
             }
-            group.record_failures(&self.config.command.program);
-            self.obs.get().watch_stop(group.stop(), group.live());
-            if group.all_done(self.config.leftovers) {
-                return group.finish(stop_output, &self.obs).await;
-            }
-            let watch_hang = group.watch_hang();
-            if let (Some(wake), Some(timers)) = (timer_wake.take(), self.timers.as_mut()) {
-                let store = self
-                    .store
-                    .as_ref()
-                    .or_else(|| self.rdzv.as_ref().and_then(|r| r.server.as_ref()))
-                    .map(|s| &**s.store());
-                group.on_timer(wake, timers, store, &self.obs).await;
-            }
-            let watch_dstate = group.watch_dstate();
-            if std::mem::take(&mut dstate_due) && watch_dstate && group.check_dstate() {
-                self.restarts_disabled = true;
-                continue;
-            }
-            if std::mem::take(&mut hang_due) && watch_hang {
-                let store = self
-                    .store
-                    .as_ref()
-                    .or_else(|| self.rdzv.as_ref().and_then(|r| r.server.as_ref()))
-                    .map(|s| &**s.store());
-                group.poll_hang(store, &self.obs).await;
-                // Exits during the capture are in `pending` after the next wake-up.
-                continue;
+            if flow == Flow::Over {
+                self.capture_verdict(&mut group).await;
+                self.obs.get().attempt_over();
+                return group.finish(stop_output).await;
             }
             let deadline = group.stop().deadline();
             let poll_leftovers = group.polls_leftovers();
             let watch_rdzv = self.rdzv.is_some() && group.watch_rdzv();
             tokio::select! {
                 ev = watch_opt(self.rdzv.as_mut()), if watch_rdzv => pending.push(Event::Rendezvous(ev)),
-                _ = self.sigchld.recv() => {
-                    pending.extend(worker::reap().into_iter().map(|(pid, status)| Event::Reaped { pid, status }));
-                }
+                _ = self.sigchld.recv() => pending.extend(reaped_events()),
                 sig = self.signals.recv() => pending.push(Event::Signal(sig)),
                 exit = &mut self.store_closed, if self.store_failed.is_none() => {
                     let why = match exit {
@@ -674,35 +666,64 @@ impl Agent {
                     pending.push(Event::StoreStopped(why));
                 }
                 _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
-                _ = tokio::time::sleep(LEFTOVER_POLL), if poll_leftovers => {}
-                _ = tick_opt(group.hang.as_mut()), if watch_hang => hang_due = true,
-                _ = dstate_tick(group.dstate.as_mut()), if watch_dstate => dstate_due = true,
-                w = timer_next(self.timers.as_mut()), if self.timers.is_some() => timer_wake = Some(w),
+                _ = tokio::time::sleep(LEFTOVER_POLL), if poll_leftovers => pending.push(Event::LeftoverPoll),
+                v = next_verdict(self.watch.as_mut()) => pending.push(Event::Watch(v)),
             }
+        }
+    }
+
+    /// The workers are gone while a kill verdict's capture runs (they failed under it): its
+    /// verdict, bounded by the capture's own bounds, is the failure's root cause and its block
+    /// is shown, as when the capture ended first.
+    async fn capture_verdict(&mut self, group: &mut Group) {
+        let Some(watch) = self.watch.as_mut().filter(|_| group.capturing()) else {
+            return;
+        };
+        let bound = self.config.hang.capture_timeout + CAPTURE_VERDICT_SLACK;
+        match tokio::time::timeout(bound, watch.next()).await {
+            Ok(v) => {
+                let ev = Event::Watch(v);
+                self.observe(&ev);
+                group.handle([ev]);
+            }
+            Err(_) => tracing::warn!("the hang capture did not end within {bound:?}"),
+        }
+    }
+
+    /// What the observer and the watch task learn of an event before the group handles it.
+    fn observe(&mut self, event: &Event) {
+        match event {
+            Event::Reaped { pid, status } => {
+                self.obs.get().reaped(*pid, *status);
+                if let Some(w) = self.watch.as_ref() {
+                    w.exited(*pid, status.torchrun_code());
+                }
+            }
+            Event::Signal(sig) => self.obs.get().signal(*sig),
+            // A D-state verdict is the attempt's error line, as before the watch task existed.
+            Event::Watch(
+                WatchVerdict::Hang { found, .. }
+                | WatchVerdict::TimerExpired {
+                    found: Some(found), ..
+                },
+            ) => self.obs.get().hang(found),
+            _ => {}
         }
     }
 }
 
-/// The next FileTimer wake-up; never without a FIFO.
-async fn timer_next(timers: Option<&mut FileTimerServe>) -> TimerWake {
-    match timers {
-        Some(t) => t.next().await,
-        None => std::future::pending().await,
-    }
+/// Every child reaped now, as events.
+fn reaped_events() -> Vec<Event> {
+    worker::reap()
+        .into_iter()
+        .map(|(pid, status)| Event::Reaped { pid, status })
+        .collect()
 }
 
-/// The next D-state sample; never without TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT.
-async fn dstate_tick(watch: Option<&mut DStateWatch>) {
+/// The watch task's next verdict; never without one.
+async fn next_verdict(watch: Option<&mut Watch>) -> WatchVerdict {
     match watch {
-        Some(w) => w.tick().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The next hang poll tick; never without detection.
-async fn tick_opt(hang: Option<&mut HangLink>) {
-    match hang {
-        Some(h) => h.tick().await,
+        Some(w) => w.next().await,
         None => std::future::pending().await,
     }
 }

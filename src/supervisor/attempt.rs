@@ -1,43 +1,39 @@
-//! One attempt's worker group, as state and one method per event: the workers' slots, the stop
+//! One attempt's worker group, as state that handles events: the workers' slots, the stop
 //! under way, the failures seen, a shutdown signal, how the rendezvous ended the attempt, and
-//! the hang / D-state / FileTimer verdicts. [`Group::spawn`] starts every local rank;
-//! the agent's select loop (`agent.rs`) waits and hands each event to the method for it;
-//! [`Group::finish`] collects the output and says how the attempt ended as an [`Outcome`].
+//! the watch task's verdicts. [`Group::spawn`] starts every local rank through a
+//! [`Spawner`]; the agent's select loop turns every wake-up into an [`Event`] and hands each
+//! batch to [`Group::handle`], which records it, begins the stop when it must and says whether
+//! the attempt is over; [`Group::finish`] collects the output and says how the attempt ended as
+//! an [`Outcome`] (`outcome.rs`).
 //!
-//! The group never waits on its own and never decides what follows the attempt (that is
-//! `restart::decide`'s); *how* it stops is [`GroupStop`]'s.
-//!
-//! How an attempt ended, [`Outcome`], lives in `outcome.rs`.
+//! Every effect (signals, the cgroup kill, reading the process table, the clocks) goes through
+//! the group's [`Effects`]: the real one in production, a recording fake with a hand-moved
+//! clock in the table tests (`attempt_tests.rs`). The group never waits on its own and never
+//! decides what follows the attempt (that is `restart::decide`'s); *how* it stops is
+//! [`GroupStop`]'s.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::config::{LaunchConfig, LeftoverPolicy};
+use crate::config::LeftoverPolicy;
 use crate::exit::WorkerStatus;
-use crate::rendezvous::{Assignment, RdzvEvent, RoundReason};
-use crate::store::server::LogLimiter;
-use crate::store::state::Store;
+use crate::rendezvous::{RdzvEvent, RoundReason};
 
-use super::dstate::DStateWatch;
-use super::hang::filetimer::scope_list;
-use super::hang::RankProcs;
-use super::hang::{HangSettings, TimerExpiry};
-use super::hanglink::{
-    capture_timer_expiry, owning_worker, ExpiredTarget, FileTimerServe, HangFinding, HangLink,
-    TimerWake,
-};
-use super::observe::Observer;
-use super::output::{self, AttemptLogs, OutputSummary, RankIdentity};
+use super::effects::Effects;
+use super::events::Event;
+use super::output::{self, OutputSummary, RankIdentity};
 use super::report::Failure;
 use super::restart;
 use super::signals::{self, SignalReaction};
+use super::spawn::Spawner;
 use super::stop::{self, GroupGuard, GroupStop, Phase, StopReason, KILL_WAIT};
-use super::worker::{self, RunWorkerEnv};
+use super::watch::task::WatchedRank;
+use super::watch::verdict::{HangFinding, WatchVerdict};
 
 pub(super) use super::outcome::{rendezvous_end, Outcome};
 
@@ -76,18 +72,28 @@ impl Slot {
     }
 }
 
-/// What spawning needs from the agent: the run's config and shared worker environment, the
-/// identities and log sinks of this attempt's ranks, the observer.
-pub(super) struct SpawnArgs<'a> {
-    pub config: &'a LaunchConfig,
-    pub asg: &'a Assignment,
-    pub ids: &'a [RankIdentity],
-    pub logs: &'a AttemptLogs,
-    pub worker_env: &'a RunWorkerEnv,
-    pub obs: &'a Observer,
-    /// Tells the output forwarders that every process rdrun can stop is gone: a pipe still open
-    /// then is held by a descendant that escaped and outlived the stop (`output::pump`).
-    pub stop_output: &'a watch::Sender<bool>,
+/// What the group needs to know of the run (from the config and the rendezvous).
+#[derive(Debug, Clone)]
+pub(super) struct GroupSettings {
+    /// `--shutdown-timeout`: the grace between the stop signal and SIGKILL.
+    pub grace: Duration,
+    /// The watchdog's pid (never signalled) and the run's cgroup (killed whole on a hard stop).
+    pub watchdog_pid: Option<i32>,
+    pub cgroup: Option<PathBuf>,
+    /// The worker program, for the first failure's log line (as torchrun).
+    pub program: PathBuf,
+    pub leftovers: LeftoverPolicy,
+    /// A static multi-node job (a lost peer is charged; c10d regroups for free).
+    pub static_job: bool,
+}
+
+/// Whether the attempt goes on after a batch of events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flow {
+    Continue,
+    /// Every worker is reaped (and nothing is left to wait for), or what is left was abandoned
+    /// after SIGKILL: [`Group::finish`] next.
+    Over,
 }
 
 /// The worker group of one attempt and everything that has happened to it.
@@ -97,6 +103,8 @@ pub(super) struct Group {
     /// SIGKILLs every worker's process group if the agent panics before the group is over.
     guard: GroupGuard,
     stop: GroupStop,
+    settings: GroupSettings,
+    fx: Box<dyn Effects>,
     failures: Vec<Failure>,
     /// Slots reaped with a failure, not yet recorded in `failures`.
     failed_slots: Vec<usize>,
@@ -112,61 +120,39 @@ pub(super) struct Group {
     rdzv_end: Option<Outcome>,
     /// A kill-mode hang (or D-state) verdict of this attempt.
     hang_found: Option<HangFinding>,
-    /// Hang detection (`None` when off or when a worker could not be started).
-    pub(super) hang: Option<HangLink>,
-    /// Where a FileTimer expiry's capture goes and how it is bounded (`None` without a
-    /// FileTimer server: nothing can expire).
-    pub(super) timer_capture: Option<(HangSettings, PathBuf)>,
     /// The capture of this attempt's last FileTimer expiry: the root cause when the expired
     /// rank then fails (it may survive a catchable signal; then it is no failure at all).
     timer_found: Option<HangFinding>,
-    /// FileTimer expiries of processes outside the worker trees: one line per interval.
-    outside_warns: LogLimiter,
-    /// TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT's watch (`None` when unset).
-    pub(super) dstate: Option<DStateWatch>,
+    /// A worker stayed in D state past the timeout: no more restarts (as torch).
+    restarts_disabled: bool,
+    /// A kill verdict's capture is under way (`WatchVerdict::Capturing`): what would stop the
+    /// workers under the capture waits until its verdict — rendezvous events (in `deferred`)
+    /// and a failure's stop. A shutdown signal does not wait: the user's word comes first.
+    capturing: bool,
+    deferred: Vec<RdzvEvent>,
 }
 
 impl Group {
     /// Starts every local rank in order; the first that cannot be started ends the spawning
     /// (the group is then stopped as a launch error).
-    pub(super) fn spawn(args: SpawnArgs<'_>, watchdog: (Option<i32>, Option<PathBuf>)) -> Group {
-        let SpawnArgs {
-            config,
-            asg,
-            ids,
-            logs,
-            worker_env,
-            obs,
-            stop_output,
-        } = args;
+    pub(super) fn spawn(
+        ids: &[RankIdentity],
+        spawner: &mut dyn Spawner,
+        settings: GroupSettings,
+        mut fx: Box<dyn Effects>,
+    ) -> Group {
         let mut guard = GroupGuard::default();
         let mut slots: Vec<Slot> = Vec::with_capacity(ids.len());
         let mut launch_error = None;
         for (lr, id) in ids.iter().enumerate() {
-            let rank_logs = &logs.ranks[lr];
-            let spawned = worker::spawn_spec(config, asg, lr, &rank_logs.error_file, worker_env)
-                .map_err(|err| err.to_string())
-                .and_then(|spec| worker::spawn(&spec).map_err(|err| err.describe()));
-            let spawned = match spawned {
+            let spawned = match spawner.spawn(lr, id) {
                 Ok(spawned) => spawned,
                 Err(err) => {
                     launch_error = Some(err);
                     break;
                 }
             };
-            tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
             guard.pgids.push(spawned.pid);
-            let activity = output::Activity::default();
-            obs.get()
-                .spawned(id.local_rank, id.rank, spawned.pid, &activity.bytes);
-            let handle = output::forward_until(
-                id.clone(),
-                rank_logs.sink.clone(),
-                spawned.stdout,
-                spawned.stderr,
-                stop_output.subscribe(),
-                activity.clone(),
-            );
             // In place the one slot's LOCAL_RANK is the scheduler's (`RankIdentity`), and so is
             // what every log line, prefix and report names.
             slots.push(Slot {
@@ -175,28 +161,28 @@ impl Group {
                 pid: spawned.pid,
                 status: None,
                 stop_sent_at: None,
-                output: Some(handle),
-                error_file: Some(rank_logs.error_file.as_str())
-                    .filter(|s| !s.is_empty())
-                    .map(PathBuf::from),
-                activity,
+                output: spawned.output,
+                error_file: spawned.error_file,
+                activity: spawned.activity,
             });
         }
         let by_pid = slots.iter().enumerate().map(|(i, s)| (s.pid, i)).collect();
         let mut stop = GroupStop::new(
             slots.iter().map(|s| s.pid).collect(),
-            watchdog.0,
-            watchdog.1,
-            config.shutdown_timeout,
+            settings.watchdog_pid,
+            settings.cgroup.clone(),
+            settings.grace,
         );
         if launch_error.is_some() {
-            stop.begin(StopReason::LaunchError);
+            stop.begin(StopReason::LaunchError, &mut *fx);
         }
         Group {
             slots,
             by_pid,
             guard,
             stop,
+            settings,
+            fx,
             failures: Vec::new(),
             failed_slots: Vec::new(),
             interrupted: None,
@@ -206,17 +192,10 @@ impl Group {
             launch_error,
             rdzv_end: None,
             hang_found: None,
-            hang: None,
-            timer_capture: None,
             timer_found: None,
-            outside_warns: LogLimiter::new(
-                super::hang::filetimer::WARN_INTERVAL,
-                "FileTimer expiries outside the worker trees",
-            ),
-            dstate: config
-                .torch_env
-                .uninterruptible_timeout
-                .map(DStateWatch::new),
+            restarts_disabled: false,
+            capturing: false,
+            deferred: Vec::new(),
         }
     }
 
@@ -238,8 +217,74 @@ impl Group {
         !matches!(self.rdzv_end, Some(Outcome::RendezvousLost(_)))
     }
 
+    /// What the watch task watches: every started worker.
+    pub(super) fn watched_ranks(&self) -> Vec<WatchedRank> {
+        self.slots
+            .iter()
+            .map(|s| {
+                let last = s.activity.last.clone();
+                WatchedRank {
+                    rank: s.rank as u32,
+                    local_rank: s.local_rank,
+                    pid: s.pid,
+                    output: s.activity.bytes.clone(),
+                    last: Box::new(move || last.snapshot()),
+                }
+            })
+            .collect()
+    }
+
+    /// Whether hang and D-state verdicts are still wanted: only while the group runs untouched
+    /// (after a failure, a signal or a verdict the stop path is already under way) and not
+    /// while it waits for leftovers.
+    pub(super) fn judging(&self) -> bool {
+        self.untouched() && !self.waiting_for_leftovers && self.hang_found.is_none()
+    }
+
+    /// A kill verdict's capture is under way: its verdict is still to come.
+    pub(super) fn capturing(&self) -> bool {
+        self.capturing
+    }
+
+    /// A worker stayed in D state past the timeout: restarts are disabled from now on.
+    pub(super) fn disables_restarts(&self) -> bool {
+        self.restarts_disabled
+    }
+
+    /// `--leftovers=wait` is waiting (it polls: a grandchild's exit sends rdrun no SIGCHLD).
+    pub(super) fn polls_leftovers(&self) -> bool {
+        self.waiting_for_leftovers && self.stop.phase() == Phase::Running
+    }
+
+    /// One batch of events (what one wake-up of the agent brought), in order; then the
+    /// failures of the batch are recorded (one timestamp, local-rank order) and the group says
+    /// whether the attempt is over.
+    pub(super) fn handle(&mut self, events: impl IntoIterator<Item = Event>) -> Flow {
+        for event in events {
+            match event {
+                Event::Reaped { pid, status } => self.on_reaped(pid, status),
+                Event::Signal(sig) => self.on_signal(sig),
+                Event::Rendezvous(ev) => self.on_rendezvous(ev),
+                Event::StoreStopped(why) => self.on_store_stopped(why),
+                Event::Deadline => {
+                    if self.on_deadline() {
+                        return Flow::Over;
+                    }
+                }
+                Event::LeftoverPoll => {}
+                Event::Watch(v) => self.on_verdict(v),
+            }
+        }
+        self.record_failures();
+        if self.all_done() {
+            Flow::Over
+        } else {
+            Flow::Continue
+        }
+    }
+
     /// A child was reaped: a worker's exit is recorded (a failure is recorded with the batch).
-    pub(super) fn on_reaped(&mut self, pid: i32, status: WorkerStatus) {
+    fn on_reaped(&mut self, pid: i32, status: WorkerStatus) {
         let Some(&i) = self.by_pid.get(&pid) else {
             tracing::debug!(pid, ?status, "reaped a descendant");
             return;
@@ -247,33 +292,31 @@ impl Group {
         let slot = &mut self.slots[i];
         slot.status = Some(status);
         slot.stop_sent_at = self.stop.sent_at();
-        if let Some(h) = self.hang.as_mut() {
-            h.rank_exited(slot.rank as u32, status.torchrun_code());
-        }
         if !status.success() {
             self.failed_slots.push(i);
         }
     }
 
     /// A handled signal: forwarded, a shutdown, or (again, in the grace) kill now.
-    pub(super) fn on_signal(&mut self, sig: i32) {
+    fn on_signal(&mut self, sig: i32) {
         let in_grace = matches!(self.stop.phase(), Phase::Grace(_));
+        let fx = &mut *self.fx;
         match signals::react(sig, self.interrupted.is_some(), in_grace) {
             SignalReaction::Forward => {
                 tracing::info!("forwarding {} to the workers", signals::name(sig));
-                self.stop.forward(sig);
+                self.stop.forward(sig, fx);
             }
             SignalReaction::Shutdown => {
                 tracing::warn!("received {}, shutting down the workers", signals::name(sig));
                 self.interrupted = Some(sig);
-                self.stop.shutdown(sig);
+                self.stop.shutdown(sig, fx);
             }
             SignalReaction::KillNow => {
                 tracing::warn!(
                     "received {} again, killing the workers now",
                     signals::name(sig)
                 );
-                self.stop.kill_all();
+                self.stop.kill_all(fx);
             }
         }
     }
@@ -282,14 +325,18 @@ impl Group {
     /// another node does not: the own failure is reported, issue 11.3). After this node's own
     /// failure the failure decides: its restart joins whatever round the others started; a peer
     /// lost close to it is remembered (`restart::PEER_LOSS_WINDOW`).
-    pub(super) fn on_rendezvous(&mut self, ev: RdzvEvent, static_job: bool) {
+    fn on_rendezvous(&mut self, ev: RdzvEvent) {
+        if self.capturing {
+            self.deferred.push(ev);
+            return;
+        }
         let store_lost = matches!(ev, RdzvEvent::StoreUnreachable(_));
-        let end = rendezvous_end(ev, static_job);
+        let end = rendezvous_end(ev, self.settings.static_job);
         let own_failure = !self.failures.is_empty() || !self.failed_slots.is_empty();
         if let (Outcome::Regroup { reason, lost }, Some(at)) = (&end, self.first_failure) {
             if !lost.is_empty()
                 && self.peer_loss.is_none()
-                && restart::attributed_to_peer_loss(at.elapsed())
+                && restart::attributed_to_peer_loss(self.fx.now().saturating_duration_since(at))
             {
                 self.peer_loss = Some((*reason, lost.clone()));
             }
@@ -297,22 +344,22 @@ impl Group {
         if store_lost || (!own_failure && self.interrupted.is_none() && self.rdzv_end.is_none()) {
             tracing::info!(?end, "rendezvous event; stopping the workers");
             self.rdzv_end = Some(end);
-            self.stop.begin(StopReason::Rendezvous);
+            self.stop.begin(StopReason::Rendezvous, &mut *self.fx);
         }
     }
 
     /// The worker store stopped serving: the attempt cannot go on.
-    pub(super) fn on_store_stopped(&mut self, why: String) {
+    fn on_store_stopped(&mut self, why: String) {
         tracing::error!("the worker store stopped ({why}); stopping the workers");
         if self.launch_error.is_none() {
             self.launch_error = Some(format!("the worker store stopped: {why}"));
         }
-        self.stop.begin(StopReason::StoreStopped);
+        self.stop.begin(StopReason::StoreStopped, &mut *self.fx);
     }
 
     /// The stop phase ran out of time: SIGKILL after the grace; after the SIGKILL wait, `true`:
     /// what is left is abandoned and the attempt is over.
-    pub(super) fn on_deadline(&mut self) -> bool {
+    fn on_deadline(&mut self) -> bool {
         match self.stop.phase() {
             Phase::Running => false,
             Phase::Grace(_) => {
@@ -324,11 +371,11 @@ impl Group {
                         self.stop.grace()
                     );
                 }
-                self.stop.kill_all();
+                self.stop.kill_all(&mut *self.fx);
                 false
             }
             Phase::Killed(_) => {
-                let left = stop::describe_leftovers(&self.stop.leftovers(), |pid| {
+                let left = stop::describe_leftovers(&self.stop.leftovers(&*self.fx), |pid| {
                     self.slots
                         .iter()
                         .find(|s| s.pid == pid)
@@ -343,15 +390,110 @@ impl Group {
         }
     }
 
+    /// A verdict of the watch task. A kill verdict (hang or D state) stops the group as a
+    /// failure with the verdict as its root cause. One that arrives after the stop began counts
+    /// as the root cause only if its sample was taken before this node's first failure was seen
+    /// (the capture ran while the failure came in: the failure is the hang's consequence); a
+    /// later one changes nothing. An observe verdict is only shown (the observer's). A FileTimer
+    /// expiry is captured already: its processes are signalled if still in a live worker's tree.
+    fn on_verdict(&mut self, v: WatchVerdict) {
+        let (found, judged_at, dstate) = match v {
+            WatchVerdict::Capturing { .. } => {
+                self.capturing = self.untouched();
+                return;
+            }
+            WatchVerdict::Hang { found, judged_at } => {
+                self.capturing = false;
+                self.verdict(found, judged_at, false);
+                // A failure seen during the capture: its stop waited for the capture too.
+                if !self.failures.is_empty() {
+                    self.stop.begin(StopReason::WorkerFailed, &mut *self.fx);
+                }
+                // What the rendezvous said during the capture, in order, now that the verdict
+                // is recorded (the old attempt's loop saw it after the capture too).
+                for ev in std::mem::take(&mut self.deferred) {
+                    self.on_rendezvous(ev);
+                }
+                return;
+            }
+            WatchVerdict::DState { found, judged_at } => (found, judged_at, true),
+            WatchVerdict::TimerExpired { found, signals } => {
+                if found.is_some() {
+                    self.timer_found = found;
+                }
+                self.signal_expired(signals);
+                return;
+            }
+        };
+        self.verdict(found, judged_at, dstate);
+    }
+
+    /// A hang or D-state verdict (see [`Group::on_verdict`]).
+    fn verdict(&mut self, found: HangFinding, judged_at: Instant, dstate: bool) {
+        if !found.kill || self.hang_found.is_some() {
+            return;
+        }
+        if self.untouched() {
+            if dstate {
+                tracing::error!("{}; stopping the worker group", found.summary);
+            } else {
+                tracing::error!("the worker group hangs ({}); stopping it", found.summary);
+            }
+            self.first_failure.get_or_insert(self.fx.now());
+            self.stop.begin(StopReason::WorkerFailed, &mut *self.fx);
+        } else if self.interrupted.is_none()
+            && self.rdzv_end.is_none()
+            && self.first_failure.is_some_and(|f| judged_at <= f)
+        {
+            tracing::info!(
+                "the hang verdict was judged before the first failure: it is the root cause"
+            );
+        } else {
+            tracing::info!("a hang verdict after the group began stopping; not the cause");
+            return;
+        }
+        self.hang_found = Some(found);
+        self.restarts_disabled |= dstate;
+    }
+
+    /// Sends each expired FileTimer's signal to its process, if that process is still in a live
+    /// worker's tree (the capture took time: it may have exited, its pid even been reused).
+    fn signal_expired(&mut self, signals: Vec<super::watch::verdict::TimerSignal>) {
+        let live: Vec<i32> = self
+            .slots
+            .iter()
+            .filter(|s| s.status.is_none())
+            .map(|s| s.pid)
+            .collect();
+        for t in signals {
+            if self.fx.owning_worker(t.pid, &live).is_none() {
+                tracing::warn!(
+                    pid = t.pid,
+                    "the expired FileTimer's process is gone; not signalled"
+                );
+                continue;
+            }
+            tracing::error!(
+                pid = t.pid,
+                rank = t.rank,
+                local_rank = t.local_rank,
+                scopes = ?t.scopes,
+                "FileTimer expired: sending {} to that worker process only",
+                signals::name(t.sig)
+            );
+            self.fx.signal_pid(t.pid, t.sig);
+        }
+    }
+
     /// Records the failures of the last batch of events, in local-rank order with one
     /// timestamp, and stops the group. The first is logged as torchrun does.
-    pub(super) fn record_failures(&mut self, program: &Path) {
+    fn record_failures(&mut self) {
         if self.failed_slots.is_empty() {
             return;
         }
         let slots = &self.slots;
         self.failed_slots.sort_by_key(|&i| slots[i].local_rank);
-        let now = SystemTime::now();
+        let now = self.fx.wall();
         for &i in &self.failed_slots {
             let s = &slots[i];
             let status = s.status.expect("failed slot has a status");
@@ -361,36 +503,36 @@ impl Group {
                     status.torchrun_code(),
                     s.local_rank,
                     s.pid,
-                    program.display()
+                    self.settings.program.display()
                 );
             }
             self.failures.push(s.failure(status, now, false));
         }
         self.failed_slots.clear();
-        self.first_failure.get_or_insert_with(Instant::now);
-        self.stop.begin(StopReason::WorkerFailed);
+        self.first_failure.get_or_insert(self.fx.now());
+        // Under a kill verdict's capture the peers are being captured: they are stopped once
+        // its verdict is in (`on_verdict`).
+        if !self.capturing {
+            self.stop.begin(StopReason::WorkerFailed, &mut *self.fx);
+        }
     }
 
     /// Every worker exited: `true` when the attempt is over, i.e. nothing was left behind, or
     /// `--leftovers` says not to wait for it (then the stop of the leftovers begins).
-    pub(super) fn all_done(&mut self, policy: LeftoverPolicy) -> bool {
+    fn all_done(&mut self) -> bool {
         if self.slots.iter().any(|s| s.status.is_none()) {
             return false;
         }
-        let left = self.stop.leftovers();
+        let policy = self.settings.leftovers;
+        let left = self.stop.leftovers(&*self.fx);
         let done = left.is_empty()
             || (self.stop.phase() == Phase::Running
                 && !self.waiting_for_leftovers
-                && !self.stop.handle_leftovers(policy, &left));
+                && !self.stop.handle_leftovers(policy, &left, &mut *self.fx));
         if !done && policy == LeftoverPolicy::Wait && self.stop.phase() == Phase::Running {
             self.waiting_for_leftovers = true;
         }
         done
-    }
-
-    /// `--leftovers=wait` is waiting (it polls: a grandchild's exit sends rdrun no SIGCHLD).
-    pub(super) fn polls_leftovers(&self) -> bool {
-        self.waiting_for_leftovers && self.stop.phase() == Phase::Running
     }
 
     /// The group runs untouched: no failure, signal, rendezvous end or stop under way.
@@ -401,237 +543,11 @@ impl Group {
             && self.rdzv_end.is_none()
     }
 
-    /// Whether the hang poll runs (only while the group runs untouched: after a failure, a
-    /// signal or a kill verdict the stop path is already under way).
-    pub(super) fn watch_hang(&self) -> bool {
-        self.untouched()
-            && !self.waiting_for_leftovers
-            && self.hang.as_ref().is_some_and(HangLink::active)
-    }
-
-    pub(super) fn watch_dstate(&self) -> bool {
-        self.dstate.is_some() && self.untouched() && self.hang_found.is_none()
-    }
-
-    /// The D-state sample: a worker stuck past the timeout stops the group as a failure and
-    /// `true` says that restarts are disabled from now on (as torch).
-    pub(super) fn check_dstate(&mut self) -> bool {
-        let live: Vec<(i32, usize)> = self
-            .slots
-            .iter()
-            .filter(|s| s.status.is_none())
-            .map(|s| (s.pid, s.rank))
-            .collect();
-        let Some(watch) = self.dstate.as_mut() else {
-            return false;
-        };
-        let Some((pid, rank, dwell)) = watch.check(&live) else {
-            return false;
-        };
-        let summary = format!(
-            "worker pid={pid} (rank {rank}) stuck in uninterruptible sleep (D state) for {:.1}s (>= TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT={:.1}s); restarts disabled",
-            dwell.as_secs_f64(),
-            watch.timeout().as_secs_f64()
-        );
-        tracing::error!("{summary}; stopping the worker group");
-        self.hang_found = Some(HangFinding {
-            kill: true,
-            suspect: Some(rank as u32),
-            summary,
-        });
-        self.first_failure.get_or_insert_with(Instant::now);
-        self.stop.begin(StopReason::WorkerFailed);
-        true
-    }
-
-    /// One hang poll (samples, and on a verdict the capture); a kill verdict stops the group
-    /// as a failure with the hang as its root cause. `store`: the store the workers use, for
-    /// the keys they wait on.
-    pub(super) async fn poll_hang(&mut self, store: Option<&Store>, obs: &Observer) {
-        let live: Vec<RankProcs> = self
-            .slots
-            .iter()
-            .filter(|s| s.status.is_none())
-            .map(|s| RankProcs {
-                rank: s.rank as u32,
-                pid: s.pid,
-                output: s.activity.bytes.clone(),
-            })
-            .collect();
-        let slots = &self.slots;
-        let last = |rank: u32| {
-            slots
-                .iter()
-                .find(|s| s.rank as u32 == rank)
-                .map(|s| s.activity.last.snapshot())
-                .unwrap_or_default()
-        };
-        let Some(link) = self.hang.as_mut() else {
-            return;
-        };
-        let Some(found) = link.poll(&live, last, store).await else {
-            return;
-        };
-        obs.get().hang(&found);
-        if found.kill {
-            tracing::error!("the worker group hangs ({}); stopping it", found.summary);
-            self.hang_found = Some(found);
-            self.first_failure.get_or_insert_with(Instant::now);
-            self.stop.begin(StopReason::WorkerFailed);
-        }
-    }
-
-    /// A FileTimer message (a heartbeat for the hang detector, then the table) or a check for
-    /// expired timers: each expired process in a live worker's tree is captured first (its
-    /// stack, waits and output: the same capture and files as a hang), then sent its timer's
-    /// signal — never rdrun, never anything outside the worker trees; its exit then takes the
-    /// normal failure path, with the capture as the root cause. `store`: the store rdrun hosts
-    /// for the workers, if any (its pending waits are part of the capture).
-    pub(super) async fn on_timer(
-        &mut self,
-        wake: TimerWake,
-        timers: &mut FileTimerServe,
-        store: Option<&Store>,
-        obs: &Observer,
-    ) {
-        let slots = &self.slots;
-        let live: Vec<i32> = slots
-            .iter()
-            .filter(|s| s.status.is_none())
-            .map(|s| s.pid)
-            .collect();
-        let slot_of =
-            |pid: i32| owning_worker(pid, &live).and_then(|w| slots.iter().find(|s| s.pid == w));
-        let expired = match wake {
-            // Already rate-limited by the FIFO reader (one line per interval).
-            TimerWake::Msg(Err(line)) => {
-                tracing::warn!("FileTimer: {line}");
-                return;
-            }
-            TimerWake::Msg(Ok(msg)) => {
-                if let (Some(h), Some(s)) = (self.hang.as_mut(), slot_of(msg.pid())) {
-                    h.timer_msg(s.rank as u32, s.pid, &msg);
-                }
-                timers.apply(msg);
-                return;
-            }
-            TimerWake::Check => {
-                if let Some(line) = self.outside_warns.flush(Instant::now()) {
-                    tracing::warn!("FileTimer: {line}");
-                }
-                timers.expired()
-            }
-        };
-        // What to capture, and what to signal after it (signal number, local rank).
-        let mut targets: Vec<ExpiredTarget> = Vec::new();
-        let mut sigs: Vec<(TimerExpiry, i32, usize)> = Vec::new();
-        for e in expired {
-            // A missed heartbeat is the hang detector's to judge (and report), whether its
-            // process still lives or was already stopped (a hang verdict stops the group
-            // before the heartbeat's own expiry comes due).
-            let heartbeat_only = e
-                .timers
-                .iter()
-                .all(|t| super::hanglink::is_heartbeat_scope(&t.scope_id));
-            // Capped: every line and report below names at most a few (issue 25).
-            let scopes = scope_list(&e.timers);
-            if e.signal.is_none() && heartbeat_only {
-                continue;
-            }
-            let Some(s) = slot_of(e.pid) else {
-                let what = format!("pid {} (scopes {scopes:?})", e.pid);
-                if let Some(line) = self.outside_warns.event(Instant::now(), what) {
-                    tracing::warn!(
-                        "FileTimer expired for a process outside every worker's tree; not \
-                         signalled: {line}"
-                    );
-                }
-                continue;
-            };
-            let Some(sig) = e.signal else {
-                tracing::warn!(
-                    pid = e.pid,
-                    rank = s.rank,
-                    ?scopes,
-                    "FileTimer expired without a signal; not reaped"
-                );
-                continue;
-            };
-            tracing::info!(
-                pid = e.pid,
-                rank = s.rank,
-                ?scopes,
-                "FileTimer expired: capturing that process before it is signalled"
-            );
-            let expired_at = e
-                .timers
-                .iter()
-                .map(|t| t.expiration_time)
-                .fold(f64::INFINITY, f64::min);
-            let expiry = TimerExpiry {
-                rank: s.rank as u32,
-                pid: e.pid,
-                scopes,
-                signal: signals::name(sig).to_string(),
-            };
-            sigs.push((expiry.clone(), sig, s.local_rank));
-            targets.push(ExpiredTarget {
-                expiry,
-                last_output: s.activity.last.snapshot(),
-                expired_at,
-            });
-        }
-        if targets.is_empty() {
-            return;
-        }
-        if let Some((settings, dir)) = self.timer_capture.as_ref() {
-            let found = capture_timer_expiry(settings, dir, targets, store).await;
-            obs.get().hang(&found);
-            self.timer_found = Some(found);
-        }
-        for (e, sig, local_rank) in sigs {
-            let pid = e.pid;
-            // The capture took time: the process may have exited (its pid even reused); signal
-            // it only if it is still in a live worker's tree (read afresh from /proc).
-            if owning_worker(pid, &live).is_none() {
-                tracing::warn!(
-                    pid,
-                    "the expired FileTimer's process is gone; not signalled"
-                );
-                continue;
-            }
-            tracing::error!(
-                pid,
-                rank = e.rank,
-                local_rank,
-                scopes = ?e.scopes,
-                "FileTimer expired: sending {} to that worker process only",
-                e.signal
-            );
-            // SAFETY: plain kill(2); the pid was just seen in a live worker's tree.
-            if unsafe { libc::kill(pid, sig) } == -1 {
-                tracing::warn!(
-                    pid,
-                    "cannot signal the expired FileTimer's process: {}",
-                    std::io::Error::last_os_error()
-                );
-            }
-        }
-    }
-
     /// The attempt is over (every worker reaped, or what is left abandoned): collects output
     /// summaries and says how it ended.
-    pub(super) async fn finish(
-        mut self,
-        stop_output: &watch::Sender<bool>,
-        obs: &Observer,
-    ) -> Outcome {
-        if let Some(line) = self.outside_warns.flush_all() {
-            tracing::warn!("FileTimer: {line}");
-        }
-        obs.get().attempt_over();
+    pub(super) async fn finish(mut self, stop_output: &watch::Sender<bool>) -> Outcome {
         // Workers whose exit came in the very last batch (after a deadline) are failures too.
-        let now = SystemTime::now();
+        let now = self.fx.wall();
         for i in std::mem::take(&mut self.failed_slots) {
             let s = &self.slots[i];
             if let Some(status) = s.status.filter(|st| !st.success()) {
@@ -711,51 +627,5 @@ impl Group {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rendezvous_events_to_outcomes() {
-        let regroup = |o: Outcome| match o {
-            Outcome::Regroup { reason, lost } => Some((reason, lost)),
-            _ => None,
-        };
-        let lost = vec!["n2".to_string()];
-        // A static job cannot shrink: a lost peer is charged; c10d regroups for free.
-        assert_eq!(
-            regroup(rendezvous_end(RdzvEvent::PeersLost(lost.clone()), true)),
-            Some((RoundReason::PeerLost, lost.clone()))
-        );
-        assert_eq!(
-            regroup(rendezvous_end(RdzvEvent::PeersLost(lost.clone()), false)),
-            Some((RoundReason::Membership, lost))
-        );
-        for ev in [
-            RdzvEvent::NodesWaiting(1),
-            RdzvEvent::RoundChanged {
-                round: 3,
-                reason: RoundReason::WorkerFailure,
-            },
-        ] {
-            assert_eq!(
-                regroup(rendezvous_end(ev, false)),
-                Some((RoundReason::Membership, Vec::new()))
-            );
-        }
-        for (ev, want) in [
-            (
-                RdzvEvent::Closed,
-                "the rendezvous was closed: its store says so",
-            ),
-            (
-                RdzvEvent::StoreUnreachable("x:1 refused".into()),
-                "lost the rendezvous store: x:1 refused",
-            ),
-        ] {
-            match rendezvous_end(ev, true) {
-                Outcome::RendezvousLost(msg) => assert!(msg.starts_with(want), "{msg}"),
-                other => panic!("{other:?}"),
-            }
-        }
-    }
-}
+#[path = "attempt_tests.rs"]
+mod tests;

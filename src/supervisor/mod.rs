@@ -8,11 +8,9 @@
 mod agent;
 mod attempt;
 pub mod contain;
-mod dstate;
+mod effects;
 mod end;
-pub mod events;
-pub mod hang;
-mod hanglink;
+pub(crate) mod events;
 pub mod ncclpath;
 mod observe;
 mod outcome;
@@ -23,7 +21,9 @@ pub mod report;
 pub mod restart;
 mod setup;
 pub mod signals;
+mod spawn;
 mod stop;
+pub mod watch;
 mod watchdog;
 pub mod worker;
 

@@ -4,9 +4,9 @@
 
 use crate::rendezvous::{RdzvEvent, RoundReason};
 
-use super::hanglink::HangFinding;
 use super::report::Failure;
 use super::restart::AttemptEnd;
+use super::watch::verdict::HangFinding;
 
 /// How one attempt ended, with what the report and the decision need.
 #[derive(Debug)]

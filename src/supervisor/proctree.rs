@@ -162,6 +162,21 @@ fn descendants_all(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
     out
 }
 
+/// `/proc/<pid>/cmdline` with spaces between arguments (`[comm]` for a process without one,
+/// `?` when it is gone).
+pub(crate) fn command_line(pid: i32) -> String {
+    match std::fs::read(format!("/proc/{pid}/cmdline")) {
+        Ok(raw) if !raw.is_empty() => {
+            let text = String::from_utf8_lossy(&raw);
+            text.trim_end_matches('\0').replace('\0', " ")
+        }
+        _ => match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+            Ok(comm) => format!("[{}]", comm.trim_end()),
+            Err(_) => "?".to_string(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,5 +267,13 @@ mod tests {
             .collect();
         own.sort();
         assert_eq!(own, vec![10, 11, 12]);
+    }
+
+    #[test]
+    fn own_command_line() {
+        let me = std::process::id() as i32;
+        let line = command_line(me);
+        assert!(!line.is_empty() && !line.contains('\0'), "{line}");
+        assert_eq!(command_line(-1), "?");
     }
 }

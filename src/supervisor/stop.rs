@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::config::LeftoverPolicy;
 
+use super::effects::Effects;
 use super::proctree::ProcEntry;
 use super::signals;
 use super::worker;
@@ -112,7 +113,7 @@ impl GroupStop {
     }
 
     /// Starts the stop (SIGTERM, or the shutdown signal itself) unless one is under way.
-    pub(crate) fn begin(&mut self, reason: StopReason) {
+    pub(crate) fn begin(&mut self, reason: StopReason, fx: &mut dyn Effects) {
         if self.phase != Phase::Running {
             return;
         }
@@ -122,91 +123,95 @@ impl GroupStop {
         };
         tracing::debug!(?reason, "stopping the worker group");
         self.reason = Some(reason);
-        self.signal_everything(sig);
-        self.phase = Phase::Grace(Instant::now() + self.grace);
+        self.signal_everything(sig, fx);
+        self.phase = Phase::Grace(fx.now() + self.grace);
     }
 
     /// A shutdown signal: always passed on (also during a stop already under way), and starts
     /// the grace if nothing did yet.
-    pub(crate) fn shutdown(&mut self, sig: i32) {
+    pub(crate) fn shutdown(&mut self, sig: i32, fx: &mut dyn Effects) {
         if self.phase == Phase::Running {
-            self.begin(StopReason::Signal(sig));
+            self.begin(StopReason::Signal(sig), fx);
         } else {
-            self.signal_everything(sig);
+            self.signal_everything(sig, fx);
         }
     }
 
     /// Sends `sig` to every worker group and to every descendant that left them (setsid),
     /// without changing the phase (SIGUSR1 and the like).
-    pub(crate) fn forward(&mut self, sig: i32) {
-        self.signal_everything(sig);
+    pub(crate) fn forward(&mut self, sig: i32, fx: &mut dyn Effects) {
+        self.signal_everything(sig, fx);
     }
 
-    fn signal_everything(&mut self, sig: i32) {
+    fn signal_everything(&mut self, sig: i32, fx: &mut dyn Effects) {
         if self.sent_at.is_none() && sig != libc::SIGUSR1 && sig != libc::SIGUSR2 {
-            self.sent_at = Some(SystemTime::now());
+            self.sent_at = Some(fx.wall());
         }
         for &pgid in &self.pgids {
             tracing::info!(pgid, "sending {} to process group", signals::name(sig));
-            worker::signal_group(pgid, sig);
+            fx.signal_group(pgid, sig);
         }
-        for p in self.stray_descendants() {
+        for p in self.stray_descendants(fx) {
             tracing::info!(
                 pid = p.pid,
                 "sending {} to stray descendant",
                 signals::name(sig)
             );
-            worker::signal_pid(p.pid, sig);
+            fx.signal_pid(p.pid, sig);
         }
     }
 
     /// SIGKILLs every group and every descendant of rdrun (except the watchdog); the bounded
     /// wait for them to disappear starts.
-    pub(crate) fn kill_all(&mut self) {
+    pub(crate) fn kill_all(&mut self, fx: &mut dyn Effects) {
         if self.sent_at.is_none() {
-            self.sent_at = Some(SystemTime::now());
+            self.sent_at = Some(fx.wall());
         }
         for &pgid in &self.pgids {
-            worker::signal_group(pgid, libc::SIGKILL);
+            fx.signal_group(pgid, libc::SIGKILL);
         }
         // Containment: everything in the run's cgroup, whatever session it made.
         if let Some(dir) = &self.cgroup {
-            super::contain::kill(dir, Duration::from_millis(500));
+            fx.kill_cgroup(dir, Duration::from_millis(500));
         }
-        for p in self.tree() {
-            worker::signal_pid(p.pid, libc::SIGKILL);
+        for p in self.tree(fx) {
+            fx.signal_pid(p.pid, libc::SIGKILL);
         }
-        self.phase = Phase::Killed(Instant::now() + KILL_WAIT);
+        self.phase = Phase::Killed(fx.now() + KILL_WAIT);
     }
 
     /// Live descendants of rdrun that it started (never what it inherited from the shell that
     /// exec'd it, issue 24.3), the watchdog excluded. Every member of a worker group is one
     /// (a group only gains members by fork or by setpgid within its session), so this is also
     /// everything left of the attempt.
-    pub(crate) fn tree(&self) -> Vec<ProcEntry> {
-        let me = std::process::id() as i32;
-        super::proctree::own_tree(me, super::proctree::note_inherited())
+    pub(crate) fn tree(&self, fx: &dyn Effects) -> Vec<ProcEntry> {
+        fx.own_tree()
             .into_iter()
             .filter(|p| !p.zombie && Some(p.pid) != self.watchdog_pid)
             .collect()
     }
 
     /// Descendants outside every worker group (they called setsid themselves).
-    fn stray_descendants(&self) -> Vec<ProcEntry> {
-        self.tree()
+    fn stray_descendants(&self, fx: &dyn Effects) -> Vec<ProcEntry> {
+        self.tree(fx)
             .into_iter()
             .filter(|p| !self.pgids.contains(&p.pgid))
             .collect()
     }
 
     /// Pids of the live processes that still belong to the attempt.
-    pub(crate) fn leftovers(&self) -> Vec<i32> {
-        self.tree().into_iter().map(|p| p.pid).collect()
+    pub(crate) fn leftovers(&self, fx: &dyn Effects) -> Vec<i32> {
+        self.tree(fx).into_iter().map(|p| p.pid).collect()
     }
 
     /// Every worker exited 0 and `left` are still alive: one WARN line per process (pid and
     /// command), then the policy's action. Returns false when rdrun should not wait for them.
-    pub(crate) fn handle_leftovers(&mut self, policy: LeftoverPolicy, left: &[i32]) -> bool {
+    pub(crate) fn handle_leftovers(
+        &mut self,
+        policy: LeftoverPolicy,
+        left: &[i32],
+        fx: &mut dyn Effects,
+    ) -> bool {
         let what = match policy {
             LeftoverPolicy::Kill => "stopping",
             LeftoverPolicy::Wait => "waiting for",
@@ -215,32 +220,17 @@ impl GroupStop {
         for &pid in left {
             tracing::warn!(
                 "workers exited 0; {what} a process they left behind: pid {pid}: {} (see --leftovers=kill|wait|leave)",
-                command_line(pid)
+                fx.command_line(pid)
             );
         }
         match policy {
             LeftoverPolicy::Kill => {
-                self.begin(StopReason::Leftovers);
+                self.begin(StopReason::Leftovers, fx);
                 true
             }
             LeftoverPolicy::Wait => true,
             LeftoverPolicy::Leave => false,
         }
-    }
-}
-
-/// `/proc/<pid>/cmdline` with spaces between arguments (`[comm]` for a process without one,
-/// `?` when it is gone).
-pub(crate) fn command_line(pid: i32) -> String {
-    match std::fs::read(format!("/proc/{pid}/cmdline")) {
-        Ok(raw) if !raw.is_empty() => {
-            let text = String::from_utf8_lossy(&raw);
-            text.trim_end_matches('\0').replace('\0', " ")
-        }
-        _ => match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
-            Ok(comm) => format!("[{}]", comm.trim_end()),
-            Err(_) => "?".to_string(),
-        },
     }
 }
 
@@ -292,13 +282,5 @@ mod tests {
             describe_leftovers(&[], ranks),
             "none left by the time of this check"
         );
-    }
-
-    #[test]
-    fn own_command_line() {
-        let me = std::process::id() as i32;
-        let line = command_line(me);
-        assert!(!line.is_empty() && !line.contains('\0'), "{line}");
-        assert_eq!(command_line(-1), "?");
     }
 }

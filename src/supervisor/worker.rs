@@ -431,22 +431,19 @@ fn cpu_mask(cpus: &[usize]) -> Vec<libc::c_ulong> {
 /// subreaper, the watchdog) without blocking; returns (pid, status) of each.
 ///
 /// `waitpid(-1)` on purpose: as child subreaper rdrun inherits orphans whose pids it never knew,
-/// and only a wildcard wait reaps them (else they stay zombies). The price: it would also reap a
-/// child some other code spawned with `std::process::Command` and waits for itself (its `wait`
-/// then fails with ECHILD and the status is lost). rdrun runs such helpers (the pip NCCL probe
-/// of [`pip_nccl_env`]) only before the first attempt, to completion on the agent's one thread,
-/// and `reap` runs only while an attempt is supervised, so the two never overlap. The hang
-/// capture's py-spy processes (tokio children) run during an attempt, but the capture is
-/// awaited inline by the agent's loop, which does not reap meanwhile; one killed on a timeout
-/// and reaped here later is logged as an unknown pid. Code that starts a helper process during
-/// an attempt must not wait for it with `std`: it gets its exit here, as a `Reaped` event for
-/// an unknown pid.
+/// and only a wildcard wait reaps them (else they stay zombies). With `__WNOTHREAD` it reaps
+/// only the children of the calling thread — the main thread, which spawns every worker and
+/// to which the kernel re-parents orphans — and never a helper another thread started and
+/// waits for itself (the hang capture's py-spy runs on a thread of its own while the agent
+/// goes on reaping). The pip NCCL probe of [`pip_nccl_env`] runs on the main thread, but only
+/// before the first attempt, to completion, and `reap` runs only while an attempt is
+/// supervised, so the two never overlap.
 pub fn reap() -> Vec<(i32, WorkerStatus)> {
     let mut out = Vec::new();
     loop {
         let mut status: libc::c_int = 0;
         // SAFETY: plain syscall with a valid out-pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WNOTHREAD) };
         if pid <= 0 {
             // 0: children remain but none exited; -1: ECHILD (none left) or EINTR (retry on the
             // next SIGCHLD, which is level-triggered for us since we loop until 0).

@@ -23,7 +23,7 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use crate::store::stats::{Snapshot, STATS};
-use crate::supervisor::hang::OutputCounter;
+use crate::supervisor::watch::hang::OutputCounter;
 
 /// How often worker output counters are sampled for first-output and last-output times.
 pub const SAMPLE: Duration = Duration::from_millis(100);

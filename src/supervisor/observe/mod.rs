@@ -30,10 +30,10 @@ use crate::exit::WorkerStatus;
 use crate::rendezvous::{Assignment, RoundReason};
 
 use super::end::RunEnd;
-use super::hang::OutputCounter;
-use super::hanglink::HangFinding;
 use super::signals;
 use super::stop::{GroupStop, Phase, StopReason};
+use super::watch::hang::OutputCounter;
+use super::watch::verdict::HangFinding;
 use health::{Health, State};
 use lifecycle::{Common, EventLog};
 use metrics::Metrics;
@@ -455,6 +455,10 @@ impl Inner {
 
     /// The hang detector's verdict.
     pub fn hang(&mut self, found: &HangFinding) {
+        // The capture's block: the watch task rendered it, the observer prints it.
+        if !found.block.is_empty() {
+            crate::supervisor::output::own::stderr(&found.block);
+        }
         self.emit(
             "hang",
             obj(json!({

@@ -34,7 +34,7 @@ use super::logdir::RankSink;
 use super::own::Stream;
 use super::prefix::RankIdentity;
 use super::tail::{OutputSummary, StderrTracker};
-use crate::supervisor::hang::OutputCounter;
+use crate::supervisor::watch::hang::OutputCounter;
 
 /// Read size from a worker pipe.
 const READ_CHUNK: usize = 64 << 10;

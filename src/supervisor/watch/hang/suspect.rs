@@ -167,13 +167,17 @@ fn odd_one_out<'a>(items: impl Iterator<Item = (u32, &'a str)>) -> Option<Vec<u3
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::supervisor::hang::pyspy::{parse_py_spy_main_frames, StackStatus};
-    use crate::supervisor::hang::record::{StoreWait, ThreadWait};
-    use crate::supervisor::hang::sample::ProcState;
+    use crate::supervisor::watch::hang::pyspy::{parse_py_spy_main_frames, StackStatus};
+    use crate::supervisor::watch::hang::record::{StoreWait, ThreadWait};
+    use crate::supervisor::watch::hang::sample::ProcState;
     use std::time::Duration;
 
     /// A sleeping rank with these main-thread frames (also used by `capture.rs`'s tests).
-    pub(in crate::supervisor::hang) fn rc(rank: u32, frames: &[&str], wchan: &str) -> RankCapture {
+    pub(in crate::supervisor::watch::hang) fn rc(
+        rank: u32,
+        frames: &[&str],
+        wchan: &str,
+    ) -> RankCapture {
         RankCapture {
             rank,
             pid: rank as i32 + 100,

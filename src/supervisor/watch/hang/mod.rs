@@ -2,11 +2,12 @@
 //! past its budget, then capture every rank's state — Python stack, kernel waits, last output —
 //! name the suspect rank and print one block, before anything is stopped.
 //!
-//! **Status: wired** through `supervisor::hanglink` (the agent's poll arm, capture, files and
-//! block; kill mode takes the failure path), the `--hang-*` flags, and the FileTimer server
-//! (`hanglink::FileTimerServe`; its messages reach the detector as activity, and `rdrun/` scopes
-//! with signal 0 as heartbeats with a budget), store-wait capture, and the deletion of torch's
-//! fatal-dump store keys before each attempt (`hanglink::TORCH_DUMP_KEYS`).
+//! Used by the watch task (`supervisor/watch/task.rs`, one attempt's detection in
+//! `watch/link.rs`: poll, capture, files, the block the observer prints; kill mode takes the
+//! failure path in the attempt), the `--hang-*` flags, and the FileTimer server
+//! (`watch/timers.rs`; its messages reach the detector as activity, and `rdrun/` scopes with
+//! signal 0 as heartbeats with a budget), store-wait capture, and the deletion of torch's
+//! fatal-dump store keys before each attempt (`watch/files.rs`).
 //! The pieces:
 //! * [`settings`]: [`HangSettings`] (defaults: kill mode, 900 s steady / 1800 s startup budget,
 //!   300 s exit skew, 5 s poll, 5 % CPU, 64 KiB I/O; 20 s capture bound) and the parsers for
@@ -25,7 +26,7 @@
 //!   without the store, the local rule at twice the budget.
 //! * [`filetimer`]: torch's FileTimer protocol — line parser, timer table, FIFO reader task.
 //!   Expiry handling (capture that rank with [`capture()`], then signal only the process in the
-//!   worker tree that armed the timer, never rdrun) is the agent's job.
+//!   worker tree that armed the timer, never rdrun) is the watch task's and the attempt's job.
 
 pub mod capture;
 pub mod children;

@@ -522,7 +522,7 @@ fn ms(d: Duration) -> u64 {
 mod tests {
     use super::*;
     use crate::rendezvous::store::MemStore;
-    use crate::supervisor::hang::Phase;
+    use crate::supervisor::watch::hang::Phase;
 
     const S: Duration = Duration::from_secs(1);
     const STALE: Duration = Duration::from_secs(30);

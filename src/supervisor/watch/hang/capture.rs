@@ -592,8 +592,8 @@ impl HangReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::supervisor::hang::detector::{Phase, RankView};
-    use crate::supervisor::hang::sample::ProcState;
+    use crate::supervisor::watch::hang::detector::{Phase, RankView};
+    use crate::supervisor::watch::hang::sample::ProcState;
     use std::os::unix::fs::PermissionsExt;
     use std::process::Stdio;
 
@@ -621,14 +621,14 @@ mod tests {
         }
     }
 
-    use crate::supervisor::hang::suspect::tests::rc;
+    use crate::supervisor::watch::hang::suspect::tests::rc;
 
     /// A FileTimer expiry's block: the watchdog in the header, the timer's rank, pid and scope,
     /// no sampler figures (there are none), the expired rank as the suspect, and the action is
     /// the timer's signal to that process alone.
     #[test]
     fn file_timer_block_names_the_timer_and_its_signal() {
-        use crate::supervisor::hang::detector::TimerExpiry;
+        use crate::supervisor::watch::hang::detector::TimerExpiry;
         let v = Verdict {
             reason: HangReason::FileTimer {
                 expired: vec![TimerExpiry {
@@ -680,7 +680,7 @@ mod tests {
     /// The capture names the expired ranks as suspects whatever their stacks look like.
     #[tokio::test]
     async fn file_timer_capture_suspects_the_expired_rank() {
-        use crate::supervisor::hang::detector::TimerExpiry;
+        use crate::supervisor::watch::hang::detector::TimerExpiry;
         let v = Verdict {
             reason: HangReason::FileTimer {
                 expired: vec![TimerExpiry {

@@ -372,6 +372,17 @@ impl Drop for TimerFifo {
     }
 }
 
+/// Whether a FileTimer scope is rdrun's (heartbeat policy, never a kill when its signal is 0).
+pub(crate) fn is_heartbeat_scope(scope: &str) -> bool {
+    scope.starts_with("rdrun/")
+}
+
+pub(crate) fn epoch_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

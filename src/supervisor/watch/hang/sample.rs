@@ -4,10 +4,6 @@
 //! (each worker's descendants found down the kernel's `children` lists, the files of known
 //! processes kept open and re-read, see [`ProcFs`]), tests use synthetic samples. Counters are
 //! cumulative; the detector takes the deltas.
-//!
-//! Length: about 575 lines of code for one responsibility, reading a rank's process tree from
-//! `/proc` cheaply and without confusing a reused pid (the children walk, the held files and
-//! their guards, the fallback scan); the rest are its tests, several on real process trees.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -119,7 +115,7 @@ pub struct RankSample {
 }
 
 /// Where samples come from.
-pub trait ProcSource: Send {
+pub trait ProcSource: Send + Sync {
     fn sample(&mut self, ranks: &[RankProcs]) -> Vec<RankSample>;
 }
 

@@ -29,6 +29,7 @@ use flags::resolve_logs;
 
 mod cluster;
 mod command;
+pub mod console;
 mod dryrun;
 mod endpoint;
 mod flags;
@@ -208,6 +209,8 @@ pub struct LaunchConfig {
     /// CPU sets and OMP_NUM_THREADS per local rank (`--numa-binding`, `--cpu-binding`,
     /// `--omp-num-threads`; `numa.rs`); the default binds nothing.
     pub binding: numa::Binding,
+    /// Per-rank control and the console (`--wrap`, `--stdin`, `--output`; `console.rs`).
+    pub console: console::ConsoleSettings,
     /// torch agent variables rdrun honours (`torchenv.rs`).
     pub torch_env: torchenv::TorchAgentEnv,
     /// The rest of rdrun's environment the run consults (`runenv.rs`).
@@ -510,6 +513,17 @@ fn resolve_args(
     let command = resolve_command(&args, env, host)?;
     let binding = resolve_binding(&args, nproc_per_node, env, host)?;
     let torch_env = torchenv::resolve(env, standalone, rdzv.backend);
+    let console = console::resolve(
+        console::ConsoleFlags {
+            wrap: args.wrap.as_deref(),
+            wrap_ranks: args.wrap_ranks.as_deref(),
+            stdin: args.stdin.as_deref(),
+            output: args.output.as_deref(),
+            output_window: args.output_window.as_deref(),
+        },
+        env,
+        host,
+    )?;
 
     if args.virtual_local_rank {
         // Fail before any worker starts, not when the first surplus rank is spawned.
@@ -545,6 +559,7 @@ fn resolve_args(
         hang,
         observe,
         binding,
+        console,
         torch_env,
         run_env,
     };

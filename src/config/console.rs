@@ -101,6 +101,16 @@ pub enum OutputMode {
     Collapse,
 }
 
+/// What the console's collapse stage needs (`--output collapse`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Collapse {
+    /// `--output-window`.
+    pub window: Duration,
+    /// How many local ranks' output reaches the console (`--local-ranks-filter` counted): a line
+    /// that all of them printed is shown at once.
+    pub ranks: usize,
+}
+
 /// The resolved console and per-rank settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsoleSettings {

@@ -165,6 +165,9 @@ pub struct LogConfig {
     pub prefix_template: Option<String>,
     pub duplicate_stdout_filters: Vec<String>,
     pub duplicate_stderr_filters: Vec<String>,
+    /// `--output collapse`: the window within which identical lines of several ranks are shown
+    /// once; `None` (`--output all`): every line as it comes. Log files are unaffected.
+    pub collapse: Option<console::Collapse>,
 }
 
 /// Everything the supervisor needs to run one launch.
@@ -504,7 +507,7 @@ fn resolve_args(
         }
     }
 
-    let log = resolve_logs(&args, env, host)?;
+    let mut log = resolve_logs(&args, env, host)?;
     let signals_to_handle = parse_signals(&args.signals_to_handle);
     let shutdown_timeout = resolve_shutdown_timeout(args.shutdown_timeout, env)?;
     // --nproc-per-node before the command: a value wrong on any machine (0, 100000) is a usage
@@ -524,6 +527,17 @@ fn resolve_args(
         env,
         host,
     )?;
+    if console.output == console::OutputMode::Collapse {
+        // The ranks whose output can reach the console: a line all of them printed need not
+        // wait for the window.
+        let ranks = log.local_ranks_filter.as_ref().map_or(nproc_per_node, |f| {
+            f.iter().filter(|r| **r < nproc_per_node).count()
+        });
+        log.collapse = Some(console::Collapse {
+            window: console.output_window,
+            ranks,
+        });
+    }
 
     if args.virtual_local_rank {
         // Fail before any worker starts, not when the first surplus rank is spawned.

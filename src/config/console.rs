@@ -142,16 +142,34 @@ pub struct ConsoleFlags<'a> {
     pub output_window: Option<&'a str>,
 }
 
-/// Resolves the settings; the wrapper program is looked up on PATH now.
+/// Resolves the settings; the wrapper program is looked up on PATH now. `max_world`: the most
+/// ranks the run can have (`--nproc-per-node` × the most nodes): a rank named at or above it
+/// can never exist, a typo that would leave pdb without input or profile nothing.
 pub fn resolve(
     flags: ConsoleFlags<'_>,
+    max_world: usize,
     env: EnvFn<'_>,
     host: &dyn Host,
 ) -> Result<ConsoleSettings, ConfigError> {
+    let beyond = |flag: &'static str, text: &str, rank: usize| {
+        invalid(
+            flag,
+            text,
+            format!(
+                "rank {rank} does not exist (at most {max_world} ranks: 0-{})",
+                max_world.saturating_sub(1)
+            ),
+        )
+    };
     let ranks = flags
         .wrap_ranks
         .map(|t| parse_ranks(t).map_err(|why| invalid("--wrap-ranks", t, why)))
         .transpose()?;
+    if let (Some(t), Some(r)) = (flags.wrap_ranks, ranks.as_ref().and_then(|r| r.last())) {
+        if *r >= max_world {
+            return Err(beyond("--wrap-ranks", t, *r));
+        }
+    }
     let wrap = match flags.wrap {
         None => {
             if let Some(t) = flags.wrap_ranks {
@@ -193,6 +211,11 @@ pub fn resolve(
             )
         })?),
     };
+    if let (StdinTarget::Rank(r), Some(t)) = (stdin, flags.stdin) {
+        if r >= max_world {
+            return Err(beyond("--stdin", t, r));
+        }
+    }
     let output = match flags.output.map(str::trim) {
         None | Some("all") => OutputMode::All,
         Some("collapse") => OutputMode::Collapse,
@@ -266,7 +289,7 @@ mod tests {
     use super::*;
 
     fn settings(flags: ConsoleFlags<'_>) -> Result<ConsoleSettings, String> {
-        resolve(flags, &env_of(&[]), &FakeHost::new()).map_err(|e| e.to_string())
+        resolve(flags, 4096, &env_of(&[]), &FakeHost::new()).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -376,5 +399,33 @@ mod tests {
         for (flags, want) in cases {
             assert_eq!(settings(*flags).unwrap_err(), *want);
         }
+        // Ranks that cannot exist in the run (4 ranks at most here).
+        let small = |f: ConsoleFlags<'_>| {
+            resolve(f, 4, &env_of(&[]), &FakeHost::new()).map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            small(ConsoleFlags {
+                stdin: Some("4"),
+                ..Default::default()
+            })
+            .unwrap_err(),
+            "--stdin '4': rank 4 does not exist (at most 4 ranks: 0-3)"
+        );
+        assert_eq!(
+            small(ConsoleFlags {
+                wrap: Some("true"),
+                wrap_ranks: Some("0,7"),
+                ..Default::default()
+            })
+            .unwrap_err(),
+            "--wrap-ranks '0,7': rank 7 does not exist (at most 4 ranks: 0-3)"
+        );
+        assert!(small(ConsoleFlags {
+            stdin: Some("3"),
+            wrap: Some("true"),
+            wrap_ranks: Some("3"),
+            ..Default::default()
+        })
+        .is_ok());
     }
 }

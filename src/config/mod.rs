@@ -524,6 +524,7 @@ fn resolve_args(
             output: args.output.as_deref(),
             output_window: args.output_window.as_deref(),
         },
+        nproc_per_node.saturating_mul(nnodes.max),
         env,
         host,
     )?;

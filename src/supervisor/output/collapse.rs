@@ -22,42 +22,75 @@
 //! lines (a prompt's open line, its continuation) make it write everything pending first, so
 //! nothing of the same source is overtaken.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use foldhash::fast::RandomState;
+use smallvec::SmallVec;
 
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::chunk::Chunk;
 use super::own::Stream;
 
+/// Most bytes the stage holds, and most console budget its pending lines keep: past either the
+/// oldest lines are written before their window ends. Half the console budget, so that the
+/// stage never makes the forwarders (and so the workers) wait; only a slow terminal does, as
+/// without it.
+pub(crate) const PENDING_CAP: usize = super::console::CONSOLE_BUDGET / 2;
+
 /// One line as the console will write it, and the ranks that printed it.
 struct Entry {
     index: u64,
     stream: Stream,
-    /// The line after the rank's prefix, terminator included.
-    text: Vec<u8>,
+    /// Hash of the stream and the text (the `by_text` key).
+    key: u64,
     /// The line as the first rank's chunk had it (its own prefix), written when no other rank
-    /// joins.
-    original: Vec<u8>,
-    ranks: BTreeSet<usize>,
+    /// joins: `body[start..end]`, the chunk's body shared by its lines (no copy per line); the
+    /// text compared is the part after the prefix (`plen` bytes), terminator included.
+    body: Arc<Vec<u8>>,
+    start: usize,
+    end: usize,
+    plen: usize,
+    /// The ranks that printed it, in the order they came.
+    ranks: SmallVec<[usize; 4]>,
     first: Instant,
     /// Above the level of every entry this one must follow.
     level: u64,
     /// The entries this one must follow (each rank's previous pending entry).
-    after: Vec<u64>,
-    /// Budget of the chunks whose last line is this entry (released once written).
-    permits: Vec<OwnedSemaphorePermit>,
+    after: SmallVec<[u64; 2]>,
+    /// Budget of the chunks whose last line is this entry (given back once it is written).
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Entry {
+    fn line(&self) -> &[u8] {
+        &self.body[self.start..self.end]
+    }
+
+    fn text(&self) -> &[u8] {
+        &self.body[self.start + self.plen..self.end]
+    }
 }
 
 /// The pending lines of the collapse window.
 pub(crate) struct Collapser {
     window: Duration,
-    entries: BTreeMap<u64, Entry>,
+    /// Pending entries by index: `entries[i - base]`; a written one leaves `None` until the
+    /// ones before it are written too.
+    entries: VecDeque<Option<Entry>>,
+    base: u64,
     next: u64,
-    /// The pending entries of each (stream index, text), oldest first.
-    by_text: HashMap<(usize, Vec<u8>), Vec<u64>>,
-    /// Latest entry index that holds a line of each (rank, stream).
-    last_of_rank: HashMap<(usize, usize), u64>,
+    /// Bytes of the pending lines, and console budget the pending entries keep.
+    bytes: usize,
+    budget: usize,
+    hasher: RandomState,
+    /// The pending entries of each (stream, text) hash, oldest first.
+    by_text: HashMap<u64, SmallVec<[u64; 2]>, RandomState>,
+    /// Latest entry index that holds a line of each (rank, stream index).
+    last_of_rank: HashMap<(usize, usize), u64, RandomState>,
     /// How many ranks' output reaches the console.
     ranks: usize,
     /// Entries every rank joined: written without waiting for the window.
@@ -72,12 +105,16 @@ impl Collapser {
     pub(crate) fn new(window: Duration, ranks: usize, sources: [u64; 2]) -> Collapser {
         Collapser {
             window,
+            entries: VecDeque::new(),
+            base: 0,
+            next: 0,
+            bytes: 0,
+            budget: 0,
+            hasher: RandomState::default(),
+            by_text: HashMap::default(),
+            last_of_rank: HashMap::default(),
             ranks,
             complete: Vec::new(),
-            entries: BTreeMap::new(),
-            next: 0,
-            by_text: HashMap::new(),
-            last_of_rank: HashMap::new(),
             sources,
         }
     }
@@ -91,7 +128,18 @@ impl Collapser {
             && !chunk.line_ends.is_empty()
     }
 
-    /// Files the lines of a chunk that [`Collapser::takes`].
+    fn get(&self, index: u64) -> Option<&Entry> {
+        let i = usize::try_from(index.checked_sub(self.base)?).ok()?;
+        self.entries.get(i)?.as_ref()
+    }
+
+    fn get_mut(&mut self, index: u64) -> Option<&mut Entry> {
+        let i = usize::try_from(index.checked_sub(self.base)?).ok()?;
+        self.entries.get_mut(i)?.as_mut()
+    }
+
+    /// Files the lines of a chunk that [`Collapser::takes`]; its budget stays with its last
+    /// line (a rank's lines are written in order, so that one is written last).
     pub(crate) fn push(
         &mut self,
         chunk: Chunk,
@@ -101,87 +149,100 @@ impl Collapser {
         let (Some(rank), Some(stream)) = (chunk.rank, chunk.stream) else {
             return;
         };
-        let plen = chunk.prefix.len();
         let mut start = 0usize;
-        let mut last_index = None;
+        let mut last = None;
+        let body = Arc::new(chunk.body);
         for &end in &chunk.line_ends {
             let end = end as usize;
-            let line = &chunk.body[start..end];
+            let line_start = start;
+            let line = &body[start..end];
             start = end;
-            let text = if line.starts_with(&chunk.prefix) {
-                &line[plen..]
+            let plen = if line.starts_with(&chunk.prefix) {
+                chunk.prefix.len()
             } else {
-                line
+                0
             };
+            let text = &line[plen..];
+            let key = self.hasher.hash_one((stream.index(), text));
             // The rank's latest pending entry, and its level (0: none pending).
             let prev = self.last_of_rank.get(&(rank, stream.index())).copied();
-            let floor = prev
-                .and_then(|i| self.entries.get(&i))
-                .map_or(0, |e| e.level);
+            let floor = prev.and_then(|i| self.get(i)).map_or(0, |e| e.level);
             // The oldest entry of this text that the line may join without a cycle.
-            let join = self
-                .by_text
-                .get(&(stream.index(), text.to_vec()))
-                .and_then(|list| {
-                    list.iter()
-                        .copied()
-                        .find(|i| self.joinable(*i, rank, floor))
-                });
-            let index = match join.and_then(|i| self.entries.get_mut(&i)) {
+            let join = self.by_text.get(&key).and_then(|list| {
+                list.iter().copied().find(|&i| {
+                    self.get(i)
+                        .is_some_and(|e| e.stream == stream && e.text() == text)
+                        && self.joinable(i, rank, floor)
+                })
+            });
+            let all = self.ranks;
+            let index = match join.and_then(|i| self.get_mut(i)) {
                 Some(e) => {
-                    e.ranks.insert(rank);
+                    e.ranks.push(rank);
                     e.after.extend(prev);
                     e.level = e.level.max(floor + 1);
-                    if e.ranks.len() == self.ranks {
-                        self.complete.push(e.index);
+                    let index = e.index;
+                    if e.ranks.len() == all {
+                        self.complete.push(index);
                     }
-                    e.index
+                    index
                 }
                 None => {
                     let index = self.next;
                     self.next += 1;
-                    self.entries.insert(
+                    self.bytes += line.len();
+                    self.entries.push_back(Some(Entry {
                         index,
-                        Entry {
-                            index,
-                            stream,
-                            text: text.to_vec(),
-                            original: line.to_vec(),
-                            ranks: BTreeSet::from([rank]),
-                            first: now,
-                            level: floor + 1,
-                            after: prev.into_iter().collect(),
-                            permits: Vec::new(),
-                        },
-                    );
-                    self.by_text
-                        .entry((stream.index(), text.to_vec()))
-                        .or_default()
-                        .push(index);
-                    if self.ranks == 1 {
+                        stream,
+                        key,
+                        body: body.clone(),
+                        start: line_start,
+                        end,
+                        plen,
+                        ranks: smallvec::smallvec![rank],
+                        first: now,
+                        level: floor + 1,
+                        after: prev.into_iter().collect(),
+                        permit: None,
+                    }));
+                    self.by_text.entry(key).or_default().push(index);
+                    if all == 1 {
                         self.complete.push(index);
                     }
                     index
                 }
             };
             self.last_of_rank.insert((rank, stream.index()), index);
-            last_index = Some(index);
+            last = Some(index);
         }
-        // The chunk's lines are in its rank's order, so its last line's entry is written last.
-        if let (Some(p), Some(i)) = (permit, last_index) {
-            if let Some(e) = self.entries.get_mut(&i) {
-                e.permits.push(p);
+        if let (Some(p), Some(e)) = (permit, last.and_then(|i| self.get_mut(i))) {
+            let n = p.num_permits();
+            match &mut e.permit {
+                Some(held) => held.merge(p),
+                None => e.permit = Some(p),
             }
+            self.budget += n;
         }
     }
 
-    /// Whether a line of a rank whose latest pending entry has level `floor` may join entry
+    /// The stage holds more than [`PENDING_CAP`] bytes or budget.
+    fn over(&self) -> bool {
+        self.bytes > PENDING_CAP || self.budget > PENDING_CAP
+    }
+
+    /// Once over the cap, lines are written until the stage holds half of it (fewer, larger
+    /// writes than one line per arriving chunk).
+    fn draining(&self) -> bool {
+        self.bytes > PENDING_CAP / 2 || self.budget > PENDING_CAP / 2
+    }
+
+    /// Whether a line of `rank`, whose latest pending entry has level `floor`, may join entry
     /// `i`: the entry's level is above it, or nothing must follow the entry yet (it is the
-    /// latest of each of its ranks), so that its level can be raised above it.
-    /// An entry that has the rank's line already never takes another (a rank printing a line
-    /// twice shows it twice).
+    /// latest of each of its ranks), so that its level can be raised above it. An entry that
+    /// has the rank's line already never takes another (a rank printing a line twice shows it
+    /// twice).
     fn joinable(&self, i: u64, rank: usize, floor: u64) -> bool {
-        let Some(e) = self.entries.get(&i) else {
+        let Some(e) = self.get(i) else {
             return false;
         };
         if e.ranks.contains(&rank) {
@@ -193,10 +254,18 @@ impl Collapser {
                 .all(|r| self.last_of_rank.get(&(*r, e.stream.index())) == Some(&i))
     }
 
-    /// When the oldest pending line is due.
+    /// When the oldest pending line is due (now when the stage holds too many bytes).
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        // Entries are made in time order: the lowest index is the oldest.
-        self.entries.values().next().map(|e| e.first + self.window)
+        let first = self.oldest().map(|e| e.first + self.window)?;
+        Some(if self.over() || !self.complete.is_empty() {
+            Instant::now().min(first)
+        } else {
+            first
+        })
+    }
+
+    fn oldest(&self) -> Option<&Entry> {
+        self.entries.iter().find_map(Option::as_ref)
     }
 
     /// The index the next entry will get (every pending entry's is lower).
@@ -206,7 +275,7 @@ impl Collapser {
 
     /// The index of the oldest pending entry.
     pub(crate) fn oldest_index(&self) -> Option<u64> {
-        self.entries.keys().next().copied()
+        self.oldest().map(|e| e.index)
     }
 
     /// The lines due at `now` (all of them when `all`), as chunks in order: consecutive lines
@@ -215,34 +284,35 @@ impl Collapser {
         &mut self,
         now: Instant,
         all: bool,
-    ) -> Vec<(Chunk, Vec<OwnedSemaphorePermit>)> {
-        let mut out: Vec<(Chunk, Vec<OwnedSemaphorePermit>)> = Vec::new();
+    ) -> Vec<(Chunk, Option<OwnedSemaphorePermit>)> {
+        let mut out: Vec<(Chunk, Option<OwnedSemaphorePermit>)> = Vec::new();
         let mut complete = std::mem::take(&mut self.complete).into_iter();
+        let draining = self.over();
         loop {
-            // Entries every rank joined (no other rank can join them), then the oldest if due.
+            // Entries every rank joined (no other rank can join them), then the oldest if due
+            // (or if the stage holds too many bytes).
             let next = match complete.next() {
                 Some(i) => i,
-                None => match self.entries.values().next() {
-                    Some(e) if all || now >= e.first + self.window => e.index,
+                None => match self.oldest() {
+                    Some(e)
+                        if all || (draining && self.draining()) || now >= e.first + self.window =>
+                    {
+                        e.index
+                    }
                     _ => break,
                 },
             };
             // After the pending entries it must follow (depth first, no recursion).
-            let mut stack = vec![next];
+            let mut stack: SmallVec<[u64; 8]> = smallvec::smallvec![next];
             while let Some(&i) = stack.last() {
-                let before = self.entries.get(&i).and_then(|e| {
-                    e.after
-                        .iter()
-                        .copied()
-                        .find(|a| self.entries.contains_key(a))
-                });
+                let before = self
+                    .get(i)
+                    .and_then(|e| e.after.iter().copied().find(|a| self.get(*a).is_some()));
                 match before {
                     Some(a) => stack.push(a),
                     None => {
                         stack.pop();
-                        if let Some(e) = self.entries.remove(&i) {
-                            self.write(e, &mut out);
-                        }
+                        self.write(i, &mut out);
                     }
                 }
             }
@@ -250,48 +320,76 @@ impl Collapser {
         out
     }
 
-    /// Moves one entry out of the window into `out`.
-    fn write(&mut self, e: Entry, out: &mut Vec<(Chunk, Vec<OwnedSemaphorePermit>)>) {
-        let key = (e.stream.index(), e.text);
-        if let Some(list) = self.by_text.get_mut(&key) {
-            list.retain(|i| *i != e.index);
+    /// Moves entry `i` out of the window into `out`.
+    fn write(&mut self, i: u64, out: &mut Vec<(Chunk, Option<OwnedSemaphorePermit>)>) {
+        let Some(slot) = usize::try_from(i.wrapping_sub(self.base))
+            .ok()
+            .and_then(|s| self.entries.get_mut(s))
+        else {
+            return;
+        };
+        let Some(mut e) = slot.take() else {
+            return;
+        };
+        while matches!(self.entries.front(), Some(None)) {
+            self.entries.pop_front();
+            self.base += 1;
+        }
+        self.bytes -= e.end - e.start;
+        self.budget -= e
+            .permit
+            .as_ref()
+            .map_or(0, OwnedSemaphorePermit::num_permits);
+        if let Some(list) = self.by_text.get_mut(&e.key) {
+            list.retain(|x| *x != e.index);
             if list.is_empty() {
-                self.by_text.remove(&key);
+                self.by_text.remove(&e.key);
             }
         }
-        let text = key.1;
         for r in &e.ranks {
             if self.last_of_rank.get(&(*r, e.stream.index())) == Some(&e.index) {
                 self.last_of_rank.remove(&(*r, e.stream.index()));
             }
         }
-        let line = if e.ranks.len() == 1 {
-            e.original
-        } else {
-            let mut l = format!("[{}] ", rank_set(&e.ranks)).into_bytes();
-            l.extend_from_slice(&text);
-            l
+        let collapsed = (e.ranks.len() > 1).then(|| {
+            e.ranks.sort_unstable();
+            format!("[{}] ", rank_set(&e.ranks))
+        });
+        let mut line = Vec::new();
+        let append = |to: &mut Vec<u8>| match &collapsed {
+            None => to.extend_from_slice(e.line()),
+            Some(p) => {
+                to.extend_from_slice(p.as_bytes());
+                to.extend_from_slice(e.text());
+            }
         };
         match out.last_mut() {
-            Some((c, permits)) if c.stream == Some(e.stream) => {
-                c.body.extend_from_slice(&line);
-                permits.extend(e.permits);
+            Some((c, permit)) if c.stream == Some(e.stream) => {
+                append(&mut c.body);
+                match (permit.as_mut(), e.permit) {
+                    (Some(p), Some(q)) => p.merge(q),
+                    (None, q) => *permit = q,
+                    (Some(_), None) => {}
+                }
             }
             _ => out.push((
                 Chunk {
+                    body: {
+                        append(&mut line);
+                        line
+                    },
                     source: self.sources[e.stream.index()],
                     stream: Some(e.stream),
-                    body: line,
                     ..Chunk::default()
                 },
-                e.permits,
+                e.permit,
             )),
         }
     }
 }
 
 /// `0-3,5,7-8`: sorted ranks, runs of consecutive ranks as ranges.
-pub(crate) fn rank_set(ranks: &BTreeSet<usize>) -> String {
+pub(crate) fn rank_set(ranks: &[usize]) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut it = ranks.iter().copied().peekable();
     while let Some(a) = it.next() {
@@ -333,7 +431,7 @@ mod tests {
         }
     }
 
-    fn text(out: &[(Chunk, Vec<OwnedSemaphorePermit>)]) -> String {
+    fn text(out: &[(Chunk, Option<OwnedSemaphorePermit>)]) -> String {
         out.iter()
             .map(|(c, _)| String::from_utf8_lossy(&c.body).into_owned())
             .collect()
@@ -341,7 +439,7 @@ mod tests {
 
     #[test]
     fn rank_sets() {
-        let s = |v: &[usize]| rank_set(&v.iter().copied().collect());
+        let s = |v: &[usize]| rank_set(v);
         assert_eq!(s(&[0, 1, 2, 3, 5, 7, 8]), "0-3,5,7-8");
         assert_eq!(s(&[4]), "4");
         assert_eq!(s(&[0, 2]), "0,2");
@@ -413,18 +511,40 @@ mod tests {
         assert_eq!(text(&c.due(t0 + Duration::from_secs(10), false)), "later\n");
     }
 
+    /// Past [`PENDING_CAP`] bytes the oldest lines go out before their window ends, down to
+    /// half of it: the stage never holds more (and never makes the forwarders wait).
     #[test]
-    fn permits_are_released_with_the_chunks_last_line() {
+    fn the_stage_holds_at_most_its_cap() {
         use Stream::*;
-        let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(10));
-        let mut c = Collapser::new(Duration::from_millis(100), 0, [1, 2]);
+        let mut c = Collapser::new(Duration::from_secs(10), 0, [1, 2]);
         let t0 = Instant::now();
-        let p = sem.clone().try_acquire_many_owned(3).expect("permit");
-        c.push(lines(0, Stdout, "", &["x\n", "y\n"]), Some(p), t0);
-        assert_eq!(sem.available_permits(), 7);
-        let out = c.due(t0 + Duration::from_millis(100), false);
-        assert_eq!(out[0].1.len(), 1);
+        // Distinct 1 KiB lines (identical ones would be one entry).
+        let line = |r: usize| format!("{r:01023}\n");
+        for r in 0..(PENDING_CAP / 1024 + 10) {
+            c.push(lines(r, Stdout, "", &[&line(r)]), None, t0);
+        }
+        assert!(c.bytes > PENDING_CAP);
+        assert!(c.deadline().is_some_and(|d| d <= Instant::now()));
+        let out = c.due(t0, false);
+        // Down to half the cap, oldest first.
+        assert_eq!(c.bytes, PENDING_CAP / 2);
+        let n = PENDING_CAP / 2 / 1024 + 10;
+        let want: String = (0..n).map(line).collect();
+        assert_eq!(text(&out), want, "the oldest, as they came");
+        // Under the cap nothing more goes before its window.
+        assert!(c.due(t0, false).is_empty());
+        // Budget kept by pending lines counts too, and goes back with them.
+        let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(PENDING_CAP + 10));
+        let mut c = Collapser::new(Duration::from_secs(10), 0, [1, 2]);
+        let p = sem
+            .clone()
+            .try_acquire_many_owned(PENDING_CAP as u32 + 1)
+            .expect("permit");
+        c.push(lines(0, Stdout, "", &["a\n", "b\n"]), Some(p), t0);
+        assert_eq!(sem.available_permits(), 9);
+        let out = c.due(t0, false);
+        assert_eq!(text(&out), "a\nb\n");
         drop(out);
-        assert_eq!(sem.available_permits(), 10);
+        assert_eq!(sem.available_permits(), PENDING_CAP + 10);
     }
 }

@@ -305,11 +305,7 @@ impl Writer {
         let Some(c) = &mut self.collapse else {
             return;
         };
-        for (chunk, permits) in c.due(now, all) {
-            let permit = permits.into_iter().reduce(|mut a, b| {
-                a.merge(b);
-                a
-            });
+        for (chunk, permit) in c.due(now, all) {
             self.accept_direct(chunk, permit, now);
         }
     }

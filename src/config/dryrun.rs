@@ -268,6 +268,8 @@ mod tests {
         let (run, text) = dry(
             &[
                 "--dry-run",
+                "--nproc-per-node",
+                "4",
                 "--wrap",
                 "true -o 'a b.%r'",
                 "--wrap-ranks",

@@ -7,8 +7,9 @@ across ranks (`step <i> loss 0.5`, everything collapses), `differ` lines carry t
 collapses: the stage's worst case, every line waits in it for nothing). rdrun's stdout goes to
 /dev/null, so the console itself is never the limit. rdrun's CPU time is its own (user + sys of
 all its threads, /proc/<pid>/stat fields 14-15, polled every 5 ms until it exits; the workers'
-time is not in it); the wall time is start to exit of the run, i.e. how long the workers took to
-get their output out.
+time is not in it). Whether the console slows the workers: each worker times its own writing
+(first line to closing stdout, pipe waits included) and the slowest is reported; the run's wall
+time also holds the last lines' wait in the window (a flush at a worker's end waits for them).
 
 Usage: scripts/bench-console.py [--rdrun PATH] [--runs 5] [--ranks 8,64] [--lines 100000]
 (without --rdrun: target/release/rdrun, built by `cargo build --release --bin rdrun`).
@@ -23,13 +24,18 @@ import tempfile
 import time
 
 WORKER = r"""
-my ($lines, $mode) = @ARGV;
+use Time::HiRes qw(time);
+my ($lines, $mode, $dir) = @ARGV;
 my $r = $ENV{RANK};
+my $t0 = time;
 $| = 0;
 for my $i (1 .. $lines) {
     if ($mode eq 'same') { print "step $i loss 0.5\n"; }
     else { print "rank $r step $i loss 0.5\n"; }
 }
+close STDOUT;
+open(my $f, '>', "$dir/t.$r") or die;
+printf $f "%.6f\n", time - $t0;
 """
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -47,7 +53,7 @@ def own_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def run_once(rdrun, ranks, lines, mode, output, worker):
+def run_once(rdrun, ranks, lines, mode, output, worker, tdir):
     cmd = [
         rdrun,
         "--standalone",
@@ -58,6 +64,7 @@ def run_once(rdrun, ranks, lines, mode, output, worker):
         worker,
         str(lines),
         mode,
+        tdir,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.monotonic()
@@ -71,7 +78,9 @@ def run_once(rdrun, ranks, lines, mode, output, worker):
     wall = time.monotonic() - t0
     if p.returncode != 0:
         sys.exit(f"bench-console: {' '.join(cmd)} exited {p.returncode}")
-    return cpu, wall
+    # The slowest worker's own time to write all its lines (pipe waits included).
+    slowest = max(float(open(os.path.join(tdir, f"t.{r}")).read()) for r in range(ranks))
+    return cpu, wall, slowest
 
 
 def main():
@@ -86,26 +95,33 @@ def main():
         with open(worker, "w") as f:
             f.write(WORKER)
         print(f"load average before: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs")
-        print("| ranks | lines/rank | lines | output | rdrun CPU (median) | wall (median) | CPU vs all |")
-        print("|---:|---:|---|---|---:|---:|---:|")
+        print("medians of", a.runs, "runs")
+        print(
+            "| ranks | lines/rank | lines | output | rdrun CPU | CPU vs all"
+            " | slowest worker's write time | run wall |"
+        )
+        print("|---:|---:|---|---|---:|---:|---:|---:|")
         for ranks in [int(x) for x in a.ranks.split(",")]:
             lines = a.lines if ranks <= 8 else max(1, a.lines * 8 // ranks)
             for mode in ["same", "differ"]:
                 base = None
                 for output in ["all", "collapse"]:
-                    cpus, walls = [], []
+                    cpus, walls, works = [], [], []
                     # Interleaved runs would be fairer on a busy machine; the order is kept
                     # simple and the medians of several runs are reported.
                     for _ in range(a.runs):
-                        c, w = run_once(a.rdrun, ranks, lines, mode, output, worker)
+                        c, w, k = run_once(a.rdrun, ranks, lines, mode, output, worker, d)
                         cpus.append(c)
                         walls.append(w)
+                        works.append(k)
                     cpu, wall = statistics.median(cpus), statistics.median(walls)
+                    work = statistics.median(works)
                     if output == "all":
                         base = cpu
                     ratio = f"{(cpu / base - 1) * 100:+.0f} %" if base else "-"
                     print(
-                        f"| {ranks} | {lines} | {mode} | {output} | {cpu:.2f} s | {wall:.2f} s | {ratio} |",
+                        f"| {ranks} | {lines} | {mode} | {output} | {cpu:.2f} s | {ratio}"
+                        f" | {work:.2f} s | {wall:.2f} s |",
                         flush=True,
                     )
         print(f"load average after: {os.getloadavg()[0]:.2f}")

@@ -132,6 +132,18 @@ impl Default for ConsoleSettings {
     }
 }
 
+impl ConsoleSettings {
+    /// What the console's collapse stage needs (`None` for `--output all`): the window, and how
+    /// many of the `nproc` local ranks reach the console (`--local-ranks-filter`), so that a line
+    /// all of them printed need not wait for the window.
+    pub fn collapse_for(&self, nproc: usize, filter: Option<&[usize]>) -> Option<Collapse> {
+        (self.output == OutputMode::Collapse).then(|| Collapse {
+            window: self.output_window,
+            ranks: filter.map_or(nproc, |f| f.iter().filter(|r| **r < nproc).count()),
+        })
+    }
+}
+
 /// The flags' text as given (`None`: not given).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ConsoleFlags<'a> {
@@ -342,6 +354,15 @@ mod tests {
         assert!(s.stdin.reads(1) && !s.stdin.reads(0));
         assert_eq!(s.output, OutputMode::Collapse);
         assert_eq!(s.output_window, Duration::from_millis(250));
+        let c = |f: Option<&[usize]>| s.collapse_for(4, f).map(|c| (c.window, c.ranks));
+        let w = Duration::from_millis(250);
+        assert_eq!(c(None), Some((w, 4)));
+        assert_eq!(
+            c(Some(&[0, 2, 9])),
+            Some((w, 2)),
+            "rank 9 is not on this node"
+        );
+        assert_eq!(ConsoleSettings::default().collapse_for(4, None), None);
         let none = settings(ConsoleFlags {
             stdin: Some("none"),
             output_window: Some("2"),

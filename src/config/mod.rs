@@ -528,17 +528,7 @@ fn resolve_args(
         env,
         host,
     )?;
-    if console.output == console::OutputMode::Collapse {
-        // The ranks whose output can reach the console: a line all of them printed need not
-        // wait for the window.
-        let ranks = log.local_ranks_filter.as_ref().map_or(nproc_per_node, |f| {
-            f.iter().filter(|r| **r < nproc_per_node).count()
-        });
-        log.collapse = Some(console::Collapse {
-            window: console.output_window,
-            ranks,
-        });
-    }
+    log.collapse = console.collapse_for(nproc_per_node, log.local_ranks_filter.as_deref());
 
     if args.virtual_local_rank {
         // Fail before any worker starts, not when the first surplus rank is spawned.

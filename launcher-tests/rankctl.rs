@@ -406,6 +406,16 @@ else:
 
 #[test]
 fn pdb_on_one_rank_at_a_terminal() {
+    pdb_session("");
+}
+
+/// The same with the collapse stage on: the prompt still shows, the lines around it are whole.
+#[test]
+fn pdb_on_one_rank_at_a_terminal_under_collapse() {
+    pdb_session("--output collapse");
+}
+
+fn pdb_session(extra: &str) {
     let have_tmux = Command::new("tmux")
         .arg("-V")
         .stdout(Stdio::null())
@@ -420,7 +430,7 @@ fn pdb_on_one_rank_at_a_terminal() {
     let script = dir.join("pdb_rank1.py");
     std::fs::write(&script, PDB_PY).expect("write script");
     let cmd = format!(
-        "{} --standalone --nproc-per-node 4 --stdin 1 {}; echo \"RDRUN-STATUS=$?\"; exec sleep 300",
+        "{} --standalone --nproc-per-node 4 --stdin 1 {extra} {}; echo \"RDRUN-STATUS=$?\"; exec sleep 300",
         quote(&rdrun_bin()),
         quote(&script)
     );

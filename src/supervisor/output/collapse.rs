@@ -39,7 +39,9 @@ use super::own::Stream;
 /// oldest lines are written before their window ends. Half the console budget, so that the
 /// stage never makes the forwarders (and so the workers) wait; only a slow terminal does, as
 /// without it.
-pub(crate) const PENDING_CAP: usize = super::console::CONSOLE_BUDGET / 2;
+/// (`console` checks that it is half its `CONSOLE_BUDGET`; not imported here, which would make
+/// the two files import each other.)
+pub(crate) const PENDING_CAP: usize = 2 << 20;
 
 /// One line as the console will write it, and the ranks that printed it.
 struct Entry {

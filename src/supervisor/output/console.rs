@@ -685,6 +685,11 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_collapse_stage_keeps_at_most_half_the_budget() {
+        assert_eq!(super::super::collapse::PENDING_CAP, CONSOLE_BUDGET / 2);
+    }
+
     /// `--output collapse` is a stage of this writer: identical lines wait at most the window and
     /// come out once; a prompt (open line) first makes everything pending go out, so a rank's
     /// prompt never overtakes its lines; a flush waits for the pending lines.

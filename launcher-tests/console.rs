@@ -226,6 +226,16 @@ fn slow_console_keeps_the_workers_status_and_lines() {
 /// ends where the worker left it.
 #[test]
 fn own_lines_never_glued_onto_an_open_worker_line() {
+    own_lines_not_glued(&[]);
+}
+
+/// The same with the collapse stage on (issue 29): it never glues either.
+#[test]
+fn own_lines_never_glued_onto_an_open_worker_line_under_collapse() {
+    own_lines_not_glued(&["--output", "collapse"]);
+}
+
+fn own_lines_not_glued(extra: &[&str]) {
     let dir = TempDir::new("console-glue");
     let pidfile = dir.join("escapee");
     let (r, w) = pipe();
@@ -241,6 +251,7 @@ fn own_lines_never_glued_onto_an_open_worker_line() {
             "--leftovers=leave",
             "--no-python",
         ])
+        .args(extra)
         .args(["sh", "-c", script])
         .env("PIDFILE", &pidfile)
         .timeout(Duration::from_secs(120))
@@ -306,6 +317,17 @@ fn check_line(t: &mut Tally, line: &str) {
 /// rdrun's reader ends far behind the workers. 0 lost, 0 broken, 0 out of order, per rank.
 #[test]
 fn stress_every_line_whole_once_and_in_order_on_a_slow_console() {
+    stress(&[]);
+}
+
+/// The same probe through the collapse stage (issue 29): every line is one rank's, so nothing
+/// merges, but each still passes the stage, with the prompts' open lines among them.
+#[test]
+fn stress_every_line_whole_once_and_in_order_under_collapse() {
+    stress(&["--output", "collapse"]);
+}
+
+fn stress(extra: &[&str]) {
     const RANKS: u32 = 6;
     const LINES: u64 = 3000;
     let worker = util::worker("console_burst");
@@ -320,6 +342,7 @@ fn stress_every_line_whole_once_and_in_order_on_a_slow_console() {
             &format!("--nproc_per_node={RANKS}"),
             "--no-python",
         ])
+        .args(extra)
         .arg("perl")
         .arg(&worker)
         .args([&LINES.to_string(), "0.15", "24"])

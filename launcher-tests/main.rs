@@ -29,11 +29,15 @@
 //!   real workers over fake sysfs trees, completion scripts in the real shells, the man page.
 //! - `completion`: every flag's completion typed at a terminal (tmux) in bash, zsh and fish.
 //! - `scale`: small-size smokes of the scale benchmarks (store start-up storm), no timings.
+//! - `collapse`: `--output collapse` on 8 ranks (shared lines once, logs per rank byte-exact).
+//! - `rankctl`: per-rank control (issue 29): `--wrap` on chosen ranks (a recording wrapper,
+//!   strace), `--stdin` to one rank (piped, and pdb at a tmux terminal).
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
 mod cli;
 mod cluster;
+mod collapse;
 mod compat;
 mod completion;
 mod console;
@@ -47,6 +51,7 @@ mod multinode;
 mod observe;
 mod observe_http;
 mod output;
+mod rankctl;
 mod regression;
 mod rendezvous;
 mod report;

@@ -545,22 +545,26 @@ fn cli_no_temp_dir_left_and_dev_null() {
 
 #[test]
 fn cli_ranks_never_interleave_mid_line() {
+    ranks_never_interleave(&[]);
+}
+
+/// The same through the collapse stage (issue 29; every line is one rank's).
+#[test]
+fn cli_ranks_never_interleave_mid_line_under_collapse() {
+    ranks_never_interleave(&["--output", "collapse"]);
+}
+
+fn ranks_never_interleave(extra: &[&str]) {
     const LINES: usize = 200;
     let awk = format!(
         "BEGIN {{ x = \"x\"; while (length(x) < 10000) x = x x; \
          for (i = 0; i < {LINES}; i++) {{ s = sprintf(\"rank%d-%d-\", ENVIRON[\"LOCAL_RANK\"], i); \
          print s substr(x, 1, 9000 + i - length(s)) }} }}"
     );
-    let r = rdrun(
-        &[
-            "--standalone",
-            "--nproc_per_node=4",
-            "--no-python",
-            "awk",
-            &awk,
-        ],
-        &[],
-    );
+    let mut args = vec!["--standalone", "--nproc_per_node=4"];
+    args.extend_from_slice(extra);
+    args.extend(["--no-python", "awk", &awk]);
+    let r = rdrun(&args, &[]);
     assert_eq!(r.code, Some(0), "{:?}", r.stderr);
     let mut next = [0usize; 4];
     for line in r.stdout.lines() {

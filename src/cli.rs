@@ -112,6 +112,14 @@ pub struct LaunchArgs {
     pub events: Option<String>,
     /// rdrun's `--metrics-addr HOST:PORT` (else RDRUN_METRICS_ADDR, read by `config`).
     pub metrics_addr: Option<String>,
+    /// rdrun's `--wrap 'CMD ARGS'` and `--wrap-ranks RANKS` (split and checked in `config`).
+    pub wrap: Option<String>,
+    pub wrap_ranks: Option<String>,
+    /// rdrun's `--stdin RANK|none|all`.
+    pub stdin: Option<String>,
+    /// rdrun's `--output collapse|all` and `--output-window SECS`.
+    pub output: Option<String>,
+    pub output_window: Option<String>,
     /// The dests typed on the command line (not defaults, not `PET_*`): the cluster layer's
     /// "flags" win every field, so it must know which values the user actually gave.
     pub cli_given: BTreeSet<&'static str>,
@@ -421,6 +429,11 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         print_topology: b.opt_string("print_topology")?,
         events: b.opt_string("events")?,
         metrics_addr: b.opt_string("metrics_addr")?,
+        wrap: b.opt_string("wrap")?,
+        wrap_ranks: b.opt_string("wrap_ranks")?,
+        stdin: b.opt_string("stdin")?,
+        output: b.opt_string("output")?,
+        output_window: b.opt_string("output_window")?,
         cli_given,
         hang: {
             let mut given = Vec::new();

@@ -74,6 +74,8 @@ pub const EVENT_HANDLERS: &[&str] = &["null", "console"];
 pub const LEFTOVER_POLICIES: &[&str] = &["kill", "wait", "leave"];
 /// `--cluster`.
 pub const CLUSTER_CHOICES: &[&str] = &["auto", "none", "slurm", "k8s", "mpi", "lsf", "hostfile"];
+/// `--output`.
+pub const OUTPUT_MODES: &[&str] = &["all", "collapse"];
 /// `--hang-detect`.
 pub const HANG_MODES: &[&str] = &["off", "observe", "kill"];
 
@@ -251,6 +253,37 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         pet: false,
         ..opt("metrics_addr", &["--metrics-addr", "--metrics_addr"], Kind::Str, "none",
             "rdrun: serve Prometheus metrics at http://HOST:PORT/metrics and the health state at /healthz (PORT alone: loopback). Else RDRUN_METRICS_ADDR.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("wrap", &["--wrap"], Kind::Str, "none",
+            "rdrun: run the chosen ranks' command under this wrapper, split as a shell would ('nsys profile -o trace_%r', 'strace -f -o st.%r'); %r, %l, %n become the rank, local rank and node rank. The wrapper's exit status is the rank's.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("wrap_ranks", &["--wrap-ranks", "--wrap_ranks"], Kind::Str, "all",
+            "rdrun: the global ranks --wrap applies to, comma-separated, ranges allowed (0,2 or 0-3,8).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("stdin", &["--stdin"], Kind::Str, "all",
+            "rdrun: which worker reads rdrun's stdin: a global rank (the others get /dev/null; e.g. for pdb on that rank), none, or all (torchrun's behaviour).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        values: OUTPUT_MODES,
+        ..opt("output", &["--output"], Kind::Str, "all",
+            "rdrun: console output of the ranks: all (every rank's line), or collapse (a line several ranks print identically within --output-window is shown once, prefixed with its ranks like [0-7]). Log files are unaffected.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("output_window", &["--output-window", "--output_window"], Kind::Str, "0.5",
+            "rdrun: with --output collapse, how long a line waits for the same line of other ranks (seconds, or 500ms); at most 10.")
     },
     OptSpec {
         values: HANG_MODES,

@@ -28,6 +28,8 @@ pub struct RunPreview {
     pub command: String,
     /// The Python interpreter workers run under (`None`: the program runs directly).
     pub interpreter: Option<String>,
+    /// `--wrap`: the wrapper's words (before `%r`/`%l`/`%n`) and the ranks it applies to.
+    pub wrapper: Option<String>,
     /// `host:port` of the rendezvous, or how standalone picks it.
     pub endpoint: String,
     /// The backend that serves it (`static`, `c10d`, …).
@@ -133,6 +135,18 @@ pub(super) fn preview(cfg: &LaunchConfig, fresh_run_id: bool) -> RunPreview {
         EntrypointKind::Exec => None,
         _ => c.python.as_ref().map(|p| p.display().to_string()),
     };
+    let wrapper = cfg.console.wrap.as_ref().map(|w| {
+        let mut words = vec![shell_word(w.program.as_os_str())];
+        words.extend(w.args.iter().map(|a| shell_word(OsStr::new(a))));
+        let ranks = match &w.ranks {
+            None => "every rank".to_string(),
+            Some(r) => format!(
+                "ranks {}",
+                r.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+            ),
+        };
+        format!("{}  ({ranks})", words.join(" "))
+    });
     let endpoint = match (&cfg.rdzv.endpoint, cfg.standalone) {
         (_, true) => "127.0.0.1, a free port chosen at launch (standalone)".to_string(),
         (Some(ep), false) => crate::cluster::host_port(&ep.host, &ep.port.to_string()),
@@ -145,6 +159,7 @@ pub(super) fn preview(cfg: &LaunchConfig, fresh_run_id: bool) -> RunPreview {
         ranks_how,
         command: words.join(" "),
         interpreter,
+        wrapper,
         endpoint,
         backend: if cfg.standalone {
             "c10d (standalone)"
@@ -189,6 +204,9 @@ impl RunPreview {
                 .unwrap_or("none (the program runs directly)"),
             "",
         ));
+        if let Some(w) = &self.wrapper {
+            s.push_str(&row("wrapper", w, ""));
+        }
         s
     }
 
@@ -203,6 +221,7 @@ impl RunPreview {
             "run_id": self.run_id,
             "command": self.command,
             "interpreter": self.interpreter,
+            "wrapper": self.wrapper,
         })
     }
 }
@@ -244,6 +263,29 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want:?} not in\n{text}");
         }
+        assert!(!text.contains("wrapper"), "{text}");
+        // --wrap: the wrapper and its ranks.
+        let (run, text) = dry(
+            &[
+                "--dry-run",
+                "--nproc-per-node",
+                "4",
+                "--wrap",
+                "true -o 'a b.%r'",
+                "--wrap-ranks",
+                "2,0",
+                "t.py",
+            ],
+            &[],
+        );
+        assert_eq!(
+            run.wrapper.as_deref(),
+            Some("/bin/true -o 'a b.%r'  (ranks 0,2)")
+        );
+        assert!(
+            text.contains("rdrun:   wrapper          /bin/true -o 'a b.%r'  (ranks 0,2)\n"),
+            "{text}"
+        );
         // A program run directly has no interpreter.
         let (run, _) = dry(&["--dry-run", "/bin/true"], &[]);
         assert_eq!((run.command.as_str(), run.interpreter), ("/bin/true", None));

@@ -185,6 +185,8 @@ pub(super) fn resolve_logs(
         prefix_template,
         duplicate_stdout_filters: filters(&args.duplicate_stdout_filters),
         duplicate_stderr_filters: filters(&args.duplicate_stderr_filters),
+        // Set from `--output` once the console flags are resolved (`console.rs`).
+        collapse: None,
     })
 }
 

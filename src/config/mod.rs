@@ -29,6 +29,7 @@ use flags::resolve_logs;
 
 mod cluster;
 mod command;
+pub mod console;
 mod dryrun;
 mod endpoint;
 mod flags;
@@ -164,6 +165,9 @@ pub struct LogConfig {
     pub prefix_template: Option<String>,
     pub duplicate_stdout_filters: Vec<String>,
     pub duplicate_stderr_filters: Vec<String>,
+    /// `--output collapse`: the window within which identical lines of several ranks are shown
+    /// once; `None` (`--output all`): every line as it comes. Log files are unaffected.
+    pub collapse: Option<console::Collapse>,
 }
 
 /// Everything the supervisor needs to run one launch.
@@ -208,6 +212,8 @@ pub struct LaunchConfig {
     /// CPU sets and OMP_NUM_THREADS per local rank (`--numa-binding`, `--cpu-binding`,
     /// `--omp-num-threads`; `numa.rs`); the default binds nothing.
     pub binding: numa::Binding,
+    /// Per-rank control and the console (`--wrap`, `--stdin`, `--output`; `console.rs`).
+    pub console: console::ConsoleSettings,
     /// torch agent variables rdrun honours (`torchenv.rs`).
     pub torch_env: torchenv::TorchAgentEnv,
     /// The rest of rdrun's environment the run consults (`runenv.rs`).
@@ -501,7 +507,7 @@ fn resolve_args(
         }
     }
 
-    let log = resolve_logs(&args, env, host)?;
+    let mut log = resolve_logs(&args, env, host)?;
     let signals_to_handle = parse_signals(&args.signals_to_handle);
     let shutdown_timeout = resolve_shutdown_timeout(args.shutdown_timeout, env)?;
     // --nproc-per-node before the command: a value wrong on any machine (0, 100000) is a usage
@@ -510,6 +516,19 @@ fn resolve_args(
     let command = resolve_command(&args, env, host)?;
     let binding = resolve_binding(&args, nproc_per_node, env, host)?;
     let torch_env = torchenv::resolve(env, standalone, rdzv.backend);
+    let console = console::resolve(
+        console::ConsoleFlags {
+            wrap: args.wrap.as_deref(),
+            wrap_ranks: args.wrap_ranks.as_deref(),
+            stdin: args.stdin.as_deref(),
+            output: args.output.as_deref(),
+            output_window: args.output_window.as_deref(),
+        },
+        nproc_per_node.saturating_mul(nnodes.max),
+        env,
+        host,
+    )?;
+    log.collapse = console.collapse_for(nproc_per_node, log.local_ranks_filter.as_deref());
 
     if args.virtual_local_rank {
         // Fail before any worker starts, not when the first surplus rank is spawned.
@@ -545,6 +564,7 @@ fn resolve_args(
         hang,
         observe,
         binding,
+        console,
         torch_env,
         run_env,
     };

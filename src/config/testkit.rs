@@ -133,6 +133,7 @@ pub(crate) fn launch_config(
         hang: Default::default(),
         observe: Default::default(),
         binding: Default::default(),
+        console: Default::default(),
         torch_env: Default::default(),
         run_env: Default::default(),
     }

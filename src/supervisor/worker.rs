@@ -119,6 +119,8 @@ pub struct SpawnSpec {
     pub cgroup_fd: Option<RawFd>,
     /// The CPUs the child binds itself to before exec (`--numa-binding`, `--cpu-binding`).
     pub cpus: Option<Vec<usize>>,
+    /// Whether the child reads rdrun's stdin (`--stdin`); else `/dev/null`.
+    pub stdin: bool,
 }
 
 /// One INFO line per local rank naming its CPU set and why (`--numa-binding`, `--cpu-binding`).
@@ -243,18 +245,31 @@ pub fn spawn_spec(
         env.retain(|(k, _)| k != "OMP_NUM_THREADS");
         env.push(("OMP_NUM_THREADS".into(), n.to_string()));
     }
+    let args = config
+        .command
+        .args
+        .iter()
+        .map(|a| workerenv::substitute_local_rank(a, local_rank));
+    // `--wrap`: the wrapper execs the worker command itself, so the environment, the process
+    // group, the cgroup and the CPU binding set up before exec are the wrapper's and its child's,
+    // and the wrapper's exit status is the rank's.
+    let (program, args) = match config.console.wrap.as_ref().filter(|w| w.applies(rank)) {
+        Some(w) => {
+            let mut a = w.args_for(rank, local_rank, group_rank);
+            a.push(config.command.program.clone().into_os_string());
+            a.extend(args);
+            (w.program.clone(), a)
+        }
+        None => (config.command.program.clone(), args.collect()),
+    };
     Ok(SpawnSpec {
-        program: config.command.program.clone(),
-        args: config
-            .command
-            .args
-            .iter()
-            .map(|a| workerenv::substitute_local_rank(a, local_rank))
-            .collect(),
+        program,
+        args,
         env,
         watchdog_fd: run_env.watchdog_fd,
         cgroup_fd: run_env.cgroup_fd,
         cpus: config.binding.cpus_of(local_rank).map(<[usize]>::to_vec),
+        stdin: config.console.stdin.reads(rank),
     })
 }
 
@@ -352,7 +367,11 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::inherit())
+        .stdin(if spec.stdin {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let parent = std::process::id() as libc::pid_t;

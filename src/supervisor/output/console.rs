@@ -40,6 +40,8 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+pub(crate) use super::chunk::Chunk;
+use super::collapse::Collapser;
 use super::own::{self, Stream};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
@@ -49,33 +51,13 @@ pub const CONSOLE_BUDGET: usize = 4 << 20;
 /// ended with a newline.
 pub const OPEN_LINE_HOLD: Duration = Duration::from_secs(2);
 
-/// One message of one source (a stream of one worker) for the console.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Chunk {
-    pub source: u64,
-    pub stream: Option<Stream>,
-    /// The chunk begins with the rest of the line this source left open (`cont`).
-    pub continues: bool,
-    /// The rest of the open line, unprefixed, with its terminator when it ends here.
-    pub cont: Vec<u8>,
-    /// Written before `cont` when the writer had to end the open line meanwhile.
-    pub prefix: Vec<u8>,
-    /// Whole lines, each prefixed; or, when `open`, a new partial line (prefixed).
-    pub body: Vec<u8>,
-    /// The chunk ends mid-line: the line stays open.
-    pub open: bool,
-}
-
-impl Chunk {
-    fn len(&self) -> usize {
-        self.cont.len() + self.prefix.len() + self.body.len()
-    }
-}
-
 enum ConsoleMsg {
     /// A chunk and its share of the budget (none for a continuation: see [`Console::send`]).
     Data(Chunk, Option<OwnedSemaphorePermit>),
     Flush(oneshot::Sender<()>),
+    /// `--output collapse` (its window and how many ranks reach the console), or `None` for
+    /// every line as it comes.
+    Collapse(Option<(Duration, usize)>),
 }
 
 /// A console: one writer thread owning a stdout and a stderr writer. Cheap to clone.
@@ -142,6 +124,7 @@ impl Console {
                 match msg {
                     Some(ConsoleMsg::Data(chunk, permit)) => writer.accept(chunk, permit, now),
                     Some(ConsoleMsg::Flush(ack)) => writer.flush_request(ack),
+                    Some(ConsoleMsg::Collapse(window)) => writer.set_collapse(window, now),
                     // Only when nothing is queued: the open line's rest may be among the queued
                     // messages (a reader far behind), and ending the line before reading them
                     // would break it.
@@ -210,6 +193,13 @@ impl Console {
         let _ = self.tx.send(ConsoleMsg::Data(chunk, permit));
     }
 
+    /// Turns the collapse stage on (`Some((window, ranks))`: `--output collapse`, `ranks` the
+    /// number of ranks whose output reaches this console, 0 if unknown) or off; lines pending in
+    /// it are written first.
+    pub fn set_collapse(&self, collapse: Option<(Duration, usize)>) {
+        let _ = self.tx.send(ConsoleMsg::Collapse(collapse));
+    }
+
     /// Waits until everything queued before this call is written and flushed (chunks held behind
     /// an open line included, so at most [`OPEN_LINE_HOLD`] more).
     pub async fn flush(&self) {
@@ -241,7 +231,11 @@ struct Writer {
     warned: [bool; 2],
     /// Sequence number of the next message (orders flushes against held chunks).
     seq: u64,
-    flushes: Vec<(u64, oneshot::Sender<()>)>,
+    /// Flush requests: their sequence number, the collapse stage's next entry index then, and
+    /// the ack (sent once nothing older is held or pending).
+    flushes: Vec<(u64, u64, oneshot::Sender<()>)>,
+    /// `--output collapse`: the stage every whole-line chunk passes first.
+    collapse: Option<Collapser>,
     hold: Duration,
     /// The process-wide console: its writes take both std locks and keep [`own`]'s record of
     /// open lines (rdrun's own text ends them).
@@ -267,6 +261,7 @@ impl Writer {
             warned: [false, false],
             seq: 0,
             flushes: Vec::new(),
+            collapse: None,
             hold: OPEN_LINE_HOLD,
             global: false,
             real_clock: false,
@@ -281,7 +276,41 @@ impl Writer {
         }
     }
 
+    fn set_collapse(&mut self, collapse: Option<(Duration, usize)>, now: Instant) {
+        self.emit_collapsed(now, true);
+        self.collapse = collapse.map(|(window, ranks)| {
+            Collapser::new(window, ranks, [Console::source_id(), Console::source_id()])
+        });
+    }
+
+    /// A chunk from a forwarder: through the collapse stage when it is on and the chunk is whole
+    /// lines; anything else first makes the stage write all it holds, so that nothing of the
+    /// same source (its prompt after its lines) overtakes what it sent before.
     fn accept(&mut self, chunk: Chunk, permit: Option<OwnedSemaphorePermit>, now: Instant) {
+        if let Some(c) = &mut self.collapse {
+            if Collapser::takes(&chunk) {
+                self.seq += 1;
+                c.push(chunk, permit, now);
+                self.emit_collapsed(now, false);
+                self.ack_flushes();
+                return;
+            }
+        }
+        self.emit_collapsed(now, true);
+        self.accept_direct(chunk, permit, now);
+    }
+
+    /// Writes what the collapse stage has due (everything when `all`).
+    fn emit_collapsed(&mut self, now: Instant, all: bool) {
+        let Some(c) = &mut self.collapse else {
+            return;
+        };
+        for (chunk, permit) in c.due(now, all) {
+            self.accept_direct(chunk, permit, now);
+        }
+    }
+
+    fn accept_direct(&mut self, chunk: Chunk, permit: Option<OwnedSemaphorePermit>, now: Instant) {
         self.seq += 1;
         let Some(stream) = chunk.stream else {
             return;
@@ -306,7 +335,10 @@ impl Writer {
 
     fn flush_request(&mut self, ack: oneshot::Sender<()>) {
         self.seq += 1;
-        self.flushes.push((self.seq, ack));
+        // Lines pending in the collapse stage are not cut short (other ranks may still join
+        // them): the flush waits until they are due, at most the window.
+        let mark = self.collapse.as_ref().map_or(0, Collapser::next_index);
+        self.flushes.push((self.seq, mark, ack));
         self.ack_flushes();
     }
 
@@ -315,11 +347,14 @@ impl Writer {
         self.terms
             .iter()
             .filter_map(|t| t.held_since.map(|s| s + self.hold))
+            .chain(self.collapse.as_ref().and_then(Collapser::deadline))
             .min()
     }
 
     /// Ends open lines that made others wait [`OPEN_LINE_HOLD`].
     fn tick(&mut self, now: Instant) {
+        self.emit_collapsed(now, false);
+        self.ack_flushes();
         for t in 0..2 {
             let due = matches!(self.terms[t].held_since, Some(s) if now >= s + self.hold);
             if due {
@@ -333,6 +368,7 @@ impl Writer {
 
     /// All senders are gone: write everything still held.
     fn close(&mut self) {
+        self.emit_collapsed(Instant::now(), true);
         for t in 0..2 {
             if let Some((_, stream)) = self.terms[t].open.take() {
                 if !self.terms[t].held.is_empty() {
@@ -386,10 +422,11 @@ impl Writer {
             .iter()
             .filter_map(|t| t.held.front().map(|(seq, _, _)| *seq))
             .min();
+        let oldest_pending = self.collapse.as_ref().and_then(Collapser::oldest_index);
         let flushes = std::mem::take(&mut self.flushes);
-        for (seq, ack) in flushes {
-            if oldest_held.is_some_and(|h| h < seq) {
-                self.flushes.push((seq, ack));
+        for (seq, mark, ack) in flushes {
+            if oldest_held.is_some_and(|h| h < seq) || oldest_pending.is_some_and(|i| i < mark) {
+                self.flushes.push((seq, mark, ack));
             } else {
                 for w in &mut self.outs {
                     let _ = w.flush();
@@ -632,6 +669,71 @@ mod tests {
             out.text(),
             "T? yes\n@0:7383:rest\n@0:7384\nu1\n@0:7385\nu2\nAa\nBb\nu3\n"
         );
+    }
+
+    fn ranked(rank: usize, stream: Stream, body: &str) -> Chunk {
+        let mut ends = Vec::new();
+        for (i, b) in body.bytes().enumerate() {
+            if b == b'\n' {
+                ends.push(i as u32 + 1);
+            }
+        }
+        Chunk {
+            rank: Some(rank),
+            line_ends: ends,
+            ..lines(10 + rank as u64, stream, body)
+        }
+    }
+
+    #[test]
+    fn the_collapse_stage_keeps_at_most_half_the_budget() {
+        assert_eq!(super::super::collapse::PENDING_CAP, CONSOLE_BUDGET / 2);
+    }
+
+    /// `--output collapse` is a stage of this writer: identical lines wait at most the window and
+    /// come out once; a prompt (open line) first makes everything pending go out, so a rank's
+    /// prompt never overtakes its lines; a flush waits for the pending lines.
+    #[test]
+    fn collapse_stage_in_the_writer() {
+        use Stream::*;
+        let (out, err) = (Rec::default(), Rec::default());
+        let (mut w, s) = writer(false, &out, &err);
+        let t0 = Instant::now();
+        let win = Duration::from_millis(500);
+        w.set_collapse(Some((win, 4)), t0);
+        for r in 0..3 {
+            w.accept(ranked(r, Stdout, "step 1\n"), permit(&s), t0);
+        }
+        assert_eq!(out.text(), "", "held for the window");
+        assert_eq!(w.deadline(), Some(t0 + win));
+        let (ack, mut done) = oneshot::channel();
+        w.flush_request(ack);
+        assert!(
+            done.try_recv().is_err(),
+            "flush acked before pending lines went out"
+        );
+        w.tick(t0 + win);
+        assert_eq!(out.text(), "[0-2] step 1\n");
+        assert!(done.try_recv().is_ok());
+        // A line from one rank, then its prompt: the line first, then the open prompt.
+        w.accept(ranked(1, Stdout, "about to stop\n"), permit(&s), t0 + win);
+        w.accept(partial(11, Stdout, "", "(Pdb) "), permit(&s), t0 + win);
+        assert_eq!(out.text(), "[0-2] step 1\nabout to stop\n(Pdb) ");
+        // Others' lines wait behind the open line as without collapse.
+        w.accept(ranked(0, Stdout, "x\n"), permit(&s), t0 + win);
+        w.accept(ranked(2, Stdout, "x\n"), permit(&s), t0 + win);
+        w.tick(t0 + win * 2);
+        assert_eq!(out.text(), "[0-2] step 1\nabout to stop\n(Pdb) ");
+        w.accept(cont(11, Stdout, "", "c\n", false), None, t0 + win * 2);
+        assert_eq!(
+            out.text(),
+            "[0-2] step 1\nabout to stop\n(Pdb) c\n[0,2] x\n"
+        );
+        assert_eq!(s.available_permits(), 1 << 20, "permits returned");
+        // Turned off: nothing pending is lost.
+        w.accept(ranked(3, Stdout, "last\n"), permit(&s), t0 + win * 2);
+        w.set_collapse(None, t0 + win * 2);
+        assert!(out.text().ends_with("x\nlast\n"), "{}", out.text());
     }
 
     #[test]

@@ -93,7 +93,10 @@ pub struct RankSink {
 }
 
 impl RunLogs {
+    /// Also sets the process-wide console's collapse stage (`--output`) for the run: the agent
+    /// makes one `RunLogs` per run, before any worker output.
     pub fn new(log: &LogConfig, run_id: &str) -> Self {
+        super::Console::global().set_collapse(log.collapse.map(|c| (c.window, c.ranks)));
         Self::with_temp_root(log, run_id, std::env::temp_dir())
     }
 
@@ -434,6 +437,7 @@ mod tests {
             prefix_template: None,
             duplicate_stdout_filters: vec!["loss".into()],
             duplicate_stderr_filters: vec![],
+            collapse: None,
         };
         let mut logs = RunLogs::new(&log, "run/1");
         let ids: Vec<RankIdentity> = (0..12).map(id).collect();

@@ -17,6 +17,8 @@
 //! - [`lines`]: splitting a byte stream into console segments (`\n`, `\r`, the 1 MiB cap).
 //! - [`tail`]: the stderr tail and the Python traceback scanner for the report.
 //! - [`console`]: the console writer thread (one write per run of whole lines, a byte budget).
+//! - [`chunk`]: the message a forwarder sends the console writer.
+//! - [`collapse`]: the writer's `--output collapse` stage (identical lines of several ranks once).
 //! - [`pump`]: the forwarding task per worker that ties the others together.
 //! - [`own`]: rdrun's own text on its stdout and stderr (log lines, report, events, status, hang
 //!   block): never a panic on a closed or full stream, never glued onto a worker's open line.
@@ -27,6 +29,8 @@
 //! ([`console`] states the rule). Log files receive the bytes exactly as the worker wrote them,
 //! written as soon as they are read. Writing to rdrun's console never panics ([`console`]).
 
+pub mod chunk;
+pub mod collapse;
 pub mod console;
 pub mod lines;
 pub mod logdir;

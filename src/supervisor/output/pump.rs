@@ -327,6 +327,7 @@ async fn pump(
             source,
             stream: Some(plan.stream),
             prefix: plan.prefix.clone(),
+            rank: Some(id.rank),
             ..Chunk::default()
         };
         let mut filtered = Vec::new();
@@ -343,6 +344,8 @@ async fn pump(
                     chunk.body.extend_from_slice(&plan.prefix);
                     chunk.body.extend_from_slice(seg);
                     chunk.body.extend_from_slice(nl);
+                    // Line boundaries for the collapse stage (a chunk is at most a few MiB).
+                    chunk.line_ends.push(chunk.body.len() as u32);
                 }
             }
             if let Some((_, filters)) = &plan.filtered {

@@ -61,3 +61,4 @@ mod store;
 #[cfg(feature = "train")]
 mod train;
 mod util;
+mod verdict;

@@ -112,6 +112,13 @@ pub struct LaunchArgs {
     pub events: Option<String>,
     /// rdrun's `--metrics-addr HOST:PORT` (else RDRUN_METRICS_ADDR, read by `config`).
     pub metrics_addr: Option<String>,
+    /// rdrun's `--max-same-failures N` (checked by `config::resilience`).
+    pub max_same_failures: Option<i64>,
+    /// rdrun's `--health-check off|warn|on`, `--health-check-cmd PROG`,
+    /// `--health-check-timeout SECS` (checked by `config::resilience`).
+    pub health_check: Option<String>,
+    pub health_check_cmd: Option<String>,
+    pub health_check_timeout: Option<f64>,
     /// The dests typed on the command line (not defaults, not `PET_*`): the cluster layer's
     /// "flags" win every field, so it must know which values the user actually gave.
     pub cli_given: BTreeSet<&'static str>,
@@ -421,6 +428,10 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         print_topology: b.opt_string("print_topology")?,
         events: b.opt_string("events")?,
         metrics_addr: b.opt_string("metrics_addr")?,
+        max_same_failures: b.int("max_same_failures")?,
+        health_check: b.opt_string("health_check")?,
+        health_check_cmd: b.opt_string("health_check_cmd")?,
+        health_check_timeout: b.float("health_check_timeout")?,
         cli_given,
         hang: {
             let mut given = Vec::new();

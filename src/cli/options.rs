@@ -74,6 +74,8 @@ pub const EVENT_HANDLERS: &[&str] = &["null", "console"];
 pub const LEFTOVER_POLICIES: &[&str] = &["kill", "wait", "leave"];
 /// `--cluster`.
 pub const CLUSTER_CHOICES: &[&str] = &["auto", "none", "slurm", "k8s", "mpi", "lsf", "hostfile"];
+/// `--health-check`.
+pub const HEALTH_MODES: &[&str] = &["off", "warn", "on"];
 /// `--hang-detect`.
 pub const HANG_MODES: &[&str] = &["off", "observe", "kill"];
 
@@ -253,6 +255,31 @@ pub(super) static OPTIONS: &[OptSpec] = &[
             "rdrun: serve Prometheus metrics at http://HOST:PORT/metrics and the health state at /healthz (PORT alone: loopback). Else RDRUN_METRICS_ADDR.")
     },
     OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("max_same_failures", &["--max-same-failures", "--max_same_failures"], Kind::Int, "2",
+            "rdrun: stop restarting when the same failure (exception type and innermost frame, else exit status) ended this many attempts in a row, restarts left or not; exit 93 (do not requeue). 0: never.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        values: HEALTH_MODES,
+        ..opt("health_check", &["--health-check", "--health_check"], Kind::Str, "warn",
+            "rdrun: health checks before this node joins (interpreter, disk, /dev/shm, memory, open files, GPUs, NICs, --health-check-cmd): off, warn (report only), on (a static job fails fast with exit 75, bad node; an elastic node retries after a back-off).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("health_check_cmd", &["--health-check-cmd", "--health_check_cmd"], Kind::Str, "none",
+            "rdrun: the site's own node check, run with sh -c before the node joins: a non-zero exit or a timeout makes the node unhealthy; its output is shown.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("health_check_timeout", &["--health-check-timeout", "--health_check_timeout"], Kind::Float, "30",
+            "rdrun: seconds each health check that runs a program may take (a check past it is killed and counts as failed).")
+    },
+    OptSpec {
         values: HANG_MODES,
         ..hang_opt("hang_detect", &["--hang-detect"], "kill; observe when rdrun's stdin is a terminal",
             "rdrun: hang detection: kill (capture stacks, then stop and restart the group), observe (capture and report only), off. Else RDRUN_HANG_DETECT.")
@@ -342,6 +369,7 @@ pub fn flag_table() -> Vec<FlagView> {
             let metavar = match o.dest {
                 "log_dir" => "DIR",
                 "report_json" | "hostfile" | "py_spy" | "events" => "PATH",
+                "health_check_cmd" => "PROG",
                 _ => "VALUE",
             };
             let value = match o.kind {

@@ -37,6 +37,7 @@ mod host;
 pub mod numa;
 pub mod observe;
 pub mod rdzv_conf;
+pub mod resilience;
 pub mod runenv;
 #[cfg(test)]
 mod schedenv_tests;
@@ -212,6 +213,8 @@ pub struct LaunchConfig {
     pub torch_env: torchenv::TorchAgentEnv,
     /// The rest of rdrun's environment the run consults (`runenv.rs`).
     pub run_env: runenv::RunEnv,
+    /// Health checks and the stop verdict (issue 28, `resilience.rs`).
+    pub resilience: resilience::Resilience,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -445,6 +448,12 @@ fn resolve_args(
             "must be a finite number of seconds >= 0",
         ));
     }
+    let resilience = resilience::resolve(
+        args.max_same_failures,
+        args.health_check.as_deref(),
+        args.health_check_cmd.as_deref(),
+        args.health_check_timeout,
+    )?;
     let leftovers = match args.leftovers.clone().or_else(|| env("RDRUN_LEFTOVERS")) {
         None => LeftoverPolicy::default(),
         Some(text) => LeftoverPolicy::parse(&text).ok_or_else(|| {
@@ -547,6 +556,7 @@ fn resolve_args(
         binding,
         torch_env,
         run_env,
+        resilience,
     };
     cfg.cluster = cluster::plan(detected, &args, &cfg)?;
     if cfg.cluster.dry_run.is_some() {

@@ -270,6 +270,7 @@ impl Agent {
         let mut logs = RunLogs::new(&self.config.log, &self.config.rdzv.run_id);
         let mut restart_count = 0u32;
         let mut reason = RoundReason::Initial;
+        let mut same = super::verdict::SameFailure::default();
         let end = loop {
             // A shutdown signal that arrived between attempts ends the run before a new spawn.
             if let Some(signal) = self.queued_shutdown() {
@@ -293,11 +294,16 @@ impl Agent {
             self.clear_torch_dump_keys();
             let outcome = self.attempt(&mut logs, &asg).await;
             let outcome = self.attribute_failure(outcome).await;
+            let repeats = restart::Repeats {
+                in_a_row: same.record(&outcome),
+                max_same_failures: self.config.resilience.max_same_failures,
+            };
             let decision = restart::decide(
                 outcome.attempt_end(),
                 restart_count,
                 self.config.max_restarts,
                 self.restarts_disabled,
+                repeats,
             );
             match decision {
                 Decision::Finish => {
@@ -330,6 +336,10 @@ impl Agent {
                     };
                 }
                 Decision::GiveUp => break self.give_up(outcome, restart_count).await,
+                Decision::SameFailure => {
+                    let end = self.give_up(outcome, restart_count).await;
+                    break end.with_verdict(same.verdict());
+                }
             }
         };
         // Before finish: what finish keeps (error files the report named) must stay even if

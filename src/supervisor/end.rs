@@ -49,6 +49,15 @@ impl RunEnd {
         RunEnd::LauncherError(LaunchError::Error(Box::new(err)))
     }
 
+    /// The end with rdrun's verdict that restarting cannot help (the same failure in a row,
+    /// `verdict.rs`): a worker failure's report carries it and exits "do not requeue".
+    pub fn with_verdict(self, line: String) -> RunEnd {
+        match self {
+            RunEnd::WorkersFailed(r) => RunEnd::WorkersFailed(r.with_verdict(line)),
+            other => other,
+        }
+    }
+
     /// The failure report of this end, if it has one.
     pub fn report(&self) -> Option<&ResolvedReport> {
         match self {

@@ -24,6 +24,7 @@ pub mod restart;
 mod setup;
 pub mod signals;
 mod stop;
+pub mod verdict;
 mod watchdog;
 pub mod worker;
 

@@ -1,0 +1,152 @@
+//! What rdrun does about bad nodes and crash loops (issue 28): the health-check mode, the site's
+//! own check program and the checks' time bound (`--health-check`, `--health-check-cmd`,
+//! `--health-check-timeout`), and the stop verdict's `--max-same-failures`. Resolved here so
+//! that a bad value fails before anything starts, with one line naming the flag.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::{invalid, ConfigError};
+
+/// `--health-check off|warn|on`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HealthMode {
+    /// No check runs.
+    Off,
+    /// Checks run; a failed one is only a warning (the default: nothing that used to start
+    /// is refused).
+    #[default]
+    Warn,
+    /// A failed check keeps the node out: a static job fails fast ("bad node"), an elastic
+    /// node retries after a back-off instead of joining.
+    On,
+}
+
+impl HealthMode {
+    pub const WORDS: &'static [&'static str] = &["off", "warn", "on"];
+
+    fn parse(text: &str) -> Option<HealthMode> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "off" => Some(HealthMode::Off),
+            "warn" => Some(HealthMode::Warn),
+            "on" => Some(HealthMode::On),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for HealthMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HealthMode::Off => "off",
+            HealthMode::Warn => "warn",
+            HealthMode::On => "on",
+        })
+    }
+}
+
+/// Default bound of one check (the interpreter start, the site's program).
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
+/// `--max-same-failures` default: two attempts in a row with the same root cause.
+pub const DEFAULT_MAX_SAME_FAILURES: u32 = 2;
+
+/// The resolved settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resilience {
+    /// `--max-same-failures N` (0: never stop for a repeated failure).
+    pub max_same_failures: u32,
+    /// `--health-check`.
+    pub health: HealthMode,
+    /// `--health-check-cmd PROG`: run through `sh -c` (so a site can pass arguments); non-zero
+    /// exit or a timeout makes the node unhealthy.
+    pub health_cmd: Option<String>,
+    /// `--health-check-timeout SECS`: the bound of each check that runs a program.
+    pub health_timeout: Duration,
+}
+
+impl Default for Resilience {
+    fn default() -> Self {
+        Resilience {
+            max_same_failures: DEFAULT_MAX_SAME_FAILURES,
+            health: HealthMode::default(),
+            health_cmd: None,
+            health_timeout: DEFAULT_HEALTH_TIMEOUT,
+        }
+    }
+}
+
+/// The flags as parsed (`cli::LaunchArgs`' fields).
+pub(super) fn resolve(
+    max_same_failures: Option<i64>,
+    health: Option<&str>,
+    cmd: Option<&str>,
+    timeout: Option<f64>,
+) -> Result<Resilience, ConfigError> {
+    let mut r = Resilience::default();
+    if let Some(n) = max_same_failures {
+        r.max_same_failures = u32::try_from(n).map_err(|_| {
+            invalid(
+                "--max-same-failures",
+                n.to_string(),
+                "must be >= 0 (0: never stop for a repeated failure)",
+            )
+        })?;
+    }
+    if let Some(text) = health {
+        r.health = HealthMode::parse(text)
+            .ok_or_else(|| invalid("--health-check", text, "expected one of off, warn, on"))?;
+    }
+    r.health_cmd = cmd.filter(|c| !c.trim().is_empty()).map(String::from);
+    if let Some(secs) = timeout {
+        if !(secs > 0.0 && secs.is_finite() && secs <= 86_400.0) {
+            return Err(invalid(
+                "--health-check-timeout",
+                secs.to_string(),
+                "must be a number of seconds > 0 (at most a day)",
+            ));
+        }
+        r.health_timeout = Duration::from_secs_f64(secs);
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_values() {
+        let d = resolve(None, None, None, None).unwrap();
+        assert_eq!(d, Resilience::default());
+        assert_eq!(d.max_same_failures, 2);
+        assert_eq!(d.health, HealthMode::Warn);
+        let r = resolve(Some(0), Some("ON"), Some("/bin/check --x"), Some(1.5)).unwrap();
+        assert_eq!(r.max_same_failures, 0);
+        assert_eq!(r.health, HealthMode::On);
+        assert_eq!(r.health_cmd.as_deref(), Some("/bin/check --x"));
+        assert_eq!(r.health_timeout, Duration::from_millis(1500));
+        for w in HealthMode::WORDS {
+            assert_eq!(HealthMode::parse(w).unwrap().to_string(), *w);
+        }
+        assert_eq!(
+            resolve(None, None, Some("  "), None).unwrap().health_cmd,
+            None
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let e = resolve(Some(-1), None, None, None).unwrap_err().to_string();
+        assert!(e.contains("--max-same-failures") && e.contains("-1"), "{e}");
+        let e = resolve(None, Some("maybe"), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--health-check") && e.contains("maybe"), "{e}");
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let e = resolve(None, None, None, Some(bad))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--health-check-timeout"), "{e}");
+        }
+    }
+}

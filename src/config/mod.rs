@@ -453,6 +453,7 @@ fn resolve_args(
         args.health_check.as_deref(),
         args.health_check_cmd.as_deref(),
         args.health_check_timeout,
+        env,
     )?;
     let leftovers = match args.leftovers.clone().or_else(|| env("RDRUN_LEFTOVERS")) {
         None => LeftoverPolicy::default(),

@@ -62,6 +62,9 @@ pub struct Resilience {
     pub health_cmd: Option<String>,
     /// `--health-check-timeout SECS`: the bound of each check that runs a program.
     pub health_timeout: Duration,
+    /// `NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME` (the ones set, non-empty): the NICs the
+    /// health check finds up.
+    pub socket_ifnames: Vec<(&'static str, String)>,
 }
 
 impl Default for Resilience {
@@ -71,18 +74,29 @@ impl Default for Resilience {
             health: HealthMode::default(),
             health_cmd: None,
             health_timeout: DEFAULT_HEALTH_TIMEOUT,
+            socket_ifnames: Vec::new(),
         }
     }
 }
 
-/// The flags as parsed (`cli::LaunchArgs`' fields).
+/// The variables naming the NICs collectives use.
+pub const SOCKET_IFNAME_VARS: [&str; 2] = ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"];
+
+/// The flags as parsed (`cli::LaunchArgs`' fields), the NIC variables from `env`.
 pub(super) fn resolve(
     max_same_failures: Option<i64>,
     health: Option<&str>,
     cmd: Option<&str>,
     timeout: Option<f64>,
+    env: crate::cli::EnvFn<'_>,
 ) -> Result<Resilience, ConfigError> {
-    let mut r = Resilience::default();
+    let mut r = Resilience {
+        socket_ifnames: SOCKET_IFNAME_VARS
+            .iter()
+            .filter_map(|v| env(v).filter(|s| !s.trim().is_empty()).map(|s| (*v, s)))
+            .collect(),
+        ..Resilience::default()
+    };
     if let Some(n) = max_same_failures {
         r.max_same_failures = u32::try_from(n).map_err(|_| {
             invalid(
@@ -114,13 +128,38 @@ pub(super) fn resolve(
 mod tests {
     use super::*;
 
+    fn none(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn nic_variables() {
+        let env = |k: &str| match k {
+            "NCCL_SOCKET_IFNAME" => Some("eth,=ib0".to_string()),
+            "GLOO_SOCKET_IFNAME" => Some(" ".to_string()),
+            _ => None,
+        };
+        let r = resolve(None, None, None, None, &env).unwrap();
+        assert_eq!(
+            r.socket_ifnames,
+            vec![("NCCL_SOCKET_IFNAME", "eth,=ib0".to_string())]
+        );
+    }
+
     #[test]
     fn defaults_and_values() {
-        let d = resolve(None, None, None, None).unwrap();
+        let d = resolve(None, None, None, None, &none).unwrap();
         assert_eq!(d, Resilience::default());
         assert_eq!(d.max_same_failures, 2);
         assert_eq!(d.health, HealthMode::Warn);
-        let r = resolve(Some(0), Some("ON"), Some("/bin/check --x"), Some(1.5)).unwrap();
+        let r = resolve(
+            Some(0),
+            Some("ON"),
+            Some("/bin/check --x"),
+            Some(1.5),
+            &none,
+        )
+        .unwrap();
         assert_eq!(r.max_same_failures, 0);
         assert_eq!(r.health, HealthMode::On);
         assert_eq!(r.health_cmd.as_deref(), Some("/bin/check --x"));
@@ -129,21 +168,25 @@ mod tests {
             assert_eq!(HealthMode::parse(w).unwrap().to_string(), *w);
         }
         assert_eq!(
-            resolve(None, None, Some("  "), None).unwrap().health_cmd,
+            resolve(None, None, Some("  "), None, &none)
+                .unwrap()
+                .health_cmd,
             None
         );
     }
 
     #[test]
     fn bad_values_name_the_flag() {
-        let e = resolve(Some(-1), None, None, None).unwrap_err().to_string();
+        let e = resolve(Some(-1), None, None, None, &none)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--max-same-failures") && e.contains("-1"), "{e}");
-        let e = resolve(None, Some("maybe"), None, None)
+        let e = resolve(None, Some("maybe"), None, None, &none)
             .unwrap_err()
             .to_string();
         assert!(e.contains("--health-check") && e.contains("maybe"), "{e}");
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            let e = resolve(None, None, None, Some(bad))
+            let e = resolve(None, None, None, Some(bad), &none)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("--health-check-timeout"), "{e}");

@@ -178,6 +178,11 @@ impl Agent {
                 }
             }
         }
+        // Issue 28: a node that fails its health check does not join (`healthlink.rs`).
+        if let Err(end) = super::healthlink::gate(&config, &obs, &mut signals, rdzv.as_mut()).await
+        {
+            return end;
+        }
         let (store, master_port) = match setup::worker_store(&config, rdzv.as_ref()).await {
             Ok(s) => s,
             Err(msg) => return RunEnd::error(msg),

@@ -13,6 +13,7 @@ mod end;
 pub mod events;
 pub mod hang;
 mod hanglink;
+mod healthlink;
 pub mod ncclpath;
 mod observe;
 mod outcome;
@@ -29,4 +30,4 @@ mod watchdog;
 pub mod worker;
 
 pub use agent::run;
-pub use end::{error_chain, write_report_files, LaunchError, RunEnd};
+pub use end::{error_chain, write_end_json, write_report_files, BadNode, LaunchError, RunEnd};

@@ -1,0 +1,121 @@
+//! What a node's health checks (`crate::health`) do to the run (issue 28 item 2): the one call
+//! the agent makes ([`gate`]) once its rendezvous is started and before it joins a round or
+//! hosts a worker store.
+//!
+//! - `--health-check off`: nothing runs.
+//! - `warn` (the default): the checks run; each failed one is a warning; the run goes on.
+//! - `on`, static job (or a single node): a failed check ends the run before any worker starts,
+//!   naming the node and the check, with [`crate::exit::Exit::BadNode`] ("bad node, requeue
+//!   elsewhere"); the static rendezvous is closed with that reason so the other nodes end too
+//!   instead of waiting for this one until their timeout.
+//! - `on`, elastic job (c10d, etcd): the node does not join; it checks again after a back-off
+//!   (1 s, doubling up to 30 s), so a transient fault heals, and the others go on if MIN is met.
+//!   After the rendezvous join timeout it gives up as a bad node.
+//!
+//! Every verdict goes to the events (`health_check`) and the metrics
+//! (`rdrun_node_check_failed{check}`).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::rdzv_conf::C10dSettings;
+use crate::config::resilience::HealthMode;
+use crate::config::{LaunchConfig, RdzvBackend};
+use crate::health::{self, HealthReport, Inputs};
+use crate::rendezvous::Rendezvous;
+
+use super::end::{BadNode, RunEnd};
+use super::observe::Observer;
+use super::rdzvlink::until_shutdown;
+use super::signals::Signals;
+
+/// The first back-off of an unhealthy elastic node, and the longest.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Runs the checks and says whether this node may go on (see the module doc); `Err`: how the
+/// run ends.
+pub(super) async fn gate(
+    config: &LaunchConfig,
+    obs: &Observer,
+    signals: &mut Signals,
+    rdzv: Option<&mut Rendezvous>,
+) -> Result<(), RunEnd> {
+    let mode = config.resilience.health;
+    if !health::enabled(mode) {
+        return Ok(());
+    }
+    let inputs = Inputs::of(config);
+    let elastic = rdzv.is_some() && config.rdzv.backend != RdzvBackend::Static;
+    let give_up_at = Instant::now() + join_timeout(config);
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let report = match until_shutdown(signals, health::run(&inputs)).await {
+            Ok(r) => r,
+            Err(signal) => {
+                return Err(RunEnd::Interrupted {
+                    signal,
+                    report: None,
+                })
+            }
+        };
+        log(&report);
+        obs.get().health_checks(&report);
+        let Some(line) = report.failure_line() else {
+            return Ok(());
+        };
+        if mode == HealthMode::Warn {
+            tracing::warn!("{line} (--health-check warn: going on)");
+            return Ok(());
+        }
+        if elastic && Instant::now() + backoff < give_up_at {
+            tracing::warn!(
+                "{line}; not joining, checking again in {} s",
+                backoff.as_secs()
+            );
+            if let Err(signal) = until_shutdown(signals, tokio::time::sleep(backoff)).await {
+                return Err(RunEnd::Interrupted {
+                    signal,
+                    report: None,
+                });
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            continue;
+        }
+        let bad = BadNode::of(&report, line);
+        if let Some(rdzv) = rdzv {
+            // The other nodes of a static job end now, naming this node (elastic peers never
+            // saw this node: nothing to close for them).
+            if !elastic {
+                if let Err(err) = rdzv.close_because(&bad.line).await {
+                    tracing::warn!(
+                        "cannot close the rendezvous: {}",
+                        super::end::error_chain(&err)
+                    );
+                }
+            }
+        }
+        return Err(RunEnd::BadNode(bad));
+    }
+}
+
+/// How long an unhealthy elastic node keeps checking: the rendezvous's join timeout.
+fn join_timeout(config: &LaunchConfig) -> Duration {
+    C10dSettings::from_conf(config.nnodes, &config.rdzv.conf)
+        .map(|s| s.join_timeout)
+        .unwrap_or(Duration::from_secs(600))
+}
+
+/// Each verdict on rdrun's log: failed ones are the warning's, the others at debug.
+fn log(report: &HealthReport) {
+    for v in &report.verdicts {
+        tracing::debug!(node = %report.node, "health check: {v}");
+    }
+    tracing::info!(
+        node = %report.node,
+        took_ms = report.took.as_millis() as u64,
+        healthy = report.healthy(),
+        "health checks done"
+    );
+}

@@ -42,6 +42,7 @@ mod env;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod hang;
+mod health;
 mod mpi;
 mod multinode;
 mod observe;

@@ -194,5 +194,4 @@ pub fn node_name() -> String {
 }
 
 #[cfg(test)]
-#[path = "../health_tests.rs"]
 mod tests;

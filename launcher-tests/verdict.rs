@@ -56,10 +56,16 @@ fn the_same_value_error_twice_stops_with_do_not_requeue() {
     }
     let dir = TempDir::new("verdict_same");
     let report = dir.join("report.json");
+    let events = dir.join("events.jsonl");
     let out = launch(
         dir.path(),
         "value",
-        &["--report-json", report.to_str().unwrap()],
+        &[
+            "--report-json",
+            report.to_str().unwrap(),
+            "--events",
+            events.to_str().unwrap(),
+        ],
     );
     out.assert_code(93);
     assert_eq!(attempts(dir.path()), 2, "{out:?}");
@@ -73,6 +79,21 @@ fn the_same_value_error_twice_stops_with_do_not_requeue() {
     assert_eq!(
         json["verdict"],
         "the same failure 2 attempts in a row: ValueError at same.py:7; not restarting"
+    );
+    // The run_end event says it too; one restart happened, none after the second failure.
+    let text = std::fs::read_to_string(&events).unwrap();
+    let ev: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let end = ev.last().unwrap();
+    assert_eq!(end["event"], "run_end", "{text}");
+    assert_eq!(end["exit_code"], 93, "{text}");
+    assert_eq!(end["verdict"], json["verdict"], "{text}");
+    assert_eq!(
+        ev.iter().filter(|e| e["event"] == "restart").count(),
+        1,
+        "{text}"
     );
 }
 

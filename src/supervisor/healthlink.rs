@@ -10,7 +10,9 @@
 //!   instead of waiting for this one until their timeout.
 //! - `on`, elastic job (c10d, etcd): the node does not join; it checks again after a back-off
 //!   (1 s, doubling up to 30 s), so a transient fault heals, and the others go on if MIN is met.
-//!   After the rendezvous join timeout it gives up as a bad node.
+//!   After the rendezvous join timeout it gives up as a bad node. A node that hosts the store
+//!   (c10d `is_host`) cannot stay out without taking the store from the others: it ends the job
+//!   as a static node does.
 //!
 //! Every verdict goes to the events (`health_check`) and the metrics
 //! (`rdrun_node_check_failed{check}`).
@@ -47,7 +49,11 @@ pub(super) async fn gate(
         return Ok(());
     }
     let inputs = Inputs::of(config);
-    let elastic = rdzv.is_some() && config.rdzv.backend != RdzvBackend::Static;
+    // A node that hosts the rendezvous store cannot stay out: the others need its store, and
+    // it would take the store away when it gives up. It ends the job as a static node does.
+    let elastic = rdzv
+        .as_ref()
+        .is_some_and(|r| r.server.is_none() && config.rdzv.backend != RdzvBackend::Static);
     let give_up_at = Instant::now() + join_timeout(config);
     let mut backoff = FIRST_BACKOFF;
     loop {
@@ -85,8 +91,8 @@ pub(super) async fn gate(
         }
         let bad = BadNode::of(&report, line);
         if let Some(rdzv) = rdzv {
-            // The other nodes of a static job end now, naming this node (elastic peers never
-            // saw this node: nothing to close for them).
+            // The other nodes end now, naming this node (an elastic node that stayed out has
+            // nothing to close: its peers never counted it).
             if !elastic {
                 if let Err(err) = rdzv.close_because(&bad.line).await {
                     tracing::warn!(

@@ -544,6 +544,10 @@ impl Inner {
         if let RunEnd::RendezvousLost(e) = end {
             f.insert("error".into(), e.clone().into());
         }
+        if let Some(line) = end.report().and_then(|r| r.verdict()) {
+            // The stop verdict (issue 28.5): why a failure rdrun could retry was not.
+            f.insert("verdict".into(), line.into());
+        }
         if let RunEnd::BadNode(b) = end {
             f.insert("error".into(), b.line.clone().into());
             f.insert("node".into(), b.node.clone().into());

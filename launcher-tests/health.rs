@@ -394,3 +394,94 @@ fn a_full_log_dir_is_a_bad_node() {
     assert!(out.stderr.contains(&want), "{out:?}");
     drop(fs);
 }
+
+/// Whether this test may give rdrun a host name of its own (`unshare --uts`: root).
+fn can_set_hostname() -> bool {
+    std::process::Command::new("unshare")
+        .args(["--uts", "hostname", "rdrun-probe"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The failure memory through a file, across two jobs (issue 28 item 4, the file part): job 1's
+/// bad node writes its name to `--bad-nodes-file`; job 2 reads it with `--exclude-nodes-from`:
+/// that node stays out (exit 75, even under the default warn, without its failing check), any
+/// other node runs.
+#[test]
+fn a_bad_node_is_remembered_into_the_next_job() {
+    if !can_set_hostname() {
+        eprintln!("skipped: a host name of rdrun's own needs unshare --uts (root)");
+        return;
+    }
+    let dir = TempDir::new("health_memory");
+    let bad_file = dir.join("bad-nodes");
+    // Job 1: a static pair; node 1 (host "rdrun-bad-1") fails its check.
+    let port = free_port();
+    let agent = |rank: usize, host: &str, extra: &[&str]| {
+        Rdrun::new()
+            .timeout(AGENT_TIMEOUT)
+            .hostname(host)
+            .args([
+                "--nnodes",
+                "2",
+                "--node-rank",
+                &rank.to_string(),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                &port.to_string(),
+                "--health-check",
+                "on",
+            ])
+            .arg("--bad-nodes-file")
+            .arg(&bad_file)
+            .args(extra)
+            .args(["--no-python", "sh", "-c", WORKER, "sh"])
+            .arg(dir.path())
+            .spawn()
+    };
+    let a = agent(0, "rdrun-good-0", &[]);
+    let b = agent(1, "rdrun-bad-1", &["--health-check-cmd", "exit 1"]);
+    let outs = [a.wait(), b.wait()];
+    outs[1].assert_code(75);
+    assert!(
+        outs[1]
+            .stderr
+            .contains("node rdrun-bad-1 failed the health check: command"),
+        "{outs:?}"
+    );
+    outs[0].assert_code(1);
+    // Only the bad node is remembered, once.
+    assert_eq!(
+        std::fs::read_to_string(&bad_file).unwrap(),
+        "rdrun-bad-1\n",
+        "{outs:?}"
+    );
+    // Job 2 reads the file: the remembered node stays out before any check runs...
+    let job2 = |host: &str| {
+        Rdrun::new()
+            .hostname(host)
+            .args(["--standalone", "--nproc-per-node=1"])
+            .arg("--exclude-nodes-from")
+            .arg(&bad_file)
+            .arg("--bad-nodes-file")
+            .arg(&bad_file)
+            .args(["--no-python", "sh", "-c", WORKER, "sh"])
+            .arg(dir.path())
+            .run()
+    };
+    let out = job2("rdrun-bad-1");
+    out.assert_code(75);
+    let want = format!(
+        "node rdrun-bad-1 failed the health check: excluded: listed in {}",
+        bad_file.display()
+    );
+    assert!(out.stderr.contains(&want), "{out:?}");
+    assert_eq!(started(dir.path()), Vec::<String>::new());
+    // ...and a node not on it runs.
+    job2("rdrun-good-0").assert_code(0);
+    assert_eq!(started(dir.path()), ["started.0"]);
+    assert_eq!(std::fs::read_to_string(&bad_file).unwrap(), "rdrun-bad-1\n");
+}

@@ -119,6 +119,9 @@ pub struct LaunchArgs {
     pub health_check: Option<String>,
     pub health_check_cmd: Option<String>,
     pub health_check_timeout: Option<f64>,
+    /// rdrun's `--bad-nodes-file PATH`, `--exclude-nodes-from FILE` (read by `config`).
+    pub bad_nodes_file: Option<String>,
+    pub exclude_nodes_from: Option<String>,
     /// The dests typed on the command line (not defaults, not `PET_*`): the cluster layer's
     /// "flags" win every field, so it must know which values the user actually gave.
     pub cli_given: BTreeSet<&'static str>,
@@ -432,6 +435,8 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         health_check: b.opt_string("health_check")?,
         health_check_cmd: b.opt_string("health_check_cmd")?,
         health_check_timeout: b.float("health_check_timeout")?,
+        bad_nodes_file: b.opt_string("bad_nodes_file")?,
+        exclude_nodes_from: b.opt_string("exclude_nodes_from")?,
         cli_given,
         hang: {
             let mut given = Vec::new();

@@ -280,6 +280,18 @@ pub(super) static OPTIONS: &[OptSpec] = &[
             "rdrun: seconds each health check that runs a program may take (a check past it is killed and counts as failed).")
     },
     OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("bad_nodes_file", &["--bad-nodes-file", "--bad_nodes_file"], Kind::Str, "none",
+            "rdrun: a node that ends as a bad node (a failed health check under --health-check on, or listed by --exclude-nodes-from) appends its host name to this file, one per line (a Slurm exclude list).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("exclude_nodes_from", &["--exclude-nodes-from", "--exclude_nodes_from"], Kind::Str, "none",
+            "rdrun: host names (or Slurm hostlists) one per line, e.g. an earlier job's --bad-nodes-file: a listed node does not join (exit 75, bad node); a missing file lists none.")
+    },
+    OptSpec {
         values: HANG_MODES,
         ..hang_opt("hang_detect", &["--hang-detect"], "kill; observe when rdrun's stdin is a terminal",
             "rdrun: hang detection: kill (capture stacks, then stop and restart the group), observe (capture and report only), off. Else RDRUN_HANG_DETECT.")
@@ -370,6 +382,7 @@ pub fn flag_table() -> Vec<FlagView> {
                 "log_dir" => "DIR",
                 "report_json" | "hostfile" | "py_spy" | "events" => "PATH",
                 "health_check_cmd" => "PROG",
+                "bad_nodes_file" | "exclude_nodes_from" => "PATH",
                 _ => "VALUE",
             };
             let value = match o.kind {

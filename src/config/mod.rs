@@ -448,12 +448,17 @@ fn resolve_args(
             "must be a finite number of seconds >= 0",
         ));
     }
-    let resilience = resilience::resolve(
+    let mut resilience = resilience::resolve(
         args.max_same_failures,
         args.health_check.as_deref(),
         args.health_check_cmd.as_deref(),
         args.health_check_timeout,
         env,
+    )?;
+    resilience::resolve_memory(
+        &mut resilience,
+        args.bad_nodes_file.as_deref(),
+        args.exclude_nodes_from.as_deref(),
     )?;
     let leftovers = match args.leftovers.clone().or_else(|| env("RDRUN_LEFTOVERS")) {
         None => LeftoverPolicy::default(),

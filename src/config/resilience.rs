@@ -1,9 +1,11 @@
 //! What rdrun does about bad nodes and crash loops (issue 28): the health-check mode, the site's
 //! own check program and the checks' time bound (`--health-check`, `--health-check-cmd`,
-//! `--health-check-timeout`), and the stop verdict's `--max-same-failures`. Resolved here so
-//! that a bad value fails before anything starts, with one line naming the flag.
+//! `--health-check-timeout`), the stop verdict's `--max-same-failures`, and the failure memory
+//! between jobs (`--bad-nodes-file`, `--exclude-nodes-from`: the list read here, once). Resolved
+//! here so that a bad value fails before anything starts, with one line naming the flag.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{invalid, ConfigError};
@@ -65,6 +67,11 @@ pub struct Resilience {
     /// `NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME` (the ones set, non-empty): the NICs the
     /// health check finds up.
     pub socket_ifnames: Vec<(&'static str, String)>,
+    /// `--bad-nodes-file PATH`: a node that ends as a bad node appends its name here.
+    pub bad_nodes_file: Option<PathBuf>,
+    /// `--exclude-nodes-from FILE` and the host names it lists (Slurm hostlists expanded; a
+    /// missing file lists none: the first job of a chain has not written it yet).
+    pub exclude_from: Option<(PathBuf, Vec<String>)>,
 }
 
 impl Default for Resilience {
@@ -75,6 +82,8 @@ impl Default for Resilience {
             health_cmd: None,
             health_timeout: DEFAULT_HEALTH_TIMEOUT,
             socket_ifnames: Vec::new(),
+            bad_nodes_file: None,
+            exclude_from: None,
         }
     }
 }
@@ -122,6 +131,50 @@ pub(super) fn resolve(
         r.health_timeout = Duration::from_secs_f64(secs);
     }
     Ok(r)
+}
+
+/// Reads an exclude list (`--exclude-nodes-from`): host names or Slurm hostlists
+/// (`node[01-04]`), separated by new lines (what `--bad-nodes-file` writes) or commas outside
+/// brackets; `#` starts a comment. A missing file lists nothing.
+pub fn read_exclude_list(path: &Path) -> Result<Vec<String>, ConfigError> {
+    let flag = "--exclude-nodes-from";
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(invalid(
+                flag,
+                path.display().to_string(),
+                format!("cannot read: {e}"),
+            ))
+        }
+    };
+    let mut names = Vec::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let hosts = crate::cluster::hostlist::expand(line)
+            .map_err(|e| invalid(flag, path.display().to_string(), e.to_string()))?;
+        names.extend(hosts.into_iter().filter(|h| !h.is_empty()));
+    }
+    Ok(names)
+}
+
+/// `--bad-nodes-file`, `--exclude-nodes-from` as parsed (empty value = unset).
+pub(super) fn resolve_memory(
+    r: &mut Resilience,
+    bad_nodes_file: Option<&str>,
+    exclude_from: Option<&str>,
+) -> Result<(), ConfigError> {
+    r.bad_nodes_file = bad_nodes_file.filter(|p| !p.is_empty()).map(PathBuf::from);
+    if let Some(path) = exclude_from.filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        let names = read_exclude_list(&path)?;
+        r.exclude_from = Some((path, names));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -173,6 +226,31 @@ mod tests {
                 .health_cmd,
             None
         );
+    }
+
+    #[test]
+    fn exclude_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad");
+        std::fs::write(&path, "n1\n# a comment\nn[03-04],gpu7  # trailing\n\n").unwrap();
+        assert_eq!(
+            read_exclude_list(&path).unwrap(),
+            ["n1", "n03", "n04", "gpu7"]
+        );
+        // Missing: nothing excluded yet.
+        assert!(read_exclude_list(&dir.path().join("none"))
+            .unwrap()
+            .is_empty());
+        std::fs::write(&path, "n[1-\n").unwrap();
+        let e = read_exclude_list(&path).unwrap_err().to_string();
+        assert!(e.contains("--exclude-nodes-from"), "{e}");
+        let e = read_exclude_list(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("cannot read"), "{e}");
+        let mut r = Resilience::default();
+        resolve_memory(&mut r, Some(""), Some(path.to_str().unwrap())).unwrap_err();
+        resolve_memory(&mut r, Some("/x/bad"), None).unwrap();
+        assert_eq!(r.bad_nodes_file, Some(PathBuf::from("/x/bad")));
+        assert_eq!(r.exclude_from, None);
     }
 
     #[test]

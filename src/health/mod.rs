@@ -11,6 +11,7 @@
 
 mod checks;
 mod command;
+pub mod memory;
 
 use std::fmt;
 use std::time::{Duration, Instant};

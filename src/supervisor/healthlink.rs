@@ -45,15 +45,31 @@ pub(super) async fn gate(
     rdzv: Option<&mut Rendezvous>,
 ) -> Result<(), RunEnd> {
     let mode = config.resilience.health;
+    let mut rdzv = rdzv;
+    // A node an earlier job found bad (`--exclude-nodes-from`) stays out, whatever the mode.
+    if let Some((path, names)) = &config.resilience.exclude_from {
+        let node = health::node_name();
+        if health::memory::listed(&node, names) {
+            let line = format!(
+                "node {node} failed the health check: excluded: listed in {}",
+                path.display()
+            );
+            let bad = BadNode {
+                node,
+                line,
+                failed: vec![("excluded".into(), format!("listed in {}", path.display()))],
+            };
+            let elastic = is_elastic(config, rdzv.as_deref());
+            return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
+        }
+    }
     if !health::enabled(mode) {
         return Ok(());
     }
     let inputs = Inputs::of(config);
     // A node that hosts the rendezvous store cannot stay out: the others need its store, and
     // it would take the store away when it gives up. It ends the job as a static node does.
-    let elastic = rdzv
-        .as_ref()
-        .is_some_and(|r| r.server.is_none() && config.rdzv.backend != RdzvBackend::Static);
+    let elastic = is_elastic(config, rdzv.as_deref());
     let give_up_at = Instant::now() + join_timeout(config);
     let mut backoff = FIRST_BACKOFF;
     loop {
@@ -90,20 +106,38 @@ pub(super) async fn gate(
             continue;
         }
         let bad = BadNode::of(&report, line);
-        if let Some(rdzv) = rdzv {
-            // The other nodes end now, naming this node (an elastic node that stayed out has
-            // nothing to close: its peers never counted it).
-            if !elastic {
-                if let Err(err) = rdzv.close_because(&bad.line).await {
-                    tracing::warn!(
-                        "cannot close the rendezvous: {}",
-                        super::end::error_chain(&err)
-                    );
-                }
-            }
-        }
-        return Err(RunEnd::BadNode(bad));
+        return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
     }
+}
+
+/// Whether this node can stay out of the job while the others go on: an elastic backend
+/// (c10d, etcd), and the store is not this node's (the others need it).
+fn is_elastic(config: &LaunchConfig, rdzv: Option<&Rendezvous>) -> bool {
+    rdzv.is_some_and(|r| r.server.is_none() && config.rdzv.backend != RdzvBackend::Static)
+}
+
+/// The end of a bad node: remembered in `--bad-nodes-file`; unless it stays out of an elastic
+/// job, the rendezvous closed with the reason so that the other nodes end now, naming it.
+async fn bad_node(
+    config: &LaunchConfig,
+    bad: BadNode,
+    rdzv: Option<&mut Rendezvous>,
+    elastic: bool,
+) -> RunEnd {
+    if let Some(path) = &config.resilience.bad_nodes_file {
+        if let Err(err) = health::memory::remember(path, &bad.node) {
+            tracing::error!("--bad-nodes-file: cannot write {}: {err}", path.display());
+        }
+    }
+    if let (Some(rdzv), false) = (rdzv, elastic) {
+        if let Err(err) = rdzv.close_because(&bad.line).await {
+            tracing::warn!(
+                "cannot close the rendezvous: {}",
+                super::end::error_chain(&err)
+            );
+        }
+    }
+    RunEnd::BadNode(bad)
 }
 
 /// How long an unhealthy elastic node keeps checking: the rendezvous's join timeout.

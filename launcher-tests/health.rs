@@ -301,50 +301,6 @@ fn an_unhealthy_elastic_node_does_not_join_and_the_others_run() {
     assert_eq!(gws.trim(), "2");
 }
 
-#[test]
-fn an_unhealthy_c10d_store_host_ends_the_job_at_once() {
-    let dir = TempDir::new("health_c10d_host");
-    let port = free_port();
-    let agent = |h: usize| {
-        let mut r = Rdrun::new().timeout(AGENT_TIMEOUT).args([
-            "--nnodes",
-            "2",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            &format!("127.0.0.1:{port}"),
-            "--rdzv-id",
-            "healthhost",
-            "--rdzv-conf",
-            &format!("join_timeout=100,is_host={}", h == 1),
-            "--local-addr",
-            &format!("127.0.0.{h}"),
-            "--health-check",
-            "on",
-        ]);
-        if h == 1 {
-            r = r.args(["--health-check-cmd", "exit 1"]);
-        }
-        r.args(["--no-python", "sh", "-c", WORKER, "sh"])
-            .arg(dir.path())
-            .spawn()
-    };
-    let t0 = Instant::now();
-    let runs: Vec<_> = (1..=2).map(agent).collect();
-    let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
-    // The host did not stay out (it would take the store from the others): it ended the job.
-    outs[0].assert_code(75);
-    assert!(!outs[0].stderr.contains("not joining"), "{outs:?}");
-    outs[1].assert_code(1);
-    assert!(
-        outs[1].stderr.contains("failed the health check: command"),
-        "{outs:?}"
-    );
-    // Well before the 100 s join timeout.
-    assert!(t0.elapsed() < Duration::from_secs(60), "{outs:?}");
-    assert_eq!(started(dir.path()), Vec::<String>::new(), "{outs:?}");
-}
-
 /// A small tmpfs mounted by the test (root only; skipped otherwise), unmounted on drop.
 struct SmallTmpfs(std::path::PathBuf);
 

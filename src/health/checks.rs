@@ -18,7 +18,8 @@ pub struct Thresholds {
     pub log_dir_free: u64,
     /// Free `/dev/shm` bytes per local worker (NCCL's and DataLoader's shared memory).
     pub shm_per_worker: u64,
-    /// `MemAvailable` bytes per local worker.
+    /// `MemAvailable` bytes per local worker (low: a launch of many small workers is fine; a
+    /// node about to run out of memory is not).
     pub mem_per_worker: u64,
     /// The open-file soft limit (after rdrun raised it to the hard one).
     pub nofile: u64,
@@ -30,7 +31,7 @@ impl Default for Thresholds {
         Thresholds {
             log_dir_free: 100 * MIB,
             shm_per_worker: 32 * MIB,
-            mem_per_worker: 256 * MIB,
+            mem_per_worker: 64 * MIB,
             nofile: 1024,
         }
     }

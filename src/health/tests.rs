@@ -115,13 +115,13 @@ fn memory_and_space_floors() {
     let mut i = inputs();
     i.nproc = 4;
     let v = checks::memory(&i, "MemTotal: 1 kB\nMemAvailable:    2097152 kB\n");
-    assert_eq!(v.status, Status::Ok, "{v}"); // 2 GiB >= 4 x 256 MiB
-    i.nproc = 16;
+    assert_eq!(v.status, Status::Ok, "{v}"); // 2 GiB >= 4 x 64 MiB
+    i.nproc = 64;
     let v = checks::memory(&i, "MemAvailable:    2097152 kB\n");
     assert_eq!(v.status, Status::Failed, "{v}");
     assert!(
         v.detail
-            .contains("2048 MiB available (need 4096 MiB for 16 workers)"),
+            .contains("2048 MiB available (need 4096 MiB for 64 workers)"),
         "{v}"
     );
     assert_eq!(checks::memory(&i, "").status, Status::Skipped);

@@ -75,7 +75,13 @@ fn start(kind: &str, fail: bool, cgroup: Option<&str>) -> Job {
     if fail {
         // A grandchild forked just after the stop's SIGTERM sweep never gets it: the grace,
         // not containment, then decides when the restart comes.
-        cmd.args(["--max-restarts=100000", "--shutdown-timeout=1"]);
+        // The same failure every attempt: the stop verdict (issue 28.5) is off, so the
+        // restarts go on until the test ends the job.
+        cmd.args([
+            "--max-restarts=100000",
+            "--shutdown-timeout=1",
+            "--max-same-failures=0",
+        ]);
     }
     cmd.arg(worker("spawn_escapee")).arg(dir.path()).arg(kind);
     if fail {

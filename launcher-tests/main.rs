@@ -23,6 +23,9 @@
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
 //! - `hang`: hang detection wired into the agent, with small budgets.
+//! - `health`: node health checks before a node joins (issue 28): a static job with a bad node
+//!   fails fast naming it (exit 75), warn only warns, check time bounds, an elastic node stays out.
+//! - `verdict`: the stop verdict for a failure repeated attempt after attempt (exit 93).
 //! - `observe`: lifecycle events, the health endpoint, `/metrics`, the waiting status line.
 //! - `observe_http`: `/metrics` by `Accept` (both Python parsers), HEAD, the health port on IPv6.
 //! - `compat`: torchrun features that are "same" or "improved" (issue 15): NUMA/CPU binding of
@@ -46,6 +49,7 @@ mod env;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod hang;
+mod health;
 mod mpi;
 mod multinode;
 mod observe;
@@ -66,3 +70,4 @@ mod store;
 #[cfg(feature = "train")]
 mod train;
 mod util;
+mod verdict;

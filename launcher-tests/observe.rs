@@ -319,10 +319,38 @@ fn events_to_stderr_and_bad_observability_values() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let names: Vec<&str> = lines.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    // health_check: the default --health-check warn's one run of the checks (issue 28).
     assert_eq!(
         names,
-        ["run_start", "worker_spawn", "worker_exit", "run_end"],
+        [
+            "run_start",
+            "health_check",
+            "worker_spawn",
+            "worker_exit",
+            "run_end"
+        ],
         "{out:?}"
+    );
+    let health = &lines[1];
+    assert_eq!(health["healthy"], true, "{health}");
+    let checks: Vec<&str> = health["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["check"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        checks,
+        [
+            "interpreter",
+            "log-dir",
+            "shm",
+            "memory",
+            "nofile",
+            "nics",
+            "gpus"
+        ],
+        "{health}"
     );
     // Bad values: one line naming the flag or variable, exit 2, nothing started.
     let out = Rdrun::new()
@@ -811,6 +839,7 @@ fn c10d_wait_then_sigterm_is_recorded() {
         names,
         [
             "run_start",
+            "health_check",
             "rendezvous_start",
             "rendezvous_failed",
             "signal",
@@ -818,11 +847,11 @@ fn c10d_wait_then_sigterm_is_recorded() {
         ],
         "{text}"
     );
-    assert_eq!(ev[1]["node_rank"], Value::Null);
-    assert_eq!(ev[1]["reason"], "initial");
+    assert_eq!(ev[2]["node_rank"], Value::Null);
+    assert_eq!(ev[2]["reason"], "initial");
     assert_eq!(ev[0]["config"]["rdzv_backend"], "c10d");
-    assert_eq!(ev[3]["signal"], "SIGTERM");
-    let end = &ev[4];
+    assert_eq!(ev[4]["signal"], "SIGTERM");
+    let end = &ev[5];
     assert_eq!(end["outcome"], "interrupted");
     assert_eq!(end["signal"], "SIGTERM");
     assert_eq!(end["exit_code"], 143);

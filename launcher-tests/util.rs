@@ -74,6 +74,8 @@ pub struct Rdrun {
     cwd: Option<PathBuf>,
     /// Network namespace (`ip netns` name) to run rdrun in.
     netns: Option<String>,
+    /// Host name rdrun sees (a UTS namespace of its own, through `unshare`; root only).
+    hostname: Option<String>,
 }
 
 impl Default for Rdrun {
@@ -104,6 +106,7 @@ impl Rdrun {
             timeout: RUN_TIMEOUT,
             cwd: None,
             netns: None,
+            hostname: None,
         }
     }
 
@@ -151,14 +154,27 @@ impl Rdrun {
         self
     }
 
+    /// Runs rdrun with host name `name` in a UTS namespace of its own (`unshare --uts`, then
+    /// `hostname`, then rdrun exec'd in place: the spawned pid is rdrun's); root only.
+    pub fn hostname(mut self, name: &str) -> Rdrun {
+        self.hostname = Some(name.to_string());
+        self
+    }
+
     fn command(&self) -> Command {
-        let mut cmd = match &self.netns {
-            Some(ns) => {
+        let mut cmd = match (&self.netns, &self.hostname) {
+            (Some(ns), _) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).arg(rdrun_bin());
                 c
             }
-            None => Command::new(rdrun_bin()),
+            (None, Some(h)) => {
+                let mut c = Command::new("unshare");
+                c.args(["--uts", "sh", "-c", "hostname \"$0\" && exec \"$@\"", h])
+                    .arg(rdrun_bin());
+                c
+            }
+            (None, None) => Command::new(rdrun_bin()),
         };
         cmd.args(&self.args);
         // PET_* variables are flag fallbacks: one left in the test's environment would change

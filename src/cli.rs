@@ -120,6 +120,16 @@ pub struct LaunchArgs {
     /// rdrun's `--output collapse|all` and `--output-window SECS`.
     pub output: Option<String>,
     pub output_window: Option<String>,
+    /// rdrun's `--max-same-failures N` (checked by `config::resilience`).
+    pub max_same_failures: Option<i64>,
+    /// rdrun's `--health-check off|warn|on`, `--health-check-cmd PROG`,
+    /// `--health-check-timeout SECS` (checked by `config::resilience`).
+    pub health_check: Option<String>,
+    pub health_check_cmd: Option<String>,
+    pub health_check_timeout: Option<f64>,
+    /// rdrun's `--bad-nodes-file PATH`, `--exclude-nodes-from FILE` (read by `config`).
+    pub bad_nodes_file: Option<String>,
+    pub exclude_nodes_from: Option<String>,
     /// The dests typed on the command line (not defaults, not `PET_*`): the cluster layer's
     /// "flags" win every field, so it must know which values the user actually gave.
     pub cli_given: BTreeSet<&'static str>,
@@ -434,6 +444,12 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         stdin: b.opt_string("stdin")?,
         output: b.opt_string("output")?,
         output_window: b.opt_string("output_window")?,
+        max_same_failures: b.int("max_same_failures")?,
+        health_check: b.opt_string("health_check")?,
+        health_check_cmd: b.opt_string("health_check_cmd")?,
+        health_check_timeout: b.float("health_check_timeout")?,
+        bad_nodes_file: b.opt_string("bad_nodes_file")?,
+        exclude_nodes_from: b.opt_string("exclude_nodes_from")?,
         cli_given,
         hang: {
             let mut given = Vec::new();

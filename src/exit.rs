@@ -20,6 +20,14 @@ pub enum Exit {
     Worker(WorkerStatus),
     /// A shutdown signal reached rdrun.
     Signal(i32),
+    /// Do not requeue (issue 28.5): the same failure ended `--max-same-failures` attempts in a
+    /// row, so rdrun stopped restarting (restarts left or not); running the job again would
+    /// fail the same way. 93, the code NVIDIA's ft_launcher uses for its no-progress verdict.
+    DoNotRequeue,
+    /// Bad node, requeue elsewhere (issue 28.2): this node failed a health check before any
+    /// worker started (`--health-check on`); the job itself may be fine. 75 is sysexits'
+    /// `EX_TEMPFAIL` ("try again later"): a requeue that excludes the named node.
+    BadNode,
 }
 
 impl Exit {
@@ -32,6 +40,8 @@ impl Exit {
             Exit::Usage => 2,
             Exit::Worker(status) => status.launcher_exit_code(),
             Exit::Signal(signal) => 128 + signal,
+            Exit::DoNotRequeue => DO_NOT_REQUEUE,
+            Exit::BadNode => BAD_NODE,
         }
     }
 }
@@ -42,6 +52,10 @@ pub const SUCCESS: i32 = Exit::Success.code();
 pub const LAUNCHER_FAILURE: i32 = Exit::LauncherFailure.code();
 /// A command-line usage error (as argparse/torchrun).
 pub const USAGE: i32 = Exit::Usage.code();
+/// See [`Exit::DoNotRequeue`].
+pub const DO_NOT_REQUEUE: i32 = 93;
+/// See [`Exit::BadNode`].
+pub const BAD_NODE: i32 = 75;
 
 /// Shell convention for "terminated by signal N".
 pub const fn for_signal(signal: i32) -> i32 {
@@ -102,6 +116,13 @@ mod tests {
             LAUNCHER_FAILURE
         );
         assert!(WorkerStatus::Exited(0).success());
+        assert_eq!(Exit::DoNotRequeue.code(), 93);
+        assert_eq!(Exit::BadNode.code(), 75);
+        // Distinct from rdrun's own codes (a worker may exit with any code: documented).
+        for own in [SUCCESS, LAUNCHER_FAILURE, USAGE] {
+            assert_ne!(own, DO_NOT_REQUEUE);
+            assert_ne!(own, BAD_NODE);
+        }
         assert!(!WorkerStatus::Signaled(0).success());
     }
 }

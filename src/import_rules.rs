@@ -24,12 +24,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // endpoint, rdzv conf), which `config` owns with every other resolved flag.
     ("rendezvous", &["config", "store"]),
     ("runtime", &["store", "workerenv"]),
+    // Node health checks read the resolved config; the supervisor acts on their verdicts.
+    ("health", &["config"]),
     (
         "supervisor",
         &[
             "cluster",
             "config",
             "exit",
+            "health",
             "rendezvous",
             "store",
             "workerenv",

@@ -10,6 +10,8 @@
 //!   at spawn time (`${local_rank}`, OMP_NUM_THREADS, virtual devices).
 //! - [`cluster`]: scheduler detection (Slurm, Kubernetes, MPI, LSF, hostfiles) -> a topology with per-field sources, called by `config`.
 //! - [`exit`]: every exit code rdrun can return.
+//! - [`health`]: node health checks before a node joins a round (interpreter, disk, shm,
+//!   memory, open files, GPUs, NICs, the site's command), each a one-line verdict.
 //! - [`store`]: TCPStore-compatible key-value server and client (PyTorch's wire protocol).
 //! - [`supervisor`]: spawns, watches, stops and restarts the local worker group; output and report.
 //! - [`rendezvous`]: how agents on several nodes agree on ranks (static, c10d-like over the store,
@@ -28,14 +30,15 @@
 //!
 //! Dependency direction (enforced by the `import_rules` test): `cli`, `workerenv`, `store` and
 //! `cluster` depend on nothing else in the crate; `rendezvous` uses `store` and `config`'s spec
-//! types; `config` uses `cli`, `cluster`, `exit`, `workerenv`; `supervisor` uses `rendezvous`,
-//! `store`, `config`, `cluster`, `exit`, `workerenv`; `exit` maps `supervisor::RunEnd`;
+//! types; `config` uses `cli`, `cluster`, `exit`, `workerenv`; `health` uses `config`; `supervisor` uses
+//! `rendezvous`, `store`, `config`, `cluster`, `exit`, `health`, `workerenv`; `exit` maps `supervisor::RunEnd`;
 //! `runtime` uses only `store` and `workerenv`.
 
 pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod exit;
+pub mod health;
 pub mod rendezvous;
 pub mod runtime;
 pub mod store;

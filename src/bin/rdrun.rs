@@ -65,6 +65,13 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
     if let Some(text) = cfg.cluster.banner() {
         if cfg.cluster.dry_run.is_some() {
             print_out(&text);
+            // What this node's health checks say (issue 28), unless --health-check off; the
+            // JSON topology stays the topology alone.
+            if cfg.cluster.dry_run == Some(config::TopologyFormat::Text) {
+                if let Some(report) = rdrun::health::run_blocking(&cfg) {
+                    print_out(&report.render());
+                }
+            }
             return Exit::Success.code();
         }
         print_err(&text);
@@ -78,6 +85,7 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
             .map(PathBuf::from);
         supervisor::write_report_files(report, report_json.as_deref(), parent.as_deref());
     }
+    supervisor::write_end_json(&end, report_json.as_deref());
     if let Some(msg) = end.message() {
         print_err(&format!("{msg}\n"));
     }

@@ -76,6 +76,8 @@ pub const LEFTOVER_POLICIES: &[&str] = &["kill", "wait", "leave"];
 pub const CLUSTER_CHOICES: &[&str] = &["auto", "none", "slurm", "k8s", "mpi", "lsf", "hostfile"];
 /// `--output`.
 pub const OUTPUT_MODES: &[&str] = &["all", "collapse"];
+/// `--health-check`.
+pub const HEALTH_MODES: &[&str] = &["off", "warn", "on"];
 /// `--hang-detect`.
 pub const HANG_MODES: &[&str] = &["off", "observe", "kill"];
 
@@ -257,6 +259,43 @@ pub(super) static OPTIONS: &[OptSpec] = &[
     OptSpec {
         abbreviable: false,
         pet: false,
+        ..opt("max_same_failures", &["--max-same-failures", "--max_same_failures"], Kind::Int, "2",
+            "rdrun: stop restarting when the same failure (exception type and innermost frame, else exit status) ended this many attempts in a row, restarts left or not; exit 93 (do not requeue). 0: never.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        values: HEALTH_MODES,
+        ..opt("health_check", &["--health-check", "--health_check"], Kind::Str, "warn",
+            "rdrun: health checks before this node joins (interpreter, disk, /dev/shm, memory, open files, GPUs, NICs, --health-check-cmd): off, warn (report only), on (a static job fails fast with exit 75, bad node; an elastic node retries after a back-off).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("health_check_cmd", &["--health-check-cmd", "--health_check_cmd"], Kind::Str, "none",
+            "rdrun: the site's own node check, run with sh -c before the node joins: a non-zero exit or a timeout makes the node unhealthy; its output is shown.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("health_check_timeout", &["--health-check-timeout", "--health_check_timeout"], Kind::Float, "30",
+            "rdrun: seconds each health check that runs a program may take (a check past it is killed and counts as failed).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("bad_nodes_file", &["--bad-nodes-file", "--bad_nodes_file"], Kind::Str, "none",
+            "rdrun: a node that ends as a bad node (a failed health check under --health-check on, or listed by --exclude-nodes-from) appends its host name to this file, one per line (a Slurm exclude list).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("exclude_nodes_from", &["--exclude-nodes-from", "--exclude_nodes_from"], Kind::Str, "none",
+            "rdrun: host names (or Slurm hostlists) one per line, e.g. an earlier job's --bad-nodes-file: a listed node does not join (exit 75, bad node); a missing file lists none.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
         ..opt("wrap", &["--wrap"], Kind::Str, "none",
             "rdrun: run the chosen ranks' command under this wrapper, split as a shell would ('nsys profile -o trace_%r', 'strace -f -o st.%r'); %r, %l, %n become the rank, local rank and node rank. The wrapper's exit status is the rank's.")
     },
@@ -375,6 +414,8 @@ pub fn flag_table() -> Vec<FlagView> {
             let metavar = match o.dest {
                 "log_dir" => "DIR",
                 "report_json" | "hostfile" | "py_spy" | "events" => "PATH",
+                "health_check_cmd" => "PROG",
+                "bad_nodes_file" | "exclude_nodes_from" => "PATH",
                 _ => "VALUE",
             };
             let value = match o.kind {

@@ -38,6 +38,7 @@ mod host;
 pub mod numa;
 pub mod observe;
 pub mod rdzv_conf;
+pub mod resilience;
 pub mod runenv;
 #[cfg(test)]
 mod schedenv_tests;
@@ -218,6 +219,8 @@ pub struct LaunchConfig {
     pub torch_env: torchenv::TorchAgentEnv,
     /// The rest of rdrun's environment the run consults (`runenv.rs`).
     pub run_env: runenv::RunEnv,
+    /// Health checks and the stop verdict (issue 28, `resilience.rs`).
+    pub resilience: resilience::Resilience,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -451,6 +454,18 @@ fn resolve_args(
             "must be a finite number of seconds >= 0",
         ));
     }
+    let mut resilience = resilience::resolve(
+        args.max_same_failures,
+        args.health_check.as_deref(),
+        args.health_check_cmd.as_deref(),
+        args.health_check_timeout,
+        env,
+    )?;
+    resilience::resolve_memory(
+        &mut resilience,
+        args.bad_nodes_file.as_deref(),
+        args.exclude_nodes_from.as_deref(),
+    )?;
     let leftovers = match args.leftovers.clone().or_else(|| env("RDRUN_LEFTOVERS")) {
         None => LeftoverPolicy::default(),
         Some(text) => LeftoverPolicy::parse(&text).ok_or_else(|| {
@@ -567,6 +582,7 @@ fn resolve_args(
         console,
         torch_env,
         run_env,
+        resilience,
     };
     cfg.cluster = cluster::plan(detected, &args, &cfg)?;
     if cfg.cluster.dry_run.is_some() {

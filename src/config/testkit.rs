@@ -136,5 +136,6 @@ pub(crate) fn launch_config(
         console: Default::default(),
         torch_env: Default::default(),
         run_env: Default::default(),
+        resilience: Default::default(),
     }
 }

@@ -318,6 +318,12 @@ impl Rendezvous {
         self.close_with(Some(&why)).await
     }
 
+    /// Closes the rendezvous because of `why` (this node cannot take part: it failed its
+    /// health check, issue 28); the others say `the job <why>`.
+    pub async fn close_because(&mut self, why: &str) -> Result<(), RendezvousError> {
+        self.close_with(Some(why)).await
+    }
+
     /// The store's host closes, then waits (bounded) until every agent it knows saw the close;
     /// any other agent gives the close [`NON_HOST_CLOSE`], as the host may be gone.
     async fn close_with(&mut self, reason: Option<&str>) -> Result<(), RendezvousError> {

@@ -190,6 +190,11 @@ impl Agent {
                 }
             }
         }
+        // Issue 28: a node that fails its health check does not join (`healthlink.rs`).
+        if let Err(end) = super::healthlink::gate(&config, &obs, &mut signals, rdzv.as_mut()).await
+        {
+            return end;
+        }
         let (store, master_port) = match setup::worker_store(&config, rdzv.as_ref()).await {
             Ok(s) => s,
             Err(msg) => return RunEnd::error(msg),
@@ -287,6 +292,7 @@ impl Agent {
         let mut logs = RunLogs::new(&self.config.log, &self.config.rdzv.run_id);
         let mut restart_count = 0u32;
         let mut reason = RoundReason::Initial;
+        let mut same = super::verdict::SameFailure::default();
         let end = loop {
             // A shutdown signal that arrived between attempts ends the run before a new spawn.
             if let Some(signal) = self.queued_shutdown() {
@@ -310,11 +316,16 @@ impl Agent {
             self.clear_torch_dump_keys();
             let outcome = self.attempt(&mut logs, &asg).await;
             let outcome = self.attribute_failure(outcome).await;
+            let repeats = restart::Repeats {
+                in_a_row: same.record(&outcome),
+                max_same_failures: self.config.resilience.max_same_failures,
+            };
             let decision = restart::decide(
                 outcome.attempt_end(),
                 restart_count,
                 self.config.max_restarts,
                 self.restarts_disabled,
+                repeats,
             );
             match decision {
                 Decision::Finish => {
@@ -347,6 +358,10 @@ impl Agent {
                     };
                 }
                 Decision::GiveUp => break self.give_up(outcome, restart_count).await,
+                Decision::SameFailure => {
+                    let end = self.give_up(outcome, restart_count).await;
+                    break end.with_verdict(same.verdict());
+                }
             }
         };
         // Before finish: what finish keeps (error files the report named) must stay even if

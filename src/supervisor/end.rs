@@ -24,6 +24,53 @@ pub enum RunEnd {
     LauncherError(LaunchError),
     /// The rendezvous was closed elsewhere or its store was lost: the run cannot go on.
     RendezvousLost(String),
+    /// This node failed its health check under `--health-check on` (issue 28): no worker
+    /// started; requeue the job elsewhere.
+    BadNode(BadNode),
+}
+
+/// A node that failed its health check: what `--report-json` and the error line name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadNode {
+    pub node: String,
+    /// `node n1 failed the health check: command: ...` (every failed check).
+    pub line: String,
+    /// (check, detail) of each failed check.
+    pub failed: Vec<(String, String)>,
+}
+
+impl BadNode {
+    pub fn of(report: &crate::health::HealthReport, line: String) -> BadNode {
+        BadNode {
+            node: report.node.clone(),
+            line,
+            failed: report
+                .failed()
+                .map(|v| (v.check.to_string(), v.detail.clone()))
+                .collect(),
+        }
+    }
+
+    /// `--report-json` for a bad node (schema `rdrun.failure-report/1`, `root_cause_kind`
+    /// `"bad_node"`, no failures): `bad_node` names the node and its failed checks, so that a
+    /// requeue script can add it to `--exclude`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let checks: Vec<serde_json::Value> = self
+            .failed
+            .iter()
+            .map(|(c, d)| serde_json::json!({"check": c, "detail": d}))
+            .collect();
+        serde_json::json!({
+            "schema": "rdrun.failure-report/1",
+            "exit_code": Exit::BadNode.code(),
+            "root_cause": null,
+            "root_cause_kind": "bad_node",
+            "hang": null,
+            "verdict": null,
+            "bad_node": {"node": self.node, "message": self.line, "failed_checks": checks},
+            "failures": [],
+        })
+    }
 }
 
 impl RunEnd {
@@ -36,6 +83,7 @@ impl RunEnd {
             RunEnd::WorkersFailed(report) => report.exit(),
             RunEnd::Interrupted { signal, .. } => Exit::Signal(*signal),
             RunEnd::LauncherError(_) | RunEnd::RendezvousLost(_) => Exit::LauncherFailure,
+            RunEnd::BadNode(_) => Exit::BadNode,
         }
     }
 
@@ -47,6 +95,15 @@ impl RunEnd {
     /// A launcher error from an error value (its whole source chain is printed).
     pub fn from_error(err: impl std::error::Error + Send + Sync + 'static) -> RunEnd {
         RunEnd::LauncherError(LaunchError::Error(Box::new(err)))
+    }
+
+    /// The end with rdrun's verdict that restarting cannot help (the same failure in a row,
+    /// `verdict.rs`): a worker failure's report carries it and exits "do not requeue".
+    pub fn with_verdict(self, line: String) -> RunEnd {
+        match self {
+            RunEnd::WorkersFailed(r) => RunEnd::WorkersFailed(r.with_verdict(line)),
+            other => other,
+        }
     }
 
     /// The failure report of this end, if it has one.
@@ -67,6 +124,11 @@ impl RunEnd {
             RunEnd::Interrupted { report, .. } => report.as_ref().map(report::render),
             RunEnd::LauncherError(e) => Some(format!("rdrun: error: {e}")),
             RunEnd::RendezvousLost(msg) => Some(format!("rdrun: error: {msg}")),
+            RunEnd::BadNode(b) => Some(format!(
+                "rdrun: error: {}; no worker started (exit {}: bad node, requeue elsewhere)",
+                b.line,
+                Exit::BadNode.code()
+            )),
         }
     }
 }
@@ -103,6 +165,19 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     msg
+}
+
+/// Writes `--report-json` for an end without a failure report that still names something a
+/// requeue script needs (a bad node); errors are logged.
+pub fn write_end_json(end: &RunEnd, json: Option<&Path>) {
+    let (RunEnd::BadNode(bad), Some(path)) = (end, json) else {
+        return;
+    };
+    let mut text = serde_json::to_string_pretty(&bad.to_json()).unwrap_or_default();
+    text.push('\n');
+    if let Err(err) = std::fs::write(path, text) {
+        tracing::error!("--report-json: cannot write {}: {err}", path.display());
+    }
 }
 
 /// Writes the report's two files: `--report-json` (`json`), and the root cause's copy into a

@@ -108,6 +108,7 @@ impl FailureReport {
             resolved,
             root,
             hang: None,
+            verdict: None,
         }
     }
 }
@@ -124,6 +125,9 @@ pub struct ResolvedReport {
     root: Option<usize>,
     /// The hang that made rdrun stop the group (issue 13), when it did: the root cause.
     hang: Option<String>,
+    /// Why rdrun stopped restarting although the failure was its to retry (issue 28.5, the
+    /// same failure in a row; `verdict.rs`): then the run exits "do not requeue".
+    verdict: Option<String>,
 }
 
 impl ResolvedReport {
@@ -168,6 +172,30 @@ impl ResolvedReport {
         }
     }
 
+    /// Records rdrun's verdict that restarting cannot help (`verdict.rs`'s one line): the exit
+    /// status becomes [`crate::exit::Exit::DoNotRequeue`], the line ends the printed report and
+    /// is the JSON's `verdict`.
+    pub fn with_verdict(mut self, line: String) -> ResolvedReport {
+        self.verdict = Some(line);
+        self
+    }
+
+    /// The verdict, if any ([`ResolvedReport::with_verdict`]).
+    pub fn verdict(&self) -> Option<&str> {
+        self.verdict.as_deref()
+    }
+
+    /// The root cause's traceback (from its error file or its stderr), if it has one.
+    pub fn root_traceback(&self) -> Option<&[String]> {
+        self.root
+            .and_then(|i| self.resolved[i].traceback.as_deref())
+    }
+
+    /// The status the root cause stands for ([`Self::status_of`]); `None` without failures.
+    pub fn root_status(&self) -> Option<WorkerStatus> {
+        self.root.map(|i| self.status_of(i))
+    }
+
     /// The hang that is the root cause, if any ([`ResolvedReport::with_hang`]).
     pub fn hang(&self) -> Option<&str> {
         self.hang.as_deref()
@@ -187,6 +215,9 @@ impl ResolvedReport {
     /// [`Self::exit_code`] as an [`crate::exit::Exit`].
     pub fn exit(&self) -> crate::exit::Exit {
         use crate::exit::Exit;
+        if self.verdict.is_some() {
+            return Exit::DoNotRequeue;
+        }
         self.root
             .map(|i| Exit::Worker(self.status_of(i)))
             .filter(|e| e.code() != 0 || self.hang.is_none())
@@ -560,6 +591,20 @@ pub fn render(report: &ResolvedReport) -> String {
 }
 
 fn render_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> String {
+    let mut out = render_block(report, time);
+    if let Some(line) = &report.verdict {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&format!(
+            "rdrun: {line} (exit {}: do not requeue)",
+            crate::exit::Exit::DoNotRequeue.code()
+        ));
+    }
+    out
+}
+
+fn render_block(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> String {
     let (msg, width) = torchrun_message_with(report, time);
     if msg.is_empty() {
         return msg;
@@ -626,7 +671,9 @@ fn suffix_overlap(tail: &[String], tb: &[String]) -> usize {
 /// is torchrun's (negative for a signal); `stopped_by_rdrun`: the signal came from rdrun's stop;
 /// `stopped_after_failing`: it did, after the worker's error file recorded its failure (the
 /// worker then counts as exit 1, [`ResolvedReport::status_of`]); `exit_code` is rdrun's; `root_cause_kind` is `"hang"` when rdrun stopped the group for a
-/// hang (then `hang` is its one-line summary, else null), otherwise `"failure"`.
+/// hang (then `hang` is its one-line summary, else null), otherwise `"failure"`; `verdict`: why
+/// rdrun stopped restarting a failure it could have retried (the same failure in a row, then
+/// `exit_code` is the do-not-requeue code), else null.
 pub fn to_json(report: &ResolvedReport) -> Value {
     to_json_with(report, &format_local_time)
 }
@@ -671,6 +718,7 @@ fn to_json_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> Value 
         "root_cause": root,
         "root_cause_kind": if report.hang.is_some() { "hang" } else { "failure" },
         "hang": report.hang,
+        "verdict": report.verdict,
         "failures": failures,
     })
 }

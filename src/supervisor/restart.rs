@@ -15,7 +15,10 @@
 //!   the heartbeats tell that it is gone), so it is charged exactly as that loss would be;
 //! - once restarts are disabled (a worker stuck in D state past
 //!   TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, as torch), nothing charged follows: the run
-//!   gives up; a free membership change still regroups.
+//!   gives up; a free membership change still regroups;
+//! - a worker failure that is the same as the ones before it (`verdict.rs`: same exception type
+//!   and innermost frame, or same status) `max_same_failures` attempts in a row stops the run,
+//!   restarts left or not (issue 28.5: a deterministic bug would burn every restart); 0 = never.
 
 use std::time::Duration;
 
@@ -56,19 +59,39 @@ pub enum Decision {
     Regroup { charged: bool },
     /// The run is over and failed (or was interrupted); no restart.
     GiveUp,
+    /// The run is over: the same failure ended `max_same_failures` attempts in a row; do not
+    /// requeue.
+    SameFailure,
+}
+
+/// The stop verdict's inputs: how many attempts in a row ended with this attempt's failure
+/// (`verdict::SameFailure`), and `--max-same-failures` (0: no verdict).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Repeats {
+    pub in_a_row: u32,
+    pub max_same_failures: u32,
+}
+
+impl Repeats {
+    fn reached(self) -> bool {
+        self.max_same_failures > 0 && self.in_a_row >= self.max_same_failures
+    }
 }
 
 /// Decides what follows an attempt that ran with TORCHELASTIC_RESTART_COUNT = `restart_count`;
-/// `restarts_disabled`: no charged restart may follow, whatever the budget.
+/// `restarts_disabled`: no charged restart may follow, whatever the budget; `repeats`: the same
+/// failure in a row so far.
 pub fn decide(
     end: AttemptEnd,
     restart_count: u32,
     max_restarts: u32,
     restarts_disabled: bool,
+    repeats: Repeats,
 ) -> Decision {
     let restarts_left = restart_count < max_restarts && !restarts_disabled;
     match end {
         AttemptEnd::Succeeded => Decision::Finish,
+        AttemptEnd::Failed if repeats.reached() => Decision::SameFailure,
         AttemptEnd::Failed if restarts_left => Decision::Restart {
             restart_count: restart_count + 1,
         },
@@ -139,7 +162,7 @@ mod tests {
         ];
         for (end, count, max, want) in table {
             assert_eq!(
-                decide(end, count, max, false),
+                decide(end, count, max, false, Repeats::default()),
                 want,
                 "{end:?} {count}/{max}"
             );
@@ -165,8 +188,73 @@ mod tests {
             (Interrupted, Decision::GiveUp),
         ];
         for (end, want) in table {
-            assert_eq!(decide(end, 0, 5, true), want, "{end:?}");
+            assert_eq!(decide(end, 0, 5, true, Repeats::default()), want, "{end:?}");
         }
+    }
+
+    #[test]
+    fn the_same_failure_in_a_row_stops_restarts_left_or_not() {
+        let r = |in_a_row, max_same_failures| Repeats {
+            in_a_row,
+            max_same_failures,
+        };
+        let table = [
+            // (end, restart_count, max_restarts, repeats, expected)
+            (
+                Failed,
+                0,
+                5,
+                r(1, 2),
+                Decision::Restart { restart_count: 1 },
+            ),
+            (Failed, 1, 5, r(2, 2), Decision::SameFailure),
+            (Failed, 1, 5, r(3, 2), Decision::SameFailure),
+            // No restart left: still the verdict (do not requeue), not a plain give-up.
+            (Failed, 1, 1, r(2, 2), Decision::SameFailure),
+            // A different failure reset the count: restarts go on.
+            (
+                Failed,
+                2,
+                5,
+                r(1, 2),
+                Decision::Restart { restart_count: 3 },
+            ),
+            // Off.
+            (
+                Failed,
+                3,
+                5,
+                r(4, 0),
+                Decision::Restart { restart_count: 4 },
+            ),
+            (Failed, 0, 5, r(1, 1), Decision::SameFailure),
+            (
+                Failed,
+                0,
+                5,
+                r(2, 3),
+                Decision::Restart { restart_count: 1 },
+            ),
+            // Only a plain worker failure has a verdict.
+            (Succeeded, 1, 5, r(2, 2), Decision::Finish),
+            (
+                FailedWithPeerLoss { charged: false },
+                1,
+                5,
+                r(2, 2),
+                Decision::Regroup { charged: false },
+            ),
+            (Interrupted, 1, 5, r(2, 2), Decision::GiveUp),
+        ];
+        for (end, count, max, repeats, want) in table {
+            assert_eq!(
+                decide(end, count, max, false, repeats),
+                want,
+                "{end:?} {count}/{max} {repeats:?}"
+            );
+        }
+        // Restarts disabled (D state): the verdict still names the repeat.
+        assert_eq!(decide(Failed, 1, 5, true, r(2, 2)), Decision::SameFailure);
     }
 
     #[test]

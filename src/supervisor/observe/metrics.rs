@@ -61,6 +61,7 @@ pub struct Metrics {
     store_accepted: Counter,
     store_ops: Family<[(&'static str, String); 1], Counter>,
     store_waits: Gauge,
+    node_checks: Family<[(&'static str, String); 1], Gauge>,
     outputs: Mutex<Vec<OutputWatch>>,
     store_seen: Mutex<Option<Snapshot>>,
 }
@@ -83,10 +84,16 @@ impl Metrics {
             store_accepted: Counter::default(),
             store_ops: Family::default(),
             store_waits: Gauge::default(),
+            node_checks: Family::default(),
             outputs: Mutex::new(Vec::new()),
             store_seen: Mutex::new(None),
             registry: Registry::default(),
         };
+        registry.register(
+            "rdrun_node_check_failed",
+            "1 when this node's last health check of this kind failed (issue 28), else 0",
+            m.node_checks.clone(),
+        );
         registry.register(
             "rdrun_workers_up",
             "1 while the worker of this local rank runs (current attempt)",
@@ -207,6 +214,13 @@ impl Metrics {
         self.restarts
             .get_or_create(&[("charged", charged.to_string())])
             .inc();
+    }
+
+    /// The last verdict of one health check.
+    pub fn node_check(&self, check: &str, failed: bool) {
+        self.node_checks
+            .get_or_create(&[("check", check.to_string())])
+            .set(i64::from(failed));
     }
 
     pub fn healthy(&self, yes: bool) {

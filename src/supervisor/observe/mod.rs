@@ -453,6 +453,41 @@ impl Inner {
         self.common.attempt = next;
     }
 
+    /// One run of the node's health checks (issue 28): one `health_check` event with every
+    /// verdict, and `rdrun_node_check_failed{check}` set to 1 / 0.
+    pub fn health_checks(&mut self, report: &crate::health::HealthReport) {
+        if let Some(m) = &self.metrics {
+            for v in &report.verdicts {
+                m.node_check(v.check, v.status == crate::health::Status::Failed);
+            }
+        }
+        let checks: Vec<Value> = report
+            .verdicts
+            .iter()
+            .map(|v| {
+                json!({
+                    "check": v.check,
+                    "status": match v.status {
+                        crate::health::Status::Ok => "ok",
+                        crate::health::Status::Failed => "failed",
+                        crate::health::Status::Skipped => "skipped",
+                    },
+                    "detail": v.detail,
+                    "ms": v.took.as_millis() as u64,
+                })
+            })
+            .collect();
+        self.emit(
+            "health_check",
+            obj(json!({
+                "node": report.node,
+                "healthy": report.healthy(),
+                "ms": report.took.as_millis() as u64,
+                "checks": checks,
+            })),
+        );
+    }
+
     /// The hang detector's verdict.
     pub fn hang(&mut self, found: &HangFinding) {
         // The capture's block: the watch task rendered it, the observer prints it.
@@ -490,6 +525,7 @@ impl Inner {
             RunEnd::Interrupted { .. } => "interrupted",
             RunEnd::LauncherError(_) => "launcher_error",
             RunEnd::RendezvousLost(_) => "rendezvous_lost",
+            RunEnd::BadNode(_) => "bad_node",
         };
         self.set_health(match end {
             RunEnd::Succeeded => State::Succeeded,
@@ -511,6 +547,14 @@ impl Inner {
         }
         if let RunEnd::RendezvousLost(e) = end {
             f.insert("error".into(), e.clone().into());
+        }
+        if let Some(line) = end.report().and_then(|r| r.verdict()) {
+            // The stop verdict (issue 28.5): why a failure rdrun could retry was not.
+            f.insert("verdict".into(), line.into());
+        }
+        if let RunEnd::BadNode(b) = end {
+            f.insert("error".into(), b.line.clone().into());
+            f.insert("node".into(), b.node.clone().into());
         }
         self.emit("run_end", f);
         self.status.stop();

@@ -1,0 +1,273 @@
+//! What rdrun does about bad nodes and crash loops (issue 28): the health-check mode, the site's
+//! own check program and the checks' time bound (`--health-check`, `--health-check-cmd`,
+//! `--health-check-timeout`), the stop verdict's `--max-same-failures`, and the failure memory
+//! between jobs (`--bad-nodes-file`, `--exclude-nodes-from`: the list read here, once). Resolved
+//! here so that a bad value fails before anything starts, with one line naming the flag.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{invalid, ConfigError};
+
+/// `--health-check off|warn|on`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HealthMode {
+    /// No check runs.
+    Off,
+    /// Checks run; a failed one is only a warning (the default: nothing that used to start
+    /// is refused).
+    #[default]
+    Warn,
+    /// A failed check keeps the node out: a static job fails fast ("bad node"), an elastic
+    /// node retries after a back-off instead of joining.
+    On,
+}
+
+impl HealthMode {
+    pub const WORDS: &'static [&'static str] = &["off", "warn", "on"];
+
+    fn parse(text: &str) -> Option<HealthMode> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "off" => Some(HealthMode::Off),
+            "warn" => Some(HealthMode::Warn),
+            "on" => Some(HealthMode::On),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for HealthMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HealthMode::Off => "off",
+            HealthMode::Warn => "warn",
+            HealthMode::On => "on",
+        })
+    }
+}
+
+/// Default bound of one check (the interpreter start, the site's program).
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
+/// `--max-same-failures` default: two attempts in a row with the same root cause.
+pub const DEFAULT_MAX_SAME_FAILURES: u32 = 2;
+
+/// The resolved settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resilience {
+    /// `--max-same-failures N` (0: never stop for a repeated failure).
+    pub max_same_failures: u32,
+    /// `--health-check`.
+    pub health: HealthMode,
+    /// `--health-check-cmd PROG`: run through `sh -c` (so a site can pass arguments); non-zero
+    /// exit or a timeout makes the node unhealthy.
+    pub health_cmd: Option<String>,
+    /// `--health-check-timeout SECS`: the bound of each check that runs a program.
+    pub health_timeout: Duration,
+    /// `NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME` (the ones set, non-empty): the NICs the
+    /// health check finds up.
+    pub socket_ifnames: Vec<(&'static str, String)>,
+    /// `--bad-nodes-file PATH`: a node that ends as a bad node appends its name here.
+    pub bad_nodes_file: Option<PathBuf>,
+    /// `--exclude-nodes-from FILE` and the host names it lists (Slurm hostlists expanded; a
+    /// missing file lists none: the first job of a chain has not written it yet).
+    pub exclude_from: Option<(PathBuf, Vec<String>)>,
+}
+
+impl Default for Resilience {
+    fn default() -> Self {
+        Resilience {
+            max_same_failures: DEFAULT_MAX_SAME_FAILURES,
+            health: HealthMode::default(),
+            health_cmd: None,
+            health_timeout: DEFAULT_HEALTH_TIMEOUT,
+            socket_ifnames: Vec::new(),
+            bad_nodes_file: None,
+            exclude_from: None,
+        }
+    }
+}
+
+/// The variables naming the NICs collectives use.
+pub const SOCKET_IFNAME_VARS: [&str; 2] = ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"];
+
+/// The flags as parsed (`cli::LaunchArgs`' fields), the NIC variables from `env`.
+pub(super) fn resolve(
+    max_same_failures: Option<i64>,
+    health: Option<&str>,
+    cmd: Option<&str>,
+    timeout: Option<f64>,
+    env: crate::cli::EnvFn<'_>,
+) -> Result<Resilience, ConfigError> {
+    let mut r = Resilience {
+        socket_ifnames: SOCKET_IFNAME_VARS
+            .iter()
+            .filter_map(|v| env(v).filter(|s| !s.trim().is_empty()).map(|s| (*v, s)))
+            .collect(),
+        ..Resilience::default()
+    };
+    if let Some(n) = max_same_failures {
+        r.max_same_failures = u32::try_from(n).map_err(|_| {
+            invalid(
+                "--max-same-failures",
+                n.to_string(),
+                "must be >= 0 (0: never stop for a repeated failure)",
+            )
+        })?;
+    }
+    if let Some(text) = health {
+        r.health = HealthMode::parse(text)
+            .ok_or_else(|| invalid("--health-check", text, "expected one of off, warn, on"))?;
+    }
+    r.health_cmd = cmd.filter(|c| !c.trim().is_empty()).map(String::from);
+    if let Some(secs) = timeout {
+        if !(secs > 0.0 && secs.is_finite() && secs <= 86_400.0) {
+            return Err(invalid(
+                "--health-check-timeout",
+                secs.to_string(),
+                "must be a number of seconds > 0 (at most a day)",
+            ));
+        }
+        r.health_timeout = Duration::from_secs_f64(secs);
+    }
+    Ok(r)
+}
+
+/// Reads an exclude list (`--exclude-nodes-from`): host names or Slurm hostlists
+/// (`node[01-04]`), separated by new lines (what `--bad-nodes-file` writes) or commas outside
+/// brackets; `#` starts a comment. A missing file lists nothing.
+pub fn read_exclude_list(path: &Path) -> Result<Vec<String>, ConfigError> {
+    let flag = "--exclude-nodes-from";
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(invalid(
+                flag,
+                path.display().to_string(),
+                format!("cannot read: {e}"),
+            ))
+        }
+    };
+    let mut names = Vec::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let hosts = crate::cluster::hostlist::expand(line)
+            .map_err(|e| invalid(flag, path.display().to_string(), e.to_string()))?;
+        names.extend(hosts.into_iter().filter(|h| !h.is_empty()));
+    }
+    Ok(names)
+}
+
+/// `--bad-nodes-file`, `--exclude-nodes-from` as parsed (empty value = unset).
+pub(super) fn resolve_memory(
+    r: &mut Resilience,
+    bad_nodes_file: Option<&str>,
+    exclude_from: Option<&str>,
+) -> Result<(), ConfigError> {
+    r.bad_nodes_file = bad_nodes_file.filter(|p| !p.is_empty()).map(PathBuf::from);
+    if let Some(path) = exclude_from.filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        let names = read_exclude_list(&path)?;
+        r.exclude_from = Some((path, names));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn none(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn nic_variables() {
+        let env = |k: &str| match k {
+            "NCCL_SOCKET_IFNAME" => Some("eth,=ib0".to_string()),
+            "GLOO_SOCKET_IFNAME" => Some(" ".to_string()),
+            _ => None,
+        };
+        let r = resolve(None, None, None, None, &env).unwrap();
+        assert_eq!(
+            r.socket_ifnames,
+            vec![("NCCL_SOCKET_IFNAME", "eth,=ib0".to_string())]
+        );
+    }
+
+    #[test]
+    fn defaults_and_values() {
+        let d = resolve(None, None, None, None, &none).unwrap();
+        assert_eq!(d, Resilience::default());
+        assert_eq!(d.max_same_failures, 2);
+        assert_eq!(d.health, HealthMode::Warn);
+        let r = resolve(
+            Some(0),
+            Some("ON"),
+            Some("/bin/check --x"),
+            Some(1.5),
+            &none,
+        )
+        .unwrap();
+        assert_eq!(r.max_same_failures, 0);
+        assert_eq!(r.health, HealthMode::On);
+        assert_eq!(r.health_cmd.as_deref(), Some("/bin/check --x"));
+        assert_eq!(r.health_timeout, Duration::from_millis(1500));
+        for w in HealthMode::WORDS {
+            assert_eq!(HealthMode::parse(w).unwrap().to_string(), *w);
+        }
+        assert_eq!(
+            resolve(None, None, Some("  "), None, &none)
+                .unwrap()
+                .health_cmd,
+            None
+        );
+    }
+
+    #[test]
+    fn exclude_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad");
+        std::fs::write(&path, "n1\n# a comment\nn[03-04],gpu7  # trailing\n\n").unwrap();
+        assert_eq!(
+            read_exclude_list(&path).unwrap(),
+            ["n1", "n03", "n04", "gpu7"]
+        );
+        // Missing: nothing excluded yet.
+        assert!(read_exclude_list(&dir.path().join("none"))
+            .unwrap()
+            .is_empty());
+        std::fs::write(&path, "n[1-\n").unwrap();
+        let e = read_exclude_list(&path).unwrap_err().to_string();
+        assert!(e.contains("--exclude-nodes-from"), "{e}");
+        let e = read_exclude_list(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("cannot read"), "{e}");
+        let mut r = Resilience::default();
+        resolve_memory(&mut r, Some(""), Some(path.to_str().unwrap())).unwrap_err();
+        resolve_memory(&mut r, Some("/x/bad"), None).unwrap();
+        assert_eq!(r.bad_nodes_file, Some(PathBuf::from("/x/bad")));
+        assert_eq!(r.exclude_from, None);
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let e = resolve(Some(-1), None, None, None, &none)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--max-same-failures") && e.contains("-1"), "{e}");
+        let e = resolve(None, Some("maybe"), None, None, &none)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--health-check") && e.contains("maybe"), "{e}");
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let e = resolve(None, None, None, Some(bad), &none)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--health-check-timeout"), "{e}");
+        }
+    }
+}

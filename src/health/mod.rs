@@ -1,0 +1,198 @@
+//! Node health checks before a node joins a round (issue 28 items 1–2): what is checked, each
+//! check's one-line verdict, and the report of one run of them. The checks themselves are in
+//! `checks.rs`, the bounded program runner (interpreter, `nvidia-smi`, the site's
+//! `--health-check-cmd`) in `command.rs`. What a failed check does to the run (warn, fail fast,
+//! retry after a back-off) is the supervisor's (`supervisor/healthlink.rs`); this module only
+//! looks and says what it saw.
+//!
+//! Every check is bounded: the ones that run a program by `--health-check-timeout` (the program's
+//! process group is killed at the bound and the check fails), the others read the file system or
+//! `/proc` once. They run concurrently, so a run of them takes about as long as the slowest.
+
+mod checks;
+mod command;
+pub mod memory;
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::config::resilience::HealthMode;
+use crate::config::{EntrypointKind, LaunchConfig};
+
+pub use checks::Thresholds;
+
+/// How one check ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    Failed,
+    /// Not applicable here (no GPU tool, no `--log-dir`, `--no-python`): the note says why.
+    Skipped,
+}
+
+/// One check's verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Short stable name (`interpreter`, `log-dir`, `shm`, `memory`, `nofile`, `gpus`, `nics`,
+    /// `command`): events, metrics and `--report-json` use it.
+    pub check: &'static str,
+    pub status: Status,
+    /// What was seen, one line (a failed program's last output lines are joined with ` | `).
+    pub detail: String,
+    pub took: Duration,
+}
+
+impl fmt::Display for Verdict {
+    /// `ok      interpreter: /usr/bin/python3 starts (41 ms)`, `FAILED  command: ...`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let word = match self.status {
+            Status::Ok => "ok",
+            Status::Failed => "FAILED",
+            Status::Skipped => "skipped",
+        };
+        write!(
+            f,
+            "{word:<7} {}: {} ({} ms)",
+            self.check,
+            self.detail,
+            self.took.as_millis()
+        )
+    }
+}
+
+/// The verdicts of one run of every check on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthReport {
+    /// This node's host name (what a requeue script passes to `--exclude`).
+    pub node: String,
+    pub verdicts: Vec<Verdict>,
+    pub took: Duration,
+}
+
+impl HealthReport {
+    /// The checks that failed.
+    pub fn failed(&self) -> impl Iterator<Item = &Verdict> {
+        self.verdicts.iter().filter(|v| v.status == Status::Failed)
+    }
+
+    pub fn healthy(&self) -> bool {
+        self.failed().next().is_none()
+    }
+
+    /// `node n1 failed the health check: command: exit 1 | no GPU; interpreter: ...`; `None`
+    /// when healthy.
+    pub fn failure_line(&self) -> Option<String> {
+        let failed: Vec<String> = self
+            .failed()
+            .map(|v| format!("{}: {}", v.check, v.detail))
+            .collect();
+        (!failed.is_empty()).then(|| {
+            format!(
+                "node {} failed the health check: {}",
+                self.node,
+                failed.join("; ")
+            )
+        })
+    }
+
+    /// The block `--dry-run` prints: a title line, then one line per check.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "Health checks on {} ({} ms):\n",
+            self.node,
+            self.took.as_millis()
+        );
+        for v in &self.verdicts {
+            out.push_str(&format!("  {v}\n"));
+        }
+        out
+    }
+}
+
+/// What the checks read of the launch (from [`LaunchConfig`], or built by tests).
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// The worker interpreter of a Python launch; `None` for `--no-python`.
+    pub python: Option<std::path::PathBuf>,
+    pub log_dir: Option<std::path::PathBuf>,
+    pub nproc: usize,
+    /// `NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME` as (variable, value), the ones set.
+    pub nics: Vec<(&'static str, String)>,
+    /// `CUDA_VISIBLE_DEVICES` when set (the GPUs a worker may use).
+    pub cuda_visible: Option<String>,
+    /// rdrun's PATH (where `nvidia-smi` is looked for).
+    pub path: Option<std::ffi::OsString>,
+    pub command: Option<String>,
+    pub timeout: Duration,
+    pub thresholds: Thresholds,
+}
+
+impl Inputs {
+    pub fn of(config: &LaunchConfig) -> Inputs {
+        let python = match config.command.kind {
+            EntrypointKind::Exec => None,
+            _ => Some(config.command.program.clone()),
+        };
+        let r = &config.resilience;
+        Inputs {
+            python,
+            log_dir: config.log.log_dir.clone(),
+            nproc: config.nproc_per_node,
+            nics: r.socket_ifnames.clone(),
+            cuda_visible: config.run_env.var("CUDA_VISIBLE_DEVICES"),
+            path: config.run_env.path.clone(),
+            command: r.health_cmd.clone(),
+            timeout: r.health_timeout,
+            thresholds: Thresholds::default(),
+        }
+    }
+}
+
+/// Whether checks run at all under `mode`.
+pub fn enabled(mode: HealthMode) -> bool {
+    mode != HealthMode::Off
+}
+
+/// Runs every check once, concurrently, each within its bound.
+pub async fn run(inputs: &Inputs) -> HealthReport {
+    let t0 = Instant::now();
+    let (interp, gpus, cmd) = tokio::join!(
+        checks::interpreter(inputs),
+        checks::gpus(inputs),
+        checks::command(inputs),
+    );
+    let mut verdicts = vec![interp];
+    verdicts.extend(checks::local(inputs));
+    verdicts.push(gpus);
+    verdicts.extend(cmd);
+    HealthReport {
+        node: node_name(),
+        verdicts,
+        took: t0.elapsed(),
+    }
+}
+
+/// [`run`] outside any async runtime (`--dry-run`); `None` under `--health-check off` or when
+/// no runtime can be built.
+pub fn run_blocking(config: &LaunchConfig) -> Option<HealthReport> {
+    if !enabled(config.resilience.health) {
+        return None;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    let inputs = Inputs::of(config);
+    Some(rt.block_on(run(&inputs)))
+}
+
+/// This node's host name (`gethostname`), as a requeue script's `--exclude` would name it.
+pub fn node_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+#[cfg(test)]
+mod tests;

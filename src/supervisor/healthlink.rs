@@ -1,0 +1,161 @@
+//! What a node's health checks (`crate::health`) do to the run (issue 28 item 2): the one call
+//! the agent makes ([`gate`]) once its rendezvous is started and before it joins a round or
+//! hosts a worker store.
+//!
+//! - `--health-check off`: nothing runs.
+//! - `warn` (the default): the checks run; each failed one is a warning; the run goes on.
+//! - `on`, static job (or a single node): a failed check ends the run before any worker starts,
+//!   naming the node and the check, with [`crate::exit::Exit::BadNode`] ("bad node, requeue
+//!   elsewhere"); the static rendezvous is closed with that reason so the other nodes end too
+//!   instead of waiting for this one until their timeout.
+//! - `on`, elastic job (c10d, etcd): the node does not join; it checks again after a back-off
+//!   (1 s, doubling up to 30 s), so a transient fault heals, and the others go on if MIN is met.
+//!   After the rendezvous join timeout it gives up as a bad node. A node that hosts the store
+//!   (c10d `is_host`) cannot stay out without taking the store from the others: it ends the job
+//!   as a static node does.
+//!
+//! Every verdict goes to the events (`health_check`) and the metrics
+//! (`rdrun_node_check_failed{check}`).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::rdzv_conf::C10dSettings;
+use crate::config::resilience::HealthMode;
+use crate::config::{LaunchConfig, RdzvBackend};
+use crate::health::{self, HealthReport, Inputs};
+use crate::rendezvous::Rendezvous;
+
+use super::end::{BadNode, RunEnd};
+use super::observe::Observer;
+use super::rdzvlink::until_shutdown;
+use super::signals::Signals;
+
+/// The first back-off of an unhealthy elastic node, and the longest.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Runs the checks and says whether this node may go on (see the module doc); `Err`: how the
+/// run ends.
+pub(super) async fn gate(
+    config: &LaunchConfig,
+    obs: &Observer,
+    signals: &mut Signals,
+    rdzv: Option<&mut Rendezvous>,
+) -> Result<(), RunEnd> {
+    let mode = config.resilience.health;
+    let mut rdzv = rdzv;
+    // A node an earlier job found bad (`--exclude-nodes-from`) stays out, whatever the mode.
+    if let Some((path, names)) = &config.resilience.exclude_from {
+        let node = health::node_name();
+        if health::memory::listed(&node, names) {
+            let line = format!(
+                "node {node} failed the health check: excluded: listed in {}",
+                path.display()
+            );
+            let bad = BadNode {
+                node,
+                line,
+                failed: vec![("excluded".into(), format!("listed in {}", path.display()))],
+            };
+            let elastic = is_elastic(config, rdzv.as_deref());
+            return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
+        }
+    }
+    if !health::enabled(mode) {
+        return Ok(());
+    }
+    let inputs = Inputs::of(config);
+    // A node that hosts the rendezvous store cannot stay out: the others need its store, and
+    // it would take the store away when it gives up. It ends the job as a static node does.
+    let elastic = is_elastic(config, rdzv.as_deref());
+    let give_up_at = Instant::now() + join_timeout(config);
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let report = match until_shutdown(signals, health::run(&inputs)).await {
+            Ok(r) => r,
+            Err(signal) => {
+                return Err(RunEnd::Interrupted {
+                    signal,
+                    report: None,
+                })
+            }
+        };
+        log(&report);
+        obs.get().health_checks(&report);
+        let Some(line) = report.failure_line() else {
+            return Ok(());
+        };
+        if mode == HealthMode::Warn {
+            tracing::warn!("{line} (--health-check warn: going on)");
+            return Ok(());
+        }
+        if elastic && Instant::now() + backoff < give_up_at {
+            tracing::warn!(
+                "{line}; not joining, checking again in {} s",
+                backoff.as_secs()
+            );
+            if let Err(signal) = until_shutdown(signals, tokio::time::sleep(backoff)).await {
+                return Err(RunEnd::Interrupted {
+                    signal,
+                    report: None,
+                });
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            continue;
+        }
+        let bad = BadNode::of(&report, line);
+        return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
+    }
+}
+
+/// Whether this node can stay out of the job while the others go on: an elastic backend
+/// (c10d, etcd), and the store is not this node's (the others need it).
+fn is_elastic(config: &LaunchConfig, rdzv: Option<&Rendezvous>) -> bool {
+    rdzv.is_some_and(|r| r.server.is_none() && config.rdzv.backend != RdzvBackend::Static)
+}
+
+/// The end of a bad node: remembered in `--bad-nodes-file`; unless it stays out of an elastic
+/// job, the rendezvous closed with the reason so that the other nodes end now, naming it.
+async fn bad_node(
+    config: &LaunchConfig,
+    bad: BadNode,
+    rdzv: Option<&mut Rendezvous>,
+    elastic: bool,
+) -> RunEnd {
+    if let Some(path) = &config.resilience.bad_nodes_file {
+        if let Err(err) = health::memory::remember(path, &bad.node) {
+            tracing::error!("--bad-nodes-file: cannot write {}: {err}", path.display());
+        }
+    }
+    if let (Some(rdzv), false) = (rdzv, elastic) {
+        if let Err(err) = rdzv.close_because(&bad.line).await {
+            tracing::warn!(
+                "cannot close the rendezvous: {}",
+                super::end::error_chain(&err)
+            );
+        }
+    }
+    RunEnd::BadNode(bad)
+}
+
+/// How long an unhealthy elastic node keeps checking: the rendezvous's join timeout.
+fn join_timeout(config: &LaunchConfig) -> Duration {
+    C10dSettings::from_conf(config.nnodes, &config.rdzv.conf)
+        .map(|s| s.join_timeout)
+        .unwrap_or(Duration::from_secs(600))
+}
+
+/// Each verdict on rdrun's log: failed ones are the warning's, the others at debug.
+fn log(report: &HealthReport) {
+    for v in &report.verdicts {
+        tracing::debug!(node = %report.node, "health check: {v}");
+    }
+    tracing::info!(
+        node = %report.node,
+        took_ms = report.took.as_millis() as u64,
+        healthy = report.healthy(),
+        "health checks done"
+    );
+}

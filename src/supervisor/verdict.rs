@@ -1,0 +1,161 @@
+//! The stop verdict for deterministic crashes (issue 28 item 5): what "the same failure" means,
+//! and the count of same failures in a row that [`super::restart::decide`] reads.
+//!
+//! A failed attempt's signature is its root cause's (the rank [`super::report`] chose): the
+//! exception type and the innermost frame (file and line) of its Python traceback, from the
+//! error file's `py_callstack` or from stderr; without a traceback, its exit status. The
+//! exception's message is not part of it (it often carries a step number or a tensor value that
+//! differs between two runs of the same bug). An attempt that did not end with a plain worker
+//! failure (success, a regroup, a peer loss, a hang, a signal to rdrun, a launcher error) has no
+//! signature and resets the count: only failures that follow each other directly are "in a row".
+
+use std::fmt;
+
+use crate::exit::WorkerStatus;
+
+use super::outcome::Outcome;
+use super::report::{signal_name, FailureReport, ResolvedReport};
+
+/// What identifies a root cause across attempts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Signature {
+    /// A Python exception: its type (as printed, `torch.OutOfMemoryError`) and innermost frame.
+    Exception {
+        kind: String,
+        file: String,
+        line: u32,
+    },
+    /// No traceback: the worker's exit status.
+    Status(WorkerStatus),
+}
+
+impl fmt::Display for Signature {
+    /// `ValueError at train.py:88` (the file's last path component), `exit code 3`,
+    /// `signal 9 (SIGKILL)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Signature::Exception { kind, file, line } => {
+                let base = file.rsplit('/').next().unwrap_or(file);
+                write!(f, "{kind} at {base}:{line}")
+            }
+            Signature::Status(WorkerStatus::Exited(code)) => write!(f, "exit code {code}"),
+            Signature::Status(WorkerStatus::Signaled(n)) => match signal_name(*n) {
+                Some(name) => write!(f, "signal {n} ({name})"),
+                None => write!(f, "signal {n}"),
+            },
+        }
+    }
+}
+
+/// The exception type and innermost frame of a Python traceback (`Traceback (most recent call
+/// last):`, `  File "x.py", line 88, in f`, ..., `ValueError: msg`); `None` when the lines hold
+/// no frame or no exception line. For a chained exception the last traceback is the one that
+/// ended the process, so the last frame line and the last exception line are taken.
+pub fn parse_traceback(lines: &[String]) -> Option<(String, String, u32)> {
+    let frame = lines.iter().rev().find_map(|l| frame_of(l))?;
+    let kind = lines.iter().rev().find_map(|l| exception_of(l))?;
+    Some((kind, frame.0, frame.1))
+}
+
+/// `  File "x.py", line 88, in f` → (`x.py`, 88).
+fn frame_of(line: &str) -> Option<(String, u32)> {
+    let rest = line.trim_start().strip_prefix("File \"")?;
+    let (file, rest) = rest.split_once("\", line ")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    Some((file.to_string(), digits.parse().ok()?))
+}
+
+/// `ValueError: msg`, `KeyboardInterrupt`, `torch.OutOfMemoryError: ...` → the type; `None` for
+/// an indented line, a traceback header or chaining text.
+fn exception_of(line: &str) -> Option<String> {
+    if line.is_empty() || line.starts_with(char::is_whitespace) || line.starts_with("Traceback") {
+        return None;
+    }
+    let head = line.split_once(':').map_or(line, |(h, _)| h).trim_end();
+    let is_name = !head.is_empty()
+        && head
+            .split('.')
+            .all(|p| !p.is_empty() && p.chars().all(|c| c == '_' || c.is_alphanumeric()));
+    is_name.then(|| head.to_string())
+}
+
+/// The signature of a resolved report's root cause; `None` without a root cause or for a hang
+/// (rdrun stopped the group: not the program's own failure).
+pub fn of_report(report: &ResolvedReport) -> Option<Signature> {
+    if report.hang().is_some() {
+        return None;
+    }
+    let status = report.root_status()?;
+    let parsed = report.root_traceback().and_then(parse_traceback);
+    Some(match parsed {
+        Some((kind, file, line)) => Signature::Exception { kind, file, line },
+        None => Signature::Status(status),
+    })
+}
+
+/// The count of same failures in a row, updated once per attempt.
+#[derive(Debug, Default)]
+pub struct SameFailure {
+    last: Option<Signature>,
+    in_a_row: u32,
+}
+
+impl SameFailure {
+    /// Records the signature of an attempt's end (`None`: not a plain worker failure) and
+    /// returns how many attempts in a row ended with it (0 without one).
+    pub fn record_signature(&mut self, sig: Option<Signature>) -> u32 {
+        match sig {
+            Some(s) if self.last.as_ref() == Some(&s) => {
+                self.in_a_row = self.in_a_row.saturating_add(1)
+            }
+            Some(s) => {
+                self.last = Some(s);
+                self.in_a_row = 1;
+            }
+            None => {
+                self.last = None;
+                self.in_a_row = 0;
+            }
+        }
+        self.in_a_row
+    }
+
+    /// [`Self::record_signature`] of how an attempt ended. A plain worker failure's error files
+    /// are read here to find its root cause (they are read again for the final report: the
+    /// root cause cannot change in between, the files belong to a finished attempt).
+    pub(super) fn record(&mut self, outcome: &Outcome) -> u32 {
+        let sig = match outcome {
+            Outcome::Failed {
+                failures,
+                peer_loss: None,
+                hang: None,
+            } => of_report(
+                &FailureReport {
+                    name: String::new(),
+                    host: String::new(),
+                    failures: failures.clone(),
+                }
+                .resolve(),
+            ),
+            _ => None,
+        };
+        self.record_signature(sig)
+    }
+
+    /// The one line that says why rdrun stops: `the same failure 2 attempts in a row:
+    /// ValueError at train.py:88; not restarting`.
+    pub fn verdict(&self) -> String {
+        let what = self
+            .last
+            .as_ref()
+            .map_or_else(|| "unknown".to_string(), ToString::to_string);
+        format!(
+            "the same failure {} attempts in a row: {what}; not restarting",
+            self.in_a_row
+        )
+    }
+}
+
+#[cfg(test)]
+#[path = "verdict_tests.rs"]
+mod tests;

@@ -1,0 +1,188 @@
+//! Unit tests of `verdict.rs`: traceback parsing, signatures and the count in a row.
+
+use super::*;
+
+fn lines(text: &str) -> Vec<String> {
+    text.lines().map(String::from).collect()
+}
+
+const SIMPLE: &str = r#"Traceback (most recent call last):
+  File "/home/u/train.py", line 120, in <module>
+    main()
+  File "/home/u/train.py", line 88, in main
+    raise ValueError(f"bad batch {step}")
+ValueError: bad batch 17"#;
+
+#[test]
+fn innermost_frame_and_type() {
+    assert_eq!(
+        parse_traceback(&lines(SIMPLE)),
+        Some(("ValueError".into(), "/home/u/train.py".into(), 88))
+    );
+}
+
+#[test]
+fn chained_exception_takes_the_last_traceback() {
+    let text = r#"Traceback (most recent call last):
+  File "a.py", line 3, in f
+    x = d["k"]
+        ~^^^^^
+KeyError: 'k'
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "b.py", line 9, in <module>
+    raise RuntimeError("wrapped")
+torch.distributed.DistBackendError: wrapped: the store is gone"#;
+    assert_eq!(
+        parse_traceback(&lines(text)),
+        Some((
+            "torch.distributed.DistBackendError".into(),
+            "b.py".into(),
+            9
+        ))
+    );
+}
+
+#[test]
+fn exception_without_message_and_garbage() {
+    let kb = "Traceback (most recent call last):\n  File \"t.py\", line 5, in <module>\n    time.sleep(9)\nKeyboardInterrupt";
+    assert_eq!(
+        parse_traceback(&lines(kb)),
+        Some(("KeyboardInterrupt".into(), "t.py".into(), 5))
+    );
+    // No frame, or no exception line: no exception signature.
+    assert_eq!(parse_traceback(&lines("ValueError: x")), None);
+    assert_eq!(
+        parse_traceback(&lines("  File \"t.py\", line 5, in f\n    g()\n")),
+        None
+    );
+    assert_eq!(parse_traceback(&[]), None);
+    // A prose line is not an exception type.
+    assert_eq!(
+        exception_of("During handling of the above exception, x:"),
+        None
+    );
+    assert_eq!(exception_of("  ValueError: indented"), None);
+}
+
+#[test]
+fn display_is_short() {
+    let s = Signature::Exception {
+        kind: "ValueError".into(),
+        file: "/home/u/train.py".into(),
+        line: 88,
+    };
+    assert_eq!(s.to_string(), "ValueError at train.py:88");
+    assert_eq!(
+        Signature::Status(WorkerStatus::Exited(3)).to_string(),
+        "exit code 3"
+    );
+    assert_eq!(
+        Signature::Status(WorkerStatus::Signaled(9)).to_string(),
+        "signal 9 (SIGKILL)"
+    );
+}
+
+fn exc(kind: &str, line: u32) -> Option<Signature> {
+    Some(Signature::Exception {
+        kind: kind.into(),
+        file: "train.py".into(),
+        line,
+    })
+}
+
+#[test]
+fn count_in_a_row_resets_on_a_different_failure_or_another_end() {
+    let mut s = SameFailure::default();
+    assert_eq!(s.record_signature(exc("ValueError", 88)), 1);
+    assert_eq!(s.record_signature(exc("ValueError", 88)), 2);
+    assert_eq!(
+        s.verdict(),
+        "the same failure 2 attempts in a row: ValueError at train.py:88; not restarting"
+    );
+    assert_eq!(s.record_signature(exc("ValueError", 88)), 3);
+    // Another line of the same type is another failure.
+    assert_eq!(s.record_signature(exc("ValueError", 89)), 1);
+    // Another type at the same line too.
+    assert_eq!(s.record_signature(exc("KeyError", 89)), 1);
+    assert_eq!(s.record_signature(exc("KeyError", 89)), 2);
+    // A regroup, a hang, a success in between: no longer in a row.
+    assert_eq!(s.record_signature(None), 0);
+    assert_eq!(s.record_signature(exc("KeyError", 89)), 1);
+    // Exit statuses without a traceback.
+    let st = |c| Some(Signature::Status(WorkerStatus::Exited(c)));
+    assert_eq!(s.record_signature(st(3)), 1);
+    assert_eq!(s.record_signature(st(3)), 2);
+    assert_eq!(s.record_signature(st(4)), 1);
+}
+
+fn failure(rank: usize, status: WorkerStatus, tb: Option<&str>) -> super::super::report::Failure {
+    super::super::report::Failure {
+        local_rank: rank,
+        rank,
+        pid: 100 + rank as u32,
+        status,
+        observed_at: std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000 + rank as u64),
+        error_file: None,
+        stderr_tail: Vec::new(),
+        traceback: tb.map(lines),
+        abandoned: false,
+        stop_sent_at: None,
+    }
+}
+
+fn report(failures: Vec<super::super::report::Failure>) -> ResolvedReport {
+    FailureReport {
+        name: "train.py".into(),
+        host: "h".into(),
+        failures,
+    }
+    .resolve()
+}
+
+#[test]
+fn signature_of_the_root_cause() {
+    // The first failure is the root cause; its stderr traceback gives the signature.
+    let r = report(vec![
+        failure(0, WorkerStatus::Exited(1), Some(SIMPLE)),
+        failure(1, WorkerStatus::Signaled(15), None),
+    ]);
+    assert_eq!(
+        of_report(&r).map(|s| s.to_string()),
+        Some("ValueError at train.py:88".into())
+    );
+    // No traceback: the status.
+    let r = report(vec![failure(0, WorkerStatus::Exited(7), None)]);
+    assert_eq!(
+        of_report(&r),
+        Some(Signature::Status(WorkerStatus::Exited(7)))
+    );
+    // A traceback printed before a chosen exit status is not the cause (report.rs's rule).
+    let r = report(vec![failure(0, WorkerStatus::Exited(7), Some(SIMPLE))]);
+    assert_eq!(
+        of_report(&r),
+        Some(Signature::Status(WorkerStatus::Exited(7)))
+    );
+    // A hang rdrun stopped has no signature.
+    let r =
+        report(vec![failure(0, WorkerStatus::Signaled(9), None)]).with_hang(Some(0), "x".into());
+    assert_eq!(of_report(&r), None);
+    assert_eq!(of_report(&report(Vec::new())), None);
+}
+
+#[test]
+fn signature_from_the_error_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("error.json");
+    let doc = serde_json::json!({"message": {"message": "ValueError: boom",
+        "extraInfo": {"py_callstack": SIMPLE, "timestamp": "1000"}}});
+    std::fs::write(&path, doc.to_string()).unwrap();
+    let mut f = failure(0, WorkerStatus::Exited(1), None);
+    f.error_file = Some(path);
+    assert_eq!(
+        of_report(&report(vec![f])).map(|s| s.to_string()),
+        Some("ValueError at train.py:88".into())
+    );
+}

@@ -74,6 +74,8 @@ pub const EVENT_HANDLERS: &[&str] = &["null", "console"];
 pub const LEFTOVER_POLICIES: &[&str] = &["kill", "wait", "leave"];
 /// `--cluster`.
 pub const CLUSTER_CHOICES: &[&str] = &["auto", "none", "slurm", "k8s", "mpi", "lsf", "hostfile"];
+/// `--warm-start`.
+pub const WARM_MODES: &[&str] = &["off", "on", "auto"];
 /// `--hang-detect`.
 pub const HANG_MODES: &[&str] = &["off", "observe", "kill"];
 
@@ -251,6 +253,19 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         pet: false,
         ..opt("metrics_addr", &["--metrics-addr", "--metrics_addr"], Kind::Str, "none",
             "rdrun: serve Prometheus metrics at http://HOST:PORT/metrics and the health state at /healthz (PORT alone: loopback). Else RDRUN_METRICS_ADDR.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        values: WARM_MODES,
+        ..opt("warm_start", &["--warm-start", "--warm_start"], Kind::Str, "off",
+            "rdrun: start Python workers by forking them from a per-node template interpreter that imported the --preload modules once: off, on, auto (on for Python workers; reasons to spawn cold said at INFO). Else RDRUN_WARM_START.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("preload", &["--preload"], Kind::List, "torch (when importable)",
+            "rdrun: modules the warm-start template imports besides torch (comma-separated); one that fails to import turns warm start off for the run. Else RDRUN_PRELOAD.")
     },
     OptSpec {
         values: HANG_MODES,

@@ -135,5 +135,6 @@ pub(crate) fn launch_config(
         binding: Default::default(),
         torch_env: Default::default(),
         run_env: Default::default(),
+        warm: Default::default(),
     }
 }

@@ -24,6 +24,7 @@ pub mod restart;
 mod setup;
 pub mod signals;
 mod stop;
+mod warm;
 mod watchdog;
 pub mod worker;
 

@@ -119,6 +119,8 @@ pub struct SpawnSpec {
     pub cgroup_fd: Option<RawFd>,
     /// The CPUs the child binds itself to before exec (`--numa-binding`, `--cpu-binding`).
     pub cpus: Option<Vec<usize>>,
+    /// The run's warm-start template manager (`--warm-start`): asked first by [`spawn`].
+    pub warm: Option<std::sync::Arc<super::warm::WarmStart>>,
 }
 
 /// One INFO line per local rank naming its CPU set and why (`--numa-binding`, `--cpu-binding`).
@@ -150,6 +152,8 @@ pub struct RunWorkerEnv {
     pub watchdog_fd: Option<RawFd>,
     /// `cgroup.procs` of the run's cgroup (containment).
     pub cgroup_fd: Option<RawFd>,
+    /// The warm-start template manager, when `--warm-start` is on for a Python worker.
+    pub warm: Option<std::sync::Arc<super::warm::WarmStart>>,
 }
 
 impl RunWorkerEnv {
@@ -171,6 +175,7 @@ impl RunWorkerEnv {
                 .collect(),
             watchdog_fd,
             cgroup_fd,
+            warm: super::warm::WarmStart::for_run(config),
         }
     }
 }
@@ -255,6 +260,7 @@ pub fn spawn_spec(
         watchdog_fd: run_env.watchdog_fd,
         cgroup_fd: run_env.cgroup_fd,
         cpus: config.binding.cpus_of(local_rank).map(<[usize]>::to_vec),
+        warm: run_env.warm.clone(),
     })
 }
 
@@ -349,6 +355,10 @@ pub struct Spawned {
 /// parent-death signal when the *thread* that forked the child exits (prctl(2), PR_SET_PDEATHSIG).
 /// The child is not reaped by std: the agent reaps every descendant with `waitpid(-1)` ([`reap`]).
 pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+    // Warm start: forked from the template, the same `Spawned`; else (it said why) cold.
+    if let Some(spawned) = spec.warm.as_ref().and_then(|w| w.spawn(spec)) {
+        return Ok(spawned);
+    }
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))

@@ -29,6 +29,8 @@
 //!   real workers over fake sysfs trees, completion scripts in the real shells, the man page.
 //! - `completion`: every flag's completion typed at a terminal (tmux) in bash, zsh and fish.
 //! - `scale`: small-size smokes of the scale benchmarks (store start-up storm), no timings.
+//! - `warm`: warm starts (workers forked from the template interpreter) with real PyTorch:
+//!   what a worker sees, restarts, fallbacks to cold, containment.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
@@ -61,3 +63,4 @@ mod store;
 #[cfg(feature = "train")]
 mod train;
 mod util;
+mod warm;

@@ -356,8 +356,20 @@ pub struct Spawned {
 /// The child is not reaped by std: the agent reaps every descendant with `waitpid(-1)` ([`reap`]).
 pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     // Warm start: forked from the template, the same `Spawned`; else (it said why) cold.
-    if let Some(spawned) = spec.warm.as_ref().and_then(|w| w.spawn(spec)) {
-        return Ok(spawned);
+    let job = super::warm::Job {
+        program: &spec.program,
+        args: &spec.args,
+        env: &spec.env,
+        cpus: spec.cpus.as_deref(),
+        cgroup_fd: spec.cgroup_fd,
+        watchdog_fd: spec.watchdog_fd,
+    };
+    if let Some(f) = spec.warm.as_ref().and_then(|w| w.spawn(&job)) {
+        return Ok(Spawned {
+            pid: f.pid,
+            stdout: f.stdout,
+            stderr: f.stderr,
+        });
     }
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)

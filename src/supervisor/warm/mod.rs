@@ -12,7 +12,7 @@
 mod process;
 
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,7 +20,6 @@ use std::time::Duration;
 use crate::config::warm::{WarmMode, WarmSettings};
 use crate::config::{EntrypointKind, LaunchConfig};
 
-use super::worker::{SpawnSpec, Spawned};
 use process::{Reply, Request, Template, TemplateError, TemplateStart};
 
 /// How long the template may take to import its preload list (`import torch` took up to 20 s
@@ -52,6 +51,25 @@ pub const IMPORT_TIME_PREFIXES: &[&str] = &[
     "MALLOC_",
     "GLIBC_",
 ];
+
+/// What a fork needs of the worker's spawn spec (`worker::SpawnSpec`'s fields).
+pub struct Job<'a> {
+    pub program: &'a Path,
+    pub args: &'a [OsString],
+    /// Overlay on rdrun's environment.
+    pub env: &'a [(String, String)],
+    pub cpus: Option<&'a [usize]>,
+    pub cgroup_fd: Option<RawFd>,
+    pub watchdog_fd: Option<RawFd>,
+}
+
+/// A worker forked from the template: its pid (= process group and session) and the read
+/// ends of its stdout and stderr pipes.
+pub struct Forked {
+    pub pid: i32,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
 
 /// The run's template manager (shared by every spawn spec of the run).
 pub struct WarmStart {
@@ -113,7 +131,7 @@ impl WarmStart {
 
     /// Forks the worker of `spec` from the template; `None`: spawn it cold (the reason was
     /// said, once per kind of reason).
-    pub fn spawn(&self, spec: &SpawnSpec) -> Option<Spawned> {
+    pub fn spawn(&self, spec: &Job<'_>) -> Option<Forked> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.spawn(spec)
     }
@@ -157,7 +175,7 @@ impl Inner {
         );
     }
 
-    fn spawn(&mut self, spec: &SpawnSpec) -> Option<Spawned> {
+    fn spawn(&mut self, spec: &Job<'_>) -> Option<Forked> {
         if self.off {
             return None;
         }
@@ -179,9 +197,9 @@ impl Inner {
             }
             self.started += 1;
             let start = TemplateStart {
-                python: spec.program.clone(),
-                env: template_env(&spec.env),
-                path0: path0(&spec.args),
+                python: spec.program.to_path_buf(),
+                env: template_env(spec.env),
+                path0: path0(spec.args),
                 preload: self.preload.clone(),
                 cgroup_fd: spec.cgroup_fd,
                 watchdog_fd: spec.watchdog_fd,
@@ -204,7 +222,7 @@ impl Inner {
             }
         }
         let t = self.template.as_mut().expect("started above");
-        if let Some(var) = import_time_difference(&t.env, &spec.env) {
+        if let Some(var) = import_time_difference(&t.env, spec.env) {
             self.say(
                 &format!("env {var}"),
                 format!("{var} differs between the workers, and it is read when the template imports; those workers start cold"),
@@ -235,7 +253,7 @@ impl Inner {
 
 /// One fork request: the worker's pipes made here, its stdio ends passed to the template.
 /// `Ok(Err(reason))`: the template declined; `Err`: the template is unusable.
-fn fork(t: &mut Template, spec: &SpawnSpec) -> Result<Result<Spawned, String>, TemplateError> {
+fn fork(t: &mut Template, spec: &Job<'_>) -> Result<Result<Forked, String>, TemplateError> {
     let pipes = (|| -> std::io::Result<_> {
         let out = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let err = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
@@ -249,13 +267,13 @@ fn fork(t: &mut Template, spec: &SpawnSpec) -> Result<Result<Spawned, String>, T
         Ok(c) => c,
         Err(e) => return Ok(Err(format!("cannot read the working directory: {e}"))),
     };
-    let env = crate::workerenv::inherited_env_with(&spec.env);
+    let env = crate::workerenv::inherited_env_with(spec.env);
     // SAFETY: fcntl(2) F_GETFD only asks whether fd 0 is open.
     let stdin_open = unsafe { libc::fcntl(0, libc::F_GETFD) } != -1;
     let req = Request {
         cwd: &cwd,
-        cpus: spec.cpus.as_deref(),
-        args: &spec.args,
+        cpus: spec.cpus,
+        args: spec.args,
         env: &env,
         stdout: out_w.as_raw_fd(),
         stderr: err_w.as_raw_fd(),
@@ -271,10 +289,10 @@ fn fork(t: &mut Template, spec: &SpawnSpec) -> Result<Result<Spawned, String>, T
                 super::watchdog::register(fd, pid);
             }
             tracing::debug!(pid, "worker forked from the template");
-            Ok(Ok(Spawned {
+            Ok(Ok(Forked {
                 pid,
-                stdout: OwnedFd::from(out_r),
-                stderr: OwnedFd::from(err_r),
+                stdout: out_r,
+                stderr: err_r,
             }))
         }
         Reply::Cold(reason) => Ok(Err(reason)),

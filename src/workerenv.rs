@@ -352,6 +352,22 @@ pub fn signal_names(signals: &[i32]) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn contract_vars_are_the_pairs_names() {
+        let names: Vec<&str> = sample().to_pairs().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(names, CONTRACT_VARS);
+    }
+
+    #[test]
+    fn inherited_env_applies_the_overlay_once() {
+        let env =
+            inherited_env_with(&[("PATH".into(), "/x".into()), ("RDRUN_T".into(), "1".into())]);
+        let paths: Vec<_> = env.iter().filter(|(k, _)| k == "PATH").collect();
+        assert_eq!(paths.len(), 1);
+        assert_eq!(paths[0].1, "/x");
+        assert!(env.iter().any(|(k, v)| k == "RDRUN_T" && v == "1"));
+    }
+
     fn sample() -> WorkerEnv {
         WorkerEnv {
             rank: 3,

@@ -358,6 +358,9 @@ fn parse_reply(answer: &str) -> Result<Reply, TemplateError> {
     if let Some(why) = answer.strip_prefix("cold ") {
         return Ok(Reply::Cold(why.to_string()));
     }
+    if let Some(why) = answer.strip_prefix("error ") {
+        return Ok(Reply::Cold(format!("the template could not fork: {why}")));
+    }
     Err(TemplateError::Protocol(answer.to_string()))
 }
 
@@ -400,6 +403,10 @@ mod tests {
             Reply::Cold("thread 7".into())
         );
         assert!(parse_reply("pid x").is_err());
-        assert!(parse_reply("error bad").is_err());
+        assert!(parse_reply("what").is_err());
+        assert_eq!(
+            parse_reply("error fork: EAGAIN").unwrap(),
+            Reply::Cold("the template could not fork: fork: EAGAIN".into())
+        );
     }
 }

@@ -267,15 +267,27 @@ def _serve():
         sys.stdout.flush()
         sys.stderr.flush()
         r, w = os.pipe()
-        first = os.fork()
+        try:
+            first = os.fork()
+        except OSError as e:
+            for fd in fds + [r, w]:
+                os.close(fd)
+            _send("error fork: %s" % e)
+            continue
         if first == 0:
-            os.close(r)
-            second = os.fork()
+            # The intermediate process: never back into the serving loop, whatever happens.
+            try:
+                os.close(r)
+                second = os.fork()
+            except BaseException:  # noqa: BLE001
+                os._exit(1)
             if second == 0:
                 os.close(w)
                 return _become_worker((rdrun, cwd, cpus, argv, env), fds)
-            os.write(w, b"%d" % second)
-            os._exit(0)
+            try:
+                os.write(w, b"%d" % second)
+            finally:
+                os._exit(0)
         os.close(w)
         for fd in fds:
             os.close(fd)
@@ -293,6 +305,12 @@ _failed = _preload()
 if _failed is not None:
     _send("failed " + _failed)
     os._exit(0)
+# What the imports allocated stays out of the collector's sight: a collection in a worker then
+# does not touch (and copy) the pages the template shares with it.
+import gc
+
+gc.collect()
+gc.freeze()
 _send("ready %d" % os.getpid())
 _job = _serve()
 del _failed
@@ -315,8 +333,13 @@ def _main_module():
 
 def _trim(tb):
     """The traceback from the user's first frame (the template's and runpy's left out)."""
-    here = sys._getframe().f_code.co_filename
-    while tb is not None and tb.tb_frame.f_code.co_filename in (here, "<frozen runpy>"):
+    import runpy
+
+    mine = globals()
+    runpy_files = ("<frozen runpy>", getattr(runpy, "__file__", None))
+    while tb is not None and (
+        tb.tb_frame.f_globals is mine or tb.tb_frame.f_code.co_filename in runpy_files
+    ):
         tb = tb.tb_next
     return tb
 

@@ -542,3 +542,49 @@ fn warm_sigkill_of_rdrun_leaves_nothing() {
     assert_eq!(o.signal, Some(libc::SIGKILL), "{o:?}");
     assert_no_leak(&pids, Duration::from_secs(20));
 }
+
+/// `--run-path` (a `-c` bootstrap) is forked warm too.
+#[test]
+fn warm_run_path_entry_point() {
+    let Some(py) = torch_python() else { return };
+    let dir = TempDir::new("warm_runpath");
+    write(dir.path(), "sub/probe.py", PROBE);
+    let o = warm_rdrun(&py, dir.path())
+        .args(["--nproc-per-node", "2", "--run-path", "sub/probe.py"])
+        .arg(dir.path())
+        .arg("exit3@1")
+        .run();
+    o.assert_code(3);
+    let recs = records(dir.path());
+    for rank in 0..2 {
+        let r = &recs[&(rank, 0)];
+        assert_eq!(r["preloaded"], true, "{r}");
+        assert_eq!(r["argv"][0], "sub/probe.py");
+        assert_eq!(r["name"], "__main__");
+    }
+}
+
+/// A variable read at import time that differs per rank (`--virtual-local-rank` gives each
+/// rank its own CUDA_VISIBLE_DEVICES): the ranks whose value is not the template's start cold,
+/// with one line naming the variable.
+#[test]
+fn warm_import_time_variable_differing_per_rank_spawns_cold() {
+    let Some(py) = torch_python() else { return };
+    let dir = TempDir::new("warm_importenv");
+    write(dir.path(), "probe.py", PROBE);
+    let o = warm_rdrun(&py, dir.path())
+        .args(["--nproc-per-node", "2", "--virtual-local-rank", "probe.py"])
+        .arg(dir.path())
+        .arg("ok")
+        .run();
+    o.assert_code(0);
+    let lines = o
+        .stderr
+        .lines()
+        .filter(|l| l.contains("CUDA_VISIBLE_DEVICES differs"));
+    assert_eq!(lines.count(), 1, "{o:?}");
+    let recs = records(dir.path());
+    // The template has rank 0's value (it was started for rank 0).
+    assert_eq!(recs[&(0, 0)]["preloaded"], true, "{o:?}");
+    assert_eq!(recs[&(1, 0)]["preloaded"], false, "{o:?}");
+}

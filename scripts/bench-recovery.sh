@@ -10,8 +10,10 @@
 #   A fourth column, "warm+preload", adds `--preload` of what DDP's constructor imports lazily
 #   (torch._dynamo, torch._inductor, torch.onnx: ~900 modules, seconds), which otherwise every
 #   rank of every attempt pays before its first step.
-# Usage: scripts/bench-recovery.sh   (env: RUNS=3, SIZES="2 4", TORCHRUN=path, RDRUN=path,
-#        PYTHON=path; rdrun is built in release mode unless RDRUN is given)
+#   Memory: summed PSS of 4 workers after `import torch`, warm (template included) vs cold.
+# Usage: scripts/bench-recovery.sh   (env: RUNS=3, SIZES="2 4", PARTS="recovery memory",
+#        PRELOAD=mods, TORCHRUN=path, RDRUN=path, PYTHON=path; rdrun is built in release mode
+#        unless RDRUN is given)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -112,9 +114,11 @@ run_one() {
   echo "$line" >>"$TMP/res.$kind.$n"
 }
 
+PRELOAD="${PRELOAD:-torch._dynamo,torch._inductor,torch.onnx}"
 kinds=(warm warmplus cold)
 if [ -x "$TORCHRUN" ]; then kinds+=(torchrun); else echo "bench-recovery: no torchrun at $TORCHRUN; skipped" >&2; fi
 
+if [[ " ${PARTS:-recovery memory} " == *" recovery "* ]]; then
 for n in $SIZES; do
   for ((r = 0; r < RUNS; r++)); do
     # Interleaved, so that a change in the machine's load hits every launcher alike.
@@ -142,3 +146,48 @@ for n in $SIZES; do
   done
   echo "template start-up (once per run, before attempt 0): warm $(median <"$TMP/template.warm.$n") s, warm+preload $(median <"$TMP/template.warmplus.$n") s"
 done
+fi
+
+# Memory: summed PSS (/proc/<pid>/smaps_rollup) of 4 workers that imported torch, warm vs cold;
+# the template's own PSS is shown beside the warm sum (it holds its share of the same pages).
+cat >"$TMP/mem.py" <<'EOF'
+import os, sys, time
+import torch
+marks = sys.argv[1]
+with open(os.path.join(marks, "pid.%s" % os.environ["RANK"]), "w") as f:
+    f.write(str(os.getpid()))
+deadline = time.time() + 300
+while not os.path.exists(os.path.join(marks, "go")) and time.time() < deadline:
+    time.sleep(0.05)
+EOF
+pss_kib() { awk '/^Pss:/ {print $2}' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
+memory() {
+  local kind=$1 n=4 sum=0 tpl=0 pid i rd
+  rm -f "$MARKS"/*
+  PYTHON_EXEC="$PYTHON" timeout 600 "$RDRUN" --warm-start "$kind" --standalone \
+    --nproc-per-node "$n" "$TMP/mem.py" "$MARKS" >"$TMP/out" 2>"$TMP/err" &
+  rd=$!
+  for ((i = 0; i < 6000; i++)); do
+    [ "$(ls "$MARKS" | grep -c '^pid\.')" = "$n" ] && break
+    sleep 0.05
+  done
+  sleep 1
+  for f in "$MARKS"/pid.*; do sum=$((sum + $(pss_kib "$(cat "$f")"))); done
+  if [ "$kind" = on ]; then
+    # $rd is timeout(1); rdrun is its child and the template rdrun's.
+    for pid in $(for c in $(cat /proc/$rd/task/*/children 2>/dev/null); do cat /proc/$c/task/*/children 2>/dev/null; done); do
+      if grep -q "warm-start template" "/proc/$pid/cmdline" 2>/dev/null; then
+        tpl=$((tpl + $(pss_kib "$pid")))
+      fi
+    done
+  fi
+  touch "$MARKS/go"
+  wait "$rd" || true
+  echo "$((sum / 1024)) $((tpl / 1024))"
+}
+if [[ " ${PARTS:-recovery memory} " == *" memory "* ]]; then
+  read -r cold_w _ <<<"$(memory off)"
+  read -r warm_w warm_t <<<"$(memory on)"
+  echo
+  echo "memory: summed PSS of 4 workers after import torch: cold $cold_w MiB; warm $warm_w MiB + the template's $warm_t MiB = $((warm_w + warm_t)) MiB"
+fi

@@ -39,6 +39,7 @@ info = dict(
     sigint=str(signal.getsignal(signal.SIGINT)), sigterm=str(signal.getsignal(signal.SIGTERM)),
     sigpipe=str(signal.getsignal(signal.SIGPIPE)),
     blocked=sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    cmdline=[a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\0")],
 )
 with open(os.path.join(out_dir, "r%d.a%d.json" % (rank, attempt)), "w") as f:
     json.dump(info, f)
@@ -173,6 +174,29 @@ fn warm_workers_look_like_cold_ones() {
         assert_eq!(r["argv"][0], "sub/probe.py");
         assert_eq!(r["argv"][2], "exit3@1");
         assert_eq!(r["unbuffered"], 1);
+        // What ps shows: the worker's command line (NUL padding after it when it is shorter
+        // than the template's own, docs/warm-start.md).
+        let words: Vec<&str> = r["cmdline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_str().unwrap())
+            .collect();
+        let end = words
+            .iter()
+            .rposition(|w| !w.is_empty())
+            .map_or(0, |i| i + 1);
+        assert_eq!(
+            words[..end],
+            [
+                py.to_str().unwrap(),
+                "-u",
+                "sub/probe.py",
+                out.to_str().unwrap(),
+                "exit3@1"
+            ],
+            "{r}"
+        );
         // Signal dispositions and mask as a fresh interpreter has them (a cold run's).
         let c = &cold[&(rank, 0)];
         for key in [
@@ -446,7 +470,7 @@ fn children(pid: i32) -> Vec<i32> {
 fn template_of(rdrun: i32) -> Option<i32> {
     children(rdrun).into_iter().find(|p| {
         std::fs::read(format!("/proc/{p}/cmdline"))
-            .map(|c| String::from_utf8_lossy(&c).contains("warm-start template interpreter"))
+            .map(|c| String::from_utf8_lossy(&c).contains("#rdrun warm template"))
             .unwrap_or(false)
     })
 }

@@ -176,7 +176,7 @@ memory() {
   if [ "$kind" = on ]; then
     # $rd is timeout(1); rdrun is its child and the template rdrun's.
     for pid in $(for c in $(cat /proc/$rd/task/*/children 2>/dev/null); do cat /proc/$c/task/*/children 2>/dev/null; done); do
-      if grep -q "warm-start template" "/proc/$pid/cmdline" 2>/dev/null; then
+      if grep -q "#rdrun warm template" "/proc/$pid/cmdline" 2>/dev/null; then
         tpl=$((tpl + $(pss_kib "$pid")))
       fi
     done

@@ -201,6 +201,9 @@ impl Inner {
                 env: template_env(spec.env),
                 path0: path0(spec.args),
                 preload: self.preload.clone(),
+                worker_cmdline: std::iter::once(spec.program.as_os_str().to_owned())
+                    .chain(spec.args.iter().cloned())
+                    .collect(),
                 cgroup_fd: spec.cgroup_fd,
                 watchdog_fd: spec.watchdog_fd,
             };

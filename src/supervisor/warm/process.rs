@@ -15,8 +15,12 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{self, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType};
 
-/// The template program (embedded: rdrun is one file).
+/// The template program (embedded: rdrun is one file). It is sent as the socket's first
+/// message, so that the template's command line stays short (each worker overwrites it).
 pub const TEMPLATE_PY: &str = include_str!("template.py");
+
+/// The template's `-c` program: reads the template program from the socket and runs it.
+const BOOTSTRAP: &str = "import os,sys;exec(os.read(int(sys.argv[1]),1<<22))#rdrun warm template";
 
 /// The largest message the template reads (environment and argv included).
 const MAX_REQUEST: usize = 1 << 22;
@@ -31,6 +35,9 @@ pub struct TemplateStart {
     pub path0: OsString,
     /// Modules to import besides torch.
     pub preload: Vec<String>,
+    /// The first worker's command line (program and arguments): the template's command line is
+    /// padded to its length, so that a worker can show its own in the same area.
+    pub worker_cmdline: Vec<OsString>,
     pub cgroup_fd: Option<RawFd>,
     pub watchdog_fd: Option<RawFd>,
 }
@@ -97,12 +104,22 @@ impl Template {
         .map_err(|e| TemplateError::Start(e.into()))?;
         let their_fd = theirs.as_raw_fd();
         let mut cmd = Command::new(&s.python);
+        let fd_arg = their_fd.to_string();
+        let pad = pad_len(
+            &s.worker_cmdline,
+            &[
+                s.python.as_os_str(),
+                "-u".as_ref(),
+                "-c".as_ref(),
+                BOOTSTRAP.as_ref(),
+                fd_arg.as_ref(),
+            ],
+        );
         cmd.arg("-u")
             .arg("-c")
-            .arg(TEMPLATE_PY)
-            .arg(their_fd.to_string())
-            .arg(&s.path0)
-            .args(&s.preload)
+            .arg(BOOTSTRAP)
+            .arg(&fd_arg)
+            .arg("#".repeat(pad))
             .envs(s.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -146,6 +163,19 @@ impl Template {
         }
         let child = cmd.spawn().map_err(TemplateError::Start)?;
         drop(theirs);
+        // The program itself (the bootstrap reads it as the first message), then its
+        // configuration: the workers' sys.path[0] and the modules to preload.
+        let mut config = s.path0.as_bytes().to_vec();
+        for m in &s.preload {
+            config.push(0);
+            config.extend_from_slice(m.as_bytes());
+        }
+        for msg in [TEMPLATE_PY.as_bytes(), &config] {
+            if let Err(e) = socket::send(ours.as_raw_fd(), msg, MsgFlags::MSG_NOSIGNAL) {
+                // It died at once: the wait for "ready" below says so.
+                tracing::debug!("cannot send the template its program: {e}");
+            }
+        }
         let pid = child.id() as i32;
         // Dropping `child` neither kills nor waits (the agent's waitpid(-1) may reap it).
         drop(child);
@@ -309,6 +339,14 @@ impl Template {
     }
 }
 
+/// The length of the padding argument that makes the template's command-line area (NUL after
+/// each word) as long as `worker`'s; 0 when the worker's is shorter.
+fn pad_len(worker: &[OsString], fixed: &[&std::ffi::OsStr]) -> usize {
+    let want: usize = worker.iter().map(|a| a.len() + 1).sum();
+    let have: usize = fixed.iter().map(|a| a.len() + 1).sum::<usize>() + 1;
+    want.saturating_sub(have)
+}
+
 /// pidfd_open(2); `None` on kernels without it.
 fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     // SAFETY: pidfd_open(2) on our own unreaped child; the returned fd is owned here.
@@ -403,6 +441,11 @@ mod tests {
             Reply::Cold("thread 7".into())
         );
         assert!(parse_reply("pid x").is_err());
+        let w = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        // python\0-u\0t.py\0 (15) against py\0-c\0 (6) + the pad's NUL: 8 bytes of pad.
+        let fixed: [&std::ffi::OsStr; 2] = ["py".as_ref(), "-c".as_ref()];
+        assert_eq!(pad_len(&w(&["python", "-u", "t.py"]), &fixed), 8);
+        assert_eq!(pad_len(&w(&["p"]), &fixed), 0);
         assert!(parse_reply("what").is_err());
         assert_eq!(
             parse_reply("error fork: EAGAIN").unwrap(),

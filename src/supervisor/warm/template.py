@@ -1,7 +1,10 @@
 # rdrun's warm-start template interpreter (docs/warm-start.md). Started once per node as
-# `python -u -c <this> FD PATH0 MODULE...` with the workers' interpreter and environment (minus
-# per-rank variables); imports the preload list, then forks one worker per request received on
-# the SOCK_SEQPACKET unix socket FD. It never runs user code itself and never initialises CUDA.
+# `python -u -c <BOOTSTRAP> FD PAD` with the workers' interpreter and environment (minus
+# per-rank variables); the bootstrap reads this program as the socket's first message, the
+# second is the workers' sys.path[0] and the modules to preload (NUL-separated).
+# It imports the preload list, then forks one worker per request received on the SOCK_SEQPACKET
+# unix socket FD. It never runs user code itself and never initialises CUDA. PAD only sizes the
+# command-line area, which each worker overwrites with its own command line.
 #
 # Request: NUL-separated fields: b"fork", rdrun's pid, cwd, CPU list ("" = unchanged), the count
 # of argv words, argv (the interpreter's arguments: -u script.. / -u -m mod.. / -u -c code..),
@@ -14,8 +17,9 @@ import struct
 import sys
 
 _SOCK_FD = int(sys.argv[1])
-_PATH0 = sys.argv[2]
-_REQUIRED = sys.argv[3:]
+_CONFIG = os.read(_SOCK_FD, 1 << 20).split(b"\0")
+_PATH0 = os.fsdecode(_CONFIG[0])
+_REQUIRED = [m.decode() for m in _CONFIG[1:] if m]
 _RDRUN = os.getppid()
 
 # The workers' sys.path[0] (script directory, cwd for -m, '' for -c), so that the preload
@@ -218,6 +222,35 @@ def _become_worker(req, fds):
     return argv
 
 
+def _argv0():
+    with open("/proc/self/cmdline", "rb") as f:
+        return f.read().split(b"\0")[0]
+
+
+_ARGV0 = _argv0()
+
+
+def _set_cmdline(argv):
+    """/proc/self/cmdline (what ps, py-spy and rdrun's messages show) as a cold worker's:
+    the interpreter's path, then `argv`, written over the template's command-line area (rdrun
+    sized it for the first worker; a longer one is cut, a shorter one padded with NULs)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        start, end = int(fields[45]), int(fields[46])  # proc(5): fields 48 and 49
+    except (OSError, ValueError, IndexError):
+        return
+    n = end - start
+    if n <= 0:
+        return
+    data = b"\0".join([_ARGV0] + [os.fsencode(a) for a in argv]) + b"\0"
+    data = data[: n - 1] + b"\0" if len(data) > n else data + b"\0" * (n - len(data))
+    ctypes.memmove(start, data, n)
+
+
 def _reseed():
     import random
 
@@ -353,7 +386,8 @@ def _run(argv):
         os._exit(2)
     kind, target, args, path0 = parsed
     sys.argv = args
-    sys.orig_argv = [sys.executable] + argv
+    sys.orig_argv = [os.fsdecode(_ARGV0)] + argv
+    _set_cmdline(argv)
     if not sys.flags.safe_path and sys.path:
         sys.path[0] = path0
     _reseed()

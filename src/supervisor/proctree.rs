@@ -120,9 +120,17 @@ pub fn note_inherited() -> &'static [i32] {
 pub fn own_tree(root: i32, inherited: &[i32]) -> Vec<ProcEntry> {
     // SAFETY: plain syscall; a pid that is gone gives -1, which matches no session.
     let sid = unsafe { libc::getsid(root) };
+    let tree = scan_tree(root);
     let mut skip = inherited.to_vec();
-    skip.extend(helpers());
-    filter_own(scan_tree(root), sid, &skip)
+    // A helper is rdrun's child leading its own session; a pid of the list that no longer
+    // looks like that was reused after the helper died, and is not skipped.
+    let helpers = helpers();
+    skip.extend(
+        tree.iter()
+            .filter(|p| helpers.contains(&p.pid) && p.ppid == root && p.sid == p.pid)
+            .map(|p| p.pid),
+    );
+    filter_own(tree, sid, &skip)
 }
 
 /// rdrun's own long-lived helper processes that outlive attempts (the warm-start template):

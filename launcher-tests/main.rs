@@ -35,6 +35,8 @@
 //! - `collapse`: `--output collapse` on 8 ranks (shared lines once, logs per rank byte-exact).
 //! - `rankctl`: per-rank control (issue 29): `--wrap` on chosen ranks (a recording wrapper,
 //!   strace), `--stdin` to one rank (piped, and pdb at a tmux terminal).
+//! - `warm`: warm starts (workers forked from the template interpreter) with real PyTorch:
+//!   what a worker sees, restarts, fallbacks to cold, containment.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
@@ -71,3 +73,4 @@ mod store;
 mod train;
 mod util;
 mod verdict;
+mod warm;

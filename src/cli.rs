@@ -110,6 +110,10 @@ pub struct LaunchArgs {
     pub print_topology: Option<String>,
     /// rdrun's `--events PATH|-`: lifecycle events as JSON lines (resolved in `config::observe`).
     pub events: Option<String>,
+    /// rdrun's `--warm-start off|on|auto` (else RDRUN_WARM_START, read by `config`).
+    pub warm_start: Option<String>,
+    /// rdrun's `--preload mod1,mod2` (else RDRUN_PRELOAD, read by `config`).
+    pub preload: Vec<String>,
     /// rdrun's `--metrics-addr HOST:PORT` (else RDRUN_METRICS_ADDR, read by `config`).
     pub metrics_addr: Option<String>,
     /// rdrun's `--wrap 'CMD ARGS'` and `--wrap-ranks RANKS` (split and checked in `config`).
@@ -438,6 +442,8 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         nested: b.flags[Builder::id("nested")],
         print_topology: b.opt_string("print_topology")?,
         events: b.opt_string("events")?,
+        warm_start: b.opt_string("warm_start")?,
+        preload: b.list("preload")?,
         metrics_addr: b.opt_string("metrics_addr")?,
         wrap: b.opt_string("wrap")?,
         wrap_ranks: b.opt_string("wrap_ranks")?,

@@ -12,6 +12,41 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
+/// The names [`WorkerEnv::to_pairs`] sets: per rank or per attempt, so a warm-start template
+/// (started once per node) gets none of them.
+pub const CONTRACT_VARS: &[&str] = &[
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
+];
+
+/// rdrun's own environment with `overlay` applied: the whole environment a spawned worker gets
+/// (a cold worker inherits rdrun's and gets the overlay on top; a warm one is sent it whole).
+pub fn inherited_env_with(overlay: &[(String, String)]) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| !overlay.iter().any(|(o, _)| OsStr::new(o) == k))
+        .collect();
+    env.extend(
+        overlay
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+    );
+    env
+}
+
 /// Per-worker values set by the launcher.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerEnv {
@@ -316,6 +351,22 @@ pub fn signal_names(signals: &[i32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contract_vars_are_the_pairs_names() {
+        let names: Vec<&str> = sample().to_pairs().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(names, CONTRACT_VARS);
+    }
+
+    #[test]
+    fn inherited_env_applies_the_overlay_once() {
+        let env =
+            inherited_env_with(&[("PATH".into(), "/x".into()), ("RDRUN_T".into(), "1".into())]);
+        let paths: Vec<_> = env.iter().filter(|(k, _)| k == "PATH").collect();
+        assert_eq!(paths.len(), 1);
+        assert_eq!(paths[0].1, "/x");
+        assert!(env.iter().any(|(k, v)| k == "RDRUN_T" && v == "1"));
+    }
 
     fn sample() -> WorkerEnv {
         WorkerEnv {

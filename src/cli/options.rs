@@ -78,6 +78,8 @@ pub const CLUSTER_CHOICES: &[&str] = &["auto", "none", "slurm", "k8s", "mpi", "l
 pub const OUTPUT_MODES: &[&str] = &["all", "collapse"];
 /// `--health-check`.
 pub const HEALTH_MODES: &[&str] = &["off", "warn", "on"];
+/// `--warm-start`.
+pub const WARM_MODES: &[&str] = &["off", "on", "auto"];
 /// `--hang-detect`.
 pub const HANG_MODES: &[&str] = &["off", "observe", "kill"];
 
@@ -249,6 +251,19 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         pet: false,
         ..opt("events", &["--events"], Kind::Str, "none",
             "rdrun: also write every lifecycle event (spawn, exit, stop, restart, rendezvous, ...) as one JSON object per line to this file, or to stderr with '-' (with --log-dir they always go to <run dir>/events.jsonl).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        values: WARM_MODES,
+        ..opt("warm_start", &["--warm-start", "--warm_start"], Kind::Str, "off",
+            "rdrun: start Python workers by forking them from a per-node template interpreter that imported the --preload modules once: off, on, auto (on for Python workers; reasons to spawn cold said at INFO). Else RDRUN_WARM_START.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("preload", &["--preload"], Kind::List, "torch (when importable)",
+            "rdrun: modules the warm-start template imports besides torch (comma-separated); one that fails to import turns warm start off for the run. Else RDRUN_PRELOAD.")
     },
     OptSpec {
         abbreviable: false,

@@ -43,6 +43,7 @@ pub mod runenv;
 #[cfg(test)]
 mod schedenv_tests;
 pub mod torchenv;
+pub mod warm;
 
 pub use cluster::{ClusterPlan, InPlace, TopologyFormat};
 pub use command::{find_program, find_python, resolve_command, RUN_PATH_BOOTSTRAP};
@@ -221,6 +222,8 @@ pub struct LaunchConfig {
     pub run_env: runenv::RunEnv,
     /// Health checks and the stop verdict (issue 28, `resilience.rs`).
     pub resilience: resilience::Resilience,
+    /// Warm starts (`--warm-start`, `--preload`; `warm.rs`).
+    pub warm: warm::WarmSettings,
 }
 
 /// What rdrun does with processes the workers left behind once every worker exited 0
@@ -480,6 +483,7 @@ fn resolve_args(
     let mut hang = resolve_hang(&args, env)?;
     hang.search_path = run_env.path.clone();
     let observe = resolve_observe(&args, env)?;
+    let warm = warm::resolve(&args, env)?;
     let backend = parse_backend(&args.rdzv_backend)?;
     let conf = parse_rdzv_conf(&args.rdzv_conf)?;
     let node_rank = usize::try_from(args.node_rank)
@@ -583,6 +587,7 @@ fn resolve_args(
         torch_env,
         run_env,
         resilience,
+        warm,
     };
     cfg.cluster = cluster::plan(detected, &args, &cfg)?;
     if cfg.cluster.dry_run.is_some() {

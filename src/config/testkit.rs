@@ -137,5 +137,6 @@ pub(crate) fn launch_config(
         torch_env: Default::default(),
         run_env: Default::default(),
         resilience: Default::default(),
+        warm: Default::default(),
     }
 }

@@ -54,7 +54,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::super::proctree::ProcEntry;
-use super::super::restart::{decide, AttemptEnd, Decision};
+use super::super::restart::{decide, AttemptEnd, Decision, Repeats};
 use super::super::spawn::Spawned;
 use super::super::watch::verdict::TimerSignal;
 
@@ -243,6 +243,11 @@ impl Harness {
                 self.group.finish(&stop_output).await
             })
     }
+}
+
+/// The stop verdict off (these cases are about the budget, not about repeated failures).
+fn no_repeats() -> Repeats {
+    Repeats::default()
 }
 
 fn code(c: i32) -> WorkerStatus {
@@ -584,9 +589,9 @@ fn a_dstate_verdict_fails_the_group_and_disables_restarts() {
     h.step(vec![h.exit(0, killed(TERM)), h.exit(1, killed(TERM))]);
     let end = h.outcome().attempt_end();
     // Restarts were left (0 of 3 used): the D state takes them away, as torch.
-    assert_eq!(decide(end, 0, 3, true), Decision::GiveUp);
+    assert_eq!(decide(end, 0, 3, true, no_repeats()), Decision::GiveUp);
     assert_eq!(
-        decide(end, 0, 3, false),
+        decide(end, 0, 3, false, no_repeats()),
         Decision::Restart { restart_count: 1 }
     );
 }
@@ -676,6 +681,7 @@ fn restarts_run_out_after_max_restarts_failed_attempts() {
             restart_count,
             max_restarts,
             false,
+            no_repeats(),
         ) {
             Decision::Restart {
                 restart_count: next,

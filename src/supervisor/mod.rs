@@ -25,6 +25,7 @@ pub mod signals;
 mod spawn;
 mod stop;
 pub mod verdict;
+mod warm;
 pub mod watch;
 mod watchdog;
 pub mod worker;

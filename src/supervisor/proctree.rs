@@ -120,7 +120,43 @@ pub fn note_inherited() -> &'static [i32] {
 pub fn own_tree(root: i32, inherited: &[i32]) -> Vec<ProcEntry> {
     // SAFETY: plain syscall; a pid that is gone gives -1, which matches no session.
     let sid = unsafe { libc::getsid(root) };
-    filter_own(scan_tree(root), sid, inherited)
+    let tree = scan_tree(root);
+    let mut skip = inherited.to_vec();
+    // A helper is rdrun's child leading its own session; a pid of the list that no longer
+    // looks like that was reused after the helper died, and is not skipped.
+    let helpers = helpers();
+    skip.extend(
+        tree.iter()
+            .filter(|p| helpers.contains(&p.pid) && p.ppid == root && p.sid == p.pid)
+            .map(|p| p.pid),
+    );
+    filter_own(tree, sid, &skip)
+}
+
+/// rdrun's own long-lived helper processes that outlive attempts (the warm-start template):
+/// never part of an attempt's tree, so a stop does not signal them and a finished attempt
+/// does not count them as left behind. The watchdog (a fork taken before any helper exists)
+/// does not see this list, so a killed rdrun's helpers are still killed.
+static HELPERS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// Adds a helper (see [`HELPERS`]).
+pub fn note_helper(pid: i32) {
+    let mut h = HELPERS.lock().unwrap_or_else(|e| e.into_inner());
+    if !h.contains(&pid) {
+        h.push(pid);
+    }
+}
+
+/// Removes a helper that ended.
+pub fn forget_helper(pid: i32) {
+    HELPERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|p| *p != pid);
+}
+
+fn helpers() -> Vec<i32> {
+    HELPERS.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// The pure part of [`own_tree`].

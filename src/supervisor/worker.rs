@@ -121,6 +121,8 @@ pub struct SpawnSpec {
     pub cpus: Option<Vec<usize>>,
     /// Whether the child reads rdrun's stdin (`--stdin`); else `/dev/null`.
     pub stdin: bool,
+    /// The run's warm-start template manager (`--warm-start`): asked first by [`spawn`].
+    pub warm: Option<std::sync::Arc<super::warm::WarmStart>>,
 }
 
 /// One INFO line per local rank naming its CPU set and why (`--numa-binding`, `--cpu-binding`).
@@ -152,6 +154,8 @@ pub struct RunWorkerEnv {
     pub watchdog_fd: Option<RawFd>,
     /// `cgroup.procs` of the run's cgroup (containment).
     pub cgroup_fd: Option<RawFd>,
+    /// The warm-start template manager, when `--warm-start` is on for a Python worker.
+    pub warm: Option<std::sync::Arc<super::warm::WarmStart>>,
 }
 
 impl RunWorkerEnv {
@@ -173,6 +177,7 @@ impl RunWorkerEnv {
                 .collect(),
             watchdog_fd,
             cgroup_fd,
+            warm: super::warm::WarmStart::for_run(config),
         }
     }
 }
@@ -270,6 +275,7 @@ pub fn spawn_spec(
         cgroup_fd: run_env.cgroup_fd,
         cpus: config.binding.cpus_of(local_rank).map(<[usize]>::to_vec),
         stdin: config.console.stdin.reads(rank),
+        warm: run_env.warm.clone(),
     })
 }
 
@@ -364,6 +370,22 @@ pub struct Spawned {
 /// parent-death signal when the *thread* that forked the child exits (prctl(2), PR_SET_PDEATHSIG).
 /// The child is not reaped by std: the agent reaps every descendant with `waitpid(-1)` ([`reap`]).
 pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+    // Warm start: forked from the template, the same `Spawned`; else (it said why) cold.
+    let job = super::warm::Job {
+        program: &spec.program,
+        args: &spec.args,
+        env: &spec.env,
+        cpus: spec.cpus.as_deref(),
+        cgroup_fd: spec.cgroup_fd,
+        watchdog_fd: spec.watchdog_fd,
+    };
+    if let Some(f) = spec.warm.as_ref().and_then(|w| w.spawn(&job)) {
+        return Ok(Spawned {
+            pid: f.pid,
+            stdout: f.stdout,
+            stderr: f.stderr,
+        });
+    }
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))

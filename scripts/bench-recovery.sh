@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# Recovery benchmark (issue 27): how long a real gloo DDP job loses per failure, rdrun with warm
+# start (workers forked from the template interpreter), rdrun cold and torchrun, side by side.
+#   The job: NPROC ranks train a small DDP model; on attempt 0 rank 1 dies (os._exit) at step 5,
+#   `--max-restarts 1`. Every rank of attempt 1 writes time stamps (time.time_ns) when its
+#   script starts, when `import torch` is done, when the process group is ready and when its
+#   first training step is done. Reported per point: crash -> the LAST rank to reach it
+#   (medians over RUNS runs), and the ratios cold/warm and torchrun/warm.
+#   The template's own cost (its start-up, once per run) is printed from rdrun's log.
+#   A fourth column, "warm+preload", adds `--preload` of what DDP's constructor imports lazily
+#   (torch._dynamo, torch._inductor, torch.onnx: ~900 modules, seconds), which otherwise every
+#   rank of every attempt pays before its first step.
+#   Memory: summed PSS of 4 workers after `import torch`, warm (template included) vs cold.
+# Usage: scripts/bench-recovery.sh   (env: RUNS=3, SIZES="2 4", PARTS="recovery memory",
+#        PRELOAD=mods, TORCHRUN=path, RDRUN=path, PYTHON=path; rdrun is built in release mode
+#        unless RDRUN is given)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNS="${RUNS:-3}"
+SIZES="${SIZES:-2 4}"
+CACHE="${RDRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdrun}"
+PYTHON="${PYTHON:-$CACHE/torch-venv/bin/python}"
+TORCHRUN="${TORCHRUN:-$CACHE/torch-venv/bin/torchrun}"
+if [ ! -x "$PYTHON" ]; then
+  echo "bench-recovery: error: no PyTorch venv at $PYTHON (scripts/torch-venv.sh makes it)" >&2
+  exit 1
+fi
+if [ -z "${RDRUN:-}" ]; then
+  cargo build --release --no-default-features --bin rdrun >&2
+  RDRUN="$PWD/target/release/rdrun"
+fi
+
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+MARKS="$TMP/marks"
+mkdir -p "$MARKS"
+
+cat >"$TMP/job.py" <<'EOF'
+import os, sys, time
+t_start = time.time_ns()
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+marks = sys.argv[1]
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+rank = int(os.environ["RANK"])
+
+
+def mark(*points):
+    # One line per point reached, written at once: a rank that dies later keeps what it reached.
+    if attempt == 1:
+        with open(os.path.join(marks, "a1.%d" % rank), "a") as f:
+            for name, t in points:
+                f.write("%s %d\n" % (name, t))
+
+
+mark(("start", t_start), ("import", time.time_ns()))
+dist.init_process_group("gloo")
+mark(("pg", time.time_ns()))
+torch.manual_seed(0)
+model = DDP(nn.Linear(64, 64))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(12 if attempt == 0 else 3):
+    if attempt == 0 and rank == 1 and step == 5:
+        with open(os.path.join(marks, "crash"), "w") as f:
+            f.write(str(time.time_ns()))
+        os._exit(7)
+    opt.zero_grad()
+    model(torch.randn(32, 64)).pow(2).sum().backward()
+    opt.step()
+    if step == 0:
+        mark(("step", time.time_ns()))
+    time.sleep(0.05)
+dist.destroy_process_group()
+EOF
+
+median() { sort -n | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+# run_one NPROC KIND -> appends "start import pg step" (seconds after the crash, last rank) to
+# $TMP/res.KIND.NPROC
+run_one() {
+  local n=$1 kind=$2 cmd
+  rm -f "$MARKS"/*
+  case $kind in
+    warm) cmd=("$RDRUN" --warm-start on) ;;
+    warmplus) cmd=("$RDRUN" --warm-start on --preload "$PRELOAD") ;;
+    cold) cmd=("$RDRUN" --warm-start off) ;;
+    torchrun) cmd=("$TORCHRUN") ;;
+  esac
+  if ! PYTHON_EXEC="$PYTHON" RUST_LOG=rdrun=info timeout 600 "${cmd[@]}" --standalone \
+      --nproc-per-node "$n" --max-restarts 1 "$TMP/job.py" "$MARKS" \
+      >"$TMP/out" 2>"$TMP/err"; then
+    # torchrun 2.15's attempt 1 may die in gloo's connectFullMesh (it reads attempt 0's
+    # addresses from the store it did not clear): the points it reached still count.
+    echo "bench-recovery: note: a $kind run with $n ranks failed; points not reached show as -" >&2
+  fi
+  grep -o 'template interpreter pid [0-9]* ready in [0-9.]* s' "$TMP/err" \
+    | awk '{print $(NF-1)}' >>"$TMP/template.$kind.$n" || true
+  if [ ! -f "$MARKS/crash" ]; then
+    echo "bench-recovery: error: the $kind run with $n ranks never crashed" >&2
+    tail -n 20 "$TMP/err" >&2
+    exit 1
+  fi
+  local crash line=""
+  crash=$(cat "$MARKS/crash")
+  for point in start import pg step; do
+    # The last rank to reach the point; nan when a rank never reached it.
+    line+="$(cat "$MARKS"/a1.* 2>/dev/null | awk -v p="$point" -v c="$crash" -v n="$n" '
+      $1 == p { k++; if ($2 > m) m = $2 }
+      END { if (k < n) print "nan"; else printf "%.3f", (m - c) / 1e9 }') "
+  done
+  echo "$line" >>"$TMP/res.$kind.$n"
+}
+
+PRELOAD="${PRELOAD:-torch._dynamo,torch._inductor,torch.onnx}"
+kinds=(warm warmplus cold)
+if [ -x "$TORCHRUN" ]; then kinds+=(torchrun); else echo "bench-recovery: no torchrun at $TORCHRUN; skipped" >&2; fi
+
+if [[ " ${PARTS:-recovery memory} " == *" recovery "* ]]; then
+for n in $SIZES; do
+  for ((r = 0; r < RUNS; r++)); do
+    # Interleaved, so that a change in the machine's load hits every launcher alike.
+    for kind in "${kinds[@]}"; do run_one "$n" "$kind"; done
+  done
+done
+
+# The median of column $1 over the runs that reached the point (nan when none did).
+col() { awk -v c="$1" '$c != "nan" {print $c}' "$2" | median; }
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs; $RUNS runs each"
+for n in $SIZES; do
+  echo
+  echo "$n ranks: crash -> every rank of attempt 1 at each point (median seconds)"
+  printf '%-22s %8s %13s %8s %9s %10s %14s\n' point "warm" "warm+preload" "cold" torchrun "cold/warm" "torchrun/warm"
+  i=0
+  for point in "process started" "import torch done" "process group ready" "first step done"; do
+    i=$((i + 1))
+    w=$(col $i "$TMP/res.warm.$n"); p2=$(col $i "$TMP/res.warmplus.$n"); c=$(col $i "$TMP/res.cold.$n")
+    t=nan
+    [ -f "$TMP/res.torchrun.$n" ] && t=$(col $i "$TMP/res.torchrun.$n")
+    awk -v p="$point" -v w="$w" -v w2="$p2" -v c="$c" -v t="$t" '
+      function f(x) { return x == "nan" ? "-" : sprintf("%.3f", x) }
+      function r(x, y) { return (x == "nan" || y == "nan" || y <= 0) ? "-" : sprintf("%.1fx", x / y) }
+      BEGIN { printf "%-22s %8s %13s %8s %9s %10s %14s\n", p, f(w), f(w2), f(c), f(t), r(c, w), r(t, w) }'
+  done
+  echo "template start-up (once per run, before attempt 0): warm $(median <"$TMP/template.warm.$n") s, warm+preload $(median <"$TMP/template.warmplus.$n") s"
+done
+fi
+
+# Memory: summed PSS (/proc/<pid>/smaps_rollup) of 4 workers that imported torch, warm vs cold;
+# the template's own PSS is shown beside the warm sum (it holds its share of the same pages).
+cat >"$TMP/mem.py" <<'EOF'
+import os, sys, time
+import torch
+marks = sys.argv[1]
+with open(os.path.join(marks, "pid.%s" % os.environ["RANK"]), "w") as f:
+    f.write(str(os.getpid()))
+deadline = time.time() + 300
+while not os.path.exists(os.path.join(marks, "go")) and time.time() < deadline:
+    time.sleep(0.05)
+EOF
+pss_kib() { awk '/^Pss:/ {print $2}' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
+memory() {
+  local kind=$1 n=4 sum=0 tpl=0 pid i rd
+  rm -f "$MARKS"/*
+  PYTHON_EXEC="$PYTHON" timeout 600 "$RDRUN" --warm-start "$kind" --standalone \
+    --nproc-per-node "$n" "$TMP/mem.py" "$MARKS" >"$TMP/out" 2>"$TMP/err" &
+  rd=$!
+  for ((i = 0; i < 6000; i++)); do
+    [ "$(ls "$MARKS" | grep -c '^pid\.')" = "$n" ] && break
+    sleep 0.05
+  done
+  sleep 1
+  for f in "$MARKS"/pid.*; do sum=$((sum + $(pss_kib "$(cat "$f")"))); done
+  if [ "$kind" = on ]; then
+    # $rd is timeout(1); rdrun is its child and the template rdrun's.
+    for pid in $(for c in $(cat /proc/$rd/task/*/children 2>/dev/null); do cat /proc/$c/task/*/children 2>/dev/null; done); do
+      if grep -q "#rdrun warm template" "/proc/$pid/cmdline" 2>/dev/null; then
+        tpl=$((tpl + $(pss_kib "$pid")))
+      fi
+    done
+  fi
+  touch "$MARKS/go"
+  wait "$rd" || true
+  echo "$((sum / 1024)) $((tpl / 1024))"
+}
+if [[ " ${PARTS:-recovery memory} " == *" memory "* ]]; then
+  read -r cold_w _ <<<"$(memory off)"
+  read -r warm_w warm_t <<<"$(memory on)"
+  echo
+  echo "memory: summed PSS of 4 workers after import torch: cold $cold_w MiB; warm $warm_w MiB + the template's $warm_t MiB = $((warm_w + warm_t)) MiB"
+fi

@@ -1,0 +1,430 @@
+//! Warm starts (`--warm-start`, docs/warm-start.md): Python workers forked from a per-node
+//! template interpreter that imported torch (and `--preload`) once, instead of exec'd cold.
+//!
+//! [`WarmStart`] is the run's one template manager: `worker::spawn` asks it first and spawns
+//! cold when it says no. It starts the template at the first spawn (with the first worker's
+//! environment minus the per-rank variables), keeps it across restarts, replaces it when it
+//! died, refuses (cold, one line per reason) when a variable read at import time differs for a
+//! worker or the template has a thread not known to be fork-safe, and ends it with the run
+//! (drop; the run's cgroup, PR_SET_PDEATHSIG and the watchdog cover a killed rdrun).
+//! `process.rs` owns the template process and the wire protocol, `template.py` the other side.
+
+mod process;
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::config::warm::{WarmMode, WarmSettings};
+use crate::config::{EntrypointKind, LaunchConfig};
+
+use process::{Reply, Request, Template, TemplateError, TemplateStart};
+
+/// How long the template may take to import its preload list (`import torch` took up to 20 s
+/// on a loaded 2-core machine and is reported at 11–78 s on shared file systems).
+const START_TIMEOUT: Duration = Duration::from_secs(300);
+/// A fork request's answer (the fork itself takes milliseconds; the thread check may retry).
+const FORK_TIMEOUT: Duration = Duration::from_secs(30);
+/// Templates started per run at most (the first and replacements of dead ones).
+const MAX_TEMPLATES: u32 = 4;
+
+/// Prefixes of the variables that torch, its BLAS/OpenMP runtimes, the dynamic loader and the
+/// interpreter read at start-up or import time: a worker whose value differs from the
+/// template's would silently get the template's, so it is spawned cold instead.
+pub const IMPORT_TIME_PREFIXES: &[&str] = &[
+    "PYTHON",
+    "LD_",
+    "OMP_",
+    "KMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "GOTO_",
+    "BLIS_",
+    "TORCH_",
+    "PYTORCH_",
+    "CUDA_",
+    "HIP_",
+    "ROCR_",
+    "NVIDIA_",
+    "MALLOC_",
+    "GLIBC_",
+];
+
+/// What a fork needs of the worker's spawn spec (`worker::SpawnSpec`'s fields).
+pub struct Job<'a> {
+    pub program: &'a Path,
+    pub args: &'a [OsString],
+    /// Overlay on rdrun's environment.
+    pub env: &'a [(String, String)],
+    pub cpus: Option<&'a [usize]>,
+    pub cgroup_fd: Option<RawFd>,
+    pub watchdog_fd: Option<RawFd>,
+}
+
+/// A worker forked from the template: its pid (= process group and session) and the read
+/// ends of its stdout and stderr pipes.
+pub struct Forked {
+    pub pid: i32,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+/// The run's template manager (shared by every spawn spec of the run).
+pub struct WarmStart {
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for WarmStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WarmStart")
+    }
+}
+
+struct Inner {
+    mode: WarmMode,
+    preload: Vec<String>,
+    template: Option<Template>,
+    /// Templates started so far.
+    started: u32,
+    /// Warm start given up for the rest of the run.
+    off: bool,
+    /// Reasons already said (each once per run).
+    said: Vec<String>,
+}
+
+impl WarmStart {
+    /// The manager for `config`'s run; `None` when warm start is off or the worker is not a
+    /// Python program (said once when `--warm-start on` asked for it).
+    pub fn for_run(config: &LaunchConfig) -> Option<Arc<WarmStart>> {
+        let WarmSettings { mode, preload } = &config.warm;
+        if *mode == WarmMode::Off {
+            return None;
+        }
+        let python = matches!(
+            config.command.kind,
+            EntrypointKind::PythonScript | EntrypointKind::PythonModule | EntrypointKind::RunPath
+        );
+        if !python {
+            let msg = format!(
+                "warm start: {} is not run by python (--no-python or a program); workers start cold",
+                config.command.display_name
+            );
+            match mode {
+                WarmMode::On => tracing::warn!("{msg}"),
+                _ => tracing::info!("{msg}"),
+            }
+            return None;
+        }
+        Some(Arc::new(WarmStart {
+            inner: Mutex::new(Inner {
+                mode: *mode,
+                preload: preload.clone(),
+                template: None,
+                started: 0,
+                off: false,
+                said: Vec::new(),
+            }),
+        }))
+    }
+
+    /// Forks the worker of `spec` from the template; `None`: spawn it cold (the reason was
+    /// said, once per kind of reason).
+    pub fn spawn(&self, spec: &Job<'_>) -> Option<Forked> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.spawn(spec)
+    }
+}
+
+impl Drop for WarmStart {
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut t) = inner.template.take() {
+            end(&mut t);
+        }
+    }
+}
+
+/// Ends the template and forgets it in the process tree's helper list.
+fn end(t: &mut Template) {
+    t.end();
+    super::proctree::forget_helper(t.pid);
+}
+
+impl Inner {
+    fn say(&mut self, key: &str, msg: String) {
+        if self.said.iter().any(|k| k == key) {
+            return;
+        }
+        self.said.push(key.to_string());
+        match self.mode {
+            WarmMode::On => tracing::warn!("warm start: {msg}"),
+            _ => tracing::info!("warm start: {msg}"),
+        }
+    }
+
+    fn give_up(&mut self, msg: String) {
+        self.off = true;
+        if let Some(mut t) = self.template.take() {
+            end(&mut t);
+        }
+        self.say(
+            "off",
+            format!("{msg}; workers start cold for the rest of the run"),
+        );
+    }
+
+    fn spawn(&mut self, spec: &Job<'_>) -> Option<Forked> {
+        if self.off {
+            return None;
+        }
+        if self.template.as_ref().is_some_and(|t| !t.alive()) {
+            let mut t = self.template.take().expect("checked");
+            end(&mut t);
+            self.say(
+                "died",
+                format!(
+                    "the template interpreter (pid {}) died; starting a new one",
+                    t.pid
+                ),
+            );
+        }
+        if self.template.is_none() {
+            if self.started >= MAX_TEMPLATES {
+                self.give_up(format!("{MAX_TEMPLATES} template interpreters died"));
+                return None;
+            }
+            self.started += 1;
+            let start = TemplateStart {
+                python: spec.program.to_path_buf(),
+                env: template_env(spec.env),
+                path0: path0(spec.args),
+                preload: self.preload.clone(),
+                worker_cmdline: std::iter::once(spec.program.as_os_str().to_owned())
+                    .chain(spec.args.iter().cloned())
+                    .collect(),
+                cgroup_fd: spec.cgroup_fd,
+                watchdog_fd: spec.watchdog_fd,
+            };
+            let began = std::time::Instant::now();
+            match Template::start(&start, START_TIMEOUT) {
+                Ok(t) => {
+                    tracing::info!(
+                        "warm start: template interpreter pid {} ready in {:.2} s",
+                        t.pid,
+                        began.elapsed().as_secs_f64()
+                    );
+                    super::proctree::note_helper(t.pid);
+                    self.template = Some(t);
+                }
+                Err(err) => {
+                    self.give_up(err.to_string());
+                    return None;
+                }
+            }
+        }
+        let t = self.template.as_mut().expect("started above");
+        if let Some(var) = import_time_difference(&t.env, spec.env) {
+            self.say(
+                &format!("env {var}"),
+                format!("{var} differs between the workers, and it is read when the template imports; those workers start cold"),
+            );
+            return None;
+        }
+        match fork(t, spec) {
+            Ok(Ok(spawned)) => Some(spawned),
+            Ok(Err(reason)) => {
+                self.say(
+                    &format!("cold {reason}"),
+                    format!("{reason}; workers start cold"),
+                );
+                None
+            }
+            Err(err) => {
+                let mut t = self.template.take().expect("present");
+                end(&mut t);
+                self.say(
+                    "gone",
+                    format!("{err}; this worker starts cold, the next from a new template"),
+                );
+                None
+            }
+        }
+    }
+}
+
+/// One fork request: the worker's pipes made here, its stdio ends passed to the template.
+/// `Ok(Err(reason))`: the template declined; `Err`: the template is unusable.
+fn fork(t: &mut Template, spec: &Job<'_>) -> Result<Result<Forked, String>, TemplateError> {
+    let pipes = (|| -> std::io::Result<_> {
+        let out = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let err = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        Ok((out, err))
+    })();
+    let ((out_r, out_w), (err_r, err_w)) = match pipes {
+        Ok(p) => p,
+        Err(e) => return Ok(Err(format!("cannot make the worker's pipes: {e}"))),
+    };
+    let cwd = match std::env::current_dir() {
+        Ok(c) => c,
+        Err(e) => return Ok(Err(format!("cannot read the working directory: {e}"))),
+    };
+    let env = crate::workerenv::inherited_env_with(spec.env);
+    // SAFETY: fcntl(2) F_GETFD only asks whether fd 0 is open.
+    let stdin_open = unsafe { libc::fcntl(0, libc::F_GETFD) } != -1;
+    let req = Request {
+        cwd: &cwd,
+        cpus: spec.cpus,
+        args: spec.args,
+        env: &env,
+        stdout: out_w.as_raw_fd(),
+        stderr: err_w.as_raw_fd(),
+        stdin: stdin_open.then_some(0),
+    };
+    let reply = t.fork(&req, FORK_TIMEOUT)?;
+    // The template holds its copies now (or declined): ours must close, or EOF never comes.
+    drop((out_w, err_w));
+    match reply {
+        Reply::Pid(pid) => {
+            if let Some(fd) = spec.watchdog_fd {
+                // The worker leads its own process group, as a cold one.
+                super::watchdog::register(fd, pid);
+            }
+            tracing::debug!(pid, "worker forked from the template");
+            Ok(Ok(Forked {
+                pid,
+                stdout: out_r,
+                stderr: err_r,
+            }))
+        }
+        Reply::Cold(reason) => Ok(Err(reason)),
+    }
+}
+
+/// The template's overlay: the first worker's, without the per-rank and per-attempt variables.
+fn template_env(overlay: &[(String, String)]) -> Vec<(String, String)> {
+    overlay
+        .iter()
+        .filter(|(k, _)| !crate::workerenv::CONTRACT_VARS.contains(&k.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// The first import-time variable whose value in `worker` differs from the template's.
+fn import_time_difference(
+    template: &[(String, String)],
+    worker: &[(String, String)],
+) -> Option<String> {
+    let read_at_import = |k: &str| IMPORT_TIME_PREFIXES.iter().any(|p| k.starts_with(p));
+    let get = |set: &[(String, String)], k: &str| {
+        set.iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    };
+    let mut names: Vec<&str> = template
+        .iter()
+        .chain(worker)
+        .map(|(k, _)| k.as_str())
+        .filter(|k| read_at_import(k))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .find(|k| get(template, k) != get(worker, k))
+        .map(str::to_string)
+}
+
+/// The workers' `sys.path[0]` for the interpreter arguments rdrun builds: the script's
+/// directory (symlinks resolved, as python), the working directory for `-m`, empty for `-c`.
+fn path0(args: &[OsString]) -> OsString {
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some("-c") => OsString::new(),
+        Some("-m") => std::env::current_dir()
+            .map(|d| d.into_os_string())
+            .unwrap_or_default(),
+        _ => args
+            .get(1)
+            .and_then(|s| std::fs::canonicalize(s).ok())
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+            .map(|d| d.into_os_string())
+            .unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_template_gets_no_per_rank_variables() {
+        let env = template_env(&pairs(&[
+            ("RANK", "1"),
+            ("LOCAL_RANK", "1"),
+            ("TORCHELASTIC_RESTART_COUNT", "0"),
+            ("OMP_NUM_THREADS", "1"),
+            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        ]));
+        assert_eq!(
+            env,
+            pairs(&[
+                ("OMP_NUM_THREADS", "1"),
+                ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+            ])
+        );
+    }
+
+    #[test]
+    fn import_time_variables_must_match() {
+        let t = pairs(&[("OMP_NUM_THREADS", "1"), ("RANK", "0")]);
+        // Per-rank variables read later are no difference.
+        assert_eq!(
+            import_time_difference(&t, &pairs(&[("OMP_NUM_THREADS", "1"), ("RANK", "3")])),
+            None
+        );
+        assert_eq!(
+            import_time_difference(&t, &pairs(&[("OMP_NUM_THREADS", "2")])),
+            Some("OMP_NUM_THREADS".into())
+        );
+        // Present in one only (the --virtual-local-rank device list).
+        assert_eq!(
+            import_time_difference(
+                &t,
+                &pairs(&[("OMP_NUM_THREADS", "1"), ("CUDA_VISIBLE_DEVICES", "1")])
+            ),
+            Some("CUDA_VISIBLE_DEVICES".into())
+        );
+        // The last value of a name counts (the overlay's override).
+        assert_eq!(
+            import_time_difference(
+                &t,
+                &pairs(&[("OMP_NUM_THREADS", "4"), ("OMP_NUM_THREADS", "1")])
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn sys_path_zero() {
+        let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(path0(&os(&["-u", "-c", "code"])), OsString::new());
+        let cwd = std::env::current_dir().unwrap().into_os_string();
+        assert_eq!(path0(&os(&["-u", "-m", "pkg.mod"])), cwd);
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("t.py");
+        std::fs::write(&script, "").unwrap();
+        let want = std::fs::canonicalize(dir.path()).unwrap().into_os_string();
+        assert_eq!(
+            path0(&[OsString::from("-u"), script.into_os_string()]),
+            want
+        );
+    }
+}

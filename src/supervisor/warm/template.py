@@ -1,0 +1,432 @@
+# rdrun's warm-start template interpreter (docs/warm-start.md). Started once per node as
+# `python -u -c <BOOTSTRAP> FD PAD` with the workers' interpreter and environment (minus
+# per-rank variables); the bootstrap reads this program as the socket's first message, the
+# second is the workers' sys.path[0] and the modules to preload (NUL-separated).
+# It imports the preload list, then forks one worker per request received on the SOCK_SEQPACKET
+# unix socket FD. It never runs user code itself and never initialises CUDA. PAD only sizes the
+# command-line area, which each worker overwrites with its own command line.
+#
+# Request: NUL-separated fields: b"fork", rdrun's pid, cwd, CPU list ("" = unchanged), the count
+# of argv words, argv (the interpreter's arguments: -u script.. / -u -m mod.. / -u -c code..),
+# then the environment as KEY=VALUE; ancillary SCM_RIGHTS: stdout, stderr[, stdin].
+# Replies: b"pid N" | b"cold REASON" | b"error REASON". First message: b"ready ..." or
+# b"failed REASON".
+import os
+import socket
+import struct
+import sys
+
+_SOCK_FD = int(sys.argv[1])
+_CONFIG = os.read(_SOCK_FD, 1 << 20).split(b"\0")
+_PATH0 = os.fsdecode(_CONFIG[0])
+_REQUIRED = [m.decode() for m in _CONFIG[1:] if m]
+_RDRUN = os.getppid()
+
+# The workers' sys.path[0] (script directory, cwd for -m, '' for -c), so that the preload
+# imports resolve as they would in a cold worker.
+if not sys.flags.safe_path and sys.path and sys.path[0] == "":
+    sys.path[0] = _PATH0
+
+_sock = socket.socket(fileno=_SOCK_FD)
+
+
+def _send(msg):
+    _sock.send(msg if isinstance(msg, bytes) else msg.encode("utf-8", "replace"))
+
+
+def _preload():
+    import importlib
+
+    # torch first when importable (a missing torch is no error: nothing to preload then).
+    try:
+        importlib.import_module("torch")
+    except ModuleNotFoundError as e:
+        if e.name != "torch":
+            return "torch: %s: %s" % (type(e).__name__, e)
+    except BaseException as e:  # noqa: BLE001 - any failure means: no warm start
+        return "torch: %s: %s" % (type(e).__name__, e)
+    for name in _REQUIRED:
+        try:
+            importlib.import_module(name)
+        except BaseException as e:  # noqa: BLE001
+            return "%s: %s: %s" % (name, type(e).__name__, e)
+    return None
+
+
+# ---- fork safety -------------------------------------------------------------------------
+# A thread other than the main one is fork-safe only when it is OpenBLAS's server thread:
+# OpenBLAS stops its servers around fork() with pthread_atfork. Threads are identified by the
+# library that owns them: the code addresses on the thread's stack (read from /proc/self/mem
+# at the stack pointer that /proc/self/task/TID/syscall reports), mapped to the executable
+# mappings of /proc/self/maps. Allowed: every non-libc code address lies in an OpenBLAS
+# library (libopenblas*, libscipy_openblas*), and there is at least one.
+_LIBC = ("libc.so", "libc-", "ld-linux", "libpthread", "[vdso]", "[vsyscall]")
+_STACK_SCAN = 16384
+
+
+def _code_maps():
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            p = line.split()
+            if len(p) >= 6 and "x" in p[1]:
+                a, b = (int(x, 16) for x in p[0].split("-"))
+                out.append((a, b, p[5]))
+    return out
+
+
+def _thread_libs(tid, maps):
+    """Libraries (basenames) whose code addresses are on thread `tid`'s stack; None when the
+    thread is running (no stack pointer to read) or its stack cannot be read."""
+    try:
+        with open("/proc/self/task/%d/syscall" % tid) as f:
+            fields = f.read().split()
+    except OSError:
+        return set()  # gone
+    if not fields or fields[0] == "running" or len(fields) < 3:
+        return None
+    sp, pc = int(fields[-2], 16), int(fields[-1], 16)
+    try:
+        with open("/proc/self/mem", "rb", buffering=0) as mem:
+            mem.seek(sp)
+            data = mem.read(_STACK_SCAN)
+    except OSError:
+        return None
+    words = [pc] + [w for (w,) in struct.iter_unpack("<Q", data[: len(data) // 8 * 8])]
+    libs = set()
+    for w in words:
+        for a, b, name in maps:
+            if a <= w < b:
+                libs.add(os.path.basename(name))
+                break
+    return libs
+
+
+def _is_openblas(lib):
+    return "openblas" in lib.lower()
+
+
+def _unsafe_threads():
+    """None when every thread besides the main one is known fork-safe, else why not."""
+    me = os.getpid()
+    tids = [int(t) for t in os.listdir("/proc/self/task") if int(t) != me]
+    if not tids:
+        return None
+    maps = _code_maps()
+    for tid in tids:
+        libs = None
+        for _ in range(50):  # a running thread has no readable stack pointer: retry a while
+            libs = _thread_libs(tid, maps)
+            if libs is not None:
+                break
+            import time
+
+            time.sleep(0.001)
+        if libs is not None and not libs:
+            continue  # exited meanwhile
+        try:
+            with open("/proc/self/task/%d/comm" % tid) as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        own = sorted(l for l in (libs or ()) if not l.startswith(_LIBC))
+        if libs is None:
+            return "thread %d (%s) is always running; its owner cannot be identified" % (tid, comm)
+        if not own or not all(_is_openblas(l) for l in own):
+            return "thread %d (%s, from %s) is not known to be fork-safe" % (
+                tid,
+                comm,
+                ", ".join(own) or "an unknown library",
+            )
+    return None
+
+
+# ---- one worker ---------------------------------------------------------------------------
+def _parse(argv):
+    """(kind, target, sys.argv, sys.path[0]) for `python ARGV`, or a str: why not."""
+    if not argv or argv[0] != "-u":
+        return "the worker's interpreter arguments are not rdrun's (-u ...)"
+    rest = argv[1:]
+    if not rest:
+        return "no script"
+    if rest[0] == "-m" and len(rest) >= 2:
+        return ("module", rest[1], [rest[1]] + rest[2:], os.getcwd())
+    if rest[0] == "-c" and len(rest) >= 2:
+        return ("code", rest[1], ["-c"] + rest[2:], "")
+    if rest[0].startswith("-"):
+        return "interpreter option %s" % rest[0]
+    script = rest[0]
+    path0 = os.path.dirname(os.path.realpath(script))
+    if os.path.isdir(script) or not os.path.isfile(script):
+        return ("dir", script, rest, script)
+    return ("script", script, rest, path0)
+
+
+def _reset_signals():
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            if sig == signal.SIGINT:
+                signal.signal(sig, signal.default_int_handler)
+            elif sig in (signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_IGN)
+            else:
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError, RuntimeError):
+            pass
+
+
+def _become_worker(req, fds):
+    """In the grandchild: everything a cold `python -u ...` would have, then the job to run."""
+    rdrun, cwd, cpus, argv, env = req
+    os.setsid()
+    # Parent-death signal once rdrun (the subreaper) is the parent: the intermediate process
+    # exits right after the fork, so this wait is short; a parent-death signal set earlier
+    # would fire when the intermediate exits.
+    import time
+
+    deadline = time.monotonic() + 10
+    while os.getppid() != rdrun:
+        if time.monotonic() > deadline:
+            os._exit(127)
+        time.sleep(0.0002)
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    if os.getppid() != rdrun:
+        os.kill(os.getpid(), 9)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    out, err = fds[0], fds[1]
+    inp = fds[2] if len(fds) > 2 else None
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    if inp is not None:
+        os.dup2(inp, 0)
+    else:
+        os.close(0)
+    for fd in set(fds):
+        if fd > 2:
+            os.close(fd)
+    _sock.close()
+    _reset_signals()
+    os.environ.clear()
+    for k, v in env:
+        os.environ[k] = v
+    os.chdir(cwd)
+    return argv
+
+
+def _argv0():
+    with open("/proc/self/cmdline", "rb") as f:
+        return f.read().split(b"\0")[0]
+
+
+_ARGV0 = _argv0()
+
+
+def _set_cmdline(argv):
+    """/proc/self/cmdline (what ps, py-spy and rdrun's messages show) as a cold worker's:
+    the interpreter's path, then `argv`, written over the template's command-line area (rdrun
+    sized it for the first worker; a longer one is cut, a shorter one padded with NULs)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        start, end = int(fields[45]), int(fields[46])  # proc(5): fields 48 and 49
+    except (OSError, ValueError, IndexError):
+        return
+    n = end - start
+    if n <= 0:
+        return
+    data = b"\0".join([_ARGV0] + [os.fsencode(a) for a in argv]) + b"\0"
+    data = data[: n - 1] + b"\0" if len(data) > n else data + b"\0" * (n - len(data))
+    ctypes.memmove(start, data, n)
+
+
+def _reseed():
+    import random
+
+    random.seed()  # CPython reseeds at fork too; once more costs nothing
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            np.random.seed()  # the legacy global state is not reseeded at fork
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _serve():
+    """Serves requests until rdrun closes the socket; in a forked worker returns its argv."""
+    while True:
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(_sock, 1 << 22, 3)
+        except (ConnectionError, OSError):
+            os._exit(0)
+        if not msg:
+            os._exit(0)  # rdrun is gone or done
+        parts = msg.split(b"\0")
+        try:
+            if parts[0] != b"fork":
+                raise ValueError("unknown request")
+            rdrun = int(parts[1])
+            cwd = os.fsdecode(parts[2])
+            cpus = [int(c) for c in parts[3].split(b",") if c]
+            n = int(parts[4])
+            argv = [os.fsdecode(a) for a in parts[5 : 5 + n]]
+            env = []
+            for kv in parts[5 + n :]:
+                k, _, v = kv.partition(b"=")
+                if k:
+                    env.append((os.fsdecode(k), os.fsdecode(v)))
+        except (ValueError, IndexError) as e:
+            for fd in fds:
+                os.close(fd)
+            _send("error bad request: %s" % e)
+            continue
+        reason = _unsafe_threads()
+        if reason is not None:
+            for fd in fds:
+                os.close(fd)
+            _send("cold " + reason)
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        r, w = os.pipe()
+        try:
+            first = os.fork()
+        except OSError as e:
+            for fd in fds + [r, w]:
+                os.close(fd)
+            _send("error fork: %s" % e)
+            continue
+        if first == 0:
+            # The intermediate process: never back into the serving loop, whatever happens.
+            try:
+                os.close(r)
+                second = os.fork()
+            except BaseException:  # noqa: BLE001
+                os._exit(1)
+            if second == 0:
+                os.close(w)
+                return _become_worker((rdrun, cwd, cpus, argv, env), fds)
+            try:
+                os.write(w, b"%d" % second)
+            finally:
+                os._exit(0)
+        os.close(w)
+        for fd in fds:
+            os.close(fd)
+        with os.fdopen(r, "rb") as f:
+            got = f.read()
+        os.waitpid(first, 0)
+        if got:
+            _send(b"pid " + got)
+        else:
+            _send("error the fork failed")
+
+
+# ---- start -------------------------------------------------------------------------------
+_failed = _preload()
+if _failed is not None:
+    _send("failed " + _failed)
+    os._exit(0)
+# What the imports allocated stays out of the collector's sight: a collection in a worker then
+# does not touch (and copy) the pages the template shares with it.
+import gc
+
+gc.collect()
+gc.freeze()
+_send("ready %d" % os.getpid())
+_job = _serve()
+del _failed
+
+# From here on this is a worker (the grandchild). The user's code runs at the top level of
+# this program, so an exception that escapes it is handled by the interpreter as in a cold one
+# (traceback on stderr, exit 1; SystemExit's code; atexit; non-daemon threads joined).
+
+
+def _main_module():
+    import builtins
+    import types
+
+    old = sys.modules["__main__"]
+    m = types.ModuleType("__main__")
+    m.__builtins__ = builtins
+    sys.modules["__main__"] = m
+    return old, m
+
+
+def _trim(tb):
+    """The traceback from the user's first frame (the template's and runpy's left out)."""
+    import runpy
+
+    mine = globals()
+    runpy_files = ("<frozen runpy>", getattr(runpy, "__file__", None))
+    while tb is not None and (
+        tb.tb_frame.f_globals is mine or tb.tb_frame.f_code.co_filename in runpy_files
+    ):
+        tb = tb.tb_next
+    return tb
+
+
+def _run(argv):
+    import runpy
+
+    parsed = _parse(argv)
+    if isinstance(parsed, str):
+        sys.stderr.write("rdrun warm start: %s\n" % parsed)
+        os._exit(2)
+    kind, target, args, path0 = parsed
+    sys.argv = args
+    sys.orig_argv = [os.fsdecode(_ARGV0)] + argv
+    _set_cmdline(argv)
+    if not sys.flags.safe_path and sys.path:
+        sys.path[0] = path0
+    _reseed()
+    keep, main = _main_module()
+    try:
+        if kind == "script":
+            path = os.path.abspath(target)
+            main.__file__ = path
+            main.__cached__ = None
+            from importlib.machinery import SourceFileLoader
+
+            main.__loader__ = SourceFileLoader("__main__", path)
+            with open(path, "rb") as f:
+                code = compile(f.read(), path, "exec", dont_inherit=True)
+            exec(code, main.__dict__)
+        elif kind == "code":
+            main.__loader__ = __loader__ if "__loader__" in globals() else None
+            exec(compile(target, "<string>", "exec", dont_inherit=True), main.__dict__)
+        elif kind == "module":
+            runpy._run_module_as_main(target, alter_argv=True)
+        else:  # a directory or zip file with __main__.py
+            runpy._run_module_as_main("__main__", alter_argv=False)
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001 - reported as the interpreter would
+        tb = _trim(e.__traceback__)
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        if isinstance(e, KeyboardInterrupt):
+            # A cold interpreter ends an uncaught KeyboardInterrupt by dying of SIGINT.
+            import atexit
+            import signal
+
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        raise SystemExit(1)
+    del keep
+
+
+_run(_job)

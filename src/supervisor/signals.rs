@@ -169,6 +169,29 @@ impl Signals {
     }
 }
 
+/// In a child between fork and exec: SIGKILL when rdrun (`parent`, its pid before the fork)
+/// dies. If rdrun died between the fork and the `prctl`, the death signal would never come, so
+/// the child ends itself at once.
+///
+/// # Safety
+/// Only async-signal-safe calls (prctl, getppid, raise): fit for `pre_exec`.
+pub(crate) unsafe fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {
+    if libc::prctl(
+        libc::PR_SET_PDEATHSIG,
+        libc::SIGKILL as libc::c_ulong,
+        0,
+        0,
+        0,
+    ) == -1
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    if libc::getppid() != parent {
+        libc::raise(libc::SIGKILL);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -426,21 +426,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
                 // SIGKILL of rdrun right now leaves nothing behind.
                 super::watchdog::register(fd, libc::getpid());
             }
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) == -1
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // rdrun may have died between fork and prctl: the death signal would then never come.
-            if libc::getppid() != parent {
-                libc::raise(libc::SIGKILL);
-            }
-            Ok(())
+            super::signals::die_with_parent(parent)
         });
     }
     let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {

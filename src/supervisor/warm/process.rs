@@ -145,20 +145,7 @@ impl Template {
                 if let Some(fd) = watchdog_fd {
                     super::super::watchdog::register(fd, libc::getpid());
                 }
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) == -1
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                if libc::getppid() != parent {
-                    libc::raise(libc::SIGKILL);
-                }
-                Ok(())
+                super::super::signals::die_with_parent(parent)
             });
         }
         let child = cmd.spawn().map_err(TemplateError::Start)?;

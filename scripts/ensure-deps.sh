@@ -7,7 +7,9 @@
 # - etcd-server (and etcdctl) for the etcd v3 rendezvous tests against a real etcd;
 # - protobuf-compiler and libprotobuf-dev (`protoc` and the well-known .proto files) for building
 #   the etcd client's generated code;
-# - zsh and fish, so that the generated shell completions are loaded by the real shells.
+# - zsh and fish, so that the generated shell completions are loaded by the real shells, and tmux,
+#   the terminal those shells and a pdb session on one rank are driven through;
+# - strace, a real wrapper for the `--wrap` tests.
 # Tests that need a tool that is still missing skip with a message naming it.
 set -euo pipefail
 
@@ -24,6 +26,10 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 [ -e /usr/include/google/protobuf/timestamp.proto ] || missing+=(libprotobuf-dev)
 command -v zsh >/dev/null 2>&1 || missing+=(zsh)
 command -v fish >/dev/null 2>&1 || missing+=(fish)
+# The terminal tests (completions, pdb on one rank) drive real shells through tmux; --wrap is
+# tested with strace as a real wrapper.
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+command -v strace >/dev/null 2>&1 || missing+=(strace)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

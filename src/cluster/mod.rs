@@ -39,6 +39,7 @@ pub mod readers;
 pub mod render;
 
 #[cfg(test)]
+#[path = "difftest_tests.rs"]
 mod difftest;
 #[cfg(test)]
 mod tests;

@@ -1,644 +1,26 @@
-//! `rdrun-store-bench`: load generator for TCPStore-compatible servers (rdrun's or PyTorch's), and a
-//! way to run rdrun's store server on its own. Used by `scripts/bench-store.sh`; every mode is
-//! bounded in time and prints one `key=value` result line per measurement on stdout.
-//!
-//! Modes:
-//! - `serve`: run rdrun's store server on `--host`/`--port` (0 = any), print `port=N`, serve until
-//!   killed (SIGINT shuts down cleanly, exit 0; a server that stopped by itself exits 1). The store
-//!   tests run it under a lowered descriptor limit and read its warnings.
-//! - `load`: for each pipeline depth in `--depth` and count in `--conns` (e.g. `1,64,1024`), that
-//!   many raw connections of one pool per server in `--ports` each loop SET, GET, ADD (depth
-//!   triples per write, answers checked) for `--secs`, servers interleaved, `--rounds` times;
-//!   prints `req_per_s` per phase, round and server.
-//! - `herd`: `--clients` clients each connect (VALIDATE + PING), ADD a counter and WAIT on a key
-//!   the last arrival sets; prints `wall_s`.
-//! - `startup`: PyTorch's start-up pattern for `--clients` ranks (connect + VALIDATE, the `init/`
-//!   ADD, each rank's own SET, rank 0's shared SET that everyone GETs, an ADD + WAIT barrier),
-//!   spread over `--procs` generator processes (children of this binary, `startup-part`, each on
-//!   its own loopback source address: one process may hold only so many descriptors); prints
-//!   when the last rank finished each phase, the slowest client per phase, connection retries,
-//!   the worst latency of a fresh client probing every `--probe-ms`, and with `--server-pid`
-//!   the server's CPU time and RSS (issue 16).
-//! - `idle`: open `--conns` validated connections, print `ready=N`, hold them until stdin closes or
-//!   `--hold-secs` passed.
-//!
-//! Length: one benchmark binary with one mode per measured pattern (request/reply, pipelined, herd,
-//! the start-up storm over several processes and source addresses, serving a store alone). The
-//! modes share the raw-request encoder and the result format, so they stay in one file.
+//! `startup`: PyTorch's start-up pattern (issue 16) for many ranks, spread over generator
+//! processes (children of this binary, each on its own loopback source address), with a fresh
+//! client probing the server's latency and the server's CPU and RSS.
 
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand};
-use rdrun::store::client::Client;
 use rdrun::store::protocol::{Request, VALIDATION_MAGIC};
-use rdrun::store::server::{raise_nofile_limit, ServerConfig, StoreServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-#[derive(Parser)]
-#[command(
-    name = "rdrun-store-bench",
-    about = "TCPStore load generator and standalone server"
-)]
-struct Args {
-    #[command(subcommand)]
-    mode: Mode,
-}
-
-#[derive(Subcommand)]
-enum Mode {
-    /// Run rdrun's store server.
-    Serve {
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        #[arg(long, default_value_t = 0)]
-        port: u16,
-        /// Tokio worker threads; 0 = a current-thread runtime (as the launcher may use).
-        #[arg(long, default_value_t = 0)]
-        threads: usize,
-        /// Scheduler ticks between looks at the runtime's global queue, where the accept
-        /// thread puts new connections (tokio's default is 31; the launcher uses
-        /// `STORE_GLOBAL_QUEUE_INTERVAL`, new connections first).
-        #[arg(long, default_value_t = rdrun::store::server::STORE_GLOBAL_QUEUE_INTERVAL)]
-        global_queue_interval: u32,
-        /// Close connections that have not sent VALIDATE this long after connecting.
-        #[arg(long)]
-        validate_timeout_secs: Option<f64>,
-        /// At most one warning line per kind per this many seconds.
-        #[arg(long)]
-        log_interval_secs: Option<f64>,
-    },
-    /// SET/GET/ADD mix over N connections.
-    Load {
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        /// Comma-separated server ports; phases alternate between them.
-        #[arg(long, value_delimiter = ',')]
-        ports: Vec<u16>,
-        /// Comma-separated connection counts; one phase each, on one pool of connections.
-        #[arg(long, default_value = "1", value_delimiter = ',')]
-        conns: Vec<usize>,
-        /// Seconds per phase.
-        #[arg(long, default_value_t = 3.0)]
-        secs: f64,
-        /// Comma-separated pipeline depths (SET+GET+ADD triples per write); 1 = one request
-        /// waits for its answer, as PyTorch's client does.
-        #[arg(long, default_value = "1", value_delimiter = ',')]
-        depth: Vec<usize>,
-        /// Rounds per phase and server (report the best).
-        #[arg(long, default_value_t = 1)]
-        rounds: usize,
-        /// Key namespace, so that runs against one server do not collide.
-        #[arg(long, default_value = "load")]
-        tag: String,
-    },
-    /// Connect storm + ADD + WAIT barrier.
-    Herd {
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        #[arg(long)]
-        port: u16,
-        #[arg(long, default_value_t = 4096)]
-        clients: usize,
-        #[arg(long, default_value_t = 120.0)]
-        timeout_secs: f64,
-        #[arg(long, default_value = "herd")]
-        tag: String,
-    },
-    /// PyTorch's start-up pattern for N ranks.
-    Startup {
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        #[arg(long)]
-        port: u16,
-        #[arg(long, default_value_t = 4096)]
-        clients: usize,
-        /// Generator processes (0 = one per 8,000 clients).
-        #[arg(long, default_value_t = 0)]
-        procs: usize,
-        #[arg(long, default_value_t = 120.0)]
-        timeout_secs: f64,
-        #[arg(long, default_value = "startup")]
-        tag: String,
-        /// The server's pid: report its CPU time and RSS.
-        #[arg(long)]
-        server_pid: Option<u32>,
-        /// Fresh-client probe period.
-        #[arg(long, default_value_t = 10)]
-        probe_ms: u64,
-        /// Run every generator share in a child process at this nice value (1-19), this
-        /// process only coordinating and probing at normal priority: on one machine, the
-        /// clients' CPU then yields to the server's, as if they ran on other hosts.
-        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=19))]
-        gen_nice: i32,
-    },
-    /// One generator process of `startup` (started by it).
-    #[command(hide = true)]
-    StartupPart {
-        #[arg(long)]
-        host: String,
-        #[arg(long)]
-        port: u16,
-        #[arg(long)]
-        source: Option<std::net::IpAddr>,
-        #[arg(long)]
-        first: usize,
-        #[arg(long)]
-        count: usize,
-        #[arg(long)]
-        world: usize,
-        #[arg(long)]
-        tag: String,
-        #[arg(long)]
-        timeout_secs: f64,
-    },
-    /// Hold N idle validated connections.
-    Idle {
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        #[arg(long)]
-        port: u16,
-        #[arg(long, default_value_t = 10_000)]
-        conns: usize,
-        #[arg(long, default_value_t = 120.0)]
-        hold_secs: f64,
-        /// Stop opening connections after this long (report how many are open).
-        #[arg(long, default_value_t = 60.0)]
-        connect_secs: f64,
-    },
-}
-
-fn main() -> ExitCode {
-    let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RDRUN_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    if let Err(e) = raise_nofile_limit() {
-        eprintln!("rdrun-store-bench: warning: could not raise the open-file limit: {e}");
-    }
-    let rt = match &args.mode {
-        Mode::Serve {
-            threads: 0,
-            global_queue_interval,
-            ..
-        } => tokio::runtime::Builder::new_current_thread()
-            .global_queue_interval((*global_queue_interval).max(1))
-            .enable_all()
-            .build(),
-        Mode::Serve {
-            threads,
-            global_queue_interval,
-            ..
-        } => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(*threads)
-            .global_queue_interval((*global_queue_interval).max(1))
-            .enable_all()
-            .build(),
-        _ => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build(),
-    };
-    let rt = match rt {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("rdrun-store-bench: error: tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(args.mode)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rdrun-store-bench: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-type Res = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-
-async fn run(mode: Mode) -> Res {
-    match mode {
-        Mode::Serve {
-            host,
-            port,
-            validate_timeout_secs,
-            log_interval_secs,
-            ..
-        } => {
-            let mut config = ServerConfig::default();
-            if let Some(s) = validate_timeout_secs {
-                config.validate_timeout = Duration::try_from_secs_f64(s)?;
-            }
-            if let Some(s) = log_interval_secs {
-                config.log_interval = Duration::try_from_secs_f64(s)?;
-            }
-            serve(&host, port, config).await
-        }
-        Mode::Load {
-            host,
-            ports,
-            conns,
-            depth,
-            secs,
-            rounds,
-            tag,
-        } => {
-            load(
-                &host,
-                ports,
-                conns,
-                depth,
-                Duration::from_secs_f64(secs),
-                rounds,
-                &tag,
-            )
-            .await
-        }
-        Mode::Herd {
-            host,
-            port,
-            clients,
-            timeout_secs,
-            tag,
-        } => {
-            herd(
-                &host,
-                port,
-                clients,
-                Duration::from_secs_f64(timeout_secs),
-                &tag,
-            )
-            .await
-        }
-        Mode::Startup {
-            host,
-            port,
-            clients,
-            procs,
-            timeout_secs,
-            tag,
-            server_pid,
-            probe_ms,
-            gen_nice,
-        } => {
-            let procs = if procs == 0 {
-                clients.div_ceil(8000)
-            } else {
-                procs
-            };
-            startup(
-                &host,
-                port,
-                clients,
-                procs,
-                Duration::try_from_secs_f64(timeout_secs)?,
-                &tag,
-                server_pid,
-                Duration::from_millis(probe_ms),
-                gen_nice,
-            )
-            .await
-        }
-        Mode::StartupPart {
-            host,
-            port,
-            source,
-            first,
-            count,
-            world,
-            tag,
-            timeout_secs,
-        } => {
-            startup_child(
-                &host,
-                port,
-                source,
-                first,
-                count,
-                world,
-                &tag,
-                Duration::try_from_secs_f64(timeout_secs)?,
-            )
-            .await
-        }
-        Mode::Idle {
-            host,
-            port,
-            conns,
-            hold_secs,
-            connect_secs,
-        } => {
-            idle(
-                &host,
-                port,
-                conns,
-                Duration::from_secs_f64(hold_secs),
-                Duration::from_secs_f64(connect_secs),
-            )
-            .await
-        }
-    }
-}
-
-/// Resolves when stdin reaches EOF (the parent closed it or exited).
-async fn stdin_closed() {
-    let _ = tokio::task::spawn_blocking(|| {
-        let mut sink = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        while let Ok(n) = std::io::Read::read(&mut stdin, &mut sink) {
-            if n == 0 {
-                break;
-            }
-        }
-    })
-    .await;
-}
-
-async fn serve(host: &str, port: u16, config: ServerConfig) -> Res {
-    let ip: std::net::IpAddr = host.parse()?;
-    let server = StoreServer::bind((ip, port).into(), config)?;
-    println!("port={}", server.port());
-    let closed = server.closed();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        exit = closed => return Err(format!("server stopped: {exit:?}").into()),
-    }
-    server.shutdown().await;
-    Ok(())
-}
-
-async fn load(
-    host: &str,
-    ports: Vec<u16>,
-    phases: Vec<usize>,
-    depths: Vec<usize>,
-    secs: Duration,
-    rounds: usize,
-    tag: &str,
-) -> Res {
-    let max = phases.iter().copied().max().unwrap_or(0);
-    // One pool per server, all opened before any phase so that every phase of every server runs
-    // under the same machine conditions (phases are interleaved across servers).
-    let mut pools = Vec::new();
-    for &port in &ports {
-        let t0 = Instant::now();
-        let mut connecting = tokio::task::JoinSet::new();
-        for _ in 0..max {
-            let host = host.to_string();
-            connecting
-                .spawn(async move { raw_connect(&host, port, Duration::from_secs(300)).await });
-        }
-        let mut pool = Vec::with_capacity(max);
-        while let Some(c) = connecting.join_next().await {
-            pool.push(c??);
-        }
-        eprintln!(
-            "load: port {port}: {max} connections open in {:.2}s",
-            t0.elapsed().as_secs_f64()
-        );
-        pools.push((port, pool));
-    }
-    for &depth in &depths {
-        for (phase, &conns) in phases.iter().enumerate() {
-            for round in 0..rounds {
-                for (port, pool) in pools.iter_mut() {
-                    let name = format!("{tag}/{depth}/{phase}/{round}");
-                    let rate = load_phase(pool, conns, depth, secs, &name).await?;
-                    println!(
-                        "port={port} conns={conns} depth={depth} round={round} req_per_s={rate:.0}"
-                    );
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A validated raw connection (VALIDATE, then a PING round trip as PyTorch's client does).
-async fn raw_connect(
-    host: &str,
-    port: u16,
-    limit: Duration,
-) -> Result<tokio::net::TcpStream, Box<dyn std::error::Error + Send + Sync>> {
-    let deadline = Instant::now() + limit;
-    let mut s = loop {
-        match tokio::net::TcpStream::connect((host, port)).await {
-            Ok(s) => break s,
-            Err(e) if Instant::now() >= deadline => return Err(e.into()),
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
-    s.set_nodelay(true)?;
-    let mut buf = Vec::new();
-    Request::Validate {
-        magic: VALIDATION_MAGIC,
-    }
-    .encode(&mut buf);
-    Request::Ping { nonce: 7 }.encode(&mut buf);
-    s.write_all(&buf).await?;
-    let mut pong = [0u8; 4];
-    tokio::time::timeout(limit, s.read_exact(&mut pong)).await??;
-    if u32::from_ne_bytes(pong) != 7 {
-        return Err("PING answered with the wrong nonce".into());
-    }
-    Ok(s)
-}
-
-/// Bytes of the answers to one SET + GET (16-byte value) + ADD triple: SET has no answer, GET a
-/// u64 length and the value, ADD the new i64 (tcpstore-protocol spec).
-const TRIPLE_ANSWER: usize = 8 + 16 + 8;
-
-/// `conns` connections each loop SET, GET, ADD on their own keys for `secs`. With `depth` > 1
-/// a connection sends `depth` triples in one write before reading their answers (pipelining, as
-/// `redis-benchmark -P`): the generator's own cost per request falls, so the servers' cost
-/// shows. Answers are checked: the GET returns the value set, ADD counts up by one.
-async fn load_phase(
-    pool: &mut Vec<tokio::net::TcpStream>,
-    conns: usize,
-    depth: usize,
-    secs: Duration,
-    tag: &str,
-) -> Result<f64, Box<dyn std::error::Error + Send + Sync>> {
-    let count = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Arc::new(tokio::sync::Barrier::new(conns + 1));
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut rest = pool.split_off(conns.min(pool.len()));
-    for (i, mut s) in std::mem::take(pool).into_iter().enumerate() {
-        let (count, stop, start) = (count.clone(), stop.clone(), start.clone());
-        let key = format!("{tag}/k{i}").into_bytes();
-        let ctr = format!("{tag}/c{i}").into_bytes();
-        tasks.spawn(async move {
-            let value = vec![b'v'; 16];
-            let mut batch = Vec::new();
-            for _ in 0..depth {
-                Request::Set {
-                    key: key.clone(),
-                    value: value.clone(),
-                }
-                .encode(&mut batch);
-                Request::Get { key: key.clone() }.encode(&mut batch);
-                Request::Add {
-                    key: ctr.clone(),
-                    delta: 1,
-                }
-                .encode(&mut batch);
-            }
-            let mut answers = vec![0u8; TRIPLE_ANSWER * depth];
-            let mut expect_ctr = 0i64;
-            start.wait().await;
-            let limit = Duration::from_secs(60);
-            while !stop.load(Ordering::Relaxed) {
-                s.write_all(&batch).await?;
-                tokio::time::timeout(limit, s.read_exact(&mut answers)).await??;
-                for a in answers.chunks_exact(TRIPLE_ANSWER) {
-                    expect_ctr += 1;
-                    let len = u64::from_ne_bytes(a[..8].try_into().expect("8 bytes"));
-                    let got = i64::from_ne_bytes(a[24..].try_into().expect("8 bytes"));
-                    if len != 16 || a[8..24] != value[..] || got != expect_ctr {
-                        return Err::<
-                            tokio::net::TcpStream,
-                            Box<dyn std::error::Error + Send + Sync>,
-                        >(
-                            format!(
-                                "wrong answer: GET length {len}, ADD {got} (want {expect_ctr})"
-                            )
-                            .into(),
-                        );
-                    }
-                }
-                count.fetch_add(3 * depth as u64, Ordering::Relaxed);
-            }
-            Ok(s)
-        });
-    }
-    start.wait().await;
-    let t0 = Instant::now();
-    tokio::time::sleep(secs).await;
-    let n = count.load(Ordering::Relaxed);
-    let elapsed = t0.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let mut back = Vec::with_capacity(conns + rest.len());
-    while let Some(r) = tasks.join_next().await {
-        back.push(r??);
-    }
-    back.append(&mut rest);
-    *pool = back;
-    Ok(n as f64 / elapsed)
-}
-
-async fn herd(host: &str, port: u16, clients: usize, limit: Duration, tag: &str) -> Res {
-    let t0 = Instant::now();
-    let n = clients as i64;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..clients {
-        let host = host.to_string();
-        let cnt = format!("{tag}/cnt");
-        let go = format!("{tag}/go");
-        tasks.spawn(async move {
-            let c = Client::connect(&host, port, limit).await?;
-            c.set_timeout(limit);
-            if c.add(&cnt, 1).await? == n {
-                c.set(&go, "1").await?;
-            }
-            c.wait(&[go.as_str()], limit).await?;
-            Ok::<Client, rdrun::store::StoreError>(c)
-        });
-    }
-    let mut done = Vec::with_capacity(clients);
-    let mut failed = 0usize;
-    let all = tokio::time::timeout(limit, async {
-        while let Some(r) = tasks.join_next().await {
-            match r {
-                Ok(Ok(c)) => done.push(c),
-                Ok(Err(e)) => {
-                    failed += 1;
-                    tracing::debug!(error = %e, "herd client failed");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    })
-    .await;
-    let wall = t0.elapsed().as_secs_f64();
-    // Abandon stragglers: dropping their tasks closes their sockets.
-    tasks.abort_all();
-    match all {
-        Ok(Ok(())) if failed == 0 => println!("clients={clients} wall_s={wall:.3}"),
-        Ok(Err(e)) => return Err(e.into()),
-        _ => println!(
-            "clients={clients} wall_s=unfinished finished={} failed={failed} limit_s={:.0}",
-            done.len(),
-            limit.as_secs_f64()
-        ),
-    }
-    Ok(())
-}
-
-async fn idle(host: &str, port: u16, conns: usize, hold: Duration, connect_limit: Duration) -> Res {
-    let mut hello = Request::Validate {
-        magic: VALIDATION_MAGIC,
-    }
-    .to_bytes();
-    Request::Ping { nonce: 7 }.encode(&mut hello);
-    let mut held = Vec::with_capacity(conns);
-    let t0 = Instant::now();
-    let deadline = tokio::time::Instant::now() + connect_limit;
-    // Batches of 256 in flight: fast, without overflowing the listen backlog.
-    'outer: for chunk_start in (0..conns).step_by(256) {
-        let mut set = tokio::task::JoinSet::new();
-        for _ in chunk_start..(chunk_start + 256).min(conns) {
-            let host = host.to_string();
-            let hello = hello.clone();
-            set.spawn(async move {
-                let mut s = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
-                s.write_all(&hello).await?;
-                let mut echo = [0u8; 4];
-                s.read_exact(&mut echo).await?;
-                std::io::Result::Ok(s)
-            });
-        }
-        loop {
-            match tokio::time::timeout_at(deadline, set.join_next()).await {
-                Ok(Some(r)) => held.push(r??),
-                Ok(None) => break,
-                Err(_) => break 'outer,
-            }
-        }
-    }
-    println!(
-        "ready={} of={conns} connect_s={:.2}",
-        held.len(),
-        t0.elapsed().as_secs_f64()
-    );
-    tokio::select! {
-        _ = stdin_closed() => {}
-        _ = tokio::time::sleep(hold) => {}
-    }
-    drop(held);
-    Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
-// `startup`: PyTorch's start-up pattern (issue 16).
+use super::Res;
 
 /// The phases of one rank's start-up, in order (see [`startup_rank`]).
-const PHASES: [&str; 5] = ["connect", "init", "own_set", "shared_get", "barrier"];
+pub(crate) const PHASES: [&str; 5] = ["connect", "init", "own_set", "shared_get", "barrier"];
 
 /// One raw, validated connection speaking just what the start-up pattern needs (pre-encoded
 /// requests, no client library: on 2 cores the generator's own CPU must stay small).
-struct Raw {
+pub(crate) struct Raw {
     s: tokio::net::TcpStream,
 }
 
-type BoxErr = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxErr = Box<dyn std::error::Error + Send + Sync>;
 
 impl Raw {
     /// Connects from `source` (port chosen at connect time, so thousands of sockets per source
@@ -751,7 +133,7 @@ impl Raw {
 /// Connection attempts that failed (refused, reset, timed out) and were retried.
 static CONNECT_RETRIES: AtomicU64 = AtomicU64::new(0);
 
-fn epoch_us() -> u64 {
+pub(crate) fn epoch_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
@@ -767,7 +149,7 @@ fn epoch_us() -> u64 {
 /// 5. barrier: ADD a counter; the last arrival SETs the release key; everyone WAITs on it.
 ///
 /// Returns the end of each phase (epoch µs).
-async fn startup_rank(
+pub(crate) async fn startup_rank(
     source: Option<std::net::IpAddr>,
     dest: std::net::SocketAddr,
     rank: usize,
@@ -821,7 +203,7 @@ async fn startup_rank(
 /// relative to `go`, then holds the connections until stdin closes (so that the server's RSS
 /// can be read with every connection open).
 #[allow(clippy::too_many_arguments)]
-async fn startup_part(
+pub(crate) async fn startup_part(
     source: Option<std::net::IpAddr>,
     dest: std::net::SocketAddr,
     first: usize,
@@ -878,7 +260,7 @@ async fn startup_part(
 }
 
 #[derive(Debug, Default, Clone)]
-struct PartResult {
+pub(crate) struct PartResult {
     ok: usize,
     failed: usize,
     retries: u64,
@@ -931,7 +313,7 @@ impl PartResult {
 }
 
 /// utime + stime of `pid` in seconds, and its VmRSS / VmHWM in KiB.
-fn proc_usage(pid: u32) -> Option<(f64, u64, u64)> {
+pub(crate) fn proc_usage(pid: u32) -> Option<(f64, u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised name; utime and stime are fields 14 and 15.
     let rest = &stat[stat.rfind(')')? + 2..];
@@ -958,7 +340,7 @@ fn proc_usage(pid: u32) -> Option<(f64, u64, u64)> {
 /// set. On a thread of its own with blocking sockets: as a task on the generator's runtime it
 /// waited behind the storm's own client tasks, so it measured the generator's queue as much as
 /// the server.
-fn probe_loop(
+pub(crate) fn probe_loop(
     dest: std::net::SocketAddr,
     every: Duration,
     stop: Arc<AtomicBool>,
@@ -1052,7 +434,7 @@ fn probe_loop(
 /// and `procs - 1` children of the same binary, each on its own loopback source address),
 /// starts them together, and prints one line with every measure.
 #[allow(clippy::too_many_arguments)]
-async fn startup(
+pub(crate) async fn startup(
     host: &str,
     port: u16,
     world: usize,
@@ -1201,7 +583,7 @@ async fn startup(
 #[allow(clippy::too_many_arguments)]
 /// A child generator process: prints `ready`, waits for `go <epoch µs>` on stdin, runs its
 /// share, prints its `result` line, holds its connections until stdin closes.
-async fn startup_child(
+pub(crate) async fn startup_child(
     host: &str,
     port: u16,
     source: Option<std::net::IpAddr>,

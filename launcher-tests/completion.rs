@@ -9,7 +9,7 @@
 //! negative ("nothing offered") is then as certain as a positive, with no waiting for a silence.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rdrun::cli::{flag_table, FlagValue};
@@ -20,47 +20,17 @@ use crate::util::{Rdrun, TempDir};
 const BOUND: Duration = Duration::from_secs(60);
 const PROMPT: &str = "PROMPT> ";
 
-/// One tmux server on a private socket running one interactive shell; the server is killed by
-/// pid on drop.
-struct Term {
-    socket: PathBuf,
-    server_pid: Option<i32>,
-}
+/// One interactive shell at a terminal (`term::Tmux`).
+struct Term(crate::term::Tmux);
 
 impl Term {
     fn tmux(&self, args: &[&str]) -> String {
-        let out = Command::new("tmux")
-            .arg("-S")
-            .arg(&self.socket)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("tmux");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.0.run(args)
     }
 
     /// Starts `shell` (a command line) in `cwd` with `env`, 250 columns wide (no line wraps).
     fn start(dir: &Path, cwd: &Path, shell: &str, env: &[(&str, &str)]) -> Term {
-        let mut t = Term {
-            socket: dir.join("tmux.sock"),
-            server_pid: None,
-        };
-        let mut cmd = Command::new("tmux");
-        cmd.arg("-S").arg(&t.socket).arg("-f").arg("/dev/null");
-        cmd.args(["new-session", "-d", "-x", "250", "-y", "50", "-c"]);
-        cmd.arg(cwd);
-        for (k, v) in env {
-            cmd.arg("-e").arg(format!("{k}={v}"));
-        }
-        cmd.arg(shell);
-        let st = cmd.stdin(Stdio::null()).status().expect("tmux new-session");
-        assert!(st.success(), "tmux new-session: {st:?}");
-        t.server_pid = t
-            .tmux(&["display-message", "-p", "#{pid}"])
-            .trim()
-            .parse()
-            .ok();
-        t
+        Term(crate::term::Tmux::start(dir, 250, Some(cwd), env, &[shell]))
     }
 
     fn keys(&self, keys: &[&str]) {
@@ -153,16 +123,6 @@ impl Term {
         }
         // No C-c to leave: the terminal turns it into a SIGINT at once, out of order with the
         // keys before it; the next `fresh_prompt` clears the line in order.
-    }
-}
-
-impl Drop for Term {
-    fn drop(&mut self) {
-        self.tmux(&["kill-server"]);
-        if let Some(pid) = self.server_pid {
-            // SAFETY: kill(2) on the pid tmux reported for its own server, started by this test.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
     }
 }
 

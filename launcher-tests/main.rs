@@ -70,6 +70,7 @@ mod slurm;
 mod static_restart;
 mod store;
 #[cfg(feature = "train")]
+mod term;
 mod train;
 mod util;
 mod verdict;

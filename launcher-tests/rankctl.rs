@@ -314,45 +314,24 @@ fn stdin_goes_to_one_rank_the_others_get_dev_null() {
     );
 }
 
-/// One tmux server on a private socket; killed by pid on drop.
-struct Term {
-    socket: PathBuf,
-    server_pid: Option<i32>,
-}
+/// `sh -c CMD` at a terminal (`term::Tmux`).
+struct Term(crate::term::Tmux);
 
 impl Term {
     fn tmux(&self, args: &[&str]) -> String {
-        let out = Command::new("tmux")
-            .arg("-S")
-            .arg(&self.socket)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("tmux");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.0.run(args)
     }
 
     /// Runs `sh -c CMD` in a 200x50 terminal.
     fn start(dir: &TempDir, cmd: &str, env: &[(&str, String)]) -> Term {
-        let mut t = Term {
-            socket: dir.join("tmux.sock"),
-            server_pid: None,
-        };
-        let mut c = Command::new("tmux");
-        c.arg("-S").arg(&t.socket).args(["-f", "/dev/null"]);
-        c.args(["new-session", "-d", "-x", "200", "-y", "50"]);
-        for (k, v) in env {
-            c.arg("-e").arg(format!("{k}={v}"));
-        }
-        c.args(["sh", "-c", cmd]);
-        let st = c.stdin(Stdio::null()).status().expect("tmux new-session");
-        assert!(st.success(), "tmux new-session: {st:?}");
-        t.server_pid = t
-            .tmux(&["display-message", "-p", "#{pid}"])
-            .trim()
-            .parse()
-            .ok();
-        t
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Term(crate::term::Tmux::start(
+            dir.path(),
+            200,
+            None,
+            &env,
+            &["sh", "-c", cmd],
+        ))
     }
 
     fn type_line(&self, text: &str) {
@@ -373,16 +352,6 @@ impl Term {
                 "never saw {what} on the screen:\n{screen}"
             );
             std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Term {
-    fn drop(&mut self) {
-        self.tmux(&["kill-server"]);
-        if let Some(pid) = self.server_pid {
-            // SAFETY: kill(2) on the pid tmux reported for its own server, started by this test.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
 }

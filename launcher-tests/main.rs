@@ -69,8 +69,8 @@ mod signals;
 mod slurm;
 mod static_restart;
 mod store;
-#[cfg(feature = "train")]
 mod term;
+#[cfg(feature = "train")]
 mod train;
 mod util;
 mod verdict;

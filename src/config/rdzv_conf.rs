@@ -29,6 +29,13 @@ pub enum ConfError {
     StoreType(String),
     #[error("invalid node range {min}:{max}: need 1 <= min <= max")]
     NodeRange { min: usize, max: usize },
+    /// A key whose value breaks its own rule (etcd's keys).
+    #[error("rdzv-conf {key}={value:?}: {why}")]
+    Bad {
+        key: &'static str,
+        value: String,
+        why: &'static str,
+    },
 }
 
 /// Parses torchrun's boolean spellings.

@@ -108,6 +108,7 @@ pub(crate) fn launch_config(
             endpoint: None,
             run_id: "t".into(),
             conf: Default::default(),
+            settings: None,
         },
         standalone,
         master_addr: master_addr.into(),

@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::rdzv_conf::C10dSettings;
 use crate::config::resilience::HealthMode;
 use crate::config::{LaunchConfig, RdzvBackend};
 use crate::health::{self, HealthReport, Inputs};
@@ -142,9 +141,12 @@ async fn bad_node(
 
 /// How long an unhealthy elastic node keeps checking: the rendezvous's join timeout.
 fn join_timeout(config: &LaunchConfig) -> Duration {
-    C10dSettings::from_conf(config.nnodes, &config.rdzv.conf)
-        .map(|s| s.join_timeout)
-        .unwrap_or(Duration::from_secs(600))
+    match &config.rdzv.settings {
+        Some(crate::config::RdzvSettings::C10d(s)) => s.join_timeout,
+        Some(crate::config::RdzvSettings::Etcd(s)) => s.rounds.join_timeout,
+        Some(crate::config::RdzvSettings::Static(s)) => s.timeout,
+        None => Duration::from_secs(600),
+    }
 }
 
 /// Each verdict on rdrun's log: failed ones are the warning's, the others at debug.

@@ -164,14 +164,8 @@ impl EtcdSettings {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testkit::conf;
     use super::*;
-
-    fn conf(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     fn ep() -> Endpoint {
         Endpoint {

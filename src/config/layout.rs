@@ -101,29 +101,7 @@ impl<T> Given<T> {
 
     /// `err` (from parsing or resolving this value) naming this value's variable.
     pub(super) fn attribute(&self, err: ConfigError) -> ConfigError {
-        match err {
-            ConfigError::Invalid {
-                flag,
-                value,
-                reason,
-                var: None,
-            } => ConfigError::Invalid {
-                flag,
-                value,
-                reason,
-                var: self.origin.var(),
-            },
-            ConfigError::NoDevices {
-                value,
-                reason,
-                var: None,
-            } => ConfigError::NoDevices {
-                value,
-                reason,
-                var: self.origin.var(),
-            },
-            other => other,
-        }
+        err.naming(|_| self.origin.var())
     }
 }
 

@@ -405,10 +405,14 @@ impl ConfigError {
     /// Names the `PET_*` variable in an error about a flag whose value came from one
     /// (`from_env`: [`LaunchArgs::from_env`]).
     fn attributed(self, from_env: &BTreeMap<String, String>) -> ConfigError {
-        let var_of = |flag: &str| {
+        self.naming(|flag| {
             let dest = flag.trim_start_matches('-').replace('-', "_");
             from_env.get(&dest).cloned()
-        };
+        })
+    }
+
+    /// An error about a flag's value that names no variable yet, naming `var_of(flag)`.
+    pub(crate) fn naming(self, var_of: impl Fn(&str) -> Option<String>) -> ConfigError {
         match self {
             ConfigError::Invalid {
                 flag,

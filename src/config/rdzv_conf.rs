@@ -235,14 +235,8 @@ impl StaticSettings {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testkit::conf;
     use super::*;
-
-    fn conf(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     /// Issue 16: the heartbeat defaults grow with `--nnodes` MAX (bounded), explicit values win.
     #[test]

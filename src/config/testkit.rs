@@ -141,3 +141,11 @@ pub(crate) fn launch_config(
         warm: Default::default(),
     }
 }
+
+/// A `--rdzv-conf` map from pairs.
+pub(crate) fn conf(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}

@@ -36,13 +36,14 @@ const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Runs the checks and says whether this node may go on (see the module doc); `Err`: how the
-/// run ends.
+/// run ends. Under `warn` the checks only run beside the rendezvous and the workers: the
+/// returned [`Background`] is held for the run and waits for their verdict when dropped.
 pub(super) async fn gate(
     config: &LaunchConfig,
     obs: &Observer,
     signals: &mut Signals,
     rdzv: Option<&mut Rendezvous>,
-) -> Result<(), RunEnd> {
+) -> Result<Option<Background>, RunEnd> {
     let mode = config.resilience.health;
     let mut rdzv = rdzv;
     // A node an earlier job found bad (`--exclude-nodes-from`) stays out, whatever the mode.
@@ -63,9 +64,12 @@ pub(super) async fn gate(
         }
     }
     if !health::enabled(mode) {
-        return Ok(());
+        return Ok(None);
     }
     let inputs = Inputs::of(config);
+    if mode == HealthMode::Warn {
+        return Ok(Some(Background::start(inputs, obs.clone())));
+    }
     // A node that hosts the rendezvous store cannot stay out: the others need its store, and
     // it would take the store away when it gives up. It ends the job as a static node does.
     let elastic = is_elastic(config, rdzv.as_deref());
@@ -84,12 +88,8 @@ pub(super) async fn gate(
         log(&report);
         obs.get().health_checks(&report);
         let Some(line) = report.failure_line() else {
-            return Ok(());
+            return Ok(None);
         };
-        if mode == HealthMode::Warn {
-            tracing::warn!("{line} (--health-check warn: going on)");
-            return Ok(());
-        }
         if elastic && Instant::now() + backoff < give_up_at {
             tracing::warn!(
                 "{line}; not joining, checking again in {} s",
@@ -106,6 +106,83 @@ pub(super) async fn gate(
         }
         let bad = BadNode::of(&report, line);
         return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
+    }
+}
+
+/// How long a run that ends before its `warn` checks waits for their verdict before it
+/// cancels them (each check is bounded by `--health-check-timeout` anyway).
+const VERDICT_WAIT_AT_END: Duration = Duration::from_secs(5);
+
+/// The checks of `--health-check warn`, running on a thread of their own while the node joins
+/// and its workers start: a warning never gates, so its price is not paid on the launch path
+/// (the interpreter check is an interpreter start). A thread, not a task: its programs are
+/// then not children of the agent's thread, whose reaper waits with `__WNOTHREAD`.
+pub(super) struct Background {
+    done: std::sync::mpsc::Receiver<()>,
+    cancel: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    fn start(inputs: Inputs, obs: Observer) -> Background {
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("rdrun-health".into())
+            .spawn(move || {
+                let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    tracing::warn!("health checks not run: no runtime for them");
+                    return;
+                };
+                rt.block_on(async {
+                    tokio::select! {
+                        report = health::run(&inputs) => {
+                            log(&report);
+                            obs.get().health_checks(&report);
+                            if let Some(line) = report.failure_line() {
+                                tracing::warn!("{line} (--health-check warn: going on)");
+                            }
+                        }
+                        // Dropping the checks kills what they started.
+                        _ = cancelled => {}
+                    }
+                });
+                let _ = done_tx.send(());
+            });
+        match thread {
+            Ok(t) => Background {
+                done,
+                cancel: Some(cancel),
+                thread: Some(t),
+            },
+            Err(e) => {
+                tracing::warn!("health checks not run: cannot start their thread: {e}");
+                Background {
+                    done,
+                    cancel: None,
+                    thread: None,
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Background {
+    /// The run is ending: its verdict is waited for a little (so a warning is not lost to a
+    /// short job), then the checks are cancelled and their thread joined.
+    fn drop(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        if self.done.recv_timeout(VERDICT_WAIT_AT_END).is_err() {
+            if let Some(c) = self.cancel.take() {
+                let _ = c.send(());
+            }
+        }
+        let _ = thread.join();
     }
 }
 

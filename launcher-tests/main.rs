@@ -51,6 +51,7 @@ mod compat;
 mod completion;
 mod console;
 mod contain;
+mod debugrank;
 mod env;
 #[cfg(feature = "etcd")]
 mod etcd;

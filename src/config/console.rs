@@ -187,13 +187,20 @@ impl ConsoleSettings {
         })
     }
 
-    /// What the console's progress stage needs (`None` for `--progress all`); whether it is on
-    /// for a stream (`auto`: a terminal, more than one rank) is decided where the console is.
+    /// What the console's progress stage needs (`None` for `--progress all`, and for `auto`
+    /// when at most one rank reaches the console: one bar needs no merging); whether `auto` is
+    /// on for a stream (a terminal) is decided where the console is.
     pub fn progress_for(&self, nproc: usize, filter: Option<&[usize]>) -> Option<Progress> {
-        (self.progress != ProgressMode::All).then(|| Progress {
+        let ranks = console_ranks(nproc, filter);
+        let on = match self.progress {
+            ProgressMode::All => false,
+            ProgressMode::Auto => ranks > 1,
+            ProgressMode::One => true,
+        };
+        on.then(|| Progress {
             forced: self.progress == ProgressMode::One,
             interval: self.progress_interval,
-            ranks: console_ranks(nproc, filter),
+            ranks,
         })
     }
 }
@@ -484,6 +491,12 @@ mod tests {
             (p.forced, p.interval, p.ranks),
             (false, DEFAULT_PROGRESS_INTERVAL, 2)
         );
+        assert_eq!(
+            s.progress_for(4, Some(&[3])),
+            None,
+            "auto: one rank, no merging"
+        );
+        assert_eq!(s.progress_for(1, None), None);
         let s = settings(ConsoleFlags {
             progress: Some("one"),
             progress_interval: Some("250ms"),
@@ -495,6 +508,7 @@ mod tests {
             (p.forced, p.interval, p.ranks),
             (true, Duration::from_millis(250), 8)
         );
+        assert!(s.progress_for(1, None).is_some(), "one: even for one rank");
         let s = settings(ConsoleFlags {
             progress: Some("all"),
             ..Default::default()

@@ -112,7 +112,6 @@ impl StreamPlan {
         prefix: &Option<String>,
         filtered: &Option<PathBuf>,
         filters: &[String],
-        progress: bool,
     ) -> StreamPlan {
         let open = |path: &PathBuf| -> Option<File> {
             match OpenOptions::new().append(true).create(true).open(path) {
@@ -139,7 +138,7 @@ impl StreamPlan {
                 }
                 _ => None,
             },
-            progress,
+            progress: false,
         }
     }
 }
@@ -511,7 +510,7 @@ fn forward_counted(
     ended: Option<watch::Receiver<bool>>,
     activity: Option<Activity>,
 ) -> tokio::task::JoinHandle<OutputSummary> {
-    let out_plan = StreamPlan::new(
+    let mut out_plan = StreamPlan::new(
         Stream::Stdout,
         &id,
         &sink.stdout_file,
@@ -519,9 +518,9 @@ fn forward_counted(
         &sink.prefix,
         &sink.filtered_stdout,
         &sink.stdout_filters,
-        sink.stdout_progress,
     );
-    let err_plan = StreamPlan::new(
+    out_plan.progress = sink.stdout_progress;
+    let mut err_plan = StreamPlan::new(
         Stream::Stderr,
         &id,
         &sink.stderr_file,
@@ -529,8 +528,8 @@ fn forward_counted(
         &sink.prefix,
         &sink.filtered_stderr,
         &sink.stderr_filters,
-        sink.stderr_progress,
     );
+    err_plan.progress = sink.stderr_progress;
     tokio::spawn(async move {
         let out = pump(
             id.clone(),

@@ -56,8 +56,8 @@ struct Entry {
     start: usize,
     end: usize,
     plen: usize,
-    /// The ranks that printed it, in the order they came.
-    ranks: SmallVec<[usize; 4]>,
+    /// The ranks that printed it, in the order they came, as dense ids (`Collapser::rank_of`).
+    ranks: SmallVec<[u32; 4]>,
     first: Instant,
     /// Above the level of every entry this one must follow.
     level: u64,
@@ -91,8 +91,15 @@ pub(crate) struct Collapser {
     hasher: RandomState,
     /// The pending entries of each (stream, text) hash, oldest first.
     by_text: HashMap<u64, SmallVec<[u64; 2]>, RandomState>,
-    /// Latest entry index that holds a line of each (rank, stream index).
-    last_of_rank: HashMap<(usize, usize), u64, RandomState>,
+    /// Each global rank's dense id (looked up once per chunk), and back.
+    ids: HashMap<usize, u32, RandomState>,
+    rank_of: Vec<usize>,
+    /// Latest entry index that holds a line of each (dense id, stream index): `id * 2 + stream`.
+    /// A vector, not a map: it is read and written for every line.
+    last_of_rank: Vec<Option<u64>>,
+    /// The last `[ranks] ` prefix written, for the rank set it was made of (most collapsed lines
+    /// of a run share one).
+    last_set: (SmallVec<[usize; 8]>, Vec<u8>),
     /// How many ranks' output reaches the console.
     ranks: usize,
     /// Entries every rank joined: written without waiting for the window.
@@ -114,7 +121,10 @@ impl Collapser {
             budget: 0,
             hasher: RandomState::default(),
             by_text: HashMap::default(),
-            last_of_rank: HashMap::default(),
+            ids: HashMap::default(),
+            rank_of: Vec::new(),
+            last_of_rank: Vec::new(),
+            last_set: (SmallVec::new(), Vec::new()),
             ranks,
             complete: Vec::new(),
             sources,
@@ -148,9 +158,11 @@ impl Collapser {
         permit: Option<OwnedSemaphorePermit>,
         now: Instant,
     ) {
-        let (Some(rank), Some(stream)) = (chunk.rank, chunk.stream) else {
+        let (Some(global), Some(stream)) = (chunk.rank, chunk.stream) else {
             return;
         };
+        let rank = self.id(global);
+        let slot = rank as usize * 2 + stream.index();
         let mut start = 0usize;
         let mut last = None;
         let body = Arc::new(chunk.body);
@@ -167,7 +179,7 @@ impl Collapser {
             let text = &line[plen..];
             let key = self.hasher.hash_one((stream.index(), text));
             // The rank's latest pending entry, and its level (0: none pending).
-            let prev = self.last_of_rank.get(&(rank, stream.index())).copied();
+            let prev = self.last_of_rank[slot];
             let floor = prev.and_then(|i| self.get(i)).map_or(0, |e| e.level);
             // The oldest entry of this text that the line may join without a cycle.
             let join = self.by_text.get(&key).and_then(|list| {
@@ -214,7 +226,7 @@ impl Collapser {
                     index
                 }
             };
-            self.last_of_rank.insert((rank, stream.index()), index);
+            self.last_of_rank[slot] = Some(index);
             last = Some(index);
         }
         if let (Some(p), Some(e)) = (permit, last.and_then(|i| self.get_mut(i))) {
@@ -225,6 +237,18 @@ impl Collapser {
             }
             self.budget += n;
         }
+    }
+
+    /// The dense id of global rank `rank` (its `last_of_rank` slots made on first sight).
+    fn id(&mut self, rank: usize) -> u32 {
+        if let Some(id) = self.ids.get(&rank) {
+            return *id;
+        }
+        let id = u32::try_from(self.rank_of.len()).unwrap_or(u32::MAX);
+        self.ids.insert(rank, id);
+        self.rank_of.push(rank);
+        self.last_of_rank.extend([None, None]);
+        id
     }
 
     /// The stage holds more than [`PENDING_CAP`] bytes or budget.
@@ -243,7 +267,7 @@ impl Collapser {
     /// latest of each of its ranks), so that its level can be raised above it. An entry that
     /// has the rank's line already never takes another (a rank printing a line twice shows it
     /// twice).
-    fn joinable(&self, i: u64, rank: usize, floor: u64) -> bool {
+    fn joinable(&self, i: u64, rank: u32, floor: u64) -> bool {
         let Some(e) = self.get(i) else {
             return false;
         };
@@ -253,7 +277,7 @@ impl Collapser {
         e.level > floor
             || e.ranks
                 .iter()
-                .all(|r| self.last_of_rank.get(&(*r, e.stream.index())) == Some(&i))
+                .all(|r| self.last_of_rank[*r as usize * 2 + e.stream.index()] == Some(i))
     }
 
     /// When the oldest pending line is due (now when the stage holds too many bytes).
@@ -330,7 +354,7 @@ impl Collapser {
         else {
             return;
         };
-        let Some(mut e) = slot.take() else {
+        let Some(e) = slot.take() else {
             return;
         };
         while matches!(self.entries.front(), Some(None)) {
@@ -349,19 +373,26 @@ impl Collapser {
             }
         }
         for r in &e.ranks {
-            if self.last_of_rank.get(&(*r, e.stream.index())) == Some(&e.index) {
-                self.last_of_rank.remove(&(*r, e.stream.index()));
+            let slot = &mut self.last_of_rank[*r as usize * 2 + e.stream.index()];
+            if *slot == Some(e.index) {
+                *slot = None;
             }
         }
         let collapsed = (e.ranks.len() > 1).then(|| {
-            e.ranks.sort_unstable();
-            format!("[{}] ", rank_set(&e.ranks))
+            let mut ranks: SmallVec<[usize; 8]> =
+                e.ranks.iter().map(|r| self.rank_of[*r as usize]).collect();
+            ranks.sort_unstable();
+            if ranks != self.last_set.0 {
+                let text = format!("[{}] ", rank_set(&ranks)).into_bytes();
+                self.last_set = (ranks, text);
+            }
+            &self.last_set.1
         });
         let mut line = Vec::new();
         let append = |to: &mut Vec<u8>| match &collapsed {
             None => to.extend_from_slice(e.line()),
             Some(p) => {
-                to.extend_from_slice(p.as_bytes());
+                to.extend_from_slice(p);
                 to.extend_from_slice(e.text());
             }
         };
@@ -471,7 +502,11 @@ mod tests {
             "[0-3] epoch 1 loss 0.53\nrank 0 ready\nrank 1 ready\nrank 2 ready\nrank 3 ready\n\
              [0-3] done\nepoch 1 loss 0.54\n"
         );
-        assert!(c.oldest_index().is_none() && c.by_text.is_empty() && c.last_of_rank.is_empty());
+        assert!(
+            c.oldest_index().is_none()
+                && c.by_text.is_empty()
+                && c.last_of_rank.iter().all(Option::is_none)
+        );
     }
 
     #[test]

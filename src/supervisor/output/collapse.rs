@@ -47,8 +47,6 @@ pub(crate) const PENDING_CAP: usize = 2 << 20;
 struct Entry {
     index: u64,
     stream: Stream,
-    /// Hash of the stream and the text (the `by_text` key).
-    key: u64,
     /// The line as the first rank's chunk had it (its own prefix), written when no other rank
     /// joins: `body[start..end]`, the chunk's body shared by its lines (no copy per line); the
     /// text compared is the part after the prefix (`plen` bytes), terminator included.
@@ -89,8 +87,11 @@ pub(crate) struct Collapser {
     bytes: usize,
     budget: usize,
     hasher: RandomState,
-    /// The pending entries of each (stream, text) hash, oldest first.
+    /// The entries of each (stream, text) hash, oldest first; some may have been written
+    /// since (see [`Collapser::sweep`]).
     by_text: HashMap<u64, SmallVec<[u64; 2]>, RandomState>,
+    /// How many entries are pending.
+    pending: usize,
     /// Each global rank's dense id (looked up once per chunk), and back.
     ids: HashMap<usize, u32, RandomState>,
     rank_of: Vec<usize>,
@@ -121,6 +122,7 @@ impl Collapser {
             budget: 0,
             hasher: RandomState::default(),
             by_text: HashMap::default(),
+            pending: 0,
             ids: HashMap::default(),
             rank_of: Vec::new(),
             last_of_rank: Vec::new(),
@@ -141,8 +143,7 @@ impl Collapser {
     }
 
     fn get(&self, index: u64) -> Option<&Entry> {
-        let i = usize::try_from(index.checked_sub(self.base)?).ok()?;
-        self.entries.get(i)?.as_ref()
+        entry(&self.entries, self.base, index)
     }
 
     fn get_mut(&mut self, index: u64) -> Option<&mut Entry> {
@@ -180,15 +181,27 @@ impl Collapser {
             let key = self.hasher.hash_one((stream.index(), text));
             // The rank's latest pending entry, and its level (0: none pending).
             let prev = self.last_of_rank[slot];
-            let floor = prev.and_then(|i| self.get(i)).map_or(0, |e| e.level);
+            let floor = prev
+                .and_then(|i| entry(&self.entries, self.base, i))
+                .map_or(0, |e| e.level);
+            if self.by_text.len() > 2 * self.pending + 64 {
+                self.sweep();
+            }
+            // One hash lookup per line (the table is large at high line rates: each access
+            // is a cache miss). Its list may name entries written since: they are skipped
+            // and dropped here, or by the sweep.
+            let (entries, base, last_of_rank) = (&self.entries, self.base, &self.last_of_rank);
+            let list = self.by_text.entry(key).or_default();
+            list.retain(|i| entry(entries, base, *i).is_some());
             // The oldest entry of this text that the line may join without a cycle.
-            let join = self.by_text.get(&key).and_then(|list| {
-                list.iter().copied().find(|&i| {
-                    self.get(i)
-                        .is_some_and(|e| e.stream == stream && e.text() == text)
-                        && self.joinable(i, rank, floor)
+            let join = list.iter().copied().find(|&i| {
+                entry(entries, base, i).is_some_and(|e| {
+                    e.stream == stream && e.text() == text && joinable(e, last_of_rank, rank, floor)
                 })
             });
+            if join.is_none() {
+                list.push(self.next);
+            }
             let all = self.ranks;
             let index = match join.and_then(|i| self.get_mut(i)) {
                 Some(e) => {
@@ -208,7 +221,6 @@ impl Collapser {
                     self.entries.push_back(Some(Entry {
                         index,
                         stream,
-                        key,
                         body: body.clone(),
                         start: line_start,
                         end,
@@ -219,7 +231,7 @@ impl Collapser {
                         after: prev.into_iter().collect(),
                         permit: None,
                     }));
-                    self.by_text.entry(key).or_default().push(index);
+                    self.pending += 1;
                     if all == 1 {
                         self.complete.push(index);
                     }
@@ -262,22 +274,14 @@ impl Collapser {
         self.bytes > PENDING_CAP / 2 || self.budget > PENDING_CAP / 2
     }
 
-    /// Whether a line of `rank`, whose latest pending entry has level `floor`, may join entry
-    /// `i`: the entry's level is above it, or nothing must follow the entry yet (it is the
-    /// latest of each of its ranks), so that its level can be raised above it. An entry that
-    /// has the rank's line already never takes another (a rank printing a line twice shows it
-    /// twice).
-    fn joinable(&self, i: u64, rank: u32, floor: u64) -> bool {
-        let Some(e) = self.get(i) else {
-            return false;
-        };
-        if e.ranks.contains(&rank) {
-            return false;
-        }
-        e.level > floor
-            || e.ranks
-                .iter()
-                .all(|r| self.last_of_rank[*r as usize * 2 + e.stream.index()] == Some(i))
+    /// Drops written entries from the text index, and texts with none pending (the index is
+    /// not updated when an entry is written: that would be one more lookup per line).
+    fn sweep(&mut self) {
+        let (entries, base) = (&self.entries, self.base);
+        self.by_text.retain(|_, list| {
+            list.retain(|i| entry(entries, base, *i).is_some());
+            !list.is_empty()
+        });
     }
 
     /// When the oldest pending line is due (now when the stage holds too many bytes).
@@ -366,11 +370,10 @@ impl Collapser {
             .permit
             .as_ref()
             .map_or(0, OwnedSemaphorePermit::num_permits);
-        if let Some(list) = self.by_text.get_mut(&e.key) {
-            list.retain(|x| *x != e.index);
-            if list.is_empty() {
-                self.by_text.remove(&e.key);
-            }
+        self.pending -= 1;
+        if self.pending == 0 {
+            // Nothing pending: every text in the index is stale.
+            self.by_text.clear();
         }
         for r in &e.ranks {
             let slot = &mut self.last_of_rank[*r as usize * 2 + e.stream.index()];
@@ -419,6 +422,26 @@ impl Collapser {
             )),
         }
     }
+}
+
+/// Entry `index` of `entries` (whose first is `base`), if pending.
+fn entry(entries: &VecDeque<Option<Entry>>, base: u64, index: u64) -> Option<&Entry> {
+    let i = usize::try_from(index.checked_sub(base)?).ok()?;
+    entries.get(i)?.as_ref()
+}
+
+/// Whether a line of `rank`, whose latest pending entry has level `floor`, may join entry `e`:
+/// its level is above it, or nothing must follow the entry yet (it is the latest of each of
+/// its ranks), so that its level can be raised above it. An entry that has the rank's line
+/// already never takes another (a rank printing a line twice shows it twice).
+fn joinable(e: &Entry, last_of_rank: &[Option<u64>], rank: u32, floor: u64) -> bool {
+    if e.ranks.contains(&rank) {
+        return false;
+    }
+    e.level > floor
+        || e.ranks
+            .iter()
+            .all(|r| last_of_rank[*r as usize * 2 + e.stream.index()] == Some(e.index))
 }
 
 /// `0-3,5,7-8`: sorted ranks, runs of consecutive ranks as ranges.

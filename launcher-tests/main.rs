@@ -33,6 +33,10 @@
 //! - `completion`: every flag's completion typed at a terminal (tmux) in bash, zsh and fish.
 //! - `scale`: small-size smokes of the scale benchmarks (store start-up storm), no timings.
 //! - `collapse`: `--output collapse` on 8 ranks (shared lines once, logs per rank byte-exact).
+//! - `progress`: `--progress`: real tqdm bars on 4 ranks, one live line at a tmux terminal, one
+//!   line per interval on a pipe, logs byte-exact.
+//! - `debugrank`: `--debug-rank`: debugpy listening on one rank (a DAP handshake), the attach
+//!   hint without debugpy, the rank's pauses not a hang.
 //! - `rankctl`: per-rank control (issue 29): `--wrap` on chosen ranks (a recording wrapper,
 //!   strace), `--stdin` to one rank (piped, and pdb at a tmux terminal).
 //! - `warm`: warm starts (workers forked from the template interpreter) with real PyTorch:
@@ -47,6 +51,7 @@ mod compat;
 mod completion;
 mod console;
 mod contain;
+mod debugrank;
 mod env;
 #[cfg(feature = "etcd")]
 mod etcd;
@@ -57,6 +62,7 @@ mod multinode;
 mod observe;
 mod observe_http;
 mod output;
+mod progress;
 mod rankctl;
 mod regression;
 mod rendezvous;

@@ -26,7 +26,7 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 [ -e /usr/include/google/protobuf/timestamp.proto ] || missing+=(libprotobuf-dev)
 command -v zsh >/dev/null 2>&1 || missing+=(zsh)
 command -v fish >/dev/null 2>&1 || missing+=(fish)
-# The terminal tests (completions, pdb on one rank) drive real shells through tmux; --wrap is
+# The terminal tests (completions, pdb on one rank, tqdm bars of 4 ranks) drive real shells through tmux; --wrap is
 # tested with strace as a real wrapper.
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 command -v strace >/dev/null 2>&1 || missing+=(strace)

@@ -15,10 +15,14 @@ PYTEST_VERSION="${RDRUN_PYTEST_VERSION:-9.2.0}"
 # prometheus_client: its text-format parser checks rdrun's /metrics.
 PYSPY_VERSION="${RDRUN_PYSPY_VERSION:-0.4.3}"
 PROMCLIENT_VERSION="${RDRUN_PROMCLIENT_VERSION:-0.26.0}"
+# tqdm: real progress bars on several ranks (--progress, launcher-tests/progress.rs); debugpy:
+# --debug-rank's rank waits for a debugger (launcher-tests/debugrank.rs).
+TQDM_VERSION="${RDRUN_TQDM_VERSION:-4.70.1}"
+DEBUGPY_VERSION="${RDRUN_DEBUGPY_VERSION:-1.8.22}"
 CACHE="${RDRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdrun}"
 VENV="$CACHE/torch-venv"
 # The marker names every pinned package: changing a pin makes the next run install again.
-MARKER="$VENV/.rdrun-installed-torch-$TORCH_VERSION-pytest-$PYTEST_VERSION-pyspy-$PYSPY_VERSION-prom-$PROMCLIENT_VERSION"
+MARKER="$VENV/.rdrun-installed-torch-$TORCH_VERSION-pytest-$PYTEST_VERSION-pyspy-$PYSPY_VERSION-prom-$PROMCLIENT_VERSION-tqdm-$TQDM_VERSION-debugpy-$DEBUGPY_VERSION"
 
 if [ -f "$MARKER" ] && [ -x "$VENV/bin/python" ]; then
   echo "$VENV/bin/python"
@@ -41,11 +45,11 @@ fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2 || true
 if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
     "torch==$TORCH_VERSION" numpy "pytest==$PYTEST_VERSION" "py-spy==$PYSPY_VERSION" \
-    "prometheus_client==$PROMCLIENT_VERSION" >&2; then
+    "prometheus_client==$PROMCLIENT_VERSION" "tqdm==$TQDM_VERSION" "debugpy==$DEBUGPY_VERSION" >&2; then
   echo "torch-venv: error: could not install torch==$TORCH_VERSION and pytest==$PYTEST_VERSION into $VENV (network or disk?)" >&2
   exit 1
 fi
-"$VENV/bin/python" -c 'import torch, torch.distributed as d, pytest, prometheus_client; assert d.is_available()' >&2 || {
+"$VENV/bin/python" -c 'import torch, torch.distributed as d, pytest, prometheus_client, tqdm, debugpy; assert d.is_available()' >&2 || {
   echo "torch-venv: error: torch/pytest installed into $VENV but do not import" >&2
   exit 1
 }

@@ -124,6 +124,10 @@ pub struct LaunchArgs {
     /// rdrun's `--output collapse|all` and `--output-window SECS`.
     pub output: Option<String>,
     pub output_window: Option<String>,
+    /// rdrun's `--progress auto|one|all`, `--progress-interval SECS` and `--debug-rank R`.
+    pub progress: Option<String>,
+    pub progress_interval: Option<String>,
+    pub debug_rank: Option<String>,
     /// rdrun's `--max-same-failures N` (checked by `config::resilience`).
     pub max_same_failures: Option<i64>,
     /// rdrun's `--health-check off|warn|on`, `--health-check-cmd PROG`,
@@ -450,6 +454,9 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         stdin: b.opt_string("stdin")?,
         output: b.opt_string("output")?,
         output_window: b.opt_string("output_window")?,
+        progress: b.opt_string("progress")?,
+        progress_interval: b.opt_string("progress_interval")?,
+        debug_rank: b.opt_string("debug_rank")?,
         max_same_failures: b.int("max_same_failures")?,
         health_check: b.opt_string("health_check")?,
         health_check_cmd: b.opt_string("health_check_cmd")?,

@@ -76,6 +76,8 @@ pub const LEFTOVER_POLICIES: &[&str] = &["kill", "wait", "leave"];
 pub const CLUSTER_CHOICES: &[&str] = &["auto", "none", "slurm", "k8s", "mpi", "lsf", "hostfile"];
 /// `--output`.
 pub const OUTPUT_MODES: &[&str] = &["all", "collapse"];
+/// Values of `--progress`.
+pub const PROGRESS_MODES: &[&str] = &["auto", "one", "all"];
 /// `--health-check`.
 pub const HEALTH_MODES: &[&str] = &["off", "warn", "on"];
 /// `--warm-start`.
@@ -338,6 +340,25 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         pet: false,
         ..opt("output_window", &["--output-window", "--output_window"], Kind::Str, "0.5",
             "rdrun: with --output collapse, how long a line waits for the same line of other ranks (seconds, or 500ms); at most 10.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        values: PROGRESS_MODES,
+        ..opt("progress", &["--progress"], Kind::Str, "auto",
+            "rdrun: carriage-return progress bars (tqdm) of several ranks: one (one line: the slowest rank's bar, its ranks and the spread; live on a terminal, at most one line per --progress-interval on a pipe), all (every rank's bar as written), auto (one on a terminal with more than one rank, else all). Log files are unaffected.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("progress_interval", &["--progress-interval", "--progress_interval"], Kind::Str, "1",
+            "rdrun: with --progress one on a pipe, at most one progress line per this many seconds (or 500ms); at most 600.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("debug_rank", &["--debug-rank", "--debug_rank"], Kind::Str, "none",
+            "rdrun: this global rank starts under 'python -m debugpy --listen 127.0.0.1:PORT --wait-for-client' (one line says where to attach; without debugpy it starts normally and rdrun prints how to attach py-spy or gdb); the hang detector does not count its pauses; it reads rdrun's stdin unless --stdin is given.")
     },
     OptSpec {
         values: HANG_MODES,

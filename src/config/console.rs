@@ -1,8 +1,9 @@
 //! Per-rank control and the console's shape (issue 29): `--wrap`/`--wrap-ranks` (a wrapper
 //! program such as `nsys profile` or `strace -f` in front of chosen ranks' command), `--stdin`
-//! (which rank reads rdrun's stdin) and `--output`/`--output-window` (identical lines of several
-//! ranks collapsed into one). Resolved here so that a bad value fails before anything starts,
-//! with one line naming the flag.
+//! (which rank reads rdrun's stdin), `--output`/`--output-window` (identical lines of several
+//! ranks collapsed into one), `--progress`/`--progress-interval` (carriage-return progress bars
+//! of several ranks shown as one) and `--debug-rank` (one rank waits for a debugger). Resolved
+//! here so that a bad value fails before anything starts, with one line naming the flag.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -17,6 +18,12 @@ use crate::cli::EnvFn;
 pub const DEFAULT_OUTPUT_WINDOW: Duration = Duration::from_millis(500);
 /// Longest `--output-window` accepted: a line is delayed up to the window.
 pub const MAX_OUTPUT_WINDOW: Duration = Duration::from_secs(10);
+
+/// Default `--progress-interval`: on a pipe, at most one progress line a second (the console of
+/// a terminal redraws its live bar at most every 100 ms, whatever this is).
+pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// Longest `--progress-interval` accepted.
+pub const MAX_PROGRESS_INTERVAL: Duration = Duration::from_secs(600);
 
 /// `--wrap 'CMD ARGS'`: a program run in front of the worker command of chosen ranks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,6 +118,33 @@ pub struct Collapse {
     pub ranks: usize,
 }
 
+/// `--progress`: how carriage-return progress lines (tqdm, Lightning's bar) of several ranks
+/// reach the console.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProgressMode {
+    /// `one` on a stream that is a terminal when more than one rank reaches the console, `all`
+    /// otherwise (a pipe keeps torchrun's bytes unless asked).
+    #[default]
+    Auto,
+    /// One progress line for all ranks: a live line on a terminal, at most one line per
+    /// `--progress-interval` on a pipe.
+    One,
+    /// Every rank's `\r` segments as they come (torchrun's behaviour).
+    All,
+}
+
+/// What the console's progress stage needs (`--progress auto|one`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// `--progress one`: on whatever the stream is; else (`auto`) only on a terminal, and only
+    /// when `ranks` > 1.
+    pub forced: bool,
+    /// `--progress-interval`: on a pipe, at most one progress line per interval.
+    pub interval: Duration,
+    /// How many local ranks' output reaches the console (`--local-ranks-filter` counted).
+    pub ranks: usize,
+}
+
 /// The resolved console and per-rank settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsoleSettings {
@@ -119,6 +153,13 @@ pub struct ConsoleSettings {
     pub output: OutputMode,
     /// `--output-window`: how long a line waits for the same line of other ranks.
     pub output_window: Duration,
+    /// `--progress`.
+    pub progress: ProgressMode,
+    /// `--progress-interval`.
+    pub progress_interval: Duration,
+    /// `--debug-rank`: this global rank starts under debugpy (or with an attach hint), its
+    /// pauses are not a hang, and it reads rdrun's stdin unless `--stdin` says otherwise.
+    pub debug_rank: Option<usize>,
 }
 
 impl Default for ConsoleSettings {
@@ -128,6 +169,9 @@ impl Default for ConsoleSettings {
             stdin: StdinTarget::All,
             output: OutputMode::All,
             output_window: DEFAULT_OUTPUT_WINDOW,
+            progress: ProgressMode::Auto,
+            progress_interval: DEFAULT_PROGRESS_INTERVAL,
+            debug_rank: None,
         }
     }
 }
@@ -139,9 +183,31 @@ impl ConsoleSettings {
     pub fn collapse_for(&self, nproc: usize, filter: Option<&[usize]>) -> Option<Collapse> {
         (self.output == OutputMode::Collapse).then(|| Collapse {
             window: self.output_window,
-            ranks: filter.map_or(nproc, |f| f.iter().filter(|r| **r < nproc).count()),
+            ranks: console_ranks(nproc, filter),
         })
     }
+
+    /// What the console's progress stage needs (`None` for `--progress all`, and for `auto`
+    /// when at most one rank reaches the console: one bar needs no merging); whether `auto` is
+    /// on for a stream (a terminal) is decided where the console is.
+    pub fn progress_for(&self, nproc: usize, filter: Option<&[usize]>) -> Option<Progress> {
+        let ranks = console_ranks(nproc, filter);
+        let on = match self.progress {
+            ProgressMode::All => false,
+            ProgressMode::Auto => ranks > 1,
+            ProgressMode::One => true,
+        };
+        on.then(|| Progress {
+            forced: self.progress == ProgressMode::One,
+            interval: self.progress_interval,
+            ranks,
+        })
+    }
+}
+
+/// How many of the `nproc` local ranks reach the console (`--local-ranks-filter`).
+fn console_ranks(nproc: usize, filter: Option<&[usize]>) -> usize {
+    filter.map_or(nproc, |f| f.iter().filter(|r| **r < nproc).count())
 }
 
 /// The flags' text as given (`None`: not given).
@@ -152,6 +218,9 @@ pub struct ConsoleFlags<'a> {
     pub stdin: Option<&'a str>,
     pub output: Option<&'a str>,
     pub output_window: Option<&'a str>,
+    pub progress: Option<&'a str>,
+    pub progress_interval: Option<&'a str>,
+    pub debug_rank: Option<&'a str>,
 }
 
 /// Resolves the settings; the wrapper program is looked up on PATH now. `max_world`: the most
@@ -212,7 +281,22 @@ pub fn resolve(
             })
         }
     };
+    let debug_rank = flags
+        .debug_rank
+        .map(|t| {
+            let r: usize = t.trim().parse().map_err(|_| {
+                invalid("--debug-rank", t, "must be a rank (a non-negative integer)")
+            })?;
+            if r >= max_world {
+                return Err(beyond("--debug-rank", t, r));
+            }
+            Ok(r)
+        })
+        .transpose()?;
     let stdin = match flags.stdin.map(str::trim) {
+        // `--debug-rank R` alone: rank R reads the terminal (pdb, `input()` while debugging),
+        // as with `--stdin R`.
+        None if debug_rank.is_some() => StdinTarget::Rank(debug_rank.unwrap_or_default()),
         None | Some("all") => StdinTarget::All,
         Some("none") => StdinTarget::None,
         Some(t) => StdinTarget::Rank(t.parse().map_err(|_| {
@@ -246,25 +330,50 @@ pub fn resolve(
             )
         })?,
     };
+    let progress = match flags.progress.map(str::trim) {
+        None | Some("auto") => ProgressMode::Auto,
+        Some("one") => ProgressMode::One,
+        Some("all") => ProgressMode::All,
+        Some(t) => return Err(invalid("--progress", t, "must be auto, one or all")),
+    };
+    let progress_interval = match flags.progress_interval {
+        None => DEFAULT_PROGRESS_INTERVAL,
+        Some(t) => parse_seconds_upto(t, MAX_PROGRESS_INTERVAL).ok_or_else(|| {
+            invalid(
+                "--progress-interval",
+                t,
+                format!(
+                    "must be seconds (1, or 500ms), more than 0 and at most {}",
+                    MAX_PROGRESS_INTERVAL.as_secs()
+                ),
+            )
+        })?,
+    };
     Ok(ConsoleSettings {
         wrap,
         stdin,
         output,
         output_window,
+        progress,
+        progress_interval,
+        debug_rank,
     })
 }
 
 /// `0.5` (seconds) or a humantime duration (`500ms`), in (0, [`MAX_OUTPUT_WINDOW`]].
 fn parse_seconds(text: &str) -> Option<Duration> {
+    parse_seconds_upto(text, MAX_OUTPUT_WINDOW)
+}
+
+/// `0.5` (seconds) or a humantime duration (`500ms`), in (0, `max`].
+fn parse_seconds_upto(text: &str, max: Duration) -> Option<Duration> {
     let t = text.trim();
     let d = match t.parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s <= MAX_OUTPUT_WINDOW.as_secs_f64() => {
-            Duration::from_secs_f64(s)
-        }
+        Ok(s) if s.is_finite() && s > 0.0 && s <= max.as_secs_f64() => Duration::from_secs_f64(s),
         Ok(_) => return None,
         Err(_) => humantime::parse_duration(t).ok()?,
     };
-    (!d.is_zero() && d <= MAX_OUTPUT_WINDOW).then_some(d)
+    (!d.is_zero() && d <= max).then_some(d)
 }
 
 /// `0,2`, `0-3,8`: a set of global ranks.
@@ -371,6 +480,90 @@ mod tests {
         .expect("settings");
         assert!(!none.stdin.reads(0));
         assert_eq!(none.output_window, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn progress_and_debug_rank_flags() {
+        let s = settings(ConsoleFlags::default()).expect("settings");
+        assert_eq!(s.progress, ProgressMode::Auto, "auto by default");
+        let p = s.progress_for(4, Some(&[0, 1])).expect("auto is a stage");
+        assert_eq!(
+            (p.forced, p.interval, p.ranks),
+            (false, DEFAULT_PROGRESS_INTERVAL, 2)
+        );
+        assert_eq!(
+            s.progress_for(4, Some(&[3])),
+            None,
+            "auto: one rank, no merging"
+        );
+        assert_eq!(s.progress_for(1, None), None);
+        let s = settings(ConsoleFlags {
+            progress: Some("one"),
+            progress_interval: Some("250ms"),
+            ..Default::default()
+        })
+        .expect("settings");
+        let p = s.progress_for(8, None).expect("one");
+        assert_eq!(
+            (p.forced, p.interval, p.ranks),
+            (true, Duration::from_millis(250), 8)
+        );
+        assert!(s.progress_for(1, None).is_some(), "one: even for one rank");
+        let s = settings(ConsoleFlags {
+            progress: Some("all"),
+            ..Default::default()
+        })
+        .expect("settings");
+        assert_eq!(s.progress_for(8, None), None);
+        // --debug-rank alone gives that rank stdin; an explicit --stdin wins.
+        let s = settings(ConsoleFlags {
+            debug_rank: Some("3"),
+            ..Default::default()
+        })
+        .expect("settings");
+        assert_eq!((s.debug_rank, s.stdin), (Some(3), StdinTarget::Rank(3)));
+        let s = settings(ConsoleFlags {
+            debug_rank: Some("3"),
+            stdin: Some("none"),
+            ..Default::default()
+        })
+        .expect("settings");
+        assert_eq!((s.debug_rank, s.stdin), (Some(3), StdinTarget::None));
+        let err = |f: ConsoleFlags<'_>| {
+            resolve(f, 4, &env_of(&[]), &FakeHost::new()).map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            err(ConsoleFlags {
+                progress: Some("bars"),
+                ..Default::default()
+            })
+            .unwrap_err(),
+            "--progress 'bars': must be auto, one or all"
+        );
+        assert_eq!(
+            err(ConsoleFlags {
+                progress_interval: Some("0"),
+                ..Default::default()
+            })
+            .unwrap_err(),
+            "--progress-interval '0': must be seconds (1, or 500ms), more than 0 and at most 600"
+        );
+        assert_eq!(
+            err(ConsoleFlags {
+                debug_rank: Some("x"),
+                ..Default::default()
+            })
+            .unwrap_err(),
+            "--debug-rank 'x': must be a rank (a non-negative integer)"
+        );
+        assert_eq!(
+            err(ConsoleFlags {
+                debug_rank: Some("4"),
+                ..Default::default()
+            })
+            .unwrap_err(),
+            "--debug-rank '4': rank 4 does not exist (at most 4 ranks: 0-3)"
+        );
     }
 
     #[test]

@@ -187,6 +187,7 @@ pub(super) fn resolve_logs(
         duplicate_stderr_filters: filters(&args.duplicate_stderr_filters),
         // Set from `--output` once the console flags are resolved (`console.rs`).
         collapse: None,
+        progress: None,
     })
 }
 

@@ -75,6 +75,9 @@ pub struct HangSettings {
     /// rdrun's `PATH`, where py-spy is looked for after `py_spy` (set with the run's
     /// environment, `runenv.rs`).
     pub search_path: Option<std::ffi::OsString>,
+    /// `--debug-rank`: this global rank is exempt for its whole life, as a stopped or traced
+    /// one is (a debugger's pause is no hang); set by the agent from the console settings.
+    pub debug_rank: Option<u32>,
 }
 
 impl Default for HangSettings {
@@ -91,6 +94,7 @@ impl Default for HangSettings {
             tool_timeout: Duration::from_secs(10),
             py_spy: None,
             search_path: None,
+            debug_rank: None,
         }
     }
 }

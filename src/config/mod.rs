@@ -226,6 +226,9 @@ pub struct LogConfig {
     /// `--output collapse`: the window within which identical lines of several ranks are shown
     /// once; `None` (`--output all`): every line as it comes. Log files are unaffected.
     pub collapse: Option<console::Collapse>,
+    /// `--progress`: the stage that shows several ranks' `\r` progress bars as one line;
+    /// `None` (`--progress all`): every bar as written. Log files are unaffected.
+    pub progress: Option<console::Progress>,
 }
 
 /// Everything the supervisor needs to run one launch.
@@ -586,12 +589,16 @@ fn resolve_args(
             stdin: args.stdin.as_deref(),
             output: args.output.as_deref(),
             output_window: args.output_window.as_deref(),
+            progress: args.progress.as_deref(),
+            progress_interval: args.progress_interval.as_deref(),
+            debug_rank: args.debug_rank.as_deref(),
         },
         nproc_per_node.saturating_mul(nnodes.max),
         env,
         host,
     )?;
     log.collapse = console.collapse_for(nproc_per_node, log.local_ranks_filter.as_deref());
+    log.progress = console.progress_for(nproc_per_node, log.local_ranks_filter.as_deref());
 
     if args.virtual_local_rank {
         // Fail before any worker starts, not when the first surplus rank is spawned.

@@ -615,7 +615,11 @@ impl Agent {
             watch = AttemptWatch {
                 ranks: group.watched_ranks(),
                 hang: HangLink::new(
-                    &self.config.hang,
+                    // `--debug-rank`: that rank's pauses are no hang.
+                    &crate::config::hang::HangSettings {
+                        debug_rank: self.config.console.debug_rank.map(|r| r as u32),
+                        ..self.config.hang.clone()
+                    },
                     dir.clone(),
                     ClusterArgs::of(self.rdzv.as_ref(), asg),
                 ),

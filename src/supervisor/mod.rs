@@ -8,6 +8,7 @@
 mod agent;
 mod attempt;
 pub mod contain;
+pub mod debugrank;
 mod effects;
 mod end;
 pub(crate) mod events;

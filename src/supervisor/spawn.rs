@@ -47,16 +47,24 @@ pub(crate) struct Workers<'a> {
 impl Spawner for Workers<'_> {
     fn spawn(&mut self, lr: usize, id: &RankIdentity) -> Result<Spawned, String> {
         let rank_logs = &self.logs.ranks[lr];
-        let spawned = worker::spawn_spec(
+        let spec = worker::spawn_spec(
             self.config,
             self.asg,
             lr,
             &rank_logs.error_file,
             self.worker_env,
         )
-        .map_err(|err| err.to_string())
-        .and_then(|spec| worker::spawn(&spec).map_err(|err| err.describe()))?;
+        .map_err(|err| err.to_string())?;
+        let spawned = worker::spawn(&spec).map_err(|err| err.describe())?;
         tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
+        if let Some(attach) = &spec.debug {
+            // `--debug-rank`: one line, where to attach (or how to look inside without debugpy).
+            output::own::stderr_line(&super::debugrank::announcement(
+                id.rank,
+                spawned.pid,
+                attach,
+            ));
+        }
         let activity = output::Activity::default();
         self.obs
             .get()

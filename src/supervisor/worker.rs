@@ -123,6 +123,9 @@ pub struct SpawnSpec {
     pub stdin: bool,
     /// The run's warm-start template manager (`--warm-start`): asked first by [`spawn`].
     pub warm: Option<std::sync::Arc<super::warm::WarmStart>>,
+    /// `--debug-rank`: this is the debug rank, and how to attach to it (announced once its pid
+    /// is known).
+    pub debug: Option<super::debugrank::Attach>,
 }
 
 /// One INFO line per local rank naming its CPU set and why (`--numa-binding`, `--cpu-binding`).
@@ -255,17 +258,30 @@ pub fn spawn_spec(
         .args
         .iter()
         .map(|a| workerenv::substitute_local_rank(a, local_rank));
+    // `--debug-rank`: the worker command under debugpy (before a wrapper, which runs it).
+    let (command_program, args, debug) = if config.console.debug_rank == Some(rank) {
+        let (p, a, attach) = super::debugrank::command(
+            config.command.kind.clone(),
+            &config.command.program,
+            args.collect(),
+            local_rank,
+            &env,
+        );
+        (p, a, Some(attach))
+    } else {
+        (config.command.program.clone(), args.collect(), None)
+    };
     // `--wrap`: the wrapper execs the worker command itself, so the environment, the process
     // group, the cgroup and the CPU binding set up before exec are the wrapper's and its child's,
     // and the wrapper's exit status is the rank's.
     let (program, args) = match config.console.wrap.as_ref().filter(|w| w.applies(rank)) {
         Some(w) => {
             let mut a = w.args_for(rank, local_rank, group_rank);
-            a.push(config.command.program.clone().into_os_string());
+            a.push(command_program.into_os_string());
             a.extend(args);
             (w.program.clone(), a)
         }
-        None => (config.command.program.clone(), args.collect()),
+        None => (command_program, args),
     };
     Ok(SpawnSpec {
         program,
@@ -275,7 +291,10 @@ pub fn spawn_spec(
         cgroup_fd: run_env.cgroup_fd,
         cpus: config.binding.cpus_of(local_rank).map(<[usize]>::to_vec),
         stdin: config.console.stdin.reads(rank),
-        warm: run_env.warm.clone(),
+        // A warm start runs the template's own interpreter, not this command: never for the
+        // debug rank.
+        warm: run_env.warm.clone().filter(|_| debug.is_none()),
+        debug,
     })
 }
 

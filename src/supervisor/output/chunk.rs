@@ -1,5 +1,5 @@
 //! One message for the console writer ([`Chunk`]): a run of whole lines, a prompt's open line or
-//! its continuation, of one stream of one worker. Shared by the forwarders (`pump`), the writer
+//! its continuation, or a progress bar's new state, of one stream of one worker. Shared by the forwarders (`pump`), the writer
 //! (`console`) and its collapse stage (`collapse`), so that neither of the last two imports the
 //! other's file for it.
 
@@ -25,10 +25,19 @@ pub(crate) struct Chunk {
     /// Where each whole line of `body` ends (offsets), when `body` is whole lines; the collapse
     /// stage reads lines by these.
     pub line_ends: Vec<u32>,
+    /// A progress bar update (`--progress`): the rank's `\r` line now reads this (no `\r`,
+    /// unprefixed; `body` is empty). Whitespace only: the bar was cleared.
+    pub bar: Option<Vec<u8>>,
+    /// A line of `body` ends the rank's progress bar on this stream (the newline after `\r`
+    /// segments): the stage forgets the bar before the lines are written.
+    pub ends_bar: bool,
 }
 
 impl Chunk {
     pub(crate) fn len(&self) -> usize {
-        self.cont.len() + self.prefix.len() + self.body.len()
+        self.cont.len()
+            + self.prefix.len()
+            + self.body.len()
+            + self.bar.as_ref().map_or(0, Vec::len)
     }
 }

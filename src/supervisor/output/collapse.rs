@@ -47,8 +47,6 @@ pub(crate) const PENDING_CAP: usize = 2 << 20;
 struct Entry {
     index: u64,
     stream: Stream,
-    /// Hash of the stream and the text (the `by_text` key).
-    key: u64,
     /// The line as the first rank's chunk had it (its own prefix), written when no other rank
     /// joins: `body[start..end]`, the chunk's body shared by its lines (no copy per line); the
     /// text compared is the part after the prefix (`plen` bytes), terminator included.
@@ -56,8 +54,8 @@ struct Entry {
     start: usize,
     end: usize,
     plen: usize,
-    /// The ranks that printed it, in the order they came.
-    ranks: SmallVec<[usize; 4]>,
+    /// The ranks that printed it, in the order they came, as dense ids (`Collapser::rank_of`).
+    ranks: SmallVec<[u32; 4]>,
     first: Instant,
     /// Above the level of every entry this one must follow.
     level: u64,
@@ -89,10 +87,20 @@ pub(crate) struct Collapser {
     bytes: usize,
     budget: usize,
     hasher: RandomState,
-    /// The pending entries of each (stream, text) hash, oldest first.
+    /// The entries of each (stream, text) hash, oldest first; some may have been written
+    /// since (see [`Collapser::sweep`]).
     by_text: HashMap<u64, SmallVec<[u64; 2]>, RandomState>,
-    /// Latest entry index that holds a line of each (rank, stream index).
-    last_of_rank: HashMap<(usize, usize), u64, RandomState>,
+    /// How many entries are pending.
+    pending: usize,
+    /// Each global rank's dense id (looked up once per chunk), and back.
+    ids: HashMap<usize, u32, RandomState>,
+    rank_of: Vec<usize>,
+    /// Latest entry index that holds a line of each (dense id, stream index): `id * 2 + stream`.
+    /// A vector, not a map: it is read and written for every line.
+    last_of_rank: Vec<Option<u64>>,
+    /// The last `[ranks] ` prefix written, for the rank set it was made of (most collapsed lines
+    /// of a run share one).
+    last_set: (SmallVec<[usize; 8]>, Vec<u8>),
     /// How many ranks' output reaches the console.
     ranks: usize,
     /// Entries every rank joined: written without waiting for the window.
@@ -114,7 +122,11 @@ impl Collapser {
             budget: 0,
             hasher: RandomState::default(),
             by_text: HashMap::default(),
-            last_of_rank: HashMap::default(),
+            pending: 0,
+            ids: HashMap::default(),
+            rank_of: Vec::new(),
+            last_of_rank: Vec::new(),
+            last_set: (SmallVec::new(), Vec::new()),
             ranks,
             complete: Vec::new(),
             sources,
@@ -131,8 +143,7 @@ impl Collapser {
     }
 
     fn get(&self, index: u64) -> Option<&Entry> {
-        let i = usize::try_from(index.checked_sub(self.base)?).ok()?;
-        self.entries.get(i)?.as_ref()
+        entry(&self.entries, self.base, index)
     }
 
     fn get_mut(&mut self, index: u64) -> Option<&mut Entry> {
@@ -148,9 +159,11 @@ impl Collapser {
         permit: Option<OwnedSemaphorePermit>,
         now: Instant,
     ) {
-        let (Some(rank), Some(stream)) = (chunk.rank, chunk.stream) else {
+        let (Some(global), Some(stream)) = (chunk.rank, chunk.stream) else {
             return;
         };
+        let rank = self.id(global);
+        let slot = rank as usize * 2 + stream.index();
         let mut start = 0usize;
         let mut last = None;
         let body = Arc::new(chunk.body);
@@ -167,16 +180,28 @@ impl Collapser {
             let text = &line[plen..];
             let key = self.hasher.hash_one((stream.index(), text));
             // The rank's latest pending entry, and its level (0: none pending).
-            let prev = self.last_of_rank.get(&(rank, stream.index())).copied();
-            let floor = prev.and_then(|i| self.get(i)).map_or(0, |e| e.level);
+            let prev = self.last_of_rank[slot];
+            let floor = prev
+                .and_then(|i| entry(&self.entries, self.base, i))
+                .map_or(0, |e| e.level);
+            if self.by_text.len() > 2 * self.pending + 64 {
+                self.sweep();
+            }
+            // One hash lookup per line (the table is large at high line rates: each access
+            // is a cache miss). Its list may name entries written since: they are skipped
+            // and dropped here, or by the sweep.
+            let (entries, base, last_of_rank) = (&self.entries, self.base, &self.last_of_rank);
+            let list = self.by_text.entry(key).or_default();
+            list.retain(|i| entry(entries, base, *i).is_some());
             // The oldest entry of this text that the line may join without a cycle.
-            let join = self.by_text.get(&key).and_then(|list| {
-                list.iter().copied().find(|&i| {
-                    self.get(i)
-                        .is_some_and(|e| e.stream == stream && e.text() == text)
-                        && self.joinable(i, rank, floor)
+            let join = list.iter().copied().find(|&i| {
+                entry(entries, base, i).is_some_and(|e| {
+                    e.stream == stream && e.text() == text && joinable(e, last_of_rank, rank, floor)
                 })
             });
+            if join.is_none() {
+                list.push(self.next);
+            }
             let all = self.ranks;
             let index = match join.and_then(|i| self.get_mut(i)) {
                 Some(e) => {
@@ -196,7 +221,6 @@ impl Collapser {
                     self.entries.push_back(Some(Entry {
                         index,
                         stream,
-                        key,
                         body: body.clone(),
                         start: line_start,
                         end,
@@ -207,14 +231,14 @@ impl Collapser {
                         after: prev.into_iter().collect(),
                         permit: None,
                     }));
-                    self.by_text.entry(key).or_default().push(index);
+                    self.pending += 1;
                     if all == 1 {
                         self.complete.push(index);
                     }
                     index
                 }
             };
-            self.last_of_rank.insert((rank, stream.index()), index);
+            self.last_of_rank[slot] = Some(index);
             last = Some(index);
         }
         if let (Some(p), Some(e)) = (permit, last.and_then(|i| self.get_mut(i))) {
@@ -225,6 +249,18 @@ impl Collapser {
             }
             self.budget += n;
         }
+    }
+
+    /// The dense id of global rank `rank` (its `last_of_rank` slots made on first sight).
+    fn id(&mut self, rank: usize) -> u32 {
+        if let Some(id) = self.ids.get(&rank) {
+            return *id;
+        }
+        let id = u32::try_from(self.rank_of.len()).unwrap_or(u32::MAX);
+        self.ids.insert(rank, id);
+        self.rank_of.push(rank);
+        self.last_of_rank.extend([None, None]);
+        id
     }
 
     /// The stage holds more than [`PENDING_CAP`] bytes or budget.
@@ -238,22 +274,14 @@ impl Collapser {
         self.bytes > PENDING_CAP / 2 || self.budget > PENDING_CAP / 2
     }
 
-    /// Whether a line of `rank`, whose latest pending entry has level `floor`, may join entry
-    /// `i`: the entry's level is above it, or nothing must follow the entry yet (it is the
-    /// latest of each of its ranks), so that its level can be raised above it. An entry that
-    /// has the rank's line already never takes another (a rank printing a line twice shows it
-    /// twice).
-    fn joinable(&self, i: u64, rank: usize, floor: u64) -> bool {
-        let Some(e) = self.get(i) else {
-            return false;
-        };
-        if e.ranks.contains(&rank) {
-            return false;
-        }
-        e.level > floor
-            || e.ranks
-                .iter()
-                .all(|r| self.last_of_rank.get(&(*r, e.stream.index())) == Some(&i))
+    /// Drops written entries from the text index, and texts with none pending (the index is
+    /// not updated when an entry is written: that would be one more lookup per line).
+    fn sweep(&mut self) {
+        let (entries, base) = (&self.entries, self.base);
+        self.by_text.retain(|_, list| {
+            list.retain(|i| entry(entries, base, *i).is_some());
+            !list.is_empty()
+        });
     }
 
     /// When the oldest pending line is due (now when the stage holds too many bytes).
@@ -330,7 +358,7 @@ impl Collapser {
         else {
             return;
         };
-        let Some(mut e) = slot.take() else {
+        let Some(e) = slot.take() else {
             return;
         };
         while matches!(self.entries.front(), Some(None)) {
@@ -342,26 +370,32 @@ impl Collapser {
             .permit
             .as_ref()
             .map_or(0, OwnedSemaphorePermit::num_permits);
-        if let Some(list) = self.by_text.get_mut(&e.key) {
-            list.retain(|x| *x != e.index);
-            if list.is_empty() {
-                self.by_text.remove(&e.key);
-            }
+        self.pending -= 1;
+        if self.pending == 0 {
+            // Nothing pending: every text in the index is stale.
+            self.by_text.clear();
         }
         for r in &e.ranks {
-            if self.last_of_rank.get(&(*r, e.stream.index())) == Some(&e.index) {
-                self.last_of_rank.remove(&(*r, e.stream.index()));
+            let slot = &mut self.last_of_rank[*r as usize * 2 + e.stream.index()];
+            if *slot == Some(e.index) {
+                *slot = None;
             }
         }
         let collapsed = (e.ranks.len() > 1).then(|| {
-            e.ranks.sort_unstable();
-            format!("[{}] ", rank_set(&e.ranks))
+            let mut ranks: SmallVec<[usize; 8]> =
+                e.ranks.iter().map(|r| self.rank_of[*r as usize]).collect();
+            ranks.sort_unstable();
+            if ranks != self.last_set.0 {
+                let text = format!("[{}] ", rank_set(&ranks)).into_bytes();
+                self.last_set = (ranks, text);
+            }
+            &self.last_set.1
         });
         let mut line = Vec::new();
         let append = |to: &mut Vec<u8>| match &collapsed {
             None => to.extend_from_slice(e.line()),
             Some(p) => {
-                to.extend_from_slice(p.as_bytes());
+                to.extend_from_slice(p);
                 to.extend_from_slice(e.text());
             }
         };
@@ -388,6 +422,26 @@ impl Collapser {
             )),
         }
     }
+}
+
+/// Entry `index` of `entries` (whose first is `base`), if pending.
+fn entry(entries: &VecDeque<Option<Entry>>, base: u64, index: u64) -> Option<&Entry> {
+    let i = usize::try_from(index.checked_sub(base)?).ok()?;
+    entries.get(i)?.as_ref()
+}
+
+/// Whether a line of `rank`, whose latest pending entry has level `floor`, may join entry `e`:
+/// its level is above it, or nothing must follow the entry yet (it is the latest of each of
+/// its ranks), so that its level can be raised above it. An entry that has the rank's line
+/// already never takes another (a rank printing a line twice shows it twice).
+fn joinable(e: &Entry, last_of_rank: &[Option<u64>], rank: u32, floor: u64) -> bool {
+    if e.ranks.contains(&rank) {
+        return false;
+    }
+    e.level > floor
+        || e.ranks
+            .iter()
+            .all(|r| last_of_rank[*r as usize * 2 + e.stream.index()] == Some(e.index))
 }
 
 /// `0-3,5,7-8`: sorted ranks, runs of consecutive ranks as ranges.
@@ -471,7 +525,11 @@ mod tests {
             "[0-3] epoch 1 loss 0.53\nrank 0 ready\nrank 1 ready\nrank 2 ready\nrank 3 ready\n\
              [0-3] done\nepoch 1 loss 0.54\n"
         );
-        assert!(c.oldest_index().is_none() && c.by_text.is_empty() && c.last_of_rank.is_empty());
+        assert!(
+            c.oldest_index().is_none()
+                && c.by_text.is_empty()
+                && c.last_of_rank.iter().all(Option::is_none)
+        );
     }
 
     #[test]

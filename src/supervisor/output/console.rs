@@ -24,6 +24,13 @@
 //! - rdrun's own text ([`super::own`]) ends an open line of the process-wide console with a `\n`
 //!   before it is written; the continuation then starts a line of its own, as above.
 //!
+//! # Progress bars (`--progress`)
+//! The progress stage ([`super::progress`]) keeps each rank's `\r` bar; on a terminal the writer
+//! draws one live line for them, erases it (`\r\x1b[K`) before any other write to that terminal
+//! and draws it again once the terminal is free (no open line, nothing held), at most every
+//! 100 ms; on a pipe the stage's line is an ordinary chunk. rdrun's own text erases a live line
+//! instead of ending it with a newline ([`own`]).
+//!
 //! # Output that cannot be written
 //! A write error never panics and never stops the forwarding of other streams. `EPIPE` (rdrun's
 //! stdout or stderr is a closed pipe: `rdrun … | head -1`) marks the stream broken: nothing more
@@ -43,6 +50,7 @@ use std::time::{Duration, Instant};
 pub(crate) use super::chunk::Chunk;
 use super::collapse::Collapser;
 use super::own::{self, Stream};
+use super::progress::{Bars, ERASE};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 /// Console bytes queued (all workers together) before forwarders wait for the terminal.
@@ -58,7 +66,13 @@ enum ConsoleMsg {
     /// `--output collapse` (its window and how many ranks reach the console), or `None` for
     /// every line as it comes.
     Collapse(Option<(Duration, usize)>),
+    /// `--progress`, per stream: `Some((live, interval))` turns the stage on (`live`: the stream
+    /// is a terminal), `None` off.
+    Progress([Option<(bool, Duration)>; 2]),
 }
+
+/// The width of a stream's terminal in columns, when it is one.
+type Columns = Box<dyn Fn(Stream) -> Option<usize> + Send>;
 
 /// A console: one writer thread owning a stdout and a stderr writer. Cheap to clone.
 #[derive(Clone)]
@@ -125,6 +139,7 @@ impl Console {
                     Some(ConsoleMsg::Data(chunk, permit)) => writer.accept(chunk, permit, now),
                     Some(ConsoleMsg::Flush(ack)) => writer.flush_request(ack),
                     Some(ConsoleMsg::Collapse(window)) => writer.set_collapse(window, now),
+                    Some(ConsoleMsg::Progress(setup)) => writer.set_progress(setup, now),
                     // Only when nothing is queued: the open line's rest may be among the queued
                     // messages (a reader far behind), and ending the line before reading them
                     // would break it.
@@ -154,6 +169,7 @@ impl Console {
                     broken.clone(),
                 );
                 writer.global = true;
+                writer.columns = Box::new(own::columns);
                 Console::start(writer, rx, tx, broken)
                     .expect("cannot start the console writer thread")
             })
@@ -178,7 +194,7 @@ impl Console {
     /// come only after the hold broke the line. What bypasses the budget is bounded: one
     /// continuation per open chunk, each at most a line piece and one read.
     pub(crate) async fn send(&self, chunk: Chunk) {
-        if !chunk.continues && chunk.body.is_empty() {
+        if !chunk.continues && chunk.body.is_empty() && chunk.bar.is_none() {
             return;
         }
         let permit = if chunk.continues {
@@ -200,6 +216,13 @@ impl Console {
         let _ = self.tx.send(ConsoleMsg::Collapse(collapse));
     }
 
+    /// Turns the progress stage on or off per stream (stdout, stderr): `Some((live, interval))`,
+    /// `live` when the stream is a terminal (one live line) else one line per `interval`. Bars
+    /// it holds are written as final lines first.
+    pub fn set_progress(&self, setup: [Option<(bool, Duration)>; 2]) {
+        let _ = self.tx.send(ConsoleMsg::Progress(setup));
+    }
+
     /// Waits until everything queued before this call is written and flushed (chunks held behind
     /// an open line included, so at most [`OPEN_LINE_HOLD`] more).
     pub async fn flush(&self) {
@@ -217,6 +240,8 @@ struct Term {
     held: VecDeque<(u64, Chunk, Option<OwnedSemaphorePermit>)>,
     /// When the oldest waiting chunk started to wait behind the current open line.
     held_since: Option<Instant>,
+    /// The progress stage's live line of this stream is on the terminal, the cursor after it.
+    live: Option<Stream>,
 }
 
 /// The writer thread's state; pure apart from the two writers, so tests drive it with a clock of
@@ -236,6 +261,10 @@ struct Writer {
     flushes: Vec<(u64, u64, oneshot::Sender<()>)>,
     /// `--output collapse`: the stage every whole-line chunk passes first.
     collapse: Option<Collapser>,
+    /// `--progress`: the progress stage of each stream (stdout, stderr).
+    bars: [Option<Bars>; 2],
+    /// The terminal's width (the live bar is cut to fit).
+    columns: Columns,
     hold: Duration,
     /// The process-wide console: its writes take both std locks and keep [`own`]'s record of
     /// open lines (rdrun's own text ends them).
@@ -262,6 +291,8 @@ impl Writer {
             seq: 0,
             flushes: Vec::new(),
             collapse: None,
+            bars: [None, None],
+            columns: Box::new(|_| None),
             hold: OPEN_LINE_HOLD,
             global: false,
             real_clock: false,
@@ -283,10 +314,74 @@ impl Writer {
         });
     }
 
-    /// A chunk from a forwarder: through the collapse stage when it is on and the chunk is whole
-    /// lines; anything else first makes the stage write all it holds, so that nothing of the
-    /// same source (its prompt after its lines) overtakes what it sent before.
+    fn set_progress(&mut self, setup: [Option<(bool, Duration)>; 2], now: Instant) {
+        self.finish_bars(now);
+        self.bars = setup.map(|s| {
+            s.map(|(live, interval)| Bars::new(live, interval, Console::source_id(), now))
+        });
+    }
+
+    /// Ends the progress stages: the live line erased, each bar's last state written as a line.
+    fn finish_bars(&mut self, now: Instant) {
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let Some(mut b) = self.bars[stream.index()].take() else {
+                continue;
+            };
+            let t = self.term(stream);
+            if self.terms[t].live == Some(stream) {
+                self.terms[t].live = None;
+                self.write_raw(stream, ERASE);
+            }
+            let lines = b.finish();
+            if !lines.is_empty() {
+                let chunk = Chunk {
+                    source: b.source,
+                    stream: Some(stream),
+                    body: lines,
+                    ..Chunk::default()
+                };
+                self.accept_direct(chunk, None, now);
+            }
+        }
+    }
+
+    /// A chunk from a forwarder: a bar update goes to the progress stage; whole lines through
+    /// the collapse stage when it is on; anything else first makes the collapse stage write all
+    /// it holds, so that nothing of the same source (its prompt after its lines) overtakes what
+    /// it sent before.
     fn accept(&mut self, chunk: Chunk, permit: Option<OwnedSemaphorePermit>, now: Instant) {
+        self.accept_staged(chunk, permit, now);
+        self.draw_bars(now);
+    }
+
+    fn accept_staged(
+        &mut self,
+        mut chunk: Chunk,
+        permit: Option<OwnedSemaphorePermit>,
+        now: Instant,
+    ) {
+        if let (Some(stream), Some(rank)) = (chunk.stream, chunk.rank) {
+            if let Some(text) = chunk.bar.take() {
+                match &mut self.bars[stream.index()] {
+                    Some(b) => {
+                        b.update(rank, &chunk.prefix, &text);
+                        return;
+                    }
+                    None => {
+                        // No stage (never sent so): the bar as its worker wrote it.
+                        let mut body = std::mem::take(&mut chunk.prefix);
+                        body.extend_from_slice(&text);
+                        body.push(b'\r');
+                        chunk.body = body;
+                    }
+                }
+            }
+            if chunk.ends_bar {
+                if let Some(b) = &mut self.bars[stream.index()] {
+                    b.end(rank);
+                }
+            }
+        }
         if let Some(c) = &mut self.collapse {
             if Collapser::takes(&chunk) {
                 self.seq += 1;
@@ -348,7 +443,64 @@ impl Writer {
             .iter()
             .filter_map(|t| t.held_since.map(|s| s + self.hold))
             .chain(self.collapse.as_ref().and_then(Collapser::deadline))
+            .chain(
+                [Stream::Stdout, Stream::Stderr]
+                    .into_iter()
+                    .filter(|s| self.may_draw(*s))
+                    .filter_map(|s| self.bars[s.index()].as_ref().and_then(Bars::deadline)),
+            )
             .min()
+    }
+
+    /// Whether the progress stage of `stream` may write now: a pipe's line is an ordinary chunk
+    /// (held like any other); a live line only on a terminal with no line open and nothing
+    /// waiting (it would be written into a prompt).
+    fn may_draw(&self, stream: Stream) -> bool {
+        match &self.bars[stream.index()] {
+            None => false,
+            Some(b) if !b.live() => true,
+            Some(_) => {
+                let term = &self.terms[self.term(stream)];
+                !self.is_broken[stream.index()] && term.open.is_none() && term.held.is_empty()
+            }
+        }
+    }
+
+    /// Shows what the progress stages have due: the live line on a terminal, a line on a pipe.
+    fn draw_bars(&mut self, now: Instant) {
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            if !self.may_draw(stream) {
+                continue;
+            }
+            let width = (self.columns)(stream);
+            let Some(b) = &mut self.bars[stream.index()] else {
+                continue;
+            };
+            let (live, source) = (b.live(), b.source);
+            let Some(bytes) = b.show(now, width) else {
+                continue;
+            };
+            let on_screen = b.on_screen();
+            if live {
+                let t = self.term(stream);
+                // The draw starts at column 0 of the same line: no erase first.
+                if self.terms[t].live == Some(stream) {
+                    self.terms[t].live = None;
+                }
+                self.write_bytes(stream, &bytes, on_screen);
+                if on_screen && !self.is_broken[stream.index()] {
+                    self.terms[t].live = Some(stream);
+                }
+            } else {
+                let chunk = Chunk {
+                    source,
+                    stream: Some(stream),
+                    body: bytes,
+                    ..Chunk::default()
+                };
+                self.accept_direct(chunk, None, now);
+            }
+        }
     }
 
     /// Ends open lines that made others wait [`OPEN_LINE_HOLD`].
@@ -364,11 +516,13 @@ impl Writer {
                 self.drain(t, now);
             }
         }
+        self.draw_bars(now);
     }
 
     /// All senders are gone: write everything still held.
     fn close(&mut self) {
         self.emit_collapsed(Instant::now(), true);
+        self.finish_bars(Instant::now());
         for t in 0..2 {
             if let Some((_, stream)) = self.terms[t].open.take() {
                 if !self.terms[t].held.is_empty() {
@@ -474,13 +628,37 @@ impl Writer {
     }
 
     fn write_raw(&mut self, stream: Stream, bytes: &[u8]) {
+        self.write_bytes(stream, bytes, false);
+    }
+
+    /// Writes `bytes` to `stream`, after erasing a live progress line on its terminal; `live`:
+    /// the bytes are that live line (rdrun's own text then erases it rather than end it).
+    fn write_bytes(&mut self, stream: Stream, bytes: &[u8], live: bool) {
         let i = stream.index();
         if bytes.is_empty() || self.is_broken[i] {
             return;
         }
+        let t = self.term(stream);
+        let mut erased: Vec<u8>;
+        let mut bytes = bytes;
+        if let Some(ls) = self.terms[t].live.take() {
+            if let Some(b) = &mut self.bars[ls.index()] {
+                b.erased();
+            }
+            if ls == stream {
+                erased = ERASE.to_vec();
+                erased.extend_from_slice(bytes);
+                bytes = &erased;
+            } else {
+                self.write_bytes(ls, ERASE, false);
+            }
+        }
         let locks = self.global.then(own::lock);
         if let Some(l) = &locks {
             own::wrote(l, stream, bytes);
+            if live {
+                own::wrote_live(l, stream);
+            }
         }
         let w = &mut self.outs[i];
         let res = w.write_all(bytes).and_then(|()| w.flush());
@@ -734,6 +912,111 @@ mod tests {
         w.accept(ranked(3, Stdout, "last\n"), permit(&s), t0 + win * 2);
         w.set_collapse(None, t0 + win * 2);
         assert!(out.text().ends_with("x\nlast\n"), "{}", out.text());
+    }
+
+    fn bar_update(rank: usize, stream: Stream, text: &str) -> Chunk {
+        Chunk {
+            rank: Some(rank),
+            bar: Some(text.into()),
+            ..lines(10 + rank as u64, stream, "")
+        }
+    }
+
+    /// `--progress` on a terminal: one live line for the ranks' bars, erased before any other
+    /// write and drawn again once due; never drawn into an open prompt; a rank's final line
+    /// ends its bar; at the end each bar left is a line of its own.
+    #[test]
+    fn progress_stage_draws_one_live_line() {
+        use Stream::*;
+        let (out, err) = (Rec::default(), Rec::default());
+        let (mut w, s) = writer(true, &out, &err);
+        let t0 = Instant::now();
+        w.set_progress([None, Some((true, Duration::from_secs(5)))], t0);
+        for (r, p) in [(0, "50%|a"), (1, "40%|b"), (2, "45%|c")] {
+            w.accept(bar_update(r, Stderr, p), permit(&s), t0);
+        }
+        // The first update draws at once; the next two changed it within 100 ms.
+        assert_eq!(err.text(), "\r50%|a\x1b[K");
+        assert_eq!(w.deadline(), Some(t0 + Duration::from_millis(100)));
+        w.tick(t0 + Duration::from_millis(100));
+        assert_eq!(
+            err.text(),
+            "\r50%|a\x1b[K\r[0-2] 40%|b (slowest rank 1; 40-50%)\x1b[K"
+        );
+        err.bytes.lock().expect("lock").clear();
+        // A line on the same terminal (stdout: shared) erases the bar first; it comes back.
+        let t1 = t0 + Duration::from_millis(150);
+        w.accept(ranked(3, Stdout, "hello\n"), permit(&s), t1);
+        assert_eq!(err.text(), "\r\x1b[K");
+        assert_eq!(out.text(), "hello\n");
+        w.tick(t0 + Duration::from_millis(200));
+        assert_eq!(
+            err.text(),
+            "\r\x1b[K\r[0-2] 40%|b (slowest rank 1; 40-50%)\x1b[K"
+        );
+        err.bytes.lock().expect("lock").clear();
+        // A prompt: the bar is erased and not drawn into it, whatever changes.
+        let t2 = t0 + Duration::from_millis(300);
+        w.accept(partial(13, Stdout, "", "(Pdb) "), permit(&s), t2);
+        w.accept(bar_update(1, Stderr, "41%|b"), permit(&s), t2);
+        w.tick(t2 + Duration::from_millis(500));
+        assert_eq!(err.text(), "\r\x1b[K");
+        assert!(
+            w.deadline().is_none(),
+            "no busy wait while the prompt is open"
+        );
+        w.accept(
+            cont(13, Stdout, "", "c\n", false),
+            None,
+            t2 + Duration::from_millis(600),
+        );
+        assert!(err
+            .text()
+            .ends_with("\r[0-2] 41%|b (slowest rank 1; 41-50%)\x1b[K"));
+        err.bytes.lock().expect("lock").clear();
+        // Rank 1's final line ends its bar (erase, the line, the bar of the others).
+        let t3 = t0 + Duration::from_secs(2);
+        let mut fin = ranked(1, Stderr, "100%|b\n");
+        fin.ends_bar = true;
+        w.accept(fin, permit(&s), t3);
+        assert_eq!(
+            err.text(),
+            "\r\x1b[K100%|b\n\r[0,2] 45%|c (slowest rank 2; 45-50%)\x1b[K"
+        );
+        err.bytes.lock().expect("lock").clear();
+        // The end: the live line erased, the bars left written as lines.
+        w.close();
+        assert_eq!(err.text(), "\r\x1b[K50%|a\n45%|c\n");
+        assert_eq!(s.available_permits(), 1 << 20, "permits returned");
+    }
+
+    /// `--progress` on a pipe: an ordinary line at most once per interval.
+    #[test]
+    fn progress_stage_on_a_pipe() {
+        use Stream::*;
+        let (out, err) = (Rec::default(), Rec::default());
+        let (mut w, s) = writer(false, &out, &err);
+        let t0 = Instant::now();
+        let iv = Duration::from_secs(1);
+        w.set_progress([None, Some((false, iv))], t0);
+        let mut t = t0;
+        for i in 0..250u32 {
+            for r in 0..2 {
+                let text = format!("{}%|", i * 100 / 250 + r);
+                w.accept(bar_update(r as usize, Stderr, &text), permit(&s), t);
+            }
+            if w.deadline().is_some_and(|d| d <= t) {
+                w.tick(t);
+            }
+            t += Duration::from_millis(10);
+        }
+        // At t0 only rank 0's first update had come (its bar alone, as written); at 1 s and
+        // 2 s rank 0 had just moved to the value rank 1 already had.
+        assert_eq!(
+            err.text(),
+            "0%|\n[0-1] 40%| (all at 40%)\n[0-1] 80%| (all at 80%)\n"
+        );
+        assert!(!err.text().contains('\r'));
     }
 
     #[test]

@@ -24,6 +24,7 @@ use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
+use super::own::Stream;
 use super::prefix::{line_prefix, RankIdentity};
 use crate::config::LogConfig;
 
@@ -42,6 +43,8 @@ pub struct RunLogs {
     /// The place of the temporary run directory was logged.
     announced: bool,
     finished: bool,
+    /// `--progress` on for stdout, stderr (decided once per run in [`RunLogs::new`]).
+    progress: [bool; 2],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,14 +93,29 @@ pub struct RankSink {
     pub filtered_stderr: Option<PathBuf>,
     pub stdout_filters: Vec<String>,
     pub stderr_filters: Vec<String>,
+    /// `--progress`: the stream's `\r` bars go to the console's progress stage.
+    pub stdout_progress: bool,
+    pub stderr_progress: bool,
 }
 
 impl RunLogs {
-    /// Also sets the process-wide console's collapse stage (`--output`) for the run: the agent
-    /// makes one `RunLogs` per run, before any worker output.
+    /// Also sets the process-wide console's collapse stage (`--output`) and progress stage
+    /// (`--progress`) for the run: the agent makes one `RunLogs` per run, before any worker
+    /// output.
     pub fn new(log: &LogConfig, run_id: &str) -> Self {
-        super::Console::global().set_collapse(log.collapse.map(|c| (c.window, c.ranks)));
-        Self::with_temp_root(log, run_id, std::env::temp_dir())
+        let console = super::Console::global();
+        console.set_collapse(log.collapse.map(|c| (c.window, c.ranks)));
+        // `auto`: on a terminal, with more than one rank on the console; `one`: everywhere.
+        let setup = [Stream::Stdout, Stream::Stderr].map(|s| {
+            let tty = super::own::is_terminal(s);
+            log.progress
+                .filter(|p| p.forced || (tty && p.ranks > 1))
+                .map(|p| (tty, p.interval))
+        });
+        console.set_progress(setup);
+        let mut logs = Self::with_temp_root(log, run_id, std::env::temp_dir());
+        logs.progress = setup.map(|s| s.is_some());
+        logs
     }
 
     /// [`RunLogs::new`] with the directory used instead of `$TMPDIR` when `--log-dir` is unset.
@@ -116,6 +134,7 @@ impl RunLogs {
             file_only_streams: false,
             announced: false,
             finished: false,
+            progress: [false, false],
         }
     }
 
@@ -152,6 +171,8 @@ impl RunLogs {
                         sink: RankSink {
                             stdout_console: true,
                             stderr_console: true,
+                            stdout_progress: self.progress[0],
+                            stderr_progress: self.progress[1],
                             ..RankSink::default()
                         },
                     })
@@ -214,6 +235,8 @@ impl RunLogs {
                     filtered_stderr: filtered_stderr.clone(),
                     stdout_filters: self.log.duplicate_stdout_filters.clone(),
                     stderr_filters: self.log.duplicate_stderr_filters.clone(),
+                    stdout_progress: self.progress[0],
+                    stderr_progress: self.progress[1],
                 },
             });
         }
@@ -438,6 +461,7 @@ mod tests {
             duplicate_stdout_filters: vec!["loss".into()],
             duplicate_stderr_filters: vec![],
             collapse: None,
+            progress: None,
         };
         let mut logs = RunLogs::new(&log, "run/1");
         let ids: Vec<RankIdentity> = (0..12).map(id).collect();

@@ -19,6 +19,7 @@
 //! - [`console`]: the console writer thread (one write per run of whole lines, a byte budget).
 //! - [`chunk`]: the message a forwarder sends the console writer.
 //! - [`collapse`]: the writer's `--output collapse` stage (identical lines of several ranks once).
+//! - [`progress`]: the writer's `--progress` stage (the `\r` bars of several ranks as one line).
 //! - [`pump`]: the forwarding task per worker that ties the others together.
 //! - [`own`]: rdrun's own text on its stdout and stderr (log lines, report, events, status, hang
 //!   block): never a panic on a closed or full stream, never glued onto a worker's open line.
@@ -36,6 +37,7 @@ pub mod lines;
 pub mod logdir;
 pub mod own;
 pub mod prefix;
+pub mod progress;
 pub mod pump;
 pub mod tail;
 

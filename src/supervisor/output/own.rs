@@ -38,6 +38,9 @@ impl Stream {
 /// Per stream (stdout, stderr): the process-wide console's last write to it did not end with a
 /// newline (an open prompt, a `\r` progress line, a worker's last line while it is shown).
 static MID_LINE: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+/// Per stream: that open line is the progress stage's live bar, erased (`\r\x1b[K`) rather than
+/// ended with a newline before rdrun's own text (a snapshot of a bar is no line of anyone's).
+static LIVE: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
 
 /// rdrun's stdout and stderr, both locked (stdout first).
 pub(crate) struct Locked {
@@ -62,8 +65,39 @@ pub(crate) fn mid_line(_held: &Locked, stream: Stream) -> bool {
 /// held).
 pub(crate) fn wrote(_held: &Locked, stream: Stream, bytes: &[u8]) {
     if let Some(last) = bytes.last() {
-        MID_LINE[stream.index()].store(*last != b'\n', Ordering::Relaxed);
+        // A live bar's erase leaves the cursor at the start of an empty line.
+        let mid = *last != b'\n' && !bytes.ends_with(b"\r\x1b[K");
+        MID_LINE[stream.index()].store(mid, Ordering::Relaxed);
+        LIVE[stream.index()].store(false, Ordering::Relaxed);
     }
+}
+
+/// Records that the console's last write to `stream` (after [`wrote`]) was the progress
+/// stage's live bar (call with [`lock`] held).
+pub(crate) fn wrote_live(_held: &Locked, stream: Stream) {
+    LIVE[stream.index()].store(true, Ordering::Relaxed);
+}
+
+/// Whether rdrun's `stream` is a terminal (the progress stage draws a live line there).
+pub(crate) fn is_terminal(stream: Stream) -> bool {
+    use std::io::IsTerminal;
+    match stream {
+        Stream::Stdout => io::stdout().is_terminal(),
+        Stream::Stderr => io::stderr().is_terminal(),
+    }
+}
+
+/// The width in columns of the terminal rdrun's `stream` is, if it is one.
+pub(crate) fn columns(stream: Stream) -> Option<usize> {
+    let fd = match stream {
+        Stream::Stdout => 1,
+        Stream::Stderr => 2,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize into the zeroed struct we own; a non-terminal fd
+    // only returns -1.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } == 0;
+    (ok && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
 }
 
 /// stdout and stderr are one file (a TTY, `2>&1`), so a line left open on either is in the way
@@ -88,9 +122,14 @@ fn end_open_line(l: &mut Locked, stream: Stream) {
     let shared = shared_terminal();
     for s in [Stream::Stdout, Stream::Stderr] {
         if (s == stream || shared) && MID_LINE[s.index()].swap(false, Ordering::Relaxed) {
+            let end: &[u8] = if LIVE[s.index()].swap(false, Ordering::Relaxed) {
+                b"\r\x1b[K"
+            } else {
+                b"\n"
+            };
             let _ = match s {
-                Stream::Stdout => l.out.write_all(b"\n").and_then(|()| l.out.flush()),
-                Stream::Stderr => l.err.write_all(b"\n"),
+                Stream::Stdout => l.out.write_all(end).and_then(|()| l.out.flush()),
+                Stream::Stderr => l.err.write_all(end),
             };
         }
     }

@@ -6,6 +6,11 @@
 //! A console stream whose worker stops mid-line for [`PARTIAL_IDLE`] (a prompt) has the line's
 //! start sent as an open [`Chunk`]; the rest follows as its continuation (rules in `console`).
 //!
+//! With the progress stage on for a stream (`--progress`, rules in `progress`), a `\r` segment
+//! is not a console line: the text after the last `\r` of the line is sent as the rank's bar
+//! (as soon as it is read, not after the prompt's idle time, and never as an open line), and the
+//! line that a newline then ends is sent as an ordinary line marked as ending the bar.
+//!
 //! # The end of a worker
 //! Every byte a worker wrote before it ended is forwarded, however far behind the console is: no
 //! clock runs while there is data to read. Once the agent says the worker's processes are gone
@@ -94,6 +99,8 @@ struct StreamPlan {
     prefix: Vec<u8>,
     /// Aggregated filtered log and its filters (tee'd streams only).
     filtered: Option<(File, Vec<String>)>,
+    /// `--progress`: `\r` segments go to the console's progress stage as bar updates.
+    progress: bool,
 }
 
 impl StreamPlan {
@@ -131,6 +138,7 @@ impl StreamPlan {
                 }
                 _ => None,
             },
+            progress: false,
         }
     }
 }
@@ -221,8 +229,12 @@ async fn pump(
     let mut broken = console.broken(plan.stream);
     // Bytes of the held (unfinished) line already on the console.
     let mut shown = 0usize;
+    // Progress stage: the held line follows a `\r` (a bar), and the bar text last sent.
+    let mut after_cr = false;
+    let mut bar_sent: Option<Vec<u8>> = None;
     loop {
-        let idle_armed = plan.console && splitter.held_len() > shown;
+        let idle_armed =
+            plan.console && splitter.held_len() > shown && !(plan.progress && after_cr);
         let idle = match idle_armed {
             true => *idle_at.get_or_insert_with(|| tokio::time::Instant::now() + PARTIAL_IDLE),
             false => tokio::time::Instant::now(),
@@ -331,16 +343,33 @@ async fn pump(
             ..Chunk::default()
         };
         let mut filtered = Vec::new();
+        // The bar a `\r` segment of this read left (its text), for the progress stage.
+        let mut latest_bar: Option<Vec<u8>> = None;
         let mut sink = |seg: &[u8], end: End| {
             let nl: &[u8] = if end.needs_newline() { b"\n" } else { b"" };
             if plan.console {
-                if shown > 0 {
+                if plan.progress && shown == 0 && end == End::Return {
+                    // A bar's state, not a line (a lone `\r` only starts the next state).
+                    let text = content(seg, end);
+                    if !text.is_empty() {
+                        latest_bar = Some(text.to_vec());
+                    }
+                    after_cr = true;
+                } else if shown > 0 {
                     // The first segment ends the line whose start is already on the console.
                     chunk.continues = true;
                     chunk.cont.extend_from_slice(&seg[shown.min(seg.len())..]);
                     chunk.cont.extend_from_slice(nl);
                     shown = 0;
                 } else {
+                    if plan.progress && after_cr {
+                        // The line a `\r` bar was on ends here: its final state, a line of
+                        // its own; the stage forgets the rank's bar.
+                        chunk.ends_bar = true;
+                        latest_bar = None;
+                        bar_sent = None;
+                        after_cr = false;
+                    }
                     chunk.body.extend_from_slice(&plan.prefix);
                     chunk.body.extend_from_slice(seg);
                     chunk.body.extend_from_slice(nl);
@@ -380,6 +409,32 @@ async fn pump(
             }
         }
         console.send(chunk).await;
+        if plan.progress && plan.console && n > 0 {
+            // The bar as it reads now: the held text after a `\r`, else what the last `\r`
+            // segment of this read left.
+            let held = &splitter.held()[..splitter.held_len()];
+            let now = if after_cr && !held.is_empty() {
+                Some(held.to_vec())
+            } else {
+                latest_bar
+            };
+            if let Some(mut text) = now {
+                text.truncate(super::progress::MAX_BAR);
+                if bar_sent.as_ref() != Some(&text) {
+                    bar_sent = Some(text.clone());
+                    console
+                        .send(Chunk {
+                            source,
+                            stream: Some(plan.stream),
+                            prefix: plan.prefix.clone(),
+                            rank: Some(id.rank),
+                            bar: Some(text),
+                            ..Chunk::default()
+                        })
+                        .await;
+                }
+            }
+        }
         if n == 0 {
             if outlived {
                 // After the worker's last line is on the console, never inside it.
@@ -455,7 +510,7 @@ fn forward_counted(
     ended: Option<watch::Receiver<bool>>,
     activity: Option<Activity>,
 ) -> tokio::task::JoinHandle<OutputSummary> {
-    let out_plan = StreamPlan::new(
+    let mut out_plan = StreamPlan::new(
         Stream::Stdout,
         &id,
         &sink.stdout_file,
@@ -464,7 +519,8 @@ fn forward_counted(
         &sink.filtered_stdout,
         &sink.stdout_filters,
     );
-    let err_plan = StreamPlan::new(
+    out_plan.progress = sink.stdout_progress;
+    let mut err_plan = StreamPlan::new(
         Stream::Stderr,
         &id,
         &sink.stderr_file,
@@ -473,6 +529,7 @@ fn forward_counted(
         &sink.filtered_stderr,
         &sink.stderr_filters,
     );
+    err_plan.progress = sink.stderr_progress;
     tokio::spawn(async move {
         let out = pump(
             id.clone(),

@@ -492,3 +492,50 @@ fn ended_worker_with_a_reader_far_behind_loses_nothing() {
     let text = out.0.text();
     assert_eq!(text.lines().collect::<Vec<_>>(), want);
 }
+
+/// `--progress` on a stream: a tqdm-like bar (`\r` states written with pauses longer than the
+/// prompt's idle time, then a newline) is never shown as a prompt or as `\r` segments; the
+/// console gets the stage's line for it and the bar's final state as the rank's line, lines
+/// without `\r` as always; the log file gets every byte.
+#[test]
+fn progress_bars_go_to_the_stage_and_end_as_a_line() {
+    let scratch = Scratch::new();
+    let log = scratch.0.join("err.log");
+    let (c, _out, err) = console();
+    c.set_progress([None, Some((false, Duration::from_secs(60)))]);
+    let sink = RankSink {
+        stderr_file: Some(log.clone()),
+        stderr_progress: true,
+        ..plain()
+    };
+    let mut written = Vec::new();
+    let parts: Vec<&[u8]> = vec![
+        b"start\n",
+        b"\r  0%|     | 0/3",
+        b"\r 33%|#    | 1/3",
+        b"\r 67%|##   | 2/3",
+        b"\r100%|#####| 3/3",
+        b"\n",
+        b"after\n",
+        b"\r 50%|left open",
+    ];
+    for p in &parts {
+        written.extend_from_slice(p);
+    }
+    run_forward(c.clone(), id(0), sink, move |_o, mut e| {
+        for p in parts {
+            e.write_all(p).expect("w");
+            // Longer than PARTIAL_IDLE: a prompt would have been shown by now.
+            std::thread::sleep(PARTIAL_IDLE * 2);
+        }
+    });
+    rt().block_on(c.flush());
+    // Tee'd (file and console): prefixed lines. The first bar state is the stage's line (one
+    // per 60 s); the final state and the bar left open at EOF are the rank's lines.
+    assert_eq!(
+        err.text(),
+        "[default0]:start\n[default0]:  0%|     | 0/3\n[default0]:100%|#####| 3/3\n\
+         [default0]:after\n[default0]: 50%|left open\n"
+    );
+    assert_eq!(std::fs::read(&log).expect("log"), written, "log byte-exact");
+}

@@ -7,7 +7,9 @@
 //!   `io_idle_bytes`, its output by any byte, or it sent a heartbeat / timer message.
 //! * A rank is *exempt* while stopped (`T`), in tracing stop (`t`) or traced (`TracerPid ≠ 0`).
 //!   Leaving exemption counts as activity, so a long debugger session is not a hang the moment
-//!   it ends.
+//!   it ends. The `--debug-rank` rank is exempt for its whole life: debugpy pauses it with
+//!   threads of its own, nothing `/proc` shows; it also does not hold the startup phase open
+//!   (waiting for a client it shows no progress).
 //! * Phase *startup* lasts from spawn until every rank has shown *progress* — a heartbeat or
 //!   timer message, or output — or until `startup_budget` has passed since spawn; then
 //!   *steady*. CPU and I/O do not count as progress: every rank burns CPU importing torch.
@@ -190,7 +192,12 @@ impl Detector {
 
     /// The current phase.
     pub fn phase(&self, now: Instant) -> Phase {
-        let all_progressed = !self.ranks.is_empty() && self.ranks.values().all(|r| r.progressed);
+        let debug = self.settings.debug_rank;
+        let all_progressed = self.ranks.iter().any(|(k, _)| Some(*k) != debug)
+            && self
+                .ranks
+                .iter()
+                .all(|(k, r)| r.progressed || Some(*k) == debug);
         if all_progressed
             || now.saturating_duration_since(self.spawned_at) >= self.settings.startup_budget
         {
@@ -248,6 +255,7 @@ impl Detector {
         let io_idle = self.settings.io_idle_bytes;
         let mut any_active = false;
         let spawned = self.spawned_at;
+        let debug = self.settings.debug_rank;
         for s in samples {
             let r = self.rank(s.rank, s.pid, now);
             r.pid = s.pid;
@@ -260,7 +268,7 @@ impl Detector {
             }
             r.alive = true;
             let was_exempt = r.exempt;
-            r.exempt = cur.exempt();
+            r.exempt = cur.exempt() || debug == Some(s.rank);
             let mut active = was_exempt && !r.exempt;
             // A worker starts from zero counters at spawn: the first sample's deltas are
             // measured from there, so activity before the first poll is not lost.
@@ -553,6 +561,55 @@ mod tests {
         assert_eq!(v.reason, HangReason::Quiescence);
         assert_eq!(v.action, HangMode::Kill);
         assert_eq!(v.ranks.len(), 2);
+    }
+
+    /// `--debug-rank 1`: rank 1's pause (quiet, waiting for a client, never printing) is no
+    /// hang and does not hold the startup phase; the other ranks are judged as always, so
+    /// their quiet still is one. Without the flag the same samples give verdicts.
+    #[test]
+    fn the_debug_rank_is_exempt_the_others_are_not() {
+        let debug = HangSettings {
+            debug_rank: Some(1),
+            ..settings()
+        };
+        // Rank 0 prints at t=10 and then goes quiet at t=60; rank 1 never does anything.
+        let f = |t: u64| {
+            let out = if t >= 10 { 5 + t.min(60) } else { 0 };
+            vec![smp(0, 1.0, 0, out), smp(1, 1.0, 0, 0)]
+        };
+        let t0 = Instant::now();
+        let mut d = Detector::new(&debug, HangMode::Kill, t0);
+        let (t, v) = first_verdict(&mut d, t0, 0, 1000, f).expect("rank 0's quiet is a hang");
+        assert_eq!(
+            v.phase,
+            Phase::Steady,
+            "the debug rank does not hold startup"
+        );
+        assert_eq!(t, 160, "steady budget from rank 0's last output");
+        let view = |r: u32| v.ranks.iter().find(|x| x.rank == r).expect("rank");
+        assert!(view(1).exempt && !view(0).exempt);
+        // Without the flag rank 1's silence keeps startup: the verdict comes at its budget.
+        let mut d = Detector::new(&settings(), HangMode::Kill, t0);
+        let (t, _) = first_verdict(&mut d, t0, 0, 1000, f).expect("verdict");
+        assert_eq!(t, 200);
+        // Rank 0 finished (exit 0) while rank 1 is paused: no exit-skew verdict with the flag.
+        let g = |t: u64| {
+            let out = if t >= 10 { 5 } else { 0 };
+            vec![smp(0, 1.0, 0, out), smp(1, 1.0, 0, 0)]
+        };
+        let mut d = Detector::new(&debug, HangMode::Kill, t0);
+        assert!(d.observe(t0 + 10 * S, &g(10)).is_none());
+        d.rank_exited(0, 0, t0 + 12 * S);
+        assert!(
+            first_verdict(&mut d, t0, 15, 2000, |_| vec![smp(1, 1.0, 0, 0)]).is_none(),
+            "the paused debug rank alone is never a hang"
+        );
+        let mut d = Detector::new(&settings(), HangMode::Kill, t0);
+        assert!(d.observe(t0 + 10 * S, &g(10)).is_none());
+        d.rank_exited(0, 0, t0 + 12 * S);
+        let (_, v) = first_verdict(&mut d, t0, 15, 2000, |_| vec![smp(1, 1.0, 0, 0)])
+            .expect("exit skew without the flag");
+        assert!(matches!(v.reason, HangReason::ExitSkew { .. }));
     }
 
     #[test]

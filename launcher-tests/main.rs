@@ -75,3 +75,4 @@ mod train;
 mod util;
 mod verdict;
 mod warm;
+mod warm_io;

@@ -79,7 +79,7 @@ if what == "sigterm":
         sys.exit(1)
 "#;
 
-fn write(dir: &Path, name: &str, text: &str) {
+pub fn write(dir: &Path, name: &str, text: &str) {
     let path = dir.join(name);
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).unwrap();
@@ -89,7 +89,7 @@ fn write(dir: &Path, name: &str, text: &str) {
 
 /// An rdrun invocation with the torch venv's python, in `dir`, with INFO logs (the template's
 /// "ready" line) and `--warm-start on`.
-fn warm_rdrun(py: &Path, dir: &Path) -> Rdrun {
+pub fn warm_rdrun(py: &Path, dir: &Path) -> Rdrun {
     Rdrun::new()
         .timeout(TIMEOUT)
         .env("PYTHON_EXEC", py)
@@ -99,7 +99,7 @@ fn warm_rdrun(py: &Path, dir: &Path) -> Rdrun {
 }
 
 /// The probe's record of every (rank, attempt).
-fn records(dir: &Path) -> BTreeMap<(u64, u64), serde_json::Value> {
+pub fn records(dir: &Path) -> BTreeMap<(u64, u64), serde_json::Value> {
     let mut out = BTreeMap::new();
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();

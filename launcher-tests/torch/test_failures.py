@@ -9,7 +9,9 @@ import json
 import re
 from pathlib import Path
 
-from conftest import SCRIPTS
+import pytest
+
+from conftest import SCRIPTS, check_warm
 
 
 def root_cause_section(text: str) -> str:
@@ -25,6 +27,7 @@ def root_cause_section(text: str) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.warm
 def test_restart_after_failure(launcher, procs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -45,12 +48,16 @@ def test_restart_after_failure(launcher, procs, tmp_path):
         timeout=240,
     )
     assert r.rc == 0, r.describe()
+    if launcher.is_warm:
+        # Both attempts' workers forked from the template (it survives the restart).
+        assert not check_warm(r, forks=4), f"{check_warm(r, forks=4)}\n{r.describe()}"
     for rank in range(2):
         attempts = (out / f"attempts_rank{rank}.txt").read_text().split("\n")
         assert attempts == ["0 1", "1 1", ""], f"rank {rank}: restart counts seen: {attempts}"
         assert (out / f"done_rank{rank}.txt").read_text() == "1\n"
 
 
+@pytest.mark.warm
 def test_failure_report_without_record(launcher, procs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -76,6 +83,7 @@ def test_failure_report_without_record(launcher, procs, tmp_path):
     assert (out / "attempts_rank1.txt").read_text() == "0 0\n"
 
 
+@pytest.mark.warm
 def test_worker_exit_status(launcher, procs, tmp_path):
     """rank 1 exits 3: rdrun exits 3 (the worker's status); torchrun collapses it to 1."""
     script = tmp_path / "exit3.py"
@@ -91,6 +99,7 @@ def test_worker_exit_status(launcher, procs, tmp_path):
     assert re.search(r"exitcode\s*:\s*3\b", root), root
 
 
+@pytest.mark.warm
 def test_record_error_file(launcher, procs, tmp_path):
     logs = tmp_path / "logs"
     r = procs.run(

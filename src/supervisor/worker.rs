@@ -376,6 +376,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
         args: &spec.args,
         env: &spec.env,
         cpus: spec.cpus.as_deref(),
+        stdin: spec.stdin,
         cgroup_fd: spec.cgroup_fd,
         watchdog_fd: spec.watchdog_fd,
     };

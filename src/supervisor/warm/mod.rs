@@ -59,6 +59,9 @@ pub struct Job<'a> {
     /// Overlay on rdrun's environment.
     pub env: &'a [(String, String)],
     pub cpus: Option<&'a [usize]>,
+    /// Whether the worker reads rdrun's stdin (`--stdin`); else it gets `/dev/null`, as a cold
+    /// worker does.
+    pub stdin: bool,
     pub cgroup_fd: Option<RawFd>,
     pub watchdog_fd: Option<RawFd>,
 }
@@ -271,8 +274,19 @@ fn fork(t: &mut Template, spec: &Job<'_>) -> Result<Result<Forked, String>, Temp
         Err(e) => return Ok(Err(format!("cannot read the working directory: {e}"))),
     };
     let env = crate::workerenv::inherited_env_with(spec.env);
-    // SAFETY: fcntl(2) F_GETFD only asks whether fd 0 is open.
-    let stdin_open = unsafe { libc::fcntl(0, libc::F_GETFD) } != -1;
+    // What a cold spawn gives: rdrun's stdin to a rank that reads it (none when rdrun's fd 0 is
+    // closed), `/dev/null` to every other rank (`--stdin N|none`).
+    let devnull;
+    let stdin = if spec.stdin {
+        // SAFETY: fcntl(2) F_GETFD only asks whether fd 0 is open.
+        (unsafe { libc::fcntl(0, libc::F_GETFD) } != -1).then_some(0)
+    } else {
+        devnull = match std::fs::File::open("/dev/null") {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(format!("cannot open /dev/null for stdin: {e}"))),
+        };
+        Some(devnull.as_raw_fd())
+    };
     let req = Request {
         cwd: &cwd,
         cpus: spec.cpus,
@@ -280,7 +294,7 @@ fn fork(t: &mut Template, spec: &Job<'_>) -> Result<Result<Forked, String>, Temp
         env: &env,
         stdout: out_w.as_raw_fd(),
         stderr: err_w.as_raw_fd(),
-        stdin: stdin_open.then_some(0),
+        stdin,
     };
     let reply = t.fork(&req, FORK_TIMEOUT)?;
     // The template holds its copies now (or declined): ours must close, or EOF never comes.

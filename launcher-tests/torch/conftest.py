@@ -7,7 +7,10 @@ What this file owns:
   (default "torchrun,rdrun"): every scenario runs under torchrun too, so the test itself is known
   to be right about PyTorch before it judges rdrun. A test marked `warm` also runs under
   "rdrun-warm" (rdrun `--warm-start on`, docs/warm-start.md) unless RDRUN_COMPAT_WARM=0; such a
-  run must show that its workers were forked from the template (`check_warm`);
+  run must show that its workers were forked from the template (`check_warm`).
+  RDRUN_COMPAT_WARM=all instead runs every rdrun launch of the suite warm (RDRUN_WARM_START=on)
+  and checks each one that runs a Python script the same way (how the default was judged,
+  docs/warm-start.md "Default");
 - `procs`: starts launchers in their own session with a per-test tag in the environment, and on
   teardown kills (by PID) anything still carrying the tag — the launcher, its workers, and
   workers the launcher orphaned. Leftovers after a launcher exited on its own fail the test:
@@ -150,7 +153,19 @@ def pytest_configure(config):
 
 
 def warm_enabled() -> bool:
-    return os.environ.get("RDRUN_COMPAT_WARM", "1") != "0"
+    return os.environ.get("RDRUN_COMPAT_WARM", "1") not in ("0", "all")
+
+
+def warm_all() -> bool:
+    return os.environ.get("RDRUN_COMPAT_WARM") == "all"
+
+
+def is_warm_run(cmd: list[str]) -> bool:
+    """Whether this launch must show warm workers: the rdrun-warm launcher's, or under
+    RDRUN_COMPAT_WARM=all any rdrun launch of a Python script (`--no-python`: cold by design)."""
+    if f"RUST_LOG={WARM_LOG}" in cmd:
+        return True
+    return warm_all() and Path(cmd[0]).name == "rdrun" and "--no-python" not in cmd
 
 
 def pytest_generate_tests(metafunc):
@@ -195,6 +210,9 @@ def base_env(tag: str) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env[TAG_VAR] = tag
+    if warm_all():
+        env["RDRUN_WARM_START"] = "on"
+        env["RUST_LOG"] = WARM_LOG
     return env
 
 
@@ -363,7 +381,7 @@ class Procs:
     def cleanup(self) -> list[str]:
         problems = []
         for r in self.running:
-            if r.result is not None and f"RUST_LOG={WARM_LOG}" in r.cmd:
+            if r.result is not None and is_warm_run(r.cmd):
                 problems += [f"warm run: {p}" for p in check_warm(r.result)]
         # Once we SIGKILL a launcher, its workers are orphaned by us, not left behind by it.
         killed_by_us = any(r.result is not None and r.result.timed_out for r in self.running)

@@ -30,27 +30,78 @@ const FORK_TIMEOUT: Duration = Duration::from_secs(30);
 /// Templates started per run at most (the first and replacements of dead ones).
 const MAX_TEMPLATES: u32 = 4;
 
-/// Prefixes of the variables that torch, its BLAS/OpenMP runtimes, the dynamic loader and the
-/// interpreter read at start-up or import time: a worker whose value differs from the
-/// template's would silently get the template's, so it is spawned cold instead.
+/// Prefixes of the variables read while the template starts and imports torch: a worker whose
+/// value differs from the template's would silently get the template's, so it is spawned cold
+/// instead. Measured with `scripts/import-env-vars.py` (getenv(3) interposed, `os.environ`
+/// lookups recorded; torch 2.15, numpy 2.4; the per-variable list is in docs/warm-start.md),
+/// plus what glibc and the dynamic loader read internally, which no interposer sees (`LD_`,
+/// `MALLOC_`, `GLIBC_`, the locale). A whole family is listed where the measurement found some
+/// of its members: other versions read other members.
 pub const IMPORT_TIME_PREFIXES: &[&str] = &[
+    // The interpreter at start-up; the loader, allocator, tunables and locale (glibc).
     "PYTHON",
+    "_PYTHON",
     "LD_",
+    "MALLOC_",
+    "GLIBC_",
+    "LC_",
+    // OpenMP (libgomp, Intel's), BLAS and oneDNN, at library load.
     "OMP_",
+    "GOMP_",
     "KMP_",
     "MKL_",
+    "MKLDNN_",
+    "DNNL_",
+    "ONEDNN_",
     "OPENBLAS_",
     "GOTO_",
     "BLIS_",
+    "GFORTRAN_",
+    // MPI sizes MKL reads at load.
+    "I_MPI_",
+    "OMPI_",
+    // numpy's CPU dispatch and allocator.
+    "NPY_",
+    "NUMPY_",
+    // torch (C++ and Python), its compilers and profilers at import.
     "TORCH_",
+    "TORCHDYNAMO_",
+    "TORCHINDUCTOR_",
+    "TORCHEXPORT_",
     "PYTORCH_",
+    "FX_",
+    "COMPILE_STROBELIGHT_",
+    "KINETO_",
+    // CUDA and ROCm libraries loaded by `import torch`.
     "CUDA_",
+    "CUBLAS",
+    "NVRTC_",
+    "LIBNVVM_",
+    "NV_",
+    "NVIDIA_",
     "HIP_",
     "ROCR_",
-    "NVIDIA_",
-    "MALLOC_",
-    "GLIBC_",
+    "LLVM_",
+    "OPENSSL_",
 ];
+
+/// Single variables read at import (same measurement) outside the families above.
+pub const IMPORT_TIME_NAMES: &[&str] = &[
+    "LANG",
+    "HOME",
+    "MPI_LOCALNRANKS",
+    "INTEL_LIBITTNOTIFY64",
+    "ACC_DEVICE_NUM",
+    "ACC_DEVICE_TYPE",
+    "GLIBCXX_TUNABLES",
+    "AS_SECURE_LOG_FILE",
+    "CASK_LOG_INFO",
+];
+
+/// Whether `name` is read when the template starts or imports (so it must be the worker's).
+pub fn read_at_import(name: &str) -> bool {
+    IMPORT_TIME_NAMES.contains(&name) || IMPORT_TIME_PREFIXES.iter().any(|p| name.starts_with(p))
+}
 
 /// What a fork needs of the worker's spawn spec (`worker::SpawnSpec`'s fields).
 pub struct Job<'a> {
@@ -330,7 +381,6 @@ fn import_time_difference(
     template: &[(String, String)],
     worker: &[(String, String)],
 ) -> Option<String> {
-    let read_at_import = |k: &str| IMPORT_TIME_PREFIXES.iter().any(|p| k.starts_with(p));
     let get = |set: &[(String, String)], k: &str| {
         set.iter()
             .rev()
@@ -424,6 +474,45 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn measured_import_time_variables_are_covered() {
+        // A sample of what scripts/import-env-vars.py found read during `import torch`.
+        for name in [
+            "OMP_NUM_THREADS",
+            "GOMP_SPINCOUNT",
+            "MKL_NUM_THREADS",
+            "MKLDNN_VERBOSE",
+            "OPENBLAS_NUM_THREADS",
+            "NPY_DISABLE_CPU_FEATURES",
+            "TORCH_SHOW_CPP_STACKTRACES",
+            "TORCH_LOGS",
+            "TORCHDYNAMO_TRANSLATION_VALIDATION",
+            "TORCHINDUCTOR_FORCE_DISABLE_CACHES",
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "KINETO_USE_DAEMON",
+            "CUBLAS_LOGINFO_DBG",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "MPI_LOCALNRANKS",
+            "PYTHONHASHSEED",
+            "LC_ALL",
+            "LANG",
+            "CUDA_VISIBLE_DEVICES",
+        ] {
+            assert!(read_at_import(name), "{name}");
+        }
+        assert!(!read_at_import("RANK"));
+        assert!(!read_at_import("GLOO_SOCKET_IFNAME"));
+    }
+
+    /// The template is started without the per-rank contract variables: that is only right
+    /// while none of them is read at import (measured: WORLD_SIZE and MASTER_* at first use).
+    #[test]
+    fn no_contract_variable_is_read_at_import() {
+        for name in crate::workerenv::CONTRACT_VARS {
+            assert!(!read_at_import(name), "{name}");
+        }
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! forked workers reach the console whole (the checks of `output::ranks_never_interleave` with
 //! Python workers forked from the template), a prompt (`input()`) on the one rank that reads a
 //! terminal through `--stdin 0` while the other rank reads `/dev/null` as a cold one would, and
-//! `torch.multiprocessing` spawn (fresh interpreters started from inside a forked worker).
+//! `torch.multiprocessing` spawn (fresh interpreters started from inside a forked worker), and
+//! what a preloaded module prints at import shown by every worker, as cold.
 //! Every worker records whether it was forked warm (`torch` already imported before the script
 //! imported anything); each test asserts it, so a silent cold fallback fails.
 
@@ -176,4 +177,58 @@ fn warm_torch_multiprocessing_spawn() {
             assert_eq!(got.ok().as_deref(), Some(&*(3 + i).to_string()), "{o:?}");
         }
     }
+}
+
+/// What a preloaded module prints while it is imported (a banner on stdout, a warning on stderr)
+/// reaches every warm worker's own output, as it does when a cold worker imports the module.
+#[test]
+fn warm_import_time_output_is_shown_per_worker_as_cold() {
+    let Some(py) = torch_python() else { return };
+    let dir = TempDir::new("warm_importout");
+    write(
+        dir.path(),
+        "noisy.py",
+        "import warnings\nprint('noisy banner', flush=True)\nwarnings.warn('noisy import warning')\n",
+    );
+    let script =
+        format!("{RECORD}\nimport noisy\nprint('rank %d after import' % rank, flush=True)\n");
+    write(dir.path(), "imports.py", &script);
+    // The worker's own lines: rdrun's log lines start with their time stamp.
+    let own = |text: &str| {
+        let mut v: Vec<String> = text
+            .lines()
+            .filter(|l| !l.starts_with("20"))
+            .map(str::to_string)
+            .collect();
+        v.sort();
+        v
+    };
+    let mut seen = Vec::new();
+    for mode in ["off", "on"] {
+        let out = dir.join(mode);
+        std::fs::create_dir_all(&out).unwrap();
+        let o = warm_rdrun(&py, dir.path())
+            .args(["--warm-start", mode, "--preload", "noisy"])
+            .args(["--nproc-per-node", "2", "imports.py"])
+            .arg(&out)
+            .run();
+        o.assert_code(0);
+        for rank in 0..2u64 {
+            assert_eq!(
+                records(&out)[&(rank, 0)]["preloaded"],
+                mode == "on",
+                "{o:?}"
+            );
+        }
+        assert_eq!(o.stdout.matches("noisy banner").count(), 2, "{mode}: {o:?}");
+        assert_eq!(
+            o.stderr
+                .matches("UserWarning: noisy import warning")
+                .count(),
+            2,
+            "{mode}: {o:?}"
+        );
+        seen.push((own(&o.stdout), own(&o.stderr)));
+    }
+    assert_eq!(seen[0], seen[1], "cold vs warm output differ");
 }

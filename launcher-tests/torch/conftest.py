@@ -100,7 +100,6 @@ class Launcher:
 # lines, one per worker forked from the template (the evidence `check_warm` reads).
 WARM_LOG = "warn,rdrun::supervisor::warm=debug"
 WARM_FORKED = "worker forked from the template"
-WARM_READY = "warm start: template interpreter pid"
 
 
 def get_launcher(name: str) -> Launcher:

@@ -62,7 +62,8 @@ run_one() {
     echo "bench-launch-torch: error: the $kind run with $n ranks did not print $n lines" >&2
     exit 1
   fi
-  cat "$MARKS"/r* | awk -v s="$start" '{ if ($1 > m) m = $1 } END { printf "%.3f\n", (m - s) / 1e9 }' \
+  # One stamp per file, no newline after it: awk reads each file as one record.
+  awk -v s="$start" '{ if ($1 > m) m = $1 } END { printf "%.3f\n", (m - s) / 1e9 }' "$MARKS"/r* \
     >>"$TMP/res.$kind.$n"
 }
 

@@ -11,7 +11,7 @@ Two recorders run in one interpreter:
 The interpreter then goes through phases, each announced on the same pipe: `import` (import
 torch, then every module named with --preload), `first-use` (CPU tensor ops, autograd, an nn
 module, a DataLoader without workers, a gloo process group of one over a TCPStore, destroyed),
-and prints per variable the phases that read it, C and/or Python.
+and `end` (interpreter exit). Printed: per variable, the phases that read it, C and/or Python.
 
 Usage: import-env-vars.py [--python PY] [--preload mod1,mod2] [--json]
 """
@@ -140,7 +140,7 @@ def main():
                   indent=1, sort_keys=True)
         print()
         return
-    order = ["startup", "import", "first-use"]
+    order = ["startup", "import", "first-use", "end"]
     print(f"{'variable':40} {'first read':10} read in")
     for name in sorted(seen, key=lambda n: (min(order.index(p) if p in order else 9 for p in seen[n]), n)):
         ph = seen[name]

@@ -41,10 +41,21 @@ info = dict(
     blocked=sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
     cmdline=[a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\0")],
 )
-with open(os.path.join(out_dir, "r%d.a%d.json" % (rank, attempt)), "w") as f:
+path = os.path.join(out_dir, "r%d.a%d.json" % (rank, attempt))
+with open(path + ".tmp", "w") as f:
     json.dump(info, f)
+os.rename(path + ".tmp", path)  # whole or absent, whenever rdrun stops this rank
 what, _, who = action.partition("@")
 me = who != "" and int(who) == rank
+if me and what in ("exit3", "raise", "sysexit-msg", "os_exit5"):
+    # Fail only once every rank has written its record: rdrun stops the others at the failure.
+    import time
+    world = int(os.environ["WORLD_SIZE"])
+    deadline = time.time() + 120
+    while time.time() < deadline and not all(
+        os.path.exists(os.path.join(out_dir, "r%d.a%d.json" % (r, attempt))) for r in range(world)
+    ):
+        time.sleep(0.02)
 if what == "exit3" and me:
     sys.exit(3)
 if what == "kill" and me and attempt == 0:

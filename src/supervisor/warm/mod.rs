@@ -69,6 +69,13 @@ pub const IMPORT_TIME_PREFIXES: &[&str] = &[
     "TORCHINDUCTOR_",
     "TORCHEXPORT_",
     "PYTORCH_",
+    // What the DDP preload list (torch._dynamo, torch._inductor) reads at its import.
+    "INDUCTOR_",
+    "AOT_INDUCTOR_",
+    "AOTINDUCTOR_",
+    "TRITON_",
+    "SYMPY_",
+    "MPMATH_",
     "FX_",
     "COMPILE_STROBELIGHT_",
     "KINETO_",
@@ -498,6 +505,10 @@ mod tests {
             "PYTHONHASHSEED",
             "LC_ALL",
             "LANG",
+            // With --preload torch._dynamo,torch._inductor,torch.onnx.
+            "TRITON_INTERPRET",
+            "AOT_INDUCTOR_DEBUG_COMPILE",
+            "SYMPY_USE_CACHE",
             "CUDA_VISIBLE_DEVICES",
         ] {
             assert!(read_at_import(name), "{name}");

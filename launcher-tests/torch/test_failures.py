@@ -123,3 +123,40 @@ def test_record_error_file(launcher, procs, tmp_path):
     assert err_file.as_posix().endswith("/attempt_0/1/error.json"), err_file
     data = json.loads(err_file.read_text())
     assert "recorded failure from rank 1: xyzzy-42" in data["message"]["message"], data
+
+
+@pytest.mark.warm
+def test_restart_resumes_from_checkpoint(launcher, procs, tmp_path, compat_results):
+    """Rank 1 dies after epoch 1's checkpoint; the restarted attempt resumes from epoch 2 and
+    ends with the weights of an uninterrupted run (the first launcher of the session makes that
+    reference run)."""
+    env = procs.env()
+    if not launcher.is_rdrun:
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as in test_restart_after_failure
+
+    def run(mode):
+        out = tmp_path / mode
+        out.mkdir()
+        r = procs.run(
+            launcher.cmd(
+                "--standalone", "--nproc-per-node", "2", "--max-restarts=1",
+                SCRIPTS / "resume_train.py", out, mode,
+            ),
+            env=env,
+            timeout=240,
+        )
+        assert r.rc == 0, r.describe()
+        return r, [json.loads((out / f"result{rank}.json").read_text()) for rank in range(2)]
+
+    if "resume" not in compat_results:
+        _, straight = run("straight")
+        assert [s["start"] for s in straight] == [0, 0], straight
+        compat_results["resume"] = straight[0]["digest"]
+    r, resumed = run("crash")
+    if launcher.is_warm:
+        assert not check_warm(r, forks=4), f"{check_warm(r, forks=4)}\n{r.describe()}"
+    for rank, res in enumerate(resumed):
+        assert res["attempt"] == 1 and res["start"] == 2, f"rank {rank}: {res}"
+        assert res["digest"] == compat_results["resume"], (
+            f"rank {rank}: resumed weights differ from an uninterrupted run"
+        )

@@ -232,3 +232,38 @@ fn warm_import_time_output_is_shown_per_worker_as_cold() {
     }
     assert_eq!(seen[0], seen[1], "cold vs warm output differ");
 }
+
+/// Two static nodes on loopback whose template import takes longer than the rendezvous
+/// heartbeat budget (5 s): the template imports before the first rendezvous, so no node is
+/// dropped for missing heartbeats while it waits, and every worker is forked warm.
+#[test]
+fn warm_slow_template_import_does_not_starve_multi_node_heartbeats() {
+    let Some(py) = torch_python() else { return };
+    let dir = TempDir::new("warm_slowimport");
+    write(dir.path(), "slowmod.py", "import time\ntime.sleep(8)\n");
+    write(dir.path(), "node.py", RECORD);
+    let port = crate::util::free_port().to_string();
+    let node = |rank: &str| {
+        warm_rdrun(&py, dir.path())
+            .args([
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                rank,
+            ])
+            .args(["--master-addr", "127.0.0.1", "--master-port", &port])
+            .args(["--preload", "slowmod", "node.py"])
+            .arg(dir.path())
+            .spawn()
+    };
+    let (a, b) = (node("0"), node("1"));
+    let (a, b) = (a.wait(), b.wait());
+    a.assert_code(0);
+    b.assert_code(0);
+    for o in [&a, &b] {
+        assert!(!o.stderr.contains("heartbeat"), "{o:?}");
+    }
+    assert_all_warm(dir.path(), 2);
+}

@@ -196,6 +196,17 @@ impl WarmStart {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.spawn(spec)
     }
+
+    /// Starts the template now, for workers like `spec` (local rank 0 of a placeholder
+    /// assignment), and waits for its imports: the agent calls it before the first rendezvous,
+    /// while this node is in no round whose heartbeats a blocked agent would miss. The first
+    /// real spawn then finds it ready (it checks the import-time variables as always).
+    pub fn prestart(&self, spec: &Job<'_>) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if !inner.off {
+            inner.ensure_template(spec);
+        }
+    }
 }
 
 impl Drop for WarmStart {
@@ -237,55 +248,10 @@ impl Inner {
     }
 
     fn spawn(&mut self, spec: &Job<'_>) -> Option<Forked> {
-        if self.off {
+        if self.off || !self.ensure_template(spec) {
             return None;
         }
-        if self.template.as_ref().is_some_and(|t| !t.alive()) {
-            let mut t = self.template.take().expect("checked");
-            end(&mut t);
-            self.say(
-                "died",
-                format!(
-                    "the template interpreter (pid {}) died; starting a new one",
-                    t.pid
-                ),
-            );
-        }
-        if self.template.is_none() {
-            if self.started >= MAX_TEMPLATES {
-                self.give_up(format!("{MAX_TEMPLATES} template interpreters died"));
-                return None;
-            }
-            self.started += 1;
-            let start = TemplateStart {
-                python: spec.program.to_path_buf(),
-                env: template_env(spec.env),
-                path0: path0(spec.args),
-                preload: self.preload.clone(),
-                worker_cmdline: std::iter::once(spec.program.as_os_str().to_owned())
-                    .chain(spec.args.iter().cloned())
-                    .collect(),
-                cgroup_fd: spec.cgroup_fd,
-                watchdog_fd: spec.watchdog_fd,
-            };
-            let began = std::time::Instant::now();
-            match Template::start(&start, START_TIMEOUT) {
-                Ok(t) => {
-                    tracing::info!(
-                        "warm start: template interpreter pid {} ready in {:.2} s",
-                        t.pid,
-                        began.elapsed().as_secs_f64()
-                    );
-                    super::proctree::note_helper(t.pid);
-                    self.template = Some(t);
-                }
-                Err(err) => {
-                    self.give_up(err.to_string());
-                    return None;
-                }
-            }
-        }
-        let t = self.template.as_mut().expect("started above");
+        let t = self.template.as_mut().expect("ensured above");
         if let Some(var) = import_time_difference(&t.env, spec.env) {
             self.say(
                 &format!("env {var}"),
@@ -312,6 +278,57 @@ impl Inner {
                 None
             }
         }
+    }
+
+    /// A live, ready template (started now, waiting for its imports, when there is none);
+    /// false when none can be had (said why).
+    fn ensure_template(&mut self, spec: &Job<'_>) -> bool {
+        if self.template.as_ref().is_some_and(|t| !t.alive()) {
+            let mut t = self.template.take().expect("checked");
+            end(&mut t);
+            self.say(
+                "died",
+                format!(
+                    "the template interpreter (pid {}) died; starting a new one",
+                    t.pid
+                ),
+            );
+        }
+        if self.template.is_none() {
+            if self.started >= MAX_TEMPLATES {
+                self.give_up(format!("{MAX_TEMPLATES} template interpreters died"));
+                return false;
+            }
+            self.started += 1;
+            let start = TemplateStart {
+                python: spec.program.to_path_buf(),
+                env: template_env(spec.env),
+                path0: path0(spec.args),
+                preload: self.preload.clone(),
+                worker_cmdline: std::iter::once(spec.program.as_os_str().to_owned())
+                    .chain(spec.args.iter().cloned())
+                    .collect(),
+                cgroup_fd: spec.cgroup_fd,
+                watchdog_fd: spec.watchdog_fd,
+            };
+            let began = std::time::Instant::now();
+            match Template::start(&start, START_TIMEOUT) {
+                Ok(t) => {
+                    tracing::info!(
+                        "warm start: template interpreter pid {} ready in {:.2} s",
+                        t.pid,
+                        began.elapsed().as_secs_f64()
+                    );
+                    super::proctree::note_helper(t.pid);
+                    self.template = Some(t);
+                }
+                Err(err) => {
+                    self.give_up(err.to_string());
+                    return false;
+                }
+            }
+        }
+        true
     }
 }
 

@@ -40,7 +40,8 @@
 //! - `rankctl`: per-rank control (issue 29): `--wrap` on chosen ranks (a recording wrapper,
 //!   strace), `--stdin` to one rank (piped, and pdb at a tmux terminal).
 //! - `warm`: warm starts (workers forked from the template interpreter) with real PyTorch:
-//!   what a worker sees, restarts, fallbacks to cold, containment.
+//!   what a worker sees, restarts, fallbacks to cold, containment; `warm_io`: their output
+//!   bursts, a terminal prompt with `--stdin 0`, `torch.multiprocessing` spawn, import output.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
@@ -81,3 +82,4 @@ mod train;
 mod util;
 mod verdict;
 mod warm;
+mod warm_io;

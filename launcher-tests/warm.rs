@@ -41,10 +41,21 @@ info = dict(
     blocked=sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
     cmdline=[a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\0")],
 )
-with open(os.path.join(out_dir, "r%d.a%d.json" % (rank, attempt)), "w") as f:
+path = os.path.join(out_dir, "r%d.a%d.json" % (rank, attempt))
+with open(path + ".tmp", "w") as f:
     json.dump(info, f)
+os.rename(path + ".tmp", path)  # whole or absent, whenever rdrun stops this rank
 what, _, who = action.partition("@")
 me = who != "" and int(who) == rank
+if me and what in ("exit3", "raise", "sysexit-msg", "os_exit5"):
+    # Fail only once every rank has written its record: rdrun stops the others at the failure.
+    import time
+    world = int(os.environ["WORLD_SIZE"])
+    deadline = time.time() + 120
+    while time.time() < deadline and not all(
+        os.path.exists(os.path.join(out_dir, "r%d.a%d.json" % (r, attempt))) for r in range(world)
+    ):
+        time.sleep(0.02)
 if what == "exit3" and me:
     sys.exit(3)
 if what == "kill" and me and attempt == 0:
@@ -79,7 +90,7 @@ if what == "sigterm":
         sys.exit(1)
 "#;
 
-fn write(dir: &Path, name: &str, text: &str) {
+pub fn write(dir: &Path, name: &str, text: &str) {
     let path = dir.join(name);
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).unwrap();
@@ -89,7 +100,7 @@ fn write(dir: &Path, name: &str, text: &str) {
 
 /// An rdrun invocation with the torch venv's python, in `dir`, with INFO logs (the template's
 /// "ready" line) and `--warm-start on`.
-fn warm_rdrun(py: &Path, dir: &Path) -> Rdrun {
+pub fn warm_rdrun(py: &Path, dir: &Path) -> Rdrun {
     Rdrun::new()
         .timeout(TIMEOUT)
         .env("PYTHON_EXEC", py)
@@ -99,7 +110,7 @@ fn warm_rdrun(py: &Path, dir: &Path) -> Rdrun {
 }
 
 /// The probe's record of every (rank, attempt).
-fn records(dir: &Path) -> BTreeMap<(u64, u64), serde_json::Value> {
+pub fn records(dir: &Path) -> BTreeMap<(u64, u64), serde_json::Value> {
     let mut out = BTreeMap::new();
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();

@@ -5,7 +5,12 @@ What this file owns:
   (env RDRUN_BIN, else <repo>/target/release/rdrun, else <repo>/target/debug/rdrun);
 - the `launcher` fixture, parametrized over the launchers named in env RDRUN_COMPAT_LAUNCHERS
   (default "torchrun,rdrun"): every scenario runs under torchrun too, so the test itself is known
-  to be right about PyTorch before it judges rdrun;
+  to be right about PyTorch before it judges rdrun. A test marked `warm` also runs under
+  "rdrun-warm" (rdrun `--warm-start on`, docs/warm-start.md) unless RDRUN_COMPAT_WARM=0; such a
+  run must show that its workers were forked from the template (`check_warm`).
+  RDRUN_COMPAT_WARM=all instead runs every rdrun launch of the suite warm (RDRUN_WARM_START=on)
+  and checks each one that runs a Python script the same way (how the default was judged,
+  docs/warm-start.md "Default");
 - `procs`: starts launchers in their own session with a per-test tag in the environment, and on
   teardown kills (by PID) anything still carrying the tag — the launcher, its workers, and
   workers the launcher orphaned. Leftovers after a launcher exited on its own fail the test:
@@ -76,7 +81,7 @@ def store_bench_bin() -> Path | None:
 
 @dataclass(frozen=True)
 class Launcher:
-    name: str  # "torchrun" or "rdrun"
+    name: str  # "torchrun", "rdrun" or "rdrun-warm"
     argv: tuple[str, ...]
 
     def cmd(self, *args: str) -> list[str]:
@@ -84,7 +89,17 @@ class Launcher:
 
     @property
     def is_rdrun(self) -> bool:
-        return self.name == "rdrun"
+        return self.name in ("rdrun", "rdrun-warm")
+
+    @property
+    def is_warm(self) -> bool:
+        return self.name == "rdrun-warm"
+
+
+# rdrun's log filter for warm runs: its default (warnings) plus the warm-start module's debug
+# lines, one per worker forked from the template (the evidence `check_warm` reads).
+WARM_LOG = "warn,rdrun::supervisor::warm=debug"
+WARM_FORKED = "worker forked from the template"
 
 
 def get_launcher(name: str) -> Launcher:
@@ -98,6 +113,10 @@ def get_launcher(name: str) -> Launcher:
                 "`cargo build --release --bin rdrun`"
             )
         return Launcher("rdrun", (str(path),))
+    if name == "rdrun-warm":
+        rd = get_launcher("rdrun").argv[0]
+        # `env` sets rdrun's log filter without touching the environment the test builds.
+        return Launcher("rdrun-warm", ("env", f"RUST_LOG={WARM_LOG}", rd, "--warm-start", "on"))
     raise ValueError(f"unknown launcher {name!r}")
 
 
@@ -127,11 +146,48 @@ def pytest_configure(config):
 
     signal.signal(signal.SIGTERM, on_term)
     atexit.register(_cleanup_all)
+    config.addinivalue_line(
+        "markers", "warm: also run under rdrun --warm-start on (launcher rdrun-warm)"
+    )
+
+
+def warm_enabled() -> bool:
+    return os.environ.get("RDRUN_COMPAT_WARM", "1") not in ("0", "all")
+
+
+def warm_all() -> bool:
+    return os.environ.get("RDRUN_COMPAT_WARM") == "all"
+
+
+def is_warm_run(cmd: list[str]) -> bool:
+    """Whether this launch must show warm workers: the rdrun-warm launcher's, or under
+    RDRUN_COMPAT_WARM=all any rdrun launch of a Python script (`--no-python`: cold by design)."""
+    if f"RUST_LOG={WARM_LOG}" in cmd:
+        return True
+    return warm_all() and Path(cmd[0]).name == "rdrun" and "--no-python" not in cmd
 
 
 def pytest_generate_tests(metafunc):
     if "launcher" in metafunc.fixturenames:
-        metafunc.parametrize("launcher", selected_launchers(), indirect=True)
+        names = selected_launchers()
+        if metafunc.definition.get_closest_marker("warm") and "rdrun" in names and warm_enabled():
+            names = [*names, "rdrun-warm"]
+        metafunc.parametrize("launcher", names, indirect=True)
+
+
+def check_warm(r: "Result", forks: int | None = None) -> list[str]:
+    """Problems with a `--warm-start on` run: every worker must come from the template. With
+    `on`, each reason to spawn cold is a WARN line starting "warm start:" (the template's ready
+    line is INFO, not shown), and each fork a debug line; `forks`: how many there must be."""
+    problems = []
+    cold = [l for l in r.err.splitlines() if "warm start:" in l and "WARN" in l]
+    if cold:
+        problems.append("workers spawned cold: " + " | ".join(cold))
+    n = r.err.count(WARM_FORKED)
+    if n == 0 or (forks is not None and n != forks):
+        want = "at least 1" if forks is None else str(forks)
+        problems.append(f"{n} workers forked from the template, expected {want}")
+    return problems
 
 
 @pytest.fixture
@@ -153,6 +209,9 @@ def base_env(tag: str) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env[TAG_VAR] = tag
+    if warm_all():
+        env["RDRUN_WARM_START"] = "on"
+        env["RUST_LOG"] = WARM_LOG
     return env
 
 
@@ -320,6 +379,9 @@ class Procs:
 
     def cleanup(self) -> list[str]:
         problems = []
+        for r in self.running:
+            if r.result is not None and is_warm_run(r.cmd):
+                problems += [f"warm run: {p}" for p in check_warm(r.result)]
         # Once we SIGKILL a launcher, its workers are orphaned by us, not left behind by it.
         killed_by_us = any(r.result is not None and r.result.timed_out for r in self.running)
         for r in self.running:

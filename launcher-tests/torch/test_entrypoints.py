@@ -2,6 +2,8 @@
 --log-dir with --tee 3 (log tree and [default<N>]: prefixes)."""
 import os
 
+import pytest
+
 from conftest import SCRIPTS, VENV, read_json
 
 
@@ -16,6 +18,7 @@ def log_tree(root):
     return "\n".join(parts)
 
 
+@pytest.mark.warm
 def test_module(launcher, procs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -51,6 +54,7 @@ def test_no_python_shebang(launcher, procs, tmp_path):
         assert res["cmdline"][1:] == [str(script), "--out", str(out), "a b"], res
 
 
+@pytest.mark.warm
 def test_run_path(launcher, procs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -67,6 +71,7 @@ def test_run_path(launcher, procs, tmp_path):
         assert res["prefix"] == str(VENV), res
 
 
+@pytest.mark.warm
 def test_log_dir_tee(launcher, procs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -23,7 +23,11 @@ Nothing from the launcher's own environment may be removed. argv (sys.argv and t
 command line after the interpreter) must be identical; the interpreter must be the same venv
 (sys.prefix); cwd the same; each worker is its own session and process-group leader, as under
 torchrun. OMP_NUM_THREADS is left unset here, so the launcher's default (1 for nproc > 1) is
-compared as well.
+compared as well. rdrun runs twice, cold and with `--warm-start on` (workers forked from the
+template interpreter, docs/warm-start.md), and both must pass the same rules; the warm run must
+show both workers forked warm. (The worker's /proc/self/cmdline is compared after the interpreter
+and with trailing empty words dropped: a warm worker's command-line area may be NUL-padded,
+docs/warm-start.md "Known differences".)
 """
 import ipaddress
 import os
@@ -32,7 +36,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from conftest import SCRIPTS, get_launcher, read_json
+from conftest import SCRIPTS, check_warm, get_launcher, read_json, warm_enabled
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 RUN_SPECIFIC = {"TORCHELASTIC_RUN_ID", "MASTER_PORT", "MASTER_ADDR", "TORCHELASTIC_ERROR_FILE"}
@@ -90,7 +94,8 @@ def test_env_parity(procs, tmp_path):
     base = procs.env(OMP_NUM_THREADS=None)
     dump = tmp_path / "dump"
     dumps = {}
-    for name in ("torchrun", "rdrun"):
+    rdruns = ["rdrun", "rdrun-warm"] if warm_enabled() else ["rdrun"]
+    for name in ("torchrun", *rdruns):
         launcher = get_launcher(name)
         dump.mkdir()
         r = procs.run(
@@ -103,12 +108,32 @@ def test_env_parity(procs, tmp_path):
             timeout=120,
         )
         assert r.rc == 0, f"{name}:\n{r.describe()}"
+        if launcher.is_warm:
+            assert not check_warm(r, forks=2), f"{check_warm(r, forks=2)}\n{r.describe()}"
         dumps[name] = {i: read_json(dump / f"rank{i}.json") for i in range(2)}
         shutil.move(dump, tmp_path / name)
 
     problems, extras = [], set()
+    for name in rdruns:
+        compare(name, dumps, base, problems, extras)
+    if extras:
+        print("variables rdrun sets that torchrun does not:", sorted(extras))
+    assert not problems, "env parity with torchrun:\n  " + "\n  ".join(problems)
+
+
+def cmdline_words(words: list[str]) -> list[str]:
+    """The command line after the interpreter, trailing empty words (NUL padding) dropped."""
+    words = list(words[1:])
+    while words and words[-1] == "":
+        words.pop()
+    return words
+
+
+def compare(name, dumps, base, found, extras):
+    """Appends to `found` where launcher `name`'s workers differ from torchrun's."""
+    problems = []
     for rank in range(2):
-        t, d = dumps["torchrun"][rank], dumps["rdrun"][rank]
+        t, d = dumps["torchrun"][rank], dumps[name][rank]
         te, de = t["env"], d["env"]
         set_by_torchrun = {k for k, v in te.items() if base.get(k) != v}
         assert "RANK" in set_by_torchrun and "OMP_NUM_THREADS" in set_by_torchrun  # sanity
@@ -130,7 +155,8 @@ def test_env_parity(procs, tmp_path):
 
         if d["argv"] != t["argv"]:
             problems.append(f"rank {rank}: sys.argv {d['argv']} != torchrun {t['argv']}")
-        if d["cmdline"][1:] != t["cmdline"][1:]:
+        ours = cmdline_words(d["cmdline"]) if name == "rdrun-warm" else d["cmdline"][1:]
+        if ours != t["cmdline"][1:]:
             problems.append(
                 f"rank {rank}: command line {d['cmdline']} != torchrun {t['cmdline']} "
                 "(after the interpreter)"
@@ -143,12 +169,9 @@ def test_env_parity(procs, tmp_path):
         if not d["pid"] == d["pgid"] == d["sid"]:
             problems.append(f"rank {rank}: worker is not its own session/group leader: {d}")
 
-    # consistency within the rdrun run
+    # consistency within the run
     for k in ("TORCHELASTIC_RUN_ID", "MASTER_PORT", "MASTER_ADDR"):
-        vals = {dumps["rdrun"][i]["env"].get(k) for i in range(2)}
+        vals = {dumps[name][i]["env"].get(k) for i in range(2)}
         if len(vals) != 1:
-            problems.append(f"{k} differs between rdrun's ranks: {vals}")
-
-    if extras:
-        print("variables rdrun sets that torchrun does not:", sorted(extras))
-    assert not problems, "env parity with torchrun:\n  " + "\n  ".join(problems)
+            problems.append(f"{k} differs between the ranks: {vals}")
+    found += [f"{name}: {p}" for p in problems]

@@ -9,7 +9,9 @@ import json
 import re
 from pathlib import Path
 
-from conftest import SCRIPTS
+import pytest
+
+from conftest import SCRIPTS, check_warm
 
 
 def root_cause_section(text: str) -> str:
@@ -25,6 +27,7 @@ def root_cause_section(text: str) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.warm
 def test_restart_after_failure(launcher, procs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -45,12 +48,16 @@ def test_restart_after_failure(launcher, procs, tmp_path):
         timeout=240,
     )
     assert r.rc == 0, r.describe()
+    if launcher.is_warm:
+        # Both attempts' workers forked from the template (it survives the restart).
+        assert not check_warm(r, forks=4), f"{check_warm(r, forks=4)}\n{r.describe()}"
     for rank in range(2):
         attempts = (out / f"attempts_rank{rank}.txt").read_text().split("\n")
         assert attempts == ["0 1", "1 1", ""], f"rank {rank}: restart counts seen: {attempts}"
         assert (out / f"done_rank{rank}.txt").read_text() == "1\n"
 
 
+@pytest.mark.warm
 def test_failure_report_without_record(launcher, procs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -76,6 +83,7 @@ def test_failure_report_without_record(launcher, procs, tmp_path):
     assert (out / "attempts_rank1.txt").read_text() == "0 0\n"
 
 
+@pytest.mark.warm
 def test_worker_exit_status(launcher, procs, tmp_path):
     """rank 1 exits 3: rdrun exits 3 (the worker's status); torchrun collapses it to 1."""
     script = tmp_path / "exit3.py"
@@ -91,6 +99,7 @@ def test_worker_exit_status(launcher, procs, tmp_path):
     assert re.search(r"exitcode\s*:\s*3\b", root), root
 
 
+@pytest.mark.warm
 def test_record_error_file(launcher, procs, tmp_path):
     logs = tmp_path / "logs"
     r = procs.run(
@@ -114,3 +123,40 @@ def test_record_error_file(launcher, procs, tmp_path):
     assert err_file.as_posix().endswith("/attempt_0/1/error.json"), err_file
     data = json.loads(err_file.read_text())
     assert "recorded failure from rank 1: xyzzy-42" in data["message"]["message"], data
+
+
+@pytest.mark.warm
+def test_restart_resumes_from_checkpoint(launcher, procs, tmp_path, compat_results):
+    """Rank 1 dies after epoch 1's checkpoint; the restarted attempt resumes from epoch 2 and
+    ends with the weights of an uninterrupted run (the first launcher of the session makes that
+    reference run)."""
+    env = procs.env()
+    if not launcher.is_rdrun:
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as in test_restart_after_failure
+
+    def run(mode):
+        out = tmp_path / mode
+        out.mkdir()
+        r = procs.run(
+            launcher.cmd(
+                "--standalone", "--nproc-per-node", "2", "--max-restarts=1",
+                SCRIPTS / "resume_train.py", out, mode,
+            ),
+            env=env,
+            timeout=240,
+        )
+        assert r.rc == 0, r.describe()
+        return r, [json.loads((out / f"result{rank}.json").read_text()) for rank in range(2)]
+
+    if "resume" not in compat_results:
+        _, straight = run("straight")
+        assert [s["start"] for s in straight] == [0, 0], straight
+        compat_results["resume"] = straight[0]["digest"]
+    r, resumed = run("crash")
+    if launcher.is_warm:
+        assert not check_warm(r, forks=4), f"{check_warm(r, forks=4)}\n{r.describe()}"
+    for rank, res in enumerate(resumed):
+        assert res["attempt"] == 1 and res["start"] == 2, f"rank {rank}: {res}"
+        assert res["digest"] == compat_results["resume"], (
+            f"rank {rank}: resumed weights differ from an uninterrupted run"
+        )

@@ -18,6 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import WARM_FORKED, WARM_LOG  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 # As conftest.py: RDRUN_BIN, else the release build, else the debug build.
 RDRUN = os.environ.get("RDRUN_BIN") or next(
@@ -64,10 +66,17 @@ def run_nodes(tmp_path, node_args, prefixes=None, extra_env=None):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     env = dict(os.environ, OMP_NUM_THREADS="1", **(extra_env or {}))
+    # The interpreter is named as the program (rdrun runs it directly: a cold spawn). Under
+    # RDRUN_COMPAT_WARM=all (conftest.py) the script is given instead, with the interpreter in
+    # PYTHON_EXEC, so that the workers can be forked warm, and each node must show 2 warm forks.
+    warm = os.environ.get("RDRUN_COMPAT_WARM") == "all"
+    program = [sys.executable] if not warm else []
+    if warm:
+        env.update(PYTHON_EXEC=sys.executable, RDRUN_WARM_START="on", RUST_LOG=WARM_LOG)
     prefixes = prefixes or [[] for _ in node_args]
     procs = [
         subprocess.Popen(
-            [*prefix, RDRUN, *args, "--nproc-per-node", "2", sys.executable, str(script),
+            [*prefix, RDRUN, *args, "--nproc-per-node", "2", *program, str(script),
              str(tmp_path)],
             env=env,
             stdout=subprocess.PIPE,
@@ -87,6 +96,9 @@ def run_nodes(tmp_path, node_args, prefixes=None, extra_env=None):
                 p.wait()
     for code, out in outs:
         assert code == 0, out
+        if warm:
+            cold = [l for l in out.splitlines() if "warm start:" in l and "WARN" in l]
+            assert not cold and out.count(WARM_FORKED) == 2, out
     weights = [torch.load(tmp_path / f"w.{r}.pt") for r in range(4)]
     for w in weights[1:]:
         for k in weights[0]:

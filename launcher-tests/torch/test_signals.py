@@ -8,9 +8,12 @@ import os
 import signal
 import time
 
+import pytest
+
 from conftest import SCRIPTS, pid_alive, wait_for_files
 
 
+@pytest.mark.warm
 def test_sigterm_reaches_workers(launcher, procs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -36,6 +36,7 @@ def check_training(results, world, epochs):
         assert results[0]["seen"][0] != results[0]["seen"][1], "set_epoch had no effect"
 
 
+@pytest.mark.warm
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_ddp_training(launcher, procs, tmp_path, nproc, compat_results):
     out = tmp_path / "out"
@@ -64,6 +65,7 @@ def test_ddp_training(launcher, procs, tmp_path, nproc, compat_results):
         assert digest == compat_results[key], "final weights differ from the torchrun run"
 
 
+@pytest.mark.warm
 def test_checkpoint_pattern(launcher, procs, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

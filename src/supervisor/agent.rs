@@ -308,6 +308,9 @@ impl Agent {
                     report: None,
                 };
             }
+            if restart_count == 0 && matches!(reason, RoundReason::Initial) {
+                self.prestart_warm();
+            }
             let asg = match self.rdzv.is_some() {
                 true => match self.join_round(reason).await {
                     Ok(asg) => asg,
@@ -458,6 +461,21 @@ impl Agent {
                     "deleted torch's fatal-dump store keys of the previous attempt"
                 );
             }
+        }
+    }
+
+    /// Warm start: the template imports before the first rendezvous, not at the first spawn,
+    /// where a multi-node agent blocked for the import would miss its round's heartbeats
+    /// (docs/warm-start.md). Its environment is local rank 0's in a placeholder assignment:
+    /// the per-rank variables are left out of it anyway, and a real worker whose import-time
+    /// variables differ from it still starts cold.
+    fn prestart_warm(&self) {
+        if self.worker_env.warm.is_none() {
+            return;
+        }
+        let asg = self.single_node_assignment(0, RoundReason::Initial);
+        if let Ok(spec) = worker::spawn_spec(&self.config, &asg, 0, "", &self.worker_env) {
+            worker::prestart_warm(&spec);
         }
     }
 

@@ -390,15 +390,7 @@ pub struct Spawned {
 /// The child is not reaped by std: the agent reaps every descendant with `waitpid(-1)` ([`reap`]).
 pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     // Warm start: forked from the template, the same `Spawned`; else (it said why) cold.
-    let job = super::warm::Job {
-        program: &spec.program,
-        args: &spec.args,
-        env: &spec.env,
-        cpus: spec.cpus.as_deref(),
-        cgroup_fd: spec.cgroup_fd,
-        watchdog_fd: spec.watchdog_fd,
-    };
-    if let Some(f) = spec.warm.as_ref().and_then(|w| w.spawn(&job)) {
+    if let Some(f) = spec.warm.as_ref().and_then(|w| w.spawn(&warm_job(spec))) {
         return Ok(Spawned {
             pid: f.pid,
             stdout: f.stdout,
@@ -460,6 +452,27 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
         stdout: OwnedFd::from(stdout),
         stderr: OwnedFd::from(stderr),
     })
+}
+
+/// What the warm-start template needs of `spec`.
+fn warm_job(spec: &SpawnSpec) -> super::warm::Job<'_> {
+    super::warm::Job {
+        program: &spec.program,
+        args: &spec.args,
+        env: &spec.env,
+        cpus: spec.cpus.as_deref(),
+        stdin: spec.stdin,
+        cgroup_fd: spec.cgroup_fd,
+        watchdog_fd: spec.watchdog_fd,
+    }
+}
+
+/// Starts the run's warm-start template (when there is one) for workers like `spec` and waits
+/// for its imports (`warm::WarmStart::prestart`). Main thread only, as [`spawn`].
+pub fn prestart_warm(spec: &SpawnSpec) {
+    if let Some(w) = &spec.warm {
+        w.prestart(&warm_job(spec));
+    }
 }
 
 /// A `sched_setaffinity` mask with these CPUs set (any CPU count: the kernel takes the length).

@@ -30,27 +30,85 @@ const FORK_TIMEOUT: Duration = Duration::from_secs(30);
 /// Templates started per run at most (the first and replacements of dead ones).
 const MAX_TEMPLATES: u32 = 4;
 
-/// Prefixes of the variables that torch, its BLAS/OpenMP runtimes, the dynamic loader and the
-/// interpreter read at start-up or import time: a worker whose value differs from the
-/// template's would silently get the template's, so it is spawned cold instead.
+/// Prefixes of the variables read while the template starts and imports torch: a worker whose
+/// value differs from the template's would silently get the template's, so it is spawned cold
+/// instead. Measured with `scripts/import-env-vars.py` (getenv(3) interposed, `os.environ`
+/// lookups recorded; torch 2.15, numpy 2.4; the per-variable list is in docs/warm-start.md),
+/// plus what glibc and the dynamic loader read internally, which no interposer sees (`LD_`,
+/// `MALLOC_`, `GLIBC_`, the locale). A whole family is listed where the measurement found some
+/// of its members: other versions read other members.
 pub const IMPORT_TIME_PREFIXES: &[&str] = &[
+    // The interpreter at start-up; the loader, allocator, tunables and locale (glibc).
     "PYTHON",
+    "_PYTHON",
     "LD_",
+    "MALLOC_",
+    "GLIBC_",
+    "LC_",
+    // OpenMP (libgomp, Intel's), BLAS and oneDNN, at library load.
     "OMP_",
+    "GOMP_",
     "KMP_",
     "MKL_",
+    "MKLDNN_",
+    "DNNL_",
+    "ONEDNN_",
     "OPENBLAS_",
     "GOTO_",
     "BLIS_",
+    "GFORTRAN_",
+    // MPI sizes MKL reads at load.
+    "I_MPI_",
+    "OMPI_",
+    // numpy's CPU dispatch and allocator.
+    "NPY_",
+    "NUMPY_",
+    // torch (C++ and Python), its compilers and profilers at import.
     "TORCH_",
+    "TORCHDYNAMO_",
+    "TORCHINDUCTOR_",
+    "TORCHEXPORT_",
     "PYTORCH_",
+    // What the DDP preload list (torch._dynamo, torch._inductor) reads at its import.
+    "INDUCTOR_",
+    "AOT_INDUCTOR_",
+    "AOTINDUCTOR_",
+    "TRITON_",
+    "SYMPY_",
+    "MPMATH_",
+    "FX_",
+    "COMPILE_STROBELIGHT_",
+    "KINETO_",
+    // CUDA and ROCm libraries loaded by `import torch`.
     "CUDA_",
+    "CUBLAS",
+    "NVRTC_",
+    "LIBNVVM_",
+    "NV_",
+    "NVIDIA_",
     "HIP_",
     "ROCR_",
-    "NVIDIA_",
-    "MALLOC_",
-    "GLIBC_",
+    "LLVM_",
+    "OPENSSL_",
 ];
+
+/// Single variables read at import (same measurement) outside the families above.
+pub const IMPORT_TIME_NAMES: &[&str] = &[
+    "LANG",
+    "HOME",
+    "MPI_LOCALNRANKS",
+    "INTEL_LIBITTNOTIFY64",
+    "ACC_DEVICE_NUM",
+    "ACC_DEVICE_TYPE",
+    "GLIBCXX_TUNABLES",
+    "AS_SECURE_LOG_FILE",
+    "CASK_LOG_INFO",
+];
+
+/// Whether `name` is read when the template starts or imports (so it must be the worker's).
+pub fn read_at_import(name: &str) -> bool {
+    IMPORT_TIME_NAMES.contains(&name) || IMPORT_TIME_PREFIXES.iter().any(|p| name.starts_with(p))
+}
 
 /// What a fork needs of the worker's spawn spec (`worker::SpawnSpec`'s fields).
 pub struct Job<'a> {
@@ -59,6 +117,9 @@ pub struct Job<'a> {
     /// Overlay on rdrun's environment.
     pub env: &'a [(String, String)],
     pub cpus: Option<&'a [usize]>,
+    /// Whether the worker reads rdrun's stdin (`--stdin`); else it gets `/dev/null`, as a cold
+    /// worker does.
+    pub stdin: bool,
     pub cgroup_fd: Option<RawFd>,
     pub watchdog_fd: Option<RawFd>,
 }
@@ -135,6 +196,17 @@ impl WarmStart {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.spawn(spec)
     }
+
+    /// Starts the template now, for workers like `spec` (local rank 0 of a placeholder
+    /// assignment), and waits for its imports: the agent calls it before the first rendezvous,
+    /// while this node is in no round whose heartbeats a blocked agent would miss. The first
+    /// real spawn then finds it ready (it checks the import-time variables as always).
+    pub fn prestart(&self, spec: &Job<'_>) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if !inner.off {
+            inner.ensure_template(spec);
+        }
+    }
 }
 
 impl Drop for WarmStart {
@@ -176,55 +248,10 @@ impl Inner {
     }
 
     fn spawn(&mut self, spec: &Job<'_>) -> Option<Forked> {
-        if self.off {
+        if self.off || !self.ensure_template(spec) {
             return None;
         }
-        if self.template.as_ref().is_some_and(|t| !t.alive()) {
-            let mut t = self.template.take().expect("checked");
-            end(&mut t);
-            self.say(
-                "died",
-                format!(
-                    "the template interpreter (pid {}) died; starting a new one",
-                    t.pid
-                ),
-            );
-        }
-        if self.template.is_none() {
-            if self.started >= MAX_TEMPLATES {
-                self.give_up(format!("{MAX_TEMPLATES} template interpreters died"));
-                return None;
-            }
-            self.started += 1;
-            let start = TemplateStart {
-                python: spec.program.to_path_buf(),
-                env: template_env(spec.env),
-                path0: path0(spec.args),
-                preload: self.preload.clone(),
-                worker_cmdline: std::iter::once(spec.program.as_os_str().to_owned())
-                    .chain(spec.args.iter().cloned())
-                    .collect(),
-                cgroup_fd: spec.cgroup_fd,
-                watchdog_fd: spec.watchdog_fd,
-            };
-            let began = std::time::Instant::now();
-            match Template::start(&start, START_TIMEOUT) {
-                Ok(t) => {
-                    tracing::info!(
-                        "warm start: template interpreter pid {} ready in {:.2} s",
-                        t.pid,
-                        began.elapsed().as_secs_f64()
-                    );
-                    super::proctree::note_helper(t.pid);
-                    self.template = Some(t);
-                }
-                Err(err) => {
-                    self.give_up(err.to_string());
-                    return None;
-                }
-            }
-        }
-        let t = self.template.as_mut().expect("started above");
+        let t = self.template.as_mut().expect("ensured above");
         if let Some(var) = import_time_difference(&t.env, spec.env) {
             self.say(
                 &format!("env {var}"),
@@ -252,6 +279,57 @@ impl Inner {
             }
         }
     }
+
+    /// A live, ready template (started now, waiting for its imports, when there is none);
+    /// false when none can be had (said why).
+    fn ensure_template(&mut self, spec: &Job<'_>) -> bool {
+        if self.template.as_ref().is_some_and(|t| !t.alive()) {
+            let mut t = self.template.take().expect("checked");
+            end(&mut t);
+            self.say(
+                "died",
+                format!(
+                    "the template interpreter (pid {}) died; starting a new one",
+                    t.pid
+                ),
+            );
+        }
+        if self.template.is_none() {
+            if self.started >= MAX_TEMPLATES {
+                self.give_up(format!("{MAX_TEMPLATES} template interpreters died"));
+                return false;
+            }
+            self.started += 1;
+            let start = TemplateStart {
+                python: spec.program.to_path_buf(),
+                env: template_env(spec.env),
+                path0: path0(spec.args),
+                preload: self.preload.clone(),
+                worker_cmdline: std::iter::once(spec.program.as_os_str().to_owned())
+                    .chain(spec.args.iter().cloned())
+                    .collect(),
+                cgroup_fd: spec.cgroup_fd,
+                watchdog_fd: spec.watchdog_fd,
+            };
+            let began = std::time::Instant::now();
+            match Template::start(&start, START_TIMEOUT) {
+                Ok(t) => {
+                    tracing::info!(
+                        "warm start: template interpreter pid {} ready in {:.2} s",
+                        t.pid,
+                        began.elapsed().as_secs_f64()
+                    );
+                    super::proctree::note_helper(t.pid);
+                    self.template = Some(t);
+                }
+                Err(err) => {
+                    self.give_up(err.to_string());
+                    return false;
+                }
+            }
+        }
+        true
+    }
 }
 
 /// One fork request: the worker's pipes made here, its stdio ends passed to the template.
@@ -271,8 +349,19 @@ fn fork(t: &mut Template, spec: &Job<'_>) -> Result<Result<Forked, String>, Temp
         Err(e) => return Ok(Err(format!("cannot read the working directory: {e}"))),
     };
     let env = crate::workerenv::inherited_env_with(spec.env);
-    // SAFETY: fcntl(2) F_GETFD only asks whether fd 0 is open.
-    let stdin_open = unsafe { libc::fcntl(0, libc::F_GETFD) } != -1;
+    // What a cold spawn gives: rdrun's stdin to a rank that reads it (none when rdrun's fd 0 is
+    // closed), `/dev/null` to every other rank (`--stdin N|none`).
+    let devnull;
+    let stdin = if spec.stdin {
+        // SAFETY: fcntl(2) F_GETFD only asks whether fd 0 is open.
+        (unsafe { libc::fcntl(0, libc::F_GETFD) } != -1).then_some(0)
+    } else {
+        devnull = match std::fs::File::open("/dev/null") {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(format!("cannot open /dev/null for stdin: {e}"))),
+        };
+        Some(devnull.as_raw_fd())
+    };
     let req = Request {
         cwd: &cwd,
         cpus: spec.cpus,
@@ -280,7 +369,7 @@ fn fork(t: &mut Template, spec: &Job<'_>) -> Result<Result<Forked, String>, Temp
         env: &env,
         stdout: out_w.as_raw_fd(),
         stderr: err_w.as_raw_fd(),
-        stdin: stdin_open.then_some(0),
+        stdin,
     };
     let reply = t.fork(&req, FORK_TIMEOUT)?;
     // The template holds its copies now (or declined): ours must close, or EOF never comes.
@@ -316,7 +405,6 @@ fn import_time_difference(
     template: &[(String, String)],
     worker: &[(String, String)],
 ) -> Option<String> {
-    let read_at_import = |k: &str| IMPORT_TIME_PREFIXES.iter().any(|p| k.starts_with(p));
     let get = |set: &[(String, String)], k: &str| {
         set.iter()
             .rev()
@@ -410,6 +498,49 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn measured_import_time_variables_are_covered() {
+        // A sample of what scripts/import-env-vars.py found read during `import torch`.
+        for name in [
+            "OMP_NUM_THREADS",
+            "GOMP_SPINCOUNT",
+            "MKL_NUM_THREADS",
+            "MKLDNN_VERBOSE",
+            "OPENBLAS_NUM_THREADS",
+            "NPY_DISABLE_CPU_FEATURES",
+            "TORCH_SHOW_CPP_STACKTRACES",
+            "TORCH_LOGS",
+            "TORCHDYNAMO_TRANSLATION_VALIDATION",
+            "TORCHINDUCTOR_FORCE_DISABLE_CACHES",
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "KINETO_USE_DAEMON",
+            "CUBLAS_LOGINFO_DBG",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "MPI_LOCALNRANKS",
+            "PYTHONHASHSEED",
+            "LC_ALL",
+            "LANG",
+            // With --preload torch._dynamo,torch._inductor,torch.onnx.
+            "TRITON_INTERPRET",
+            "AOT_INDUCTOR_DEBUG_COMPILE",
+            "SYMPY_USE_CACHE",
+            "CUDA_VISIBLE_DEVICES",
+        ] {
+            assert!(read_at_import(name), "{name}");
+        }
+        assert!(!read_at_import("RANK"));
+        assert!(!read_at_import("GLOO_SOCKET_IFNAME"));
+    }
+
+    /// The template is started without the per-rank contract variables: that is only right
+    /// while none of them is read at import (measured: WORLD_SIZE and MASTER_* at first use).
+    #[test]
+    fn no_contract_variable_is_read_at_import() {
+        for name in crate::workerenv::CONTRACT_VARS {
+            assert!(!read_at_import(name), "{name}");
+        }
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub struct Request<'a> {
     pub env: &'a [(OsString, OsString)],
     pub stdout: RawFd,
     pub stderr: RawFd,
-    /// rdrun's stdin, when it has one open.
+    /// The worker's stdin (rdrun's, or `/dev/null` for a rank that does not read it).
     pub stdin: Option<RawFd>,
 }
 

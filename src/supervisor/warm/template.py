@@ -333,8 +333,50 @@ def _serve():
             _send("error the fork failed")
 
 
+# What the imports print (warnings, banners) a cold worker prints itself when it imports: it is
+# captured here and written to each worker's own stdout and stderr before its code runs.
+_CAPTURE_MAX = 1 << 20
+
+
+def _captured(fn):
+    saved, caps = [], []
+    for fd in (1, 2):
+        m = os.memfd_create("rdrun-template-%d" % fd)
+        saved.append(os.dup(fd))
+        os.dup2(m, fd)
+        caps.append(m)
+    try:
+        result = fn()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        texts = []
+        for fd, old, m in zip((1, 2), saved, caps):
+            os.dup2(old, fd)
+            os.close(old)
+            os.lseek(m, 0, os.SEEK_SET)
+            chunks, n = [], 0
+            while n < _CAPTURE_MAX:
+                b = os.read(m, _CAPTURE_MAX - n)
+                if not b:
+                    break
+                chunks.append(b)
+                n += len(b)
+            os.close(m)
+            texts.append(b"".join(chunks))
+    return result, texts
+
+
+def _write_all(fd, data):
+    while data:
+        try:
+            data = data[os.write(fd, data) :]
+        except OSError:
+            return
+
+
 # ---- start -------------------------------------------------------------------------------
-_failed = _preload()
+_failed, _IMPORT_OUTPUT = _captured(_preload)
 if _failed is not None:
     _send("failed " + _failed)
     os._exit(0)
@@ -391,6 +433,8 @@ def _run(argv):
     if not sys.flags.safe_path and sys.path:
         sys.path[0] = path0
     _reseed()
+    _write_all(1, _IMPORT_OUTPUT[0])
+    _write_all(2, _IMPORT_OUTPUT[1])
     keep, main = _main_module()
     try:
         if kind == "script":

@@ -3,7 +3,9 @@
 //! `checks.rs`, the bounded program runner (interpreter, `nvidia-smi`, the site's
 //! `--health-check-cmd`) in `command.rs`. What a failed check does to the run (warn, fail fast,
 //! retry after a back-off) is the supervisor's (`supervisor/healthlink.rs`); this module only
-//! looks and says what it saw.
+//! looks and says what it saw. The network pre-check at rendezvous (item 3) is `network.rs`
+//! (pairs and verdict, pure) and `netprobe.rs` (its sockets); the supervisor runs it after each
+//! round (`supervisor/netlink.rs`).
 //!
 //! Every check is bounded: the ones that run a program by `--health-check-timeout` (the program's
 //! process group is killed at the bound and the check fails), the others read the file system or
@@ -12,6 +14,8 @@
 mod checks;
 mod command;
 pub mod memory;
+pub mod netprobe;
+pub mod network;
 
 use std::fmt;
 use std::time::{Duration, Instant};

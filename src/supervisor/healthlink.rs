@@ -54,11 +54,8 @@ pub(super) async fn gate(
                 "node {node} failed the health check: excluded: listed in {}",
                 path.display()
             );
-            let bad = BadNode {
-                node,
-                line,
-                failed: vec![("excluded".into(), format!("listed in {}", path.display()))],
-            };
+            let detail = format!("listed in {}", path.display());
+            let bad = BadNode::found(node, "excluded", detail, line);
             let elastic = is_elastic(config, rdzv.as_deref());
             return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
         }
@@ -118,7 +115,7 @@ fn is_elastic(config: &LaunchConfig, rdzv: Option<&Rendezvous>) -> bool {
 
 /// The end of a bad node: remembered in `--bad-nodes-file`; unless it stays out of an elastic
 /// job, the rendezvous closed with the reason so that the other nodes end now, naming it.
-async fn bad_node(
+pub(super) async fn bad_node(
     config: &LaunchConfig,
     bad: BadNode,
     rdzv: Option<&mut Rendezvous>,

@@ -488,6 +488,58 @@ impl Inner {
         );
     }
 
+    /// One network pre-check after a round (issue 28 item 3): a `network_check` event with
+    /// every node's score and the slow ones, and the metrics.
+    pub fn network_check(
+        &mut self,
+        v: &crate::health::network::NetVerdict,
+        peers: &[crate::health::network::Peer],
+        leaving: &[usize],
+        took: std::time::Duration,
+    ) {
+        if let Some(m) = &self.metrics {
+            m.network_check(v, took);
+        }
+        let node = |rank: usize, bps: f64, lat: Option<std::time::Duration>| {
+            let p = peers.get(rank);
+            json!({
+                "node": rank,
+                "addr": p.map(|p| p.addr.clone()),
+                "host": p.map(|p| p.host.clone()),
+                "bytes_per_second": bps,
+                "latency_ms": lat.map(|l| l.as_secs_f64() * 1e3),
+            })
+        };
+        let nodes: Vec<Value> = v
+            .scores
+            .iter()
+            .map(|s| node(s.node, s.bps, s.latency))
+            .collect();
+        let slow: Vec<Value> = v
+            .slow
+            .iter()
+            .map(|s| node(s.node, s.score.bps, s.score.latency))
+            .collect();
+        self.emit(
+            "network_check",
+            obj(json!({
+                "ms": took.as_millis() as u64,
+                "median_bytes_per_second": v.median_bps,
+                "median_latency_ms": v.median_latency.as_secs_f64() * 1e3,
+                "nodes": nodes,
+                "slow": slow,
+                "left_out": leaving,
+            })),
+        );
+    }
+
+    /// This node's worker failures in the run so far (issue 28 item 4).
+    pub fn node_failures(&mut self, count: u32) {
+        if let Some(m) = &self.metrics {
+            m.node_failures(count);
+        }
+    }
+
     /// The hang detector's verdict.
     pub fn hang(&mut self, found: &HangFinding) {
         // The capture's block: the watch task rendered it, the observer prints it.

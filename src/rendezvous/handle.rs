@@ -326,16 +326,17 @@ impl Rendezvous {
 
     /// Leaves an elastic (c10d) rendezvous while the others go on (issue 28: a slow node, or one
     /// that failed too often): the round it runs is bumped without it. Other backends have no
-    /// spare nodes to go on with: nothing to do. `charged`: the round's bump counts as a
-    /// restart (the node leaves after its own failure), else a membership change.
-    pub async fn leave(&mut self, charged: bool) -> Result<(), RendezvousError> {
+    /// spare nodes to go on with: `Ok(false)`, as when the others would be fewer than MIN.
+    /// `charged`: the round's bump counts as a restart (the node leaves after its own failure),
+    /// else a membership change.
+    pub async fn leave(&mut self, charged: bool) -> Result<bool, RendezvousError> {
         let reason = match charged {
             true => RoundReason::WorkerFailure,
             false => RoundReason::Membership,
         };
         match &mut self.rdzv {
             Backend::C10d(r) => r.leave(reason).await,
-            _ => Ok(()),
+            _ => Ok(false),
         }
     }
 

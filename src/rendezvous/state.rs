@@ -410,7 +410,8 @@ pub fn prune_dead(state: &RdzvState, dead: &[String], min: usize, max: usize) ->
 /// workers failed `--max-node-failures` times) while the others go on: a complete round it runs
 /// is bumped without it for `reason` ([`RoundReason::Membership`]: not charged;
 /// [`RoundReason::WorkerFailure`]: charged); otherwise it is removed and the round completes if
-/// it now can. `None` when it is not listed or the rendezvous is closed.
+/// it now can. `None` when it is not listed, the rendezvous is closed, or fewer than `min`
+/// nodes would be left (several nodes failing at once: only as many leave as there are spares).
 pub fn leave(
     state: &RdzvState,
     id: &str,
@@ -423,6 +424,17 @@ pub fn leave(
         || state.in_redundancy_list(id)
         || state.expected.iter().any(|e| e == id);
     if !known || state.closed {
+        return None;
+    }
+    let mut others: Vec<&str> = state
+        .listed()
+        .map(|m| m.id.as_str())
+        .chain(state.expected.iter().map(String::as_str))
+        .filter(|o| *o != id)
+        .collect();
+    others.sort_unstable();
+    others.dedup();
+    if others.len() < min {
         return None;
     }
     if state.complete && state.is_participant(id) {

@@ -635,6 +635,9 @@ fn a_node_that_leaves_is_bumped_out_of_a_complete_round_or_removed_from_a_formin
     forming.participants = vec![a.clone()];
     let open = leave(&forming, &c.id, RoundReason::Membership, 2, 3).unwrap();
     assert!(!open.complete);
+    // Two of three leaving at once with MIN 2: the second one stays (no spare left).
+    assert_eq!(leave(&new, &b.id, RoundReason::Membership, 2, 3), None);
+    assert_eq!(leave(&s, &c.id, RoundReason::Membership, 3, 3), None);
     // Unknown node, closed rendezvous: nothing to do.
     assert_eq!(leave(&s, "nobody", RoundReason::Membership, 2, 3), None);
     assert_eq!(

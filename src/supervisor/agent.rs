@@ -343,13 +343,18 @@ impl Agent {
                 self.restarts_disabled,
                 repeats,
             );
+            // Issue 28 item 4: a node that failed too often leaves while spares exist (before
+            // the same-failure stop: without the bad node the job may go on).
+            let restarting = matches!(decision, Decision::Restart { .. } | Decision::SameFailure);
+            if restarting && self.fails_too_often(&node_failures, &asg) {
+                if let Some(end) = self.leave_failing(&node_failures).await {
+                    break end;
+                }
+            }
             match decision {
                 Decision::Finish => {
                     self.finish_rdzv(&asg).await;
                     break RunEnd::Succeeded;
-                }
-                Decision::Restart { .. } if self.fails_too_often(&node_failures, &asg) => {
-                    break self.leave_failing(&node_failures).await;
                 }
                 Decision::Restart {
                     restart_count: next,
@@ -404,8 +409,9 @@ impl Agent {
     }
 
     /// Leaves the elastic job as a bad node (its failure still charged to the others' restart:
-    /// the round is bumped as a worker failure), remembered in `--bad-nodes-file`.
-    async fn leave_failing(&mut self, counts: &super::verdict::NodeFailures) -> RunEnd {
+    /// the round is bumped as a worker failure), remembered in `--bad-nodes-file`. `None`: the
+    /// others would be fewer than MIN (several nodes failing at once): it stays.
+    async fn leave_failing(&mut self, counts: &super::verdict::NodeFailures) -> Option<RunEnd> {
         let node = crate::health::node_name();
         let k = self.config.resilience.max_node_failures;
         let detail = format!(

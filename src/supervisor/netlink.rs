@@ -108,7 +108,12 @@ pub(super) async fn check(
         );
         let bad = BadNode::found(crate::health::node_name(), "network", detail, line);
         let left = Some((&*store, keys.left(me)));
-        return Err(leave(config, rdzv, false, left, bad).await);
+        return match leave(config, rdzv, false, left, bad).await {
+            Some(end) => Err(end),
+            // Only when the state changed under the check (another node left or failed first):
+            // named, and it runs.
+            None => Ok(NetOutcome::Go),
+        };
     }
     if leaving.is_empty() {
         return Ok(NetOutcome::Go);
@@ -129,26 +134,31 @@ pub(super) async fn check(
 
 /// This node leaves the job while the others go on: out of the rendezvous (the round bumped
 /// without it; `charged`: as a worker failure), `left` set if given, remembered in
-/// `--bad-nodes-file`; the end is a bad node.
+/// `--bad-nodes-file`; the end is a bad node. `None`: the rendezvous would keep fewer than MIN
+/// nodes without it (others left first), so it stays.
 pub(super) async fn leave(
     config: &LaunchConfig,
     rdzv: &mut Rendezvous,
     charged: bool,
     left: Option<(&TcpRdzvStore, String)>,
     bad: BadNode,
-) -> RunEnd {
-    if let Err(err) = rdzv.leave(charged).await {
-        tracing::warn!(
+) -> Option<RunEnd> {
+    match rdzv.leave(charged).await {
+        Ok(true) => {}
+        Ok(false) => return None,
+        // The store is gone or unreadable: leaving by ending is all that is left (the others
+        // find this node's heartbeats stopped).
+        Err(err) => tracing::warn!(
             "cannot leave the rendezvous: {}",
             super::end::error_chain(&err)
-        );
+        ),
     }
     if let Some((store, key)) = left {
         if let Err(err) = store.set(&key, b"1").await {
             tracing::debug!("cannot say this node left: {err}");
         }
     }
-    super::healthlink::bad_node(config, bad, None, true).await
+    Some(super::healthlink::bad_node(config, bad, None, true).await)
 }
 
 /// The address the others reach this node's probe at: the one it advertised to the rendezvous

@@ -7,9 +7,9 @@ use super::*;
 
 impl<S: RdzvStore> C10dRendezvous<S> {
     /// Takes this node out of the rendezvous (a complete round it runs is bumped without it for
-    /// `reason`, see `state::leave`), within `close_timeout`; its keeper stops watching the round.
-    pub async fn leave(&mut self, reason: RoundReason) -> Result<(), RendezvousError> {
-        lock(&self.shared).running = None;
+    /// `reason`, see `state::leave`), within `close_timeout`. `Ok(false)`: it may not (the
+    /// others would be fewer than MIN, or it is not listed): it stays.
+    pub async fn leave(&mut self, reason: RoundReason) -> Result<bool, RendezvousError> {
         let deadline = Instant::now() + self.settings.close_timeout;
         let (min, max) = (self.settings.min_nodes, self.settings.max_nodes);
         loop {
@@ -25,10 +25,14 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 }
             };
             let Some(new) = state::leave(&st, &self.me.id, reason, min, max) else {
-                return Ok(());
+                return Ok(false);
             };
             match write_state(&*self.store, &self.keys, &text, Some(&st), &new).await {
-                Ok(Wrote::Won(_)) => return Ok(()),
+                Ok(Wrote::Won(_)) => {
+                    // Its keeper stops watching the round it left.
+                    lock(&self.shared).running = None;
+                    return Ok(true);
+                }
                 Ok(Wrote::Lost(_)) => continue,
                 Err(e) if Instant::now() >= deadline => return Err(RendezvousError::Store(e)),
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,

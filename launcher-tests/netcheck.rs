@@ -52,7 +52,7 @@ fn named(out: &Output) -> Vec<String> {
 }
 
 /// Four hosts: on an even network nobody is named, 10 runs; with one host rate-limited, every
-/// node names that host and only it, every run, whichever host it is (three of them tried).
+/// node names that host and only it, every run, whichever host it is (each in turn, 3 runs).
 #[test]
 fn netns_the_slow_node_is_named_every_time_and_nobody_on_an_even_network() {
     bounded(Duration::from_secs(600), || {
@@ -68,7 +68,7 @@ fn netns_the_slow_node_is_named_every_time_and_nobody_on_an_even_network() {
             }
         }
         eprintln!("10 even runs took {:?}", t0.elapsed());
-        for slow in [3, 0, 2] {
+        for slow in [3, 0, 2, 1] {
             net.slow(slow, SLOW_RATE);
             for run in 0..3 {
                 port += 1;

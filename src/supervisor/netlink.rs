@@ -65,7 +65,7 @@ pub(super) async fn check(
         return Ok(NetOutcome::Go);
     };
     let t0 = Instant::now();
-    let host = match probe_host(config, rdzv, asg).await {
+    let host = match probe_host(config, rdzv).await {
         Ok(h) => h,
         Err(why) => {
             tracing::warn!("network check skipped: {why}");
@@ -162,17 +162,11 @@ pub(super) async fn leave(
 }
 
 /// The address the others reach this node's probe at: the one it advertised to the rendezvous
-/// (c10d), else its entry in the round, else `--local-addr`, else its route to the store host.
-async fn probe_host(
-    config: &LaunchConfig,
-    rdzv: &Rendezvous,
-    asg: &Assignment,
-) -> Result<String, String> {
+/// (c10d), else `--local-addr`, else its route to the store host (a static round lists host
+/// names, which need not resolve to this node on the others).
+async fn probe_host(config: &LaunchConfig, rdzv: &Rendezvous) -> Result<String, String> {
     if let Some(a) = rdzv.advertised.clone() {
         return Ok(a);
-    }
-    if let Some((a, _)) = asg.nodes.get(asg.group_rank).filter(|(a, _)| !a.is_empty()) {
-        return Ok(a.clone());
     }
     if let Some(a) = config.local_addr.clone() {
         return Ok(a);

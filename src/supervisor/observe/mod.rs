@@ -461,22 +461,7 @@ impl Inner {
                 m.node_check(v.check, v.status == crate::health::Status::Failed);
             }
         }
-        let checks: Vec<Value> = report
-            .verdicts
-            .iter()
-            .map(|v| {
-                json!({
-                    "check": v.check,
-                    "status": match v.status {
-                        crate::health::Status::Ok => "ok",
-                        crate::health::Status::Failed => "failed",
-                        crate::health::Status::Skipped => "skipped",
-                    },
-                    "detail": v.detail,
-                    "ms": v.took.as_millis() as u64,
-                })
-            })
-            .collect();
+        let checks = report.checks_json();
         self.emit(
             "health_check",
             obj(json!({

@@ -12,6 +12,7 @@
 //! `/proc` once. They run concurrently, so a run of them takes about as long as the slowest.
 
 mod checks;
+pub mod clock;
 mod command;
 pub mod memory;
 pub mod netprobe;

@@ -25,12 +25,17 @@ use crate::config::rdzv_conf::C10dSettings;
 use crate::config::resilience::HealthMode;
 use crate::config::{LaunchConfig, RdzvBackend};
 use crate::health::{self, HealthReport, Inputs};
-use crate::rendezvous::Rendezvous;
+use crate::rendezvous::store::try_get;
+use crate::rendezvous::{RdzvStore, Rendezvous, TcpRdzvStore};
+use crate::store::CLOCK_KEY;
 
 use super::end::{BadNode, RunEnd};
 use super::observe::Observer;
 use super::rdzvlink::until_shutdown;
 use super::signals::Signals;
+
+/// The bound of the clock check's round trips (the store answers in microseconds).
+const CLOCK_BOUND: Duration = Duration::from_secs(5);
 
 /// The first back-off of an unhealthy elastic node, and the longest.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -69,8 +74,14 @@ pub(super) async fn gate(
     let elastic = is_elastic(config, rdzv.as_deref());
     let give_up_at = Instant::now() + join_timeout(config);
     let mut backoff = FIRST_BACKOFF;
+    let store = rdzv.as_deref().and_then(|r| r.store.clone());
     loop {
-        let report = match until_shutdown(signals, health::run(&inputs)).await {
+        let checks = async {
+            let (mut report, clock) = tokio::join!(health::run(&inputs), clock(store.as_deref()));
+            report.verdicts.extend(clock);
+            report
+        };
+        let report = match until_shutdown(signals, checks).await {
             Ok(r) => r,
             Err(signal) => {
                 return Err(RunEnd::Interrupted {
@@ -105,6 +116,36 @@ pub(super) async fn gate(
         let bad = BadNode::of(&report, line);
         return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
     }
+}
+
+/// Round trips to the store host for the `clock` check (`health::clock`), within the checks'
+/// bound; the shortest one's verdict. `None` without a rendezvous store (single node, etcd).
+async fn clock(store: Option<&TcpRdzvStore>) -> Option<health::Verdict> {
+    const SAMPLES: usize = 5;
+    let store = store?;
+    let t0 = std::time::Instant::now();
+    let ask = async {
+        let mut samples = Vec::with_capacity(SAMPLES);
+        for _ in 0..SAMPLES {
+            let sent = std::time::SystemTime::now();
+            let t = std::time::Instant::now();
+            let answer = try_get(store, CLOCK_KEY).await.map_err(|e| e.to_string())?;
+            let Some(answer) = answer else {
+                return Ok(None);
+            };
+            samples.extend(health::clock::sample(&answer, sent, t.elapsed()));
+        }
+        Ok(health::clock::best(samples))
+    };
+    let best = match tokio::time::timeout(CLOCK_BOUND, ask).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer within {CLOCK_BOUND:?}")),
+    };
+    Some(health::clock::verdict(
+        best,
+        &store.describe(),
+        t0.elapsed(),
+    ))
 }
 
 /// Whether this node can stay out of the job while the others go on: an elastic backend

@@ -612,8 +612,10 @@ fn one_batch_places_every_announced_node_as_their_own_steps_would() {
 #[test]
 fn a_node_that_leaves_is_bumped_out_of_a_complete_round_or_removed_from_a_forming_one() {
     let (a, b, c) = (m("10.0.0.1", 1), m("10.0.0.2", 2), m("10.0.0.3", 3));
-    let mut s = RdzvState::default();
-    s.participants = vec![a.clone(), b.clone(), c.clone()];
+    let mut s = RdzvState {
+        participants: vec![a.clone(), b.clone(), c.clone()],
+        ..RdzvState::default()
+    };
     mark_complete(&mut s);
     // Complete: the next round expects the others only, and is not charged.
     let new = leave(&s, &c.id, RoundReason::Membership, 2, 3).unwrap();

@@ -73,7 +73,7 @@ pub(super) async fn check(
         }
     };
     let keys = NetKeys::new(&asg.store_prefix);
-    let measured = until_shutdown(signals, run(&*store, &keys, asg, &host)).await;
+    let measured = until_shutdown(signals, run(&store, &keys, asg, &host)).await;
     let (peers, measured) = match measured {
         Ok(Ok(v)) => v,
         Ok(Err(why)) => {

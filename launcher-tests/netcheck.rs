@@ -181,6 +181,36 @@ fn netns_with_a_spare_the_slow_node_is_left_out_of_the_next_round() {
     });
 }
 
+/// The slow host serves the c10d store (the endpoint is its address): it cannot leave without
+/// taking the store from the others, so it is named and kept, and the job runs on all three.
+#[test]
+fn netns_a_slow_store_host_is_named_but_stays() {
+    bounded(Duration::from_secs(240), || {
+        let Some(net) = Netns::create(3) else { return };
+        let dir = TempDir::new("netcheck_store_host");
+        net.slow(0, SLOW_RATE);
+        let runs: Vec<_> = (0..3)
+            .map(|i| elastic(&net, i, &dir, &["--network-check", "on"], "exit 0").spawn())
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+        for o in &outs {
+            o.assert_code(0);
+            assert_eq!(named(o), [net.addr(0)], "{o:?}");
+            assert!(
+                o.stderr
+                    .contains("kept (it serves the rendezvous store the others need)"),
+                "{o:?}"
+            );
+        }
+        assert_eq!(
+            started(dir.path()),
+            ["ran.3.0.0", "ran.3.0.1", "ran.3.0.2"],
+            "{outs:?}"
+        );
+        assert!(!dir.join("bad-nodes").exists());
+    });
+}
+
 /// `--max-node-failures 2`: the host whose workers fail in every attempt leaves the elastic job
 /// after its second failure (exit 75, its counts in --report-json, remembered in
 /// --bad-nodes-file) while restarts were left; the other two finish in the next round. A second

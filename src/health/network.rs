@@ -66,6 +66,8 @@ pub struct Peer {
     pub addr: String,
     pub port: u16,
     pub host: String,
+    /// It serves the rendezvous store: it cannot leave without taking the store from the others.
+    pub hosts_store: bool,
 }
 
 impl Peer {
@@ -207,9 +209,10 @@ pub fn judge(n: usize, measured: &[Measured], threshold: f64) -> NetVerdict {
 }
 
 /// Which slow nodes leave the job when `spares` nodes can go (the round has that many more than
-/// MIN): the slowest first (by bandwidth, then group rank), in group-rank order.
-pub fn left_out(v: &NetVerdict, spares: usize) -> Vec<usize> {
-    let mut slow: Vec<&Slow> = v.slow.iter().collect();
+/// MIN): the slowest first (by bandwidth, then group rank), in group-rank order; never one for
+/// which `stays` is true (the node serving the rendezvous store).
+pub fn left_out(v: &NetVerdict, spares: usize, stays: impl Fn(usize) -> bool) -> Vec<usize> {
+    let mut slow: Vec<&Slow> = v.slow.iter().filter(|s| !stays(s.node)).collect();
     slow.sort_by(|a, b| {
         a.score
             .bps

@@ -224,7 +224,10 @@ fn only_as_many_slow_nodes_leave_as_there_are_spares_slowest_first() {
     }
     let v = judge(9, &m, 0.25);
     assert_eq!(named(&v), [2, 6]);
-    assert_eq!(left_out(&v, 0), Vec::<usize>::new());
-    assert_eq!(left_out(&v, 1), [6]);
-    assert_eq!(left_out(&v, 5), [2, 6]);
+    let none = |_| false;
+    assert_eq!(left_out(&v, 0, none), Vec::<usize>::new());
+    assert_eq!(left_out(&v, 1, none), [6]);
+    assert_eq!(left_out(&v, 5, none), [2, 6]);
+    // The store's host stays (named only); the next slowest goes instead.
+    assert_eq!(left_out(&v, 1, |n| n == 6), [2]);
 }

@@ -405,7 +405,11 @@ impl Agent {
         k > 0
             && counts.count >= k
             && asg.group_world_size > self.config.nnodes.min
-            && self.rdzv.as_ref().is_some_and(Rendezvous::can_leave)
+            // The node serving the store cannot leave without taking it from the others.
+            && self
+                .rdzv
+                .as_ref()
+                .is_some_and(|r| r.can_leave() && r.server.is_none())
     }
 
     /// Leaves the elastic job as a bad node (its failure still charged to the others' restart:

@@ -73,7 +73,11 @@ pub(super) async fn check(
         }
     };
     let keys = NetKeys::new(&asg.store_prefix);
-    let measured = until_shutdown(signals, run(&store, &keys, asg, &host)).await;
+    let measured = until_shutdown(
+        signals,
+        run(&store, &keys, asg, &host, rdzv.server.is_some()),
+    )
+    .await;
     let (peers, measured) = match measured {
         Ok(Ok(v)) => v,
         Ok(Err(why)) => {
@@ -95,8 +99,8 @@ pub(super) async fn check(
     } else {
         0
     };
-    let leaving = network::left_out(&verdict, spares);
-    report(&verdict, &peers, &leaving, took);
+    let leaving = network::left_out(&verdict, spares, |r| peers[r].hosts_store);
+    report(&verdict, &peers, &leaving, spares, took);
     obs.get().network_check(&verdict, &peers, &leaving, took);
     let me = asg.group_rank;
     if leaving.contains(&me) {
@@ -192,6 +196,7 @@ async fn run(
     keys: &NetKeys,
     asg: &Assignment,
     host: &str,
+    hosts_store: bool,
 ) -> Result<(Vec<Peer>, Vec<Measured>), String> {
     let n = asg.group_world_size;
     let me = asg.group_rank;
@@ -202,7 +207,12 @@ async fn run(
     let probe = Probe::bind(ip)
         .await
         .map_err(|e| format!("cannot listen on {host}: {e}"))?;
-    let mine = format!("{host} {} {}", probe.port(), crate::health::node_name());
+    let hosts_store = u8::from(hosts_store);
+    let mine = format!(
+        "{host} {} {} {hosts_store}",
+        probe.port(),
+        crate::health::node_name()
+    );
     store
         .set(&keys.addr(me), mine.as_bytes())
         .await
@@ -301,13 +311,19 @@ async fn resolve(host: &str, port: u16) -> Option<SocketAddr> {
     found.next()
 }
 
-/// `<host> <port> <hostname>`.
+/// `<host> <port> <hostname> <1: it serves the rendezvous store>`.
 fn parse_peer(text: &str) -> Option<Peer> {
     let mut it = text.split_whitespace();
     let addr = it.next()?.to_string();
     let port = it.next()?.parse().ok()?;
     let host = it.next().unwrap_or("?").to_string();
-    Some(Peer { addr, port, host })
+    let hosts_store = it.next() == Some("1");
+    Some(Peer {
+        addr,
+        port,
+        host,
+        hosts_store,
+    })
 }
 
 /// A pair's measure from its client's `<latency µs> <down B/s>` and its server's `<up B/s>`
@@ -327,11 +343,13 @@ fn parse_result(client: Option<&[u8]>, server: Option<&[u8]>) -> Option<Measure>
     })
 }
 
-/// The console: one line per slow node, and where it goes.
-fn report(v: &NetVerdict, peers: &[Peer], leaving: &[usize], took: Duration) {
+/// The console: one line per slow node, and whether it leaves (`spares`: how many may).
+fn report(v: &NetVerdict, peers: &[Peer], leaving: &[usize], spares: usize, took: Duration) {
     for s in &v.slow {
         let what = if leaving.contains(&s.node) {
             "left out of the next round (a spare goes on)"
+        } else if spares > 0 && peers[s.node].hosts_store {
+            "kept (it serves the rendezvous store the others need)"
         } else {
             "kept (no spare node to go on without it)"
         };

@@ -47,7 +47,8 @@ impl NetKeys {
             prefix: format!("{round_prefix}/rdrun_net"),
         }
     }
-    /// Group rank `n`'s probe listener and host name: `<host> <port> <hostname>`.
+    /// Group rank `n`'s probe listener and host name: `<host> <port> <hostname> <0|1>` (1: it
+    /// serves the rendezvous store).
     pub(crate) fn addr(&self, n: usize) -> String {
         format!("{}/addr/{n}", self.prefix)
     }

@@ -209,6 +209,95 @@ fn warn_only_warns() {
     assert!(!marker.exists());
 }
 
+/// Under `warn` the checks run beside the workers instead of before them: the check command
+/// sees the marker a worker writes, and the worker sees the check's answer. Run one after the
+/// other, the check would give up waiting (exit 0: no warning) before any worker started.
+#[test]
+fn warn_checks_run_beside_the_workers() {
+    let dir = TempDir::new("health_beside");
+    let (marker, seen) = (dir.join("worker-started"), dir.join("check-saw-it"));
+    let check = format!(
+        "for i in $(seq 600); do [ -e {m} ] && {{ touch {s}; exit 3; }}; sleep 0.05; done; exit 0",
+        m = marker.display(),
+        s = seen.display()
+    );
+    let worker = format!(
+        "touch {m}; for i in $(seq 600); do [ -e {s} ] && exit 0; sleep 0.05; done; exit 1",
+        m = marker.display(),
+        s = seen.display()
+    );
+    let out = Rdrun::new()
+        .timeout(AGENT_TIMEOUT)
+        .args([
+            "--standalone",
+            "--nproc-per-node=1",
+            "--health-check-timeout=60",
+        ])
+        .arg("--health-check-cmd")
+        .arg(&check)
+        .args(["--no-python", "sh", "-c"])
+        .arg(&worker)
+        .run();
+    out.assert_code(0);
+    assert!(out.stderr.contains("failed (exit 3"), "{out:?}");
+    assert!(
+        out.stderr.contains("(--health-check warn: going on)"),
+        "{out:?}"
+    );
+}
+
+/// Under `--health-check on` with warm start, the interpreter check imports the preload list:
+/// a node whose interpreter cannot is a bad node (exit 75) before any worker starts, the module
+/// named once; under the default `warn` the check does not import it (warm start names it).
+#[test]
+fn a_preload_the_interpreter_cannot_import_is_a_bad_node_under_on() {
+    let dir = TempDir::new("health_preload");
+    let script = dir.join("w.py");
+    std::fs::write(&script, "import os, sys\nopen(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w').close()\n").unwrap();
+    let out = Rdrun::new()
+        .timeout(AGENT_TIMEOUT)
+        .args(["--standalone", "--health-check=on", "--warm-start=on"])
+        .args(["--preload", "no_such_module_xyz"])
+        .arg(&script)
+        .arg(dir.path())
+        .run();
+    out.assert_code(75);
+    assert!(
+        out.stderr.contains("cannot import no_such_module_xyz:"),
+        "{out:?}"
+    );
+    assert_eq!(started(dir.path()), Vec::<String>::new());
+}
+
+/// A `warn` check still running when the job ends is waited for a few seconds, then cancelled:
+/// rdrun exits with the job's status and the check's processes are gone.
+#[test]
+fn a_warn_check_outlived_by_the_job_is_cancelled_and_leaves_nothing() {
+    let dir = TempDir::new("health_outlived");
+    let pidfile = dir.join("pid");
+    let out = Rdrun::new()
+        .timeout(AGENT_TIMEOUT)
+        .args(["--standalone", "--health-check-timeout=600"])
+        .arg("--health-check-cmd")
+        .arg(format!("echo $$ > {}; exec sleep 600", pidfile.display()))
+        .args(["--no-python", "sh", "-c", "exit 4"])
+        .run();
+    out.assert_code(4);
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the check command {pid} survived"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_hanging_check_command_is_killed_at_its_bound_and_counts_as_unhealthy() {
     let dir = TempDir::new("health_hang");

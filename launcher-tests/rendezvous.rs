@@ -406,18 +406,22 @@ async fn run_agent(
     let err = |e: String| {
         let _ = tx.send(Report::Error(idx, e));
     };
-    let rdzv_config = RdzvConfig {
-        backend: if spec.static_rank.is_some() {
+    let rdzv_config = match RdzvConfig::typed(
+        if spec.static_rank.is_some() {
             RdzvBackend::Static
         } else {
             RdzvBackend::C10d
         },
-        endpoint: Some(Endpoint {
+        Endpoint {
             host: spec.host.clone(),
             port: spec.port,
-        }),
-        run_id: "job".into(),
-        conf: spec.conf.clone(),
+        },
+        "job",
+        spec.conf.clone(),
+        spec.nodes,
+    ) {
+        Ok(c) => c,
+        Err(e) => return err(e.to_string()),
     };
     let node = NodeSpec {
         nnodes: spec.nodes,
@@ -1145,26 +1149,29 @@ fn agent_process_main() {
         return;
     };
     let f: Vec<&str> = spec.split('|').collect();
-    let rdzv_config = RdzvConfig {
-        backend: RdzvBackend::C10d,
-        endpoint: Some(Endpoint {
+    let nnodes = NodeRange {
+        min: f[2].parse().expect("min"),
+        max: f[3].parse().expect("max"),
+    };
+    let rdzv_config = RdzvConfig::typed(
+        RdzvBackend::C10d,
+        Endpoint {
             host: f[0].into(),
             port: f[1].parse().expect("port"),
-        }),
-        run_id: "proc".into(),
-        conf: {
+        },
+        "proc",
+        {
             let mut c = conf(FAST);
             if f[6] != "-" {
                 c.insert("is_host".into(), f[6].into());
             }
             c
         },
-    };
+        nnodes,
+    )
+    .expect("typed");
     let node = NodeSpec {
-        nnodes: NodeRange {
-            min: f[2].parse().expect("min"),
-            max: f[3].parse().expect("max"),
-        },
+        nnodes,
         node_rank: 0,
         nproc_per_node: f[4].parse().expect("nproc"),
         local_addr: (f[5] != "-").then(|| f[5].to_string()),

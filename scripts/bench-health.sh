@@ -2,7 +2,10 @@
 # Cost of the node health checks on launch (issue 28): the same launch with
 # `--health-check off` and `--health-check warn` (the default), alternated run by run, medians.
 #   (a) 4 `true` workers (`--no-python`): every check but the interpreter's;
-#   (b) 4 Python workers (`python3 -c pass` as the script): the interpreter check runs too.
+#   (b) 4 Python workers (`pass` as the script): the interpreter check runs too, and outlives
+#       the job (rdrun waits for its verdict at the end);
+#   (c) 4 Python workers that run 1 s: the interpreter check runs beside them (under `warn` the
+#       checks never gate the launch), its verdict in before the job ends.
 # Usage: scripts/bench-health.sh   (env: RUNS=30, RDRUN=path; default: a release build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +18,7 @@ fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 echo "pass" > "$TMP/w.py"
+echo "import time; time.sleep(1)" > "$TMP/w1.py"
 
 # Wall time of one launch in ms.
 one() {
@@ -43,5 +47,6 @@ bench() {
 echo "rdrun: $RDRUN, $RUNS runs each, median wall time of one launch"
 bench "4 x true (--no-python)" --no-python true
 bench "4 x python3 w.py" "$TMP/w.py"
+bench "4 x python3 (1 s job)" "$TMP/w1.py"
 # What the checks themselves report (one run): each check's own time.
 "$RDRUN" --dry-run --nproc-per-node=4 "$TMP/w.py" 2>/dev/null | sed -n '/^Health checks/,$p'

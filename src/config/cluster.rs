@@ -5,13 +5,14 @@
 //!
 //! Precedence is the cluster module's: values typed on the command line
 //! ([`LaunchArgs::cli_given`]) are its "flags" layer and win every field; `RDRUN_*`, `PET_*` and
-//! the schedulers follow. The detected values are written back into the parsed arguments, so the
-//! rest of resolution (endpoint rules, nproc, checks) runs exactly as for typed flags.
+//! the schedulers follow. The detected values arrive typed and are laid over the typed
+//! layout ([`super::layout`]); nothing is written back into the parsed arguments as text.
 
 use crate::cli::{EnvFn, LaunchArgs};
 use crate::cluster::{self, ClusterChoice, Fields, HostFacts, Mode, NodeCount, Sourced, Topology};
 
-use super::{ConfigError, LaunchConfig, RdzvBackend};
+use super::layout::{EndpointSpec, Layout, Origin};
+use super::{parse_endpoint, ConfigError, LaunchConfig, RdzvBackend};
 
 /// How the topology is printed by `--dry-run` / `--print-topology[=json]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,55 +157,53 @@ fn cluster_error(e: cluster::ClusterError) -> ConfigError {
     ConfigError::Cluster(e.0)
 }
 
-/// The command line's values as the cluster module's flag layer. A value that does not parse is
-/// left out here and reported by the normal resolution (with its usual message).
-fn flag_fields(args: &LaunchArgs) -> Fields {
-    let given = |dest: &str| args.cli_given.contains(dest);
+/// The command line's typed values as the cluster module's flag layer (a `PET_*` value is the
+/// cluster module's own layer).
+fn flag_fields(args: &LaunchArgs, p: &Layout) -> Result<Fields, ConfigError> {
+    let typed = |o: &Origin| *o == Origin::Flag;
     let mut f = Fields::default();
-    if given("nnodes") {
-        if let Ok(n) = super::parse_nnodes(&args.nnodes) {
-            f.nnodes = cluster::src(
-                NodeCount {
-                    min: n.min,
-                    max: n.max,
-                },
-                "--nnodes",
-            );
+    if typed(&p.nnodes.origin) {
+        let n = p.nnodes.value;
+        f.nnodes = cluster::src(
+            NodeCount {
+                min: n.min,
+                max: n.max,
+            },
+            "--nnodes",
+        );
+    }
+    if typed(&p.node_rank.origin) {
+        f.node_rank = cluster::src(p.node_rank.value, "--node-rank");
+    }
+    match &p.endpoint {
+        Some(e) if typed(&e.origin) => {
+            if let EndpointSpec::Text(text) = &e.value {
+                // The first member (an etcd list names several).
+                let first = text.split(',').next().unwrap_or_default();
+                let ep = parse_endpoint(first, p.backend.value)?;
+                f.master_addr = cluster::src(ep.host, "--rdzv-endpoint");
+                f.master_port = cluster::src(ep.port, "--rdzv-endpoint");
+            }
+        }
+        _ => {
+            if typed(&p.master_addr.origin) {
+                f.master_addr = cluster::src(p.master_addr.value.clone(), "--master-addr");
+            }
+            if let Some(port) = p.master_port.as_ref().filter(|g| typed(&g.origin)) {
+                f.master_port = cluster::src(port.value, "--master-port");
+            }
         }
     }
-    if given("node_rank") {
-        if let Ok(r) = usize::try_from(args.node_rank) {
-            f.node_rank = cluster::src(r, "--node-rank");
-        }
+    if typed(&p.backend.origin) {
+        f.backend = cluster::src(p.backend_name.clone(), "--rdzv-backend");
     }
-    if given("rdzv_endpoint") && !args.rdzv_endpoint.is_empty() {
-        let backend = super::parse_backend(&args.rdzv_backend).unwrap_or(RdzvBackend::C10d);
-        if let Ok(ep) = super::parse_endpoint(&args.rdzv_endpoint, backend) {
-            f.master_addr = cluster::src(ep.host, "--rdzv-endpoint");
-            f.master_port = cluster::src(ep.port, "--rdzv-endpoint");
-        }
-    } else {
-        if given("master_addr") {
-            f.master_addr = cluster::src(args.master_addr.clone(), "--master-addr");
-        }
-        if let Some(p) = args
-            .master_port
-            .filter(|_| given("master_port"))
-            .and_then(|p| u16::try_from(p).ok())
-        {
-            f.master_port = cluster::src(p, "--master-port");
-        }
+    if typed(&p.run_id.origin) {
+        f.run_id = cluster::src(p.run_id.value.clone(), "--rdzv-id");
     }
-    if given("rdzv_backend") {
-        f.backend = cluster::src(args.rdzv_backend.clone(), "--rdzv-backend");
+    if typed(&p.nproc.origin) {
+        f.nproc = cluster::src(p.nproc.value.clone(), "--nproc-per-node");
     }
-    if given("rdzv_id") {
-        f.run_id = cluster::src(args.rdzv_id.clone(), "--rdzv-id");
-    }
-    if given("nproc_per_node") {
-        f.nproc = cluster::src(args.nproc_per_node.clone(), "--nproc-per-node");
-    }
-    if given("standalone") {
+    if typed(&p.standalone.origin) {
         f.standalone = cluster::src(true, "--standalone");
     }
     if let Some(h) = &args.hostfile {
@@ -218,21 +217,7 @@ fn flag_fields(args: &LaunchArgs) -> Fields {
         .exclude
         .as_ref()
         .and_then(|v| cluster::src(v.clone(), "--exclude"));
-    f
-}
-
-/// Records where a written-back value came from: one from a single variable is named by it in a
-/// later error (`SLURM_GPUS_ON_NODE='x': …`); any other source names no variable.
-fn set(dest: &str, source: &str, args: &mut LaunchArgs) {
-    let variable = !source.is_empty()
-        && source
-            .bytes()
-            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
-    if variable {
-        args.from_env.insert(dest.to_string(), source.to_string());
-    } else {
-        args.from_env.remove(dest);
-    }
+    Ok(f)
 }
 
 /// In-place mode (issue 12): this rdrun is one rank the scheduler started (several Slurm tasks
@@ -258,10 +243,9 @@ pub struct InPlace {
     pub node: Option<(usize, usize)>,
 }
 
-/// Writes an in-place topology into `args`: a static rendezvous of WORLD_SIZE members of one
-/// worker each, member index RANK, at the scheduler's endpoint. The flags that would contradict
-/// it (a node count, a node rank, another backend, standalone) are refused.
-fn apply_in_place(args: &mut LaunchArgs, t: &Topology) -> Result<(), ConfigError> {
+/// Lays an in-place topology over the layout ([`Layout::in_place`]) after refusing the
+/// flags that would contradict it (a node count, a node rank, another backend, standalone).
+fn apply_in_place(p: &mut Layout, t: &Topology) -> Result<(), ConfigError> {
     let f = &t.fields;
     let (Some(rank), Some(world)) = (&f.rank, &f.world_size) else {
         return Err(ConfigError::Cluster(format!(
@@ -273,71 +257,32 @@ fn apply_in_place(args: &mut LaunchArgs, t: &Topology) -> Result<(), ConfigError
         "{}: in-place mode (this rdrun is rank {} of {}, one worker)",
         t.scheduler, rank.value, world.value
     );
-    for (dest, flag) in [
-        ("nnodes", "--nnodes"),
-        ("node_rank", "--node-rank"),
-        ("standalone", "--standalone"),
+    for (origin, flag) in [
+        (&p.nnodes.origin, "--nnodes"),
+        (&p.node_rank.origin, "--node-rank"),
+        (&p.standalone.origin, "--standalone"),
     ] {
-        if args.cli_given.contains(dest) {
+        if *origin == Origin::Flag {
             return Err(ConfigError::Cluster(format!(
                 "{what}: {flag} cannot apply, the scheduler's ranks are the job; drop it (or pass --cluster none)"
             )));
         }
     }
-    if args.cli_given.contains("rdzv_backend") && args.rdzv_backend != "static" {
+    if p.backend.origin == Origin::Flag && p.backend.value != RdzvBackend::Static {
         return Err(ConfigError::Cluster(format!(
             "{what}: --rdzv-backend {} cannot apply, the ranks form a fixed world (static); drop it",
-            args.rdzv_backend
+            p.backend_name
         )));
     }
-    args.nnodes = world.value.to_string();
-    set("nnodes", &world.source, args);
-    args.node_rank = rank.value as i64;
-    set("node_rank", &rank.source, args);
-    if !args.cli_given.contains("nproc_per_node") {
-        args.nproc_per_node = "1".into();
-        args.from_env.remove("nproc_per_node");
-    }
-    args.rdzv_backend = "static".into();
-    args.from_env.remove("rdzv_backend");
-    args.standalone = false;
-    let typed_endpoint = args.cli_given.contains("rdzv_endpoint") && !args.rdzv_endpoint.is_empty();
-    if !typed_endpoint {
-        if let Some(a) = f
-            .master_addr
-            .as_ref()
-            .filter(|_| !args.cli_given.contains("master_addr"))
-        {
-            args.master_addr = a.value.clone();
-        }
-        if let Some(p) = f
-            .master_port
-            .as_ref()
-            .filter(|_| !args.cli_given.contains("master_port"))
-        {
-            args.master_port = Some(i64::from(p.value));
-        }
-    }
-    if !args.cli_given.contains("rdzv_id") {
-        args.rdzv_id = match &f.run_id {
-            Some(id) => id.value.clone(),
-            // Every rank must name the same run: the endpoint is the one thing they share.
-            None => format!(
-                "inplace-{}-{}",
-                args.master_addr,
-                args.master_port
-                    .unwrap_or(i64::from(super::DEFAULT_STATIC_MASTER_PORT))
-            ),
-        };
-        args.from_env.remove("rdzv_id");
-    }
+    p.in_place(rank, world, f);
     Ok(())
 }
 
-/// Detects the scheduler and writes what it found into `args` (fields the command line did not
-/// give). `Ok(None)`: a local run (nothing detected, or `--cluster none`).
+/// Detects the scheduler and lays what it found over `p` (the values the command line did not
+/// type). `Ok(None)`: a local run (nothing detected, or `--cluster none`).
 pub(super) fn apply(
-    args: &mut LaunchArgs,
+    args: &LaunchArgs,
+    p: &mut Layout,
     env: EnvFn<'_>,
 ) -> Result<Option<Topology>, ConfigError> {
     let lookup = LookupEnv(env);
@@ -354,37 +299,16 @@ pub(super) fn apply(
     if choice == ClusterChoice::None {
         return Ok(None);
     }
-    // The PET_* values the cluster layer also reads are checked first by the flag rules, so that
-    // a bad one keeps its torchrun-compatible usage error (`PET_NNODES='2:1': …`, exit 2).
-    if args.from_env.contains_key("nnodes") {
-        super::parse_nnodes(&args.nnodes)?;
-    }
-    if args.from_env.contains_key("node_rank") && args.node_rank < 0 {
-        return Err(super::invalid(
-            "--node-rank",
-            args.node_rank.to_string(),
-            "must be >= 0",
-        ));
-    }
-    if let Some(p) = args
-        .master_port
-        .filter(|_| args.from_env.contains_key("master_port"))
-    {
-        if u16::try_from(p).is_err() {
-            return Err(super::invalid(
-                "--master-port",
-                p.to_string(),
-                "must be between 0 and 65535",
-            ));
+    // A PET_* endpoint the cluster layer also reads is checked first, so that a bad one keeps
+    // its torchrun-compatible usage error (`PET_RDZV_ENDPOINT='…': …`, exit 2).
+    if let Some(e) = p.endpoint.as_ref().filter(|e| e.origin != Origin::Flag) {
+        if let EndpointSpec::Text(text) = &e.value {
+            parse_endpoint(text, RdzvBackend::C10d).map_err(|err| e.attribute(err))?;
         }
     }
-    if args.from_env.contains_key("rdzv_endpoint") && !args.rdzv_endpoint.is_empty() {
-        super::parse_endpoint(&args.rdzv_endpoint, RdzvBackend::C10d)?;
-    }
     let facts = host_facts(&lookup);
-    let Some(t) =
-        cluster::detect(&lookup, &facts, choice, &flag_fields(args)).map_err(cluster_error)?
-    else {
+    let flags = flag_fields(args, p)?;
+    let Some(t) = cluster::detect(&lookup, &facts, choice, &flags).map_err(cluster_error)? else {
         return Ok(None);
     };
     // A worker of torchrun/rdrun inherits the scheduler's variables: a second rdrun would form a
@@ -393,11 +317,11 @@ pub(super) fn apply(
     cluster::nested_guard(&lookup, nested).map_err(cluster_error)?;
     let f = &t.fields;
     if f.mode.as_ref().map(|m| m.value) == Some(Mode::InPlace) {
-        apply_in_place(args, &t)?;
+        apply_in_place(p, &t)?;
         return Ok(Some(t));
     }
     // `--standalone` under a multi-node scheduler is the headline bug again (a world per node).
-    let standalone = args.standalone || f.standalone.as_ref().is_some_and(|s| s.value);
+    let standalone = p.standalone.value || f.standalone.as_ref().is_some_and(|s| s.value);
     if let Some(n) = f.nnodes.as_ref().filter(|n| n.value.max > 1) {
         let scheduler_count = !n.source.starts_with("--") && !n.source.starts_with("PET_");
         if standalone && scheduler_count {
@@ -407,64 +331,7 @@ pub(super) fn apply(
             )));
         }
     }
-    // Write back what the command line did not give; an overwritten PET_* attribution would name
-    // the wrong variable in a later error.
-    let typed = args.cli_given.clone();
-    let not_typed = |dest: &str| !typed.contains(dest);
-    if let Some(n) = f.nnodes.as_ref().filter(|_| not_typed("nnodes")) {
-        args.nnodes = n.value.to_string();
-        set("nnodes", &n.source, args);
-    }
-    if let Some(b) = f.backend.as_ref().filter(|_| not_typed("rdzv_backend")) {
-        args.rdzv_backend = b.value.clone();
-        set("rdzv_backend", &b.source, args);
-    }
-    // The node rank only means something to the static backend (c10d assigns ranks itself, and
-    // warns about a node rank given to it).
-    if let Some(r) = f
-        .node_rank
-        .as_ref()
-        .filter(|_| not_typed("node_rank") && args.rdzv_backend == "static")
-    {
-        args.node_rank = r.value as i64;
-        set("node_rank", &r.source, args);
-    }
-    if let Some(id) = f.run_id.as_ref().filter(|_| not_typed("rdzv_id")) {
-        args.rdzv_id = id.value.clone();
-        set("rdzv_id", &id.source, args);
-    }
-    if let Some(n) = f.nproc.as_ref().filter(|_| not_typed("nproc_per_node")) {
-        args.nproc_per_node = n.value.clone();
-        set("nproc_per_node", &n.source, args);
-    }
-    if let Some(s) = f.standalone.as_ref().filter(|_| not_typed("standalone")) {
-        args.standalone = s.value;
-    }
-    let typed_endpoint = !not_typed("rdzv_endpoint") && !args.rdzv_endpoint.is_empty();
-    if let (Some(a), false) = (&f.master_addr, typed_endpoint) {
-        let static_backend = args.rdzv_backend == "static";
-        let port = f.master_port.as_ref().map(|p| p.value);
-        if static_backend {
-            if not_typed("master_addr") {
-                args.master_addr = a.value.clone();
-            }
-            if let Some(p) = port.filter(|_| not_typed("master_port")) {
-                args.master_port = Some(i64::from(p));
-            }
-        } else {
-            // c10d/etcd: the endpoint is the rendezvous store's.
-            let host = if a.value.contains(':') {
-                format!("[{}]", a.value)
-            } else {
-                a.value.clone()
-            };
-            args.rdzv_endpoint = match port {
-                Some(p) => format!("{host}:{p}"),
-                None => host,
-            };
-            args.from_env.remove("rdzv_endpoint");
-        }
-    }
+    p.overlay(f)?;
     Ok(Some(t))
 }
 
@@ -473,6 +340,7 @@ pub(super) fn apply(
 pub(super) fn plan(
     detected: Option<Topology>,
     args: &LaunchArgs,
+    p: &Layout,
     cfg: &LaunchConfig,
 ) -> Result<ClusterPlan, ConfigError> {
     let dry_run = match args.print_topology.as_deref() {
@@ -487,15 +355,6 @@ pub(super) fn plan(
         fields: Fields::default(),
         notes: Vec::new(),
     });
-    let source = |dest: &str, flag: &str| -> String {
-        if args.cli_given.contains(dest) {
-            flag.to_string()
-        } else if let Some(var) = args.from_env.get(dest) {
-            var.clone()
-        } else {
-            "default".to_string()
-        }
-    };
     fn fill<T>(slot: &mut Option<Sourced<T>>, value: T, source: String) {
         if slot.is_none() {
             *slot = Some(Sourced { value, source });
@@ -525,17 +384,17 @@ pub(super) fn plan(
                 min: cfg.nnodes.min,
                 max: cfg.nnodes.max,
             },
-            source("nnodes", "--nnodes"),
+            p.nnodes.origin.label("--nnodes"),
         );
         fill(
             &mut f.node_rank,
             cfg.node_rank,
-            source("node_rank", "--node-rank"),
+            p.node_rank.origin.label("--node-rank"),
         );
     }
     if cfg.standalone {
-        let why = if args.standalone {
-            source("standalone", "--standalone")
+        let why = if p.standalone.value {
+            p.standalone.origin.label("--standalone")
         } else {
             "auto (one node, static, no endpoint or port)".to_string()
         };
@@ -552,28 +411,30 @@ pub(super) fn plan(
         );
     } else {
         if let Some(ep) = &cfg.rdzv.endpoint {
-            let (flag, dest) = if args.rdzv_endpoint.is_empty() {
-                ("--master-addr", "master_addr")
-            } else {
-                ("--rdzv-endpoint", "rdzv_endpoint")
+            let (addr, port) = match &p.endpoint {
+                Some(e) => {
+                    let l = e.origin.label("--rdzv-endpoint");
+                    (l.clone(), l)
+                }
+                None => (
+                    p.master_addr.origin.label("--master-addr"),
+                    p.master_port
+                        .as_ref()
+                        .map_or("default".into(), |g| g.origin.label("--master-port")),
+                ),
             };
-            fill(&mut f.master_addr, ep.host.clone(), source(dest, flag));
-            let (pflag, pdest) = if args.rdzv_endpoint.is_empty() {
-                ("--master-port", "master_port")
-            } else {
-                ("--rdzv-endpoint", "rdzv_endpoint")
-            };
-            fill(&mut f.master_port, ep.port, source(pdest, pflag));
+            fill(&mut f.master_addr, ep.host.clone(), addr);
+            fill(&mut f.master_port, ep.port, port);
         }
         fill(
             &mut f.backend,
-            args.rdzv_backend.clone(),
-            source("rdzv_backend", "--rdzv-backend"),
+            p.backend_name.clone(),
+            p.backend.origin.label("--rdzv-backend"),
         );
         fill(
             &mut f.run_id,
             cfg.rdzv.run_id.clone(),
-            source("rdzv_id", "--rdzv-id"),
+            p.run_id.origin.label("--rdzv-id"),
         );
     }
     let nproc = cfg.nproc_per_node.to_string();
@@ -581,7 +442,7 @@ pub(super) fn plan(
         // `auto`/`gpu` from a variable: show the count it resolved to, keep the source.
         Some(n) if n.value != nproc => n.value = format!("{nproc} ({})", n.value),
         Some(_) => {}
-        None => f.nproc = cluster::src(nproc, source("nproc_per_node", "--nproc-per-node")),
+        None => f.nproc = cluster::src(nproc, p.nproc.origin.label("--nproc-per-node")),
     }
     let worker_env = match &t.fields.devices {
         Some(d) if d.source == cluster::readers::FILTER_DEVICES => {

@@ -378,3 +378,84 @@ fn dry_run_and_local_topology() {
     // A local run that is not a dry run prints nothing (as torchrun).
     assert_eq!(ok(&["t.py"]).cluster.banner(), None);
 }
+
+/// The layout is typed once (config/layout.rs): a scheduler's host and port reach the c10d
+/// endpoint as values, not as `host:port` text parsed again; an error names the value's own
+/// source, and a typed flag is never attributed to a variable.
+#[test]
+fn placement_is_typed_once_and_named_by_its_source() {
+    // A typed c10d backend under a Slurm step: the scheduler's master is the store's host.
+    let c = launch(&["--rdzv-backend", "c10d", "t.py"], STEP).expect("resolves");
+    assert_eq!(c.rdzv.backend, RdzvBackend::C10d);
+    assert_eq!(
+        c.rdzv.endpoint,
+        Some(Endpoint {
+            host: "n1".into(),
+            port: 12001
+        })
+    );
+    // A bad master address from PET_MASTER_ADDR is named by that variable and by its own flag.
+    let e = launch(
+        &["--cluster", "none", "--nnodes", "2", "t.py"],
+        &[("PET_MASTER_ADDR", "bad host")],
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("PET_MASTER_ADDR='bad host': the host must be"),
+        "{e}"
+    );
+    assert_eq!(e.exit_code(), crate::exit::USAGE);
+    // Typed, the same value is the flag's (even with a PET_* value of another flag around).
+    let e = launch(
+        &[
+            "--cluster",
+            "none",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            "bad host",
+            "t.py",
+        ],
+        &[("PET_RDZV_ENDPOINT", "")],
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().starts_with("--master-addr 'bad host': "),
+        "{e}"
+    );
+    // A bracketed IPv6 master address keeps its port unambiguous and loses its brackets.
+    let c = launch(
+        &[
+            "--cluster",
+            "none",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            "[::1]",
+            "--master-port",
+            "2345",
+            "t.py",
+        ],
+        &[],
+    )
+    .expect("resolves");
+    assert_eq!(
+        c.rdzv.endpoint,
+        Some(Endpoint {
+            host: "::1".into(),
+            port: 2345
+        })
+    );
+    // A node rank is checked against the node count after both are typed, and named by the
+    // variable that set it.
+    let e = launch(
+        &["--cluster", "none", "--nnodes", "2", "t.py"],
+        &[("PET_NODE_RANK", "3")],
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "PET_NODE_RANK='3': must be less than the number of nodes (2)"
+    );
+}

@@ -6,27 +6,28 @@
 
 use std::collections::BTreeMap;
 
+use super::layout::{EndpointSpec, Layout};
 use super::{
-    invalid, ConfigError, Endpoint, Host, NodeRange, RdzvBackend, RdzvConfig, DEFAULT_C10D_PORT,
+    invalid, ConfigError, Endpoint, Host, RdzvBackend, RdzvConfig, DEFAULT_C10D_PORT,
     DEFAULT_ETCD_PORT, DEFAULT_STATIC_MASTER_PORT, ETCD_ENDPOINTS_KEY,
 };
-use crate::cli::LaunchArgs;
 
 /// The rendezvous part of [`super::resolve`]: `(standalone, rendezvous, MASTER_ADDR,
-/// MASTER_PORT)`. `master_port` is `--master-port`, already range-checked.
+/// MASTER_PORT)` from the typed layout.
 pub(super) fn resolve_rendezvous(
-    args: &LaunchArgs,
-    backend: RdzvBackend,
+    p: &Layout,
+    local_addr: Option<&str>,
     conf: BTreeMap<String, String>,
-    nnodes: NodeRange,
-    node_rank: usize,
-    master_port: Option<u16>,
     host: &dyn Host,
 ) -> Result<(bool, RdzvConfig, String, Option<u16>), ConfigError> {
+    let backend = p.backend.value;
+    let nnodes = p.nnodes.value;
+    let node_rank = p.node_rank.value;
+    let master_port = p.master_port.as_ref().map(|g| g.value);
     // Spec §1.3 step 2: explicit and automatic standalone.
-    let standalone = args.standalone
+    let standalone = p.standalone.value
         || (backend == RdzvBackend::Static
-            && args.rdzv_endpoint.is_empty()
+            && p.endpoint.is_none()
             && master_port.is_none()
             && nnodes.max == 1);
 
@@ -36,92 +37,85 @@ pub(super) fn resolve_rendezvous(
             endpoint: None,
             run_id: uuid4(host.random_bytes()),
             conf,
+            settings: None,
         };
         (rdzv, "127.0.0.1".to_string(), master_port)
     } else {
         if backend != RdzvBackend::Static && node_rank != 0 {
             tracing::warn!(
                 "node_rank is only used for static rdzv_backend. It will be ignored for rdzv_backend={}.",
-                args.rdzv_backend
+                p.backend_name
             );
         }
-        if backend != RdzvBackend::Static && args.rdzv_endpoint.is_empty() {
+        if backend != RdzvBackend::Static && p.endpoint.is_none() {
             tracing::warn!(
                 "master_addr is only used for static rdzv_backend and when rdzv_endpoint is not specified."
             );
         }
         if backend == RdzvBackend::Static && node_rank >= nnodes.max {
-            return Err(invalid(
+            return Err(p.node_rank.invalid(
                 "--node-rank",
                 node_rank.to_string(),
                 format!("must be less than the number of nodes ({})", nnodes.max),
             ));
         }
-        let run_id = if args.rdzv_id.is_empty() {
+        let run_id = if p.run_id.value.is_empty() {
             // torchrun: `str(uuid.uuid4().int)` with a warning.
             let id = u128::from_be_bytes(uuid4_bytes(host.random_bytes())).to_string();
             tracing::warn!("config has no run_id, generated a random run_id: {id}");
             id
         } else {
-            args.rdzv_id.clone()
+            p.run_id.value.clone()
         };
-        let from_master = backend == RdzvBackend::Static && args.rdzv_endpoint.is_empty();
-        let endpoint_text = if from_master {
-            // An IPv6 --master-addr gets brackets, so that its port is never ambiguous.
-            let a = args.master_addr.as_str();
-            let port = master_port.unwrap_or(DEFAULT_STATIC_MASTER_PORT);
-            if a.contains(':') && !a.starts_with('[') {
-                format!("[{a}]:{port}")
-            } else {
-                format!("{a}:{port}")
-            }
-        } else {
-            args.rdzv_endpoint.clone()
-        };
-        // etcd: every member, comma-separated; the first is the config's endpoint, the list
-        // travels to the backend in its conf (under [`ETCD_ENDPOINTS_KEY`], which the etcd backend reads).
         let mut conf = conf;
-        let endpoint = if backend == RdzvBackend::Etcd && endpoint_text.contains(',') {
-            let members = endpoint_text
-                .split(',')
-                .map(|m| parse_endpoint(m, backend))
-                .collect::<Result<Vec<_>, _>>()?;
-            let list: Vec<String> = members
-                .iter()
-                .map(|e| match e.host.contains(':') {
-                    true => format!("[{}]:{}", e.host, e.port),
-                    false => format!("{}:{}", e.host, e.port),
-                })
-                .collect();
-            conf.insert(ETCD_ENDPOINTS_KEY.to_string(), list.join(","));
-            members
-                .into_iter()
-                .next()
-                .expect("split yields one item at least")
-        } else {
-            parse_endpoint(&endpoint_text, backend)?
+        let (endpoint, port_zero) = match &p.endpoint {
+            // Static without an endpoint: node 0's store at the master address.
+            None if backend == RdzvBackend::Static => {
+                let port = master_port.unwrap_or(DEFAULT_STATIC_MASTER_PORT);
+                let ep =
+                    endpoint_of(&p.master_addr.value, Some(port), backend).map_err(|reason| {
+                        p.master_addr
+                            .invalid("--master-addr", &p.master_addr.value, reason)
+                    })?;
+                let zero = p
+                    .master_port
+                    .as_ref()
+                    .map(|g| g.invalid("--master-port", "0", PORT_ZERO_MULTI_NODE));
+                (ep, zero)
+            }
+            None => (parse_endpoint("", backend)?, None),
+            Some(g) => {
+                let ep = match &g.value {
+                    EndpointSpec::Text(text) => {
+                        endpoint_members(text, backend, &mut conf).map_err(|e| g.attribute(e))?
+                    }
+                    EndpointSpec::HostPort { host, port } => endpoint_of(host, *port, backend)
+                        .map_err(|reason| g.invalid("--master-addr", host, reason))?,
+                };
+                let zero = Some(g.invalid(
+                    "--rdzv-endpoint",
+                    match &g.value {
+                        EndpointSpec::Text(text) => text.clone(),
+                        EndpointSpec::HostPort { host, .. } => format!("{host}:0"),
+                    },
+                    PORT_ZERO_MULTI_NODE,
+                ));
+                (ep, zero)
+            }
         };
         // Issue 17.5: port 0 means "pick a free port"; only one node can know which it got.
         if endpoint.port == 0 && nnodes.max > 1 {
-            let (flag, value) = if from_master {
-                ("--master-port", "0".to_string())
-            } else {
-                ("--rdzv-endpoint", endpoint_text.clone())
-            };
-            return Err(invalid(
-                flag,
-                value,
-                "port 0 (pick a free port) works only for one node: the other nodes cannot \
-                 learn which port was picked; give a fixed port",
-            ));
+            if let Some(e) = port_zero {
+                return Err(e);
+            }
         }
         let (addr, port) = if backend == RdzvBackend::Static {
             (endpoint.host.clone(), Some(endpoint.port))
         } else {
             (
-                args.local_addr
-                    .clone()
-                    .unwrap_or_else(|| args.master_addr.clone()),
+                local_addr
+                    .map(str::to_string)
+                    .unwrap_or_else(|| p.master_addr.value.clone()),
                 master_port,
             )
         };
@@ -130,10 +124,81 @@ pub(super) fn resolve_rendezvous(
             endpoint: Some(endpoint),
             run_id,
             conf,
+            settings: None,
         };
         (rdzv, addr, port)
     };
     Ok((standalone, rdzv, master_addr, master_port))
+}
+
+const PORT_ZERO_MULTI_NODE: &str = "port 0 (pick a free port) works only for one node: the other \
+     nodes cannot learn which port was picked; give a fixed port";
+
+/// `--rdzv-endpoint`'s text: one endpoint, or for etcd every member, comma-separated; the first
+/// is the config's endpoint and the list travels to the backend in its conf (under
+/// [`ETCD_ENDPOINTS_KEY`], which the etcd backend reads).
+fn endpoint_members(
+    text: &str,
+    backend: RdzvBackend,
+    conf: &mut BTreeMap<String, String>,
+) -> Result<Endpoint, ConfigError> {
+    if !(backend == RdzvBackend::Etcd && text.contains(',')) {
+        return parse_endpoint(text, backend);
+    }
+    let members = text
+        .split(',')
+        .map(|m| parse_endpoint(m, backend))
+        .collect::<Result<Vec<_>, _>>()?;
+    let list: Vec<String> = members
+        .iter()
+        .map(|e| match e.host.contains(':') {
+            true => format!("[{}]:{}", e.host, e.port),
+            false => format!("{}:{}", e.host, e.port),
+        })
+        .collect();
+    conf.insert(ETCD_ENDPOINTS_KEY.to_string(), list.join(","));
+    Ok(members
+        .into_iter()
+        .next()
+        .expect("split yields one item at least"))
+}
+
+/// A host (an IPv6 address with or without brackets) and port as an [`Endpoint`]: the
+/// backend's default port when none is given; the reason when the host is not one.
+fn endpoint_of(host: &str, port: Option<u16>, backend: RdzvBackend) -> Result<Endpoint, String> {
+    let host = host.trim();
+    let host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(inner) if !inner.is_empty() => inner,
+        _ => host,
+    };
+    let port = match (port, default_port(backend)) {
+        (Some(p), _) | (None, Some(p)) => p,
+        (None, None) => return Err("a port is required (try --master-port)".into()),
+    };
+    if !host_ok(host) {
+        return Err(
+            "the host must be a hostname, an IPv4 address, or an IPv6 address in brackets".into(),
+        );
+    }
+    Ok(Endpoint {
+        host: host.to_string(),
+        port,
+    })
+}
+
+fn default_port(backend: RdzvBackend) -> Option<u16> {
+    match backend {
+        RdzvBackend::Static => None,
+        RdzvBackend::C10d => Some(DEFAULT_C10D_PORT),
+        RdzvBackend::Etcd | RdzvBackend::EtcdV2 => Some(DEFAULT_ETCD_PORT),
+    }
+}
+
+fn host_ok(host: &str) -> bool {
+    !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'))
 }
 
 /// `--rdzv-backend`.
@@ -191,11 +256,7 @@ pub fn parse_rdzv_conf(text: &str) -> Result<BTreeMap<String, String>, ConfigErr
 /// `[v6]:port`, split on the last `:`; the backend's default port when none is given (the static
 /// backend needs one).
 pub fn parse_endpoint(text: &str, backend: RdzvBackend) -> Result<Endpoint, ConfigError> {
-    let default_port = match backend {
-        RdzvBackend::Static => None,
-        RdzvBackend::C10d => Some(DEFAULT_C10D_PORT),
-        RdzvBackend::Etcd | RdzvBackend::EtcdV2 => Some(DEFAULT_ETCD_PORT),
-    };
+    let default_port = default_port(backend);
     let t = text.trim();
     if t.is_empty() {
         return match default_port {
@@ -268,11 +329,7 @@ pub fn parse_endpoint(text: &str, backend: RdzvBackend) -> Result<Endpoint, Conf
             }
         },
     };
-    let host_ok = !host.is_empty()
-        && host
-            .chars()
-            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'));
-    if !host_ok {
+    if !host_ok(host) {
         return Err(invalid(
             "--rdzv-endpoint",
             text,
@@ -602,6 +659,49 @@ mod tests {
             parse_rdzv_conf("a=").unwrap_err().to_string(),
             "--rdzv-conf 'a=': option 'a' must have a value"
         );
+    }
+
+    /// Every backend's `--rdzv-conf` is typed when the run is resolved (etcd's too), so a bad
+    /// value stops the run before anything starts, naming its key; a run that holds no
+    /// rendezvous types nothing.
+    #[test]
+    fn rdzv_conf_is_typed_at_resolve_time_for_every_backend() {
+        for (backend, endpoint, conf, want) in [
+            ("c10d", "h:29400", "join_timeout=x", "rdzv-conf join_timeout=\"x\": expected a number of seconds"),
+            ("static", "h:29500", "timeout=-1", "rdzv-conf timeout=\"-1\": expected a number of seconds"),
+            ("etcd", "h:2379", "ttl=1", "rdzv-conf ttl=\"1\": expected whole seconds between 2 and 86400 (etcd grants at least 2)"),
+            ("etcd-v3", "h:2379", "protocol=ftp", "rdzv-conf protocol=\"ftp\": expected http or https"),
+        ] {
+            let argv = [
+                "--nnodes", "2", "--rdzv-backend", backend, "--rdzv-endpoint", endpoint,
+                "--rdzv-conf", conf, "t.py",
+            ];
+            let e = fail(&argv);
+            assert_eq!(
+                e.to_string(),
+                format!("invalid rendezvous configuration: {want}"),
+                "{backend}"
+            );
+        }
+        let c = ok(&[
+            "--nnodes",
+            "2",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            "h1:2379,h2:2380",
+            "--rdzv-conf",
+            "ttl=9",
+            "t.py",
+        ]);
+        match &c.rdzv.settings {
+            Some(RdzvSettings::Etcd(s)) => {
+                assert_eq!(s.endpoints, ["h1:2379", "h2:2380"]);
+                assert_eq!(s.ttl, std::time::Duration::from_secs(9));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(ok(&["--standalone", "t.py"]).rdzv.settings, None);
     }
 
     #[test]

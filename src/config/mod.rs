@@ -32,9 +32,11 @@ mod command;
 pub mod console;
 mod dryrun;
 mod endpoint;
+pub mod etcd_conf;
 mod flags;
 pub mod hang;
 mod host;
+mod layout;
 pub mod numa;
 pub mod observe;
 pub mod rdzv_conf;
@@ -78,15 +80,69 @@ pub struct Endpoint {
 }
 
 /// Rendezvous settings after resolution.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RdzvConfig {
     pub backend: RdzvBackend,
     /// `None` only for a single-node (standalone) run, where rdrun binds loopback port 0.
     pub endpoint: Option<Endpoint>,
     /// TORCHELASTIC_RUN_ID: `--rdzv-id`, or a fresh UUID for standalone.
     pub run_id: String,
-    /// `--rdzv-conf` key/value pairs, whitespace-stripped, values kept as text.
+    /// `--rdzv-conf` key/value pairs, whitespace-stripped, values kept as text (the unknown ones
+    /// are logged; the known ones are typed in `settings`).
     pub conf: BTreeMap<String, String>,
+    /// The backend's settings, typed at resolve time from `conf` and `--nnodes`; `None` when the
+    /// run holds no rendezvous ([`LaunchConfig::uses_rendezvous`]).
+    pub settings: Option<RdzvSettings>,
+}
+
+/// A rendezvous backend's typed `--rdzv-conf` settings.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RdzvSettings {
+    Static(rdzv_conf::StaticSettings),
+    C10d(rdzv_conf::C10dSettings),
+    Etcd(etcd_conf::EtcdSettings),
+}
+
+impl RdzvConfig {
+    /// A rendezvous config with its settings typed from `conf` (for a run that holds one).
+    pub fn typed(
+        backend: RdzvBackend,
+        endpoint: Endpoint,
+        run_id: impl Into<String>,
+        conf: BTreeMap<String, String>,
+        nnodes: NodeRange,
+    ) -> Result<RdzvConfig, ConfigError> {
+        let mut r = RdzvConfig {
+            backend,
+            endpoint: Some(endpoint),
+            run_id: run_id.into(),
+            conf,
+            settings: None,
+        };
+        r.settings = Some(r.type_settings(nnodes)?);
+        Ok(r)
+    }
+
+    /// `conf` typed for `backend`: a bad value is a one-line error naming its key.
+    fn type_settings(&self, nnodes: NodeRange) -> Result<RdzvSettings, ConfigError> {
+        Ok(match self.backend {
+            RdzvBackend::Static => {
+                RdzvSettings::Static(rdzv_conf::StaticSettings::from_conf(&self.conf)?)
+            }
+            RdzvBackend::C10d => {
+                RdzvSettings::C10d(rdzv_conf::C10dSettings::from_conf(nnodes, &self.conf)?)
+            }
+            RdzvBackend::Etcd | RdzvBackend::EtcdV2 => {
+                let endpoint = self.endpoint.clone().unwrap_or(Endpoint {
+                    host: "localhost".into(),
+                    port: DEFAULT_ETCD_PORT,
+                });
+                RdzvSettings::Etcd(etcd_conf::EtcdSettings::from_conf(
+                    nnodes, &endpoint, &self.conf,
+                )?)
+            }
+        })
+    }
 }
 
 /// How the worker program is started.
@@ -349,10 +405,14 @@ impl ConfigError {
     /// Names the `PET_*` variable in an error about a flag whose value came from one
     /// (`from_env`: [`LaunchArgs::from_env`]).
     fn attributed(self, from_env: &BTreeMap<String, String>) -> ConfigError {
-        let var_of = |flag: &str| {
+        self.naming(|flag| {
             let dest = flag.trim_start_matches('-').replace('-', "_");
             from_env.get(&dest).cloned()
-        };
+        })
+    }
+
+    /// An error about a flag's value that names no variable yet, naming `var_of(flag)`.
+    pub(crate) fn naming(self, var_of: impl Fn(&str) -> Option<String>) -> ConfigError {
         match self {
             ConfigError::Invalid {
                 flag,
@@ -420,22 +480,26 @@ pub fn resolve_with(
     env: EnvFn<'_>,
     host: &dyn Host,
 ) -> Result<LaunchConfig, ConfigError> {
-    let mut args = args;
-    // First the scheduler's values (they become the arguments not typed), so that a bad one is
-    // named by its variable like a PET_* value.
-    let pet = args.from_env.clone();
-    let detected = cluster::apply(&mut args, env).map_err(|e| e.attributed(&pet))?;
-    let from_env = args.from_env.clone();
-    resolve_args(args, detected, env, host).map_err(|e| e.attributed(&from_env))
+    // The layout first, typed once; then the scheduler's values laid over what the command
+    // line did not type. Layout errors name their own source; the rest are named by the
+    // `PET_*` variable that set the flag, if one did.
+    let mut layout = layout::Layout::from_args(&args)?;
+    let detected = cluster::apply(&args, &mut layout, env)?;
+    let mut from_env = args.from_env.clone();
+    for dest in layout::DESTS {
+        from_env.remove(*dest);
+    }
+    resolve_args(args, layout, detected, env, host).map_err(|e| e.attributed(&from_env))
 }
 
 fn resolve_args(
     args: LaunchArgs,
+    layout: layout::Layout,
     detected: Option<crate::cluster::Topology>,
     env: EnvFn<'_>,
     host: &dyn Host,
 ) -> Result<LaunchConfig, ConfigError> {
-    let nnodes = parse_nnodes(&args.nnodes)?;
+    let nnodes = layout.nnodes.value;
     let max_restarts = u32::try_from(args.max_restarts).map_err(|_| {
         invalid(
             "--max-restarts",
@@ -485,22 +549,8 @@ fn resolve_args(
     hang.search_path = run_env.path.clone();
     let observe = resolve_observe(&args, env)?;
     let warm = warm::resolve(&args, env)?;
-    let backend = parse_backend(&args.rdzv_backend)?;
     let conf = parse_rdzv_conf(&args.rdzv_conf)?;
-    let node_rank = usize::try_from(args.node_rank)
-        .map_err(|_| invalid("--node-rank", args.node_rank.to_string(), "must be >= 0"))?;
-    let master_port = args
-        .master_port
-        .map(|p| {
-            u16::try_from(p).map_err(|_| {
-                invalid(
-                    "--master-port",
-                    p.to_string(),
-                    "must be between 0 and 65535",
-                )
-            })
-        })
-        .transpose()?;
+    let node_rank = layout.node_rank.value;
     if args.start_method != "spawn" {
         tracing::info!(
             "--start-method {} is ignored: rdrun starts every worker as a new process",
@@ -512,19 +562,12 @@ fn resolve_args(
     }
 
     let (standalone, rdzv, master_addr, master_port) =
-        endpoint::resolve_rendezvous(&args, backend, conf, nnodes, node_rank, master_port, host)?;
+        endpoint::resolve_rendezvous(&layout, args.local_addr.as_deref(), conf, host)?;
 
+    let mut rdzv = rdzv;
     if uses_rendezvous(standalone, &rdzv, nnodes) {
         // Typed now, so that a bad value stops the run before anything starts.
-        match rdzv.backend {
-            RdzvBackend::Static => {
-                rdzv_conf::StaticSettings::from_conf(&rdzv.conf)?;
-            }
-            RdzvBackend::C10d => {
-                rdzv_conf::C10dSettings::from_conf(nnodes, &rdzv.conf)?;
-            }
-            RdzvBackend::Etcd | RdzvBackend::EtcdV2 => {}
-        }
+        rdzv.settings = Some(rdzv.type_settings(nnodes)?);
     }
 
     let mut log = resolve_logs(&args, env, host)?;
@@ -532,7 +575,8 @@ fn resolve_args(
     let shutdown_timeout = resolve_shutdown_timeout(args.shutdown_timeout, env)?;
     // --nproc-per-node before the command: a value wrong on any machine (0, 100000) is a usage
     // error even when the script is missing too.
-    let nproc_per_node = resolve_nproc(&args.nproc_per_node, env, host)?;
+    let nproc_per_node =
+        resolve_nproc(&layout.nproc.value, env, host).map_err(|e| layout.nproc.attribute(e))?;
     let command = resolve_command(&args, env, host)?;
     let binding = resolve_binding(&args, nproc_per_node, env, host)?;
     let torch_env = torchenv::resolve(env, standalone, rdzv.backend);
@@ -590,11 +634,11 @@ fn resolve_args(
         resilience,
         warm,
     };
-    cfg.cluster = cluster::plan(detected, &args, &cfg)?;
+    cfg.cluster = cluster::plan(detected, &args, &layout, &cfg)?;
     if cfg.cluster.dry_run.is_some() {
         // Standalone, or no --rdzv-id elsewhere: the real run makes its own id up at launch, so
         // the one made up here is not shown as if it were the run's.
-        let fresh = cfg.standalone || args.rdzv_id.is_empty();
+        let fresh = cfg.standalone || layout.run_id.value.is_empty();
         if fresh {
             cfg.cluster.topology.fields.run_id = None;
         }

@@ -29,6 +29,13 @@ pub enum ConfError {
     StoreType(String),
     #[error("invalid node range {min}:{max}: need 1 <= min <= max")]
     NodeRange { min: usize, max: usize },
+    /// A key whose value breaks its own rule (etcd's keys).
+    #[error("rdzv-conf {key}={value:?}: {why}")]
+    Bad {
+        key: &'static str,
+        value: String,
+        why: &'static str,
+    },
 }
 
 /// Parses torchrun's boolean spellings.
@@ -228,14 +235,8 @@ impl StaticSettings {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testkit::conf;
     use super::*;
-
-    fn conf(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     /// Issue 16: the heartbeat defaults grow with `--nnodes` MAX (bounded), explicit values win.
     #[test]

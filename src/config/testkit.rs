@@ -108,6 +108,7 @@ pub(crate) fn launch_config(
             endpoint: None,
             run_id: "t".into(),
             conf: Default::default(),
+            settings: None,
         },
         standalone,
         master_addr: master_addr.into(),
@@ -139,4 +140,12 @@ pub(crate) fn launch_config(
         resilience: Default::default(),
         warm: Default::default(),
     }
+}
+
+/// A `--rdzv-conf` map from pairs.
+pub(crate) fn conf(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }

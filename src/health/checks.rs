@@ -50,8 +50,8 @@ fn mib(bytes: u64) -> String {
     format!("{} MiB", bytes >> 20)
 }
 
-/// The worker interpreter starts (`python -c pass`): a broken venv fails once here, not once
-/// per rank after the rendezvous.
+/// The worker interpreter starts and imports the preload modules (`python -c 'import torch'`;
+/// `pass` when none): a broken venv fails once here, not once per rank after the rendezvous.
 pub async fn interpreter(inputs: &Inputs) -> Verdict {
     let t0 = Instant::now();
     let Some(python) = &inputs.python else {
@@ -62,15 +62,30 @@ pub async fn interpreter(inputs: &Inputs) -> Verdict {
             "--no-python: no interpreter".into(),
         );
     };
-    let ran = run_bounded(python, &["-c", "pass"], inputs.timeout).await;
+    let code = match inputs.preload.is_empty() {
+        true => "pass".to_string(),
+        false => format!("import {}", inputs.preload.join(", ")),
+    };
+    let ran = run_bounded(python, &["-c", &code], inputs.timeout).await;
     let shown = python.display();
+    let ok = match inputs.preload.is_empty() {
+        true => format!("{shown} starts"),
+        false => format!("{shown} starts and imports {}", inputs.preload.join(", ")),
+    };
     match ran.succeeded() {
-        true => verdict("interpreter", t0, Status::Ok, format!("{shown} starts")),
+        true => verdict("interpreter", t0, Status::Ok, ok),
         false => verdict(
             "interpreter",
             t0,
             Status::Failed,
-            format!("{shown} does not start: {}", describe(&ran, inputs.timeout)),
+            match inputs.preload.is_empty() {
+                true => format!("{shown} does not start: {}", describe(&ran, inputs.timeout)),
+                false => format!(
+                    "{shown} cannot import {}: {}",
+                    inputs.preload.join(", "),
+                    describe(&ran, inputs.timeout)
+                ),
+            },
         ),
     }
 }

@@ -40,11 +40,21 @@ pub async fn run_bounded(program: impl AsRef<OsStr>, args: &[&str], bound: Durat
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    // SAFETY: prctl(2) only, async-signal-safe. The check dies with the thread that started it
+    // (checks may run on a thread of their own, `supervisor/healthlink.rs`) and with rdrun.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return Ran::NotStarted(e.to_string()),
     };
     let pid = child.id();
+    // A run dropped before its end (the checks cancelled) kills the group it created.
+    let mut group = GroupGuard(pid);
     let out = child.stdout.take().map(|s| tokio::spawn(read_some(s)));
     let err = child.stderr.take().map(|s| tokio::spawn(read_some(s)));
     let waited = tokio::time::timeout(bound, child.wait()).await;
@@ -62,6 +72,7 @@ pub async fn run_bounded(program: impl AsRef<OsStr>, args: &[&str], bound: Durat
             None
         }
     };
+    group.0 = None;
     let mut text = Vec::new();
     for task in [out, err].into_iter().flatten() {
         if let Ok(Ok(bytes)) = tokio::time::timeout(PIPE_GRACE, task).await {
@@ -72,6 +83,18 @@ pub async fn run_bounded(program: impl AsRef<OsStr>, args: &[&str], bound: Durat
     match timed_out {
         true => Ran::TimedOut { tail },
         false => Ran::Exited { code, tail },
+    }
+}
+
+/// Kills the process group `run_bounded` created unless the run reached its end.
+struct GroupGuard(Option<u32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            // SAFETY: plain kill(2) of the process group this call created.
+            unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+        }
     }
 }
 

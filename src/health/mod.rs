@@ -139,6 +139,11 @@ impl HealthReport {
 pub struct Inputs {
     /// The worker interpreter of a Python launch; `None` for `--no-python`.
     pub python: Option<std::path::PathBuf>,
+    /// Modules the interpreter check imports: under `--health-check on` with warm start on,
+    /// the preload list (the template imports them anyway, and a node that cannot is bad);
+    /// empty otherwise (`python -c pass`): a script that never imports torch must not make its
+    /// node unhealthy, and under `warn` warm start names a failing preload itself, once.
+    pub preload: Vec<String>,
     pub log_dir: Option<std::path::PathBuf>,
     pub nproc: usize,
     /// `NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME` as (variable, value), the ones set.
@@ -159,8 +164,15 @@ impl Inputs {
             _ => Some(config.command.program.clone()),
         };
         let r = &config.resilience;
+        let strict = config.resilience.health == HealthMode::On;
+        let preload = match config.warm.mode {
+            crate::config::warm::WarmMode::Off => Vec::new(),
+            _ if !strict => Vec::new(),
+            _ => config.warm.preload.clone(),
+        };
         Inputs {
             python,
+            preload,
             log_dir: config.log.log_dir.clone(),
             nproc: config.nproc_per_node,
             nics: r.socket_ifnames.clone(),

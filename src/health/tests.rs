@@ -9,6 +9,7 @@ use super::*;
 
 fn inputs() -> Inputs {
     Inputs {
+        preload: Vec::new(),
         python: None,
         log_dir: None,
         nproc: 2,

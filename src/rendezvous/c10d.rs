@@ -524,19 +524,8 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             return self.dropped_now().await;
         }
         let full = head.participants <= self.full_check_max;
-        let ids = if full {
-            match load_state(&*self.store, &self.keys).await {
-                Ok((_, st)) => watched_ids(&st, &self.me.id),
-                Err(_) => return Vec::new(),
-            }
-        } else {
-            match read_notice(&*self.store, &self.keys, round, &self.me.id).await {
-                Ok(Some(n)) => n.targets,
-                _ => match load_state(&*self.store, &self.keys).await {
-                    Ok((_, st)) => watch_targets(&st, &self.me.id),
-                    Err(_) => return Vec::new(),
-                },
-            }
+        let Some(ids) = self.peers_to_check(round, full).await else {
+            return Vec::new();
         };
         if full && ids.is_empty() {
             return Vec::new();
@@ -559,25 +548,7 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         let suspects = self.keys.suspects(round);
         let mut suspecting = false;
         let lost = loop {
-            let mut ev_out = None;
-            while let Some(ev) = self.keeper.try_next(round) {
-                match ev {
-                    RdzvEvent::PeersLost(lost) => {
-                        ev_out = Some(lost);
-                        break;
-                    }
-                    RdzvEvent::NodesWaiting(_) => {}
-                    RdzvEvent::RoundChanged { .. } => {
-                        ev_out = Some(self.dropped_now().await);
-                        break;
-                    }
-                    _ => {
-                        ev_out = Some(Vec::new());
-                        break;
-                    }
-                }
-            }
-            if let Some(lost) = ev_out {
+            if let Some(lost) = self.keeper_answer(round).await {
                 break lost;
             }
             let silent: Vec<String> = ids
@@ -627,6 +598,37 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             let _ = self.store.add(&suspects, -1).await;
         }
         lost
+    }
+
+    /// The peers whose heartbeats [`Self::lost_peers_after_failure`] reads: every other member
+    /// of a small round (`full`), else the ones this node watches (its notice, or computed from
+    /// the state). `None`: the store did not answer.
+    async fn peers_to_check(&self, round: u64, full: bool) -> Option<Vec<String>> {
+        if full {
+            let (_, st) = load_state(&*self.store, &self.keys).await.ok()?;
+            return Some(watched_ids(&st, &self.me.id));
+        }
+        match read_notice(&*self.store, &self.keys, round, &self.me.id).await {
+            Ok(Some(n)) => Some(n.targets),
+            _ => {
+                let (_, st) = load_state(&*self.store, &self.keys).await.ok()?;
+                Some(watch_targets(&st, &self.me.id))
+            }
+        }
+    }
+
+    /// What the keeper already saw of `round`, if that settles the question: the peers it
+    /// found lost, the ones a new round dropped, or none (the round ended otherwise).
+    async fn keeper_answer(&mut self, round: u64) -> Option<Vec<String>> {
+        while let Some(ev) = self.keeper.try_next(round) {
+            match ev {
+                RdzvEvent::PeersLost(lost) => return Some(lost),
+                RdzvEvent::NodesWaiting(_) => {}
+                RdzvEvent::RoundChanged { .. } => return Some(self.dropped_now().await),
+                _ => return Some(Vec::new()),
+            }
+        }
+        None
     }
 }
 

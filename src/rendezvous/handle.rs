@@ -37,12 +37,12 @@ use super::barrier::exit_barrier;
 use super::c10d::{C10dRendezvous, RoundRequest};
 use super::error::RendezvousError;
 use super::plumbing::RdzvEvent;
-use super::settings::{unknown_keys, C10dSettings, StaticSettings};
+use super::settings::unknown_keys;
 use super::state::{Assignment, RoundReason};
 use super::static_::StaticRendezvous;
 use super::store::{RdzvStore, StoreOpError};
 use super::tcp::{self, TcpRdzvStore};
-use crate::config::{Endpoint, LaunchConfig, NodeRange, RdzvBackend, RdzvConfig};
+use crate::config::{Endpoint, LaunchConfig, NodeRange, RdzvBackend, RdzvConfig, RdzvSettings};
 use crate::store::StoreServer;
 
 /// What the rendezvous needs to know about this node (from [`LaunchConfig`]).
@@ -164,9 +164,14 @@ impl Rendezvous {
         if !unknown.is_empty() {
             tracing::warn!(?unknown, "ignoring unknown --rdzv-conf keys");
         }
-        match rdzv.backend {
-            RdzvBackend::Static => {
-                let settings = StaticSettings::from_conf(&rdzv.conf)?;
+        // Typed when the run was resolved (`RdzvConfig::settings`): nothing is parsed here.
+        let Some(typed) = rdzv.settings.clone() else {
+            return Err(RendezvousError::Unsupported(
+                "the rendezvous settings were not typed (this run holds no rendezvous)".into(),
+            ));
+        };
+        match (rdzv.backend, typed) {
+            (RdzvBackend::Static, RdzvSettings::Static(settings)) => {
                 let hosting =
                     tcp::host_static_store(config.node_rank, &endpoint.host, endpoint.port).await;
                 let (server, endpoint) = hosted(endpoint, hosting)?;
@@ -209,8 +214,7 @@ impl Rendezvous {
                     advertised: None,
                 })
             }
-            RdzvBackend::C10d => {
-                let settings = C10dSettings::from_conf(config.nnodes, &rdzv.conf)?;
+            (RdzvBackend::C10d, RdzvSettings::C10d(settings)) => {
                 let hosting =
                     tcp::host_c10d_store(&endpoint.host, endpoint.port, settings.is_host).await;
                 let (server, endpoint) = hosted(endpoint, hosting)?;
@@ -250,8 +254,15 @@ impl Rendezvous {
                     advertised: Some(me),
                 })
             }
-            RdzvBackend::Etcd => start_etcd(rdzv, config, endpoint).await,
-            RdzvBackend::EtcdV2 => Err(RendezvousError::Unsupported(super::etcd::v2_is_gone())),
+            (RdzvBackend::Etcd, RdzvSettings::Etcd(settings)) => {
+                start_etcd(rdzv, settings, config, endpoint).await
+            }
+            (RdzvBackend::EtcdV2, _) => {
+                Err(RendezvousError::Unsupported(super::etcd::v2_is_gone()))
+            }
+            (backend, _) => Err(RendezvousError::Unsupported(format!(
+                "the rendezvous settings were typed for another backend than {backend:?}"
+            ))),
         }
     }
 
@@ -455,12 +466,11 @@ impl Rendezvous {
 #[cfg(feature = "etcd")]
 async fn start_etcd(
     rdzv: &RdzvConfig,
+    settings: crate::config::etcd_conf::EtcdSettings,
     config: NodeSpec,
     endpoint: Endpoint,
 ) -> Result<Rendezvous, RendezvousError> {
-    use super::etcd::{client::Etcd, driver::EtcdRendezvous, EtcdSettings};
-    let settings = EtcdSettings::from_conf(config.nnodes, &endpoint, &rdzv.conf)
-        .map_err(|e| RendezvousError::Unsupported(e.to_string()))?;
+    use super::etcd::{client::Etcd, driver::EtcdRendezvous};
     let etcd = Etcd::connect(&settings, &rdzv.run_id).await?;
     let deadline = Instant::now() + super::etcd::client::CONNECT_BOUND;
     let me = addr::advertised_addr(
@@ -495,6 +505,7 @@ async fn start_etcd(
 #[cfg(not(feature = "etcd"))]
 async fn start_etcd(
     _: &RdzvConfig,
+    _: crate::config::etcd_conf::EtcdSettings,
     _: NodeSpec,
     _: Endpoint,
 ) -> Result<Rendezvous, RendezvousError> {

@@ -2,15 +2,32 @@
 use super::*;
 
 fn rdzv_config(backend: RdzvBackend) -> RdzvConfig {
-    RdzvConfig {
+    with_conf(backend, &[])
+}
+
+/// A config typed as the resolver types it (`RdzvConfig::typed`).
+fn with_conf(backend: RdzvBackend, conf: &[(&str, &str)]) -> RdzvConfig {
+    RdzvConfig::typed(
         backend,
-        endpoint: Some(Endpoint {
+        Endpoint {
             host: "127.0.0.1".into(),
             port: 1,
-        }),
-        run_id: "x".into(),
-        conf: Default::default(),
-    }
+        },
+        "x",
+        conf.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        NodeRange { min: 2, max: 2 },
+    )
+    .expect("typed")
+}
+
+#[tokio::test]
+async fn an_untyped_config_is_refused_not_parsed() {
+    let mut cfg = rdzv_config(RdzvBackend::C10d);
+    cfg.settings = None;
+    let err = start_for(cfg).await.err().unwrap();
+    assert!(err.to_string().contains("were not typed"), "{err}");
 }
 
 #[tokio::test]
@@ -36,10 +53,9 @@ async fn etcd_without_the_feature_says_how_to_enable_it() {
 #[cfg(feature = "etcd")]
 #[tokio::test]
 async fn unreachable_etcd_is_a_bounded_error_naming_the_endpoints() {
-    let mut cfg = rdzv_config(RdzvBackend::Etcd);
-    cfg.conf.insert(
-        super::super::etcd::ENDPOINTS_KEY.into(),
-        "127.0.0.1:1,127.0.0.1:2".into(),
+    let cfg = with_conf(
+        RdzvBackend::Etcd,
+        &[(super::super::etcd::ENDPOINTS_KEY, "127.0.0.1:1,127.0.0.1:2")],
     );
     let t0 = std::time::Instant::now();
     let err = start_for(cfg).await.err().unwrap().to_string();

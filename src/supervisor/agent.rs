@@ -191,10 +191,13 @@ impl Agent {
             }
         }
         // Issue 28: a node that fails its health check does not join (`healthlink.rs`).
-        if let Err(end) = super::healthlink::gate(&config, &obs, &mut signals, rdzv.as_mut()).await
-        {
-            return end;
-        }
+        // Under `warn` the checks run beside the join and the workers; `_health` waits for
+        // their verdict when the run ends.
+        let _health =
+            match super::healthlink::gate(&config, &obs, &mut signals, rdzv.as_mut()).await {
+                Ok(background) => background,
+                Err(end) => return end,
+            };
         let (store, master_port) = match setup::worker_store(&config, rdzv.as_ref()).await {
             Ok(s) => s,
             Err(msg) => return RunEnd::error(msg),

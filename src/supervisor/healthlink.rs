@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::rdzv_conf::C10dSettings;
 use crate::config::resilience::HealthMode;
 use crate::config::{LaunchConfig, RdzvBackend};
 use crate::health::{self, HealthReport, Inputs};
@@ -42,13 +41,14 @@ const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Runs the checks and says whether this node may go on (see the module doc); `Err`: how the
-/// run ends.
+/// run ends. Under `warn` the checks only run beside the rendezvous and the workers: the
+/// returned [`Background`] is held for the run and waits for their verdict when dropped.
 pub(super) async fn gate(
     config: &LaunchConfig,
     obs: &Observer,
     signals: &mut Signals,
     rdzv: Option<&mut Rendezvous>,
-) -> Result<(), RunEnd> {
+) -> Result<Option<Background>, RunEnd> {
     let mode = config.resilience.health;
     let mut rdzv = rdzv;
     // A node an earlier job found bad (`--exclude-nodes-from`) stays out, whatever the mode.
@@ -66,15 +66,29 @@ pub(super) async fn gate(
         }
     }
     if !health::enabled(mode) {
-        return Ok(());
+        return Ok(None);
     }
     let inputs = Inputs::of(config);
+    let store = rdzv.as_deref().and_then(|r| r.store.clone());
+    if mode == HealthMode::Warn {
+        // The clock's few store round trips stay on this runtime (the store client's); the
+        // checks that take long go to the background thread.
+        let clock = match until_shutdown(signals, clock(store.as_deref())).await {
+            Ok(v) => v,
+            Err(signal) => {
+                return Err(RunEnd::Interrupted {
+                    signal,
+                    report: None,
+                })
+            }
+        };
+        return Ok(Some(Background::start(inputs, obs.clone(), clock)));
+    }
     // A node that hosts the rendezvous store cannot stay out: the others need its store, and
     // it would take the store away when it gives up. It ends the job as a static node does.
     let elastic = is_elastic(config, rdzv.as_deref());
     let give_up_at = Instant::now() + join_timeout(config);
     let mut backoff = FIRST_BACKOFF;
-    let store = rdzv.as_deref().and_then(|r| r.store.clone());
     loop {
         let checks = async {
             let (mut report, clock) = tokio::join!(health::run(&inputs), clock(store.as_deref()));
@@ -93,12 +107,8 @@ pub(super) async fn gate(
         log(&report);
         obs.get().health_checks(&report);
         let Some(line) = report.failure_line() else {
-            return Ok(());
+            return Ok(None);
         };
-        if mode == HealthMode::Warn {
-            tracing::warn!("{line} (--health-check warn: going on)");
-            return Ok(());
-        }
         if elastic && Instant::now() + backoff < give_up_at {
             tracing::warn!(
                 "{line}; not joining, checking again in {} s",
@@ -148,6 +158,85 @@ async fn clock(store: Option<&TcpRdzvStore>) -> Option<health::Verdict> {
     ))
 }
 
+/// How long a run that ends before its `warn` checks waits for their verdict before it
+/// cancels them (each check is bounded by `--health-check-timeout` anyway).
+const VERDICT_WAIT_AT_END: Duration = Duration::from_secs(5);
+
+/// The checks of `--health-check warn`, running on a thread of their own while the node joins
+/// and its workers start: a warning never gates, so its price is not paid on the launch path
+/// (the interpreter check is an interpreter start). A thread, not a task: its programs are
+/// then not children of the agent's thread, whose reaper waits with `__WNOTHREAD`.
+pub(super) struct Background {
+    done: std::sync::mpsc::Receiver<()>,
+    cancel: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    /// `clock`: the clock check's verdict, measured before (it needs the agent's store client).
+    fn start(inputs: Inputs, obs: Observer, clock: Option<health::Verdict>) -> Background {
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("rdrun-health".into())
+            .spawn(move || {
+                let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    tracing::warn!("health checks not run: no runtime for them");
+                    return;
+                };
+                rt.block_on(async {
+                    tokio::select! {
+                        mut report = health::run(&inputs) => {
+                            report.verdicts.extend(clock);
+                            log(&report);
+                            obs.get().health_checks(&report);
+                            if let Some(line) = report.failure_line() {
+                                tracing::warn!("{line} (--health-check warn: going on)");
+                            }
+                        }
+                        // Dropping the checks kills what they started.
+                        _ = cancelled => {}
+                    }
+                });
+                let _ = done_tx.send(());
+            });
+        match thread {
+            Ok(t) => Background {
+                done,
+                cancel: Some(cancel),
+                thread: Some(t),
+            },
+            Err(e) => {
+                tracing::warn!("health checks not run: cannot start their thread: {e}");
+                Background {
+                    done,
+                    cancel: None,
+                    thread: None,
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Background {
+    /// The run is ending: its verdict is waited for a little (so a warning is not lost to a
+    /// short job), then the checks are cancelled and their thread joined.
+    fn drop(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        if self.done.recv_timeout(VERDICT_WAIT_AT_END).is_err() {
+            if let Some(c) = self.cancel.take() {
+                let _ = c.send(());
+            }
+        }
+        let _ = thread.join();
+    }
+}
+
 /// Whether this node can stay out of the job while the others go on: an elastic backend
 /// (c10d, etcd), and the store is not this node's (the others need it).
 fn is_elastic(config: &LaunchConfig, rdzv: Option<&Rendezvous>) -> bool {
@@ -180,9 +269,12 @@ pub(super) async fn bad_node(
 
 /// How long an unhealthy elastic node keeps checking: the rendezvous's join timeout.
 fn join_timeout(config: &LaunchConfig) -> Duration {
-    C10dSettings::from_conf(config.nnodes, &config.rdzv.conf)
-        .map(|s| s.join_timeout)
-        .unwrap_or(Duration::from_secs(600))
+    match &config.rdzv.settings {
+        Some(crate::config::RdzvSettings::C10d(s)) => s.join_timeout,
+        Some(crate::config::RdzvSettings::Etcd(s)) => s.rounds.join_timeout,
+        Some(crate::config::RdzvSettings::Static(s)) => s.timeout,
+        None => Duration::from_secs(600),
+    }
 }
 
 /// Each verdict on rdrun's log: failed ones are the warning's, the others at debug.

@@ -198,51 +198,9 @@ impl<S: RdzvStore> Keeper<S> {
             .as_ref()
             .map_or(true, |s| s.version != version || s.head.round != round);
         if fresh {
-            let text = read_head(&*self.store, &self.keys).await?;
-            let Ok(Some(head)) = Head::decode(&text) else {
-                return Ok(());
-            };
-            let send = |ev| {
-                let _ = self.tx.send((round, ev));
-            };
-            if head.closed {
-                m.ended = true;
-                ack_closed(&*self.store, &self.keys.closed_acks(), &self.me).await;
-                let st = RdzvState {
-                    closed: true,
-                    closed_reason: head.closed_reason.clone(),
-                    ..RdzvState::default()
-                };
-                send(closed_event(&st));
+            if !self.refresh(m, version).await? {
                 return Ok(());
             }
-            if head.round != round {
-                m.ended = true;
-                send(RdzvEvent::RoundChanged {
-                    round: head.round,
-                    reason: head.reason,
-                });
-                return Ok(());
-            }
-            let waiting = head.waiting;
-            lock(&self.shared).waiting = waiting;
-            if waiting > 0 && waiting != m.waiting {
-                send(RdzvEvent::NodesWaiting(waiting));
-            }
-            m.waiting = waiting;
-            let targets = match read_notice(&*self.store, &self.keys, round, &self.me).await? {
-                Some(n) => n.targets,
-                None => m
-                    .seen
-                    .as_ref()
-                    .map(|s| s.targets.clone())
-                    .unwrap_or_default(),
-            };
-            m.seen = Some(Seen {
-                version,
-                head,
-                targets,
-            });
             // The watched peers may have changed with the state.
             beats = None;
         }
@@ -273,6 +231,66 @@ impl<S: RdzvStore> Keeper<S> {
         if dead.is_empty() {
             return Ok(());
         }
+        self.drop_dead(m, dead).await
+    }
+
+    /// The head (and this node's notice) after the version moved: `Ok(false)` when the round
+    /// ended (closed, or another round began: the event is sent) or the head did not decode;
+    /// else the new view is in `m.seen`.
+    async fn refresh(&self, m: &mut Monitor, version: Vec<u8>) -> Result<bool, StoreOpError> {
+        let round = m.round;
+        let text = read_head(&*self.store, &self.keys).await?;
+        let Ok(Some(head)) = Head::decode(&text) else {
+            return Ok(false);
+        };
+        let send = |ev| {
+            let _ = self.tx.send((round, ev));
+        };
+        if head.closed {
+            m.ended = true;
+            ack_closed(&*self.store, &self.keys.closed_acks(), &self.me).await;
+            let st = RdzvState {
+                closed: true,
+                closed_reason: head.closed_reason.clone(),
+                ..RdzvState::default()
+            };
+            send(closed_event(&st));
+            return Ok(false);
+        }
+        if head.round != round {
+            m.ended = true;
+            send(RdzvEvent::RoundChanged {
+                round: head.round,
+                reason: head.reason,
+            });
+            return Ok(false);
+        }
+        let waiting = head.waiting;
+        lock(&self.shared).waiting = waiting;
+        if waiting > 0 && waiting != m.waiting {
+            send(RdzvEvent::NodesWaiting(waiting));
+        }
+        m.waiting = waiting;
+        let targets = match read_notice(&*self.store, &self.keys, round, &self.me).await? {
+            Some(n) => n.targets,
+            None => m
+                .seen
+                .as_ref()
+                .map(|s| s.targets.clone())
+                .unwrap_or_default(),
+        };
+        m.seen = Some(Seen {
+            version,
+            head,
+            targets,
+        });
+        Ok(true)
+    }
+
+    /// Drops the watched peers found dead from the state (compare-and-set; a lost race is read
+    /// again next poll) and tells the agent when that ended its round.
+    async fn drop_dead(&self, m: &mut Monitor, dead: Vec<String>) -> Result<(), StoreOpError> {
+        let round = m.round;
         let (min, max) = (self.settings.min_nodes, self.settings.max_nodes);
         let (text, state) = match load_state(&*self.store, &self.keys).await {
             Ok(v) => v,

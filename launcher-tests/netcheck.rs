@@ -178,6 +178,22 @@ fn netns_with_a_spare_the_slow_node_is_left_out_of_the_next_round() {
         assert_eq!(ev["slow"][0]["addr"], net.addr(1), "{ev}");
         assert_eq!(ev["slow"][0]["host"], "host1", "{ev}");
         assert_eq!(ev["left_out"].as_array().unwrap().len(), 1, "{ev}");
+        // The health checks (default warn) asked the store host's clock: node 0 hosts it.
+        let clock = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["event"] == "health_check")
+            .flat_map(|v| v["checks"].as_array().cloned().unwrap_or_default())
+            .find(|c| c["check"] == "clock")
+            .unwrap_or_else(|| panic!("no clock check in {text}"));
+        assert_eq!(clock["status"], "ok", "{clock}");
+        assert!(
+            clock["detail"]
+                .as_str()
+                .unwrap()
+                .contains("the store host 10.231.0.1:29400"),
+            "{clock}"
+        );
     });
 }
 

@@ -530,3 +530,49 @@ fn a_bad_node_is_remembered_into_the_next_job() {
     assert_eq!(started(dir.path()), ["started.0"]);
     assert_eq!(std::fs::read_to_string(&bad_file).unwrap(), "rdrun-bad-1\n");
 }
+
+/// `--print-topology=json` carries a `health` member: the settings of issue 28 and this node's
+/// verdicts (none under `--health-check off`), so a tool reads them without parsing text.
+#[test]
+fn json_topology_has_a_health_block() {
+    let out = Rdrun::new()
+        .args(["--print-topology=json", "--nproc-per-node", "2"])
+        .args(["--health-check-cmd", "echo site check; exit 4"])
+        .args(["--network-check", "on", "--max-node-failures", "3"])
+        .args(["--no-python", "true"])
+        .run();
+    out.assert_code(0);
+    let j: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("one JSON document");
+    let h = &j["health"];
+    assert_eq!(h["mode"], "warn", "{h}");
+    assert_eq!(h["healthy"], false, "{h}");
+    assert_eq!(h["network_check"], true, "{h}");
+    assert_eq!(h["max_node_failures"], 3, "{h}");
+    let cmd = h["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "command")
+        .unwrap_or_else(|| panic!("no command check in {h}"));
+    assert_eq!(cmd["status"], "failed", "{h}");
+    assert!(
+        cmd["detail"].as_str().unwrap().contains("site check"),
+        "{h}"
+    );
+    // The topology is still there.
+    assert!(j["run"].is_object(), "{j}");
+    let off = Rdrun::new()
+        .args([
+            "--print-topology=json",
+            "--health-check",
+            "off",
+            "--no-python",
+            "true",
+        ])
+        .run();
+    off.assert_code(0);
+    let j: serde_json::Value = serde_json::from_str(off.stdout.trim()).unwrap();
+    assert_eq!(j["health"]["mode"], "off");
+    assert!(j["health"]["checks"].is_null(), "{j}");
+    assert_eq!(j["health"]["network_check"], false);
+}

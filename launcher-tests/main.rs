@@ -42,6 +42,8 @@
 //! - `warm`: warm starts (workers forked from the template interpreter) with real PyTorch:
 //!   what a worker sees, restarts, fallbacks to cold, containment; `warm_io`: their output
 //!   bursts, a terminal prompt with `--stdin 0`, `torch.multiprocessing` spawn, import output.
+//! - `netcheck`: the network pre-check across namespace hosts (one rate-limited with `tc tbf`)
+//!   and `--max-node-failures` (issue 28 items 3 and 4).
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
@@ -60,6 +62,7 @@ mod hang;
 mod health;
 mod mpi;
 mod multinode;
+mod netcheck;
 mod observe;
 mod observe_http;
 mod output;

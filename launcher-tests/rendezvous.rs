@@ -111,6 +111,34 @@ impl Netns {
         assert!(st.success());
     }
 
+    /// Rate-limits node `i`'s egress to `rate` (tc tbf, `20mbit`): a slow NIC or link.
+    pub fn slow(&self, i: usize, rate: &str) {
+        let st = netns_script()
+            .args(["slow", &self.tag, &i.to_string(), rate])
+            .status()
+            .expect("run netns.sh slow");
+        assert!(st.success(), "tc tbf on node {i} failed");
+    }
+
+    /// Removes node `i`'s rate limit.
+    pub fn unslow(&self, i: usize) {
+        let st = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.name(i),
+                "tc",
+                "qdisc",
+                "del",
+                "dev",
+                "eth0",
+                "root",
+            ])
+            .status()
+            .expect("run tc");
+        assert!(st.success(), "removing node {i}'s rate limit failed");
+    }
+
     /// Runs `f` on a new thread living in node `i`'s network namespace.
     pub fn spawn_in<T: Send + 'static>(
         &self,

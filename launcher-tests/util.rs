@@ -163,9 +163,17 @@ impl Rdrun {
 
     fn command(&self) -> Command {
         let mut cmd = match (&self.netns, &self.hostname) {
-            (Some(ns), _) => {
+            (Some(ns), None) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).arg(rdrun_bin());
+                c
+            }
+            // A simulated host with a name of its own: both namespaces, rdrun exec'd in place.
+            (Some(ns), Some(h)) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "unshare", "--uts", "sh", "-c"])
+                    .args(["hostname \"$0\" && exec \"$@\"", h])
+                    .arg(rdrun_bin());
                 c
             }
             (None, Some(h)) => {

@@ -8,6 +8,9 @@
 #   scripts/netns.sh up TAG N              create namespaces rdrun-TAG-hub, rdrun-TAG-0..N-1
 #   scripts/netns.sh exec TAG I CMD...     run CMD inside node I
 #   scripts/netns.sh cut TAG I | heal TAG I   take node I's link down / up (cable pull)
+#   scripts/netns.sh slow TAG I RATE       rate-limit node I's egress (tc tbf, e.g. 20mbit); a
+#                                          slow NIC or link. (tc netem, for delay, is not on every
+#                                          kernel; tbf is.)
 #   scripts/netns.sh down TAG              kill every process inside them, delete everything
 #   scripts/netns.sh run N CMD...          up with a fresh tag, run CMD (env RDRUN_NETNS_TAG,
 #                                          RDRUN_NETNS_N, RDRUN_NETNS_ADDRS), always clean up
@@ -126,7 +129,8 @@ case "$sub" in
   exec) [ $# -ge 3 ] || die "usage: exec TAG I CMD..."; check_tag "$1"; ns=$(node "$1" "$2"); shift 2; exec ip netns exec "$ns" "$@" ;;
   cut) [ $# -eq 2 ] || die "usage: cut TAG I"; check_tag "$1"; ip -n "$(hub "$1")" link set "v$2" down ;;
   heal) [ $# -eq 2 ] || die "usage: heal TAG I"; check_tag "$1"; ip -n "$(hub "$1")" link set "v$2" up ;;
+  slow) [ $# -eq 3 ] || die "usage: slow TAG I RATE"; check_tag "$1"; ip netns exec "$(node "$1" "$2")" tc qdisc add dev eth0 root tbf rate "$3" burst 32kbit latency 50ms ;;
   run) [ $# -ge 2 ] || die "usage: run N CMD..."; cmd_run "$@" ;;
   reap) cmd_reap ;;
-  *) die "usage: netns.sh check|up|down|exec|cut|heal|run|reap (see the header)" ;;
+  *) die "usage: netns.sh check|up|down|exec|cut|heal|slow|run|reap (see the header)" ;;
 esac

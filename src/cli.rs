@@ -138,6 +138,11 @@ pub struct LaunchArgs {
     /// rdrun's `--bad-nodes-file PATH`, `--exclude-nodes-from FILE` (read by `config`).
     pub bad_nodes_file: Option<String>,
     pub exclude_nodes_from: Option<String>,
+    /// rdrun's `--network-check on|off`, `--network-check-threshold F`, `--max-node-failures K`
+    /// (checked by `config::resilience`).
+    pub network_check: Option<String>,
+    pub network_check_threshold: Option<f64>,
+    pub max_node_failures: Option<i64>,
     /// The dests typed on the command line (not defaults, not `PET_*`): the cluster layer's
     /// "flags" win every field, so it must know which values the user actually gave.
     pub cli_given: BTreeSet<&'static str>,
@@ -463,6 +468,9 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         health_check_timeout: b.float("health_check_timeout")?,
         bad_nodes_file: b.opt_string("bad_nodes_file")?,
         exclude_nodes_from: b.opt_string("exclude_nodes_from")?,
+        network_check: b.opt_string("network_check")?,
+        network_check_threshold: b.float("network_check_threshold")?,
+        max_node_failures: b.int("max_node_failures")?,
         cli_given,
         hang: {
             let mut given = Vec::new();

@@ -11,7 +11,8 @@
 //! - [`cluster`]: scheduler detection (Slurm, Kubernetes, MPI, LSF, hostfiles) -> a topology with per-field sources, called by `config`.
 //! - [`exit`]: every exit code rdrun can return.
 //! - [`health`]: node health checks before a node joins a round (interpreter, disk, shm,
-//!   memory, open files, GPUs, NICs, the site's command), each a one-line verdict.
+//!   memory, open files, GPUs, NICs, the site's command, the clock), each a one-line verdict;
+//!   the network pre-check's pairs, verdict and probe sockets.
 //! - [`store`]: TCPStore-compatible key-value server and client (PyTorch's wire protocol).
 //! - [`supervisor`]: spawns, watches, stops and restarts the local worker group; output and report.
 //! - [`rendezvous`]: how agents on several nodes agree on ranks (static, c10d-like over the store,

@@ -64,11 +64,22 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
     // a detected cluster run shows it on stderr before spawning (full on node 0).
     if let Some(text) = cfg.cluster.banner() {
         if cfg.cluster.dry_run.is_some() {
-            print_out(&text);
-            // What this node's health checks say (issue 28), unless --health-check off; the
-            // JSON topology stays the topology alone.
-            if cfg.cluster.dry_run == Some(config::TopologyFormat::Text) {
-                if let Some(report) = rdrun::health::run_blocking(&cfg) {
+            // What this node's health checks say (issue 28), unless --health-check off: a block
+            // after the text topology, a `health` member of the JSON one.
+            let report = rdrun::health::run_blocking(&cfg);
+            if cfg.cluster.dry_run == Some(config::TopologyFormat::Json) {
+                let mut j: serde_json::Value =
+                    serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+                if let Some(o) = j.as_object_mut() {
+                    let health = rdrun::health::dry_run_json(&cfg, report.as_ref());
+                    o.insert("health".into(), health);
+                    print_out(&format!("{j}\n"));
+                } else {
+                    print_out(&text);
+                }
+            } else {
+                print_out(&text);
+                if let Some(report) = &report {
                     print_out(&report.render());
                 }
             }

@@ -80,6 +80,8 @@ pub const OUTPUT_MODES: &[&str] = &["all", "collapse"];
 pub const PROGRESS_MODES: &[&str] = &["auto", "one", "all"];
 /// `--health-check`.
 pub const HEALTH_MODES: &[&str] = &["off", "warn", "on"];
+/// `--network-check`.
+pub const NETWORK_CHECK_MODES: &[&str] = &["off", "on"];
 /// `--warm-start`.
 pub const WARM_MODES: &[&str] = &["off", "on", "auto"];
 /// `--hang-detect`.
@@ -309,6 +311,25 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         pet: false,
         ..opt("exclude_nodes_from", &["--exclude-nodes-from", "--exclude_nodes_from"], Kind::Str, "none",
             "rdrun: host names (or Slurm hostlists) one per line, e.g. an earlier job's --bad-nodes-file: a listed node does not join (exit 75, bad node); a missing file lists none.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        values: NETWORK_CHECK_MODES,
+        ..opt("network_check", &["--network-check", "--network_check"], Kind::Str, "off (on with --health-check on)",
+            "rdrun: after each multi-node round, nodes pair up for a short TCP exchange (latency and bandwidth, about a second): a node far below the median is named; an elastic job with spare nodes (MAX above MIN) leaves it out of the next round.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("network_check_threshold", &["--network-check-threshold", "--network_check_threshold"], Kind::Float, "0.25",
+            "rdrun: a node is slow when its best bandwidth is under this fraction of the median node's, or its latency over the median's divided by it (0 < F < 1).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        ..opt("max_node_failures", &["--max-node-failures", "--max_node_failures"], Kind::Int, "2",
+            "rdrun: a node whose workers failed this many times in the run leaves an elastic job while spares exist (MAX above MIN): exit 75, bad node, remembered in --bad-nodes-file. 0: never.")
     },
     OptSpec {
         abbreviable: false,

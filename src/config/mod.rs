@@ -536,6 +536,7 @@ fn resolve_args(
         args.bad_nodes_file.as_deref(),
         args.exclude_nodes_from.as_deref(),
     )?;
+    resilience::resolve_nodes(&mut resilience, &args)?;
     let leftovers = match args.leftovers.clone().or_else(|| env("RDRUN_LEFTOVERS")) {
         None => LeftoverPolicy::default(),
         Some(text) => LeftoverPolicy::parse(&text).ok_or_else(|| {

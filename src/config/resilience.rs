@@ -1,7 +1,9 @@
 //! What rdrun does about bad nodes and crash loops (issue 28): the health-check mode, the site's
 //! own check program and the checks' time bound (`--health-check`, `--health-check-cmd`,
 //! `--health-check-timeout`), the stop verdict's `--max-same-failures`, and the failure memory
-//! between jobs (`--bad-nodes-file`, `--exclude-nodes-from`: the list read here, once). Resolved
+//! between jobs (`--bad-nodes-file`, `--exclude-nodes-from`: the list read here, once), the
+//! network pre-check (`--network-check`, `--network-check-threshold`) and the failure count that
+//! leaves a node out (`--max-node-failures`). Resolved
 //! here so that a bad value fails before anything starts, with one line naming the flag.
 
 use std::fmt;
@@ -51,9 +53,15 @@ impl fmt::Display for HealthMode {
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
 /// `--max-same-failures` default: two attempts in a row with the same root cause.
 pub const DEFAULT_MAX_SAME_FAILURES: u32 = 2;
+/// `--max-node-failures` default: a node whose workers failed twice in a run is left out of
+/// later elastic rounds while spares exist.
+pub const DEFAULT_MAX_NODE_FAILURES: u32 = 2;
+/// `--network-check-threshold` default: a node is slow when its best measured bandwidth is under
+/// this fraction of the median node's (or its latency over the median's divided by it).
+pub const DEFAULT_NETWORK_THRESHOLD: f64 = 0.25;
 
 /// The resolved settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Resilience {
     /// `--max-same-failures N` (0: never stop for a repeated failure).
     pub max_same_failures: u32,
@@ -72,6 +80,13 @@ pub struct Resilience {
     /// `--exclude-nodes-from FILE` and the host names it lists (Slurm hostlists expanded; a
     /// missing file lists none: the first job of a chain has not written it yet).
     pub exclude_from: Option<(PathBuf, Vec<String>)>,
+    /// `--network-check on|off` (default: on exactly when `--health-check on`): the pairwise TCP
+    /// pre-check after each multi-node round.
+    pub network_check: bool,
+    /// `--network-check-threshold F` (0 < F < 1).
+    pub network_threshold: f64,
+    /// `--max-node-failures K` (0: never leave a node out for its failures).
+    pub max_node_failures: u32,
 }
 
 impl Default for Resilience {
@@ -84,6 +99,9 @@ impl Default for Resilience {
             socket_ifnames: Vec::new(),
             bad_nodes_file: None,
             exclude_from: None,
+            network_check: false,
+            network_threshold: DEFAULT_NETWORK_THRESHOLD,
+            max_node_failures: DEFAULT_MAX_NODE_FAILURES,
         }
     }
 }
@@ -177,6 +195,42 @@ pub(super) fn resolve_memory(
     Ok(())
 }
 
+/// `--network-check`, `--network-check-threshold`, `--max-node-failures` as parsed; after
+/// [`resolve`] (the network check follows `--health-check on` unless given).
+pub(super) fn resolve_nodes(
+    r: &mut Resilience,
+    args: &crate::cli::LaunchArgs,
+) -> Result<(), ConfigError> {
+    r.network_check = match args.network_check.as_deref() {
+        None => r.health == HealthMode::On,
+        Some(text) => match text.trim().to_ascii_lowercase().as_str() {
+            "on" => true,
+            "off" => false,
+            _ => return Err(invalid("--network-check", text, "expected on or off")),
+        },
+    };
+    if let Some(f) = args.network_check_threshold {
+        if !(f > 0.0 && f < 1.0) {
+            return Err(invalid(
+                "--network-check-threshold",
+                f.to_string(),
+                "must be a fraction between 0 and 1 (a node under this share of the median is slow)",
+            ));
+        }
+        r.network_threshold = f;
+    }
+    if let Some(k) = args.max_node_failures {
+        r.max_node_failures = u32::try_from(k).map_err(|_| {
+            invalid(
+                "--max-node-failures",
+                k.to_string(),
+                "must be >= 0 (0: never leave a node out for its failures)",
+            )
+        })?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,6 +305,45 @@ mod tests {
         resolve_memory(&mut r, Some("/x/bad"), None).unwrap();
         assert_eq!(r.bad_nodes_file, Some(PathBuf::from("/x/bad")));
         assert_eq!(r.exclude_from, None);
+    }
+
+    #[test]
+    fn network_check_and_node_failures() {
+        let args = |nc: Option<&str>, thr: Option<f64>, k: Option<i64>| {
+            let mut argv = vec!["--nproc-per-node=1".to_string()];
+            argv.extend(nc.map(|v| format!("--network-check={v}")));
+            argv.extend(thr.map(|v| format!("--network-check-threshold={v}")));
+            argv.extend(k.map(|v| format!("--max-node-failures={v}")));
+            argv.push("train.py".into());
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            crate::config::testkit::args(&argv)
+        };
+        let mut r = Resilience::default();
+        resolve_nodes(&mut r, &args(None, None, None)).unwrap();
+        assert!(!r.network_check);
+        assert_eq!(r.network_threshold, DEFAULT_NETWORK_THRESHOLD);
+        assert_eq!(r.max_node_failures, 2);
+        // On with --health-check on, unless turned off.
+        let mut on = Resilience {
+            health: HealthMode::On,
+            ..Resilience::default()
+        };
+        resolve_nodes(&mut on, &args(None, None, None)).unwrap();
+        assert!(on.network_check);
+        resolve_nodes(&mut on, &args(Some("off"), None, None)).unwrap();
+        assert!(!on.network_check);
+        resolve_nodes(&mut r, &args(Some("ON"), Some(0.5), Some(0))).unwrap();
+        assert!(r.network_check);
+        assert_eq!(r.network_threshold, 0.5);
+        assert_eq!(r.max_node_failures, 0);
+        let e = resolve_nodes(&mut r, &args(Some("maybe"), None, None)).unwrap_err();
+        assert!(e.to_string().contains("--network-check"), "{e}");
+        for bad in [0.0, 1.0, -0.5, f64::NAN] {
+            let e = resolve_nodes(&mut r, &args(None, Some(bad), None)).unwrap_err();
+            assert!(e.to_string().contains("--network-check-threshold"), "{e}");
+        }
+        let e = resolve_nodes(&mut r, &args(None, None, Some(-1))).unwrap_err();
+        assert!(e.to_string().contains("--max-node-failures"), "{e}");
     }
 
     #[test]

@@ -3,15 +3,20 @@
 //! `checks.rs`, the bounded program runner (interpreter, `nvidia-smi`, the site's
 //! `--health-check-cmd`) in `command.rs`. What a failed check does to the run (warn, fail fast,
 //! retry after a back-off) is the supervisor's (`supervisor/healthlink.rs`); this module only
-//! looks and says what it saw.
+//! looks and says what it saw. The network pre-check at rendezvous (item 3) is `network.rs`
+//! (pairs and verdict, pure) and `netprobe.rs` (its sockets); the supervisor runs it after each
+//! round (`supervisor/netlink.rs`).
 //!
 //! Every check is bounded: the ones that run a program by `--health-check-timeout` (the program's
 //! process group is killed at the bound and the check fails), the others read the file system or
 //! `/proc` once. They run concurrently, so a run of them takes about as long as the slowest.
 
 mod checks;
+pub mod clock;
 mod command;
 pub mod memory;
+pub mod netprobe;
+pub mod network;
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -93,6 +98,26 @@ impl HealthReport {
                 failed.join("; ")
             )
         })
+    }
+
+    /// Every verdict as JSON (`[{"check", "status", "detail", "ms"}]`): the `health_check`
+    /// event's `checks` and the `--print-topology=json` health block's.
+    pub fn checks_json(&self) -> serde_json::Value {
+        self.verdicts
+            .iter()
+            .map(|v| {
+                serde_json::json!({
+                    "check": v.check,
+                    "status": match v.status {
+                        Status::Ok => "ok",
+                        Status::Failed => "failed",
+                        Status::Skipped => "skipped",
+                    },
+                    "detail": v.detail,
+                    "ms": v.took.as_millis() as u64,
+                })
+            })
+            .collect()
     }
 
     /// The block `--dry-run` prints: a title line, then one line per check.
@@ -196,6 +221,23 @@ pub fn run_blocking(config: &LaunchConfig) -> Option<HealthReport> {
         .ok()?;
     let inputs = Inputs::of(config);
     Some(rt.block_on(run(&inputs)))
+}
+
+/// The `health` block of `--print-topology=json`: the settings of issue 28 and, unless
+/// `--health-check off`, this node's verdicts (`report`).
+pub fn dry_run_json(config: &LaunchConfig, report: Option<&HealthReport>) -> serde_json::Value {
+    let r = &config.resilience;
+    serde_json::json!({
+        "mode": r.health.to_string(),
+        "node": report.map_or_else(node_name, |h| h.node.clone()),
+        "healthy": report.map(HealthReport::healthy),
+        "ms": report.map(|h| h.took.as_millis() as u64),
+        "checks": report.map(HealthReport::checks_json),
+        "network_check": r.network_check,
+        "network_check_threshold": r.network_threshold,
+        "max_node_failures": r.max_node_failures,
+        "max_same_failures": r.max_same_failures,
+    })
 }
 
 /// This node's host name (`gethostname`), as a requeue script's `--exclude` would name it.

@@ -74,6 +74,7 @@ use super::store::{try_get, RdzvStore, StoreOpError};
 mod io;
 mod join;
 mod keeper;
+mod leave;
 
 use io::{
     load_state, parse_count, read_beats, read_head, read_notice, read_version, write_state,

@@ -38,7 +38,7 @@ use super::c10d::{C10dRendezvous, RoundRequest};
 use super::error::RendezvousError;
 use super::plumbing::RdzvEvent;
 use super::settings::unknown_keys;
-use super::state::Assignment;
+use super::state::{Assignment, RoundReason};
 use super::static_::StaticRendezvous;
 use super::store::{RdzvStore, StoreOpError};
 use super::tcp::{self, TcpRdzvStore};
@@ -333,6 +333,27 @@ impl Rendezvous {
     /// health check, issue 28); the others say `the job <why>`.
     pub async fn close_because(&mut self, why: &str) -> Result<(), RendezvousError> {
         self.close_with(Some(why)).await
+    }
+
+    /// Leaves an elastic (c10d) rendezvous while the others go on (issue 28: a slow node, or one
+    /// that failed too often): the round it runs is bumped without it. Other backends have no
+    /// spare nodes to go on with: `Ok(false)`, as when the others would be fewer than MIN.
+    /// `charged`: the round's bump counts as a restart (the node leaves after its own failure),
+    /// else a membership change.
+    pub async fn leave(&mut self, charged: bool) -> Result<bool, RendezvousError> {
+        let reason = match charged {
+            true => RoundReason::WorkerFailure,
+            false => RoundReason::Membership,
+        };
+        match &mut self.rdzv {
+            Backend::C10d(r) => r.leave(reason).await,
+            _ => Ok(false),
+        }
+    }
+
+    /// Whether nodes can leave this rendezvous while the others go on ([`Rendezvous::leave`]).
+    pub fn can_leave(&self) -> bool {
+        matches!(self.rdzv, Backend::C10d(_))
     }
 
     /// The store's host closes, then waits (bounded) until every agent it knows saw the close;

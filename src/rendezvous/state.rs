@@ -406,6 +406,46 @@ pub fn prune_dead(state: &RdzvState, dead: &[String], min: usize, max: usize) ->
     Some(new)
 }
 
+/// Node `id` leaves of its own accord (issue 28: its network pre-check found it slow, or its
+/// workers failed `--max-node-failures` times) while the others go on: a complete round it runs
+/// is bumped without it for `reason` ([`RoundReason::Membership`]: not charged;
+/// [`RoundReason::WorkerFailure`]: charged); otherwise it is removed and the round completes if
+/// it now can. `None` when it is not listed, the rendezvous is closed, or fewer than `min`
+/// nodes would be left (several nodes failing at once: only as many leave as there are spares).
+pub fn leave(
+    state: &RdzvState,
+    id: &str,
+    reason: RoundReason,
+    min: usize,
+    max: usize,
+) -> Option<RdzvState> {
+    let known = state.is_participant(id)
+        || state.in_wait_list(id)
+        || state.in_redundancy_list(id)
+        || state.expected.iter().any(|e| e == id);
+    if !known || state.closed {
+        return None;
+    }
+    let mut others: Vec<&str> = state
+        .listed()
+        .map(|m| m.id.as_str())
+        .chain(state.expected.iter().map(String::as_str))
+        .filter(|o| *o != id)
+        .collect();
+    others.sort_unstable();
+    others.dedup();
+    if others.len() < min {
+        return None;
+    }
+    if state.complete && state.is_participant(id) {
+        return Some(bump_round(state, reason, &[id.to_string()]));
+    }
+    let mut new = state.clone();
+    new.remove_everywhere(id);
+    maybe_complete(&mut new, min, max);
+    Some(new)
+}
+
 /// Marks the rendezvous closed (no new rounds; joiners get an error), with why if a node gave up.
 pub fn close(state: &RdzvState, reason: Option<&str>) -> RdzvState {
     let mut new = state.clone();

@@ -608,3 +608,42 @@ fn one_batch_places_every_announced_node_as_their_own_steps_would() {
     assert_eq!(Head::decode(&h.encode()).unwrap(), Some(h));
     assert_eq!(Head::decode(NO_STATE).unwrap(), None);
 }
+
+#[test]
+fn a_node_that_leaves_is_bumped_out_of_a_complete_round_or_removed_from_a_forming_one() {
+    let (a, b, c) = (m("10.0.0.1", 1), m("10.0.0.2", 2), m("10.0.0.3", 3));
+    let mut s = RdzvState {
+        participants: vec![a.clone(), b.clone(), c.clone()],
+        ..RdzvState::default()
+    };
+    mark_complete(&mut s);
+    // Complete: the next round expects the others only, and is not charged.
+    let new = leave(&s, &c.id, RoundReason::Membership, 2, 3).unwrap();
+    assert_eq!(new.round, s.round + 1);
+    assert!(!new.complete && new.participants.is_empty());
+    assert_eq!(new.expected, vec![a.id.clone(), b.id.clone()]);
+    assert_eq!(new.reason, RoundReason::Membership);
+    assert_eq!(new.restart_count, s.restart_count);
+    // A node leaving after its own failures: the bump is charged.
+    let charged = leave(&s, &c.id, RoundReason::WorkerFailure, 2, 3).unwrap();
+    assert_eq!(charged.restart_count, s.restart_count + 1);
+    // Forming (another node bumped first): removed, and the round completes once the others are in.
+    let mut forming = bump_round(&s, RoundReason::Membership, &[]);
+    forming.participants = vec![a.clone(), b.clone()];
+    let done = leave(&forming, &c.id, RoundReason::Membership, 2, 3).unwrap();
+    assert!(done.complete, "{done:?}");
+    assert!(!done.expected.contains(&c.id) && !done.is_participant(&c.id));
+    // Below MIN it stays open.
+    forming.participants = vec![a.clone()];
+    let open = leave(&forming, &c.id, RoundReason::Membership, 2, 3).unwrap();
+    assert!(!open.complete);
+    // Two of three leaving at once with MIN 2: the second one stays (no spare left).
+    assert_eq!(leave(&new, &b.id, RoundReason::Membership, 2, 3), None);
+    assert_eq!(leave(&s, &c.id, RoundReason::Membership, 3, 3), None);
+    // Unknown node, closed rendezvous: nothing to do.
+    assert_eq!(leave(&s, "nobody", RoundReason::Membership, 2, 3), None);
+    assert_eq!(
+        leave(&close(&s, None), &c.id, RoundReason::Membership, 2, 3),
+        None
+    );
+}

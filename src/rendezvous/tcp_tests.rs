@@ -324,3 +324,34 @@ async fn fixed_port_is_kept_and_a_taken_port_names_the_address() {
     );
     s.shutdown().await;
 }
+
+/// Issue 28's clock check: the store answers its clock key with its time (through the
+/// rendezvous' non-creating read, as the health check asks), and stores nothing under it.
+#[tokio::test]
+async fn the_store_tells_its_time_on_the_clock_key() {
+    let server = serve_on(&ListenOn::Any, 0).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = TcpRdzvStore::connect("127.0.0.1", server.port(), deadline, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let before = std::time::SystemTime::now();
+    let answer = crate::rendezvous::store::try_get(&s, crate::store::CLOCK_KEY)
+        .await
+        .unwrap()
+        .expect("the clock key answers");
+    let after = std::time::SystemTime::now();
+    let ns = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let host: u128 = String::from_utf8(answer).unwrap().parse().unwrap();
+    // Same machine, same clock: the answer is between the request and the reply.
+    assert!(
+        ns(before) <= host && host <= ns(after),
+        "{} {host} {}",
+        ns(before),
+        ns(after)
+    );
+    // Nothing was stored: the key is not among the store's keys.
+    assert!(!s
+        .wait(&[crate::store::CLOCK_KEY.into()], Duration::from_millis(50))
+        .await
+        .unwrap());
+}

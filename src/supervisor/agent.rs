@@ -296,6 +296,7 @@ impl Agent {
         let mut restart_count = 0u32;
         let mut reason = RoundReason::Initial;
         let mut same = super::verdict::SameFailure::default();
+        let mut node_failures = super::verdict::NodeFailures::default();
         let end = loop {
             // A shutdown signal that arrived between attempts ends the run before a new spawn.
             if let Some(signal) = self.queued_shutdown() {
@@ -318,6 +319,19 @@ impl Agent {
                 },
                 false => self.single_node_assignment(restart_count, reason),
             };
+            // Issue 28: the network pre-check may leave slow nodes out of the next round.
+            if let Some(rdzv) = self.rdzv.as_mut() {
+                let net =
+                    super::netlink::check(&self.config, &self.obs, rdzv, &asg, &mut self.signals);
+                match net.await {
+                    Ok(super::netlink::NetOutcome::Go) => {}
+                    Ok(super::netlink::NetOutcome::Rejoin) => {
+                        reason = RoundReason::Membership;
+                        continue;
+                    }
+                    Err(end) => break end,
+                }
+            }
             restart_count = asg.restart_count;
             self.clear_torch_dump_keys();
             let outcome = self.attempt(&mut logs, &asg).await;
@@ -326,6 +340,8 @@ impl Agent {
                 in_a_row: same.record(&outcome),
                 max_same_failures: self.config.resilience.max_same_failures,
             };
+            let failed_here = node_failures.record(&outcome, same.last());
+            self.obs.get().node_failures(failed_here);
             let decision = restart::decide(
                 outcome.attempt_end(),
                 restart_count,
@@ -333,6 +349,14 @@ impl Agent {
                 self.restarts_disabled,
                 repeats,
             );
+            // Issue 28 item 4: a node that failed too often leaves while spares exist (before
+            // the same-failure stop: without the bad node the job may go on).
+            let restarting = matches!(decision, Decision::Restart { .. } | Decision::SameFailure);
+            if restarting && self.fails_too_often(&node_failures, &asg) {
+                if let Some(end) = self.leave_failing(&node_failures).await {
+                    break end;
+                }
+            }
             match decision {
                 Decision::Finish => {
                     self.finish_rdzv(&asg).await;
@@ -363,10 +387,13 @@ impl Agent {
                         RoundReason::Membership
                     };
                 }
-                Decision::GiveUp => break self.give_up(outcome, restart_count).await,
+                Decision::GiveUp => {
+                    let end = self.give_up(outcome, restart_count).await;
+                    break with_counts(end, &node_failures);
+                }
                 Decision::SameFailure => {
                     let end = self.give_up(outcome, restart_count).await;
-                    break end.with_verdict(same.verdict());
+                    break with_counts(end.with_verdict(same.verdict()), &node_failures);
                 }
             }
         };
@@ -375,6 +402,38 @@ impl Agent {
         self.forget_dir();
         logs.finish();
         end
+    }
+
+    /// Issue 28 item 4: this node's workers failed `--max-node-failures` times in this run, and
+    /// the elastic job has a spare node to go on without it.
+    fn fails_too_often(&self, counts: &super::verdict::NodeFailures, asg: &Assignment) -> bool {
+        let k = self.config.resilience.max_node_failures;
+        k > 0
+            && counts.count >= k
+            && asg.group_world_size > self.config.nnodes.min
+            // The node serving the store cannot leave without taking it from the others.
+            && self
+                .rdzv
+                .as_ref()
+                .is_some_and(|r| r.can_leave() && r.server.is_none())
+    }
+
+    /// Leaves the elastic job as a bad node (its failure still charged to the others' restart:
+    /// the round is bumped as a worker failure), remembered in `--bad-nodes-file`. `None`: the
+    /// others would be fewer than MIN (several nodes failing at once): it stays.
+    async fn leave_failing(&mut self, counts: &super::verdict::NodeFailures) -> Option<RunEnd> {
+        let node = crate::health::node_name();
+        let k = self.config.resilience.max_node_failures;
+        let detail = format!(
+            "its workers failed {} (--max-node-failures {k})",
+            counts.summary()
+        );
+        let line = format!("node {node} left the job: {detail}; a spare goes on");
+        let mut bad = super::end::BadNode::found(node.clone(), "failures", detail, line);
+        bad.workers_ran = true;
+        bad.node_failures = Some(counts.to_json(&node));
+        let rdzv = self.rdzv.as_mut().expect("only an elastic run leaves");
+        super::netlink::leave(&self.config, rdzv, true, None, bad).await
     }
 
     /// The end of the run after an attempt that is not followed by another one.
@@ -772,5 +831,15 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+/// A failure report with this node's failure counts (issue 28 item 4), when it had any.
+fn with_counts(end: RunEnd, counts: &super::verdict::NodeFailures) -> RunEnd {
+    match end {
+        RunEnd::WorkersFailed(r) if counts.count > 0 => {
+            RunEnd::WorkersFailed(r.with_node_failures(counts.to_json(&crate::health::node_name())))
+        }
+        other => other,
     }
 }

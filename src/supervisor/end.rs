@@ -37,6 +37,11 @@ pub struct BadNode {
     pub line: String,
     /// (check, detail) of each failed check.
     pub failed: Vec<(String, String)>,
+    /// Workers ran on this node before it left (a node that failed `--max-node-failures`
+    /// times, or one found slow after a round): the message does not say "no worker started".
+    pub workers_ran: bool,
+    /// This node's failure counts (`verdict::NodeFailures::to_json`), when it had any.
+    pub node_failures: Option<serde_json::Value>,
 }
 
 impl BadNode {
@@ -48,6 +53,20 @@ impl BadNode {
                 .failed()
                 .map(|v| (v.check.to_string(), v.detail.clone()))
                 .collect(),
+            workers_ran: false,
+            node_failures: None,
+        }
+    }
+
+    /// A bad node found by a check of its own (`check`: `network`, `failures`), not the health
+    /// checks.
+    pub fn found(node: String, check: &str, detail: String, line: String) -> BadNode {
+        BadNode {
+            node,
+            line,
+            failed: vec![(check.to_string(), detail)],
+            workers_ran: false,
+            node_failures: None,
         }
     }
 
@@ -68,6 +87,7 @@ impl BadNode {
             "hang": null,
             "verdict": null,
             "bad_node": {"node": self.node, "message": self.line, "failed_checks": checks},
+            "node_failures": self.node_failures,
             "failures": [],
         })
     }
@@ -125,8 +145,13 @@ impl RunEnd {
             RunEnd::LauncherError(e) => Some(format!("rdrun: error: {e}")),
             RunEnd::RendezvousLost(msg) => Some(format!("rdrun: error: {msg}")),
             RunEnd::BadNode(b) => Some(format!(
-                "rdrun: error: {}; no worker started (exit {}: bad node, requeue elsewhere)",
+                "rdrun: error: {}{} (exit {}: bad node, requeue elsewhere)",
                 b.line,
+                if b.workers_ran {
+                    ""
+                } else {
+                    "; no worker started"
+                },
                 Exit::BadNode.code()
             )),
         }

@@ -24,12 +24,17 @@ use tokio::time::Instant;
 use crate::config::resilience::HealthMode;
 use crate::config::{LaunchConfig, RdzvBackend};
 use crate::health::{self, HealthReport, Inputs};
-use crate::rendezvous::Rendezvous;
+use crate::rendezvous::store::try_get;
+use crate::rendezvous::{RdzvStore, Rendezvous, TcpRdzvStore};
+use crate::store::CLOCK_KEY;
 
 use super::end::{BadNode, RunEnd};
 use super::observe::Observer;
 use super::rdzvlink::until_shutdown;
 use super::signals::Signals;
+
+/// The bound of the clock check's round trips (the store answers in microseconds).
+const CLOCK_BOUND: Duration = Duration::from_secs(5);
 
 /// The first back-off of an unhealthy elastic node, and the longest.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -54,11 +59,8 @@ pub(super) async fn gate(
                 "node {node} failed the health check: excluded: listed in {}",
                 path.display()
             );
-            let bad = BadNode {
-                node,
-                line,
-                failed: vec![("excluded".into(), format!("listed in {}", path.display()))],
-            };
+            let detail = format!("listed in {}", path.display());
+            let bad = BadNode::found(node, "excluded", detail, line);
             let elastic = is_elastic(config, rdzv.as_deref());
             return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
         }
@@ -67,8 +69,20 @@ pub(super) async fn gate(
         return Ok(None);
     }
     let inputs = Inputs::of(config);
+    let store = rdzv.as_deref().and_then(|r| r.store.clone());
     if mode == HealthMode::Warn {
-        return Ok(Some(Background::start(inputs, obs.clone())));
+        // The clock's few store round trips stay on this runtime (the store client's); the
+        // checks that take long go to the background thread.
+        let clock = match until_shutdown(signals, clock(store.as_deref())).await {
+            Ok(v) => v,
+            Err(signal) => {
+                return Err(RunEnd::Interrupted {
+                    signal,
+                    report: None,
+                })
+            }
+        };
+        return Ok(Some(Background::start(inputs, obs.clone(), clock)));
     }
     // A node that hosts the rendezvous store cannot stay out: the others need its store, and
     // it would take the store away when it gives up. It ends the job as a static node does.
@@ -76,7 +90,12 @@ pub(super) async fn gate(
     let give_up_at = Instant::now() + join_timeout(config);
     let mut backoff = FIRST_BACKOFF;
     loop {
-        let report = match until_shutdown(signals, health::run(&inputs)).await {
+        let checks = async {
+            let (mut report, clock) = tokio::join!(health::run(&inputs), clock(store.as_deref()));
+            report.verdicts.extend(clock);
+            report
+        };
+        let report = match until_shutdown(signals, checks).await {
             Ok(r) => r,
             Err(signal) => {
                 return Err(RunEnd::Interrupted {
@@ -109,6 +128,36 @@ pub(super) async fn gate(
     }
 }
 
+/// Round trips to the store host for the `clock` check (`health::clock`), within the checks'
+/// bound; the shortest one's verdict. `None` without a rendezvous store (single node, etcd).
+async fn clock(store: Option<&TcpRdzvStore>) -> Option<health::Verdict> {
+    const SAMPLES: usize = 5;
+    let store = store?;
+    let t0 = std::time::Instant::now();
+    let ask = async {
+        let mut samples = Vec::with_capacity(SAMPLES);
+        for _ in 0..SAMPLES {
+            let sent = std::time::SystemTime::now();
+            let t = std::time::Instant::now();
+            let answer = try_get(store, CLOCK_KEY).await.map_err(|e| e.to_string())?;
+            let Some(answer) = answer else {
+                return Ok(None);
+            };
+            samples.extend(health::clock::sample(&answer, sent, t.elapsed()));
+        }
+        Ok(health::clock::best(samples))
+    };
+    let best = match tokio::time::timeout(CLOCK_BOUND, ask).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer within {CLOCK_BOUND:?}")),
+    };
+    Some(health::clock::verdict(
+        best,
+        &store.describe(),
+        t0.elapsed(),
+    ))
+}
+
 /// How long a run that ends before its `warn` checks waits for their verdict before it
 /// cancels them (each check is bounded by `--health-check-timeout` anyway).
 const VERDICT_WAIT_AT_END: Duration = Duration::from_secs(5);
@@ -124,7 +173,8 @@ pub(super) struct Background {
 }
 
 impl Background {
-    fn start(inputs: Inputs, obs: Observer) -> Background {
+    /// `clock`: the clock check's verdict, measured before (it needs the agent's store client).
+    fn start(inputs: Inputs, obs: Observer, clock: Option<health::Verdict>) -> Background {
         let (done_tx, done) = std::sync::mpsc::channel();
         let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
@@ -139,7 +189,8 @@ impl Background {
                 };
                 rt.block_on(async {
                     tokio::select! {
-                        report = health::run(&inputs) => {
+                        mut report = health::run(&inputs) => {
+                            report.verdicts.extend(clock);
                             log(&report);
                             obs.get().health_checks(&report);
                             if let Some(line) = report.failure_line() {
@@ -194,7 +245,7 @@ fn is_elastic(config: &LaunchConfig, rdzv: Option<&Rendezvous>) -> bool {
 
 /// The end of a bad node: remembered in `--bad-nodes-file`; unless it stays out of an elastic
 /// job, the rendezvous closed with the reason so that the other nodes end now, naming it.
-async fn bad_node(
+pub(super) async fn bad_node(
     config: &LaunchConfig,
     bad: BadNode,
     rdzv: Option<&mut Rendezvous>,

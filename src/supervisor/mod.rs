@@ -14,6 +14,7 @@ mod end;
 pub(crate) mod events;
 mod healthlink;
 pub mod ncclpath;
+mod netlink;
 mod observe;
 mod outcome;
 pub mod output;

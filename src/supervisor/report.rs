@@ -109,6 +109,7 @@ impl FailureReport {
             root,
             hang: None,
             verdict: None,
+            node_failures: None,
         }
     }
 }
@@ -128,6 +129,9 @@ pub struct ResolvedReport {
     /// Why rdrun stopped restarting although the failure was its to retry (issue 28.5, the
     /// same failure in a row; `verdict.rs`): then the run exits "do not requeue".
     verdict: Option<String>,
+    /// This node's failures in the run by root cause (`verdict::NodeFailures::to_json`, issue 28
+    /// item 4): the JSON's `node_failures`.
+    node_failures: Option<serde_json::Value>,
 }
 
 impl ResolvedReport {
@@ -177,6 +181,12 @@ impl ResolvedReport {
     /// is the JSON's `verdict`.
     pub fn with_verdict(mut self, line: String) -> ResolvedReport {
         self.verdict = Some(line);
+        self
+    }
+
+    /// Records this node's failure counts for the JSON's `node_failures`.
+    pub fn with_node_failures(mut self, counts: serde_json::Value) -> ResolvedReport {
+        self.node_failures = Some(counts);
         self
     }
 
@@ -719,6 +729,7 @@ fn to_json_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> Value 
         "root_cause_kind": if report.hang.is_some() { "hang" } else { "failure" },
         "hang": report.hang,
         "verdict": report.verdict,
+        "node_failures": report.node_failures,
         "failures": failures,
     })
 }

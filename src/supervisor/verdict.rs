@@ -93,6 +93,76 @@ pub fn of_report(report: &ResolvedReport) -> Option<Signature> {
     })
 }
 
+/// The signature of a plain worker failure (`None` for any other end, see the module doc).
+fn signature(outcome: &Outcome) -> Option<Signature> {
+    match outcome {
+        Outcome::Failed {
+            failures,
+            peer_loss: None,
+            hang: None,
+        } => of_report(
+            &FailureReport {
+                name: String::new(),
+                host: String::new(),
+                failures: failures.clone(),
+            }
+            .resolve(),
+        ),
+        _ => None,
+    }
+}
+
+/// This node's worker failures in this run, by root cause (issue 28 item 4, `--max-node-failures`):
+/// every attempt that ended with a failure of this node's own workers counts (a hang that rdrun
+/// stopped too, as `hang`); one charged to a lost peer does not.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct NodeFailures {
+    pub count: u32,
+    /// Root cause (a [`Signature`]'s text, or `hang`) and how many times it ended an attempt.
+    pub causes: std::collections::BTreeMap<String, u32>,
+}
+
+impl NodeFailures {
+    /// Counts `outcome` if it was this node's failure (`sig`: its signature, from
+    /// [`SameFailure::last`] after recording it); returns the count so far.
+    pub(super) fn record(&mut self, outcome: &Outcome, sig: Option<&Signature>) -> u32 {
+        let cause = match outcome {
+            Outcome::Failed {
+                peer_loss: None,
+                hang: Some(_),
+                ..
+            } => "hang".to_string(),
+            Outcome::Failed {
+                peer_loss: None, ..
+            } => sig.map_or_else(|| "unknown".to_string(), ToString::to_string),
+            _ => return self.count,
+        };
+        self.count += 1;
+        *self.causes.entry(cause).or_default() += 1;
+        self.count
+    }
+
+    /// `2 (ValueError at train.py:88 ×1, exit code 3 ×1)`.
+    pub fn summary(&self) -> String {
+        let causes: Vec<String> = self
+            .causes
+            .iter()
+            .map(|(c, n)| format!("{c} ×{n}"))
+            .collect();
+        format!("{} ({})", self.count, causes.join(", "))
+    }
+
+    /// The report's `node_failures`: `{"node", "count", "causes": [{"cause", "count"}]}`.
+    pub fn to_json(&self, node: &str) -> serde_json::Value {
+        let causes: Vec<serde_json::Value> = self
+            .causes
+            .iter()
+            .map(|(c, n)| serde_json::json!({"cause": c, "count": n}))
+            .collect();
+        serde_json::json!({"node": node, "count": self.count, "causes": causes})
+    }
+}
+
 /// The count of same failures in a row, updated once per attempt.
 #[derive(Debug, Default)]
 pub struct SameFailure {
@@ -124,22 +194,12 @@ impl SameFailure {
     /// are read here to find its root cause (they are read again for the final report: the
     /// root cause cannot change in between, the files belong to a finished attempt).
     pub(super) fn record(&mut self, outcome: &Outcome) -> u32 {
-        let sig = match outcome {
-            Outcome::Failed {
-                failures,
-                peer_loss: None,
-                hang: None,
-            } => of_report(
-                &FailureReport {
-                    name: String::new(),
-                    host: String::new(),
-                    failures: failures.clone(),
-                }
-                .resolve(),
-            ),
-            _ => None,
-        };
-        self.record_signature(sig)
+        self.record_signature(signature(outcome))
+    }
+
+    /// The signature of the last attempt recorded, if it was a plain worker failure.
+    pub fn last(&self) -> Option<&Signature> {
+        self.last.as_ref()
     }
 
     /// The one line that says why rdrun stops: `the same failure 2 attempts in a row:

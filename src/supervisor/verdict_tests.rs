@@ -186,3 +186,39 @@ fn signature_from_the_error_file() {
         Some("ValueError at train.py:88".into())
     );
 }
+
+#[test]
+fn node_failures_count_own_failures_by_cause_only() {
+    let mut n = NodeFailures::default();
+    let failed = Outcome::Failed {
+        failures: Vec::new(),
+        peer_loss: None,
+        hang: None,
+    };
+    let sig = Signature::Status(WorkerStatus::Exited(3));
+    assert_eq!(n.record(&failed, Some(&sig)), 1);
+    // A failure charged to a lost peer, a success, a regroup: not this node's.
+    let lost = Outcome::Failed {
+        failures: Vec::new(),
+        peer_loss: Some((crate::rendezvous::RoundReason::PeerLost, vec!["n2".into()])),
+        hang: None,
+    };
+    assert_eq!(n.record(&lost, None), 1);
+    assert_eq!(n.record(&Outcome::Succeeded, None), 1);
+    let other = Signature::Exception {
+        kind: "ValueError".into(),
+        file: "/x/train.py".into(),
+        line: 88,
+    };
+    assert_eq!(n.record(&failed, Some(&other)), 2);
+    assert_eq!(n.record(&failed, Some(&sig)), 3);
+    assert_eq!(
+        n.summary(),
+        "3 (ValueError at train.py:88 ×1, exit code 3 ×2)"
+    );
+    let j = n.to_json("h1");
+    assert_eq!(j["node"], "h1");
+    assert_eq!(j["count"], 3);
+    assert_eq!(j["causes"][1]["cause"], "exit code 3");
+    assert_eq!(j["causes"][1]["count"], 2);
+}

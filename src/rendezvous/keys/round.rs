@@ -1,6 +1,6 @@
 //! The agent keys of one round, under its `store_prefix` (`Assignment::store_prefix`:
 //! `rdrun.rendezvous.<run_id>.<round>` or `rdrun.static.<run_id>.<gen>`): torchrun's exit
-//! barrier, and the multi-node hang rule's exchange.
+//! barrier, the multi-node hang rule's exchange, and the network pre-check's (issue 28).
 
 /// torchrun's exit barrier (`torch/distributed/elastic/utils/store.py` `barrier`): the
 /// arrival counter and the key the last arriving agent sets.
@@ -35,6 +35,38 @@ impl HangKeys {
     }
 }
 
+/// The network pre-check's keys of one round (`supervisor/netlink.rs`).
+#[derive(Debug, Clone)]
+pub(crate) struct NetKeys {
+    prefix: String,
+}
+
+impl NetKeys {
+    pub(crate) fn new(round_prefix: &str) -> Self {
+        NetKeys {
+            prefix: format!("{round_prefix}/rdrun_net"),
+        }
+    }
+    /// Group rank `n`'s probe listener and host name: `<host> <port> <hostname> <0|1>` (1: it
+    /// serves the rendezvous store).
+    pub(crate) fn addr(&self, n: usize) -> String {
+        format!("{}/addr/{n}", self.prefix)
+    }
+    /// What the client of pair (`client`, `server`) measured: `<latency µs> <down B/s>`, or
+    /// `fail`.
+    pub(crate) fn client(&self, client: usize, server: usize) -> String {
+        format!("{}/pair/{client}-{server}/client", self.prefix)
+    }
+    /// What the server of the pair received: `<up B/s>`, or `fail`.
+    pub(crate) fn server(&self, client: usize, server: usize) -> String {
+        format!("{}/pair/{client}-{server}/server", self.prefix)
+    }
+    /// Set by a slow node once it left the rendezvous: the others join the next round after it.
+    pub(crate) fn left(&self, n: usize) -> String {
+        format!("{}/left/{n}", self.prefix)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +87,16 @@ mod tests {
         assert_eq!(h.node(2), "rdrun.static.job.0/rdrun_hang/node/2");
         assert_eq!(h.verdict(), "rdrun.static.job.0/rdrun_hang/verdict");
         assert_eq!(h.report(2), "rdrun.static.job.0/rdrun_hang/report/2");
+        let n = NetKeys::new("rdrun.rendezvous.job.1");
+        assert_eq!(n.addr(2), "rdrun.rendezvous.job.1/rdrun_net/addr/2");
+        assert_eq!(
+            n.client(0, 1),
+            "rdrun.rendezvous.job.1/rdrun_net/pair/0-1/client"
+        );
+        assert_eq!(
+            n.server(0, 1),
+            "rdrun.rendezvous.job.1/rdrun_net/pair/0-1/server"
+        );
+        assert_eq!(n.left(2), "rdrun.rendezvous.job.1/rdrun_net/left/2");
     }
 }

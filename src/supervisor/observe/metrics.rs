@@ -62,6 +62,10 @@ pub struct Metrics {
     store_ops: Family<[(&'static str, String); 1], Counter>,
     store_waits: Gauge,
     node_checks: Family<[(&'static str, String); 1], Gauge>,
+    net_seconds: FGauge,
+    net_bps: Family<[(&'static str, String); 1], FGauge>,
+    net_slow: Family<[(&'static str, String); 1], Gauge>,
+    node_failures: Gauge,
     outputs: Mutex<Vec<OutputWatch>>,
     store_seen: Mutex<Option<Snapshot>>,
 }
@@ -85,6 +89,10 @@ impl Metrics {
             store_ops: Family::default(),
             store_waits: Gauge::default(),
             node_checks: Family::default(),
+            net_seconds: FGauge::default(),
+            net_bps: Family::default(),
+            net_slow: Family::default(),
+            node_failures: Gauge::default(),
             outputs: Mutex::new(Vec::new()),
             store_seen: Mutex::new(None),
             registry: Registry::default(),
@@ -93,6 +101,26 @@ impl Metrics {
             "rdrun_node_check_failed",
             "1 when this node's last health check of this kind failed (issue 28), else 0",
             m.node_checks.clone(),
+        );
+        registry.register(
+            "rdrun_network_check_duration_seconds",
+            "Time the last network pre-check took (issue 28)",
+            m.net_seconds.clone(),
+        );
+        registry.register(
+            "rdrun_network_node_bytes_per_second",
+            "Each node's best pair bandwidth in the last network pre-check, by group rank",
+            m.net_bps.clone(),
+        );
+        registry.register(
+            "rdrun_network_node_slow",
+            "1 when the last network pre-check found this group rank slow, else 0",
+            m.net_slow.clone(),
+        );
+        registry.register(
+            "rdrun_node_failures",
+            "This node's worker failures in this run (what --max-node-failures counts)",
+            m.node_failures.clone(),
         );
         registry.register(
             "rdrun_workers_up",
@@ -221,6 +249,23 @@ impl Metrics {
         self.node_checks
             .get_or_create(&[("check", check.to_string())])
             .set(i64::from(failed));
+    }
+
+    /// The last network pre-check: its time, every node's score, who is slow.
+    pub fn network_check(&self, v: &crate::health::network::NetVerdict, took: Duration) {
+        self.net_seconds.set(took.as_secs_f64());
+        self.net_bps.clear();
+        self.net_slow.clear();
+        for s in &v.scores {
+            let label = [("node", s.node.to_string())];
+            self.net_bps.get_or_create(&label).set(s.bps);
+            let slow = v.slow.iter().any(|x| x.node == s.node);
+            self.net_slow.get_or_create(&label).set(i64::from(slow));
+        }
+    }
+
+    pub fn node_failures(&self, count: u32) {
+        self.node_failures.set(i64::from(count));
     }
 
     pub fn healthy(&self, yes: bool) {

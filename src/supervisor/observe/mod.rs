@@ -461,22 +461,7 @@ impl Inner {
                 m.node_check(v.check, v.status == crate::health::Status::Failed);
             }
         }
-        let checks: Vec<Value> = report
-            .verdicts
-            .iter()
-            .map(|v| {
-                json!({
-                    "check": v.check,
-                    "status": match v.status {
-                        crate::health::Status::Ok => "ok",
-                        crate::health::Status::Failed => "failed",
-                        crate::health::Status::Skipped => "skipped",
-                    },
-                    "detail": v.detail,
-                    "ms": v.took.as_millis() as u64,
-                })
-            })
-            .collect();
+        let checks = report.checks_json();
         self.emit(
             "health_check",
             obj(json!({
@@ -486,6 +471,58 @@ impl Inner {
                 "checks": checks,
             })),
         );
+    }
+
+    /// One network pre-check after a round (issue 28 item 3): a `network_check` event with
+    /// every node's score and the slow ones, and the metrics.
+    pub fn network_check(
+        &mut self,
+        v: &crate::health::network::NetVerdict,
+        peers: &[crate::health::network::Peer],
+        leaving: &[usize],
+        took: std::time::Duration,
+    ) {
+        if let Some(m) = &self.metrics {
+            m.network_check(v, took);
+        }
+        let node = |rank: usize, bps: f64, lat: Option<std::time::Duration>| {
+            let p = peers.get(rank);
+            json!({
+                "node": rank,
+                "addr": p.map(|p| p.addr.clone()),
+                "host": p.map(|p| p.host.clone()),
+                "bytes_per_second": bps,
+                "latency_ms": lat.map(|l| l.as_secs_f64() * 1e3),
+            })
+        };
+        let nodes: Vec<Value> = v
+            .scores
+            .iter()
+            .map(|s| node(s.node, s.bps, s.latency))
+            .collect();
+        let slow: Vec<Value> = v
+            .slow
+            .iter()
+            .map(|s| node(s.node, s.score.bps, s.score.latency))
+            .collect();
+        self.emit(
+            "network_check",
+            obj(json!({
+                "ms": took.as_millis() as u64,
+                "median_bytes_per_second": v.median_bps,
+                "median_latency_ms": v.median_latency.as_secs_f64() * 1e3,
+                "nodes": nodes,
+                "slow": slow,
+                "left_out": leaving,
+            })),
+        );
+    }
+
+    /// This node's worker failures in the run so far (issue 28 item 4).
+    pub fn node_failures(&mut self, count: u32) {
+        if let Some(m) = &self.metrics {
+            m.node_failures(count);
+        }
     }
 
     /// The hang detector's verdict.

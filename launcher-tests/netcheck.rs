@@ -1,0 +1,310 @@
+//! The network pre-check at rendezvous and the failure count by node (issue 28 items 3 and 4),
+//! across simulated hosts: network namespaces (`scripts/netns.sh`, skipped with a message where
+//! not root or without `ip`), one of them rate-limited with `tc tbf` on its link (`tc netem`,
+//! for delay, is missing on some kernels; a rate limit is what a slow NIC or link looks like).
+//!
+//! Every agent runs under the runner's hard bound; the namespaces are removed when a test ends.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::rendezvous::{bounded, Netns};
+use crate::util::{Output, Rdrun, TempDir};
+
+const AGENT_TIMEOUT: Duration = Duration::from_secs(90);
+/// The slow node's egress: a few hundred times below a veth's.
+const SLOW_RATE: &str = "20mbit";
+
+/// A static job of `n` agents, one per namespace, with the network check on; waits for all.
+fn static_job(net: &Netns, n: usize, port: u16) -> Vec<Output> {
+    let runs: Vec<_> = (0..n)
+        .map(|i| {
+            Rdrun::new()
+                .timeout(AGENT_TIMEOUT)
+                .args(["--nnodes", &n.to_string(), "--node-rank", &i.to_string()])
+                .args([
+                    "--master-addr",
+                    &net.addr(0),
+                    "--master-port",
+                    &port.to_string(),
+                ])
+                .args(["--network-check", "on", "--no-python", "true"])
+                .netns(&net.name(i))
+                .spawn()
+        })
+        .collect();
+    runs.into_iter().map(|r| r.wait()).collect()
+}
+
+/// The node addresses named slow in `out`.
+fn named(out: &Output) -> Vec<String> {
+    out.stderr
+        .lines()
+        .filter(|l| l.contains("network check: node ") && l.contains(" is slow: "))
+        .filter_map(|l| {
+            let at = l.find("network check: node ")?;
+            let rest = &l[at..];
+            let open = rest.find('(')?;
+            let comma = rest[open..].find(',')?;
+            Some(rest[open + 1..open + comma].to_string())
+        })
+        .collect()
+}
+
+/// Four hosts: on an even network nobody is named, 10 runs; with one host rate-limited, every
+/// node names that host and only it, every run, whichever host it is (each in turn, 3 runs).
+#[test]
+fn netns_the_slow_node_is_named_every_time_and_nobody_on_an_even_network() {
+    bounded(Duration::from_secs(600), || {
+        let Some(net) = Netns::create(4) else { return };
+        let mut port = 29600;
+        let t0 = Instant::now();
+        for run in 0..10 {
+            port += 1;
+            let outs = static_job(&net, 4, port);
+            for o in &outs {
+                o.assert_code(0);
+                assert!(named(o).is_empty(), "even network, run {run}: {o:?}");
+            }
+        }
+        eprintln!("10 even runs took {:?}", t0.elapsed());
+        for slow in [3, 0, 2, 1] {
+            net.slow(slow, SLOW_RATE);
+            for run in 0..3 {
+                port += 1;
+                let outs = static_job(&net, 4, port);
+                for o in &outs {
+                    // No spare in a static job: named, and the job runs.
+                    o.assert_code(0);
+                    assert_eq!(named(o), [net.addr(slow)], "slow {slow}, run {run}: {o:?}");
+                    assert!(
+                        o.stderr
+                            .contains("kept (no spare node to go on without it)"),
+                        "{o:?}"
+                    );
+                }
+            }
+            net.unslow(slow);
+        }
+    });
+}
+
+fn started(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("ran."))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A worker that records `ran.<GROUP_WORLD_SIZE>.<restart>.<RANK>` in `$1`, then runs `$2`.
+const WORKER: &str =
+    r#"touch "$1/ran.$GROUP_WORLD_SIZE.$TORCHELASTIC_RESTART_COUNT.$RANK"; eval "$2""#;
+
+/// One c10d agent of an elastic 2:3 job on host `i`, named `host<i>`.
+fn elastic(net: &Netns, i: usize, dir: &TempDir, extra: &[&str], script: &str) -> Rdrun {
+    Rdrun::new()
+        .timeout(AGENT_TIMEOUT)
+        .hostname(&format!("host{i}"))
+        .args([
+            "--nnodes",
+            "2:3",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-id",
+            "netjob",
+        ])
+        .args(["--rdzv-endpoint", &format!("{}:29400", net.addr(0))])
+        .args(["--rdzv-conf", "last_call_timeout=20"])
+        .arg("--bad-nodes-file")
+        .arg(dir.join("bad-nodes"))
+        .args(extra)
+        .args(["--no-python", "sh", "-c", WORKER, "sh"])
+        .arg(dir.path())
+        .arg(script)
+        .netns(&net.name(i))
+}
+
+/// With a spare (2:3 on three hosts), the slow host leaves before any worker starts (exit 75,
+/// remembered in --bad-nodes-file); the other two run the job in the next round, not charged.
+#[test]
+fn netns_with_a_spare_the_slow_node_is_left_out_of_the_next_round() {
+    bounded(Duration::from_secs(240), || {
+        let Some(net) = Netns::create(3) else { return };
+        let dir = TempDir::new("netcheck_spare");
+        net.slow(1, SLOW_RATE);
+        let events = dir.join("events.jsonl");
+        let runs: Vec<_> = (0..3)
+            .map(|i| {
+                let mut extra = vec!["--network-check", "on"];
+                if i == 0 {
+                    extra.extend(["--events", events.to_str().unwrap()]);
+                }
+                elastic(&net, i, &dir, &extra, "exit 0").spawn()
+            })
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+        outs[1].assert_code(75);
+        assert!(
+            outs[1].stderr.contains("is slow in the network pre-check")
+                && outs[1].stderr.contains("no worker started (exit 75"),
+            "{outs:?}"
+        );
+        for o in [&outs[0], &outs[2]] {
+            o.assert_code(0);
+            assert_eq!(named(o), [net.addr(1)], "{o:?}");
+            assert!(o.stderr.contains("left out of the next round"), "{o:?}");
+        }
+        // The job ran on the two others, once, at restart count 0 (a membership change).
+        assert_eq!(started(dir.path()), ["ran.2.0.0", "ran.2.0.1"], "{outs:?}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("bad-nodes")).unwrap(),
+            "host1\n"
+        );
+        // The event names the slow node and that it was left out.
+        let text = std::fs::read_to_string(&events).unwrap();
+        let ev: serde_json::Value = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| {
+                v["event"] == "network_check" && v["slow"].as_array().is_some_and(|s| !s.is_empty())
+            })
+            .unwrap_or_else(|| panic!("no network_check event naming a node in {text}"));
+        assert_eq!(ev["slow"][0]["addr"], net.addr(1), "{ev}");
+        assert_eq!(ev["slow"][0]["host"], "host1", "{ev}");
+        assert_eq!(ev["left_out"].as_array().unwrap().len(), 1, "{ev}");
+        // The health checks (default warn) asked the store host's clock: node 0 hosts it.
+        let clock = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["event"] == "health_check")
+            .flat_map(|v| v["checks"].as_array().cloned().unwrap_or_default())
+            .find(|c| c["check"] == "clock")
+            .unwrap_or_else(|| panic!("no clock check in {text}"));
+        assert_eq!(clock["status"], "ok", "{clock}");
+        assert!(
+            clock["detail"]
+                .as_str()
+                .unwrap()
+                .contains("the store host 10.231.0.1:29400"),
+            "{clock}"
+        );
+    });
+}
+
+/// The slow host serves the c10d store (the endpoint is its address): it cannot leave without
+/// taking the store from the others, so it is named and kept, and the job runs on all three.
+#[test]
+fn netns_a_slow_store_host_is_named_but_stays() {
+    bounded(Duration::from_secs(240), || {
+        let Some(net) = Netns::create(3) else { return };
+        let dir = TempDir::new("netcheck_store_host");
+        net.slow(0, SLOW_RATE);
+        let runs: Vec<_> = (0..3)
+            .map(|i| elastic(&net, i, &dir, &["--network-check", "on"], "exit 0").spawn())
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+        for o in &outs {
+            o.assert_code(0);
+            assert_eq!(named(o), [net.addr(0)], "{o:?}");
+            assert!(
+                o.stderr
+                    .contains("kept (it serves the rendezvous store the others need)"),
+                "{o:?}"
+            );
+        }
+        assert_eq!(
+            started(dir.path()),
+            ["ran.3.0.0", "ran.3.0.1", "ran.3.0.2"],
+            "{outs:?}"
+        );
+        assert!(!dir.join("bad-nodes").exists());
+    });
+}
+
+/// `--max-node-failures 2`: the host whose workers fail in every attempt leaves the elastic job
+/// after its second failure (exit 75, its counts in --report-json, remembered in
+/// --bad-nodes-file) while restarts were left; the other two finish in the next round. A second
+/// job reading the file leaves that host out before anything runs.
+#[test]
+fn netns_a_node_that_failed_twice_leaves_and_is_remembered() {
+    bounded(Duration::from_secs(300), || {
+        let Some(net) = Netns::create(3) else { return };
+        let dir = TempDir::new("netcheck_failures");
+        let report = dir.join("report.json");
+        // Host 2 fails at once; the others hold while three nodes run, and succeed on two.
+        let script = r#"if [ -n "$BAD" ]; then exit 3; fi
+            if [ "$GROUP_WORLD_SIZE" = 3 ]; then exec sleep 60; fi
+            exit 0"#;
+        let runs: Vec<_> = (0..3)
+            .map(|i| {
+                let mut extra = vec!["--max-restarts", "5", "--max-node-failures", "2"];
+                if i == 2 {
+                    extra.extend(["--report-json", report.to_str().unwrap()]);
+                }
+                let a = elastic(&net, i, &dir, &extra, script);
+                match i {
+                    2 => a.env("BAD", "1"),
+                    _ => a,
+                }
+                .spawn()
+            })
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+        outs[2].assert_code(75);
+        assert!(
+            outs[2].stderr.contains("node host2 left the job: its workers failed 2 (exit code 3 ×2) (--max-node-failures 2)"),
+            "{outs:?}"
+        );
+        assert!(!outs[2].stderr.contains("no worker started"), "{outs:?}");
+        outs[0].assert_code(0);
+        outs[1].assert_code(0);
+        let ran = started(dir.path());
+        // Attempts 0 and 1 on three hosts, then attempt 2 (charged: host 2's failure) on two.
+        assert!(
+            ran.contains(&"ran.3.0.2".to_string()) && ran.contains(&"ran.3.1.2".to_string()),
+            "{ran:?}"
+        );
+        assert!(
+            ran.contains(&"ran.2.2.0".to_string()) && ran.contains(&"ran.2.2.1".to_string()),
+            "{ran:?} {outs:?}"
+        );
+        assert!(!ran.iter().any(|r| r.starts_with("ran.3.2.")), "{ran:?}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        assert_eq!(json["exit_code"], 75, "{json}");
+        assert_eq!(json["bad_node"]["node"], "host2", "{json}");
+        assert_eq!(json["node_failures"]["count"], 2, "{json}");
+        assert_eq!(
+            json["node_failures"]["causes"][0]["cause"], "exit code 3",
+            "{json}"
+        );
+        assert_eq!(json["node_failures"]["causes"][0]["count"], 2, "{json}");
+        let bad_file = dir.join("bad-nodes");
+        assert_eq!(std::fs::read_to_string(&bad_file).unwrap(), "host2\n");
+        // Job 2 reads the memory back: host 2 stays out at once, the others run.
+        let dir2 = TempDir::new("netcheck_failures_2");
+        let runs: Vec<_> = (0..3)
+            .map(|i| {
+                let from = [
+                    "--exclude-nodes-from",
+                    bad_file.to_str().unwrap(),
+                    "--rdzv-id",
+                    "netjob2",
+                ];
+                elastic(&net, i, &dir2, &from, "exit 0").spawn()
+            })
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+        outs[2].assert_code(75);
+        assert!(outs[2].stderr.contains("excluded: listed in"), "{outs:?}");
+        outs[0].assert_code(0);
+        outs[1].assert_code(0);
+        assert_eq!(started(dir2.path()), ["ran.2.0.0", "ran.2.0.1"], "{outs:?}");
+    });
+}

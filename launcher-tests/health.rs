@@ -437,14 +437,19 @@ fn a_full_log_dir_is_a_bad_node() {
     // whose log files may already take a MiB of the 4.
     let out = run("warn");
     out.assert_code(0);
-    let tail = format!(" MiB free in {} (need 100 MiB)", fs.0.display());
-    let free = out
+    // (the nearest existing directory of the log dir: the mount, or the log dir once made).
+    let finding = out
         .stderr
         .split("log-dir: ")
         .nth(1)
-        .and_then(|rest| rest.split_once(&tail))
-        .and_then(|(n, _)| n.parse::<u64>().ok());
+        .and_then(|rest| rest.split_once(" MiB free in "))
+        .map(|(n, rest)| (n.parse::<u64>().ok(), rest.lines().next().unwrap_or("")));
+    let Some((free, rest)) = finding else {
+        panic!("no log-dir finding: {out:?}");
+    };
     assert!(matches!(free, Some(0..=4)), "{out:?}");
+    assert!(rest.starts_with(&fs.0.display().to_string()), "{out:?}");
+    assert!(rest.contains(" (need 100 MiB)"), "{out:?}");
     drop(fs);
 }
 

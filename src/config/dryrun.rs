@@ -30,6 +30,8 @@ pub struct RunPreview {
     pub interpreter: Option<String>,
     /// `--wrap`: the wrapper's words (before `%r`/`%l`/`%n`) and the ranks it applies to.
     pub wrapper: Option<String>,
+    /// `--debug-rank`: the rank that waits for a debugger, and how.
+    pub debug_rank: Option<String>,
     /// `host:port` of the rendezvous, or how standalone picks it.
     pub endpoint: String,
     /// The backend that serves it (`static`, `c10d`, …).
@@ -147,6 +149,12 @@ pub(super) fn preview(cfg: &LaunchConfig, fresh_run_id: bool) -> RunPreview {
         };
         format!("{}  ({ranks})", words.join(" "))
     });
+    let debug_rank = cfg.console.debug_rank.map(|r| {
+        format!(
+            "rank {r}  (under debugpy, waiting for a client on 127.0.0.1; without debugpy it \
+             runs and rdrun says how to attach)"
+        )
+    });
     let endpoint = match (&cfg.rdzv.endpoint, cfg.standalone) {
         (_, true) => "127.0.0.1, a free port chosen at launch (standalone)".to_string(),
         (Some(ep), false) => crate::cluster::host_port(&ep.host, &ep.port.to_string()),
@@ -160,6 +168,7 @@ pub(super) fn preview(cfg: &LaunchConfig, fresh_run_id: bool) -> RunPreview {
         command: words.join(" "),
         interpreter,
         wrapper,
+        debug_rank,
         endpoint,
         backend: if cfg.standalone {
             "c10d (standalone)"
@@ -207,6 +216,9 @@ impl RunPreview {
         if let Some(w) = &self.wrapper {
             s.push_str(&row("wrapper", w, ""));
         }
+        if let Some(d) = &self.debug_rank {
+            s.push_str(&row("debug_rank", d, ""));
+        }
         s
     }
 
@@ -222,6 +234,7 @@ impl RunPreview {
             "command": self.command,
             "interpreter": self.interpreter,
             "wrapper": self.wrapper,
+            "debug_rank": self.debug_rank,
         })
     }
 }
@@ -284,6 +297,27 @@ mod tests {
         );
         assert!(
             text.contains("rdrun:   wrapper          /bin/true -o 'a b.%r'  (ranks 0,2)\n"),
+            "{text}"
+        );
+        assert!(!text.contains("debug_rank"), "{text}");
+        // --debug-rank: the rank that waits for a debugger.
+        let (run, text) = dry(
+            &[
+                "--dry-run",
+                "--nproc-per-node",
+                "2",
+                "--debug-rank",
+                "1",
+                "t.py",
+            ],
+            &[],
+        );
+        assert!(run
+            .debug_rank
+            .as_deref()
+            .is_some_and(|d| d.starts_with("rank 1  (under debugpy")));
+        assert!(
+            text.contains("rdrun:   debug_rank       rank 1  (under debugpy"),
             "{text}"
         );
         // A program run directly has no interpreter.

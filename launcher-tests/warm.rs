@@ -478,7 +478,7 @@ fn children(pid: i32) -> Vec<i32> {
 }
 
 /// rdrun's child that runs the template (its command line holds the template program).
-fn template_of(rdrun: i32) -> Option<i32> {
+pub fn template_of(rdrun: i32) -> Option<i32> {
     children(rdrun).into_iter().find(|p| {
         std::fs::read(format!("/proc/{p}/cmdline"))
             .map(|c| String::from_utf8_lossy(&c).contains("#rdrun warm template"))
@@ -487,7 +487,7 @@ fn template_of(rdrun: i32) -> Option<i32> {
 }
 
 /// Waits (bounded) for the probe records `keys` to exist.
-fn wait_records(dir: &Path, keys: &[(u64, u64)], bound: Duration) -> bool {
+pub fn wait_records(dir: &Path, keys: &[(u64, u64)], bound: Duration) -> bool {
     let deadline = Instant::now() + bound;
     while Instant::now() < deadline {
         let recs = records(dir);

@@ -267,3 +267,79 @@ fn warm_slow_template_import_does_not_starve_multi_node_heartbeats() {
     }
     assert_all_warm(dir.path(), 2);
 }
+
+/// Two static nodes whose template import takes longer than the heartbeat budget (5 s), and
+/// node 1's template SIGKILLed mid-run: at the restart node 1 does not wait inside the round for
+/// a new template's import (its agent would miss the round's heartbeats); its worker starts cold
+/// while the new template imports in the background, node 0's stays warm, and the run ends well.
+#[test]
+fn warm_replacement_template_imports_beside_a_multi_node_round() {
+    let Some(py) = torch_python() else { return };
+    let dir = TempDir::new("warm_replace_rounds");
+    write(dir.path(), "slowmod.py", "import time\ntime.sleep(8)\n");
+    // Attempt 0: both ranks record, rank 1 fails once the test killed its node's template and
+    // rank 0 stays up until the restart stops it; attempt 1: both record and end.
+    write(
+        dir.path(),
+        "sleeper.py",
+        r#"
+import os, sys, time, json
+preloaded = "torch" in sys.modules
+rank = int(os.environ["RANK"]); attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+d = sys.argv[1]
+with open(os.path.join(d, "r%d.a%d.json" % (rank, attempt)), "w") as f:
+    json.dump(dict(rank=rank, attempt=attempt, pid=os.getpid(), preloaded=preloaded), f)
+if attempt == 0:
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(d, "go")) and time.time() < deadline:
+        time.sleep(0.05)
+    if rank == 1:
+        sys.exit(1)
+    time.sleep(120)
+"#,
+    );
+    let port = crate::util::free_port().to_string();
+    let node = |rank: &str| {
+        warm_rdrun(&py, dir.path())
+            .args([
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                rank,
+            ])
+            .args(["--master-addr", "127.0.0.1", "--master-port", &port])
+            .args(["--max-restarts", "1", "--preload", "slowmod", "sleeper.py"])
+            .arg(dir.path())
+            .spawn()
+    };
+    let (a, b) = (node("0"), node("1"));
+    assert!(
+        crate::warm::wait_records(dir.path(), &[(0, 0), (1, 0)], Duration::from_secs(240)),
+        "attempt 0 never started"
+    );
+    let template = crate::warm::template_of(b.pid).expect("node 1 has a template child");
+    // SAFETY: kill(2) of the template this test found among node 1's rdrun's children.
+    unsafe { libc::kill(template, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while crate::util::alive(template) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(dir.join("go"), "").unwrap();
+    let (a, b) = (a.wait(), b.wait());
+    a.assert_code(0);
+    b.assert_code(0);
+    for o in [&a, &b] {
+        assert!(!o.stderr.contains("heartbeat"), "{o:?}");
+    }
+    assert!(
+        b.stderr.contains(
+            "a new template interpreter is importing; workers start cold until it is ready"
+        ),
+        "{b:?}"
+    );
+    let recs = records(dir.path());
+    assert_eq!(recs[&(0, 1)]["preloaded"], true, "{recs:?}");
+    assert_eq!(recs[&(1, 1)]["preloaded"], false, "{recs:?}");
+}

@@ -147,6 +147,12 @@ struct Inner {
     mode: WarmMode,
     preload: Vec<String>,
     template: Option<Template>,
+    /// The run holds a rendezvous: a spawn must never block on a template's imports (the
+    /// agent's one thread would miss the round's heartbeats), so a replacement template
+    /// imports in the background and workers start cold until it is ready.
+    in_rounds: bool,
+    /// A replacement template still importing (`in_rounds` only).
+    importing: Option<(Template, std::time::Instant)>,
     /// Templates started so far.
     started: u32,
     /// Warm start given up for the rest of the run.
@@ -183,6 +189,8 @@ impl WarmStart {
                 mode: *mode,
                 preload: preload.clone(),
                 template: None,
+                in_rounds: config.uses_rendezvous(),
+                importing: None,
                 started: 0,
                 off: false,
                 said: Vec::new(),
@@ -204,7 +212,7 @@ impl WarmStart {
     pub fn prestart(&self, spec: &Job<'_>) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if !inner.off {
-            inner.ensure_template(spec);
+            inner.ensure_template(spec, true);
         }
     }
 }
@@ -213,6 +221,9 @@ impl Drop for WarmStart {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
         if let Some(mut t) = inner.template.take() {
+            end(&mut t);
+        }
+        if let Some((mut t, _)) = inner.importing.take() {
             end(&mut t);
         }
     }
@@ -241,6 +252,9 @@ impl Inner {
         if let Some(mut t) = self.template.take() {
             end(&mut t);
         }
+        if let Some((mut t, _)) = self.importing.take() {
+            end(&mut t);
+        }
         self.say(
             "off",
             format!("{msg}; workers start cold for the rest of the run"),
@@ -248,7 +262,10 @@ impl Inner {
     }
 
     fn spawn(&mut self, spec: &Job<'_>) -> Option<Forked> {
-        if self.off || !self.ensure_template(spec) {
+        // Before the first rendezvous the agent waited for the first template (`prestart`);
+        // a template started later imports in the background when rounds are at stake.
+        let wait = !self.in_rounds || self.started == 0;
+        if self.off || !self.ensure_template(spec, wait) {
             return None;
         }
         let t = self.template.as_mut().expect("ensured above");
@@ -280,9 +297,45 @@ impl Inner {
         }
     }
 
-    /// A live, ready template (started now, waiting for its imports, when there is none);
-    /// false when none can be had (said why).
-    fn ensure_template(&mut self, spec: &Job<'_>) -> bool {
+    /// A live, ready template (started now when there is none: waiting for its imports when
+    /// `wait`, else importing in the background); false when none is ready (said why).
+    fn ensure_template(&mut self, spec: &Job<'_>, wait: bool) -> bool {
+        if let Some((t, began)) = self.importing.as_mut() {
+            match t.ready_now() {
+                None if began.elapsed() > START_TIMEOUT => {
+                    let (mut t, _) = self.importing.take().expect("present");
+                    end(&mut t);
+                    self.give_up(format!(
+                        "the template interpreter did not finish its imports within {} s",
+                        START_TIMEOUT.as_secs()
+                    ));
+                    return false;
+                }
+                None => {
+                    self.say(
+                        "importing",
+                        "a new template interpreter is importing; workers start cold until it is ready"
+                            .into(),
+                    );
+                    return false;
+                }
+                Some(Ok(())) => {
+                    tracing::info!(
+                        "warm start: template interpreter pid {} ready in {:.2} s",
+                        t.pid,
+                        began.elapsed().as_secs_f64()
+                    );
+                    let (t, _) = self.importing.take().expect("present");
+                    self.template = Some(t);
+                }
+                Some(Err(err)) => {
+                    let (t, _) = self.importing.take().expect("present");
+                    super::proctree::forget_helper(t.pid);
+                    self.give_up(err.to_string());
+                    return false;
+                }
+            }
+        }
         if self.template.as_ref().is_some_and(|t| !t.alive()) {
             let mut t = self.template.take().expect("checked");
             end(&mut t);
@@ -312,6 +365,24 @@ impl Inner {
                 watchdog_fd: spec.watchdog_fd,
             };
             let began = std::time::Instant::now();
+            if !wait {
+                return match Template::launch(&start) {
+                    Ok(t) => {
+                        super::proctree::note_helper(t.pid);
+                        self.importing = Some((t, began));
+                        self.say(
+                            "importing",
+                            "a new template interpreter is importing; workers start cold until it is ready"
+                                .into(),
+                        );
+                        false
+                    }
+                    Err(err) => {
+                        self.give_up(err.to_string());
+                        false
+                    }
+                };
+            }
             match Template::start(&start, START_TIMEOUT) {
                 Ok(t) => {
                     tracing::info!(

@@ -91,10 +91,11 @@ pub enum TemplateError {
 }
 
 impl Template {
-    /// Starts the template and waits (at most `timeout`) until its imports are done.
+    /// Starts a template interpreter (its imports then run on their own; see
+    /// [`Template::await_ready`], [`Template::ready_now`]).
     ///
     /// Call it on the main thread (PR_SET_PDEATHSIG follows the thread that forked).
-    pub fn start(s: &TemplateStart, timeout: Duration) -> Result<Template, TemplateError> {
+    pub fn launch(s: &TemplateStart) -> Result<Template, TemplateError> {
         let (ours, theirs) = socket::socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -167,14 +168,42 @@ impl Template {
         // Dropping `child` neither kills nor waits (the agent's waitpid(-1) may reap it).
         drop(child);
         let pidfd = pidfd_open(pid);
-        let mut t = Template {
+        Ok(Template {
             pid,
             pidfd,
             sock: ours,
             env: s.env.clone(),
+        })
+    }
+
+    /// Starts a template and waits up to `timeout` for its imports.
+    pub fn start(s: &TemplateStart, timeout: Duration) -> Result<Template, TemplateError> {
+        let mut t = Template::launch(s)?;
+        t.await_ready(timeout)?;
+        Ok(t)
+    }
+
+    /// Whether a launched template has finished its imports, without waiting: `None` while it
+    /// imports; `Some(Err)`: it failed (and was ended).
+    pub fn ready_now(&mut self) -> Option<Result<(), TemplateError>> {
+        let mut p = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
         };
+        // SAFETY: poll(2) on one valid pollfd, no wait.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n == 0 {
+            return None;
+        }
+        Some(self.await_ready(Duration::ZERO))
+    }
+
+    /// Waits up to `timeout` for the template's "ready"; on anything else it is ended.
+    pub fn await_ready(&mut self, timeout: Duration) -> Result<(), TemplateError> {
+        let t = self;
         match t.receive(timeout) {
-            Ok(Some(msg)) if msg.starts_with("ready") => Ok(t),
+            Ok(Some(msg)) if msg.starts_with("ready") => Ok(()),
             Ok(Some(msg)) => {
                 t.end();
                 Err(match msg.strip_prefix("failed ") {

@@ -453,6 +453,32 @@ fn a_full_log_dir_is_a_bad_node() {
     drop(fs);
 }
 
+/// A `--checkpoint-dir` on a file system without 1 GiB free makes the node bad under `on`
+/// (before any worker), naming the check and the directory.
+#[test]
+fn a_full_checkpoint_dir_is_a_bad_node() {
+    let dir = TempDir::new("health_full_ckpt");
+    let Some(fs) = SmallTmpfs::mount(dir.join("small"), "4m") else {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let out = Rdrun::new()
+        .args(["--standalone", "--nproc-per-node=2", "--health-check", "on"])
+        .arg("--checkpoint-dir")
+        .arg(fs.0.join("ckpt"))
+        .args(["--no-python", "sh", "-c", WORKER, "sh"])
+        .arg(dir.path())
+        .run();
+    out.assert_code(75);
+    let want = format!(
+        "checkpoint-dir: 4 MiB free in {} (need 1024 MiB)",
+        fs.0.display()
+    );
+    assert!(out.stderr.contains(&want), "{out:?}");
+    assert_eq!(started(dir.path()), Vec::<String>::new());
+    drop(fs);
+}
+
 /// Whether this test may give rdrun a host name of its own (`unshare --uts`: root).
 fn can_set_hostname() -> bool {
     std::process::Command::new("unshare")

@@ -135,6 +135,8 @@ pub struct LaunchArgs {
     pub health_check: Option<String>,
     pub health_check_cmd: Option<String>,
     pub health_check_timeout: Option<f64>,
+    /// rdrun's `--checkpoint-dir PATH` (a health check's free-space target).
+    pub checkpoint_dir: Option<String>,
     /// rdrun's `--bad-nodes-file PATH`, `--exclude-nodes-from FILE` (read by `config`).
     pub bad_nodes_file: Option<String>,
     pub exclude_nodes_from: Option<String>,
@@ -466,6 +468,7 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         health_check: b.opt_string("health_check")?,
         health_check_cmd: b.opt_string("health_check_cmd")?,
         health_check_timeout: b.float("health_check_timeout")?,
+        checkpoint_dir: b.opt_string("checkpoint_dir")?,
         bad_nodes_file: b.opt_string("bad_nodes_file")?,
         exclude_nodes_from: b.opt_string("exclude_nodes_from")?,
         network_check: b.opt_string("network_check")?,

@@ -303,6 +303,12 @@ pub(super) static OPTIONS: &[OptSpec] = &[
     OptSpec {
         abbreviable: false,
         pet: false,
+        ..opt("checkpoint_dir", &["--checkpoint-dir", "--checkpoint_dir"], Kind::Str, "none",
+            "rdrun: the directory the job writes its checkpoints to: the health check requires 1 GiB free on its file system (as 100 MiB for --log-dir).")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
         ..opt("bad_nodes_file", &["--bad-nodes-file", "--bad_nodes_file"], Kind::Str, "none",
             "rdrun: a node that ends as a bad node (a failed health check under --health-check on, or listed by --exclude-nodes-from) appends its host name to this file, one per line (a Slurm exclude list).")
     },

@@ -87,6 +87,8 @@ pub struct Resilience {
     pub network_threshold: f64,
     /// `--max-node-failures K` (0: never leave a node out for its failures).
     pub max_node_failures: u32,
+    /// `--checkpoint-dir PATH`: the health check's free-space target beside the log directory.
+    pub checkpoint_dir: Option<PathBuf>,
 }
 
 impl Default for Resilience {
@@ -102,6 +104,7 @@ impl Default for Resilience {
             network_check: false,
             network_threshold: DEFAULT_NETWORK_THRESHOLD,
             max_node_failures: DEFAULT_MAX_NODE_FAILURES,
+            checkpoint_dir: None,
         }
     }
 }
@@ -201,6 +204,11 @@ pub(super) fn resolve_nodes(
     r: &mut Resilience,
     args: &crate::cli::LaunchArgs,
 ) -> Result<(), ConfigError> {
+    r.checkpoint_dir = match args.checkpoint_dir.as_deref() {
+        None => None,
+        Some("") => return Err(invalid("--checkpoint-dir", "", "expected a directory")),
+        Some(p) => Some(PathBuf::from(p)),
+    };
     r.network_check = match args.network_check.as_deref() {
         None => r.health == HealthMode::On,
         Some(text) => match text.trim().to_ascii_lowercase().as_str() {

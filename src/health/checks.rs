@@ -16,6 +16,8 @@ use super::{Inputs, Status, Verdict};
 pub struct Thresholds {
     /// Free bytes the log directory's file system must have.
     pub log_dir_free: u64,
+    /// Free bytes the checkpoint directory's file system must have (a checkpoint is large).
+    pub checkpoint_dir_free: u64,
     /// Free `/dev/shm` bytes per local worker (NCCL's and DataLoader's shared memory).
     pub shm_per_worker: u64,
     /// `MemAvailable` bytes per local worker (low: a launch of many small workers is fine; a
@@ -30,6 +32,7 @@ impl Default for Thresholds {
         const MIB: u64 = 1 << 20;
         Thresholds {
             log_dir_free: 100 * MIB,
+            checkpoint_dir_free: 1024 * MIB,
             shm_per_worker: 32 * MIB,
             mem_per_worker: 64 * MIB,
             nofile: 1024,
@@ -164,6 +167,7 @@ fn find_on_path(name: &str, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
 pub fn local(inputs: &Inputs) -> Vec<Verdict> {
     vec![
         log_dir(inputs),
+        checkpoint_dir(inputs),
         shm(inputs, Path::new("/dev/shm")),
         memory(
             inputs,
@@ -190,13 +194,33 @@ fn existing_ancestor(path: &Path) -> Option<&Path> {
 }
 
 pub(super) fn log_dir(inputs: &Inputs) -> Verdict {
+    dir_space(
+        "log-dir",
+        "--log-dir",
+        inputs.log_dir.as_deref(),
+        inputs.thresholds.log_dir_free,
+    )
+}
+
+pub(super) fn checkpoint_dir(inputs: &Inputs) -> Verdict {
+    dir_space(
+        "checkpoint-dir",
+        "--checkpoint-dir",
+        inputs.checkpoint_dir.as_deref(),
+        inputs.thresholds.checkpoint_dir_free,
+    )
+}
+
+/// Free space on the file system of `dir` (its nearest existing directory: it may be made
+/// later) against `need`; skipped without the flag.
+fn dir_space(check: &'static str, flag: &str, dir: Option<&Path>, need: u64) -> Verdict {
     let t0 = Instant::now();
-    let Some(dir) = &inputs.log_dir else {
-        return verdict("log-dir", t0, Status::Skipped, "no --log-dir".into());
+    let Some(dir) = dir else {
+        return verdict(check, t0, Status::Skipped, format!("no {flag}"));
     };
     let Some(at) = existing_ancestor(dir) else {
         return verdict(
-            "log-dir",
+            check,
             t0,
             Status::Failed,
             format!("{}: no existing directory above it", dir.display()),
@@ -204,13 +228,12 @@ pub(super) fn log_dir(inputs: &Inputs) -> Verdict {
     };
     match space(at) {
         Err(e) => verdict(
-            "log-dir",
+            check,
             t0,
             Status::Failed,
             format!("{}: cannot read its free space: {e}", at.display()),
         ),
         Ok((_, free)) => {
-            let need = inputs.thresholds.log_dir_free;
             let detail = format!(
                 "{} free in {} (need {})",
                 mib(free),
@@ -222,7 +245,7 @@ pub(super) fn log_dir(inputs: &Inputs) -> Verdict {
             } else {
                 Status::Failed
             };
-            verdict("log-dir", t0, status, detail)
+            verdict(check, t0, status, detail)
         }
     }
 }

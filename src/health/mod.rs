@@ -145,6 +145,8 @@ pub struct Inputs {
     /// node unhealthy, and under `warn` warm start names a failing preload itself, once.
     pub preload: Vec<String>,
     pub log_dir: Option<std::path::PathBuf>,
+    /// `--checkpoint-dir`.
+    pub checkpoint_dir: Option<std::path::PathBuf>,
     pub nproc: usize,
     /// `NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME` as (variable, value), the ones set.
     pub nics: Vec<(&'static str, String)>,
@@ -174,6 +176,7 @@ impl Inputs {
             python,
             preload,
             log_dir: config.log.log_dir.clone(),
+            checkpoint_dir: r.checkpoint_dir.clone(),
             nproc: config.nproc_per_node,
             nics: r.socket_ifnames.clone(),
             cuda_visible: config.run_env.var("CUDA_VISIBLE_DEVICES"),

@@ -12,6 +12,7 @@ fn inputs() -> Inputs {
         preload: Vec::new(),
         python: None,
         log_dir: None,
+        checkpoint_dir: None,
         nproc: 2,
         nics: Vec::new(),
         cuda_visible: None,
@@ -134,6 +135,19 @@ fn memory_and_space_floors() {
     i.thresholds.log_dir_free = u64::MAX;
     let v = checks::log_dir(&i);
     assert_eq!(v.status, Status::Failed, "{v}");
+    assert!(v.detail.contains(&dir.path().display().to_string()), "{v}");
+    // --checkpoint-dir: the same rule with its own floor; skipped without the flag.
+    assert_eq!(checks::checkpoint_dir(&i).status, Status::Skipped);
+    i.checkpoint_dir = Some(dir.path().join("ckpt"));
+    i.thresholds.checkpoint_dir_free = 0;
+    assert_eq!(checks::checkpoint_dir(&i).status, Status::Ok);
+    i.thresholds.checkpoint_dir_free = u64::MAX;
+    let v = checks::checkpoint_dir(&i);
+    assert_eq!(
+        (v.check, v.status),
+        ("checkpoint-dir", Status::Failed),
+        "{v}"
+    );
     assert!(v.detail.contains(&dir.path().display().to_string()), "{v}");
     i.thresholds.shm_per_worker = u64::MAX / 64;
     assert_eq!(checks::shm(&i, dir.path()).status, Status::Failed);

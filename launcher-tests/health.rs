@@ -298,6 +298,38 @@ fn a_warn_check_outlived_by_the_job_is_cancelled_and_leaves_nothing() {
     }
 }
 
+/// A node whose clock is 30 s ahead of the store host's (libfaketime preloaded into that agent
+/// only) fails the `clock` check: a bad node before any worker, the offset named; the store
+/// host's node ends too, naming it.
+#[test]
+fn a_node_whose_clock_is_off_is_a_bad_node() {
+    let Some(lib) = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+    ]
+    .into_iter()
+    .map(Path::new)
+    .find(|p| p.exists()) else {
+        eprintln!("skipped: libfaketime is not installed (scripts/ensure-deps.sh installs it)");
+        return;
+    };
+    let dir = TempDir::new("health_clock");
+    let t0 = Instant::now();
+    let outs = static_pair(
+        &dir,
+        &[],
+        &[("LD_PRELOAD", lib), ("FAKETIME", Path::new("+30s"))],
+        false,
+    );
+    assert_bad_node_pair(&dir, &outs, "clock", t0.elapsed());
+    assert!(
+        outs[1].stderr.contains("ahead of the store host")
+            && outs[1].stderr.contains("more than 1s"),
+        "{outs:?}"
+    );
+}
+
 #[test]
 fn a_hanging_check_command_is_killed_at_its_bound_and_counts_as_unhealthy() {
     let dir = TempDir::new("health_hang");

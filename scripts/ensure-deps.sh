@@ -9,7 +9,8 @@
 #   the etcd client's generated code;
 # - zsh and fish, so that the generated shell completions are loaded by the real shells, and tmux,
 #   the terminal those shells and a pdb session on one rank are driven through;
-# - strace, a real wrapper for the `--wrap` tests.
+# - strace, a real wrapper for the `--wrap` tests;
+# - faketime (libfaketime), to run one agent with its clock off for the clock health check.
 # Tests that need a tool that is still missing skip with a message naming it.
 set -euo pipefail
 
@@ -30,6 +31,8 @@ command -v fish >/dev/null 2>&1 || missing+=(fish)
 # tested with strace as a real wrapper.
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
+# libfaketime: one agent's clock set 30 s ahead for the `clock` health check's real test.
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

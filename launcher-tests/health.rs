@@ -42,6 +42,23 @@ fn broken_python(dir: &Path) -> std::path::PathBuf {
     p
 }
 
+/// The check command whose pid is in `pidfile` is gone (bounded wait).
+fn assert_gone(pidfile: &Path) {
+    let pid: i32 = std::fs::read_to_string(pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the check command {pid} survived"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Static two-node job on loopback; node 1 gets `bad` (args and env) and a report file.
 fn static_pair(
     dir: &TempDir,
@@ -283,19 +300,7 @@ fn a_warn_check_outlived_by_the_job_is_cancelled_and_leaves_nothing() {
         .args(["--no-python", "sh", "-c", "exit 4"])
         .run();
     out.assert_code(4);
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "the check command {pid} survived"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert_gone(&pidfile);
 }
 
 /// A node whose clock is 30 s ahead of the store host's (libfaketime preloaded into that agent
@@ -352,19 +357,7 @@ fn a_hanging_check_command_is_killed_at_its_bound_and_counts_as_unhealthy() {
         "{out:?}"
     );
     assert!(t0.elapsed() < Duration::from_secs(30), "{out:?}");
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "the check command {pid} survived"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert_gone(&pidfile);
     assert_eq!(started(dir.path()), Vec::<String>::new());
 }
 

@@ -91,12 +91,7 @@ impl<T> Given<T> {
         value: impl Into<String>,
         reason: impl Into<String>,
     ) -> ConfigError {
-        ConfigError::Invalid {
-            flag,
-            value: value.into(),
-            reason: reason.into(),
-            var: self.origin.var(),
-        }
+        self.attribute(super::invalid(flag, value, reason))
     }
 
     /// `err` (from parsing or resolving this value) naming this value's variable.

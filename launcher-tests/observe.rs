@@ -344,6 +344,7 @@ fn events_to_stderr_and_bad_observability_values() {
         [
             "interpreter",
             "log-dir",
+            "checkpoint-dir",
             "shm",
             "memory",
             "nofile",

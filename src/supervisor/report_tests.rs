@@ -1,5 +1,6 @@
 //! Unit tests of the failure report (`report.rs`): root-cause choice, block layout against torchrun's, JSON, the parent error file.
 use super::*;
+use serde_json::json;
 use std::time::Duration;
 
 /// A scratch directory, removed when dropped.

@@ -1,0 +1,140 @@
+//! The failure report as JSON (`report.rs`'s [`super::ResolvedReport`], kept apart by job): the
+//! `--report-json` document and the nested error-file copy a parent launcher reads
+//! (TORCHELASTIC_ERROR_FILE of an outer torchrun/rdrun). Pure functions of the resolved report,
+//! plus the two writes.
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::*;
+
+/// The report as JSON for `--report-json` (schema `rdrun.failure-report/1`, see docs/compat.md):
+/// `{schema, name, host, exit_code, root_cause, failures: [{index, rank, local_rank, pid,
+/// exitcode, signal, time, timestamp, error_file, error_file_error, message, traceback,
+/// stderr_tail, stopped_by_rdrun, stopped_after_failing}], root_cause_kind, hang}`. `exitcode`
+/// is torchrun's (negative for a signal); `stopped_by_rdrun`: the signal came from rdrun's stop;
+/// `stopped_after_failing`: it did, after the worker's error file recorded its failure (the
+/// worker then counts as exit 1, [`ResolvedReport::status_of`]); `exit_code` is rdrun's; `root_cause_kind` is `"hang"` when rdrun stopped the group for a
+/// hang (then `hang` is its one-line summary, else null), otherwise `"failure"`; `verdict`: why
+/// rdrun stopped restarting a failure it could have retried (the same failure in a row, then
+/// `exit_code` is the do-not-requeue code), else null.
+pub fn to_json(report: &ResolvedReport) -> Value {
+    to_json_with(report, &format_local_time)
+}
+
+pub(super) fn to_json_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> Value {
+    let root = report.root;
+    let failures: Vec<Value> = report
+        .failures
+        .iter()
+        .zip(&report.resolved)
+        .enumerate()
+        .map(|(i, (f, r))| {
+            let signal = match f.status {
+                WorkerStatus::Signaled(n) => signal_name(n).map(String::from),
+                WorkerStatus::Exited(_) => None,
+            };
+            json!({
+                "index": i,
+                "rank": f.rank,
+                "local_rank": f.local_rank,
+                "pid": f.pid,
+                "exitcode": f.status.torchrun_code(),
+                "signal": signal,
+                "time": time(r.time),
+                "timestamp": r.time,
+                "error_file": r.error_file_path,
+                "error_file_error": r.error_file_problem,
+                "message": r.short,
+                "traceback": r.traceback,
+                "stderr_tail": f.stderr_tail,
+                "stopped_by_rdrun": f.stop_sent_at.is_some()
+                    && matches!(f.status, WorkerStatus::Signaled(_)),
+                "stopped_after_failing": r.stopped_after_failing,
+            })
+        })
+        .collect();
+    json!({
+        "schema": "rdrun.failure-report/1",
+        "name": report.name,
+        "host": report.host,
+        "exit_code": root.map(|_| report.exit_code()),
+        "root_cause": root,
+        "root_cause_kind": if report.hang.is_some() { "hang" } else { "failure" },
+        "hang": report.hang,
+        "verdict": report.verdict,
+        "node_failures": report.node_failures,
+        "failures": failures,
+    })
+}
+
+/// Writes [`to_json`] (pretty, with a final newline) to `path`.
+pub fn write_json(path: &Path, report: &ResolvedReport) -> io::Result<()> {
+    let mut text = serde_json::to_string_pretty(&to_json(report)).map_err(io::Error::other)?;
+    text.push('\n');
+    fs::write(path, text)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display())))
+}
+
+/// The JSON rdrun writes to its own TORCHELASTIC_ERROR_FILE when nested under a scheduler:
+/// the root cause's error file with `message.errorCode = <exitcode>` (torchrun's exit code,
+/// negative for a signal; dict-form messages only, as torchrun). Without a usable error file,
+/// rdrun synthesizes the dict form: `{"message": {"message": <exception line, signal line or
+/// hint>, "extraInfo": {"py_callstack": <captured traceback, else the last stderr lines, else
+/// the message>, "timestamp": "<secs>"}, "errorCode": <exitcode>}}`. `None` without failures.
+pub fn parent_error_json(report: &ResolvedReport) -> Option<Value> {
+    let root = report.root?;
+    let f = &report.failures[root];
+    let r = &report.resolved[root];
+    let code = report.status_of(root).torchrun_code();
+    if let Some(mut data) = r.data.clone() {
+        if code != 0 {
+            if let Some(m) = data.get_mut("message").and_then(Value::as_object_mut) {
+                m.insert("errorCode".into(), json!(code));
+            }
+        }
+        return Some(data);
+    }
+    let callstack = match &r.traceback {
+        Some(tb) => tb.join("\n") + "\n",
+        None if !f.stderr_tail.is_empty() => f.stderr_tail.join("\n") + "\n",
+        None => r.short.clone(),
+    };
+    Some(json!({
+        "message": {
+            "message": r.short,
+            "extraInfo": {
+                "py_callstack": callstack,
+                "timestamp": r.time.to_string(),
+            },
+            "errorCode": code,
+        }
+    }))
+}
+
+/// Writes [`parent_error_json`] to `parent_path` (replacing any file there, as torchrun does).
+pub fn copy_to_parent_error_file(parent_path: &Path, report: &ResolvedReport) -> io::Result<()> {
+    let Some(data) = parent_error_json(report) else {
+        return Ok(());
+    };
+    match fs::remove_file(parent_path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot replace {}: {e}", parent_path.display()),
+            ))
+        }
+    }
+    let text = serde_json::to_string(&data).map_err(io::Error::other)?;
+    fs::write(parent_path, text).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot write {}: {e}", parent_path.display()),
+        )
+    })
+}

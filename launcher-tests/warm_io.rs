@@ -233,6 +233,20 @@ fn warm_import_time_output_is_shown_per_worker_as_cold() {
     assert_eq!(seen[0], seen[1], "cold vs warm output differ");
 }
 
+/// One warm agent of a two-node static job on loopback (one worker per node).
+fn static_node(py: &Path, dir: &Path, port: &str, rank: &str) -> crate::util::Rdrun {
+    warm_rdrun(py, dir)
+        .args([
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--node-rank",
+            rank,
+        ])
+        .args(["--master-addr", "127.0.0.1", "--master-port", port])
+}
+
 /// Two static nodes on loopback whose template import takes longer than the rendezvous
 /// heartbeat budget (5 s): the template imports before the first rendezvous, so no node is
 /// dropped for missing heartbeats while it waits, and every worker is forked warm.
@@ -244,16 +258,7 @@ fn warm_slow_template_import_does_not_starve_multi_node_heartbeats() {
     write(dir.path(), "node.py", RECORD);
     let port = crate::util::free_port().to_string();
     let node = |rank: &str| {
-        warm_rdrun(&py, dir.path())
-            .args([
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "1",
-                "--node-rank",
-                rank,
-            ])
-            .args(["--master-addr", "127.0.0.1", "--master-port", &port])
+        static_node(&py, dir.path(), &port, rank)
             .args(["--preload", "slowmod", "node.py"])
             .arg(dir.path())
             .spawn()
@@ -300,16 +305,7 @@ if attempt == 0:
     );
     let port = crate::util::free_port().to_string();
     let node = |rank: &str| {
-        warm_rdrun(&py, dir.path())
-            .args([
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "1",
-                "--node-rank",
-                rank,
-            ])
-            .args(["--master-addr", "127.0.0.1", "--master-port", &port])
+        static_node(&py, dir.path(), &port, rank)
             .args(["--max-restarts", "1", "--preload", "slowmod", "sleeper.py"])
             .arg(dir.path())
             .spawn()

@@ -623,3 +623,41 @@ fn warm_import_time_variable_differing_per_rank_spawns_cold() {
     assert_eq!(recs[&(0, 0)]["preloaded"], true, "{o:?}");
     assert_eq!(recs[&(1, 0)]["preloaded"], false, "{o:?}");
 }
+
+/// One intermediate process forks a group's warm workers in a burst (each request says whether
+/// another follows). When the burst's next worker starts cold after all (here: its
+/// CUDA_VISIBLE_DEVICES differs from the template's), rdrun ends the burst, so the warm
+/// worker runs without waiting for the intermediate's idle bound, and the template's protocol
+/// stays in step: the restart forks rank 0 again from the same template.
+#[test]
+fn warm_burst_cut_short_by_a_cold_rank_stays_in_step() {
+    let Some(py) = torch_python() else { return };
+    let dir = TempDir::new("warm_burst");
+    write(dir.path(), "probe.py", PROBE);
+    let o = warm_rdrun(&py, dir.path())
+        .env("RUST_LOG", "rdrun=debug")
+        .args([
+            "--nproc-per-node",
+            "3",
+            "--virtual-local-rank",
+            "--max-restarts",
+            "1",
+            "probe.py",
+        ])
+        .arg(dir.path())
+        .arg("kill@2")
+        .run();
+    o.assert_code(0);
+    let recs = records(dir.path());
+    for attempt in 0..2 {
+        assert_eq!(recs[&(0, attempt)]["preloaded"], true, "{o:?}");
+        assert_eq!(recs[&(1, attempt)]["preloaded"], false, "{o:?}");
+        assert_eq!(recs[&(2, attempt)]["preloaded"], false, "{o:?}");
+    }
+    assert_eq!(
+        count(&o.stderr, "the template's burst ended early"),
+        2,
+        "one burst per attempt, each ended by the cold rank after rank 0: {o:?}"
+    );
+    assert_eq!(count(&o.stderr, "template interpreter pid"), 1, "{o:?}");
+}

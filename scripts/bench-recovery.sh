@@ -10,8 +10,10 @@
 #   A fourth column, "warm+preload", adds `--preload` of what DDP's constructor imports lazily
 #   (torch._dynamo, torch._inductor, torch.onnx: ~900 modules, seconds), which otherwise every
 #   rank of every attempt pays before its first step.
-#   Memory: summed PSS of 4 workers after `import torch`, warm (template included) vs cold.
+#   Memory: summed PSS of 4 and 8 workers (MEM_SIZES) after `import torch`, warm (template
+#   included) vs cold, split into anonymous and file-backed pages.
 # Usage: scripts/bench-recovery.sh   (env: RUNS=3, SIZES="2 4", PARTS="recovery memory",
+#        KINDS="warm warmplus cold torchrun" (the columns to run), MEM_SIZES="4 8",
 #        PRELOAD=mods, TORCHRUN=path, RDRUN=path, PYTHON=path; rdrun is built in release mode
 #        unless RDRUN is given)
 set -euo pipefail
@@ -115,8 +117,11 @@ run_one() {
 }
 
 PRELOAD="${PRELOAD:-torch._dynamo,torch._inductor,torch.onnx}"
-kinds=(warm warmplus cold)
-if [ -x "$TORCHRUN" ]; then kinds+=(torchrun); else echo "bench-recovery: no torchrun at $TORCHRUN; skipped" >&2; fi
+read -r -a kinds <<<"${KINDS:-warm warmplus cold torchrun}"
+if [[ " ${kinds[*]} " == *" torchrun "* && ! -x "$TORCHRUN" ]]; then
+  echo "bench-recovery: no torchrun at $TORCHRUN; skipped" >&2
+  read -r -a kinds <<<"$(printf '%s\n' "${kinds[@]}" | grep -vx torchrun | tr '\n' ' ')"
+fi
 
 if [[ " ${PARTS:-recovery memory} " == *" recovery "* ]]; then
 for n in $SIZES; do
@@ -127,7 +132,7 @@ for n in $SIZES; do
 done
 
 # The median of column $1 over the runs that reached the point (nan when none did).
-col() { awk -v c="$1" '$c != "nan" {print $c}' "$2" | median; }
+col() { if [ -f "$2" ]; then awk -v c="$1" '$c != "nan" {print $c}' "$2" | median; else echo nan; fi; }
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs; $RUNS runs each"
 for n in $SIZES; do
   echo
@@ -137,14 +142,13 @@ for n in $SIZES; do
   for point in "process started" "import torch done" "process group ready" "first step done"; do
     i=$((i + 1))
     w=$(col $i "$TMP/res.warm.$n"); p2=$(col $i "$TMP/res.warmplus.$n"); c=$(col $i "$TMP/res.cold.$n")
-    t=nan
-    [ -f "$TMP/res.torchrun.$n" ] && t=$(col $i "$TMP/res.torchrun.$n")
+    t=$(col $i "$TMP/res.torchrun.$n")
     awk -v p="$point" -v w="$w" -v w2="$p2" -v c="$c" -v t="$t" '
       function f(x) { return x == "nan" ? "-" : sprintf("%.3f", x) }
       function r(x, y) { return (x == "nan" || y == "nan" || y <= 0) ? "-" : sprintf("%.1fx", x / y) }
       BEGIN { printf "%-22s %8s %13s %8s %9s %10s %14s\n", p, f(w), f(w2), f(c), f(t), r(c, w), r(t, w) }'
   done
-  echo "template start-up (once per run, before attempt 0): warm $(median <"$TMP/template.warm.$n") s, warm+preload $(median <"$TMP/template.warmplus.$n") s"
+  echo "template start-up (once per run, before attempt 0): warm $(cat "$TMP/template.warm.$n" 2>/dev/null | median) s, warm+preload $(cat "$TMP/template.warmplus.$n" 2>/dev/null | median) s"
 done
 fi
 
@@ -160,9 +164,12 @@ deadline = time.time() + 300
 while not os.path.exists(os.path.join(marks, "go")) and time.time() < deadline:
     time.sleep(0.05)
 EOF
-pss_kib() { awk '/^Pss:/ {print $2}' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
+# Pss of a process in KiB: $2 = Pss (all), Pss_Anon (its anonymous memory: heap, relocated
+# library data; what a fork shares) or Pss_File (library and file pages: page cache).
+pss_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
 memory() {
-  local kind=$1 n=4 sum=0 tpl=0 pid i rd
+  local kind=$1 n=$2 pid i rd f k
+  local -A sum=([Pss]=0 [Pss_Anon]=0 [Pss_File]=0) tpl=([Pss]=0 [Pss_Anon]=0 [Pss_File]=0)
   rm -f "$MARKS"/*
   PYTHON_EXEC="$PYTHON" timeout 600 "$RDRUN" --warm-start "$kind" --standalone \
     --nproc-per-node "$n" "$TMP/mem.py" "$MARKS" >"$TMP/out" 2>"$TMP/err" &
@@ -172,22 +179,26 @@ memory() {
     sleep 0.05
   done
   sleep 1
-  for f in "$MARKS"/pid.*; do sum=$((sum + $(pss_kib "$(cat "$f")"))); done
+  for k in Pss Pss_Anon Pss_File; do
+    for f in "$MARKS"/pid.*; do sum[$k]=$((sum[$k] + $(pss_kib "$(cat "$f")" $k))); done
+  done
   if [ "$kind" = on ]; then
     # $rd is timeout(1); rdrun is its child and the template rdrun's.
     for pid in $(for c in $(cat /proc/$rd/task/*/children 2>/dev/null); do cat /proc/$c/task/*/children 2>/dev/null; done); do
       if grep -q "#rdrun warm template" "/proc/$pid/cmdline" 2>/dev/null; then
-        tpl=$((tpl + $(pss_kib "$pid")))
+        for k in Pss Pss_Anon Pss_File; do tpl[$k]=$((tpl[$k] + $(pss_kib "$pid" $k))); done
       fi
     done
   fi
   touch "$MARKS/go"
   wait "$rd" || true
-  echo "$((sum / 1024)) $((tpl / 1024))"
+  echo "$((sum[Pss] / 1024)) $((tpl[Pss] / 1024)) $(((sum[Pss_Anon] + tpl[Pss_Anon]) / 1024)) $(((sum[Pss_File] + tpl[Pss_File]) / 1024))"
 }
 if [[ " ${PARTS:-recovery memory} " == *" memory "* ]]; then
-  read -r cold_w _ <<<"$(memory off)"
-  read -r warm_w warm_t <<<"$(memory on)"
   echo
-  echo "memory: summed PSS of 4 workers after import torch: cold $cold_w MiB; warm $warm_w MiB + the template's $warm_t MiB = $((warm_w + warm_t)) MiB"
+  for n in ${MEM_SIZES:-4 8}; do
+    read -r cold_w _ cold_a cold_f <<<"$(memory off "$n")"
+    read -r warm_w warm_t warm_a warm_f <<<"$(memory on "$n")"
+    echo "memory, $n workers after import torch, summed PSS: cold $cold_w MiB (anon $cold_a, file $cold_f); warm $warm_w MiB + the template's $warm_t MiB = $((warm_w + warm_t)) MiB (anon $warm_a, file $warm_f), $(awk -v w=$((warm_w + warm_t)) -v c="$cold_w" 'BEGIN {printf "%.2f", w / c}')x of cold"
+  done
 fi

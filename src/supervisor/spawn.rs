@@ -47,7 +47,7 @@ pub(crate) struct Workers<'a> {
 impl Spawner for Workers<'_> {
     fn spawn(&mut self, lr: usize, id: &RankIdentity) -> Result<Spawned, String> {
         let rank_logs = &self.logs.ranks[lr];
-        let spec = worker::spawn_spec(
+        let mut spec = worker::spawn_spec(
             self.config,
             self.asg,
             lr,
@@ -55,6 +55,8 @@ impl Spawner for Workers<'_> {
             self.worker_env,
         )
         .map_err(|err| err.to_string())?;
+        // `Group::spawn` starts the local ranks in order, one right after the other.
+        spec.more_follow = lr + 1 < self.logs.ranks.len();
         let spawned = worker::spawn(&spec).map_err(|err| err.describe())?;
         tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
         if let Some(attach) = &spec.debug {

@@ -123,6 +123,9 @@ pub struct SpawnSpec {
     pub stdin: bool,
     /// The run's warm-start template manager (`--warm-start`): asked first by [`spawn`].
     pub warm: Option<std::sync::Arc<super::warm::WarmStart>>,
+    /// Another worker of the same group is spawned right after this one: a warm fork keeps
+    /// its intermediate process for it (`warm::Job::more`). Set by the group's spawner.
+    pub more_follow: bool,
     /// `--debug-rank`: this is the debug rank, and how to attach to it (announced once its pid
     /// is known).
     pub debug: Option<super::debugrank::Attach>,
@@ -294,6 +297,7 @@ pub fn spawn_spec(
         // A warm start runs the template's own interpreter, not this command: never for the
         // debug rank.
         warm: run_env.warm.clone().filter(|_| debug.is_none()),
+        more_follow: false,
         debug,
     })
 }
@@ -464,6 +468,7 @@ fn warm_job(spec: &SpawnSpec) -> super::warm::Job<'_> {
         stdin: spec.stdin,
         cgroup_fd: spec.cgroup_fd,
         watchdog_fd: spec.watchdog_fd,
+        more: spec.more_follow,
     }
 }
 

@@ -122,6 +122,9 @@ pub struct Job<'a> {
     pub stdin: bool,
     pub cgroup_fd: Option<RawFd>,
     pub watchdog_fd: Option<RawFd>,
+    /// rdrun asks for another worker right after this one (a group's next local rank): one
+    /// intermediate process forks both (template.py `_serve`).
+    pub more: bool,
 }
 
 /// A worker forked from the template: its pid (= process group and session) and the read
@@ -159,6 +162,9 @@ struct Inner {
     off: bool,
     /// Reasons already said (each once per run).
     said: Vec<String>,
+    /// The last fork said another would follow (`Job::more`): the template's intermediate
+    /// waits for it, and must be told when the next worker is not forked after all.
+    burst: bool,
 }
 
 impl WarmStart {
@@ -194,6 +200,7 @@ impl WarmStart {
                 started: 0,
                 off: false,
                 said: Vec::new(),
+                burst: false,
             }),
         }))
     }
@@ -262,6 +269,19 @@ impl Inner {
     }
 
     fn spawn(&mut self, spec: &Job<'_>) -> Option<Forked> {
+        let open = std::mem::take(&mut self.burst);
+        let mut asked = false;
+        let forked = self.spawn_asking(spec, &mut asked);
+        if open && !asked {
+            if let Some(t) = self.template.as_mut() {
+                t.end_burst();
+            }
+        }
+        forked
+    }
+
+    /// [`Inner::spawn`]; `asked`: a fork request was sent (an open burst's intermediate took it).
+    fn spawn_asking(&mut self, spec: &Job<'_>, asked: &mut bool) -> Option<Forked> {
         // Before the first rendezvous the agent waited for the first template (`prestart`);
         // a template started later imports in the background when rounds are at stake.
         let wait = !self.in_rounds || self.started == 0;
@@ -276,8 +296,12 @@ impl Inner {
             );
             return None;
         }
+        *asked = true;
         match fork(t, spec) {
-            Ok(Ok(spawned)) => Some(spawned),
+            Ok(Ok(spawned)) => {
+                self.burst = spec.more;
+                Some(spawned)
+            }
             Ok(Err(reason)) => {
                 self.say(
                     &format!("cold {reason}"),
@@ -441,6 +465,7 @@ fn fork(t: &mut Template, spec: &Job<'_>) -> Result<Result<Forked, String>, Temp
         stdout: out_w.as_raw_fd(),
         stderr: err_w.as_raw_fd(),
         stdin,
+        more: spec.more,
     };
     let reply = t.fork(&req, FORK_TIMEOUT)?;
     // The template holds its copies now (or declined): ours must close, or EOF never comes.

@@ -63,6 +63,9 @@ pub struct Request<'a> {
     pub stderr: RawFd,
     /// The worker's stdin (rdrun's, or `/dev/null` for a rank that does not read it).
     pub stdin: Option<RawFd>,
+    /// Another request follows at once (the rest of a group's local ranks): the template's
+    /// intermediate process stays to fork that worker too (`fork+`; template.py `_serve`).
+    pub more: bool,
 }
 
 /// The template's answer to a fork request.
@@ -271,6 +274,16 @@ impl Template {
         parse_reply(&answer)
     }
 
+    /// Ends a burst whose next request will not come (the next worker starts cold): the
+    /// intermediate waiting for it exits now rather than at its idle bound, and its workers
+    /// run. No answer comes; the template itself ignores the message when no burst is open.
+    pub fn end_burst(&mut self) {
+        match socket::send(self.sock.as_raw_fd(), b"end", MsgFlags::MSG_NOSIGNAL) {
+            Ok(_) => tracing::debug!("warm start: the template's burst ended early"),
+            Err(e) => tracing::debug!("warm start: could not end the template's burst: {e}"),
+        }
+    }
+
     /// One message, or `None` at EOF; `Gone` when nothing came within `timeout`.
     fn receive(&mut self, timeout: Duration) -> Result<Option<String>, TemplateError> {
         let deadline = Instant::now() + timeout;
@@ -377,7 +390,7 @@ pub fn encode(req: &Request<'_>) -> Vec<u8> {
         out.extend_from_slice(b);
         out.push(0);
     };
-    field(b"fork");
+    field(if req.more { b"fork+" } else { b"fork" });
     field(std::process::id().to_string().as_bytes());
     field(req.cwd.as_os_str().as_bytes());
     let cpus = req
@@ -434,6 +447,7 @@ mod tests {
             stdout: 1,
             stderr: 2,
             stdin: None,
+            more: false,
         };
         let bytes = encode(&req);
         let fields: Vec<&[u8]> = bytes.split(|b| *b == 0).collect();
@@ -451,6 +465,9 @@ mod tests {
                 b"A=b=c"
             ]
         );
+        // A request with another right behind it (a group's next local rank) says so.
+        let more = encode(&Request { more: true, ..req });
+        assert!(more.starts_with(b"fork+\0"), "{more:?}");
         assert_eq!(parse_reply("pid 42").unwrap(), Reply::Pid(42));
         assert_eq!(
             parse_reply("cold thread 7").unwrap(),

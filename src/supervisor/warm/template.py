@@ -106,10 +106,31 @@ def _is_openblas(lib):
     return "openblas" in lib.lower()
 
 
+# Threads already identified as fork-safe, by (tid, start time): a thread stays the thread it
+# was identified as for its life, and a reused tid has another start time. The list of threads
+# is still read before every fork; only the stack scan of a known thread is skipped (it costs
+# ~6 ms per fork with torch's maps, on the restart's critical path).
+_known_safe = set()
+
+
+def _start_time(tid):
+    try:
+        with open("/proc/self/task/%d/stat" % tid, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 22 (starttime); the fields after the command name's closing parenthesis.
+    return stat[stat.rfind(b")") + 2 :].split()[19]
+
+
 def _unsafe_threads():
     """None when every thread besides the main one is known fork-safe, else why not."""
     me = os.getpid()
     tids = [int(t) for t in os.listdir("/proc/self/task") if int(t) != me]
+    if not tids:
+        return None
+    ids = {tid: _start_time(tid) for tid in tids}
+    tids = [tid for tid in tids if ids[tid] is None or (tid, ids[tid]) not in _known_safe]
     if not tids:
         return None
     maps = _code_maps()
@@ -138,6 +159,8 @@ def _unsafe_threads():
                 comm,
                 ", ".join(own) or "an unknown library",
             )
+        if ids[tid] is not None:
+            _known_safe.add((tid, ids[tid]))
     return None
 
 
@@ -263,74 +286,132 @@ def _reseed():
             pass
 
 
+# How long the intermediate of a burst waits for the burst's next request before it ends the
+# burst itself (rdrun stopped spawning early, e.g. a launch error): the workers it forked wait
+# for it to exit before they run, so this bounds their wait, not correctness.
+_BURST_IDLE = 2.0
+
+
+def _read_request():
+    """The next request: (msg, fds); exits when rdrun is gone or done."""
+    try:
+        msg, fds, _flags, _addr = socket.recv_fds(_sock, 1 << 22, 3)
+    except (ConnectionError, OSError):
+        os._exit(0)
+    if not msg:
+        os._exit(0)
+    return msg, fds
+
+
+def _parse_request(msg):
+    parts = msg.split(b"\0")
+    if parts[0] not in (b"fork", b"fork+"):
+        raise ValueError("unknown request")
+    more = parts[0] == b"fork+"
+    rdrun = int(parts[1])
+    cwd = os.fsdecode(parts[2])
+    cpus = [int(c) for c in parts[3].split(b",") if c]
+    n = int(parts[4])
+    argv = [os.fsdecode(a) for a in parts[5 : 5 + n]]
+    env = []
+    for kv in parts[5 + n :]:
+        k, _, v = kv.partition(b"=")
+        if k:
+            env.append((os.fsdecode(k), os.fsdecode(v)))
+    return more, (rdrun, cwd, cpus, argv, env)
+
+
+def _close(fds):
+    for fd in fds:
+        os.close(fd)
+
+
 def _serve():
-    """Serves requests until rdrun closes the socket; in a forked worker returns its argv."""
+    """Serves requests until rdrun closes the socket; in a forked worker returns its argv.
+
+    A worker's parent must be rdrun (a subreaper), so it is forked by an intermediate process
+    that then exits. One intermediate serves a whole burst: a request marked `fork+` says that
+    rdrun will ask for another worker right after (the rest of a group's local ranks), and the
+    intermediate reads that request itself, forks that worker too and exits after the burst's
+    last one. A group of N workers then costs N + 1 forks and one exit of a copy of this
+    interpreter, not 2N forks and N exits, each with the scheduling hand-offs between rdrun,
+    this process and an intermediate. The template meanwhile waits for the intermediate (it
+    never reads the socket while one serves). Every answer goes to rdrun on the socket, from
+    whichever process forked: rdrun has one request in flight at a time, so answers cannot
+    cross. The workers wait until rdrun is their parent (the intermediate gone) before anything
+    runs (`_become_worker`)."""
     while True:
+        msg, fds = _read_request()
+        if msg == b"end":
+            continue  # a burst that ended on its own already (its idle bound)
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(_sock, 1 << 22, 3)
-        except (ConnectionError, OSError):
-            os._exit(0)
-        if not msg:
-            os._exit(0)  # rdrun is gone or done
-        parts = msg.split(b"\0")
-        try:
-            if parts[0] != b"fork":
-                raise ValueError("unknown request")
-            rdrun = int(parts[1])
-            cwd = os.fsdecode(parts[2])
-            cpus = [int(c) for c in parts[3].split(b",") if c]
-            n = int(parts[4])
-            argv = [os.fsdecode(a) for a in parts[5 : 5 + n]]
-            env = []
-            for kv in parts[5 + n :]:
-                k, _, v = kv.partition(b"=")
-                if k:
-                    env.append((os.fsdecode(k), os.fsdecode(v)))
+            more, req = _parse_request(msg)
         except (ValueError, IndexError) as e:
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
             _send("error bad request: %s" % e)
             continue
         reason = _unsafe_threads()
         if reason is not None:
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
             _send("cold " + reason)
             continue
         sys.stdout.flush()
         sys.stderr.flush()
-        r, w = os.pipe()
         try:
             first = os.fork()
         except OSError as e:
-            for fd in fds + [r, w]:
-                os.close(fd)
+            _close(fds)
             _send("error fork: %s" % e)
             continue
         if first == 0:
-            # The intermediate process: never back into the serving loop, whatever happens.
+            # The intermediate: never back into this loop, whatever happens.
             try:
-                os.close(r)
-                second = os.fork()
+                return _serve_burst(more, req, fds)
             except BaseException:  # noqa: BLE001
                 os._exit(1)
-            if second == 0:
-                os.close(w)
-                return _become_worker((rdrun, cwd, cpus, argv, env), fds)
-            try:
-                os.write(w, b"%d" % second)
-            finally:
-                os._exit(0)
-        os.close(w)
-        for fd in fds:
-            os.close(fd)
-        with os.fdopen(r, "rb") as f:
-            got = f.read()
-        os.waitpid(first, 0)
-        if got:
-            _send(b"pid " + got)
-        else:
-            _send("error the fork failed")
+        _close(fds)
+        try:
+            os.waitpid(first, 0)
+        except ChildProcessError:
+            pass
+
+
+def _serve_burst(more, req, fds):
+    """In a burst's intermediate (one thread: fork copies only the caller's): forks the worker of
+    each request of the burst, answers rdrun, exits after the last. Returns only in a worker."""
+    import select
+
+    while True:
+        try:
+            pid = os.fork()
+        except OSError as e:
+            pid = None
+            _send("error fork: %s" % e)
+        if pid == 0:
+            return _become_worker(req, fds)
+        _close(fds)
+        if pid is not None:
+            _send(b"pid %d" % pid)
+        # (A poll, not a socket timeout: that would make the file description, shared with
+        # the template, non-blocking for the template too.)
+        if not more or not select.select([_sock], [], [], _BURST_IDLE)[0]:
+            os._exit(0)
+        msg, fds = _read_request()
+        if msg == b"end":
+            os._exit(0)  # rdrun starts the burst's next worker cold
+        try:
+            more, req = _parse_request(msg)
+        except (ValueError, IndexError) as e:
+            _close(fds)
+            _send("error bad request: %s" % e)
+            os._exit(0)
+        # Checked before every fork, here too (this process has only the thread that forked
+        # it, unless an at-fork handler started one).
+        reason = _unsafe_threads()
+        if reason is not None:
+            _close(fds)
+            _send("cold " + reason)
+            os._exit(0)  # the burst ends: rdrun does not keep it open after a cold answer
 
 
 # What the imports print (warnings, banners) a cold worker prints itself when it imports: it is

@@ -7,30 +7,16 @@
 #   Each rank writes time.time_ns() right after it printed its line; a cell is the LAST rank's
 #   stamp minus the time the launcher was started (median of RUNS runs). The warm column includes
 #   the template's own start-up (it imports torch before the first fork).
-#   Output: a table and a text bar chart (no plotting library is needed).
+#   Output: a table and a text bar chart; with PLOTS=folder also launch-torch.png there.
 # Usage: scripts/bench-launch-torch.sh   (env: RUNS=3, SIZES="4 8", TORCHRUN=path, RDRUN=path,
-#        PYTHON=path; rdrun is built in release mode unless RDRUN is given)
+#        PYTHON=path, PLOTS=folder; rdrun is built in release mode unless RDRUN is given)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS="${RUNS:-3}"
 SIZES="${SIZES:-4 8}"
-CACHE="${RDRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdrun}"
-PYTHON="${PYTHON:-$CACHE/torch-venv/bin/python}"
-TORCHRUN="${TORCHRUN:-$CACHE/torch-venv/bin/torchrun}"
-if [ ! -x "$PYTHON" ]; then
-  echo "bench-launch-torch: error: no PyTorch venv at $PYTHON (scripts/torch-venv.sh makes it)" >&2
-  exit 1
-fi
-if [ -z "${RDRUN:-}" ]; then
-  cargo build --release --no-default-features --bin rdrun >&2
-  RDRUN="$PWD/target/release/rdrun"
-fi
-
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
-MARKS="$TMP/marks"
-mkdir -p "$MARKS"
+# shellcheck source=scripts/bench-torch-lib.sh
+. scripts/bench-torch-lib.sh bench-launch-torch
 
 cat >"$TMP/hello.py" <<'EOF2'
 import os, sys, time
@@ -39,8 +25,6 @@ print("rank %s: torch %s" % (os.environ["RANK"], torch.__version__), flush=True)
 with open(os.path.join(sys.argv[1], "r%s" % os.environ["RANK"]), "w") as f:
     f.write(str(time.time_ns()))
 EOF2
-
-median() { sort -n | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
 # run_one NPROC KIND: appends start -> last rank's first line (s) to $TMP/res.KIND.NPROC
 run_one() {
@@ -93,5 +77,7 @@ for n in $SIZES; do
     v=$(median <"$TMP/res.$kind.$n")
     awk -v n="$n" -v k="$kind" -v v="$v" 'BEGIN {
       b = ""; for (i = 0; i < v / 0.5; i++) b = b "#"; printf "%2s ranks %-9s %6.2f s %s\n", n, k, v, b }'
+    printf '%s ranks\t%s\t%s\n' "$n" "$kind" "$v" >>"$TMP/plot.tsv"
   done
 done
+plot "$TMP/plot.tsv" launch-torch.png "launcher start -> every rank's first line after import torch (last rank)"

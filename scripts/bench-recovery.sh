@@ -14,29 +14,15 @@
 #   included) vs cold, split into anonymous and file-backed pages.
 # Usage: scripts/bench-recovery.sh   (env: RUNS=3, SIZES="2 4", PARTS="recovery memory",
 #        KINDS="warm warmplus cold torchrun" (the columns to run), MEM_SIZES="4 8",
-#        PRELOAD=mods, TORCHRUN=path, RDRUN=path, PYTHON=path; rdrun is built in release mode
-#        unless RDRUN is given)
+#        PRELOAD=mods, TORCHRUN=path, RDRUN=path, PYTHON=path, PLOTS=folder (recovery.png and
+#        memory.png drawn there); rdrun is built in release mode unless RDRUN is given)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS="${RUNS:-3}"
 SIZES="${SIZES:-2 4}"
-CACHE="${RDRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdrun}"
-PYTHON="${PYTHON:-$CACHE/torch-venv/bin/python}"
-TORCHRUN="${TORCHRUN:-$CACHE/torch-venv/bin/torchrun}"
-if [ ! -x "$PYTHON" ]; then
-  echo "bench-recovery: error: no PyTorch venv at $PYTHON (scripts/torch-venv.sh makes it)" >&2
-  exit 1
-fi
-if [ -z "${RDRUN:-}" ]; then
-  cargo build --release --no-default-features --bin rdrun >&2
-  RDRUN="$PWD/target/release/rdrun"
-fi
-
-TMP="$(mktemp -d)"
-trap 'rm -rf "$TMP"' EXIT
-MARKS="$TMP/marks"
-mkdir -p "$MARKS"
+# shellcheck source=scripts/bench-torch-lib.sh
+. scripts/bench-torch-lib.sh bench-recovery
 
 cat >"$TMP/job.py" <<'EOF'
 import os, sys, time
@@ -77,8 +63,6 @@ for step in range(12 if attempt == 0 else 3):
     time.sleep(0.05)
 dist.destroy_process_group()
 EOF
-
-median() { sort -n | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
 # run_one NPROC KIND -> appends "start import pg step" (seconds after the crash, last rank) to
 # $TMP/res.KIND.NPROC
@@ -143,6 +127,10 @@ for n in $SIZES; do
     i=$((i + 1))
     w=$(col $i "$TMP/res.warm.$n"); p2=$(col $i "$TMP/res.warmplus.$n"); c=$(col $i "$TMP/res.cold.$n")
     t=$(col $i "$TMP/res.torchrun.$n")
+    for kv in "rdrun warm=$w" "warm + preload=$p2" "rdrun cold=$c" "torchrun=$t"; do
+      [[ " ${kinds[*]} " == *" $(case ${kv%%=*} in "rdrun warm") echo warm ;; "warm + preload") echo warmplus ;; "rdrun cold") echo cold ;; *) echo torchrun ;; esac) "* ]] &&
+        printf '%s ranks: %s\t%s\t%s\n' "$n" "$point" "${kv%%=*}" "${kv#*=}" >>"$TMP/plot.recovery.tsv"
+    done
     awk -v p="$point" -v w="$w" -v w2="$p2" -v c="$c" -v t="$t" '
       function f(x) { return x == "nan" ? "-" : sprintf("%.3f", x) }
       function r(x, y) { return (x == "nan" || y == "nan" || y <= 0) ? "-" : sprintf("%.1fx", x / y) }
@@ -150,6 +138,7 @@ for n in $SIZES; do
   done
   echo "template start-up (once per run, before attempt 0): warm $(cat "$TMP/template.warm.$n" 2>/dev/null | median) s, warm+preload $(cat "$TMP/template.warmplus.$n" 2>/dev/null | median) s"
 done
+plot "$TMP/plot.recovery.tsv" recovery.png "crash -> every rank of the new attempt at each point (last rank, median)"
 fi
 
 # Memory: summed PSS (/proc/<pid>/smaps_rollup) of 4 workers that imported torch, warm vs cold;
@@ -199,6 +188,9 @@ if [[ " ${PARTS:-recovery memory} " == *" memory "* ]]; then
   for n in ${MEM_SIZES:-4 8}; do
     read -r cold_w _ cold_a cold_f <<<"$(memory off "$n")"
     read -r warm_w warm_t warm_a warm_f <<<"$(memory on "$n")"
+    printf '%s workers\trdrun cold\t%s\n%s workers\trdrun warm (template counted)\t%s\n' \
+      "$n" "$cold_w" "$n" "$((warm_w + warm_t))" >>"$TMP/plot.memory.tsv"
     echo "memory, $n workers after import torch, summed PSS: cold $cold_w MiB (anon $cold_a, file $cold_f); warm $warm_w MiB + the template's $warm_t MiB = $((warm_w + warm_t)) MiB (anon $warm_a, file $warm_f), $(awk -v w=$((warm_w + warm_t)) -v c="$cold_w" 'BEGIN {printf "%.2f", w / c}')x of cold"
   done
+  plot "$TMP/plot.memory.tsv" memory.png "summed PSS of the workers after import torch (warm: with the template's)" MiB
 fi

@@ -4,6 +4,7 @@ autograd's engine), the healthy waiter; rank 1, waiting in its own code, is the 
 Every rank prints after each step, so the detector is in its steady phase. Later attempts train
 to the end and write `<out>/done_rank<R>.txt` = "<attempt>".
 """
+import gc
 import os
 import sys
 import threading
@@ -43,4 +44,10 @@ for i in range(5):
 
 with open(os.path.join(out, f"done_rank{rank}.txt"), "w") as f:
     f.write(f"{restart}\n")
+# Orderly shutdown (launcher-tests/torch/README.md, "torch's at-exit abort"): while DDP holds the
+# group, destroy_process_group() leaves ~ProcessGroupGloo to interpreter finalisation, where it
+# may end in std::terminate (SIGABRT); this script failed that way once in a CI run.
+dist.barrier()
+del model, opt
+gc.collect()
 dist.destroy_process_group()

@@ -99,31 +99,15 @@ fn without_debugpy_the_rank_runs_and_rdrun_says_how_to_attach() {
         "raise ImportError('hidden by the test')\n",
     )
     .expect("write shadow");
-    let mut child = Command::new(rdrun_bin())
-        .args(["--standalone", "--nproc-per-node", "2", "--debug-rank", "1"])
-        .arg(&script)
-        .env_remove("PYTHON_EXEC")
-        .env("PYTHONPATH", &shadow)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rdrun");
-    let pid = child.id() as i32;
-    let mut stdin = child.stdin.take().expect("stdin");
-    stdin.write_all(b"hello\n").expect("write stdin");
-    drop(stdin);
-    let waiter = std::thread::spawn(move || child.wait_with_output());
-    let deadline = Instant::now() + BOUND;
-    while !waiter.is_finished() {
-        if Instant::now() >= deadline {
-            // SAFETY: kill(2) of the rdrun this test started (not yet reaped: the waiter runs).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("rdrun did not finish within {BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = waiter.join().expect("join").expect("output");
+    let out = crate::util::output_with_stdin(
+        Command::new(rdrun_bin())
+            .args(["--standalone", "--nproc-per-node", "2", "--debug-rank", "1"])
+            .arg(&script)
+            .env_remove("PYTHON_EXEC")
+            .env("PYTHONPATH", &shadow),
+        b"hello\n",
+        BOUND,
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");

@@ -314,19 +314,7 @@ fn processes_never_interleave_mid_line() {
         assert!(w.0.wait().expect("wait").success());
     }
     let text = out.text();
-    let mut next = [0usize; RANKS];
-    for line in text.lines() {
-        let rest = line
-            .strip_prefix("rank")
-            .unwrap_or_else(|| panic!("mangled: {line:.60}"));
-        let mut parts = rest.splitn(3, '-');
-        let r: usize = parts.next().and_then(|p| p.parse().ok()).expect("rank");
-        let i: usize = parts.next().and_then(|p| p.parse().ok()).expect("index");
-        assert_eq!(i, next[r], "rank {r} out of order");
-        assert_eq!(line.len(), 9000 + i, "rank {r} line {i} split or merged");
-        next[r] += 1;
-    }
-    assert_eq!(next, [LINES; RANKS]);
+    crate::util::assert_burst_lines_whole(&text, RANKS, LINES);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -566,19 +554,7 @@ fn ranks_never_interleave(extra: &[&str]) {
     args.extend(["--no-python", "awk", &awk]);
     let r = rdrun(&args, &[]);
     assert_eq!(r.code, Some(0), "{:?}", r.stderr);
-    let mut next = [0usize; 4];
-    for line in r.stdout.lines() {
-        let rest = line
-            .strip_prefix("rank")
-            .unwrap_or_else(|| panic!("mangled: {line:.60}"));
-        let mut parts = rest.splitn(3, '-');
-        let rank: usize = parts.next().and_then(|p| p.parse().ok()).expect("rank");
-        let i: usize = parts.next().and_then(|p| p.parse().ok()).expect("index");
-        assert_eq!(i, next[rank], "rank {rank} out of order");
-        assert_eq!(line.len(), 9000 + i, "rank {rank} line {i} split or merged");
-        next[rank] += 1;
-    }
-    assert_eq!(next, [LINES; 4]);
+    crate::util::assert_burst_lines_whole(&r.stdout, 4, LINES);
 }
 
 // ---------------------------------------------------------------------------------------------

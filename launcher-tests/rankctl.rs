@@ -2,7 +2,6 @@
 //! was given and with strace as a real wrapper (argv, environment, process group, exit status,
 //! report, signals); `--stdin` to one rank, piped and at a terminal with pdb (tmux).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -267,30 +266,14 @@ fn stdin_goes_to_one_rank_the_others_get_dev_null() {
     let dir = TempDir::new("stdin_one_rank");
     let script = dir.join("echo.py");
     std::fs::write(&script, ECHO_PY).expect("write script");
-    let mut child = Command::new(rdrun_bin())
-        .args(["--standalone", "--nproc-per-node", "4", "--stdin", "1"])
-        .arg(&script)
-        .env_remove("PYTHON_EXEC")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn rdrun");
-    let pid = child.id() as i32;
-    let mut stdin = child.stdin.take().expect("stdin");
-    stdin.write_all(b"hello\nworld\n").expect("write stdin");
-    drop(stdin);
-    let waiter = std::thread::spawn(move || child.wait_with_output());
-    let deadline = Instant::now() + BOUND;
-    while !waiter.is_finished() {
-        if Instant::now() >= deadline {
-            // SAFETY: kill(2) of the rdrun this test started (not yet reaped: the waiter runs).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("rdrun did not finish within {BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = waiter.join().expect("join").expect("output");
+    let out = crate::util::output_with_stdin(
+        Command::new(rdrun_bin())
+            .args(["--standalone", "--nproc-per-node", "4", "--stdin", "1"])
+            .arg(&script)
+            .env_remove("PYTHON_EXEC"),
+        b"hello\nworld\n",
+        BOUND,
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),

@@ -497,3 +497,49 @@ pub fn torch_script(name: &str) -> PathBuf {
         .join("launcher-tests/torch/scripts")
         .join(name)
 }
+
+/// Runs `cmd` with `input` written to its stdin (then closed), stdout and stderr captured; a
+/// run past `bound` is SIGKILLed (by its pid, not yet reaped) and the test fails.
+pub fn output_with_stdin(cmd: &mut Command, input: &[u8], bound: Duration) -> std::process::Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rdrun");
+    let pid = child.id() as i32;
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input).expect("write stdin");
+    drop(stdin);
+    let waiter = std::thread::spawn(move || child.wait_with_output());
+    let deadline = Instant::now() + bound;
+    while !waiter.is_finished() {
+        if Instant::now() >= deadline {
+            // SAFETY: kill(2) of the process this test started (not yet reaped: the waiter runs).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("rdrun did not finish within {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    waiter.join().expect("join").expect("output")
+}
+
+/// Checks the burst pattern the line-integrity tests print: each rank R writes `lines` lines
+/// `rank<R>-<i>-xxx…` of 9000 + i bytes. Every line must arrive whole (neither split nor merged
+/// with another rank's) and each rank's lines in order.
+pub fn assert_burst_lines_whole(stdout: &str, ranks: usize, lines: usize) {
+    let mut next = vec![0usize; ranks];
+    for line in stdout.lines() {
+        let rest = line
+            .strip_prefix("rank")
+            .unwrap_or_else(|| panic!("mangled: {line:.60}"));
+        let mut parts = rest.splitn(3, '-');
+        let rank: usize = parts.next().and_then(|p| p.parse().ok()).expect("rank");
+        let i: usize = parts.next().and_then(|p| p.parse().ok()).expect("index");
+        assert_eq!(i, next[rank], "rank {rank} out of order");
+        assert_eq!(line.len(), 9000 + i, "rank {rank} line {i} split or merged");
+        next[rank] += 1;
+    }
+    assert_eq!(next, vec![lines; ranks]);
+}

@@ -55,19 +55,7 @@ fn warm_ranks_never_interleave_mid_line() {
         .run();
     o.assert_code(0);
     assert_all_warm(dir.path(), 4);
-    let mut next = [0usize; 4];
-    for line in o.stdout.lines() {
-        let rest = line
-            .strip_prefix("rank")
-            .unwrap_or_else(|| panic!("mangled: {line:.60}"));
-        let mut parts = rest.splitn(3, '-');
-        let rank: usize = parts.next().and_then(|p| p.parse().ok()).expect("rank");
-        let i: usize = parts.next().and_then(|p| p.parse().ok()).expect("index");
-        assert_eq!(i, next[rank], "rank {rank} out of order");
-        assert_eq!(line.len(), 9000 + i, "rank {rank} line {i} split or merged");
-        next[rank] += 1;
-    }
-    assert_eq!(next, [LINES; 4]);
+    crate::util::assert_burst_lines_whole(&o.stdout, 4, LINES);
 }
 
 /// `input()` on rank 0 at a real terminal (tmux) through `--stdin 0`: the prompt shows, the

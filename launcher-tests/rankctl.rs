@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::util::{
     assert_no_leak, parse_env0, rdrun_bin, read_pid, wait_for_file, worker, Rdrun, TempDir,
@@ -301,10 +301,6 @@ fn stdin_goes_to_one_rank_the_others_get_dev_null() {
 struct Term(crate::term::Tmux);
 
 impl Term {
-    fn tmux(&self, args: &[&str]) -> String {
-        self.0.run(args)
-    }
-
     /// Runs `sh -c CMD` in a 200x50 terminal.
     fn start(dir: &TempDir, cmd: &str, env: &[(&str, String)]) -> Term {
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -318,24 +314,12 @@ impl Term {
     }
 
     fn type_line(&self, text: &str) {
-        self.tmux(&["send-keys", "-t", "0", "-l", text]);
-        self.tmux(&["send-keys", "-t", "0", "Enter"]);
+        self.0.type_line(text);
     }
 
     /// Waits (bounded) until the screen satisfies `want`; returns the screen.
     fn wait_screen(&self, what: &str, want: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + BOUND;
-        loop {
-            let screen = self.tmux(&["capture-pane", "-p", "-t", "0"]);
-            if want(&screen) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "never saw {what} on the screen:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.0.wait_screen(BOUND, what, want)
     }
 }
 

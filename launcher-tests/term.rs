@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 pub struct Tmux {
     socket: PathBuf,
@@ -54,6 +55,33 @@ impl Tmux {
             .output()
             .expect("tmux");
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// What the terminal shows now.
+    pub fn screen(&self) -> String {
+        self.run(&["capture-pane", "-p", "-t", "0"])
+    }
+
+    /// Types `text` and Enter.
+    pub fn type_line(&self, text: &str) {
+        self.run(&["send-keys", "-t", "0", "-l", text]);
+        self.run(&["send-keys", "-t", "0", "Enter"]);
+    }
+
+    /// Waits until the screen satisfies `want` (failing the test past `bound`); returns it.
+    pub fn wait_screen(&self, bound: Duration, what: &str, want: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + bound;
+        loop {
+            let screen = self.screen();
+            if want(&screen) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never saw {what} on the screen:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 

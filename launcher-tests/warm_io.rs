@@ -101,26 +101,12 @@ fn warm_prompt_at_a_terminal_with_stdin_to_one_rank() {
         &["sh", "-c", &cmd],
     );
     let bound = Duration::from_secs(240);
-    let wait_screen = |what: &str, want: &dyn Fn(&str) -> bool| -> String {
-        let deadline = Instant::now() + bound;
-        loop {
-            let screen = term.run(&["capture-pane", "-p", "-t", "0"]);
-            if want(&screen) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "never saw {what} on the screen:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let wait_screen = |what: &str, want: &dyn Fn(&str) -> bool| term.wait_screen(bound, what, want);
     // The prompt has no newline: it must be on the screen before any input.
     wait_screen("the prompt", &|s| {
         s.lines().any(|l| l.trim_end() == "Name?")
     });
-    term.run(&["send-keys", "-t", "0", "-l", "bob"]);
-    term.run(&["send-keys", "-t", "0", "Enter"]);
+    term.type_line("bob");
     let screen = wait_screen("rdrun's exit", &|s| s.contains("RDRUN-STATUS="));
     assert!(screen.contains("RDRUN-STATUS=0"), "{screen}");
     for want in ["hello bob", "rank 1 read 0 bytes"] {

@@ -920,8 +920,12 @@ mod tests {
                 let (set, text) = line[1..].split_once("] ").expect("rank set");
                 for part in set.split(',') {
                     let (a, b) = part.split_once('-').unwrap_or((part, part));
-                    for r in a.parse::<usize>().expect("a")..=b.parse::<usize>().expect("b") {
-                        got[r].push(text.to_string());
+                    let (a, b) = (
+                        a.parse::<usize>().expect("a"),
+                        b.parse::<usize>().expect("b"),
+                    );
+                    for ranks in &mut got[a..=b] {
+                        ranks.push(text.to_string());
                     }
                 }
             }

@@ -11,8 +11,11 @@ time is not in it). Whether the console slows the workers: each worker times its
 (first line to closing stdout, pipe waits included) and the slowest is reported; the run's wall
 time also holds the last lines' wait in the window (a flush at a worker's end waits for them).
 
-Usage: scripts/bench-console.py [--rdrun PATH] [--runs 5] [--ranks 8,64] [--lines 100000]
-(without --rdrun: target/release/rdrun, built by `cargo build --release --bin rdrun`).
+Usage: scripts/bench-console.py [--rdrun PATH]... [--runs 5] [--ranks 8,64] [--lines 100000]
+(without --rdrun: target/release/rdrun, built by `cargo build --release --bin rdrun`). With
+several --rdrun binaries (a build before a change and after it) the runs are interleaved: each
+round runs every binary with both outputs before the next round, so a machine whose load
+changes meanwhile (other builds) weighs on all of them alike; each row names its binary.
 """
 
 import argparse
@@ -85,45 +88,49 @@ def run_once(rdrun, ranks, lines, mode, output, worker, tdir):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rdrun", default="target/release/rdrun")
+    ap.add_argument("--rdrun", action="append", help="binary to run (repeat to compare)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--ranks", default="8,64")
     ap.add_argument("--lines", type=int, default=100000)
     a = ap.parse_args()
+    binaries = a.rdrun or ["target/release/rdrun"]
+    outputs = ["all", "collapse"]
     with tempfile.TemporaryDirectory(prefix="rdrun-bench-console-") as d:
         worker = os.path.join(d, "burst.pl")
         with open(worker, "w") as f:
             f.write(WORKER)
         print(f"load average before: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs")
-        print("medians of", a.runs, "runs")
+        print("medians of", a.runs, "runs, interleaved")
         print(
-            "| ranks | lines/rank | lines | output | rdrun CPU | CPU vs all"
+            "| binary | ranks | lines/rank | lines | output | rdrun CPU | CPU vs all"
             " | slowest worker's write time | run wall |"
         )
-        print("|---:|---:|---|---|---:|---:|---:|---:|")
+        print("|---|---:|---:|---|---|---:|---:|---:|---:|")
         for ranks in [int(x) for x in a.ranks.split(",")]:
             lines = a.lines if ranks <= 8 else max(1, a.lines * 8 // ranks)
             for mode in ["same", "differ"]:
-                base = None
-                for output in ["all", "collapse"]:
-                    cpus, walls, works = [], [], []
-                    # Interleaved runs would be fairer on a busy machine; the order is kept
-                    # simple and the medians of several runs are reported.
-                    for _ in range(a.runs):
-                        c, w, k = run_once(a.rdrun, ranks, lines, mode, output, worker, d)
-                        cpus.append(c)
-                        walls.append(w)
-                        works.append(k)
-                    cpu, wall = statistics.median(cpus), statistics.median(walls)
-                    work = statistics.median(works)
-                    if output == "all":
-                        base = cpu
-                    ratio = f"{(cpu / base - 1) * 100:+.0f} %" if base else "-"
-                    print(
-                        f"| {ranks} | {lines} | {mode} | {output} | {cpu:.2f} s | {ratio}"
-                        f" | {work:.2f} s | {wall:.2f} s |",
-                        flush=True,
-                    )
+                got = {(b, o): [] for b in binaries for o in outputs}
+                # Rounds: every binary and output once per round, so that a change of the
+                # machine's load between rounds weighs on all of them alike.
+                for _ in range(a.runs):
+                    for b in binaries:
+                        for o in outputs:
+                            got[(b, o)].append(run_once(b, ranks, lines, mode, o, worker, d))
+                for b in binaries:
+                    base = None
+                    for o in outputs:
+                        runs = got[(b, o)]
+                        cpu = statistics.median(r[0] for r in runs)
+                        wall = statistics.median(r[1] for r in runs)
+                        work = statistics.median(r[2] for r in runs)
+                        if o == "all":
+                            base = cpu
+                        ratio = f"{(cpu / base - 1) * 100:+.0f} %" if base else "-"
+                        print(
+                            f"| {os.path.basename(b)} | {ranks} | {lines} | {mode} | {o}"
+                            f" | {cpu:.2f} s | {ratio} | {work:.2f} s | {wall:.2f} s |",
+                            flush=True,
+                        )
         print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

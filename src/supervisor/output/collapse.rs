@@ -11,20 +11,31 @@
 //! - Nothing is lost or duplicated: each line of each rank lands in exactly one entry.
 //! - A rank's lines keep their order. Each entry remembers, for each of its ranks, that rank's
 //!   previous pending entry, and is written only after those. Entries carry a level (above the
-//!   level of every entry they must follow); a rank's line joins the oldest entry of its text
-//!   whose level is above the level of the rank's latest entry, or that nothing follows yet (its
+//!   level of every entry they must follow); a rank's line joins an entry of its text whose
+//!   level is above the level of the rank's latest entry, or that nothing follows yet (its
 //!   level is then raised), so "must follow" never forms a cycle (it would otherwise: rank 0
 //!   prints A then B, rank 1 B then A).
-
+//! - Which entry a line joins: the one right after the entry the rank's previous line went to,
+//!   when it has the same text and may be joined (ranks printing the same sequence, the common
+//!   case: one compare against an entry just made, no index); otherwise the oldest pending
+//!   entry of its text that it may join; otherwise a new entry.
+//!
+//! Cost (this runs for every line on the one console thread, at millions of lines per second;
+//! see the "Console collapse" section of `docs/benchmarks.md`): no allocation per line (entries
+//! live in a ring whose slots are reused in place, and point into the chunk bodies they came in,
+//! kept in a slab with a count of the entries using each); the text index is an open-addressing
+//! table of 8-byte (hash, entry) pairs sized to the pending lines, so it stays in cache, and an
+//! entry's text is read only when the full 32-bit hash matches; the index is never updated when
+//! a line is written: slots of written entries are recognised from their index alone, reused,
+//! and dropped when the table is rebuilt.
 //!
 //! The writer (`console`) feeds whole-line chunks here and writes what [`Collapser::due`]
 //! returns through its usual path (open lines, budget, flushes); chunks that are not plain whole
 //! lines (a prompt's open line, its continuation) make it write everything pending first, so
 //! nothing of the same source is overtaken.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use foldhash::fast::RandomState;
@@ -43,17 +54,24 @@ use super::own::Stream;
 /// the two files import each other.)
 pub(crate) const PENDING_CAP: usize = 2 << 20;
 
-/// One line as the console will write it, and the ranks that printed it.
+/// No entry (a rank that has not printed yet).
+const NONE: u64 = u64::MAX;
+
+/// One line as the console will write it, and the ranks that printed it. A slot of [`Ring`]:
+/// reused in place once written (its vectors keep their capacity).
 struct Entry {
     index: u64,
+    /// Written (its slot waits for the entries before it to be written too).
+    written: bool,
     stream: Stream,
     /// The line as the first rank's chunk had it (its own prefix), written when no other rank
-    /// joins: `body[start..end]`, the chunk's body shared by its lines (no copy per line); the
-    /// text compared is the part after the prefix (`plen` bytes), terminator included.
-    body: Arc<Vec<u8>>,
-    start: usize,
-    end: usize,
-    plen: usize,
+    /// joins: `bodies[body][start..end]`, the chunk's body shared by its lines (no copy per
+    /// line); the text compared is the part after the prefix (`plen` bytes), terminator
+    /// included.
+    body: u32,
+    start: u32,
+    end: u32,
+    plen: u32,
     /// The ranks that printed it, in the order they came, as dense ids (`Collapser::rank_of`).
     ranks: SmallVec<[u32; 4]>,
     first: Instant,
@@ -66,38 +84,269 @@ struct Entry {
 }
 
 impl Entry {
-    fn line(&self) -> &[u8] {
-        &self.body[self.start..self.end]
+    fn blank(at: Instant) -> Entry {
+        Entry {
+            index: NONE,
+            written: true,
+            stream: Stream::Stdout,
+            body: 0,
+            start: 0,
+            end: 0,
+            plen: 0,
+            ranks: SmallVec::new(),
+            first: at,
+            level: 0,
+            after: SmallVec::new(),
+            permit: None,
+        }
     }
 
-    fn text(&self) -> &[u8] {
-        &self.body[self.start + self.plen..self.end]
+    fn line<'a>(&self, bodies: &'a Bodies) -> &'a [u8] {
+        &bodies.get(self.body)[self.start as usize..self.end as usize]
+    }
+
+    fn text<'a>(&self, bodies: &'a Bodies) -> &'a [u8] {
+        &bodies.get(self.body)[(self.start + self.plen) as usize..self.end as usize]
+    }
+}
+
+/// The entries from the oldest pending one (`base`) to the newest, in a ring of reused slots:
+/// no entry is moved in or out, and none is allocated once the ring has grown.
+struct Ring {
+    slots: Vec<Entry>,
+    head: usize,
+    len: usize,
+    base: u64,
+    /// What blank slots hold as their time.
+    epoch: Instant,
+}
+
+impl Ring {
+    fn new() -> Ring {
+        Ring {
+            slots: Vec::new(),
+            head: 0,
+            len: 0,
+            base: 0,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// The index the next entry will get.
+    fn next(&self) -> u64 {
+        self.base + self.len as u64
+    }
+
+    fn slot(&self, index: u64) -> Option<usize> {
+        let off = index.checked_sub(self.base)?;
+        (off < self.len as u64).then(|| (self.head + off as usize) & (self.slots.len() - 1))
+    }
+
+    /// Entry `index`, if pending.
+    fn get(&self, index: u64) -> Option<&Entry> {
+        let e = &self.slots[self.slot(index)?];
+        (!e.written).then_some(e)
+    }
+
+    fn get_mut(&mut self, index: u64) -> Option<&mut Entry> {
+        let s = self.slot(index)?;
+        let e = &mut self.slots[s];
+        (!e.written).then_some(e)
+    }
+
+    /// The oldest pending entry (the front is never a written one: see [`Ring::pop_written`]).
+    fn front(&self) -> Option<&Entry> {
+        (self.len > 0).then(|| &self.slots[self.head])
+    }
+
+    /// The slot for entry [`Ring::next`], to be filled in by the caller (its old content is
+    /// still there).
+    fn push(&mut self) -> &mut Entry {
+        if self.len == self.slots.len() {
+            // Full: twice the slots, the entries in order from the start.
+            let grow = self.slots.len().max(64);
+            self.slots.rotate_left(self.head);
+            let epoch = self.epoch;
+            self.slots.extend((0..grow).map(|_| Entry::blank(epoch)));
+            self.head = 0;
+        }
+        let s = (self.head + self.len) & (self.slots.len() - 1);
+        self.len += 1;
+        &mut self.slots[s]
+    }
+
+    /// Drops written entries from the front.
+    fn pop_written(&mut self) {
+        while self.len > 0 && self.slots[self.head].written {
+            self.head = (self.head + 1) & (self.slots.len() - 1);
+            self.len -= 1;
+            self.base += 1;
+        }
+    }
+}
+
+/// The chunk bodies that pending entries point into, each with how many entries use it; a body
+/// is dropped when its last entry is written (or at once, when every line of it joined older
+/// entries).
+#[derive(Default)]
+struct Bodies {
+    slots: Vec<(Vec<u8>, u32)>,
+    free: Vec<u32>,
+}
+
+impl Bodies {
+    fn add(&mut self, body: Vec<u8>) -> u32 {
+        match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = (body, 0);
+                id
+            }
+            None => {
+                self.slots.push((body, 0));
+                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+            }
+        }
+    }
+
+    fn get(&self, id: u32) -> &[u8] {
+        &self.slots[id as usize].0
+    }
+
+    fn hold(&mut self, id: u32) {
+        self.slots[id as usize].1 += 1;
+    }
+
+    /// One entry less uses body `id` (`held`: it was counted); dropped when none does.
+    fn release(&mut self, id: u32, held: bool) {
+        let slot = &mut self.slots[id as usize];
+        if held {
+            slot.1 -= 1;
+        }
+        if slot.1 == 0 {
+            slot.0 = Vec::new();
+            self.free.push(id);
+        }
+    }
+}
+
+/// The text index: open addressing with linear probing over (hash, low 32 bits of the entry
+/// index) pairs, 8 bytes a slot, sized to the pending entries. A slot whose entry is older than
+/// the ring's base is stale: it is reused by the next insert that passes it. The table is
+/// rebuilt (live slots only, resized to the pending entries) when too few slots are empty.
+struct TextIndex {
+    slots: Vec<(u32, u32)>,
+    /// Slots not empty (live or stale).
+    used: usize,
+}
+
+/// Fewest slots of the index (a power of two).
+const INDEX_MIN: usize = 1 << 10;
+
+impl TextIndex {
+    fn new() -> TextIndex {
+        TextIndex {
+            slots: vec![(0, 0); INDEX_MIN],
+            used: 0,
+        }
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// The entry index a slot names, if it is within the ring (`base..next`; the ring never
+    /// spans 2^32 entries: it holds at most a window of lines).
+    fn entry_of(idx: u32, base: u64, next: u64) -> Option<u64> {
+        let off = u64::from(idx.wrapping_sub(base as u32));
+        (off < next - base).then_some(base + off)
+    }
+
+    /// Calls `each` with every entry in `base..next` filed under `hash`; returns the slot an
+    /// insert of `hash` would take (the first stale one on the way, else the empty one that
+    /// ends it).
+    fn probe(&self, hash: u32, base: u64, next: u64, mut each: impl FnMut(u64)) -> usize {
+        let mask = self.mask();
+        let mut pos = hash as usize & mask;
+        let mut free = None;
+        loop {
+            let (h, idx) = self.slots[pos];
+            if h == 0 {
+                return free.unwrap_or(pos);
+            }
+            match TextIndex::entry_of(idx, base, next) {
+                Some(i) if h == hash => each(i),
+                Some(_) => {}
+                None => {
+                    free.get_or_insert(pos);
+                }
+            }
+            pos = (pos + 1) & mask;
+        }
+    }
+
+    /// Files entry `index` under `hash` at slot `pos` (from [`TextIndex::probe`]).
+    fn insert(&mut self, pos: usize, hash: u32, index: u64) {
+        if self.slots[pos].0 == 0 {
+            self.used += 1;
+        }
+        self.slots[pos] = (hash, index as u32);
+    }
+
+    /// Too few empty slots left (probes grow long): time for [`TextIndex::rebuild`].
+    fn crowded(&self) -> bool {
+        self.used * 2 > self.slots.len()
+    }
+
+    /// Keeps the slots of entries still in the ring only, in a table of about four slots per
+    /// such entry (at least [`INDEX_MIN`]). An entry written out of order (its slot is still in
+    /// the ring) is kept until the ring's base passes it: telling it apart would take a read of
+    /// the entry, a cache miss per slot.
+    fn rebuild(&mut self, ring: &Ring) {
+        let (base, next) = (ring.base, ring.next());
+        let live =
+            |&(h, idx): &(u32, u32)| h != 0 && TextIndex::entry_of(idx, base, next).is_some();
+        let n = self.slots.iter().filter(|s| live(s)).count();
+        let size = (n * 4).next_power_of_two().max(INDEX_MIN);
+        let old = std::mem::replace(&mut self.slots, vec![(0, 0); size]);
+        self.used = 0;
+        let mask = self.mask();
+        for s in old.iter().filter(|s| live(s)) {
+            let mut pos = s.0 as usize & mask;
+            while self.slots[pos].0 != 0 {
+                pos = (pos + 1) & mask;
+            }
+            self.slots[pos] = *s;
+            self.used += 1;
+        }
     }
 }
 
 /// The pending lines of the collapse window.
 pub(crate) struct Collapser {
     window: Duration,
-    /// Pending entries by index: `entries[i - base]`; a written one leaves `None` until the
-    /// ones before it are written too.
-    entries: VecDeque<Option<Entry>>,
-    base: u64,
-    next: u64,
+    ring: Ring,
+    bodies: Bodies,
+    index: TextIndex,
     /// Bytes of the pending lines, and console budget the pending entries keep.
     bytes: usize,
     budget: usize,
     hasher: RandomState,
-    /// The entries of each (stream, text) hash, oldest first; some may have been written
-    /// since (see [`Collapser::sweep`]).
-    by_text: HashMap<u64, SmallVec<[u64; 2]>, RandomState>,
     /// How many entries are pending.
     pending: usize,
     /// Each global rank's dense id (looked up once per chunk), and back.
     ids: HashMap<usize, u32, RandomState>,
     rank_of: Vec<usize>,
-    /// Latest entry index that holds a line of each (dense id, stream index): `id * 2 + stream`.
-    /// A vector, not a map: it is read and written for every line.
+    /// Latest pending entry that holds a line of each (dense id, stream index): `id * 2 +
+    /// stream`. A vector, not a map: it is read and written for every line.
     last_of_rank: Vec<Option<u64>>,
+    /// The entry each (dense id, stream) last line went to, pending or not ([`NONE`]: none
+    /// yet): the next line of that rank tries the entry after it first.
+    follow: Vec<u64>,
+    /// Whether most lines of each (dense id, stream)'s last chunk found their entry that way
+    /// (its next chunk's hashes are then made only for the lines that do not).
+    followed: Vec<bool>,
+    /// The hashes of the lines of the chunk being filed (a vector kept for its capacity).
+    hashes: Vec<u32>,
     /// The last `[ranks] ` prefix written, for the rank set it was made of (most collapsed lines
     /// of a run share one).
     last_set: (SmallVec<[usize; 8]>, Vec<u8>),
@@ -109,23 +358,49 @@ pub(crate) struct Collapser {
     sources: [u64; 2],
 }
 
+/// How many bytes of `line` are the rank's console prefix.
+fn prefix_len(line: &[u8], prefix: &[u8]) -> usize {
+    // Not `starts_with` alone: a compare call per line even for an empty prefix.
+    if !prefix.is_empty() && line.starts_with(prefix) {
+        prefix.len()
+    } else {
+        0
+    }
+}
+
+/// Whether a line of `rank`, whose latest pending entry has level `floor`, may join entry `e`:
+/// its level is above it, or nothing must follow the entry yet (it is the latest of each of
+/// its ranks), so that its level can be raised above it. An entry that has the rank's line
+/// already never takes another (a rank printing a line twice shows it twice).
+fn joinable(e: &Entry, last_of_rank: &[Option<u64>], rank: u32, floor: u64) -> bool {
+    if e.ranks.contains(&rank) {
+        return false;
+    }
+    e.level > floor
+        || e.ranks
+            .iter()
+            .all(|r| last_of_rank[*r as usize * 2 + e.stream.index()] == Some(e.index))
+}
+
 impl Collapser {
     /// `ranks`: how many ranks' output reaches this console; an entry that has them all is
     /// written at once instead of at the end of the window (0: never early).
     pub(crate) fn new(window: Duration, ranks: usize, sources: [u64; 2]) -> Collapser {
         Collapser {
             window,
-            entries: VecDeque::new(),
-            base: 0,
-            next: 0,
+            ring: Ring::new(),
+            bodies: Bodies::default(),
+            index: TextIndex::new(),
             bytes: 0,
             budget: 0,
             hasher: RandomState::default(),
-            by_text: HashMap::default(),
             pending: 0,
             ids: HashMap::default(),
             rank_of: Vec::new(),
             last_of_rank: Vec::new(),
+            follow: Vec::new(),
+            followed: Vec::new(),
+            hashes: Vec::new(),
             last_set: (SmallVec::new(), Vec::new()),
             ranks,
             complete: Vec::new(),
@@ -142,15 +417,6 @@ impl Collapser {
             && !chunk.line_ends.is_empty()
     }
 
-    fn get(&self, index: u64) -> Option<&Entry> {
-        entry(&self.entries, self.base, index)
-    }
-
-    fn get_mut(&mut self, index: u64) -> Option<&mut Entry> {
-        let i = usize::try_from(index.checked_sub(self.base)?).ok()?;
-        self.entries.get_mut(i)?.as_mut()
-    }
-
     /// Files the lines of a chunk that [`Collapser::takes`]; its budget stays with its last
     /// line (a rank's lines are written in order, so that one is written last).
     pub(crate) fn push(
@@ -164,84 +430,132 @@ impl Collapser {
         };
         let rank = self.id(global);
         let slot = rank as usize * 2 + stream.index();
-        let mut start = 0usize;
-        let mut last = None;
-        let body = Arc::new(chunk.body);
-        for &end in &chunk.line_ends {
-            let end = end as usize;
+        let all = self.ranks;
+        let prefix = chunk.prefix;
+        let body = self.bodies.add(chunk.body);
+        // A rank whose last chunk did not follow other ranks' lines: its lines will go to the
+        // index. Their hashes first, then one load of each line's index slot: loads that do
+        // not wait for each other, so the CPU overlaps their cache misses (the table outgrows
+        // the cache at high line rates); the loop below then finds the slots in cache.
+        let mut hashes = std::mem::take(&mut self.hashes);
+        hashes.clear();
+        if !self.followed[slot] {
+            let bytes = self.bodies.get(body);
+            let mut start = 0usize;
+            for &end in &chunk.line_ends {
+                let line = &bytes[start..end as usize];
+                start = end as usize;
+                hashes.push(self.hash(stream, &line[prefix_len(line, &prefix)..]));
+            }
+            let mask = self.index.mask();
+            let touch = hashes
+                .iter()
+                .fold(0u32, |acc, h| acc ^ self.index.slots[*h as usize & mask].0);
+            std::hint::black_box(touch);
+        }
+        let mut followed = 0usize;
+        let mut start = 0u32;
+        let mut last = NONE;
+        for (n, &end) in chunk.line_ends.iter().enumerate() {
             let line_start = start;
-            let line = &body[start..end];
             start = end;
-            let plen = if line.starts_with(&chunk.prefix) {
-                chunk.prefix.len()
-            } else {
-                0
-            };
+            let line = &self.bodies.get(body)[line_start as usize..end as usize];
+            let plen = prefix_len(line, &prefix);
             let text = &line[plen..];
-            let key = self.hasher.hash_one((stream.index(), text));
+            let line_len = line.len();
             // The rank's latest pending entry, and its level (0: none pending).
             let prev = self.last_of_rank[slot];
-            let floor = prev
-                .and_then(|i| entry(&self.entries, self.base, i))
-                .map_or(0, |e| e.level);
-            if self.by_text.len() > 2 * self.pending + 64 {
-                self.sweep();
-            }
-            // One hash lookup per line (the table is large at high line rates: each access
-            // is a cache miss). Its list may name entries written since: they are skipped
-            // and dropped here, or by the sweep.
-            let (entries, base, last_of_rank) = (&self.entries, self.base, &self.last_of_rank);
-            let list = self.by_text.entry(key).or_default();
-            list.retain(|i| entry(entries, base, *i).is_some());
-            // The oldest entry of this text that the line may join without a cycle.
-            let join = list.iter().copied().find(|&i| {
-                entry(entries, base, i).is_some_and(|e| {
-                    e.stream == stream && e.text() == text && joinable(e, last_of_rank, rank, floor)
+            let floor = prev.and_then(|i| self.ring.get(i)).map_or(0, |e| e.level);
+            // The entry after the one this rank's previous line went to: ranks printing the
+            // same sequence find their line there (one compare, no hash, no index).
+            let follow = self.follow[slot];
+            let mut join = (follow != NONE)
+                .then(|| self.ring.get(follow + 1))
+                .flatten()
+                .filter(|e| {
+                    e.stream == stream
+                        && e.text(&self.bodies) == text
+                        && joinable(e, &self.last_of_rank, rank, floor)
                 })
-            });
-            if join.is_none() {
-                list.push(self.next);
+                .map(|e| e.index);
+            let mut hash = 0;
+            let mut at = 0;
+            if join.is_some() {
+                followed += 1;
+            } else {
+                // The oldest entry of this text that the line may join.
+                hash = match hashes.get(n) {
+                    Some(h) => *h,
+                    None => self.hash(stream, text),
+                };
+                let (ring, bodies, lor) = (&self.ring, &self.bodies, &self.last_of_rank);
+                at = self.index.probe(hash, ring.base, ring.next(), |i| {
+                    if join.is_some_and(|j| j < i) {
+                        return;
+                    }
+                    if let Some(e) = ring.get(i) {
+                        if e.stream == stream
+                            && e.text(bodies) == text
+                            && joinable(e, lor, rank, floor)
+                        {
+                            join = Some(i);
+                        }
+                    }
+                });
             }
-            let all = self.ranks;
-            let index = match join.and_then(|i| self.get_mut(i)) {
+            let index = match join.and_then(|i| self.ring.get_mut(i)) {
                 Some(e) => {
                     e.ranks.push(rank);
-                    e.after.extend(prev);
-                    e.level = e.level.max(floor + 1);
-                    let index = e.index;
-                    if e.ranks.len() == all {
-                        self.complete.push(index);
+                    if let Some(p) = prev {
+                        if !e.after.contains(&p) {
+                            e.after.push(p);
+                        }
                     }
-                    index
+                    e.level = e.level.max(floor + 1);
+                    if e.ranks.len() == all {
+                        self.complete.push(e.index);
+                    }
+                    e.index
                 }
                 None => {
-                    let index = self.next;
-                    self.next += 1;
-                    self.bytes += line.len();
-                    self.entries.push_back(Some(Entry {
-                        index,
-                        stream,
-                        body: body.clone(),
-                        start: line_start,
-                        end,
-                        plen,
-                        ranks: smallvec::smallvec![rank],
-                        first: now,
-                        level: floor + 1,
-                        after: prev.into_iter().collect(),
-                        permit: None,
-                    }));
+                    let index = self.ring.next();
+                    self.index.insert(at, hash, index);
+                    self.bytes += line_len;
+                    self.bodies.hold(body);
+                    let e = self.ring.push();
+                    e.index = index;
+                    e.written = false;
+                    e.stream = stream;
+                    e.body = body;
+                    e.start = line_start;
+                    e.end = end;
+                    e.plen = plen as u32;
+                    e.ranks.clear();
+                    e.ranks.push(rank);
+                    e.first = now;
+                    e.level = floor + 1;
+                    e.after.clear();
+                    e.after.extend(prev);
+                    e.permit = None;
                     self.pending += 1;
                     if all == 1 {
                         self.complete.push(index);
+                    }
+                    if self.index.crowded() {
+                        self.index.rebuild(&self.ring);
                     }
                     index
                 }
             };
             self.last_of_rank[slot] = Some(index);
-            last = Some(index);
+            self.follow[slot] = index;
+            last = index;
         }
-        if let (Some(p), Some(e)) = (permit, last.and_then(|i| self.get_mut(i))) {
+        // Every line joined older entries: nothing points into this body.
+        self.bodies.release(body, false);
+        self.followed[slot] = followed * 2 > chunk.line_ends.len();
+        self.hashes = hashes;
+        if let (Some(p), Some(e)) = (permit, self.ring.get_mut(last)) {
             let n = p.num_permits();
             match &mut e.permit {
                 Some(held) => held.merge(p),
@@ -251,7 +565,12 @@ impl Collapser {
         }
     }
 
-    /// The dense id of global rank `rank` (its `last_of_rank` slots made on first sight).
+    /// The index's hash of a line's text: never 0 (an empty slot).
+    fn hash(&self, stream: Stream, text: &[u8]) -> u32 {
+        ((self.hasher.hash_one((stream.index(), text)) >> 32) as u32).max(1)
+    }
+
+    /// The dense id of global rank `rank` (its per-rank slots made on first sight).
     fn id(&mut self, rank: usize) -> u32 {
         if let Some(id) = self.ids.get(&rank) {
             return *id;
@@ -260,6 +579,8 @@ impl Collapser {
         self.ids.insert(rank, id);
         self.rank_of.push(rank);
         self.last_of_rank.extend([None, None]);
+        self.follow.extend([NONE, NONE]);
+        self.followed.extend([false, false]);
         id
     }
 
@@ -274,19 +595,9 @@ impl Collapser {
         self.bytes > PENDING_CAP / 2 || self.budget > PENDING_CAP / 2
     }
 
-    /// Drops written entries from the text index, and texts with none pending (the index is
-    /// not updated when an entry is written: that would be one more lookup per line).
-    fn sweep(&mut self) {
-        let (entries, base) = (&self.entries, self.base);
-        self.by_text.retain(|_, list| {
-            list.retain(|i| entry(entries, base, *i).is_some());
-            !list.is_empty()
-        });
-    }
-
     /// When the oldest pending line is due (now when the stage holds too many bytes).
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        let first = self.oldest().map(|e| e.first + self.window)?;
+        let first = self.ring.front().map(|e| e.first + self.window)?;
         Some(if self.over() || !self.complete.is_empty() {
             Instant::now().min(first)
         } else {
@@ -294,18 +605,14 @@ impl Collapser {
         })
     }
 
-    fn oldest(&self) -> Option<&Entry> {
-        self.entries.iter().find_map(Option::as_ref)
-    }
-
     /// The index the next entry will get (every pending entry's is lower).
     pub(crate) fn next_index(&self) -> u64 {
-        self.next
+        self.ring.next()
     }
 
     /// The index of the oldest pending entry.
     pub(crate) fn oldest_index(&self) -> Option<u64> {
-        self.oldest().map(|e| e.index)
+        self.ring.front().map(|e| e.index)
     }
 
     /// The lines due at `now` (all of them when `all`), as chunks in order: consecutive lines
@@ -316,14 +623,18 @@ impl Collapser {
         all: bool,
     ) -> Vec<(Chunk, Option<OwnedSemaphorePermit>)> {
         let mut out: Vec<(Chunk, Option<OwnedSemaphorePermit>)> = Vec::new();
-        let mut complete = std::mem::take(&mut self.complete).into_iter();
+        let mut complete = std::mem::take(&mut self.complete);
         let draining = self.over();
+        let mut k = 0;
         loop {
             // Entries every rank joined (no other rank can join them), then the oldest if due
             // (or if the stage holds too many bytes).
-            let next = match complete.next() {
-                Some(i) => i,
-                None => match self.oldest() {
+            let next = match complete.get(k) {
+                Some(&i) => {
+                    k += 1;
+                    i
+                }
+                None => match self.ring.front() {
                     Some(e)
                         if all || (draining && self.draining()) || now >= e.first + self.window =>
                     {
@@ -335,9 +646,12 @@ impl Collapser {
             // After the pending entries it must follow (depth first, no recursion).
             let mut stack: SmallVec<[u64; 8]> = smallvec::smallvec![next];
             while let Some(&i) = stack.last() {
-                let before = self
-                    .get(i)
-                    .and_then(|e| e.after.iter().copied().find(|a| self.get(*a).is_some()));
+                let before = self.ring.get(i).and_then(|e| {
+                    e.after
+                        .iter()
+                        .copied()
+                        .find(|a| self.ring.get(*a).is_some())
+                });
                 match before {
                     Some(a) => stack.push(a),
                     None => {
@@ -347,34 +661,23 @@ impl Collapser {
                 }
             }
         }
+        // The vector back, for its capacity.
+        complete.clear();
+        self.complete = complete;
         out
     }
 
     /// Moves entry `i` out of the window into `out`.
     fn write(&mut self, i: u64, out: &mut Vec<(Chunk, Option<OwnedSemaphorePermit>)>) {
-        let Some(slot) = usize::try_from(i.wrapping_sub(self.base))
-            .ok()
-            .and_then(|s| self.entries.get_mut(s))
-        else {
+        let Some(e) = self.ring.get_mut(i) else {
             return;
         };
-        let Some(e) = slot.take() else {
-            return;
-        };
-        while matches!(self.entries.front(), Some(None)) {
-            self.entries.pop_front();
-            self.base += 1;
-        }
-        self.bytes -= e.end - e.start;
-        self.budget -= e
-            .permit
-            .as_ref()
-            .map_or(0, OwnedSemaphorePermit::num_permits);
+        e.written = true;
+        let permit = e.permit.take();
+        self.bytes -= (e.end - e.start) as usize;
+        self.budget -= permit.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
         self.pending -= 1;
-        if self.pending == 0 {
-            // Nothing pending: every text in the index is stale.
-            self.by_text.clear();
-        }
+        let e = &self.ring.slots[self.ring.slot(i).unwrap_or(0)];
         for r in &e.ranks {
             let slot = &mut self.last_of_rank[*r as usize * 2 + e.stream.index()];
             if *slot == Some(e.index) {
@@ -391,57 +694,41 @@ impl Collapser {
             }
             &self.last_set.1
         });
-        let mut line = Vec::new();
+        let bodies = &self.bodies;
         let append = |to: &mut Vec<u8>| match &collapsed {
-            None => to.extend_from_slice(e.line()),
+            None => to.extend_from_slice(e.line(bodies)),
             Some(p) => {
                 to.extend_from_slice(p);
-                to.extend_from_slice(e.text());
+                to.extend_from_slice(e.text(bodies));
             }
         };
         match out.last_mut() {
-            Some((c, permit)) if c.stream == Some(e.stream) => {
+            Some((c, held)) if c.stream == Some(e.stream) => {
                 append(&mut c.body);
-                match (permit.as_mut(), e.permit) {
+                match (held.as_mut(), permit) {
                     (Some(p), Some(q)) => p.merge(q),
-                    (None, q) => *permit = q,
+                    (None, q) => *held = q,
                     (Some(_), None) => {}
                 }
             }
-            _ => out.push((
-                Chunk {
-                    body: {
-                        append(&mut line);
-                        line
+            _ => {
+                let mut body = Vec::new();
+                append(&mut body);
+                out.push((
+                    Chunk {
+                        body,
+                        source: self.sources[e.stream.index()],
+                        stream: Some(e.stream),
+                        ..Chunk::default()
                     },
-                    source: self.sources[e.stream.index()],
-                    stream: Some(e.stream),
-                    ..Chunk::default()
-                },
-                e.permit,
-            )),
+                    permit,
+                ));
+            }
         }
+        let body = e.body;
+        self.bodies.release(body, true);
+        self.ring.pop_written();
     }
-}
-
-/// Entry `index` of `entries` (whose first is `base`), if pending.
-fn entry(entries: &VecDeque<Option<Entry>>, base: u64, index: u64) -> Option<&Entry> {
-    let i = usize::try_from(index.checked_sub(base)?).ok()?;
-    entries.get(i)?.as_ref()
-}
-
-/// Whether a line of `rank`, whose latest pending entry has level `floor`, may join entry `e`:
-/// its level is above it, or nothing must follow the entry yet (it is the latest of each of
-/// its ranks), so that its level can be raised above it. An entry that has the rank's line
-/// already never takes another (a rank printing a line twice shows it twice).
-fn joinable(e: &Entry, last_of_rank: &[Option<u64>], rank: u32, floor: u64) -> bool {
-    if e.ranks.contains(&rank) {
-        return false;
-    }
-    e.level > floor
-        || e.ranks
-            .iter()
-            .all(|r| last_of_rank[*r as usize * 2 + e.stream.index()] == Some(e.index))
 }
 
 /// `0-3,5,7-8`: sorted ranks, runs of consecutive ranks as ranges.
@@ -527,7 +814,9 @@ mod tests {
         );
         assert!(
             c.oldest_index().is_none()
-                && c.by_text.is_empty()
+                && c.pending == 0
+                && c.ring.len == 0
+                && c.bodies.slots.iter().all(|(b, n)| b.is_empty() && *n == 0)
                 && c.last_of_rank.iter().all(Option::is_none)
         );
     }
@@ -606,5 +895,155 @@ mod tests {
         assert_eq!(text(&out), "a\nb\n");
         drop(out);
         assert_eq!(sem.available_permits(), PENDING_CAP + 10);
+    }
+
+    /// A small deterministic generator (xorshift) for the mixed-output test.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// Each rank's lines as the output shows them: a `[set] ` line counts for each rank of the
+    /// set, a line without one for the rank its `[rN]:` prefix names.
+    fn per_rank(out: &str, ranks: usize) -> Vec<Vec<String>> {
+        let mut got = vec![Vec::new(); ranks];
+        for line in out.lines() {
+            if let Some(rest) = line.strip_prefix("[r") {
+                let (r, text) = rest.split_once("]:").expect("own prefix");
+                got[r.parse::<usize>().expect("rank")].push(text.to_string());
+            } else {
+                let (set, text) = line[1..].split_once("] ").expect("rank set");
+                for part in set.split(',') {
+                    let (a, b) = part.split_once('-').unwrap_or((part, part));
+                    let (a, b) = (
+                        a.parse::<usize>().expect("a"),
+                        b.parse::<usize>().expect("b"),
+                    );
+                    for ranks in &mut got[a..=b] {
+                        ranks.push(text.to_string());
+                    }
+                }
+            }
+        }
+        got
+    }
+
+    /// Ranks printing the same sequence in chunks of different sizes, some ahead of others:
+    /// every line once, with all its ranks, in order (the fast path: each rank finds its line
+    /// right after the one its previous line joined).
+    #[test]
+    fn ranks_printing_one_sequence_collapse_it_in_order() {
+        use Stream::*;
+        let mut c = Collapser::new(Duration::from_secs(10), 4, [1, 2]);
+        let t0 = Instant::now();
+        let texts: Vec<String> = (0..3000).map(|i| format!("step {i} loss 0.5\n")).collect();
+        let mut at = [0usize; 4];
+        let mut out = String::new();
+        let sizes = [7, 300, 1, 45];
+        while at.iter().any(|a| *a < texts.len()) {
+            for r in 0..4 {
+                let n = sizes[r].min(texts.len() - at[r]);
+                if n == 0 {
+                    continue;
+                }
+                let chunk: Vec<&str> = texts[at[r]..at[r] + n].iter().map(|s| s.as_str()).collect();
+                c.push(lines(r, Stdout, "", &chunk), None, t0);
+                at[r] += n;
+                out.push_str(&text(&c.due(t0, false)));
+            }
+        }
+        out.push_str(&text(&c.due(t0, true)));
+        let want: String = texts.iter().map(|t| format!("[0-3] {t}")).collect();
+        assert_eq!(out, want);
+        assert!(c.ring.len == 0 && c.pending == 0 && c.bytes == 0);
+    }
+
+    /// Random output of 6 ranks from a small vocabulary (repeats, shared and own lines, both
+    /// streams), random chunk sizes, the clock moving on: whatever joins what, each rank's lines
+    /// come out exactly once and in its order, and the index, ring and bodies stay bounded
+    /// while lines keep being written.
+    #[test]
+    fn mixed_output_keeps_each_ranks_lines_once_and_in_order() {
+        use Stream::*;
+        let ranks = 6;
+        let window = Duration::from_millis(50);
+        let mut c = Collapser::new(window, ranks, [1, 2]);
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let t0 = Instant::now();
+        let mut now = t0;
+        let mut printed = vec![[Vec::new(), Vec::new()]; ranks];
+        let mut out = [String::new(), String::new()];
+        let emit = |out: &mut [String; 2], due: Vec<(Chunk, Option<OwnedSemaphorePermit>)>| {
+            for (chunk, _) in due {
+                let s = chunk.stream.expect("stream").index();
+                out[s].push_str(&String::from_utf8_lossy(&chunk.body));
+            }
+        };
+        for round in 0..4000 {
+            let r = rng.below(ranks as u64) as usize;
+            let stream = if rng.below(8) == 0 { Stderr } else { Stdout };
+            let n = 1 + rng.below(12) as usize;
+            let mut texts = Vec::new();
+            for _ in 0..n {
+                let t = match rng.below(4) {
+                    0 => format!("own {r} {round}\n"),
+                    _ => format!("shared {}\n", rng.below(40)),
+                };
+                texts.push(t);
+            }
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            c.push(lines(r, stream, &format!("[r{r}]:"), &refs), None, now);
+            printed[r][stream.index()].extend(texts.iter().map(|t| t.trim_end().to_string()));
+            now += Duration::from_micros(rng.below(2000));
+            emit(&mut out, c.due(now, false));
+            if let Some(e) = c.ring.front() {
+                assert!(now < e.first + window, "a due line was left pending");
+            }
+        }
+        emit(&mut out, c.due(now, true));
+        for s in [Stdout, Stderr] {
+            let got = per_rank(&out[s.index()], ranks);
+            for r in 0..ranks {
+                assert_eq!(got[r], printed[r][s.index()], "rank {r} {s:?}");
+            }
+        }
+        assert!(out[0].contains("] shared"), "some lines collapsed");
+        assert!(c.ring.len == 0 && c.pending == 0 && c.bytes == 0);
+        assert!(c.bodies.slots.iter().all(|(b, n)| b.is_empty() && *n == 0));
+        // About 25 ms of lines pending at a time (a few hundred): the index never grew past a
+        // few thousand slots, the ring and the body slab past a few thousand.
+        assert!(c.index.slots.len() <= 4096, "{}", c.index.slots.len());
+        assert!(c.ring.slots.len() <= 4096, "{}", c.ring.slots.len());
+        assert!(c.bodies.slots.len() <= 1024, "{}", c.bodies.slots.len());
+    }
+
+    /// Slots of written entries are reused or dropped: 200 000 distinct lines through a short
+    /// window leave a table of the minimum size.
+    #[test]
+    fn the_index_stays_sized_to_the_pending_lines() {
+        use Stream::*;
+        let window = Duration::from_millis(1);
+        let mut c = Collapser::new(window, 2, [1, 2]);
+        let t0 = Instant::now();
+        let mut written = 0;
+        for k in 0..2000u64 {
+            let texts: Vec<String> = (0..100).map(|i| format!("{k} {i}\n")).collect();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let now = t0 + Duration::from_millis(k);
+            c.push(lines((k % 2) as usize, Stdout, "", &refs), None, now);
+            written += c
+                .due(now + window, false)
+                .iter()
+                .map(|(ch, _)| ch.body.iter().filter(|b| **b == b'\n').count())
+                .sum::<usize>();
+        }
+        assert_eq!(written, 200_000);
+        assert_eq!(c.index.slots.len(), INDEX_MIN);
+        assert!(c.index.used <= INDEX_MIN / 2);
     }
 }

@@ -63,14 +63,23 @@ const LAST_LINE_CHARS: usize = 200;
 pub struct LastLines(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>);
 
 impl LastLines {
+    #[cfg(test)]
     fn push(&self, line: &[u8]) {
-        let text = String::from_utf8_lossy(line);
-        let text: String = text.chars().take(LAST_LINE_CHARS).collect();
+        self.push_all([line]);
+    }
+
+    /// Keeps `lines` (oldest first) as the newest: one lock for all of them (a read's lines
+    /// arrive together, see [`ReadTail`]).
+    fn push_all<'a>(&self, lines: impl IntoIterator<Item = &'a [u8]>) {
         if let Ok(mut q) = self.0.lock() {
-            if q.len() == LAST_LINES {
-                q.pop_front();
+            for line in lines {
+                let text = String::from_utf8_lossy(line);
+                let text: String = text.chars().take(LAST_LINE_CHARS).collect();
+                if q.len() == LAST_LINES {
+                    q.pop_front();
+                }
+                q.push_back(text);
             }
-            q.push_back(text);
         }
     }
 
@@ -80,6 +89,40 @@ impl LastLines {
             .lock()
             .map(|q| q.iter().cloned().collect())
             .unwrap_or_default()
+    }
+}
+
+/// The last [`LAST_LINES`] lines of one read, copied into buffers that are reused (no
+/// allocation and no lock per line: the forwarder splits millions of lines a second), and
+/// handed to [`LastLines`] once the read is split.
+#[derive(Default)]
+struct ReadTail {
+    lines: [Vec<u8>; LAST_LINES],
+    /// The slot the next line takes, and how many lines this read had (up to `LAST_LINES`).
+    next: usize,
+    count: usize,
+}
+
+impl ReadTail {
+    fn push(&mut self, line: &[u8]) {
+        // A char is at most 4 bytes: enough bytes for `LAST_LINE_CHARS` chars.
+        let keep = line.len().min(LAST_LINE_CHARS * 4);
+        let slot = &mut self.lines[self.next];
+        slot.clear();
+        slot.extend_from_slice(&line[..keep]);
+        self.next = (self.next + 1) % LAST_LINES;
+        self.count = (self.count + 1).min(LAST_LINES);
+    }
+
+    /// Hands this read's last lines to `to`, oldest first, and starts the next read empty.
+    fn publish(&mut self, to: &LastLines) {
+        if self.count == 0 {
+            return;
+        }
+        let first = (self.next + LAST_LINES - self.count) % LAST_LINES;
+        let lines = &self.lines;
+        to.push_all((0..self.count).map(|k| lines[(first + k) % LAST_LINES].as_slice()));
+        self.count = 0;
     }
 }
 
@@ -232,6 +275,8 @@ async fn pump(
     // Progress stage: the held line follows a `\r` (a bar), and the bar text last sent.
     let mut after_cr = false;
     let mut bar_sent: Option<Vec<u8>> = None;
+    // The last lines of each read, for the hang detector's `LastLines`.
+    let mut read_tail = ReadTail::default();
     loop {
         let idle_armed =
             plan.console && splitter.held_len() > shown && !(plan.progress && after_cr);
@@ -388,16 +433,17 @@ async fn pump(
             if let Some(t) = &mut tracker {
                 t.segment(seg, end);
             }
-            if let Some(a) = &activity {
-                if end != End::Cap {
-                    a.last.push(content(seg, end));
-                }
+            if activity.is_some() && end != End::Cap {
+                read_tail.push(content(seg, end));
             }
         };
         if n > 0 {
             splitter.push(&buf[..n], &mut sink);
         } else {
             splitter.finish(&mut sink);
+        }
+        if let Some(a) = &activity {
+            read_tail.publish(&a.last);
         }
         if !plan.console {
             shown = 0;

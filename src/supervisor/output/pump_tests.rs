@@ -21,6 +21,32 @@ fn last_lines_keep_the_newest_few_and_cut_long_ones() {
     assert_eq!(l.snapshot().last().unwrap().len(), LAST_LINE_CHARS);
 }
 
+/// A read's last lines reach `LastLines` once per read, oldest first, cut as before; a read
+/// with fewer lines keeps the older reads' newest ones before them.
+#[test]
+fn read_tail_hands_over_each_reads_last_lines() {
+    let l = LastLines::default();
+    let mut t = ReadTail::default();
+    for i in 0..12 {
+        t.push(format!("a{i}").as_bytes());
+    }
+    t.publish(&l);
+    assert_eq!(l.snapshot(), ["a7", "a8", "a9", "a10", "a11"]);
+    t.publish(&l);
+    assert_eq!(l.snapshot().len(), LAST_LINES, "an empty read adds nothing");
+    t.push(&"é".repeat(1000).into_bytes());
+    t.push(b"b1");
+    t.publish(&l);
+    let got = l.snapshot();
+    assert_eq!(got[..3], ["a9", "a10", "a11"]);
+    assert_eq!(
+        got[3],
+        "é".repeat(LAST_LINE_CHARS),
+        "cut at the same chars as before"
+    );
+    assert_eq!(got[4], "b1");
+}
+
 /// An in-memory console stream.
 #[derive(Clone, Default)]
 struct Buf(Arc<Mutex<Vec<u8>>>);

@@ -47,7 +47,9 @@ fn torchrun_leaves_grandchildren_of_exited_workers() {
     // rdrun returned only after its stop: nothing may be alive now (small slack for /proc).
     assert_no_leak(&pids, Duration::from_secs(2));
     // Issue 11: each process stopped is named at WARN, pid and command (the command may still
-    // be the worker's script if the grandchild had not exec'd yet).
+    // be the worker's script if the grandchild had not exec'd yet; one caught in the middle of
+    // its exec, whose command line is empty for a moment, is read again: it was once named
+    // `[spawn_grandchil]`, its comm, and failed this test).
     for lr in 0..2 {
         let gpid = std::fs::read_to_string(dir.join(format!("gpid.{lr}"))).expect("gpid");
         let line = format!("stopping a process they left behind: pid {}: ", gpid.trim());

@@ -200,16 +200,40 @@ fn descendants_all(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
 
 /// `/proc/<pid>/cmdline` with spaces between arguments (`[comm]` for a process without one,
 /// `?` when it is gone).
+///
+/// A live process in the middle of `execve` has an empty command line for a moment (its new
+/// memory is in place before its arguments are): it is read again for up to 50 ms, so that
+/// the process is named by the command it is becoming rather than by `[comm]`. A zombie (no
+/// memory at all) is named by `[comm]` at once.
 pub(crate) fn command_line(pid: i32) -> String {
-    match std::fs::read(format!("/proc/{pid}/cmdline")) {
-        Ok(raw) if !raw.is_empty() => {
-            let text = String::from_utf8_lossy(&raw);
-            text.trim_end_matches('\0').replace('\0', " ")
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(50);
+    loop {
+        match std::fs::read(format!("/proc/{pid}/cmdline")) {
+            Ok(raw) if !raw.is_empty() => {
+                let text = String::from_utf8_lossy(&raw);
+                return text.trim_end_matches('\0').replace('\0', " ");
+            }
+            Ok(_) if !is_zombie(pid) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            _ => {
+                return match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+                    Ok(comm) => format!("[{}]", comm.trim_end()),
+                    Err(_) => "?".to_string(),
+                }
+            }
         }
-        _ => match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
-            Ok(comm) => format!("[{}]", comm.trim_end()),
-            Err(_) => "?".to_string(),
+    }
+}
+
+/// Whether `pid` is a zombie (or gone): state `Z`/`X` in `/proc/<pid>/stat`.
+fn is_zombie(pid: i32) -> bool {
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        Ok(stat) => match stat.iter().rposition(|b| *b == b')') {
+            Some(i) => matches!(stat.get(i + 2), Some(b'Z' | b'X')),
+            None => true,
         },
+        Err(_) => true,
     }
 }
 
@@ -311,5 +335,23 @@ mod tests {
         let line = command_line(me);
         assert!(!line.is_empty() && !line.contains('\0'), "{line}");
         assert_eq!(command_line(-1), "?");
+    }
+
+    /// A zombie has no command line: it is named by `[comm]`, without the wait meant for a
+    /// process in the middle of exec.
+    #[test]
+    fn a_zombie_is_named_by_its_comm() {
+        let child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !is_zombie(pid) {
+            assert!(std::time::Instant::now() < deadline, "true never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(command_line(pid), "[true]");
+        // SAFETY: waitpid(2) reaps the child this test started.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
     }
 }

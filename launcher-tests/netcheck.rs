@@ -13,7 +13,7 @@ use crate::util::{Output, Rdrun, TempDir};
 
 const AGENT_TIMEOUT: Duration = Duration::from_secs(90);
 /// The slow node's egress: a few hundred times below a veth's.
-const SLOW_RATE: &str = "20mbit";
+pub(crate) const SLOW_RATE: &str = "20mbit";
 
 /// A static job of `n` agents, one per namespace, with the network check on; waits for all.
 fn static_job(net: &Netns, n: usize, port: u16) -> Vec<Output> {
@@ -37,7 +37,7 @@ fn static_job(net: &Netns, n: usize, port: u16) -> Vec<Output> {
 }
 
 /// The node addresses named slow in `out`.
-fn named(out: &Output) -> Vec<String> {
+pub(crate) fn named(out: &Output) -> Vec<String> {
     out.stderr
         .lines()
         .filter(|l| l.contains("network check: node ") && l.contains(" is slow: "))
@@ -89,7 +89,7 @@ fn netns_the_slow_node_is_named_every_time_and_nobody_on_an_even_network() {
     });
 }
 
-fn started(dir: &Path) -> Vec<String> {
+pub(crate) fn started(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map(|d| {
             d.filter_map(|e| e.ok())
@@ -103,7 +103,7 @@ fn started(dir: &Path) -> Vec<String> {
 }
 
 /// A worker that records `ran.<GROUP_WORLD_SIZE>.<restart>.<RANK>` in `$1`, then runs `$2`.
-const WORKER: &str =
+pub(crate) const WORKER: &str =
     r#"touch "$1/ran.$GROUP_WORLD_SIZE.$TORCHELASTIC_RESTART_COUNT.$RANK"; eval "$2""#;
 
 /// One c10d agent of an elastic 2:3 job on host `i`, named `host<i>`.
@@ -285,6 +285,14 @@ fn netns_a_node_that_failed_twice_leaves_and_is_remembered() {
             "{json}"
         );
         assert_eq!(json["node_failures"]["causes"][0]["count"], 2, "{json}");
+        // The run's counts (read back from the store): only host 2 failed.
+        assert_eq!(json["node_failures"]["complete"], true, "{json}");
+        assert_eq!(json["node_failures"]["nodes"][0]["node"], "host2", "{json}");
+        assert_eq!(
+            json["node_failures"]["nodes"].as_array().unwrap().len(),
+            1,
+            "{json}"
+        );
         let bad_file = dir.join("bad-nodes");
         assert_eq!(std::fs::read_to_string(&bad_file).unwrap(), "host2\n");
         // Job 2 reads the memory back: host 2 stays out at once, the others run.
@@ -306,5 +314,80 @@ fn netns_a_node_that_failed_twice_leaves_and_is_remembered() {
         outs[0].assert_code(0);
         outs[1].assert_code(0);
         assert_eq!(started(dir2.path()), ["ran.2.0.0", "ran.2.0.1"], "{outs:?}");
+    });
+}
+
+/// The failure counts are the whole run's in every node's report (shared through the run's
+/// store): in a static job on two hosts, host 1's workers fail twice (the stop verdict then ends
+/// the job, --max-restarts 3 left); host 0's workers never failed, and its report — the one a
+/// requeue script on the first node reads — lists host 1 with 2 failures.
+#[test]
+fn netns_every_nodes_report_lists_the_runs_failure_counts() {
+    bounded(Duration::from_secs(240), || {
+        let Some(net) = Netns::create(2) else { return };
+        let dir = TempDir::new("netcheck_shared_counts");
+        let script = r#"if [ -n "$BAD" ]; then exit 3; fi; exec sleep 60"#;
+        let runs: Vec<_> = (0..2)
+            .map(|i| {
+                let report = dir.join(format!("report{i}.json"));
+                let a = Rdrun::new()
+                    .timeout(AGENT_TIMEOUT)
+                    .hostname(&format!("host{i}"))
+                    .args(["--nnodes", "2", "--node-rank", &i.to_string()])
+                    .args(["--master-addr", &net.addr(0), "--master-port", "29650"])
+                    .args(["--max-restarts", "3"])
+                    .arg("--report-json")
+                    .arg(&report)
+                    .args(["--no-python", "sh", "-c", script])
+                    .netns(&net.name(i));
+                match i {
+                    1 => a.env("BAD", "1"),
+                    _ => a,
+                }
+                .spawn()
+            })
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+        // Host 1: the same failure twice, do not requeue; host 0: the job failed elsewhere.
+        outs[1].assert_code(93);
+        outs[0].assert_code(1);
+        let read = |i: usize| -> serde_json::Value {
+            let path = dir.join(format!("report{i}.json"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}; {outs:?}", path.display()));
+            serde_json::from_str(&text).unwrap()
+        };
+        let a = read(0);
+        assert_eq!(a["root_cause_kind"], "rendezvous", "{a}");
+        assert!(a["message"].as_str().unwrap().contains("node 1"), "{a}");
+        let f = &a["node_failures"];
+        assert_eq!(
+            (f["node"].as_str(), f["count"].as_u64()),
+            (Some("host0"), Some(0)),
+            "{a}"
+        );
+        assert_eq!(f["complete"], true, "{a}");
+        assert_eq!(f["nodes"].as_array().unwrap().len(), 1, "{a}");
+        assert_eq!(f["nodes"][0]["node"], "host1", "{a}");
+        assert_eq!(f["nodes"][0]["count"], 2, "{a}");
+        assert_eq!(f["nodes"][0]["causes"][0]["cause"], "exit code 3", "{a}");
+        // Host 1's own report has its counts; the run's too, unless host 0 (the store) was
+        // gone by then, which it then says.
+        let b = read(1);
+        let f = &b["node_failures"];
+        assert_eq!(
+            (f["node"].as_str(), f["count"].as_u64()),
+            (Some("host1"), Some(2)),
+            "{b}"
+        );
+        assert_eq!(f["nodes"][0]["node"], "host1", "{b}");
+        match f["complete"].as_bool() {
+            Some(true) => assert!(f["note"].is_null(), "{b}"),
+            Some(false) => assert!(
+                f["note"].as_str().unwrap().contains("this node's only"),
+                "{b}"
+            ),
+            None => panic!("no complete flag: {b}"),
+        }
     });
 }

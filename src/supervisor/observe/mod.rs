@@ -525,6 +525,16 @@ impl Inner {
         }
     }
 
+    /// Every node's failure counts in the run as last read (issue 28 item 4).
+    pub fn run_node_failures(
+        &mut self,
+        nodes: &[(String, crate::supervisor::verdict::NodeFailures)],
+    ) {
+        if let Some(m) = &self.metrics {
+            m.run_node_failures(nodes.iter().map(|(n, c)| (n.as_str(), c.count)));
+        }
+    }
+
     /// The hang detector's verdict.
     pub fn hang(&mut self, found: &HangFinding) {
         // The capture's block: the watch task rendered it, the observer prints it.
@@ -561,7 +571,7 @@ impl Inner {
             RunEnd::WorkersFailed(_) => "workers_failed",
             RunEnd::Interrupted { .. } => "interrupted",
             RunEnd::LauncherError(_) => "launcher_error",
-            RunEnd::RendezvousLost(_) => "rendezvous_lost",
+            RunEnd::RendezvousLost(..) => "rendezvous_lost",
             RunEnd::BadNode(_) => "bad_node",
         };
         self.set_health(match end {
@@ -582,7 +592,7 @@ impl Inner {
         if let RunEnd::LauncherError(e) = end {
             f.insert("error".into(), e.to_string().into());
         }
-        if let RunEnd::RendezvousLost(e) = end {
+        if let RunEnd::RendezvousLost(e, _) = end {
             f.insert("error".into(), e.clone().into());
         }
         if let Some(line) = end.report().and_then(|r| r.verdict()) {

@@ -503,7 +503,11 @@ impl Inner {
         let slow: Vec<Value> = v
             .slow
             .iter()
-            .map(|s| node(s.node, s.score.bps, s.score.latency))
+            .map(|s| {
+                let mut n = node(s.node, s.score.bps, s.score.latency);
+                n["why"] = json!(s.why());
+                n
+            })
             .collect();
         self.emit(
             "network_check",

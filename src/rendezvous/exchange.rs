@@ -22,9 +22,9 @@ const ETCD_POLL: Duration = Duration::from_millis(25);
 pub enum Exchange {
     /// The run's TCPStore (static, c10d).
     Tcp(Arc<TcpRdzvStore>),
-    /// etcd, keys under the run's prefix (etcd backend).
+    /// etcd, keys under the run's prefix (etcd backend); boxed: the client is large.
     #[cfg(feature = "etcd")]
-    Etcd(EtcdKv),
+    Etcd(Box<EtcdKv>),
 }
 
 /// etcd as an exchange: every key under `base` (`<prefix>/<run_id>/kv/`), none leased (a node's

@@ -374,7 +374,7 @@ impl Rendezvous {
     pub fn exchange(&self) -> Option<super::Exchange> {
         #[cfg(feature = "etcd")]
         if let Backend::Etcd(r) = &self.rdzv {
-            return Some(super::Exchange::Etcd(r.exchange()));
+            return Some(super::Exchange::Etcd(Box::new(r.exchange())));
         }
         self.store.clone().map(super::Exchange::Tcp)
     }

@@ -10,7 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::store::{try_get, RdzvStore, StoreOpError, StoreResult};
+#[cfg(feature = "etcd")]
+use super::store::StoreOpError;
+use super::store::{try_get, RdzvStore, StoreResult};
 use super::tcp::TcpRdzvStore;
 
 /// How often a wait on etcd reads the keys it still misses.

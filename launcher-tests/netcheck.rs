@@ -494,3 +494,68 @@ fn netns_a_delayed_node_is_named_by_its_latency() {
         drop(lines);
     });
 }
+
+/// The metrics have every node's failure counts too: in a static job on two hosts, host 1's
+/// workers fail once (attempt 0); while attempt 1 runs, host 0's `/metrics` (scraped inside its
+/// namespace) has `rdrun_run_node_failures{node="host1"} 1` and its own count 0. Then the
+/// workers are told to finish and the job succeeds.
+#[test]
+fn netns_the_metrics_have_every_nodes_failure_counts() {
+    bounded(Duration::from_secs(240), || {
+        let Some(net) = Netns::create(2) else { return };
+        let dir = TempDir::new("netcheck_metrics_counts");
+        let go = dir.join("go");
+        // Bounded wait for the go file (60 s), so a worker never outlives the test.
+        let script = r#"if [ -n "$BAD" ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 3; fi
+            for i in $(seq 600); do [ -e "$1" ] && exit 0; sleep 0.1; done; exit 9"#;
+        let runs: Vec<_> = (0..2)
+            .map(|i| {
+                let a = Rdrun::new()
+                    .timeout(AGENT_TIMEOUT)
+                    .hostname(&format!("host{i}"))
+                    .args(["--nnodes", "2", "--node-rank", &i.to_string()])
+                    .args(["--master-addr", &net.addr(0), "--master-port", "29660"])
+                    .args(["--max-restarts", "3", "--metrics-addr", "9464"])
+                    .args(["--no-python", "sh", "-c", script, "sh"])
+                    .arg(&go)
+                    .netns(&net.name(i));
+                match i {
+                    1 => a.env("BAD", "1"),
+                    _ => a,
+                }
+                .spawn()
+            })
+            .collect();
+        let scrape = || {
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", &net.name(0), "curl", "-s", "-m", "2"])
+                .arg("http://127.0.0.1:9464/metrics")
+                .output()
+                .expect("run curl");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let text = loop {
+            let text = scrape();
+            if text.contains("rdrun_run_node_failures{node=\"host1\"} 1") {
+                break text;
+            }
+            if Instant::now() > deadline {
+                std::fs::write(&go, "").unwrap();
+                let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+                panic!("no count of host1 in host 0's metrics within 60 s:\n{text}\n{outs:?}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(text.contains("rdrun_node_failures 0"), "{text}");
+        assert!(
+            !text.contains("rdrun_run_node_failures{node=\"host0\"}"),
+            "{text}"
+        );
+        std::fs::write(&go, "").unwrap();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+        for o in &outs {
+            o.assert_code(0);
+        }
+    });
+}

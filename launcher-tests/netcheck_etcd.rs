@@ -16,8 +16,17 @@ use crate::util::{Output, Rdrun, TempDir};
 const AGENT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// One etcd agent of an elastic `nnodes` job on host `i` (named `host<i>` in namespaces), with
-/// the network check on; its worker records `ran.<GROUP_WORLD_SIZE>.<restart>.<RANK>` in `dir`.
-fn agent(tb: &Testbed, i: usize, dir: &TempDir, run: &str, nnodes: &str, extra: &[&str]) -> Rdrun {
+/// the network check on; its worker records `ran.<GROUP_WORLD_SIZE>.<restart>.<RANK>` in `dir`,
+/// then runs `script`.
+fn agent_running(
+    tb: &Testbed,
+    i: usize,
+    dir: &TempDir,
+    run: &str,
+    nnodes: &str,
+    extra: &[&str],
+    script: &str,
+) -> Rdrun {
     let r = Rdrun::new().timeout(AGENT_TIMEOUT).args([
         "--nnodes",
         nnodes,
@@ -41,7 +50,12 @@ fn agent(tb: &Testbed, i: usize, dir: &TempDir, run: &str, nnodes: &str, extra: 
         .args(extra)
         .args(["--no-python", "sh", "-c", WORKER, "sh"])
         .arg(dir.path())
-        .arg("exit 0")
+        .arg(script)
+}
+
+/// [`agent_running`] a worker that succeeds.
+fn agent(tb: &Testbed, i: usize, dir: &TempDir, run: &str, nnodes: &str, extra: &[&str]) -> Rdrun {
+    agent_running(tb, i, dir, run, nnodes, extra, "exit 0")
 }
 
 fn no_skip(outs: &[Output]) {
@@ -134,5 +148,66 @@ fn etcd_on_an_even_network_nobody_is_named() {
                 "{ev}"
             );
         }
+    });
+}
+
+/// `--max-node-failures 2` on etcd: the host whose workers fail in every attempt leaves the
+/// elastic job after its second failure (exit 75, remembered in --bad-nodes-file) while
+/// restarts were left, as on c10d; its report has its counts and the run's, read back from
+/// etcd; the other two finish in the next round.
+#[test]
+fn etcd_a_node_that_failed_twice_leaves() {
+    bounded(Duration::from_secs(300), || {
+        let Some(tb) = Testbed::new(3, 1) else { return };
+        if tb.net.is_none() {
+            eprintln!("SKIPPED: no network namespaces here for hosts of their own names");
+            return;
+        }
+        let dir = TempDir::new("netcheck_etcd_failures");
+        let report = dir.join("report.json");
+        let script = r#"if [ -n "$BAD" ]; then exit 3; fi
+            if [ "$GROUP_WORLD_SIZE" = 3 ]; then exec sleep 60; fi
+            exit 0"#;
+        let runs: Vec<_> = (0..3)
+            .map(|i| {
+                let mut extra = vec!["--max-restarts", "5", "--max-node-failures", "2"];
+                if i == 2 {
+                    extra.extend(["--report-json", report.to_str().unwrap()]);
+                }
+                let a = agent_running(&tb, i, &dir, "etcdfail", "2:3", &extra, script);
+                match i {
+                    2 => a.env("BAD", "1"),
+                    _ => a,
+                }
+                .spawn()
+            })
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+        outs[2].assert_code(75);
+        assert!(
+            outs[2]
+                .stderr
+                .contains("node host2 left the job: its workers failed 2 (exit code 3 ×2)"),
+            "{outs:?}"
+        );
+        outs[0].assert_code(0);
+        outs[1].assert_code(0);
+        let ran = started(dir.path());
+        assert!(
+            ran.contains(&"ran.2.2.0".to_string()) && ran.contains(&"ran.2.2.1".to_string()),
+            "{ran:?} {outs:?}"
+        );
+        assert!(!ran.iter().any(|r| r.starts_with("ran.3.2.")), "{ran:?}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        let f = &json["node_failures"];
+        assert_eq!(f["count"], 2, "{json}");
+        assert_eq!(f["complete"], true, "{json}");
+        assert_eq!(f["nodes"][0]["node"], "host2", "{json}");
+        assert_eq!(f["nodes"][0]["count"], 2, "{json}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("bad-nodes")).unwrap(),
+            "host2\n"
+        );
     });
 }

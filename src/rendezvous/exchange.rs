@@ -6,6 +6,9 @@
 //! Only what those users need: set, a read that does not block or create, a bounded wait for
 //! keys, a multi-get of keys known to exist, and an atomic add. On etcd a wait polls (every
 //! [`ETCD_POLL`]): the keys are few and the waits short, and a poll needs no watch to clean up.
+//! The etcd keys are under the run's prefix, which the etcd driver watches: each write wakes its
+//! keeper once (a re-read of the state, nothing else), and they stay in etcd after the run, as
+//! the run's closed state does.
 
 use std::sync::Arc;
 use std::time::Duration;

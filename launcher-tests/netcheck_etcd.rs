@@ -27,20 +27,24 @@ fn agent_running(
     extra: &[&str],
     script: &str,
 ) -> Rdrun {
-    let r = Rdrun::new().timeout(AGENT_TIMEOUT).args([
-        "--nnodes",
-        nnodes,
-        "--rdzv-backend",
-        "etcd-v3",
-        "--rdzv-endpoint",
-        &tb.endpoints(),
-        "--rdzv-id",
-        run,
-        "--rdzv-conf",
-        "last_call_timeout=20",
-        "--network-check",
-        "on",
-    ]);
+    // Info level: a failure shows where each agent was (the rendezvous, the check).
+    let r = Rdrun::new()
+        .timeout(AGENT_TIMEOUT)
+        .env("RUST_LOG", "info")
+        .args([
+            "--nnodes",
+            nnodes,
+            "--rdzv-backend",
+            "etcd-v3",
+            "--rdzv-endpoint",
+            &tb.endpoints(),
+            "--rdzv-id",
+            run,
+            "--rdzv-conf",
+            "last_call_timeout=20",
+            "--network-check",
+            "on",
+        ]);
     let r = match &tb.net {
         Some(net) => r.netns(&net.name(i)).hostname(&format!("host{i}")),
         None => r.args(["--local-addr".to_string(), tb.addr(i)]),
@@ -69,7 +73,7 @@ fn no_skip(outs: &[Output]) {
 /// the next round at restart count 0, as on c10d.
 #[test]
 fn etcd_with_a_spare_the_slow_node_is_named_and_left_out() {
-    bounded(Duration::from_secs(300), || {
+    bounded(Duration::from_secs(420), || {
         let Some(tb) = Testbed::new(3, 1) else { return };
         let Some(net) = &tb.net else {
             eprintln!("SKIPPED: no network namespaces here for a rate-limited link");

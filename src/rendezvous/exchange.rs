@@ -97,20 +97,32 @@ impl Exchange {
             Exchange::Tcp(s) => s.wait(keys, timeout).await,
             #[cfg(feature = "etcd")]
             Exchange::Etcd(e) => {
+                // A read that fails (a member slow to answer, a leader change) is read again
+                // at the next poll, as a TCPStore's wait would go on; only the last one's error
+                // is returned, at the deadline.
                 let until = tokio::time::Instant::now() + timeout;
                 let mut missing: Vec<&String> = keys.iter().collect();
+                let mut failed = None;
                 loop {
                     let mut still = Vec::with_capacity(missing.len());
                     for k in missing {
-                        if e.etcd.get(&e.key(k)).await?.value.is_none() {
-                            still.push(k);
+                        match e.etcd.get(&e.key(k)).await {
+                            Ok(r) if r.value.is_some() => {}
+                            Ok(_) => still.push(k),
+                            Err(err) => {
+                                failed = Some(err);
+                                still.push(k);
+                            }
                         }
                     }
                     if still.is_empty() {
                         return Ok(true);
                     }
                     if tokio::time::Instant::now() + ETCD_POLL > until {
-                        return Ok(false);
+                        return match failed {
+                            Some(err) => Err(err),
+                            None => Ok(false),
+                        };
                     }
                     missing = still;
                     tokio::time::sleep(ETCD_POLL).await;

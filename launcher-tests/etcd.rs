@@ -39,7 +39,7 @@ struct MemberSpec {
 }
 
 /// A real etcd cluster; members are SIGKILLed by PID and reaped on drop.
-struct Cluster {
+pub(crate) struct Cluster {
     members: Vec<Option<Child>>,
     netns: Vec<Option<String>>,
     endpoints: Vec<String>,
@@ -152,7 +152,7 @@ impl Cluster {
         self.ctl(&["put", "/health", "1"]).status.success()
     }
 
-    fn list(&self) -> String {
+    pub(crate) fn list(&self) -> String {
         self.endpoints.join(",")
     }
 
@@ -189,17 +189,18 @@ impl Drop for Cluster {
     }
 }
 
-/// The test's network (see the module docs): `nodes` agents' hosts and an etcd cluster.
-struct Testbed {
+/// The test's network (see the module docs): `nodes` agents' hosts and an etcd cluster (also
+/// used by `netcheck_etcd`).
+pub(crate) struct Testbed {
     // Dropped first: the members, then the namespaces they ran in.
     etcd: Cluster,
-    net: Option<Netns>,
+    pub(crate) net: Option<Netns>,
 }
 
 impl Testbed {
     /// `nodes` hosts and `members` etcd members (healthy); `None` with a message when etcd is
     /// not installed.
-    fn new(nodes: usize, members: usize) -> Option<Testbed> {
+    pub(crate) fn new(nodes: usize, members: usize) -> Option<Testbed> {
         let Some(etcd) = etcd_bin() else {
             eprintln!("SKIPPED: etcd not installed (Debian: etcd-server etcd-client)");
             return None;
@@ -234,8 +235,13 @@ impl Testbed {
         Some(Testbed { etcd: cluster, net })
     }
 
+    /// The etcd endpoints, `h:p,h:p`.
+    pub(crate) fn endpoints(&self) -> String {
+        self.etcd.list()
+    }
+
     /// Node `i`'s address (what it advertises).
-    fn addr(&self, i: usize) -> String {
+    pub(crate) fn addr(&self, i: usize) -> String {
         match &self.net {
             Some(net) => net.addr(i),
             None => format!("127.0.0.{}", i + 1),

@@ -43,7 +43,9 @@
 //!   what a worker sees, restarts, fallbacks to cold, containment; `warm_io`: their output
 //!   bursts, a terminal prompt with `--stdin 0`, `torch.multiprocessing` spawn, import output.
 //! - `netcheck`: the network pre-check across namespace hosts (one rate-limited with `tc tbf`)
-//!   and `--max-node-failures` (issue 28 items 3 and 4).
+//!   and `--max-node-failures` (issue 28 items 3 and 4); `netcheck_etcd`: the same on the etcd
+//!   backend (the exchange through etcd keys), against the real etcd of `etcd`; `delayline`: a
+//!   user-space delay line on one namespace host's link (TAP devices), for kernels without netem.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
 
 mod addr;
@@ -55,6 +57,7 @@ mod completion;
 mod console;
 mod contain;
 mod debugrank;
+mod delayline;
 mod env;
 #[cfg(feature = "etcd")]
 mod etcd;
@@ -63,6 +66,8 @@ mod health;
 mod mpi;
 mod multinode;
 mod netcheck;
+#[cfg(feature = "etcd")]
+mod netcheck_etcd;
 mod observe;
 mod observe_http;
 mod output;

@@ -13,7 +13,7 @@ use crate::util::{Output, Rdrun, TempDir};
 
 const AGENT_TIMEOUT: Duration = Duration::from_secs(90);
 /// The slow node's egress: a few hundred times below a veth's.
-const SLOW_RATE: &str = "20mbit";
+pub(crate) const SLOW_RATE: &str = "20mbit";
 
 /// A static job of `n` agents, one per namespace, with the network check on; waits for all.
 fn static_job(net: &Netns, n: usize, port: u16) -> Vec<Output> {
@@ -37,7 +37,7 @@ fn static_job(net: &Netns, n: usize, port: u16) -> Vec<Output> {
 }
 
 /// The node addresses named slow in `out`.
-fn named(out: &Output) -> Vec<String> {
+pub(crate) fn named(out: &Output) -> Vec<String> {
     out.stderr
         .lines()
         .filter(|l| l.contains("network check: node ") && l.contains(" is slow: "))
@@ -89,7 +89,7 @@ fn netns_the_slow_node_is_named_every_time_and_nobody_on_an_even_network() {
     });
 }
 
-fn started(dir: &Path) -> Vec<String> {
+pub(crate) fn started(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map(|d| {
             d.filter_map(|e| e.ok())
@@ -103,7 +103,7 @@ fn started(dir: &Path) -> Vec<String> {
 }
 
 /// A worker that records `ran.<GROUP_WORLD_SIZE>.<restart>.<RANK>` in `$1`, then runs `$2`.
-const WORKER: &str =
+pub(crate) const WORKER: &str =
     r#"touch "$1/ran.$GROUP_WORLD_SIZE.$TORCHELASTIC_RESTART_COUNT.$RANK"; eval "$2""#;
 
 /// One c10d agent of an elastic 2:3 job on host `i`, named `host<i>`.
@@ -285,6 +285,14 @@ fn netns_a_node_that_failed_twice_leaves_and_is_remembered() {
             "{json}"
         );
         assert_eq!(json["node_failures"]["causes"][0]["count"], 2, "{json}");
+        // The run's counts (read back from the store): only host 2 failed.
+        assert_eq!(json["node_failures"]["complete"], true, "{json}");
+        assert_eq!(json["node_failures"]["nodes"][0]["node"], "host2", "{json}");
+        assert_eq!(
+            json["node_failures"]["nodes"].as_array().unwrap().len(),
+            1,
+            "{json}"
+        );
         let bad_file = dir.join("bad-nodes");
         assert_eq!(std::fs::read_to_string(&bad_file).unwrap(), "host2\n");
         // Job 2 reads the memory back: host 2 stays out at once, the others run.
@@ -306,5 +314,253 @@ fn netns_a_node_that_failed_twice_leaves_and_is_remembered() {
         outs[0].assert_code(0);
         outs[1].assert_code(0);
         assert_eq!(started(dir2.path()), ["ran.2.0.0", "ran.2.0.1"], "{outs:?}");
+    });
+}
+
+/// The failure counts are the whole run's in every node's report (shared through the run's
+/// store): in a static job on two hosts, host 1's workers fail twice (the stop verdict then ends
+/// the job, --max-restarts 3 left); host 0's workers never failed, and its report — the one a
+/// requeue script on the first node reads — lists host 1 with 2 failures.
+#[test]
+fn netns_every_nodes_report_lists_the_runs_failure_counts() {
+    bounded(Duration::from_secs(240), || {
+        let Some(net) = Netns::create(2) else { return };
+        let dir = TempDir::new("netcheck_shared_counts");
+        let script = r#"if [ -n "$BAD" ]; then exit 3; fi; exec sleep 60"#;
+        let runs: Vec<_> = (0..2)
+            .map(|i| {
+                let report = dir.join(format!("report{i}.json"));
+                let a = Rdrun::new()
+                    .timeout(AGENT_TIMEOUT)
+                    .hostname(&format!("host{i}"))
+                    .args(["--nnodes", "2", "--node-rank", &i.to_string()])
+                    .args(["--master-addr", &net.addr(0), "--master-port", "29650"])
+                    .args(["--max-restarts", "3"])
+                    .arg("--report-json")
+                    .arg(&report)
+                    .args(["--no-python", "sh", "-c", script])
+                    .netns(&net.name(i));
+                match i {
+                    1 => a.env("BAD", "1"),
+                    _ => a,
+                }
+                .spawn()
+            })
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+        // Host 1: the same failure twice, do not requeue; host 0: the job failed elsewhere.
+        outs[1].assert_code(93);
+        outs[0].assert_code(1);
+        let read = |i: usize| -> serde_json::Value {
+            let path = dir.join(format!("report{i}.json"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}; {outs:?}", path.display()));
+            serde_json::from_str(&text).unwrap()
+        };
+        let a = read(0);
+        assert_eq!(a["root_cause_kind"], "rendezvous", "{a}");
+        assert!(a["message"].as_str().unwrap().contains("node 1"), "{a}");
+        let f = &a["node_failures"];
+        assert_eq!(
+            (f["node"].as_str(), f["count"].as_u64()),
+            (Some("host0"), Some(0)),
+            "{a}"
+        );
+        assert_eq!(f["complete"], true, "{a}");
+        assert_eq!(f["nodes"].as_array().unwrap().len(), 1, "{a}");
+        assert_eq!(f["nodes"][0]["node"], "host1", "{a}");
+        assert_eq!(f["nodes"][0]["count"], 2, "{a}");
+        assert_eq!(f["nodes"][0]["causes"][0]["cause"], "exit code 3", "{a}");
+        // Host 1's own report has its counts; the run's too, unless host 0 (the store) was
+        // gone by then, which it then says.
+        let b = read(1);
+        let f = &b["node_failures"];
+        assert_eq!(
+            (f["node"].as_str(), f["count"].as_u64()),
+            (Some("host1"), Some(2)),
+            "{b}"
+        );
+        assert_eq!(f["nodes"][0]["node"], "host1", "{b}");
+        match f["complete"].as_bool() {
+            Some(true) => assert!(f["note"].is_null(), "{b}"),
+            Some(false) => assert!(
+                f["note"].as_str().unwrap().contains("this node's only"),
+                "{b}"
+            ),
+            None => panic!("no complete flag: {b}"),
+        }
+    });
+}
+
+/// A static job of 4 hosts, all linked through delay lines (`delayline`, user space: this kernel
+/// has no `netem`), one host's delayed by `delay`; every agent writes its events. The outputs
+/// and node 0's `network_check` event.
+fn delayed_job(net: &Netns, port: u16, dir: &TempDir) -> (Vec<Output>, serde_json::Value) {
+    let events = dir.join(format!("events{port}.jsonl"));
+    let runs: Vec<_> = (0..4)
+        .map(|i| {
+            let r = Rdrun::new()
+                .timeout(AGENT_TIMEOUT)
+                .args(["--nnodes", "4", "--node-rank", &i.to_string()])
+                .args([
+                    "--master-addr",
+                    &net.addr(0),
+                    "--master-port",
+                    &port.to_string(),
+                ])
+                .args(["--network-check", "on"]);
+            let r = match i {
+                0 => r.arg("--events").arg(&events),
+                _ => r,
+            };
+            r.args(["--no-python", "true"]).netns(&net.name(i)).spawn()
+        })
+        .collect();
+    let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+    let text = std::fs::read_to_string(&events).unwrap_or_default();
+    let ev = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["event"] == "network_check")
+        .unwrap_or_else(|| panic!("no network_check event in {text}: {outs:?}"));
+    (outs, ev)
+}
+
+/// The latency half of the verdict, for real: each of the 4 hosts in turn gets 20 ms on its
+/// link (a user-space delay line, the others through the same path with none), 2 runs each;
+/// every node names exactly that host every run, the latency rule is among its reasons and its
+/// measured latency is over the latency limit (median / threshold + 2 ms). With no delay
+/// anywhere, nobody is named (3 runs). Why 20 ms: at 6 ms the latency rule alone named the host
+/// in most runs, but the line's jitter under load (healthy medians up to 1 ms, a limit of 6 ms)
+/// made it miss some; at 20 ms the bandwidth rule fires as well (TCP ramps up more slowly over
+/// the delay within the 150 ms window).
+#[test]
+fn netns_a_delayed_node_is_named_by_its_latency() {
+    bounded(Duration::from_secs(600), || {
+        if let Some(why) = crate::delayline::DelayLine::unavailable() {
+            eprintln!("SKIP: {why}");
+            return;
+        }
+        let Some(net) = Netns::create(4) else { return };
+        let dir = TempDir::new("netcheck_delay");
+        let mut port = 29700;
+        let lines: Vec<crate::delayline::DelayLine> = (0..4)
+            .map(|i| crate::delayline::DelayLine::install(&net, i))
+            .collect();
+        for (delayed, runs) in [
+            (None, 3),
+            (Some(2), 2),
+            (Some(0), 2),
+            (Some(3), 2),
+            (Some(1), 2),
+        ] {
+            for (i, line) in lines.iter().enumerate() {
+                let ms = if Some(i) == delayed { 20 } else { 0 };
+                line.set(Duration::from_millis(ms));
+            }
+            for run in 0..runs {
+                port += 1;
+                let (outs, ev) = delayed_job(&net, port, &dir);
+                let want: Vec<String> = delayed.iter().map(|&i| net.addr(i)).collect();
+                for o in &outs {
+                    o.assert_code(0);
+                    assert_eq!(named(o), want, "delayed {delayed:?}, run {run}: {o:?}");
+                }
+                let Some(slow) = delayed else { continue };
+                // The latency rule names it (the bandwidth rule may as well: over a delayed
+                // link TCP ramps up more slowly within the 150 ms window).
+                assert_eq!(ev["slow"][0]["addr"], net.addr(slow), "{ev}");
+                let why = ev["slow"][0]["why"].as_str().unwrap();
+                assert!(why.contains("latency"), "{ev}");
+                let median = ev["median_latency_ms"].as_f64().unwrap();
+                let node = ev["nodes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|n| n["addr"] == net.addr(slow))
+                    .unwrap_or_else(|| panic!("{ev}"));
+                let lat = node["latency_ms"].as_f64().unwrap();
+                assert!(lat > median / 0.25 + 2.0 && lat >= 20.0, "{ev}");
+                let bw = node["bytes_per_second"].as_f64().unwrap();
+                let median_bw = ev["median_bytes_per_second"].as_f64().unwrap();
+                eprintln!(
+                    "delayed {slow}: {lat:.2} ms (median {median:.2} ms), {:.1} MB/s (median {:.1} MB/s), by its {why}",
+                    bw / 1e6,
+                    median_bw / 1e6
+                );
+            }
+        }
+        // The lines (and their devices) go before the namespaces.
+        drop(lines);
+    });
+}
+
+/// The metrics have every node's failure counts too: in a static job on two hosts, host 1's
+/// workers fail once (attempt 0); while attempt 1 runs, host 0's `/metrics` (scraped inside its
+/// namespace) has `rdrun_run_node_failures{node="host1"} 1` and its own count 0. Then the
+/// workers are told to finish and the job succeeds.
+#[test]
+fn netns_the_metrics_have_every_nodes_failure_counts() {
+    bounded(Duration::from_secs(240), || {
+        let curl = std::process::Command::new("curl").arg("--version").output();
+        if !curl.is_ok_and(|o| o.status.success()) {
+            eprintln!("SKIP: no curl to scrape /metrics inside a namespace");
+            return;
+        }
+        let Some(net) = Netns::create(2) else { return };
+        let dir = TempDir::new("netcheck_metrics_counts");
+        let go = dir.join("go");
+        // Bounded wait for the go file (60 s), so a worker never outlives the test.
+        let script = r#"if [ -n "$BAD" ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 3; fi
+            for i in $(seq 600); do [ -e "$1" ] && exit 0; sleep 0.1; done; exit 9"#;
+        let runs: Vec<_> = (0..2)
+            .map(|i| {
+                let a = Rdrun::new()
+                    .timeout(AGENT_TIMEOUT)
+                    .hostname(&format!("host{i}"))
+                    .args(["--nnodes", "2", "--node-rank", &i.to_string()])
+                    .args(["--master-addr", &net.addr(0), "--master-port", "29660"])
+                    .args(["--max-restarts", "3", "--metrics-addr", "9464"])
+                    .args(["--no-python", "sh", "-c", script, "sh"])
+                    .arg(&go)
+                    .netns(&net.name(i));
+                match i {
+                    1 => a.env("BAD", "1"),
+                    _ => a,
+                }
+                .spawn()
+            })
+            .collect();
+        let scrape = || {
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", &net.name(0), "curl", "-s", "-m", "2"])
+                .arg("http://127.0.0.1:9464/metrics")
+                .output()
+                .expect("run curl");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let text = loop {
+            let text = scrape();
+            if text.contains("rdrun_run_node_failures{node=\"host1\"} 1") {
+                break text;
+            }
+            if Instant::now() > deadline {
+                std::fs::write(&go, "").unwrap();
+                let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+                panic!("no count of host1 in host 0's metrics within 60 s:\n{text}\n{outs:?}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(text.contains("rdrun_node_failures 0"), "{text}");
+        assert!(
+            !text.contains("rdrun_run_node_failures{node=\"host0\"}"),
+            "{text}"
+        );
+        std::fs::write(&go, "").unwrap();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+        for o in &outs {
+            o.assert_code(0);
+        }
     });
 }

@@ -98,6 +98,11 @@ impl Netns {
         format!("rdrun-{}-{i}", self.tag)
     }
 
+    /// The hub namespace holding the bridge the nodes' links are on.
+    pub fn hub(&self) -> String {
+        format!("rdrun-{}-hub", self.tag)
+    }
+
     fn ns_path(&self, i: usize) -> PathBuf {
         PathBuf::from(format!("/var/run/netns/rdrun-{}-{i}", self.tag))
     }

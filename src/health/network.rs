@@ -115,10 +115,24 @@ pub struct Slow {
     pub score: Score,
     pub median_bps: f64,
     pub median_latency: Duration,
+    /// Which rules found it slow: its bandwidth, its latency (no answer counts as both).
+    pub low_bandwidth: bool,
+    pub high_latency: bool,
+}
+
+impl Slow {
+    /// `bandwidth`, `latency` or `bandwidth and latency`: why it was named.
+    pub fn why(&self) -> &'static str {
+        match (self.low_bandwidth, self.high_latency) {
+            (true, true) => "bandwidth and latency",
+            (false, true) => "latency",
+            _ => "bandwidth",
+        }
+    }
 }
 
 impl fmt::Display for Slow {
-    /// `10.5 MB/s, 0.21 ms (median 1.2 GB/s, 0.05 ms)`.
+    /// `10.5 MB/s, 0.21 ms (median 1.2 GB/s, 0.05 ms; by its bandwidth)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let lat = match self.score.latency {
             Some(l) => ms(l),
@@ -126,10 +140,11 @@ impl fmt::Display for Slow {
         };
         write!(
             f,
-            "{}, {lat} (median {}, {})",
+            "{}, {lat} (median {}, {}; by its {})",
             rate(self.score.bps),
             rate(self.median_bps),
-            ms(self.median_latency)
+            ms(self.median_latency),
+            self.why()
         )
     }
 }
@@ -179,8 +194,9 @@ pub fn judge(n: usize, measured: &[Measured], threshold: f64) -> NetVerdict {
         .collect();
     let median_latency = Duration::from_secs_f64(median_f64(lats).max(0.0));
     let lat_limit = median_latency.div_f64(threshold) + LATENCY_SLACK;
-    let low =
-        |s: &Score| s.bps < threshold * median_bps || s.latency.map_or(true, |l| l > lat_limit);
+    let low_bw = |s: &Score| s.bps < threshold * median_bps;
+    let high_lat = |s: &Score| s.latency.map_or(true, |l| l > lat_limit);
+    let low = |s: &Score| low_bw(s) || high_lat(s);
     // Nothing to compare with: every exchange failed (then it is not one node's fault).
     let comparable = median_bps > 0.0;
     let partners = |node: usize| {
@@ -198,6 +214,8 @@ pub fn judge(n: usize, measured: &[Measured], threshold: f64) -> NetVerdict {
             score: *s,
             median_bps,
             median_latency,
+            low_bandwidth: low_bw(s),
+            high_latency: high_lat(s),
         })
         .collect();
     NetVerdict {

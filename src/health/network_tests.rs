@@ -139,7 +139,14 @@ fn latency_alone_can_make_a_node_slow_but_only_past_the_slack() {
             (p, ok(lat, FAST, FAST))
         })
         .collect();
-    assert_eq!(named(&judge(4, &m, 0.25)), [3]);
+    let v = judge(4, &m, 0.25);
+    assert_eq!(named(&v), [3]);
+    assert_eq!(v.slow[0].why(), "latency");
+    assert!(
+        v.slow[0].to_string().ends_with("; by its latency)"),
+        "{}",
+        v.slow[0]
+    );
     // 1 ms against a 50 µs median is 20 times it, but within the slack: nobody.
     let m: Vec<Measured> = pairs
         .iter()
@@ -169,6 +176,7 @@ fn a_failed_exchange_counts_as_slow_and_all_failed_names_nobody() {
     assert_eq!(named(&v), [2], "{v:?}");
     assert_eq!(v.scores[2].latency, None);
     assert!(v.slow[0].to_string().contains("no answer"), "{}", v.slow[0]);
+    assert_eq!(v.slow[0].why(), "bandwidth and latency");
     let m: Vec<Measured> = schedule(4)
         .into_iter()
         .flatten()

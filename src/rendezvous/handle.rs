@@ -121,6 +121,9 @@ pub struct Rendezvous {
     /// The address this agent advertises (c10d; MASTER_ADDR if it becomes group rank 0): its
     /// worker store listens there.
     pub advertised: Option<String>,
+    /// The prefix of the run's keys (`rdrun.static.<run_id>`, `rdrun.rendezvous.<run_id>`):
+    /// what the agents exchange for the whole run lives under it (`keys::round::FailureKeys`).
+    pub run_prefix: String,
 }
 
 /// How long an agent that does not host the store tries to close the rendezvous: the host may
@@ -212,6 +215,9 @@ impl Rendezvous {
                     server,
                     me: None,
                     advertised: None,
+                    run_prefix: super::keys::static_::Keys::new(&rdzv.run_id)
+                        .prefix()
+                        .to_string(),
                 })
             }
             (RdzvBackend::C10d, RdzvSettings::C10d(settings)) => {
@@ -252,6 +258,7 @@ impl Rendezvous {
                     server,
                     me: None,
                     advertised: Some(me),
+                    run_prefix: super::keys::c10d::prefix(&rdzv.run_id),
                 })
             }
             (RdzvBackend::Etcd, RdzvSettings::Etcd(settings)) => {
@@ -335,9 +342,9 @@ impl Rendezvous {
         self.close_with(Some(why)).await
     }
 
-    /// Leaves an elastic (c10d) rendezvous while the others go on (issue 28: a slow node, or one
-    /// that failed too often): the round it runs is bumped without it. Other backends have no
-    /// spare nodes to go on with: `Ok(false)`, as when the others would be fewer than MIN.
+    /// Leaves an elastic (c10d, etcd) rendezvous while the others go on (issue 28: a slow node,
+    /// or one that failed too often): the round it runs is bumped without it. The static backend
+    /// has no spare nodes to go on with: `Ok(false)`, as when the others would be fewer than MIN.
     /// `charged`: the round's bump counts as a restart (the node leaves after its own failure),
     /// else a membership change.
     pub async fn leave(&mut self, charged: bool) -> Result<bool, RendezvousError> {
@@ -347,13 +354,29 @@ impl Rendezvous {
         };
         match &mut self.rdzv {
             Backend::C10d(r) => r.leave(reason).await,
-            _ => Ok(false),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(r) => r.leave(reason).await,
+            Backend::Static(_) => Ok(false),
         }
     }
 
     /// Whether nodes can leave this rendezvous while the others go on ([`Rendezvous::leave`]).
     pub fn can_leave(&self) -> bool {
-        matches!(self.rdzv, Backend::C10d(_))
+        match self.rdzv {
+            Backend::C10d(_) => true,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(_) => true,
+            Backend::Static(_) => false,
+        }
+    }
+
+    /// The run's key-value exchange between agents (issue 28): its TCPStore, or etcd.
+    pub fn exchange(&self) -> Option<super::Exchange> {
+        #[cfg(feature = "etcd")]
+        if let Backend::Etcd(r) = &self.rdzv {
+            return Some(super::Exchange::Etcd(Box::new(r.exchange())));
+        }
+        self.store.clone().map(super::Exchange::Tcp)
     }
 
     /// The store's host closes, then waits (bounded) until every agent it knows saw the close;
@@ -499,6 +522,7 @@ async fn start_etcd(
         server: None,
         me: None,
         advertised: Some(me),
+        run_prefix: super::keys::c10d::prefix(&rdzv.run_id),
     })
 }
 

@@ -10,6 +10,8 @@
 //!   acknowledgements, the `--nnodes` agreement check.
 //! - `etcd`: the same rounds over an etcd v3 cluster (`--rdzv-backend etcd-v3`, feature `etcd`).
 //! - `barrier`: the exit barrier. `addr`: which address to advertise, is_host inference.
+//! - `exchange`: the key-value exchange the agents share beside their rounds (the run's TCPStore,
+//!   or etcd), for the network pre-check and the failure counts (issue 28).
 //! - `store`: the store operations used ([`RdzvStore`]) and an in-memory store for tests.
 //! - `tcp`: the store over TCP: the one store binder, hosting (is_host), connecting, a
 //!   reconnecting client. `addr` also says where a store listens (`listen_plan`).
@@ -20,6 +22,7 @@ pub(crate) mod barrier;
 pub(crate) mod c10d;
 pub(crate) mod error;
 pub mod etcd;
+pub(crate) mod exchange;
 pub(crate) mod handle;
 pub(crate) mod join_machine;
 pub(crate) mod keys;
@@ -34,6 +37,7 @@ pub mod tcp;
 
 pub use c10d::{C10dRendezvous, RoundRequest};
 pub use error::RendezvousError;
+pub use exchange::Exchange;
 pub use handle::{NodeSpec, Rendezvous};
 pub use plumbing::RdzvEvent;
 pub use settings::C10dSettings;

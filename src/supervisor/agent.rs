@@ -56,7 +56,6 @@ use super::worker::{self, RunWorkerEnv};
 
 #[path = "agent_rounds.rs"]
 mod rounds;
-use rounds::with_counts;
 
 /// How often `--leftovers=wait` looks whether the processes left behind are gone (a grandchild
 /// of a leftover exits without a SIGCHLD to rdrun).
@@ -300,7 +299,7 @@ impl Agent {
         let mut restart_count = 0u32;
         let mut reason = RoundReason::Initial;
         let mut same = super::verdict::SameFailure::default();
-        let mut node_failures = super::verdict::NodeFailures::default();
+        let mut tally = rounds::Tally::default();
         let end = loop {
             // A shutdown signal that arrived between attempts ends the run before a new spawn.
             if let Some(signal) = self.queued_shutdown() {
@@ -336,6 +335,11 @@ impl Agent {
                     Err(end) => break end,
                 }
             }
+            // Every node's failure counts so far, for the metrics (each node published its own
+            // before it joined this round).
+            if asg.restart_count > 0 || !matches!(reason, RoundReason::Initial) {
+                self.refresh_run_counts(&tally).await;
+            }
             restart_count = asg.restart_count;
             self.clear_torch_dump_keys();
             let outcome = self.attempt(&mut logs, &asg).await;
@@ -344,8 +348,7 @@ impl Agent {
                 in_a_row: same.record(&outcome),
                 max_same_failures: self.config.resilience.max_same_failures,
             };
-            let failed_here = node_failures.record(&outcome, same.last());
-            self.obs.get().node_failures(failed_here);
+            self.record_failure(&mut tally, &outcome, same.last()).await;
             let decision = restart::decide(
                 outcome.attempt_end(),
                 restart_count,
@@ -356,8 +359,8 @@ impl Agent {
             // Issue 28 item 4: a node that failed too often leaves while spares exist (before
             // the same-failure stop: without the bad node the job may go on).
             let restarting = matches!(decision, Decision::Restart { .. } | Decision::SameFailure);
-            if restarting && self.fails_too_often(&node_failures, &asg) {
-                if let Some(end) = self.leave_failing(&node_failures).await {
+            if restarting && self.fails_too_often(&tally.own, &asg) {
+                if let Some(end) = self.leave_failing(&tally).await {
                     break end;
                 }
             }
@@ -393,11 +396,13 @@ impl Agent {
                 }
                 Decision::GiveUp => {
                     let end = self.give_up(outcome, restart_count).await;
-                    break with_counts(end, &node_failures);
+                    break self.with_counts(end, &tally).await;
                 }
                 Decision::SameFailure => {
                     let end = self.give_up(outcome, restart_count).await;
-                    break with_counts(end.with_verdict(same.verdict()), &node_failures);
+                    break self
+                        .with_counts(end.with_verdict(same.verdict()), &tally)
+                        .await;
                 }
             }
         };
@@ -442,7 +447,7 @@ impl Agent {
                     lost.join(", ")
                 ))
             }
-            Outcome::RendezvousLost(msg) => RunEnd::RendezvousLost(msg),
+            Outcome::RendezvousLost(msg) => RunEnd::RendezvousLost(msg, None),
         }
     }
 

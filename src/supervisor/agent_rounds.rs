@@ -1,14 +1,25 @@
 //! The agent's side of the rendezvous (`agent.rs`'s `Agent`, methods kept apart by job): joining
 //! a round, charging a worker failure only once the peers are known alive, the exit barrier and
-//! closing, and a node leaving an elastic job after `--max-node-failures` (issue 28 item 4).
+//! closing, and a node leaving an elastic job after `--max-node-failures` (issue 28 item 4)
+//! with the failure counts it keeps and shares with the other nodes (`failshare.rs`).
 //! The rendezvous I/O itself is `rdzvlink.rs`'s and `netlink.rs`'s.
 
+use crate::rendezvous::keys::round::FailureKeys;
 use crate::rendezvous::{Assignment, RoundReason};
 
 use super::super::attempt::Outcome;
 use super::super::end::RunEnd;
+use super::super::failshare::{self, FailShare, RunCounts};
 use super::super::rdzvlink;
+use super::super::verdict::{NodeFailures, Signature};
 use super::Agent;
+
+/// This node's failure counts in the run and its share of them with the others.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    pub(super) own: NodeFailures,
+    share: FailShare,
+}
 
 impl Agent {
     /// Joins the next rendezvous round; on failure, how the run ends.
@@ -79,13 +90,85 @@ impl Agent {
         }
     }
 
+    /// Counts `outcome` if it was a failure of this node's own workers (`sig`: its signature),
+    /// and then publishes the counts for the other nodes' reports.
+    pub(super) async fn record_failure(
+        &mut self,
+        tally: &mut Tally,
+        outcome: &Outcome,
+        sig: Option<&Signature>,
+    ) {
+        let before = tally.own.count;
+        let now = tally.own.record(outcome, sig);
+        self.obs.get().node_failures(now);
+        if now == before {
+            return;
+        }
+        let Some((ex, keys)) = self.exchange() else {
+            return;
+        };
+        let node = crate::health::node_name();
+        tally.share.publish(&ex, &keys, &node, &tally.own).await;
+    }
+
+    /// The run's exchange and its failure-count keys (`None`: single node).
+    fn exchange(&self) -> Option<(crate::rendezvous::Exchange, FailureKeys)> {
+        let rdzv = self.rdzv.as_ref()?;
+        Some((rdzv.exchange()?, FailureKeys::new(&rdzv.run_prefix)))
+    }
+
+    /// Every node's counts as published (`Err`: why they cannot be read); a single node's run is
+    /// this node alone.
+    async fn run_counts(&self) -> Result<RunCounts, String> {
+        match self.exchange() {
+            Some((ex, keys)) => failshare::read(&ex, &keys).await,
+            None => Ok(RunCounts::new()),
+        }
+    }
+
+    /// Every node's failure counts so far into the metrics (`rdrun_run_node_failures{node}`).
+    pub(super) async fn refresh_run_counts(&mut self, tally: &Tally) {
+        match self.run_counts().await {
+            Ok(run) => {
+                let node = crate::health::node_name();
+                let all = failshare::merged(&node, &tally.own, &run);
+                self.obs.get().run_node_failures(&all);
+            }
+            Err(why) => tracing::debug!("cannot read the other nodes' failure counts: {why}"),
+        }
+    }
+
+    /// The report's `node_failures` (this node's counts and the whole run's), if any node failed.
+    async fn counts_json(&mut self, tally: &Tally) -> Option<serde_json::Value> {
+        let run = self.run_counts().await;
+        let node = crate::health::node_name();
+        if let Ok(r) = &run {
+            self.obs
+                .get()
+                .run_node_failures(&failshare::merged(&node, &tally.own, r));
+        }
+        failshare::report_json(&node, &tally.own, &run)
+    }
+
+    /// The end with the failure counts in its report: a worker failure's, or a rendezvous lost
+    /// because another node gave up (the counts then say which node failed how often).
+    pub(super) async fn with_counts(&mut self, end: RunEnd, tally: &Tally) -> RunEnd {
+        match end {
+            RunEnd::WorkersFailed(r) => match self.counts_json(tally).await {
+                Some(v) => RunEnd::WorkersFailed(r.with_node_failures(v)),
+                None => RunEnd::WorkersFailed(r),
+            },
+            RunEnd::RendezvousLost(msg, _) => {
+                let v = self.counts_json(tally).await;
+                RunEnd::RendezvousLost(msg, v)
+            }
+            other => other,
+        }
+    }
+
     /// Issue 28 item 4: this node's workers failed `--max-node-failures` times in this run, and
     /// the elastic job has a spare node to go on without it.
-    pub(super) fn fails_too_often(
-        &self,
-        counts: &super::super::verdict::NodeFailures,
-        asg: &Assignment,
-    ) -> bool {
+    pub(super) fn fails_too_often(&self, counts: &NodeFailures, asg: &Assignment) -> bool {
         let k = self.config.resilience.max_node_failures;
         k > 0
             && counts.count >= k
@@ -100,10 +183,8 @@ impl Agent {
     /// Leaves the elastic job as a bad node (its failure still charged to the others' restart:
     /// the round is bumped as a worker failure), remembered in `--bad-nodes-file`. `None`: the
     /// others would be fewer than MIN (several nodes failing at once): it stays.
-    pub(super) async fn leave_failing(
-        &mut self,
-        counts: &super::super::verdict::NodeFailures,
-    ) -> Option<RunEnd> {
+    pub(super) async fn leave_failing(&mut self, tally: &Tally) -> Option<RunEnd> {
+        let counts = &tally.own;
         let node = crate::health::node_name();
         let k = self.config.resilience.max_node_failures;
         let detail = format!(
@@ -113,18 +194,8 @@ impl Agent {
         let line = format!("node {node} left the job: {detail}; a spare goes on");
         let mut bad = super::super::end::BadNode::found(node.clone(), "failures", detail, line);
         bad.workers_ran = true;
-        bad.node_failures = Some(counts.to_json(&node));
+        bad.node_failures = self.counts_json(tally).await;
         let rdzv = self.rdzv.as_mut().expect("only an elastic run leaves");
         super::super::netlink::leave(&self.config, rdzv, true, None, bad).await
-    }
-}
-
-/// A failure report with this node's failure counts (issue 28 item 4), when it had any.
-pub(super) fn with_counts(end: RunEnd, counts: &super::super::verdict::NodeFailures) -> RunEnd {
-    match end {
-        RunEnd::WorkersFailed(r) if counts.count > 0 => {
-            RunEnd::WorkersFailed(r.with_node_failures(counts.to_json(&crate::health::node_name())))
-        }
-        other => other,
     }
 }

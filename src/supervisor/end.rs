@@ -22,8 +22,9 @@ pub enum RunEnd {
     },
     /// rdrun itself failed: a worker could not be started, a bind failed, a rendezvous timed out.
     LauncherError(LaunchError),
-    /// The rendezvous was closed elsewhere or its store was lost: the run cannot go on.
-    RendezvousLost(String),
+    /// The rendezvous was closed elsewhere or its store was lost: the run cannot go on. With
+    /// every node's failure counts (`failshare::report_json`) when any node failed.
+    RendezvousLost(String, Option<serde_json::Value>),
     /// This node failed its health check under `--health-check on` (issue 28): no worker
     /// started; requeue the job elsewhere.
     BadNode(BadNode),
@@ -102,7 +103,7 @@ impl RunEnd {
             RunEnd::Succeeded => Exit::Success,
             RunEnd::WorkersFailed(report) => report.exit(),
             RunEnd::Interrupted { signal, .. } => Exit::Signal(*signal),
-            RunEnd::LauncherError(_) | RunEnd::RendezvousLost(_) => Exit::LauncherFailure,
+            RunEnd::LauncherError(_) | RunEnd::RendezvousLost(..) => Exit::LauncherFailure,
             RunEnd::BadNode(_) => Exit::BadNode,
         }
     }
@@ -143,7 +144,7 @@ impl RunEnd {
             RunEnd::WorkersFailed(r) => Some(report::render(r)),
             RunEnd::Interrupted { report, .. } => report.as_ref().map(report::render),
             RunEnd::LauncherError(e) => Some(format!("rdrun: error: {e}")),
-            RunEnd::RendezvousLost(msg) => Some(format!("rdrun: error: {msg}")),
+            RunEnd::RendezvousLost(msg, _) => Some(format!("rdrun: error: {msg}")),
             RunEnd::BadNode(b) => Some(format!(
                 "rdrun: error: {}{} (exit {}: bad node, requeue elsewhere)",
                 b.line,
@@ -192,13 +193,36 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     msg
 }
 
+/// `--report-json` of a node whose run ended because the rendezvous was closed elsewhere or
+/// lost (schema `rdrun.failure-report/1`, `root_cause_kind` `"rendezvous"`, no failures of its
+/// own): `message` says why, `node_failures` which node failed how often (issue 28).
+fn lost_json(msg: &str, node_failures: Option<&serde_json::Value>) -> serde_json::Value {
+    serde_json::json!({
+        "schema": "rdrun.failure-report/1",
+        "exit_code": Exit::LauncherFailure.code(),
+        "root_cause": null,
+        "root_cause_kind": "rendezvous",
+        "message": msg,
+        "hang": null,
+        "verdict": null,
+        "node_failures": node_failures,
+        "failures": [],
+    })
+}
+
 /// Writes `--report-json` for an end without a failure report that still names something a
-/// requeue script needs (a bad node); errors are logged.
+/// requeue script needs (a bad node; a job that failed elsewhere, with every node's failure
+/// counts); errors are logged.
 pub fn write_end_json(end: &RunEnd, json: Option<&Path>) {
-    let (RunEnd::BadNode(bad), Some(path)) = (end, json) else {
+    let Some(path) = json else {
         return;
     };
-    let mut text = serde_json::to_string_pretty(&bad.to_json()).unwrap_or_default();
+    let doc = match end {
+        RunEnd::BadNode(bad) => bad.to_json(),
+        RunEnd::RendezvousLost(msg, counts) => lost_json(msg, counts.as_ref()),
+        _ => return,
+    };
+    let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
     text.push('\n');
     if let Err(err) = std::fs::write(path, text) {
         tracing::error!("--report-json: cannot write {}: {err}", path.display());
@@ -330,7 +354,10 @@ mod tests {
                 130,
             ),
             (RunEnd::error("x"), LAUNCHER_FAILURE),
-            (RunEnd::RendezvousLost("gone".into()), LAUNCHER_FAILURE),
+            (
+                RunEnd::RendezvousLost("gone".into(), None),
+                LAUNCHER_FAILURE,
+            ),
         ];
         for (end, want) in table {
             assert_eq!(end.exit().code(), want, "{end:?}");

@@ -12,6 +12,7 @@ pub mod debugrank;
 mod effects;
 mod end;
 pub(crate) mod events;
+mod failshare;
 mod healthlink;
 pub mod ncclpath;
 mod netlink;

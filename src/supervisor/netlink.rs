@@ -11,8 +11,8 @@
 //! slowest ones, as many as there are spares, leave: each takes itself out of the rendezvous
 //! (`Rendezvous::leave`, which bumps the round without it, not charged), says so on the
 //! round's `left` key, and ends as a bad node (exit 75, remembered in `--bad-nodes-file`); the
-//! others wait for that key and join the next round. etcd has no store to exchange through: the
-//! check is skipped there with a note.
+//! others wait for that key and join the next round. The exchange is the run's TCPStore (static,
+//! c10d) or etcd itself (`rendezvous::Exchange`): on etcd the check and the leaving are the same.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -23,8 +23,7 @@ use crate::config::LaunchConfig;
 use crate::health::netprobe::{self, Probe, PAIR_BOUND};
 use crate::health::network::{self, Measure, Measured, NetVerdict, Peer};
 use crate::rendezvous::keys::round::NetKeys;
-use crate::rendezvous::store::try_get;
-use crate::rendezvous::{addr, Assignment, RdzvStore, Rendezvous, TcpRdzvStore};
+use crate::rendezvous::{addr, Assignment, Exchange, Rendezvous};
 
 use super::end::{BadNode, RunEnd};
 use super::observe::Observer;
@@ -58,10 +57,7 @@ pub(super) async fn check(
     if !config.resilience.network_check || asg.group_world_size < 2 {
         return Ok(NetOutcome::Go);
     }
-    let Some(store) = rdzv.store.clone() else {
-        tracing::info!(
-            "network check skipped: the etcd rendezvous has no store to exchange through"
-        );
+    let Some(store) = rdzv.exchange() else {
         return Ok(NetOutcome::Go);
     };
     let t0 = Instant::now();
@@ -111,7 +107,7 @@ pub(super) async fn check(
             peers[me].describe(me)
         );
         let bad = BadNode::found(crate::health::node_name(), "network", detail, line);
-        let left = Some((&*store, keys.left(me)));
+        let left = Some((&store, keys.left(me)));
         return match leave(config, rdzv, false, left, bad).await {
             Some(end) => Err(end),
             // Only when the state changed under the check (another node left or failed first):
@@ -144,7 +140,7 @@ pub(super) async fn leave(
     config: &LaunchConfig,
     rdzv: &mut Rendezvous,
     charged: bool,
-    left: Option<(&TcpRdzvStore, String)>,
+    left: Option<(&Exchange, String)>,
     bad: BadNode,
 ) -> Option<RunEnd> {
     match rdzv.leave(charged).await {
@@ -192,7 +188,7 @@ async fn probe_host(config: &LaunchConfig, rdzv: &Rendezvous) -> Result<String, 
 
 /// Publishes this node's probe, runs its pairs, and reads every pair's result.
 async fn run(
-    store: &TcpRdzvStore,
+    store: &Exchange,
     keys: &NetKeys,
     asg: &Assignment,
     host: &str,
@@ -289,7 +285,7 @@ async fn run(
             if all {
                 store.multi_get(&[k]).await.ok().and_then(|mut v| v.pop())
             } else {
-                try_get(store, &k).await.ok().flatten()
+                store.get(&k).await.ok().flatten()
             }
         };
         let client = get(keys.client(p.client, p.server)).await;

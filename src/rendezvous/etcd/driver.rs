@@ -45,6 +45,7 @@ use crate::rendezvous::state::{
 use crate::rendezvous::store::StoreOpError;
 
 mod keeper;
+mod leave;
 use keeper::Keeper;
 
 /// The watched ids without an alive key (their lease expired or was revoked).

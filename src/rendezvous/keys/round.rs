@@ -1,6 +1,7 @@
 //! The agent keys of one round, under its `store_prefix` (`Assignment::store_prefix`:
 //! `rdrun.rendezvous.<run_id>.<round>` or `rdrun.static.<run_id>.<gen>`): torchrun's exit
-//! barrier, the multi-node hang rule's exchange, and the network pre-check's (issue 28).
+//! barrier, the multi-node hang rule's exchange, and the network pre-check's (issue 28); and,
+//! under the run's prefix instead (they add up over rounds), every node's failure counts.
 
 /// torchrun's exit barrier (`torch/distributed/elastic/utils/store.py` `barrier`): the
 /// arrival counter and the key the last arriving agent sets.
@@ -67,6 +68,31 @@ impl NetKeys {
     }
 }
 
+/// Every node's failure counts in the run (issue 28 item 4, `supervisor/failshare.rs`), under
+/// the run's prefix (`Rendezvous::run_prefix`), not a round's: they add up over rounds.
+#[derive(Debug, Clone)]
+pub(crate) struct FailureKeys {
+    prefix: String,
+}
+
+impl FailureKeys {
+    pub(crate) fn new(run_prefix: &str) -> Self {
+        FailureKeys {
+            prefix: format!("{run_prefix}/rdrun_failures"),
+        }
+    }
+    /// How many nodes published counts: a node takes slot `add(slots, 1)` once, at its first
+    /// failure.
+    pub(crate) fn slots(&self) -> String {
+        format!("{}/slots", self.prefix)
+    }
+    /// The counts a node published in its slot (`{"node", "count", "causes"}`, JSON), rewritten
+    /// after each of its failures.
+    pub(crate) fn node(&self, slot: i64) -> String {
+        format!("{}/node/{slot}", self.prefix)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +124,8 @@ mod tests {
             "rdrun.rendezvous.job.1/rdrun_net/pair/0-1/server"
         );
         assert_eq!(n.left(2), "rdrun.rendezvous.job.1/rdrun_net/left/2");
+        let f = FailureKeys::new("rdrun.static.job");
+        assert_eq!(f.slots(), "rdrun.static.job/rdrun_failures/slots");
+        assert_eq!(f.node(3), "rdrun.static.job/rdrun_failures/node/3");
     }
 }

@@ -12,6 +12,10 @@ impl Keys {
             prefix: format!("rdrun.static.{run_id}"),
         }
     }
+    /// `rdrun.static.<run_id>`: the run's own keys (kept by the worker reset).
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
     /// The agent keys of restart generation `gen` (`Assignment::store_prefix`).
     pub(crate) fn round_prefix(&self, gen: u64) -> String {
         format!("{}.{gen}", self.prefix)

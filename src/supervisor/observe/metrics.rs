@@ -66,6 +66,7 @@ pub struct Metrics {
     net_bps: Family<[(&'static str, String); 1], FGauge>,
     net_slow: Family<[(&'static str, String); 1], Gauge>,
     node_failures: Gauge,
+    run_node_failures: Family<[(&'static str, String); 1], Gauge>,
     outputs: Mutex<Vec<OutputWatch>>,
     store_seen: Mutex<Option<Snapshot>>,
 }
@@ -93,6 +94,7 @@ impl Metrics {
             net_bps: Family::default(),
             net_slow: Family::default(),
             node_failures: Gauge::default(),
+            run_node_failures: Family::default(),
             outputs: Mutex::new(Vec::new()),
             store_seen: Mutex::new(None),
             registry: Registry::default(),
@@ -121,6 +123,12 @@ impl Metrics {
             "rdrun_node_failures",
             "This node's worker failures in this run (what --max-node-failures counts)",
             m.node_failures.clone(),
+        );
+        registry.register(
+            "rdrun_run_node_failures",
+            "Every node's worker failures in this run, by host name, as shared through the \
+             rendezvous store (read when a round starts and at the end)",
+            m.run_node_failures.clone(),
         );
         registry.register(
             "rdrun_workers_up",
@@ -268,6 +276,15 @@ impl Metrics {
         self.node_failures.set(i64::from(count));
     }
 
+    pub fn run_node_failures<'a>(&self, nodes: impl Iterator<Item = (&'a str, u32)>) {
+        self.run_node_failures.clear();
+        for (node, count) in nodes {
+            self.run_node_failures
+                .get_or_create(&[("node", node.to_string())])
+                .set(i64::from(count));
+        }
+    }
+
     pub fn healthy(&self, yes: bool) {
         self.healthy.set(i64::from(yes));
     }
@@ -396,5 +413,28 @@ mod tests {
             "{classic}"
         );
         assert!(!classic.contains("# EOF"), "{classic}");
+    }
+
+    /// Issue 28: every node's failure counts, by host name; a new reading replaces the old.
+    #[test]
+    fn the_runs_failure_counts_are_one_series_per_node() {
+        let m = Metrics::new();
+        m.run_node_failures([("n2", 2), ("n1", 1)].into_iter());
+        let text = m.render(true);
+        assert!(
+            text.contains("rdrun_run_node_failures{node=\"n2\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rdrun_run_node_failures{node=\"n1\"} 1"),
+            "{text}"
+        );
+        m.run_node_failures([("n2", 3)].into_iter());
+        let text = m.render(true);
+        assert!(
+            text.contains("rdrun_run_node_failures{node=\"n2\"} 3"),
+            "{text}"
+        );
+        assert!(!text.contains("node=\"n1\""), "{text}");
     }
 }

@@ -503,7 +503,11 @@ impl Inner {
         let slow: Vec<Value> = v
             .slow
             .iter()
-            .map(|s| node(s.node, s.score.bps, s.score.latency))
+            .map(|s| {
+                let mut n = node(s.node, s.score.bps, s.score.latency);
+                n["why"] = json!(s.why());
+                n
+            })
             .collect();
         self.emit(
             "network_check",
@@ -522,6 +526,16 @@ impl Inner {
     pub fn node_failures(&mut self, count: u32) {
         if let Some(m) = &self.metrics {
             m.node_failures(count);
+        }
+    }
+
+    /// Every node's failure counts in the run as last read (issue 28 item 4).
+    pub fn run_node_failures(
+        &mut self,
+        nodes: &[(String, crate::supervisor::verdict::NodeFailures)],
+    ) {
+        if let Some(m) = &self.metrics {
+            m.run_node_failures(nodes.iter().map(|(n, c)| (n.as_str(), c.count)));
         }
     }
 
@@ -561,7 +575,7 @@ impl Inner {
             RunEnd::WorkersFailed(_) => "workers_failed",
             RunEnd::Interrupted { .. } => "interrupted",
             RunEnd::LauncherError(_) => "launcher_error",
-            RunEnd::RendezvousLost(_) => "rendezvous_lost",
+            RunEnd::RendezvousLost(..) => "rendezvous_lost",
             RunEnd::BadNode(_) => "bad_node",
         };
         self.set_health(match end {
@@ -582,7 +596,7 @@ impl Inner {
         if let RunEnd::LauncherError(e) = end {
             f.insert("error".into(), e.to_string().into());
         }
-        if let RunEnd::RendezvousLost(e) = end {
+        if let RunEnd::RendezvousLost(e, _) = end {
             f.insert("error".into(), e.clone().into());
         }
         if let Some(line) = end.report().and_then(|r| r.verdict()) {

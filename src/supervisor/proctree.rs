@@ -341,7 +341,7 @@ mod tests {
     /// process in the middle of exec.
     #[test]
     fn a_zombie_is_named_by_its_comm() {
-        let child = std::process::Command::new("true")
+        let mut child = std::process::Command::new("true")
             .spawn()
             .expect("spawn true");
         let pid = child.id() as i32;
@@ -351,7 +351,6 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert_eq!(command_line(pid), "[true]");
-        // SAFETY: waitpid(2) reaps the child this test started.
-        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        child.wait().expect("reap true");
     }
 }

@@ -5,7 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use crate::rendezvous::{bounded, Netns};
+use crate::netns::{bounded, Netns};
 use crate::util::{free_port, parse_env0, wait_for_file, worker, Rdrun, TempDir};
 
 fn has_ipv6_loopback() -> bool {

@@ -20,7 +20,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::rendezvous::Netns;
+use crate::netns::Netns;
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const POLL_MS: i32 = 50;

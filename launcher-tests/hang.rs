@@ -590,7 +590,7 @@ while [ "$(date +%s)" -lt "$end" ]; do printf '%131072s' '' >&3; sleep 0.1; done
 /// budgets of [`launch_budget`] (2 s), its own log directory, `--max-restarts`, and
 /// `sh -c script`.
 fn netns_agent(
-    net: &crate::rendezvous::Netns,
+    net: &crate::netns::Netns,
     node: usize,
     nproc: usize,
     dir: &TempDir,
@@ -603,7 +603,7 @@ fn netns_agent(
 /// As [`netns_agent`]; `c10d`: the c10d backend (endpoint on node 0, no `--node-rank`: the
 /// group ranks are the rendezvous' choice) instead of static.
 fn netns_agent_on(
-    net: &crate::rendezvous::Netns,
+    net: &crate::netns::Netns,
     node: usize,
     nproc: usize,
     dir: &TempDir,
@@ -692,8 +692,8 @@ echo "ok rank $RANK attempt $TORCHELASTIC_RESTART_COUNT"
 /// block names the suspect on node 1, both stop their workers and the job restarts once.
 #[test]
 fn netns_two_nodes_one_hung_rank_every_agent_captures_and_restarts() {
-    crate::rendezvous::bounded(Duration::from_secs(240), || {
-        let Some(net) = crate::rendezvous::Netns::create(2) else {
+    crate::netns::bounded(Duration::from_secs(240), || {
+        let Some(net) = crate::netns::Netns::create(2) else {
             return;
         };
         let dir = TempDir::new("hang_netns");
@@ -759,8 +759,8 @@ fn netns_two_nodes_one_hung_rank_every_agent_captures_and_restarts() {
 /// the rendezvous' choice, so the checks do not depend on the agent's index.
 #[test]
 fn netns_c10d_two_nodes_one_hung_rank_one_verdict() {
-    crate::rendezvous::bounded(Duration::from_secs(240), || {
-        let Some(net) = crate::rendezvous::Netns::create(2) else {
+    crate::netns::bounded(Duration::from_secs(240), || {
+        let Some(net) = crate::netns::Netns::create(2) else {
             return;
         };
         let dir = TempDir::new("hang_netns_c10d");
@@ -818,8 +818,8 @@ exec cat "$D/f$RANK"
 /// burns CPU the whole time; the run then ends normally with no hang reported anywhere.
 #[test]
 fn netns_active_rank_on_one_node_prevents_the_verdict_on_the_other() {
-    crate::rendezvous::bounded(Duration::from_secs(240), || {
-        let Some(net) = crate::rendezvous::Netns::create(2) else {
+    crate::netns::bounded(Duration::from_secs(240), || {
+        let Some(net) = crate::netns::Netns::create(2) else {
             return;
         };
         let dir = TempDir::new("hang_netns_busy");
@@ -865,8 +865,8 @@ exec sleep 300
 /// by the files, not by timing: nothing can be judged before `$D/quiet` exists.
 #[test]
 fn netns_store_lost_node_falls_back_to_the_local_rule() {
-    crate::rendezvous::bounded(Duration::from_secs(300), || {
-        let Some(net) = crate::rendezvous::Netns::create(2) else {
+    crate::netns::bounded(Duration::from_secs(300), || {
+        let Some(net) = crate::netns::Netns::create(2) else {
             return;
         };
         let dir = TempDir::new("hang_netns_lost");

@@ -7,7 +7,8 @@
 //!   ranks, a slow reader: every line whole, once, in order).
 //! - `store`: the TCPStore-compatible server and client over 127.0.0.1.
 //! - `runtime`, `train`: the worker runtime's collectives and the `train` demo under rdrun.
-//! - `rendezvous`: multi-node launches on loopback and in network namespaces.
+//! - `netns`: the network-namespace hosts every multi-node test uses, and their own checks.
+//! - `rendezvous`: multi-node rendezvous on loopback and in network namespaces.
 //! - `multinode`: several real `rdrun` agents forming one job (static, c10d; loopback, netns).
 //! - `static_restart`: restarts of a static two-node PyTorch DDP job on loopback (issue 24.1).
 //! - `slurm`: a real Slurm 22.05 cluster (munged, slurmctld, a slurmd per network namespace):
@@ -68,6 +69,7 @@ mod multinode;
 mod netcheck;
 #[cfg(feature = "etcd")]
 mod netcheck_etcd;
+mod netns;
 mod observe;
 mod observe_http;
 mod output;

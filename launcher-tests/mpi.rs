@@ -388,7 +388,7 @@ fn mpirun_across_two_hosts_gloo_all_reduce() {
     let Some(python) = crate::util::torch_python() else {
         return;
     };
-    crate::rendezvous::bounded(Duration::from_secs(400), move || {
+    crate::netns::bounded(Duration::from_secs(400), move || {
         let names: [&[&str]; 2] = [&["mpia"], &["mpib"]];
         let hosts = crate::cluster::hosts_of(&names);
         let Some(pods) = crate::cluster::Pods::new(&[hosts.clone(), hosts]) else {

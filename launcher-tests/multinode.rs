@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::rendezvous::{bounded, Netns};
+use crate::netns::{bounded, Netns};
 use crate::util::{assert_no_leak, free_port, parse_env0, worker, Output, Rdrun, Running, TempDir};
 
 /// Hard bound on one agent of these tests.

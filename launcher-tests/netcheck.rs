@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::rendezvous::{bounded, Netns};
+use crate::netns::{bounded, Netns};
 use crate::util::{Output, Rdrun, TempDir};
 
 const AGENT_TIMEOUT: Duration = Duration::from_secs(90);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::etcd::Testbed;
 use crate::netcheck::{named, started, SLOW_RATE, WORKER};
-use crate::rendezvous::bounded;
+use crate::netns::bounded;
 use crate::util::{Output, Rdrun, TempDir};
 
 const AGENT_TIMEOUT: Duration = Duration::from_secs(120);

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::multinode::{get, records};
-use crate::rendezvous::bounded;
+use crate::netns::bounded;
 use crate::util::{rdrun_bin, torch_python, worker, Output, TempDir};
 
 fn repo_root() -> PathBuf {

@@ -6,7 +6,7 @@
 
 use super::*;
 
-use crate::rendezvous::Netns;
+use crate::netns::Netns;
 
 const POD_TIMEOUT: Duration = Duration::from_secs(240);
 
@@ -460,7 +460,7 @@ fn hosts_lsf() {
 }
 
 fn bounded_test(f: impl FnOnce() + Send + 'static) {
-    crate::rendezvous::bounded(Duration::from_secs(400), f);
+    crate::netns::bounded(Duration::from_secs(400), f);
 }
 
 /// Open MPI across two hosts (`mpirun -np 4 --host mpia:2,mpib:2 --map-by node rdrun mn_worker`,

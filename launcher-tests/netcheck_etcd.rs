@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use crate::etcd::Testbed;
-use crate::netcheck::{named, started, SLOW_RATE, WORKER};
+use crate::netcheck::{assert_slow_host1_left_out, named, started, SLOW_RATE, WORKER};
 use crate::netns::bounded;
 use crate::util::{Output, Rdrun, TempDir};
 
@@ -86,22 +86,7 @@ fn etcd_with_a_spare_the_slow_node_is_named_and_left_out() {
             .collect();
         let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
         no_skip(&outs);
-        outs[1].assert_code(75);
-        assert!(
-            outs[1].stderr.contains("is slow in the network pre-check")
-                && outs[1].stderr.contains("no worker started (exit 75"),
-            "{outs:?}"
-        );
-        for o in [&outs[0], &outs[2]] {
-            o.assert_code(0);
-            assert_eq!(named(o), [net.addr(1)], "{o:?}");
-            assert!(o.stderr.contains("left out of the next round"), "{o:?}");
-        }
-        assert_eq!(started(dir.path()), ["ran.2.0.0", "ran.2.0.1"], "{outs:?}");
-        assert_eq!(
-            std::fs::read_to_string(dir.join("bad-nodes")).unwrap(),
-            "host1\n"
-        );
+        assert_slow_host1_left_out(&outs, &net.addr(1), dir.path());
     });
 }
 

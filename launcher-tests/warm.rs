@@ -47,8 +47,10 @@ with open(path + ".tmp", "w") as f:
 os.rename(path + ".tmp", path)  # whole or absent, whenever rdrun stops this rank
 what, _, who = action.partition("@")
 me = who != "" and int(who) == rank
-if me and what in ("exit3", "raise", "sysexit-msg", "os_exit5"):
+if me and what in ("exit3", "raise", "sysexit-msg", "os_exit5") or (me and what == "kill" and attempt == 0):
     # Fail only once every rank has written its record: rdrun stops the others at the failure.
+    # (Warm workers of a burst all start at once: without this wait a rank killed at once could
+    # end the attempt before another rank wrote its record.)
     import time
     world = int(os.environ["WORLD_SIZE"])
     deadline = time.time() + 120

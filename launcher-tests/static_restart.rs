@@ -35,6 +35,15 @@ fn two_nodes(dir: &TempDir, py: &Path, max: u32, fail: &str) -> [Output; 2] {
                 &port.to_string(),
                 "--max-restarts",
                 &max.to_string(),
+                // Every failing rank exits 7 with no traceback: by issue 28.5's rule that is
+                // "the same failure" in a row, and a node whose own workers fail the same way
+                // twice would stop. These tests are about restarts (issue 24.1), so the stop
+                // verdict is off, as in `restart.rs`. (Without it, the three-restart case
+                // failed once in CI: node 1 closed the job after attempt 2. Its log was not
+                // kept; the likely cause is that its attempt 1 root cause came out as its
+                // other rank's gloo RuntimeError, the same as attempt 2's, when both exits
+                // were reaped together.)
+                "--max-same-failures=0",
             ])
             .arg(torch_script("ddp_restart.py"))
             .arg(dir.path())

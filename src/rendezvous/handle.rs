@@ -330,9 +330,13 @@ impl Rendezvous {
     }
 
     /// Closes the rendezvous because this node's workers failed and no restart is left: the
-    /// others say `the job failed on node N (addr)` rather than that the store vanished.
-    pub async fn close_failed(&mut self) -> Result<(), RendezvousError> {
-        let why = format!("failed on {}", self.me.as_deref().unwrap_or("another node"));
+    /// others say `the job failed on node N (addr)` rather than that the store vanished, followed
+    /// by the stop `verdict` when that is why (issue 28.5: they exit "do not requeue" too).
+    pub async fn close_failed(&mut self, verdict: Option<&str>) -> Result<(), RendezvousError> {
+        let mut why = format!("failed on {}", self.me.as_deref().unwrap_or("another node"));
+        if let Some(v) = verdict {
+            why = format!("{why}: {v}");
+        }
         self.close_with(Some(&why)).await
     }
 

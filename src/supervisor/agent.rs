@@ -344,11 +344,16 @@ impl Agent {
             self.clear_torch_dump_keys();
             let outcome = self.attempt(&mut logs, &asg).await;
             let outcome = self.attribute_failure(outcome).await;
+            // The stop verdict counts the run's root cause (agreed between nodes), the node's
+            // failure memory its own.
+            let entry = super::rootshare::Entry::of(&outcome);
+            let (outcome, run_root) = self.run_root(&asg, outcome, &entry).await;
             let repeats = restart::Repeats {
-                in_a_row: same.record(&outcome),
+                in_a_row: same.record_signature(run_root),
                 max_same_failures: self.config.resilience.max_same_failures,
             };
-            self.record_failure(&mut tally, &outcome, same.last()).await;
+            self.record_failure(&mut tally, &outcome, entry.sig.as_ref())
+                .await;
             let decision = restart::decide(
                 outcome.attempt_end(),
                 restart_count,
@@ -395,14 +400,13 @@ impl Agent {
                     };
                 }
                 Decision::GiveUp => {
-                    let end = self.give_up(outcome, restart_count).await;
+                    let end = self.give_up(outcome, restart_count, None).await;
                     break self.with_counts(end, &tally).await;
                 }
                 Decision::SameFailure => {
-                    let end = self.give_up(outcome, restart_count).await;
-                    break self
-                        .with_counts(end.with_verdict(same.verdict()), &tally)
-                        .await;
+                    let verdict = same.verdict();
+                    let end = self.give_up(outcome, restart_count, Some(&verdict)).await;
+                    break self.with_counts(end.with_verdict(verdict), &tally).await;
                 }
             }
         };
@@ -413,12 +417,18 @@ impl Agent {
         end
     }
 
-    /// The end of the run after an attempt that is not followed by another one.
-    async fn give_up(&mut self, outcome: Outcome, restart_count: u32) -> RunEnd {
+    /// The end of the run after an attempt that is not followed by another one (`verdict`: the
+    /// stop verdict's line, which the other nodes are told with the close).
+    async fn give_up(
+        &mut self,
+        outcome: Outcome,
+        restart_count: u32,
+        verdict: Option<&str>,
+    ) -> RunEnd {
         match outcome {
             Outcome::Succeeded => RunEnd::Succeeded,
             Outcome::Failed { failures, hang, .. } => {
-                self.close_rdzv_failed().await;
+                self.close_rdzv_failed(verdict).await;
                 let report = self.resolve(failures).await;
                 RunEnd::WorkersFailed(match hang {
                     Some(h) => report.with_hang(h.suspect.map(|r| r as usize), h.summary),

@@ -1,16 +1,18 @@
 //! The agent's side of the rendezvous (`agent.rs`'s `Agent`, methods kept apart by job): joining
 //! a round, charging a worker failure only once the peers are known alive, the exit barrier and
 //! closing, and a node leaving an elastic job after `--max-node-failures` (issue 28 item 4)
-//! with the failure counts it keeps and shares with the other nodes (`failshare.rs`).
+//! with the failure counts it keeps and shares with the other nodes (`failshare.rs`), and the
+//! run's root cause of each attempt agreed with them for the stop verdict (`rootshare.rs`).
 //! The rendezvous I/O itself is `rdzvlink.rs`'s and `netlink.rs`'s.
 
-use crate::rendezvous::keys::round::FailureKeys;
+use crate::rendezvous::keys::round::{FailureKeys, RootKeys};
 use crate::rendezvous::{Assignment, RoundReason};
 
 use super::super::attempt::Outcome;
 use super::super::end::RunEnd;
 use super::super::failshare::{self, FailShare, RunCounts};
 use super::super::rdzvlink;
+use super::super::rootshare;
 use super::super::verdict::{NodeFailures, Signature};
 use super::Agent;
 
@@ -82,11 +84,67 @@ impl Agent {
         }
     }
 
-    /// Closes the rendezvous after this node's failure (the others name this node); errors are
-    /// only logged.
-    pub(super) async fn close_rdzv_failed(&mut self) {
+    /// Closes the rendezvous after this node's failure (the others name this node, and say the
+    /// stop `verdict` when there is one: they end "do not requeue" too); errors are only logged.
+    pub(super) async fn close_rdzv_failed(&mut self, verdict: Option<&str>) {
         if let Some(rdzv) = self.rdzv.as_mut() {
-            rdzvlink::close_failed(rdzv).await;
+            rdzvlink::close_failed(rdzv, verdict).await;
+        }
+    }
+
+    /// The run's root cause of the attempt that just ended, for the stop verdict
+    /// (`rootshare.rs`): agreed with the other nodes of the round through the run's exchange,
+    /// else this node's own (`entry.sig`). A shutdown signal during the wait ends the attempt
+    /// as interrupted.
+    pub(super) async fn run_root(
+        &mut self,
+        asg: &Assignment,
+        outcome: Outcome,
+        entry: &rootshare::Entry,
+    ) -> (Outcome, Option<Signature>) {
+        let own = entry.sig.clone();
+        let part = rootshare::part(&outcome);
+        let nodes = asg.group_world_size;
+        if part == rootshare::Part::Alone || nodes < 2 || nodes > rootshare::MAX_NODES {
+            return (outcome, own);
+        }
+        let Some(rdzv) = self.rdzv.as_ref() else {
+            return (outcome, own);
+        };
+        let Some(ex) = rdzv.exchange() else {
+            return (outcome, own);
+        };
+        let keys = RootKeys::new(&rdzv.run_prefix, asg.round, asg.restart_count);
+        let bound = self.config.shutdown_timeout + rootshare::SLACK;
+        let shared = rootshare::exchange(&ex, &keys, (asg.group_rank, nodes), entry, part, bound);
+        match rdzvlink::until_shutdown(&mut self.signals, shared).await {
+            Ok(Ok(entries)) if part == rootshare::Part::Judge => {
+                let run = rootshare::pick(&entries);
+                if run != own && entry.failed {
+                    let show = |s: &Option<Signature>| {
+                        s.as_ref()
+                            .map_or_else(|| "none".to_string(), ToString::to_string)
+                    };
+                    tracing::info!(
+                        "this node's workers failed with {}; the run's root cause: {}",
+                        show(&own),
+                        show(&run)
+                    );
+                }
+                (outcome, run)
+            }
+            Ok(Ok(_)) => (outcome, own),
+            Ok(Err(why)) => {
+                tracing::warn!("judging the attempt's root cause on this node alone: {why}");
+                (outcome, own)
+            }
+            Err(signal) => {
+                let failures = match outcome {
+                    Outcome::Failed { failures, .. } => failures,
+                    _ => Vec::new(),
+                };
+                (Outcome::Interrupted { signal, failures }, own)
+            }
         }
     }
 

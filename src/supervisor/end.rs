@@ -103,6 +103,9 @@ impl RunEnd {
             RunEnd::Succeeded => Exit::Success,
             RunEnd::WorkersFailed(report) => report.exit(),
             RunEnd::Interrupted { signal, .. } => Exit::Signal(*signal),
+            RunEnd::RendezvousLost(why, _) if super::verdict::closed_by_verdict(why) => {
+                Exit::DoNotRequeue
+            }
             RunEnd::LauncherError(_) | RunEnd::RendezvousLost(..) => Exit::LauncherFailure,
             RunEnd::BadNode(_) => Exit::BadNode,
         }

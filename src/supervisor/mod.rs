@@ -23,6 +23,7 @@ pub mod proctree;
 mod rdzvlink;
 pub mod report;
 pub mod restart;
+mod rootshare;
 mod setup;
 pub mod signals;
 mod spawn;

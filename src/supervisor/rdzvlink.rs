@@ -150,8 +150,8 @@ async fn close_quiet(rdzv: &mut Rendezvous) {
 
 /// Closes the rendezvous after this node's failure (the others name this node); errors are
 /// only logged.
-pub(crate) async fn close_failed(rdzv: &mut Rendezvous) {
-    if let Err(err) = rdzv.close_failed().await {
+pub(crate) async fn close_failed(rdzv: &mut Rendezvous, verdict: Option<&str>) {
+    if let Err(err) = rdzv.close_failed(verdict).await {
         tracing::warn!("cannot close the rendezvous: {}", error_chain(&err));
     }
 }

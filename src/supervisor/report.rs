@@ -12,7 +12,9 @@
 //! that exited after rdrun had begun stopping the group ([`Failure::stop_sent_at`]) is a
 //! bystander, unless its error file was written a whole second before that stop (timestamps have
 //! whole-second resolution, so only an earlier second proves it). Among the workers that failed
-//! on their own, the order is (whole second, observation time, detection order), where the whole
+//! on their own, one whose error is a real one comes before one whose error only says that a
+//! peer went away (gloo's "Connection closed by peer", NCCL's remote errors: [`is_peer_error`]);
+//! then the order is (whole second, observation time, detection order), where the whole
 //! second is the error file's timestamp when there is one: a timestamp refines the order only
 //! when it names an earlier second than the observation. Only when every failure was caused by
 //! rdrun (a shutdown signal, a regroup) is the same order applied to all of them. torchrun orders
@@ -198,6 +200,18 @@ impl ResolvedReport {
     pub fn root_traceback(&self) -> Option<&[String]> {
         self.root
             .and_then(|i| self.resolved[i].traceback.as_deref())
+    }
+
+    /// Whether the root cause only reports that a peer went away ([`is_peer_error`]): every
+    /// failure of this report was such a consequence.
+    pub fn root_is_peer_error(&self) -> bool {
+        self.root
+            .is_some_and(|i| is_peer_error(&self.resolved[i].short))
+    }
+
+    /// When rdrun observed the root cause's exit.
+    pub fn root_observed_at(&self) -> Option<SystemTime> {
+        self.root.map(|i| self.failures[i].observed_at)
     }
 
     /// The status the root cause stands for ([`Self::status_of`]); `None` without failures.
@@ -465,26 +479,48 @@ fn signalled_after_failing(f: &Failure, r: &Resolved) -> bool {
 }
 
 /// The root cause (module doc): the workers that failed on their own first (all of them when
-/// none did), then by (whole second, observation time, detection order); the whole second is the
-/// error file's timestamp where one was read, but never later than the observation's.
+/// none did); among those, one whose error is not a peer's loss ([`is_peer_error`]) before one
+/// that only reports that a peer went away; then by (whole second, observation time, detection
+/// order); the whole second is the error file's timestamp where one was read, but never later
+/// than the observation's. The peer-error rule matters when several exits are reaped together
+/// (one batch, one observation time): the rank that raised is the cause, not the ranks whose
+/// collective broke because it died.
 fn root_of(failures: &[Failure], resolved: &[Resolved]) -> Option<usize> {
-    let own: Vec<bool> = failures
-        .iter()
-        .zip(resolved)
-        .map(|(f, r)| failed_on_its_own(f, r))
-        .collect();
-    let any_own = own.iter().any(|&o| o);
     failures
         .iter()
         .zip(resolved)
         .enumerate()
-        .filter(|(i, _)| own[*i] || !any_own)
         .min_by_key(|(i, (f, r))| {
             let seen = epoch_secs(f.observed_at);
             let second = r.written_at.map_or(seen, |ts| ts.min(seen));
-            (second, f.observed_at, *i)
+            (
+                !failed_on_its_own(f, r),
+                is_peer_error(&r.short),
+                second,
+                f.observed_at,
+                *i,
+            )
         })
         .map(|(i, _)| i)
+}
+
+/// What a collective library says when a peer process or node went away (gloo, NCCL, torch's
+/// distributed errors), lower case: such a failure is usually another rank's consequence.
+const PEER_ERRORS: &[&str] = &[
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "distbackenderror",
+    "distnetworkerror",
+    "ncclremoteerror",
+    "remote process exited",
+    "communicator was aborted",
+];
+
+/// Whether a failure's one-line summary is a collective's report that a peer went away.
+pub(super) fn is_peer_error(short: &str) -> bool {
+    let lower = short.to_ascii_lowercase();
+    PEER_ERRORS.iter().any(|p| lower.contains(p))
 }
 
 /// `YYYY-MM-DD_HH:MM:SS` in local time, as Python's `datetime.fromtimestamp(t).isoformat("_")`.

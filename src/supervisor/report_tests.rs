@@ -402,6 +402,41 @@ fn root_cause_choice() {
     assert_eq!(root_cause(&[a, b]), Some(1));
 }
 
+/// Issue 28: two ranks reaped in one batch (one observation time): rank 0's gloo error only
+/// says that its peer went away; rank 1 raised. Rank 1 is the cause, though rank 0 is first in
+/// detection order; when every failure is a peer's loss, the usual order applies.
+#[test]
+fn a_peer_error_is_not_the_root_cause_when_a_real_one_is_there() {
+    let tb = |last: &str| {
+        Some(vec![
+            "Traceback (most recent call last):".to_string(),
+            "  File \"/w/train.py\", line 9, in <module>".to_string(),
+            last.to_string(),
+        ])
+    };
+    let mut gloo = failure(0, 1, WorkerStatus::Exited(1), T);
+    gloo.traceback = tb("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500");
+    let mut real = failure(1, 2, WorkerStatus::Exited(1), T);
+    real.traceback = tb("ValueError: bad batch");
+    let r = report("x", vec![gloo.clone(), real]);
+    assert_eq!(r.root_cause(), Some(1));
+    assert!(!r.root_is_peer_error());
+    let mut nccl = failure(1, 2, WorkerStatus::Exited(1), T);
+    nccl.traceback = tb("torch.distributed.DistBackendError: NCCL error: remote process exited or there was a network error");
+    let r = report("x", vec![gloo, nccl]);
+    assert_eq!(r.root_cause(), Some(0));
+    assert!(r.root_is_peer_error());
+    for (text, peer) in [
+        ("RuntimeError: Connection reset by peer", true),
+        ("BrokenPipeError: [Errno 32] Broken pipe", true),
+        ("torch.distributed.DistNetworkError: failed to recv", true),
+        ("ValueError: bad value", false),
+        ("RuntimeError: CUDA out of memory", false),
+    ] {
+        assert_eq!(super::is_peer_error(text), peer, "{text}");
+    }
+}
+
 /// Issue 11: rank 1 dies on its own; rank 0, stopped by rdrun, writes its error file on
 /// SIGTERM within the same second. The bystander's whole-second timestamp must not win.
 #[test]

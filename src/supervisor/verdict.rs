@@ -8,13 +8,16 @@
 //! differs between two runs of the same bug). An attempt that did not end with a plain worker
 //! failure (success, a regroup, a peer loss, a hang, a signal to rdrun, a launcher error) has no
 //! signature and resets the count: only failures that follow each other directly are "in a row".
+//! On a multi-node run the signature counted is the run's root cause, agreed between the nodes
+//! (`rootshare.rs`), not what one node's workers saw: a node whose workers only lost their peer
+//! counts the failure that killed the peer.
 
 use std::fmt;
 
 use crate::exit::WorkerStatus;
 
 use super::outcome::Outcome;
-use super::report::{signal_name, FailureReport, ResolvedReport};
+use super::report::{signal_name, ResolvedReport};
 
 /// What identifies a root cause across attempts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,9 +55,26 @@ impl fmt::Display for Signature {
 /// no frame or no exception line. For a chained exception the last traceback is the one that
 /// ended the process, so the last frame line and the last exception line are taken.
 pub fn parse_traceback(lines: &[String]) -> Option<(String, String, u32)> {
-    let frame = lines.iter().rev().find_map(|l| frame_of(l))?;
-    let kind = lines.iter().rev().find_map(|l| exception_of(l))?;
+    let frame = lines.iter().rev().find_map(|l| frame_of(unprefixed(l)))?;
+    let kind = lines
+        .iter()
+        .rev()
+        .find_map(|l| exception_of(unprefixed(l)))?;
     Some((kind, frame.0, frame.1))
+}
+
+/// A line without the `[rank3]: ` that torch.distributed's exception hook puts before every
+/// line of a traceback once a process group is up (without this, every DDP exception would
+/// read as just `exit code 1`).
+fn unprefixed(line: &str) -> &str {
+    let Some(rest) = line.strip_prefix("[rank") else {
+        return line;
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    match rest[digits..].strip_prefix("]: ") {
+        Some(after) if digits > 0 => after,
+        _ => line,
+    }
 }
 
 /// `  File "x.py", line 88, in f` → (`x.py`, 88).
@@ -91,25 +111,6 @@ pub fn of_report(report: &ResolvedReport) -> Option<Signature> {
         Some((kind, file, line)) => Signature::Exception { kind, file, line },
         None => Signature::Status(status),
     })
-}
-
-/// The signature of a plain worker failure (`None` for any other end, see the module doc).
-fn signature(outcome: &Outcome) -> Option<Signature> {
-    match outcome {
-        Outcome::Failed {
-            failures,
-            peer_loss: None,
-            hang: None,
-        } => of_report(
-            &FailureReport {
-                name: String::new(),
-                host: String::new(),
-                failures: failures.clone(),
-            }
-            .resolve(),
-        ),
-        _ => None,
-    }
 }
 
 /// This node's worker failures in this run, by root cause (issue 28 item 4, `--max-node-failures`):
@@ -190,13 +191,6 @@ impl SameFailure {
         self.in_a_row
     }
 
-    /// [`Self::record_signature`] of how an attempt ended. A plain worker failure's error files
-    /// are read here to find its root cause (they are read again for the final report: the
-    /// root cause cannot change in between, the files belong to a finished attempt).
-    pub(super) fn record(&mut self, outcome: &Outcome) -> u32 {
-        self.record_signature(signature(outcome))
-    }
-
     /// The signature of the last attempt recorded, if it was a plain worker failure.
     pub fn last(&self) -> Option<&Signature> {
         self.last.as_ref()
@@ -210,10 +204,19 @@ impl SameFailure {
             .as_ref()
             .map_or_else(|| "unknown".to_string(), ToString::to_string);
         format!(
-            "the same failure {} attempts in a row: {what}; not restarting",
+            "the same failure {} attempts in a row: {what}{NOT_RESTARTING}",
             self.in_a_row
         )
     }
+}
+
+/// How a verdict line ends ([`SameFailure::verdict`]).
+const NOT_RESTARTING: &str = "; not restarting";
+
+/// Whether another node closed the job with a stop verdict: its close reason (`the job failed
+/// on <node>: <verdict>`) ends with the verdict line. Then this node exits "do not requeue" too.
+pub fn closed_by_verdict(why: &str) -> bool {
+    why.contains(" attempts in a row: ") && why.contains(NOT_RESTARTING)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Unit tests of `verdict.rs`: traceback parsing, signatures and the count in a row.
 
 use super::*;
+use crate::supervisor::report::FailureReport;
 
 fn lines(text: &str) -> Vec<String> {
     text.lines().map(String::from).collect()
@@ -19,6 +20,19 @@ fn innermost_frame_and_type() {
         parse_traceback(&lines(SIMPLE)),
         Some(("ValueError".into(), "/home/u/train.py".into(), 88))
     );
+}
+
+/// torch.distributed's exception hook prefixes every line with `[rankN]: ` once a process group
+/// is up: the signature is the same as without it (before, every DDP exception read as `exit
+/// code 1`, and two different ones were "the same failure").
+#[test]
+fn a_rank_prefixed_traceback_parses_as_the_plain_one() {
+    let prefixed: Vec<String> = SIMPLE.lines().map(|l| format!("[rank12]: {l}")).collect();
+    assert_eq!(parse_traceback(&prefixed), parse_traceback(&lines(SIMPLE)));
+    // Not torch's prefix: left as is.
+    assert_eq!(unprefixed("[rank]: x"), "[rank]: x");
+    assert_eq!(unprefixed("[rank3] x"), "[rank3] x");
+    assert_eq!(unprefixed("[rank3]: ValueError: v"), "ValueError: v");
 }
 
 #[test]
@@ -221,4 +235,21 @@ fn node_failures_count_own_failures_by_cause_only() {
     assert_eq!(j["count"], 3);
     assert_eq!(j["causes"][1]["cause"], "exit code 3");
     assert_eq!(j["causes"][1]["count"], 2);
+}
+
+/// Another node's close reason carries its verdict: this node then exits "do not requeue" too;
+/// a plain failure elsewhere does not.
+#[test]
+fn a_close_with_a_verdict_is_recognised() {
+    let mut s = SameFailure::default();
+    s.record_signature(exc("ValueError", 88));
+    s.record_signature(exc("ValueError", 88));
+    let why = format!(
+        "the job failed on host1: {}; its agent closed the rendezvous",
+        s.verdict()
+    );
+    assert!(closed_by_verdict(&why), "{why}");
+    assert!(!closed_by_verdict(
+        "the job failed on host1; its agent closed the rendezvous"
+    ));
 }

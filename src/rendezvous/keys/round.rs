@@ -93,6 +93,28 @@ impl FailureKeys {
     }
 }
 
+/// Each node's root cause of one attempt (issue 28 item 5, `supervisor/rootshare.rs`), so that
+/// every node judges "the same failure" on the run's root cause, not on its own workers' (which
+/// may only have seen a peer go away): under the run's prefix, one directory per attempt.
+#[derive(Debug, Clone)]
+pub(crate) struct RootKeys {
+    prefix: String,
+}
+
+impl RootKeys {
+    /// The keys of the attempt that ran in `round` with `restart_count` (both: a static job's
+    /// rounds and a c10d regroup's each name an attempt only together with the other).
+    pub(crate) fn new(run_prefix: &str, round: u64, restart_count: u32) -> Self {
+        RootKeys {
+            prefix: format!("{run_prefix}/rdrun_root/{round}.{restart_count}"),
+        }
+    }
+    /// What the node of group rank `n` saw end the attempt (JSON, `rootshare::Entry`).
+    pub(crate) fn node(&self, n: usize) -> String {
+        format!("{}/{n}", self.prefix)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

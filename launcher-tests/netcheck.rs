@@ -360,7 +360,9 @@ fn netns_every_nodes_report_lists_the_runs_failure_counts() {
         outs[1].assert_code(93);
         outs[0].assert_code(93);
         assert!(
-            outs[0].stderr.contains("the same failure 2 attempts in a row: exit code 3"),
+            outs[0]
+                .stderr
+                .contains("the same failure 2 attempts in a row: exit code 3"),
             "{outs:?}"
         );
         let read = |i: usize| -> serde_json::Value {

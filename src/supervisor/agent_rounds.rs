@@ -105,7 +105,7 @@ impl Agent {
         let own = entry.sig.clone();
         let part = rootshare::part(&outcome);
         let nodes = asg.group_world_size;
-        if part == rootshare::Part::Alone || nodes < 2 || nodes > rootshare::MAX_NODES {
+        if part == rootshare::Part::Alone || !(2..=rootshare::MAX_NODES).contains(&nodes) {
             return (outcome, own);
         }
         let Some(rdzv) = self.rdzv.as_ref() else {

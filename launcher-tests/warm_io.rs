@@ -1,5 +1,5 @@
 //! Warm workers (issue 27, docs/warm-start.md) at the edges of their process: output bursts from
-//! forked workers reach the console whole (the checks of `output::ranks_never_interleave` with
+//! forked workers reach the console whole (the checks of `output::cli::ranks_never_interleave` with
 //! Python workers forked from the template), a prompt (`input()`) on the one rank that reads a
 //! terminal through `--stdin 0` while the other rank reads `/dev/null` as a cold one would, and
 //! `torch.multiprocessing` spawn (fresh interpreters started from inside a forked worker), and

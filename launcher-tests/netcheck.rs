@@ -244,64 +244,34 @@ fn netns_a_node_that_failed_twice_leaves_and_is_remembered() {
         let Some(net) = Netns::create(3) else { return };
         let dir = TempDir::new("netcheck_failures");
         let report = dir.join("report.json");
-        // Host 2 fails at once; the others hold while three nodes run, and succeed on two.
-        let script = r#"if [ -n "$BAD" ]; then exit 3; fi
-            if [ "$GROUP_WORLD_SIZE" = 3 ]; then exec sleep 60; fi
-            exit 0"#;
-        let runs: Vec<_> = (0..3)
-            .map(|i| {
-                let mut extra = vec!["--max-restarts", "5", "--max-node-failures", "2"];
-                if i == 2 {
-                    extra.extend(["--report-json", report.to_str().unwrap()]);
-                }
-                let a = elastic(&net, i, &dir, &extra, script);
-                match i {
-                    2 => a.env("BAD", "1"),
-                    _ => a,
-                }
-                .spawn()
-            })
-            .collect();
-        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
-        outs[2].assert_code(75);
+        let (outs, json) = failing_host2_leaves(&dir, &report, |i, extra, script| {
+            elastic(&net, i, &dir, extra, script)
+        });
         assert!(
             outs[2].stderr.contains("node host2 left the job: its workers failed 2 (exit code 3 ×2) (--max-node-failures 2)"),
             "{outs:?}"
         );
         assert!(!outs[2].stderr.contains("no worker started"), "{outs:?}");
-        outs[0].assert_code(0);
-        outs[1].assert_code(0);
         let ran = started(dir.path());
         // Attempts 0 and 1 on three hosts, then attempt 2 (charged: host 2's failure) on two.
         assert!(
             ran.contains(&"ran.3.0.2".to_string()) && ran.contains(&"ran.3.1.2".to_string()),
             "{ran:?}"
         );
-        assert!(
-            ran.contains(&"ran.2.2.0".to_string()) && ran.contains(&"ran.2.2.1".to_string()),
-            "{ran:?} {outs:?}"
-        );
-        assert!(!ran.iter().any(|r| r.starts_with("ran.3.2.")), "{ran:?}");
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
         assert_eq!(json["exit_code"], 75, "{json}");
         assert_eq!(json["bad_node"]["node"], "host2", "{json}");
-        assert_eq!(json["node_failures"]["count"], 2, "{json}");
         assert_eq!(
             json["node_failures"]["causes"][0]["cause"], "exit code 3",
             "{json}"
         );
         assert_eq!(json["node_failures"]["causes"][0]["count"], 2, "{json}");
         // The run's counts (read back from the store): only host 2 failed.
-        assert_eq!(json["node_failures"]["complete"], true, "{json}");
-        assert_eq!(json["node_failures"]["nodes"][0]["node"], "host2", "{json}");
         assert_eq!(
             json["node_failures"]["nodes"].as_array().unwrap().len(),
             1,
             "{json}"
         );
         let bad_file = dir.join("bad-nodes");
-        assert_eq!(std::fs::read_to_string(&bad_file).unwrap(), "host2\n");
         // Job 2 reads the memory back: host 2 stays out at once, the others run.
         let dir2 = TempDir::new("netcheck_failures_2");
         let runs: Vec<_> = (0..3)
@@ -322,6 +292,64 @@ fn netns_a_node_that_failed_twice_leaves_and_is_remembered() {
         outs[1].assert_code(0);
         assert_eq!(started(dir2.path()), ["ran.2.0.0", "ran.2.0.1"], "{outs:?}");
     });
+}
+
+/// `--max-node-failures 2` on three elastic hosts (`agent(i, extra, script)` makes host `i`'s
+/// agent): host 2's workers fail in every attempt, the others hold while three nodes run and
+/// succeed on two. Checks what every backend must show — host 2 leaves with exit 75 after its
+/// second failure while restarts were left, naming its count; the other two finish in the next
+/// round without it; its `report` (`--report-json`) has its count and the run's, host 2 alone;
+/// `bad-nodes` in `dir` names it — and returns the outputs and the report.
+pub(crate) fn failing_host2_leaves(
+    dir: &TempDir,
+    report: &Path,
+    agent: impl Fn(usize, &[&str], &str) -> Rdrun,
+) -> (Vec<Output>, serde_json::Value) {
+    let script = r#"if [ -n "$BAD" ]; then exit 3; fi
+            if [ "$GROUP_WORLD_SIZE" = 3 ]; then exec sleep 60; fi
+            exit 0"#;
+    let runs: Vec<_> = (0..3)
+        .map(|i| {
+            let mut extra = vec!["--max-restarts", "5", "--max-node-failures", "2"];
+            if i == 2 {
+                extra.extend(["--report-json", report.to_str().unwrap()]);
+            }
+            let a = agent(i, &extra, script);
+            match i {
+                2 => a.env("BAD", "1"),
+                _ => a,
+            }
+            .spawn()
+        })
+        .collect();
+    let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+    outs[2].assert_code(75);
+    assert!(
+        outs[2]
+            .stderr
+            .contains("node host2 left the job: its workers failed 2 (exit code 3 ×2)"),
+        "{outs:?}"
+    );
+    outs[0].assert_code(0);
+    outs[1].assert_code(0);
+    let ran = started(dir.path());
+    assert!(
+        ran.contains(&"ran.2.2.0".to_string()) && ran.contains(&"ran.2.2.1".to_string()),
+        "{ran:?} {outs:?}"
+    );
+    assert!(!ran.iter().any(|r| r.starts_with("ran.3.2.")), "{ran:?}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    let f = &json["node_failures"];
+    assert_eq!(f["count"], 2, "{json}");
+    assert_eq!(f["complete"], true, "{json}");
+    assert_eq!(f["nodes"][0]["node"], "host2", "{json}");
+    assert_eq!(f["nodes"][0]["count"], 2, "{json}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("bad-nodes")).unwrap(),
+        "host2\n"
+    );
+    (outs, json)
 }
 
 /// The failure counts are the whole run's in every node's report (shared through the run's
@@ -373,6 +401,13 @@ fn netns_every_nodes_report_lists_the_runs_failure_counts() {
         };
         let a = read(0);
         assert_eq!(a["root_cause_kind"], "rendezvous", "{a}");
+        assert_eq!(a["exit_code"], 93, "{a}");
+        assert!(
+            a["verdict"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("the same failure 2 attempts in a row")),
+            "{a}"
+        );
         assert!(a["message"].as_str().unwrap().contains("node 1"), "{a}");
         let f = &a["node_failures"];
         assert_eq!(

@@ -9,7 +9,9 @@
 use std::time::Duration;
 
 use crate::etcd::Testbed;
-use crate::netcheck::{assert_slow_host1_left_out, named, started, SLOW_RATE, WORKER};
+use crate::netcheck::{
+    assert_slow_host1_left_out, failing_host2_leaves, named, started, SLOW_RATE, WORKER,
+};
 use crate::netns::bounded;
 use crate::util::{Output, Rdrun, TempDir};
 
@@ -154,49 +156,8 @@ fn etcd_a_node_that_failed_twice_leaves() {
         }
         let dir = TempDir::new("netcheck_etcd_failures");
         let report = dir.join("report.json");
-        let script = r#"if [ -n "$BAD" ]; then exit 3; fi
-            if [ "$GROUP_WORLD_SIZE" = 3 ]; then exec sleep 60; fi
-            exit 0"#;
-        let runs: Vec<_> = (0..3)
-            .map(|i| {
-                let mut extra = vec!["--max-restarts", "5", "--max-node-failures", "2"];
-                if i == 2 {
-                    extra.extend(["--report-json", report.to_str().unwrap()]);
-                }
-                let a = agent_running(&tb, i, &dir, "etcdfail", "2:3", &extra, script);
-                match i {
-                    2 => a.env("BAD", "1"),
-                    _ => a,
-                }
-                .spawn()
-            })
-            .collect();
-        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
-        outs[2].assert_code(75);
-        assert!(
-            outs[2]
-                .stderr
-                .contains("node host2 left the job: its workers failed 2 (exit code 3 ×2)"),
-            "{outs:?}"
-        );
-        outs[0].assert_code(0);
-        outs[1].assert_code(0);
-        let ran = started(dir.path());
-        assert!(
-            ran.contains(&"ran.2.2.0".to_string()) && ran.contains(&"ran.2.2.1".to_string()),
-            "{ran:?} {outs:?}"
-        );
-        assert!(!ran.iter().any(|r| r.starts_with("ran.3.2.")), "{ran:?}");
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-        let f = &json["node_failures"];
-        assert_eq!(f["count"], 2, "{json}");
-        assert_eq!(f["complete"], true, "{json}");
-        assert_eq!(f["nodes"][0]["node"], "host2", "{json}");
-        assert_eq!(f["nodes"][0]["count"], 2, "{json}");
-        assert_eq!(
-            std::fs::read_to_string(dir.join("bad-nodes")).unwrap(),
-            "host2\n"
-        );
+        failing_host2_leaves(&dir, &report, |i, extra, script| {
+            agent_running(&tb, i, &dir, "etcdfail", "2:3", extra, script)
+        });
     });
 }

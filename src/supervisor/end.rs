@@ -103,7 +103,7 @@ impl RunEnd {
             RunEnd::Succeeded => Exit::Success,
             RunEnd::WorkersFailed(report) => report.exit(),
             RunEnd::Interrupted { signal, .. } => Exit::Signal(*signal),
-            RunEnd::RendezvousLost(why, _) if super::verdict::closed_by_verdict(why) => {
+            RunEnd::RendezvousLost(why, _) if super::verdict::verdict_in(why).is_some() => {
                 Exit::DoNotRequeue
             }
             RunEnd::LauncherError(_) | RunEnd::RendezvousLost(..) => Exit::LauncherFailure,
@@ -198,16 +198,22 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 
 /// `--report-json` of a node whose run ended because the rendezvous was closed elsewhere or
 /// lost (schema `rdrun.failure-report/1`, `root_cause_kind` `"rendezvous"`, no failures of its
-/// own): `message` says why, `node_failures` which node failed how often (issue 28).
-fn lost_json(msg: &str, node_failures: Option<&serde_json::Value>) -> serde_json::Value {
+/// own): `message` says why, `node_failures` which node failed how often (issue 28); when the
+/// other node stopped with the stop verdict, `verdict` is its line and `exit_code` 93, as this
+/// node's own status.
+fn lost_json(
+    end: &RunEnd,
+    msg: &str,
+    node_failures: Option<&serde_json::Value>,
+) -> serde_json::Value {
     serde_json::json!({
         "schema": "rdrun.failure-report/1",
-        "exit_code": Exit::LauncherFailure.code(),
+        "exit_code": end.exit().code(),
         "root_cause": null,
         "root_cause_kind": "rendezvous",
         "message": msg,
         "hang": null,
-        "verdict": null,
+        "verdict": super::verdict::verdict_in(msg),
         "node_failures": node_failures,
         "failures": [],
     })
@@ -222,7 +228,7 @@ pub fn write_end_json(end: &RunEnd, json: Option<&Path>) {
     };
     let doc = match end {
         RunEnd::BadNode(bad) => bad.to_json(),
-        RunEnd::RendezvousLost(msg, counts) => lost_json(msg, counts.as_ref()),
+        RunEnd::RendezvousLost(msg, counts) => lost_json(end, msg, counts.as_ref()),
         _ => return,
     };
     let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
@@ -365,5 +371,25 @@ mod tests {
         for (end, want) in table {
             assert_eq!(end.exit().code(), want, "{end:?}");
         }
+    }
+
+    /// A node told by another's close that the stop verdict ended the job: exit 93, and its
+    /// `--report-json` says the same (exit code and verdict line); a plain failure elsewhere: 1.
+    #[test]
+    fn a_job_closed_with_a_verdict_elsewhere_exits_do_not_requeue() {
+        use crate::exit::{DO_NOT_REQUEUE, LAUNCHER_FAILURE};
+        let line = "the same failure 2 attempts in a row: exit code 3; not restarting";
+        let why = format!("the job failed on node 1 (h1): {line}; its agent closed the rendezvous");
+        let end = RunEnd::RendezvousLost(why.clone(), None);
+        assert_eq!(end.exit().code(), DO_NOT_REQUEUE);
+        let v = lost_json(&end, &why, None);
+        assert_eq!(v["exit_code"], DO_NOT_REQUEUE);
+        assert_eq!(v["verdict"], line);
+        let plain = "the job failed on node 1 (h1); its agent closed the rendezvous";
+        let end = RunEnd::RendezvousLost(plain.into(), None);
+        assert_eq!(end.exit().code(), LAUNCHER_FAILURE);
+        let v = lost_json(&end, plain, None);
+        assert_eq!(v["exit_code"], LAUNCHER_FAILURE);
+        assert!(v["verdict"].is_null(), "{v}");
     }
 }

@@ -190,18 +190,32 @@ pub(super) async fn exchange(
         Ok(done) => done,
         Err(e) => return Err(format!("cannot read through {}: {e}", ex.describe())),
     };
-    let mut out = Vec::with_capacity(nodes);
-    let mut missing = Vec::new();
-    for (n, key) in all.iter().enumerate() {
-        let read = tokio::time::timeout(super::failshare::BOUND, ex.get(key)).await;
-        match read {
-            Ok(Ok(Some(bytes))) => match Entry::from_json(&bytes) {
-                Some(e) => out.push((n, e)),
-                None => missing.push(n),
-            },
-            Ok(Ok(None)) => missing.push(n),
+    let read = async {
+        if complete {
+            // Every key is set: one request for all.
+            return ex
+                .multi_get(&all)
+                .await
+                .map(|v| v.into_iter().map(Some).collect());
+        }
+        let mut some = Vec::with_capacity(nodes);
+        for key in &all {
+            some.push(ex.get(key).await?);
+        }
+        Ok(some)
+    };
+    let values: Vec<Option<Vec<u8>>> =
+        match tokio::time::timeout(super::failshare::BOUND, read).await {
+            Ok(Ok(v)) => v,
             Ok(Err(e)) => return Err(format!("cannot read through {}: {e}", ex.describe())),
             Err(_) => return Err(format!("{} did not answer", ex.describe())),
+        };
+    let mut out = Vec::with_capacity(nodes);
+    let mut missing = Vec::new();
+    for (n, value) in values.into_iter().enumerate() {
+        match value.as_deref().and_then(Entry::from_json) {
+            Some(e) => out.push((n, e)),
+            None => missing.push(n),
         }
     }
     if !complete || !missing.is_empty() {

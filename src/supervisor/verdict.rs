@@ -204,19 +204,24 @@ impl SameFailure {
             .as_ref()
             .map_or_else(|| "unknown".to_string(), ToString::to_string);
         format!(
-            "the same failure {} attempts in a row: {what}{NOT_RESTARTING}",
+            "{VERDICT_HEAD}{} attempts in a row: {what}{NOT_RESTARTING}",
             self.in_a_row
         )
     }
 }
 
-/// How a verdict line ends ([`SameFailure::verdict`]).
+/// How a verdict line begins and ends ([`SameFailure::verdict`]).
+const VERDICT_HEAD: &str = "the same failure ";
 const NOT_RESTARTING: &str = "; not restarting";
 
-/// Whether another node closed the job with a stop verdict: its close reason (`the job failed
-/// on <node>: <verdict>`) ends with the verdict line. Then this node exits "do not requeue" too.
-pub fn closed_by_verdict(why: &str) -> bool {
-    why.contains(" attempts in a row: ") && why.contains(NOT_RESTARTING)
+/// The stop verdict another node closed the job with: its close reason (`the job failed on
+/// <node>: <verdict>; its agent closed the rendezvous`) holds the verdict line. Then this node
+/// exits "do not requeue" too, and its report's `verdict` is that line.
+pub fn verdict_in(why: &str) -> Option<&str> {
+    let start = why.find(VERDICT_HEAD)?;
+    let len = why[start..].find(NOT_RESTARTING)? + NOT_RESTARTING.len();
+    let line = &why[start..start + len];
+    line.contains(" attempts in a row: ").then_some(line)
 }
 
 #[cfg(test)]

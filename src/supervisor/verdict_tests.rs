@@ -248,8 +248,9 @@ fn a_close_with_a_verdict_is_recognised() {
         "the job failed on host1: {}; its agent closed the rendezvous",
         s.verdict()
     );
-    assert!(closed_by_verdict(&why), "{why}");
-    assert!(!closed_by_verdict(
-        "the job failed on host1; its agent closed the rendezvous"
-    ));
+    assert_eq!(verdict_in(&why), Some(s.verdict().as_str()), "{why}");
+    assert_eq!(
+        verdict_in("the job failed on host1; its agent closed the rendezvous"),
+        None
+    );
 }

@@ -12,6 +12,9 @@ time is not in it). Whether the console slows the workers: each worker times its
 time also holds the last lines' wait in the window (a flush at a worker's end waits for them).
 
 Usage: scripts/bench-console.py [--rdrun PATH]... [--runs 5] [--ranks 8,64] [--lines 100000]
+       [--rate N]
+(--rate N: each rank prints N lines a second, one write per line, as training logs do; without
+it they print as fast as they can, block-buffered.)
 (without --rdrun: target/release/rdrun, built by `cargo build --release --bin rdrun`). With
 several --rdrun binaries (a build before a change and after it) the runs are interleaved: each
 round runs every binary with both outputs before the next round, so a machine whose load
@@ -27,14 +30,20 @@ import tempfile
 import time
 
 WORKER = r"""
-use Time::HiRes qw(time);
-my ($lines, $mode, $dir) = @ARGV;
+use Time::HiRes qw(time sleep);
+my ($lines, $mode, $dir, $rate) = @ARGV;
 my $r = $ENV{RANK};
 my $t0 = time;
-$| = 0;
+# Flood: block-buffered. Paced (a rate): one write per line, as `print(..., flush=True)` or a
+# logging handler does, sleeping whenever ahead of the rate.
+$| = $rate > 0 ? 1 : 0;
 for my $i (1 .. $lines) {
     if ($mode eq 'same') { print "step $i loss 0.5\n"; }
     else { print "rank $r step $i loss 0.5\n"; }
+    if ($rate > 0) {
+        my $ahead = $t0 + $i / $rate - time;
+        sleep($ahead) if $ahead > 0.002;
+    }
 }
 close STDOUT;
 open(my $f, '>', "$dir/t.$r") or die;
@@ -56,7 +65,7 @@ def own_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def run_once(rdrun, ranks, lines, mode, output, worker, tdir):
+def run_once(rdrun, ranks, lines, mode, output, worker, tdir, rate=0):
     cmd = [
         rdrun,
         "--standalone",
@@ -68,6 +77,7 @@ def run_once(rdrun, ranks, lines, mode, output, worker, tdir):
         str(lines),
         mode,
         tdir,
+        str(rate),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.monotonic()
@@ -92,6 +102,18 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--ranks", default="8,64")
     ap.add_argument("--lines", type=int, default=100000)
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also build and run scripts/collapse-floor.rs (rustc) and set its per-line cost"
+        " beside --output all's",
+    )
+    ap.add_argument(
+        "--rate",
+        type=int,
+        default=0,
+        help="lines per second per rank, one write each (0: as fast as they can)",
+    )
     a = ap.parse_args()
     binaries = a.rdrun or ["target/release/rdrun"]
     outputs = ["all", "collapse"]
@@ -100,14 +122,16 @@ def main():
         with open(worker, "w") as f:
             f.write(WORKER)
         print(f"load average before: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs")
-        print("medians of", a.runs, "runs, interleaved")
+        print("medians of", a.runs, "runs, interleaved;", f"{a.rate} lines/s per rank" if a.rate else "flood")
         print(
             "| binary | ranks | lines/rank | lines | output | rdrun CPU | CPU vs all"
             " | slowest worker's write time | run wall |"
         )
         print("|---|---:|---:|---|---|---:|---:|---:|---:|")
+        floors = []
         for ranks in [int(x) for x in a.ranks.split(",")]:
-            lines = a.lines if ranks <= 8 else max(1, a.lines * 8 // ranks)
+            # A flood keeps the lines per case fixed; a paced run keeps each rank's rate.
+            lines = a.lines if ranks <= 8 or a.rate else max(1, a.lines * 8 // ranks)
             for mode in ["same", "differ"]:
                 got = {(b, o): [] for b in binaries for o in outputs}
                 # Rounds: every binary and output once per round, so that a change of the
@@ -115,7 +139,10 @@ def main():
                 for _ in range(a.runs):
                     for b in binaries:
                         for o in outputs:
-                            got[(b, o)].append(run_once(b, ranks, lines, mode, o, worker, d))
+                            got[(b, o)].append(run_once(b, ranks, lines, mode, o, worker, d, a.rate))
+                if a.floor:
+                    all_cpu = statistics.median(r[0] for r in got[(binaries[0], "all")])
+                    floors.append((ranks, lines, mode, all_cpu / (ranks * lines) * 1e9))
                 for b in binaries:
                     base = None
                     for o in outputs:
@@ -131,7 +158,50 @@ def main():
                             f" | {cpu:.2f} s | {ratio} | {work:.2f} s | {wall:.2f} s |",
                             flush=True,
                         )
+        if floors:
+            floor_table(floors, d)
         print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+# Bytes the collapse stage holds at most (`PENDING_CAP` in src/supervisor/output/collapse.rs).
+PENDING_CAP = 2 << 20
+
+
+def floor_table(floors, d):
+    """What hashing each line, and one access to an index slot, cost per line (the floor of any
+    stage that finds copies by text), beside `all`'s own rdrun CPU per line from this run."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "collapse-floor.rs")
+    exe = os.path.join(d, "collapse-floor")
+    subprocess.run(["rustc", "--edition", "2021", "-O", "-o", exe, src], check=True)
+    print()
+    print(f"floor (scripts/collapse-floor.rs; `all` per line: {binaries_note()})")
+    print(
+        "| ranks | lines | all: rdrun CPU per line | hash | vs all"
+        " | hash + index slot, pending at the cap | vs all"
+        " | hash + index slot, 2048 pending | vs all |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for ranks, lines, mode, all_ns in floors:
+        line_len = len("rank 0 step 100000 loss 0.5\n" if mode == "differ" else "step 100000 loss 0.5\n")
+        got = []
+        for pending in [PENDING_CAP // line_len, 2048]:
+            out = subprocess.run(
+                [exe, str(lines), str(ranks), mode, str(pending)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.split()
+            # "hash X ns/line, hash+index Y ns/line (...)"
+            got.append((float(out[1]), float(out[4])))
+        h = min(g[0] for g in got)
+        cells = [f"{h:.1f} ns", f"{h / all_ns * 100:.0f} %"]
+        for _, hi in got:
+            cells += [f"{hi:.1f} ns", f"{hi / all_ns * 100:.0f} %"]
+        print(f"| {ranks} | {mode} | {all_ns:.0f} ns | " + " | ".join(cells) + " |", flush=True)
+
+
+def binaries_note():
+    return "the first --rdrun binary's median"
 
 
 if __name__ == "__main__":

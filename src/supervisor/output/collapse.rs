@@ -7,7 +7,10 @@
 //!   included, per stream: numbers that differ slightly are different lines.
 //! - Every line waits at most the window: each entry is due `window` after its first line came,
 //!   and the oldest pending entry is always written first once due (entries it must follow are
-//!   written before it, early).
+//!   written before it, early). When one is due, those due within the window's last twentieth
+//!   ([`SLACK_DIVISOR`]) go with it: one wake-up and one write for them all, not one per line
+//!   (lines that no other rank prints, at a training log's pace, each woke the console thread
+//!   once more: +79 % of `all`'s CPU at 8 ranks × 1000 lines/s).
 //! - Nothing is lost or duplicated: each line of each rank lands in exactly one entry.
 //! - A rank's lines keep their order. Each entry remembers, for each of its ranks, that rank's
 //!   previous pending entry, and is written only after those. Entries carry a level (above the
@@ -53,6 +56,9 @@ use super::own::Stream;
 /// (`console` checks that it is half its `CONSOLE_BUDGET`; not imported here, which would make
 /// the two files import each other.)
 pub(crate) const PENDING_CAP: usize = 2 << 20;
+
+/// Lines due within `window / SLACK_DIVISOR` of the one that is due are written with it.
+const SLACK_DIVISOR: u32 = 20;
 
 /// No entry (a rank that has not printed yet).
 const NONE: u64 = u64::MAX;
@@ -324,6 +330,8 @@ impl TextIndex {
 /// The pending lines of the collapse window.
 pub(crate) struct Collapser {
     window: Duration,
+    /// `window / SLACK_DIVISOR`: how early a line may go with one that is due.
+    slack: Duration,
     ring: Ring,
     bodies: Bodies,
     index: TextIndex,
@@ -388,6 +396,7 @@ impl Collapser {
     pub(crate) fn new(window: Duration, ranks: usize, sources: [u64; 2]) -> Collapser {
         Collapser {
             window,
+            slack: window / SLACK_DIVISOR,
             ring: Ring::new(),
             bodies: Bodies::default(),
             index: TextIndex::new(),
@@ -636,7 +645,9 @@ impl Collapser {
                 }
                 None => match self.ring.front() {
                     Some(e)
-                        if all || (draining && self.draining()) || now >= e.first + self.window =>
+                        if all
+                            || (draining && self.draining())
+                            || now + self.slack >= e.first + self.window =>
                     {
                         e.index
                     }

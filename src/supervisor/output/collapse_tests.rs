@@ -52,7 +52,9 @@ fn identical_lines_collapse_others_stay_per_rank() {
     }
     // A line that differs only in a digit is its own line.
     c.push(lines(4, Stdout, "", &["epoch 1 loss 0.54\n"]), None, t0);
-    assert!(c.due(t0 + w - Duration::from_millis(1), false).is_empty());
+    assert!(c
+        .due(t0 + w - w / 20 - Duration::from_millis(1), false)
+        .is_empty());
     assert_eq!(c.deadline(), Some(t0 + w));
     let out = c.due(t0 + w + Duration::from_millis(30), false);
     assert_eq!(
@@ -96,6 +98,30 @@ fn a_ranks_order_is_kept_and_repeats_are_not_merged_into_one() {
 }
 
 /// An entry every console rank joined goes out at once, after what it must follow.
+/// Lines due within the window's last twentieth of the one that is due go with it (one wake-up
+/// and one write), later ones wait for their own time.
+#[test]
+fn lines_due_soon_after_go_with_the_due_one() {
+    use Stream::*;
+    let w = Duration::from_millis(500);
+    let mut c = Collapser::new(w, 0, [1, 2]);
+    let t0 = Instant::now();
+    c.push(lines(0, Stdout, "", &["a\n"]), None, t0);
+    c.push(lines(1, Stdout, "", &["b\n"]), None, t0 + w / 20);
+    c.push(
+        lines(2, Stdout, "", &["c\n"]),
+        None,
+        t0 + w / 20 + Duration::from_millis(1),
+    );
+    assert_eq!(c.deadline(), Some(t0 + w));
+    assert_eq!(text(&c.due(t0 + w, false)), "a\nb\n");
+    assert_eq!(
+        c.deadline(),
+        Some(t0 + w + w / 20 + Duration::from_millis(1))
+    );
+    assert!(c.due(t0 + w, false).is_empty());
+}
+
 #[test]
 fn complete_lines_do_not_wait_for_the_window() {
     use Stream::*;

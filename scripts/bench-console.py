@@ -12,9 +12,10 @@ time is not in it). Whether the console slows the workers: each worker times its
 time also holds the last lines' wait in the window (a flush at a worker's end waits for them).
 
 Usage: scripts/bench-console.py [--rdrun PATH]... [--runs 5] [--ranks 8,64] [--lines 100000]
-       [--rate N]
+       [--rate N] [--flush-each-line] [--floor]
 (--rate N: each rank prints N lines a second, one write per line, as training logs do; without
-it they print as fast as they can, block-buffered.)
+it they print as fast as they can, block-buffered, or one write per line with --flush-each-line.
+--floor: also what hashing each line and one index slot cost, scripts/collapse-floor.rs.)
 (without --rdrun: target/release/rdrun, built by `cargo build --release --bin rdrun`). With
 several --rdrun binaries (a build before a change and after it) the runs are interleaved: each
 round runs every binary with both outputs before the next round, so a machine whose load
@@ -31,12 +32,13 @@ import time
 
 WORKER = r"""
 use Time::HiRes qw(time sleep);
-my ($lines, $mode, $dir, $rate) = @ARGV;
+my ($lines, $mode, $dir, $rate, $flush) = @ARGV;
 my $r = $ENV{RANK};
 my $t0 = time;
-# Flood: block-buffered. Paced (a rate): one write per line, as `print(..., flush=True)` or a
-# logging handler does, sleeping whenever ahead of the rate.
-$| = $rate > 0 ? 1 : 0;
+# Flood: block-buffered, or one write per line with --flush-each-line (python -u,
+# PYTHONUNBUFFERED). Paced (a rate): one write per line, as `print(..., flush=True)` or a logging
+# handler does, sleeping whenever ahead of the rate.
+$| = ($rate > 0 || $flush) ? 1 : 0;
 for my $i (1 .. $lines) {
     if ($mode eq 'same') { print "step $i loss 0.5\n"; }
     else { print "rank $r step $i loss 0.5\n"; }
@@ -65,7 +67,7 @@ def own_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def run_once(rdrun, ranks, lines, mode, output, worker, tdir, rate=0):
+def run_once(rdrun, ranks, lines, mode, output, worker, tdir, rate=0, flush=False):
     cmd = [
         rdrun,
         "--standalone",
@@ -78,6 +80,7 @@ def run_once(rdrun, ranks, lines, mode, output, worker, tdir, rate=0):
         mode,
         tdir,
         str(rate),
+        str(int(flush)),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.monotonic()
@@ -109,6 +112,11 @@ def main():
         " beside --output all's",
     )
     ap.add_argument(
+        "--flush-each-line",
+        action="store_true",
+        help="a flood of one write per line (python -u) instead of block-buffered",
+    )
+    ap.add_argument(
         "--rate",
         type=int,
         default=0,
@@ -122,7 +130,10 @@ def main():
         with open(worker, "w") as f:
             f.write(WORKER)
         print(f"load average before: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs")
-        print("medians of", a.runs, "runs, interleaved;", f"{a.rate} lines/s per rank" if a.rate else "flood")
+        pace = f"{a.rate} lines/s per rank" if a.rate else "flood"
+        if a.flush_each_line or a.rate:
+            pace += ", one write per line"
+        print("medians of", a.runs, "runs, interleaved;", pace)
         print(
             "| binary | ranks | lines/rank | lines | output | rdrun CPU | CPU vs all"
             " | slowest worker's write time | run wall |"
@@ -139,7 +150,8 @@ def main():
                 for _ in range(a.runs):
                     for b in binaries:
                         for o in outputs:
-                            got[(b, o)].append(run_once(b, ranks, lines, mode, o, worker, d, a.rate))
+                            r = run_once(b, ranks, lines, mode, o, worker, d, a.rate, a.flush_each_line)
+                            got[(b, o)].append(r)
                 if a.floor:
                     all_cpu = statistics.median(r[0] for r in got[(binaries[0], "all")])
                     floors.append((ranks, lines, mode, all_cpu / (ranks * lines) * 1e9))

@@ -5,9 +5,9 @@
 Each rank (perl, no Python start-up cost) writes LINES lines to stdout: `same` lines are identical
 across ranks (`step <i> loss 0.5`, everything collapses), `differ` lines carry the rank (nothing
 collapses: the stage's worst case, every line waits in it for nothing). rdrun's stdout goes to
-/dev/null, so the console itself is never the limit. rdrun's CPU time is its own (user + sys of
-all its threads, /proc/<pid>/stat fields 14-15, polled every 5 ms until it exits; the workers'
-time is not in it). Whether the console slows the workers: each worker times its own writing
+/dev/null, so the console itself is never the limit. rdrun's CPU time is its own: the run time of
+each of its threads (/proc/<pid>/task/<tid>/schedstat, in ns, polled every 5 ms until it exits;
+/proc/<pid>/stat would count 10 ms ticks); the workers' time is not in it. Whether the console slows the workers: each worker times its own writing
 (first line to closing stdout, pipe waits included) and the slowest is reported; the run's wall
 time also holds the last lines' wait in the window (a flush at a worker's end waits for them).
 
@@ -52,19 +52,24 @@ open(my $f, '>', "$dir/t.$r") or die;
 printf $f "%.6f\n", time - $t0;
 """
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu(pid):
-    """User + sys seconds of process pid itself (all threads), or None once it is gone."""
+def thread_cpu(pid, seen):
+    """Records in `seen` (thread id -> (nanoseconds, name)) each live thread of process pid's
+    time on a CPU so far (/proc/<pid>/task/<tid>/schedstat, first field: exact, where
+    /proc/<pid>/stat counts 10 ms ticks); a thread that ends keeps what it had at the last
+    poll."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    # fields[0] is field 3 (state): utime is field 14, stime 15.
-    return (int(fields[11]) + int(fields[12])) / TICK
+        return
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        seen[tid] = (max(seen.get(tid, (0, ""))[0], ns), name)
 
 
 def run_once(rdrun, ranks, lines, mode, output, worker, tdir, rate=0, flush=False):
@@ -85,18 +90,20 @@ def run_once(rdrun, ranks, lines, mode, output, worker, tdir, rate=0, flush=Fals
     env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    cpu = 0.0
+    seen = {}
     while p.poll() is None:
-        c = own_cpu(p.pid)
-        if c is not None:
-            cpu = c
+        thread_cpu(p.pid, seen)
         time.sleep(0.005)
+    cpu = sum(ns for ns, _ in seen.values()) / 1e9
+    # The console writer's thread alone: where the collapse stage runs (the rest is the
+    # forwarders, whose cost moves with how many lines each pipe read happens to carry).
+    console = sum(ns for ns, name in seen.values() if name == "rdrun-console") / 1e9
     wall = time.monotonic() - t0
     if p.returncode != 0:
         sys.exit(f"bench-console: {' '.join(cmd)} exited {p.returncode}")
     # The slowest worker's own time to write all its lines (pipe waits included).
     slowest = max(float(open(os.path.join(tdir, f"t.{r}")).read()) for r in range(ranks))
-    return cpu, wall, slowest
+    return cpu, wall, slowest, console
 
 
 def main():
@@ -136,9 +143,9 @@ def main():
         print("medians of", a.runs, "runs, interleaved;", pace)
         print(
             "| binary | ranks | lines/rank | lines | output | rdrun CPU | CPU vs all"
-            " | slowest worker's write time | run wall |"
+            " | console thread | slowest worker's write time | run wall |"
         )
-        print("|---|---:|---:|---|---|---:|---:|---:|---:|")
+        print("|---|---:|---:|---|---|---:|---:|---:|---:|---:|")
         floors = []
         for ranks in [int(x) for x in a.ranks.split(",")]:
             # A flood keeps the lines per case fixed; a paced run keeps each rank's rate.
@@ -162,12 +169,14 @@ def main():
                         cpu = statistics.median(r[0] for r in runs)
                         wall = statistics.median(r[1] for r in runs)
                         work = statistics.median(r[2] for r in runs)
+                        console = statistics.median(r[3] for r in runs)
                         if o == "all":
                             base = cpu
                         ratio = f"{(cpu / base - 1) * 100:+.0f} %" if base else "-"
                         print(
                             f"| {os.path.basename(b)} | {ranks} | {lines} | {mode} | {o}"
-                            f" | {cpu:.2f} s | {ratio} | {work:.2f} s | {wall:.2f} s |",
+                            f" | {cpu:.3f} s | {ratio} | {console:.3f} s | {work:.2f} s"
+                            f" | {wall:.2f} s |",
                             flush=True,
                         )
         if floors:

@@ -98,8 +98,8 @@ fn a_ranks_order_is_kept_and_repeats_are_not_merged_into_one() {
 }
 
 /// An entry every console rank joined goes out at once, after what it must follow.
-/// Lines due within the window's last twentieth of the one that is due go with it (one wake-up
-/// and one write), later ones wait for their own time.
+/// Once the oldest line is due, lines due within the window's last twentieth go with it (one
+/// wake-up and one write), later ones wait for their own time.
 #[test]
 fn lines_due_soon_after_go_with_the_due_one() {
     use Stream::*;
@@ -114,6 +114,8 @@ fn lines_due_soon_after_go_with_the_due_one() {
         t0 + w / 20 + Duration::from_millis(1),
     );
     assert_eq!(c.deadline(), Some(t0 + w));
+    // Before the oldest is due nothing goes, not even lines that would be within the slack.
+    assert!(c.due(t0 + w - Duration::from_millis(1), false).is_empty());
     assert_eq!(text(&c.due(t0 + w, false)), "a\nb\n");
     assert_eq!(
         c.deadline(),

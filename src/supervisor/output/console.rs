@@ -51,6 +51,7 @@ pub(crate) use super::chunk::Chunk;
 use super::collapse::Collapser;
 use super::own::{self, Stream};
 use super::progress::{Bars, ERASE};
+use super::ticker::Ticker;
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 /// Console bytes queued (all workers together) before forwarders wait for the terminal.
@@ -69,6 +70,8 @@ enum ConsoleMsg {
     /// `--progress`, per stream: `Some((live, interval))` turns the stage on (`live`: the stream
     /// is a terminal), `None` off.
     Progress([Option<(bool, Duration)>; 2]),
+    /// From the alarm thread ([`Ticker`]): a deadline of the writer has come.
+    Tick,
 }
 
 /// The width of a stream's terminal in columns, when it is one.
@@ -77,7 +80,9 @@ type Columns = Box<dyn Fn(Stream) -> Option<usize> + Send>;
 /// A console: one writer thread owning a stdout and a stderr writer. Cheap to clone.
 #[derive(Clone)]
 pub struct Console {
-    tx: std_mpsc::Sender<ConsoleMsg>,
+    /// Shared by the clones, so that the alarm thread can hold it weakly: the writer thread ends
+    /// when the last clone is gone.
+    tx: Arc<std_mpsc::Sender<ConsoleMsg>>,
     budget: Arc<Semaphore>,
     broken: Arc<[watch::Sender<bool>; 2]>,
 }
@@ -118,32 +123,44 @@ impl Console {
         broken: Arc<[watch::Sender<bool>; 2]>,
     ) -> io::Result<Console> {
         writer.real_clock = true;
+        let tx = Arc::new(tx);
+        let weak = Arc::downgrade(&tx);
+        let mut ticker = Ticker::start(move || {
+            weak.upgrade()
+                .is_some_and(|tx| tx.send(ConsoleMsg::Tick).is_ok())
+        })?;
         std::thread::Builder::new()
             .name("rdrun-console".into())
             .spawn(move || loop {
-                let msg = match writer.deadline() {
-                    Some(at) => {
-                        match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
-                            Ok(m) => Some(m),
-                            Err(std_mpsc::RecvTimeoutError::Timeout) => None,
-                            Err(std_mpsc::RecvTimeoutError::Disconnected) => break writer.close(),
+                // Waits without a timeout (the alarm thread wakes it at its deadline: see
+                // `ticker`). A deadline that has come is acted on only when nothing is queued:
+                // an open line's rest may be among the queued messages (a reader far behind),
+                // and ending the line before reading them would break it.
+                let due = writer.deadline();
+                let msg = match due {
+                    Some(at) if at <= Instant::now() => match rx.try_recv() {
+                        Ok(m) => m,
+                        Err(std_mpsc::TryRecvError::Empty) => {
+                            writer.tick(Instant::now());
+                            continue;
+                        }
+                        Err(std_mpsc::TryRecvError::Disconnected) => break writer.close(),
+                    },
+                    _ => {
+                        ticker.set(due);
+                        match rx.recv() {
+                            Ok(m) => m,
+                            Err(_) => break writer.close(),
                         }
                     }
-                    None => match rx.recv() {
-                        Ok(m) => Some(m),
-                        Err(_) => break writer.close(),
-                    },
                 };
                 let now = Instant::now();
                 match msg {
-                    Some(ConsoleMsg::Data(chunk, permit)) => writer.accept(chunk, permit, now),
-                    Some(ConsoleMsg::Flush(ack)) => writer.flush_request(ack),
-                    Some(ConsoleMsg::Collapse(window)) => writer.set_collapse(window, now),
-                    Some(ConsoleMsg::Progress(setup)) => writer.set_progress(setup, now),
-                    // Only when nothing is queued: the open line's rest may be among the queued
-                    // messages (a reader far behind), and ending the line before reading them
-                    // would break it.
-                    None => writer.tick(now),
+                    ConsoleMsg::Data(chunk, permit) => writer.accept(chunk, permit, now),
+                    ConsoleMsg::Flush(ack) => writer.flush_request(ack),
+                    ConsoleMsg::Collapse(window) => writer.set_collapse(window, now),
+                    ConsoleMsg::Progress(setup) => writer.set_progress(setup, now),
+                    ConsoleMsg::Tick => ticker.woke(),
                 }
             })?;
         Ok(Console {

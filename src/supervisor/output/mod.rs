@@ -17,6 +17,7 @@
 //! - [`lines`]: splitting a byte stream into console segments (`\n`, `\r`, the 1 MiB cap).
 //! - [`tail`]: the stderr tail and the Python traceback scanner for the report.
 //! - [`console`]: the console writer thread (one write per run of whole lines, a byte budget).
+//! - [`ticker`]: its alarm thread (the writer waits for messages without a timeout).
 //! - [`chunk`]: the message a forwarder sends the console writer.
 //! - [`collapse`]: the writer's `--output collapse` stage (identical lines of several ranks once).
 //! - [`progress`]: the writer's `--progress` stage (the `\r` bars of several ranks as one line).
@@ -40,6 +41,7 @@ pub mod prefix;
 pub mod progress;
 pub mod pump;
 pub mod tail;
+pub mod ticker;
 
 pub use console::{Console, CONSOLE_BUDGET};
 pub use lines::MAX_LINE;

@@ -195,7 +195,7 @@ def floor_table(floors, d):
     exe = os.path.join(d, "collapse-floor")
     subprocess.run(["rustc", "--edition", "2021", "-O", "-o", exe, src], check=True)
     print()
-    print(f"floor (scripts/collapse-floor.rs; `all` per line: {binaries_note()})")
+    print("floor (scripts/collapse-floor.rs; `all` per line: the first --rdrun binary's median)")
     print(
         "| ranks | lines | all: rdrun CPU per line | hash | vs all"
         " | hash + index slot, pending at the cap | vs all"
@@ -220,9 +220,6 @@ def floor_table(floors, d):
             cells += [f"{hi:.1f} ns", f"{hi / all_ns * 100:.0f} %"]
         print(f"| {ranks} | {mode} | {all_ns:.0f} ns | " + " | ".join(cells) + " |", flush=True)
 
-
-def binaries_note():
-    return "the first --rdrun binary's median"
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ across ranks (`step <i> loss 0.5`, everything collapses), `differ` lines carry t
 collapses: the stage's worst case, every line waits in it for nothing). rdrun's stdout goes to
 /dev/null, so the console itself is never the limit. rdrun's CPU time is its own: the run time of
 each of its threads (/proc/<pid>/task/<tid>/schedstat, in ns, polled every 5 ms until it exits;
-/proc/<pid>/stat would count 10 ms ticks); the workers' time is not in it. Whether the console slows the workers: each worker times its own writing
-(first line to closing stdout, pipe waits included) and the slowest is reported; the run's wall
-time also holds the last lines' wait in the window (a flush at a worker's end waits for them).
+/proc/<pid>/stat would count 10 ms ticks); the workers' time is not in it. Whether the console
+slows the workers: each worker times its own writing (first line to closing stdout, pipe waits
+included) and the slowest is reported; the run's wall time also holds the last lines' wait in the
+window (a flush at a worker's end waits for them).
 
 Usage: scripts/bench-console.py [--rdrun PATH]... [--runs 5] [--ranks 8,64] [--lines 100000]
        [--rate N] [--flush-each-line] [--floor]

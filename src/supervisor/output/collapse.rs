@@ -331,8 +331,6 @@ impl TextIndex {
 /// The pending lines of the collapse window.
 pub(crate) struct Collapser {
     window: Duration,
-    /// `window / SLACK_DIVISOR`: how early a line may go with one that is due.
-    slack: Duration,
     ring: Ring,
     bodies: Bodies,
     index: TextIndex,
@@ -397,7 +395,6 @@ impl Collapser {
     pub(crate) fn new(window: Duration, ranks: usize, sources: [u64; 2]) -> Collapser {
         Collapser {
             window,
-            slack: window / SLACK_DIVISOR,
             ring: Ring::new(),
             bodies: Bodies::default(),
             index: TextIndex::new(),
@@ -638,7 +635,7 @@ impl Collapser {
         // Once the oldest line is due, those due within the slack go with it; before, none
         // goes (so that lines arriving meanwhile do not move the deadline, one at a time).
         let slack = match self.ring.front() {
-            Some(e) if now >= e.first + self.window => self.slack,
+            Some(e) if now >= e.first + self.window => self.window / SLACK_DIVISOR,
             _ => Duration::ZERO,
         };
         let mut k = 0;

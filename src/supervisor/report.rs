@@ -202,6 +202,30 @@ impl ResolvedReport {
             .and_then(|i| self.resolved[i].traceback.as_deref())
     }
 
+    /// The traceback the root cause printed on stderr before it died of a signal (a rank that
+    /// raised, then aborted in teardown: issue 38 item 2). Not for a chosen exit status other
+    /// than 1: then the program decided its status, and an earlier traceback was handled.
+    pub fn root_printed_traceback(&self) -> Option<&[String]> {
+        let i = self.root?;
+        matches!(self.status_of(i), WorkerStatus::Signaled(_))
+            .then(|| self.failures[i].traceback.as_deref())
+            .flatten()
+    }
+
+    /// The one line that says the root cause aborted in native code after its last output
+    /// ([`teardown_abort`]), when it did.
+    pub fn teardown_note(&self) -> Option<String> {
+        let f = &self.failures[self.root?];
+        teardown_abort(f).then(|| {
+            format!(
+                "rdrun: rank {} aborted in native code after its last output (std::terminate with no \
+                 exception, no Python traceback): this is how torch's gloo teardown race at interpreter \
+                 shutdown ends, not the training code (docs/compat.md, \"torch's teardown abort\")",
+                f.rank
+            )
+        })
+    }
+
     /// Whether the root cause only reports that a peer went away ([`is_peer_error`]): every
     /// failure of this report was such a consequence.
     pub fn root_is_peer_error(&self) -> bool {
@@ -504,6 +528,25 @@ fn root_of(failures: &[Failure], resolved: &[Resolved]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
+/// What libstdc++ prints when `std::terminate` runs with no exception in flight: a joinable
+/// `std::thread` destroyed, or a thread unwound by `pthread_exit` through a `noexcept` frame,
+/// which is how CPython < 3.14 ends a native thread that asks for the GIL during interpreter
+/// finalisation (issue 38 item 0: torch 2.15's gloo worker thread dropping its last work).
+const TERMINATE_NO_EXCEPTION: &str = "terminate called without an active exception";
+
+/// A worker that died of SIGABRT right after printing [`TERMINATE_NO_EXCEPTION`] as its last
+/// line, with no Python traceback: an abort in native code after the script's last output, not
+/// a failure of the training code (issue 38 item 3). The exit status stays the worker's own.
+pub fn teardown_abort(f: &Failure) -> bool {
+    matches!(f.status, WorkerStatus::Signaled(6))
+        && f.traceback.is_none()
+        && f.stderr_tail
+            .iter()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .is_some_and(|l| l.trim_end().ends_with(TERMINATE_NO_EXCEPTION))
+}
+
 /// What a collective library says when a peer process or node went away (gloo, NCCL, torch's
 /// distributed errors), lower case: such a failure is usually another rank's consequence.
 const PEER_ERRORS: &[&str] = &[
@@ -637,6 +680,12 @@ pub fn render(report: &ResolvedReport) -> String {
 
 fn render_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> String {
     let mut out = render_block(report, time);
+    if let Some(line) = report.teardown_note() {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&line);
+    }
     if let Some(line) = &report.verdict {
         if !out.is_empty() {
             out.push('\n');

@@ -628,3 +628,37 @@ fn parent_error_file() {
     assert_eq!(v["message"]["errorCode"], -11);
     assert_eq!(parent_error_json(&report("x", vec![])), None);
 }
+
+#[test]
+fn a_native_abort_after_the_last_output_is_named_in_one_line() {
+    // Issue 38 item 3: SIGABRT right after libstdc++'s "terminate called without an active
+    // exception" and no Python traceback: torch's teardown race, said once; the status stays.
+    let mut f = failure(1, 11, WorkerStatus::Signaled(6), T);
+    f.stderr_tail = vec![
+        "step 5 done".into(),
+        "terminate called without an active exception".into(),
+    ];
+    let r = report("train.py", vec![f.clone()]);
+    let out = render_with(&r, &format_utc_time);
+    let notes: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("aborted in native code after its last output"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{out}");
+    assert!(notes[0].starts_with("rdrun: rank 1 "), "{out}");
+    assert_eq!(r.exit_code(), 134);
+    // Not for another signal, another last line, or a rank that printed a traceback.
+    let mut other = f.clone();
+    other.status = WorkerStatus::Signaled(11);
+    let mut moved_on = f.clone();
+    moved_on.stderr_tail.push("more output".into());
+    let mut raised = f.clone();
+    raised.traceback = Some(vec![
+        "Traceback (most recent call last):".into(),
+        "ValueError: x".into(),
+    ]);
+    for g in [other, moved_on, raised] {
+        let out = render_with(&report("train.py", vec![g]), &format_utc_time);
+        assert!(!out.contains("aborted in native code"), "{out}");
+    }
+}

@@ -106,7 +106,12 @@ pub fn of_report(report: &ResolvedReport) -> Option<Signature> {
         return None;
     }
     let status = report.root_status()?;
-    let parsed = report.root_traceback().and_then(parse_traceback);
+    // Where the rank printed a traceback, it decides, whatever status the rank then died with
+    // (a SIGABRT in teardown after the traceback is not a different failure: issue 38 item 2).
+    let parsed = report
+        .root_traceback()
+        .and_then(parse_traceback)
+        .or_else(|| report.root_printed_traceback().and_then(parse_traceback));
     Some(match parsed {
         Some((kind, file, line)) => Signature::Exception { kind, file, line },
         None => Signature::Status(status),

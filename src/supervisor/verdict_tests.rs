@@ -179,6 +179,13 @@ fn signature_of_the_root_cause() {
         of_report(&r),
         Some(Signature::Status(WorkerStatus::Exited(7)))
     );
+    // A rank that printed a traceback and then died of SIGABRT in teardown (issue 38 item 2):
+    // the traceback decides, so it is the same failure as the plain exit 1 with that traceback.
+    let r = report(vec![failure(0, WorkerStatus::Signaled(6), Some(SIMPLE))]);
+    assert_eq!(
+        of_report(&r).map(|s| s.to_string()),
+        Some("ValueError at train.py:88".into())
+    );
     // A hang rdrun stopped has no signature.
     let r =
         report(vec![failure(0, WorkerStatus::Signaled(9), None)]).with_hang(Some(0), "x".into());

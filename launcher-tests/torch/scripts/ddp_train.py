@@ -6,10 +6,10 @@ state_dict, barrier, every rank loads it with map_location, training continues.
 Writes <out>/rank<R>.json with what the test checks.
 """
 import argparse
-import gc
 import hashlib
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -110,13 +110,15 @@ def main():
     with open(tmp, "w") as f:
         json.dump(result, f)
     os.rename(tmp, os.path.join(args.out, f"rank{rank}.json"))
-    # Orderly shutdown: no rank tears gloo down while a peer is still in a collective, and the
-    # DDP reducer (which holds the process group) is freed while the interpreter is whole, so
-    # the group's threads are joined by destroy_process_group, not by interpreter finalisation.
+    # torch 2.15's teardown abort (launcher-tests/torch/README.md): the gloo thread that finishes the
+    # last collective must take the GIL to drop it; if this thread reaches interpreter finalisation
+    # first, CPython ends that thread mid-destructor and C++ calls std::terminate (SIGABRT), under
+    # torchrun as under rdrun. Nothing is left to do, so the script ends without finalisation.
     dist.barrier()
-    del ddp, opt
-    gc.collect()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ test looks for its stack in rank 1's capture). Every rank prints after each step
 detector is in its steady phase. Later attempts train to the end and write
 `<out>/done_rank<R>.txt` = "<attempt>".
 """
-import gc
 import os
 import sys
 import time
@@ -52,10 +51,12 @@ for i, x in enumerate(loader):
 
 with open(os.path.join(out, f"done_rank{rank}.txt"), "w") as f:
     f.write(f"{restart}\n")
-# Orderly shutdown (launcher-tests/torch/README.md, "torch's at-exit abort"): while DDP holds the
-# group, destroy_process_group() leaves ~ProcessGroupGloo to interpreter finalisation, where it
-# may end in std::terminate (SIGABRT); this script failed that way once in a CI run.
+# torch 2.15's teardown abort (launcher-tests/torch/README.md): the gloo thread that finishes the
+# last collective must take the GIL to drop it; if this thread reaches interpreter finalisation
+# first, CPython ends that thread mid-destructor and C++ calls std::terminate (SIGABRT), under
+# torchrun as under rdrun. Nothing is left to do, so the script ends without finalisation.
 dist.barrier()
-del model, opt
-gc.collect()
 dist.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)

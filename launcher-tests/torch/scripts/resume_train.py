@@ -6,7 +6,6 @@ weights' digest, which must equal an uninterrupted run's.
 
 Usage: resume_train.py OUT_DIR crash|straight
 """
-import gc
 import hashlib
 import json
 import os
@@ -52,8 +51,12 @@ digest = hashlib.sha256(
 ).hexdigest()
 with open(os.path.join(out, f"result{rank}.json"), "w") as f:
     json.dump({"attempt": attempt, "start": start, "digest": digest}, f)
-# Orderly shutdown (README: torch's at-exit abort): no rank tears gloo down mid-collective.
+# torch 2.15's teardown abort (launcher-tests/torch/README.md): the gloo thread that finishes the
+# last collective must take the GIL to drop it; if this thread reaches interpreter finalisation
+# first, CPython ends that thread mid-destructor and C++ calls std::terminate (SIGABRT), under
+# torchrun as under rdrun. Nothing is left to do, so the script ends without finalisation.
 dist.barrier()
-del model, opt
-gc.collect()
 dist.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)

@@ -217,3 +217,67 @@ exit 0"#;
     std::fs::write(dir.join("go.1"), b"").unwrap();
     run.wait().assert_code(0);
 }
+
+/// Python's helpers exit by themselves a moment after the workers (multiprocessing's resource
+/// tracker here); they are not "left behind": no WARN, no signal. A process that really
+/// outlives the workers is still named, but never with a secret of its command line.
+/// See: issue 38 item 8 (debugpy's adapter was named with its `--server-access-token`).
+#[test]
+fn helpers_are_not_leftovers_and_secrets_are_not_printed() {
+    let code = "from multiprocessing import resource_tracker\n\
+                resource_tracker.ensure_running()\n\
+                print('tracker', resource_tracker._resource_tracker._pid, flush=True)\n";
+    let out = Rdrun::new()
+        .args([
+            "--standalone",
+            "--nproc-per-node=2",
+            "--no-python",
+            "python3",
+            "-c",
+            code,
+        ])
+        .run();
+    out.assert_code(0);
+    assert!(out.stdout.contains("tracker "), "{out:?}");
+    assert!(!out.stderr.contains("left behind"), "{out:?}");
+
+    let dir = TempDir::new("leftover_secret");
+    let pidfile = dir.join("pid");
+    let code = format!(
+        "import subprocess, sys\n\
+         p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', \
+         '--server-access-token', 'tok-5ecret-77', '--password=hunter2'], start_new_session=True)\n\
+         open({:?}, 'w').write(str(p.pid))\n",
+        pidfile.display().to_string()
+    );
+    let out = Rdrun::new()
+        .args([
+            "--standalone",
+            "--nproc-per-node=1",
+            "--no-python",
+            "python3",
+            "-c",
+            &code,
+        ])
+        .run();
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    assert_no_leak(&[pid], Duration::from_secs(5));
+    out.assert_code(0);
+    let warn = out
+        .stderr
+        .lines()
+        .find(|l| l.contains(&format!("stopping a process they left behind: pid {pid}: ")))
+        .unwrap_or_else(|| panic!("no WARN for {pid}: {out:?}"));
+    assert!(
+        warn.contains("--server-access-token *** --password=***"),
+        "{warn}"
+    );
+    assert!(
+        !out.stderr.contains("tok-5ecret-77") && !out.stderr.contains("hunter2"),
+        "{out:?}"
+    );
+}

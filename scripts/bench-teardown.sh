@@ -16,7 +16,7 @@
 #   thread reaches interpreter finalisation first, CPython < 3.14 ends that thread with
 #   pthread_exit, whose forced unwind crosses a noexcept destructor: std::terminate.
 #   A launcher can only change how often the scheduler lets that thread run late.
-# Usage: scripts/bench-teardown.sh   (env: RUNS=50, SCRIPTS="suite bare exit", TORCHRUN=path,
+# Usage: scripts/bench-teardown.sh   (env: RUNS=50, SCRIPTS="suite bare exit", LIMIT=60 (s), TORCHRUN=path,
 #        RDRUN=path, PYTHON=path; rdrun is built in release mode unless RDRUN is given)
 # Prints, per script and launcher: runs, runs with an abort, and the abort rate.
 set -euo pipefail
@@ -24,6 +24,9 @@ cd "$(dirname "$0")/.."
 
 RUNS="${RUNS:-50}"
 SCRIPTS="${SCRIPTS:-suite bare exit}"
+# A launcher that meets the abort may wait for the dead rank until it is killed (torchrun does):
+# each launch is bounded.
+LIMIT="${LIMIT:-60}"
 # shellcheck source=scripts/bench-torch-lib.sh
 . scripts/bench-torch-lib.sh bench-teardown
 
@@ -68,9 +71,9 @@ one() {
   if [ "$launcher" = rdrun ]; then cmd=("$RDRUN" "${common[@]}"); else cmd=("$TORCHRUN" "${common[@]}"); fi
   local prog=("$TMP/$script.py" "$out")
   [ "$launcher" = rdrun ] && prog=("$PYTHON" "${prog[@]}")
-  OMP_NUM_THREADS=1 timeout -k 10 180 "${cmd[@]}" --node-rank 0 "${prog[@]}" >"$TMP/log0" 2>&1 &
+  OMP_NUM_THREADS=1 timeout -k 10 "$LIMIT" "${cmd[@]}" --node-rank 0 "${prog[@]}" >"$TMP/log0" 2>&1 &
   pa=$!
-  OMP_NUM_THREADS=1 timeout -k 10 180 "${cmd[@]}" --node-rank 1 "${prog[@]}" >"$TMP/log1" 2>&1 &
+  OMP_NUM_THREADS=1 timeout -k 10 "$LIMIT" "${cmd[@]}" --node-rank 1 "${prog[@]}" >"$TMP/log1" 2>&1 &
   pb=$!
   wait "$pa" || ra=$?
   wait "$pb" || rb=$?

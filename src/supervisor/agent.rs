@@ -36,7 +36,7 @@ use crate::store::server::{self, ServerExit, StoreServer};
 
 use super::attempt::{Flow, Group, GroupSettings, Outcome};
 use super::effects::Os;
-use super::end::RunEnd;
+use super::end::{Ended, Restart, RunEnd};
 use super::events::Event;
 use super::observe::Observer;
 use super::output::{RankIdentity, RunLogs};
@@ -57,21 +57,18 @@ use super::worker::{self, RunWorkerEnv};
 #[path = "agent_rounds.rs"]
 mod rounds;
 
-/// How often `--leftovers=wait` looks whether the processes left behind are gone (a grandchild
-/// of a leftover exits without a SIGCHLD to rdrun).
-const LEFTOVER_POLL: Duration = Duration::from_secs(1);
-
 /// Beyond `--hang-capture-timeout`: how long a capture's verdict may still take (the other
 /// nodes' findings are waited for up to 10 s after a multi-node verdict, plus a few polls).
 const CAPTURE_VERDICT_SLACK: Duration = Duration::from_secs(20);
 
-/// Runs one launch to the end and says how it ended (see [`crate::exit::for_run_end`]).
+/// Runs one launch to the end and says how it ended and what restarts it took (see
+/// [`crate::exit::for_run_end`]).
 ///
 /// Call it from the main thread: workers are spawned on the calling thread (a current-thread
 /// tokio runtime), and their PR_SET_PDEATHSIG fires when that thread ends.
-pub fn run(config: LaunchConfig) -> RunEnd {
+pub fn run(config: LaunchConfig) -> Ended {
     if config.nproc_per_node == 0 {
-        return RunEnd::error("--nproc-per-node must be at least 1");
+        return RunEnd::error("--nproc-per-node must be at least 1").into();
     }
     // SAFETY: plain syscalls without arguments.
     if unsafe { libc::gettid() != libc::getpid() } {
@@ -113,17 +110,18 @@ pub fn run(config: LaunchConfig) -> RunEnd {
         .build()
     {
         Ok(rt) => rt,
-        Err(err) => return RunEnd::error(format!("cannot start the async runtime: {err}")),
+        Err(err) => return RunEnd::error(format!("cannot start the async runtime: {err}")).into(),
     };
     let obs = match runtime.block_on(Observer::start(&config)) {
         Ok(o) => o,
-        Err(msg) => return RunEnd::error(msg),
+        Err(msg) => return RunEnd::error(msg).into(),
     };
-    let end = runtime.block_on(Agent::run(config, watchdog, obs.clone()));
+    let mut restarts = Vec::new();
+    let end = runtime.block_on(Agent::run(config, watchdog, obs.clone(), &mut restarts));
     obs.get().run_end(&end);
     // Signal-forwarding tasks never end on their own.
     runtime.shutdown_background();
-    end
+    Ended { end, restarts }
 }
 
 struct Agent {
@@ -157,10 +155,18 @@ struct Agent {
     /// A worker stayed in D state past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: no more
     /// restarts (as torch; `watch/dstate.rs`).
     restarts_disabled: bool,
+    /// The restarts and regroups taken so far (`--report-json`'s `restarts`).
+    restarts: Vec<Restart>,
 }
 
 impl Agent {
-    async fn run(config: LaunchConfig, watchdog: Option<Watchdog>, obs: Observer) -> RunEnd {
+    /// The run; `restarts` receives the restarts it took, whichever way it ends.
+    async fn run(
+        config: LaunchConfig,
+        watchdog: Option<Watchdog>,
+        obs: Observer,
+        restarts: &mut Vec<Restart>,
+    ) -> RunEnd {
         // Handlers first: from here on no handled signal can kill rdrun with workers left behind.
         let mut signals = Signals::install(&config.signals_to_handle);
         let sigchld = match signal(SignalKind::child()) {
@@ -256,8 +262,10 @@ impl Agent {
             watch: Some(Watch::start(timers)),
             obs,
             restarts_disabled: false,
+            restarts: Vec::new(),
         };
         let end = agent.attempts().await;
+        *restarts = std::mem::take(&mut agent.restarts);
         agent.shutdown().await;
         end
     }
@@ -377,6 +385,11 @@ impl Agent {
                 Decision::Restart {
                     restart_count: next,
                 } => {
+                    self.restarts.push(Restart {
+                        restart_count,
+                        charged: true,
+                        cause: outcome.cause(same.last()),
+                    });
                     tracing::warn!(
                         "worker group failed; {}/{} restarts left, restarting (attempt {next})",
                         self.config.max_restarts - restart_count,
@@ -388,6 +401,11 @@ impl Agent {
                     reason = RoundReason::WorkerFailure;
                 }
                 Decision::Regroup { charged } => {
+                    self.restarts.push(Restart {
+                        restart_count,
+                        charged,
+                        cause: outcome.cause(same.last()),
+                    });
                     outcome.log_regroup();
                     self.obs
                         .get()
@@ -684,7 +702,7 @@ impl Agent {
                     pending.push(Event::StoreStopped(why));
                 }
                 _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
-                _ = tokio::time::sleep(LEFTOVER_POLL), if poll_leftovers => pending.push(Event::LeftoverPoll),
+                _ = tokio::time::sleep(group.leftover_poll()), if poll_leftovers => pending.push(Event::LeftoverPoll),
                 v = next_verdict(self.watch.as_mut()) => pending.push(Event::Watch(v)),
             }
         }

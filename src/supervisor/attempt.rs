@@ -31,7 +31,10 @@ use super::report::Failure;
 use super::restart;
 use super::signals::{self, SignalReaction};
 use super::spawn::Spawner;
-use super::stop::{self, GroupGuard, GroupStop, Phase, StopReason, KILL_WAIT};
+use super::stop::{
+    self, known_helper, GroupGuard, GroupStop, Phase, StopReason, KILL_WAIT, KNOWN_HELPER_GRACE,
+    LEFTOVER_GRACE, LEFTOVER_GRACE_POLL, LEFTOVER_POLL,
+};
 use super::watch::task::WatchedRank;
 use super::watch::verdict::{HangFinding, WatchVerdict};
 
@@ -115,6 +118,10 @@ pub(super) struct Group {
     peer_loss: Option<(RoundReason, Vec<String>)>,
     /// `--leftovers=wait`: every worker exited 0, rdrun waits for what they left behind.
     waiting_for_leftovers: bool,
+    /// Every worker exited 0 and processes of theirs were still alive: until this instant they
+    /// may still exit on their own (a helper exits when its parent does) before they are
+    /// called left behind ([`LEFTOVER_GRACE`], [`KNOWN_HELPER_GRACE`]).
+    leftover_grace: Option<Instant>,
     launch_error: Option<String>,
     /// How the rendezvous ended the attempt (`Regroup` or `RendezvousLost`), if it did.
     rdzv_end: Option<Outcome>,
@@ -189,6 +196,7 @@ impl Group {
             first_failure: None,
             peer_loss: None,
             waiting_for_leftovers: false,
+            leftover_grace: None,
             launch_error,
             rdzv_end: None,
             hang_found: None,
@@ -238,7 +246,10 @@ impl Group {
     /// (after a failure, a signal or a verdict the stop path is already under way) and not
     /// while it waits for leftovers.
     pub(super) fn judging(&self) -> bool {
-        self.untouched() && !self.waiting_for_leftovers && self.hang_found.is_none()
+        self.untouched()
+            && !self.waiting_for_leftovers
+            && self.leftover_grace.is_none()
+            && self.hang_found.is_none()
     }
 
     /// A kill verdict's capture is under way: its verdict is still to come.
@@ -253,7 +264,18 @@ impl Group {
 
     /// `--leftovers=wait` is waiting (it polls: a grandchild's exit sends rdrun no SIGCHLD).
     pub(super) fn polls_leftovers(&self) -> bool {
-        self.waiting_for_leftovers && self.stop.phase() == Phase::Running
+        (self.waiting_for_leftovers || self.leftover_grace.is_some())
+            && self.stop.phase() == Phase::Running
+    }
+
+    /// How often to poll while [`Self::polls_leftovers`]: often during the grace (a helper's
+    /// exit ends a successful run, which should not wait a second longer for it), once a second
+    /// while `--leftovers=wait` waits.
+    pub(super) fn leftover_poll(&self) -> Duration {
+        match self.waiting_for_leftovers {
+            true => LEFTOVER_POLL,
+            false => LEFTOVER_GRACE_POLL,
+        }
     }
 
     /// One batch of events (what one wake-up of the agent brought), in order; then the
@@ -525,6 +547,9 @@ impl Group {
         }
         let policy = self.settings.leftovers;
         let left = self.stop.leftovers(&*self.fx);
+        if !left.is_empty() && self.in_leftover_grace(&left) {
+            return false;
+        }
         let done = left.is_empty()
             || (self.stop.phase() == Phase::Running
                 && !self.waiting_for_leftovers
@@ -533,6 +558,29 @@ impl Group {
             self.waiting_for_leftovers = true;
         }
         done
+    }
+
+    /// Every worker exited and `left` are still alive: whether they still have time to exit on
+    /// their own (issue 38 item 8). multiprocessing's resource_tracker and forkserver, and
+    /// debugpy's adapter, exit when the processes they serve do, a moment after the workers;
+    /// calling them left behind at once gave them a WARN and a SIGTERM for nothing. Every
+    /// process gets [`LEFTOVER_GRACE`]; while only such known helpers remain, up to
+    /// [`KNOWN_HELPER_GRACE`]. Only a group that runs untouched waits (a stop is under way
+    /// otherwise, and it ends them anyway).
+    fn in_leftover_grace(&mut self, left: &[i32]) -> bool {
+        if self.stop.phase() != Phase::Running || self.waiting_for_leftovers {
+            return false;
+        }
+        let now = self.fx.now();
+        let since = *self.leftover_grace.get_or_insert(now);
+        let waited = now.saturating_duration_since(since);
+        if waited < LEFTOVER_GRACE {
+            return true;
+        }
+        waited < KNOWN_HELPER_GRACE
+            && left
+                .iter()
+                .all(|&pid| known_helper(&self.fx.command_line(pid)).is_some())
     }
 
     /// The group runs untouched: no failure, signal, rendezvous end or stop under way.

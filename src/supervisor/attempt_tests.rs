@@ -80,6 +80,8 @@ struct World {
     alive: Vec<ProcEntry>,
     /// pid -> the worker whose tree holds it (what `/proc` would say).
     owners: HashMap<i32, i32>,
+    /// pid -> its command line, where a test gives one (else `fake <pid>`).
+    cmdlines: HashMap<i32, String>,
     log: Vec<Fx>,
 }
 
@@ -116,7 +118,12 @@ impl Effects for FakeFx {
         workers.contains(&owner).then_some(owner)
     }
     fn command_line(&self, pid: i32) -> String {
-        format!("fake {pid}")
+        self.0
+            .borrow()
+            .cmdlines
+            .get(&pid)
+            .cloned()
+            .unwrap_or_else(|| format!("fake {pid}"))
     }
 }
 
@@ -181,6 +188,7 @@ impl Harness {
             wall0: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
             alive: Vec::new(),
             owners: HashMap::new(),
+            cmdlines: HashMap::new(),
             log: Vec::new(),
         }));
         let ids: Vec<RankIdentity> = (0..n)
@@ -641,7 +649,11 @@ fn leftovers_are_stopped_waited_for_or_left_as_the_policy_says() {
         );
         // A process the worker started in a session of its own, still alive after it.
         h.world.borrow_mut().alive.push(proc_entry(stray, stray));
-        let flow = h.step(vec![h.exit(0, code(0))]);
+        // First the grace (issue 38 item 8): it may still exit on its own.
+        assert_eq!(h.step(vec![h.exit(0, code(0))]), Flow::Continue);
+        assert!(h.group.polls_leftovers() && h.effects().is_empty());
+        h.advance(LEFTOVER_GRACE);
+        let flow = h.step(vec![Event::LeftoverPoll]);
         match policy {
             LeftoverPolicy::Leave => assert_eq!(flow, Flow::Over),
             LeftoverPolicy::Kill => {
@@ -663,6 +675,49 @@ fn leftovers_are_stopped_waited_for_or_left_as_the_policy_says() {
             assert_eq!(h.step(vec![Event::LeftoverPoll]), Flow::Over);
         }
         assert!(matches!(h.outcome(), Outcome::Succeeded), "{policy:?}");
+    }
+}
+
+#[test]
+fn helpers_that_exit_within_the_grace_are_not_leftovers() {
+    // Issue 38 item 8: a process of the workers that exits a moment after them (a
+    // multiprocessing resource tracker) gets no WARN and no signal.
+    let helper = PID0 + 50;
+    let mut h = Harness::new(1);
+    h.world.borrow_mut().alive.push(proc_entry(helper, helper));
+    assert_eq!(h.step(vec![h.exit(0, code(0))]), Flow::Continue);
+    assert!(h.group.polls_leftovers());
+    h.advance(LEFTOVER_GRACE / 2);
+    assert_eq!(h.step(vec![Event::LeftoverPoll]), Flow::Continue);
+    h.world.borrow_mut().alive.clear();
+    assert_eq!(h.step(vec![Event::LeftoverPoll]), Flow::Over);
+    assert!(h.effects().is_empty());
+    assert!(matches!(h.outcome(), Outcome::Succeeded));
+}
+
+#[test]
+fn a_known_helper_gets_the_longer_grace_an_unknown_process_does_not() {
+    let pid = PID0 + 50;
+    for (cmdline, known) in [
+        (
+            "/venv/bin/python -m debugpy.adapter --for-server 5679",
+            true,
+        ),
+        ("sleep 1000", false),
+    ] {
+        let mut h = Harness::new(1);
+        h.world.borrow_mut().alive.push(proc_entry(pid, pid));
+        h.world.borrow_mut().cmdlines.insert(pid, cmdline.into());
+        assert_eq!(h.step(vec![h.exit(0, code(0))]), Flow::Continue);
+        h.advance(LEFTOVER_GRACE);
+        assert_eq!(h.step(vec![Event::LeftoverPoll]), Flow::Continue);
+        // The default policy (kill) stops an unknown process after the short grace only.
+        assert_eq!(h.effects().is_empty(), known, "{cmdline}");
+        if known {
+            h.advance(KNOWN_HELPER_GRACE);
+            assert_eq!(h.step(vec![Event::LeftoverPoll]), Flow::Continue);
+            assert!(!h.effects().is_empty(), "{cmdline}");
+        }
     }
 }
 

@@ -1,9 +1,10 @@
 //! Supervision of the local worker group: spawn, watch, stop, restart, forward output, report.
 //!
-//! [`run`] is the entry point the binary calls and returns a [`RunEnd`]; `agent` owns the run's
-//! state, the restart loop and the select loop, `attempt` one attempt's group state and its
-//! per-event methods, `stop` the stop sequence, `restart` the restart decision, `report`
-//! the failure report, `worker` each worker's spawn spec and process.
+//! [`run`] is the entry point the binary calls and returns an [`Ended`] (a [`RunEnd`] and the
+//! restarts it took); `agent` owns the run's state, the restart loop and the select loop,
+//! `attempt` one attempt's group state and its per-event methods, `stop` the stop sequence,
+//! `restart` the restart decision, `report` the failure report, `worker` each worker's spawn
+//! spec and process.
 
 mod agent;
 mod attempt;
@@ -21,6 +22,7 @@ mod outcome;
 pub mod output;
 pub mod proctree;
 mod rdzvlink;
+mod redact;
 pub mod report;
 pub mod restart;
 mod rootshare;
@@ -35,4 +37,7 @@ mod watchdog;
 pub mod worker;
 
 pub use agent::run;
-pub use end::{error_chain, write_end_json, write_report_files, BadNode, LaunchError, RunEnd};
+pub use end::{
+    end_json, error_chain, write_end_json, write_parent_error_file, BadNode, Ended, LaunchError,
+    Restart, RunEnd,
+};

@@ -198,7 +198,8 @@ fn descendants_all(root: i32, procs: &[ProcEntry]) -> Vec<i32> {
     out
 }
 
-/// `/proc/<pid>/cmdline` with spaces between arguments (`[comm]` for a process without one,
+/// `/proc/<pid>/cmdline` with spaces between arguments and secret-looking values masked
+/// (`redact.rs`) (`[comm]` for a process without one,
 /// `?` when it is gone).
 ///
 /// A live process in the middle of `execve` has an empty command line for a moment (its new
@@ -210,8 +211,9 @@ pub(crate) fn command_line(pid: i32) -> String {
     loop {
         match std::fs::read(format!("/proc/{pid}/cmdline")) {
             Ok(raw) if !raw.is_empty() => {
-                let text = String::from_utf8_lossy(&raw);
-                return text.trim_end_matches('\0').replace('\0', " ");
+                // Every line rdrun writes with a command line goes through here: secrets are
+                // masked at the source (issue 38 item 8).
+                return super::redact::redacted_cmdline(&String::from_utf8_lossy(&raw));
             }
             Ok(_) if !is_zombie(pid) && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(2));

@@ -23,6 +23,47 @@ use super::worker;
 /// (a process in uninterruptible sleep cannot die until its I/O ends).
 pub(crate) const KILL_WAIT: Duration = Duration::from_secs(5);
 
+/// How long processes the workers started may take to exit on their own, once every worker
+/// exited 0, before they are called left behind (issue 38 item 8: helpers exit when their
+/// parent does, a moment later).
+pub(crate) const LEFTOVER_GRACE: Duration = Duration::from_secs(2);
+
+/// The longer bound while only [`known_helper`]s remain (debugpy's adapter waits for its
+/// client to let go).
+pub(crate) const KNOWN_HELPER_GRACE: Duration = Duration::from_secs(10);
+
+/// How often the grace looks whether the processes are gone (no SIGCHLD tells rdrun: they are
+/// grandchildren).
+pub(crate) const LEFTOVER_GRACE_POLL: Duration = Duration::from_millis(50);
+
+/// How often `--leftovers=wait` looks whether the processes left behind are gone (a grandchild
+/// of a leftover exits without a SIGCHLD to rdrun).
+pub(crate) const LEFTOVER_POLL: Duration = Duration::from_secs(1);
+
+/// Python's helper processes that exit by themselves when the processes they serve exit, by a
+/// fragment of their command line: what they are, for the WARN line when one outlives even
+/// [`KNOWN_HELPER_GRACE`].
+const KNOWN_HELPERS: &[(&str, &str)] = &[
+    (
+        "multiprocessing.resource_tracker",
+        "Python multiprocessing's resource tracker",
+    ),
+    (
+        "multiprocessing.forkserver",
+        "Python multiprocessing's fork server",
+    ),
+    ("debugpy/adapter", "debugpy's adapter"),
+    ("debugpy.adapter", "debugpy's adapter"),
+];
+
+/// What a known helper is ([`KNOWN_HELPERS`]), from its command line.
+pub(crate) fn known_helper(command_line: &str) -> Option<&'static str> {
+    KNOWN_HELPERS
+        .iter()
+        .find(|(fragment, _)| command_line.contains(fragment))
+        .map(|(_, what)| *what)
+}
+
 /// Why rdrun stops the worker group (for the log; the sequence is the same for every reason).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StopReason {
@@ -218,9 +259,17 @@ impl GroupStop {
             LeftoverPolicy::Leave => "leaving",
         };
         for &pid in left {
+            let line = fx.command_line(pid);
+            let helper = known_helper(&line)
+                .map(|h| {
+                    format!(
+                        " ({h}, still alive {}s after the workers)",
+                        KNOWN_HELPER_GRACE.as_secs()
+                    )
+                })
+                .unwrap_or_default();
             tracing::warn!(
-                "workers exited 0; {what} a process they left behind: pid {pid}: {} (see --leftovers=kill|wait|leave)",
-                fx.command_line(pid)
+                "workers exited 0; {what} a process they left behind: pid {pid}: {line}{helper} (see --leftovers=kill|wait|leave)"
             );
         }
         match policy {

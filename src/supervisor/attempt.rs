@@ -130,6 +130,8 @@ pub(super) struct Group {
     /// The capture of this attempt's last FileTimer expiry: the root cause when the expired
     /// rank then fails (it may survive a catchable signal; then it is no failure at all).
     timer_found: Option<HangFinding>,
+    /// The FileTimer expiries' signals this attempt sent: (rank, pid signalled, signal).
+    timer_sent: Vec<(u32, i32, i32)>,
     /// A worker stayed in D state past the timeout: no more restarts (as torch).
     restarts_disabled: bool,
     /// A kill verdict's capture is under way (`WatchVerdict::Capturing`): what would stop the
@@ -201,6 +203,7 @@ impl Group {
             rdzv_end: None,
             hang_found: None,
             timer_found: None,
+            timer_sent: Vec::new(),
             restarts_disabled: false,
             capturing: false,
             deferred: Vec::new(),
@@ -504,6 +507,7 @@ impl Group {
                 signals::name(t.sig)
             );
             self.fx.signal_pid(t.pid, t.sig);
+            self.timer_sent.push((t.rank, t.pid, t.sig));
         }
     }
 
@@ -660,10 +664,21 @@ impl Group {
         if failures.is_empty() {
             Outcome::Succeeded
         } else {
-            // A FileTimer capture is the root cause only if its rank is among the failures.
+            // A FileTimer capture is the root cause only if the expiry's signal ended its rank
+            // (issue 38 item 13): the rank failed before rdrun's own stop, and where the signal
+            // went to the worker process itself, that signal is what it died of. A rank that
+            // handled the signal and was later stopped by rdrun is a bystander, not a hang.
+            let sent = &self.timer_sent;
             let timer = self.timer_found.take().filter(|t| {
-                t.suspect
-                    .is_some_and(|r| failures.iter().any(|f| f.rank as u32 == r))
+                t.suspect.is_some_and(|r| {
+                    failures.iter().any(|f| {
+                        f.rank as u32 == r
+                            && f.stop_sent_at.is_none()
+                            && sent.iter().filter(|s| s.0 == r).all(|&(_, pid, sig)| {
+                                pid != f.pid as i32 || f.status == WorkerStatus::Signaled(sig)
+                            })
+                    })
+                })
             });
             Outcome::Failed {
                 peer_loss: self.peer_loss.take(),

@@ -632,6 +632,34 @@ fn an_expired_filetimer_signals_only_a_process_still_in_a_live_workers_tree() {
 }
 
 #[test]
+fn a_filetimer_rank_that_survived_its_signal_is_not_the_hang() {
+    // Issue 38 item 13: the expiry's SIGUSR1 is handled, the rank lives on; later another rank
+    // fails on its own and rdrun's stop ends the first: the root cause is the real failure.
+    const USR1: i32 = 10;
+    let mut h = Harness::new(2);
+    h.step(vec![Event::Watch(WatchVerdict::TimerExpired {
+        found: Some(finding(true, 5)),
+        signals: vec![TimerSignal {
+            pid: Harness::pid(1),
+            sig: USR1,
+            rank: 5,
+            local_rank: 1,
+            scopes: vec!["step".into()],
+        }],
+    })]);
+    assert_eq!(h.effects(), [Fx::Pid(Harness::pid(1), USR1)]);
+    h.step(vec![h.exit(0, code(3))]);
+    h.step(vec![h.exit(1, killed(TERM))]);
+    match h.outcome() {
+        Outcome::Failed { hang, failures, .. } => {
+            assert_eq!(hang.map(|f| f.suspect), None);
+            assert_eq!(failures[0].status, code(3));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn leftovers_are_stopped_waited_for_or_left_as_the_policy_says() {
     let stray = PID0 + 50;
     for policy in [

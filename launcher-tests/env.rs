@@ -1,7 +1,7 @@
 //! The worker environment contract (spec torchrun-compat §2): every variable torchrun sets, with
 //! torchrun's values, for nproc 1 and 4; inheritance; `${local_rank}` substitution;
 //! `--virtual-local-rank`; each worker in its own session and process group; arguments passed
-//! byte for byte.
+//! byte for byte; no descriptor beyond stdio (cold, warm, health checks).
 
 use std::collections::BTreeMap;
 
@@ -353,4 +353,64 @@ fn leftover_shm_segments_of_the_run_are_removed() {
     out.assert_code(0);
     assert!(!ours_left, "the run's leftover segment survived: {out:?}");
     assert!(theirs_left, "another run's segment was removed");
+}
+
+/// Issue 38.9: descriptors rdrun inherited beyond stdio (`exec 7</dev/null 9>/dev/null`
+/// before it) reach no worker, cold or forked warm, and no health-check command: each sees fds
+/// 0-2 only, what torchrun's `Popen(close_fds=True)` gives a worker. Before, they saw 7 and 9.
+#[test]
+fn workers_and_checks_get_stdio_and_no_inherited_descriptor() {
+    use std::process::Command;
+    // Lists the process's open descriptors without opening one (fcntl on each number), and
+    // whether it was forked warm (the template preloaded the module; the script never imports
+    // it). A worker writes `fds.<RANK>`, the health check `fds.check`.
+    const FDS: &str = r#"
+import fcntl, os, sys
+def is_open(fd):
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+        return True
+    except OSError:
+        return False
+fds = [fd for fd in range(4096) if is_open(fd)]
+warm = "xml.dom.minidom" in sys.modules
+with open(os.path.join(sys.argv[1], "fds.%s" % os.environ.get("RANK", "check")), "w") as f:
+    f.write("%s %s" % ("warm" if warm else "cold", ",".join(map(str, fds))))
+"#;
+    let dir = TempDir::new("env_fds");
+    let script = dir.join("fds.py");
+    std::fs::write(&script, FDS).unwrap();
+    for warm in ["off", "on"] {
+        let mut cmd = Command::new("sh");
+        // The descriptors a shell leaves open to what it execs; then rdrun in its place.
+        cmd.args(["-c", "exec 7</dev/null 9>/dev/null; exec \"$0\" \"$@\""])
+            .arg(crate::util::rdrun_bin())
+            .args(["--standalone", "--nproc-per-node=2", "--health-check=on"])
+            .arg(format!("--warm-start={warm}"))
+            .args(["--preload", "xml.dom.minidom"])
+            .arg("--health-check-cmd")
+            .arg(format!(
+                "exec python3 {} {}",
+                script.display(),
+                dir.path().display()
+            ))
+            .arg(&script)
+            .arg(dir.path())
+            .env_remove("RDRUN_WARM_START")
+            .env_remove("OMP_NUM_THREADS");
+        let bound = std::time::Duration::from_secs(120);
+        let out = crate::util::output_with_stdin(&mut cmd, b"", bound);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "--warm-start={warm}: {stderr}");
+        let mode = if warm == "on" { "warm" } else { "cold" };
+        for (who, want) in [("0", mode), ("1", mode), ("check", "cold")] {
+            let seen = std::fs::read_to_string(dir.join(format!("fds.{who}")))
+                .unwrap_or_else(|e| panic!("{who} wrote nothing ({e}): {stderr}"));
+            assert_eq!(
+                seen,
+                format!("{want} 0,1,2"),
+                "{who}, --warm-start={warm}: {stderr}"
+            );
+        }
+    }
 }

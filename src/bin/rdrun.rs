@@ -28,6 +28,8 @@ extern "C" fn block_early() {
 fn main() {
     // Again, in case the constructor did not run (idempotent): before anything else.
     rdrun::supervisor::signals::block_at_startup();
+    // Before any thread or child: what rdrun inherited beyond stdio reaches no program it runs.
+    rdrun::supervisor::worker::close_inherited_fds_on_exec();
     init_tracing();
     // OsString end to end: the script's arguments reach the workers byte for byte.
     let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();

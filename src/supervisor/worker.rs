@@ -1,7 +1,7 @@
 //! One worker process, seen from the launcher: the environment and argv it gets (its
 //! [`SpawnSpec`], built by [`spawn_spec`] from the config and the round's assignment), how it is
-//! spawned (own session and process group, parent-death signal, piped stdout/stderr), how it
-//! and its group are signalled, and how exits of any descendant are reaped.
+//! spawned (own session and process group, parent-death signal, piped stdout/stderr, no other
+//! descriptor), how it and its group are signalled, and how exits of any descendant are reaped.
 //!
 //! The pure parts ([`worker_env`]) are table-tested (the per-variable rules they
 //! apply live in `workerenv`: `should_set_omp_num_threads`, `virtual_local_rank_devices`);
@@ -387,6 +387,48 @@ pub struct Spawned {
     pub stderr: OwnedFd,
 }
 
+/// Makes every descriptor above stdio that rdrun holds now close-on-exec (issue 38.9): what a
+/// shell or a job system left open to rdrun (`exec 7</dev/null`, a CI runner's pipes) must not
+/// reach the workers, the warm-start template (whose forks would pass it on), the health
+/// checks or any other program rdrun runs. torchrun's `Popen(close_fds=True)` gives a worker
+/// fds 0-2 only; so does rdrun: nothing else is passed on purpose (the template's socket is
+/// made inheritable for that one exec, `warm/process.rs`). Call it first in `main`, before any
+/// thread can fork: descriptors rdrun opens itself are close-on-exec already (std, tokio and
+/// every `open`/`pipe2`/`socket` here ask for it), so this covers the inherited ones.
+pub fn close_inherited_fds_on_exec() {
+    // close_range(2) with CLOSE_RANGE_CLOEXEC (Linux 5.11): one call, nothing is closed.
+    // SAFETY: plain syscall on integer arguments.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if r == 0 {
+        return;
+    }
+    // Older kernels: each open descriptor as /proc lists it (the listing's own is made
+    // close-on-exec by std, and marking it again is harmless).
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<RawFd> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: fcntl(2) on a descriptor number; a closed one answers EBADF, nothing else.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+}
+
 /// Starts one worker in its own session and process group, with PR_SET_PDEATHSIG(SIGKILL).
 ///
 /// Must be called on a thread that lives as long as rdrun (the main thread): Linux sends the
@@ -417,13 +459,23 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     // The affinity mask, built before fork (the child must not allocate).
     let mask: Option<Vec<libc::c_ulong>> = spec.cpus.as_deref().map(cpu_mask);
     // SAFETY: the closure runs between fork and exec and only calls async-signal-safe functions
-    // (setsid, write, getpid, send, sched_setaffinity, prctl, getppid, raise) on values captured
-    // by copy or moved in before fork (the mask, only read); it allocates nothing.
+    // (setsid, close_range, write, getpid, send, sched_setaffinity, prctl, getppid, raise) on
+    // values captured by copy or moved in before fork (the mask, only read); it allocates
+    // nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() == -1 {
                 return Err(io::Error::last_os_error());
             }
+            // A worker gets stdio and nothing else (issue 38.9): also a descriptor some part
+            // of rdrun opened without close-on-exec after start-up. Linux 5.11; before it,
+            // `close_inherited_fds_on_exec` at start covers what rdrun inherited.
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
             // Containment hook: into the run's cgroup before anything can fork.
             if let Some(fd) = cgroup_fd {
                 super::contain::join(fd)?;

@@ -81,6 +81,8 @@ struct Entry {
     plen: u32,
     /// The ranks that printed it, in the order they came, as dense ids (`Collapser::rank_of`).
     ranks: SmallVec<[u32; 4]>,
+    /// Its text's index hash (stream included), kept for [`Collapser::recent`].
+    hash: u32,
     first: Instant,
     /// Above the level of every entry this one must follow.
     level: u64,
@@ -101,6 +103,7 @@ impl Entry {
             end: 0,
             plen: 0,
             ranks: SmallVec::new(),
+            hash: 0,
             first: at,
             level: 0,
             after: SmallVec::new(),
@@ -363,7 +366,15 @@ pub(crate) struct Collapser {
     complete: Vec<u64>,
     /// Source ids of the chunks this stage writes, one per stream.
     sources: [u64; 2],
+    /// The hashes of texts recently written collapsed (several ranks), direct-mapped by hash:
+    /// a line one rank prints after the window of its text's collapsed copy is a late copy and
+    /// carries its rank (`[3] epoch 0`), so that it does not read as a duplicate of the line
+    /// above (issue 38 item 15). A slot overwritten by another text only loses that label.
+    recent: Vec<u32>,
 }
+
+/// Slots of [`Collapser::recent`] (a power of two).
+const RECENT: usize = 1024;
 
 /// How many bytes of `line` are the rank's console prefix.
 fn prefix_len(line: &[u8], prefix: &[u8]) -> usize {
@@ -412,6 +423,7 @@ impl Collapser {
             ranks,
             complete: Vec::new(),
             sources,
+            recent: vec![0; RECENT],
         }
     }
 
@@ -539,6 +551,7 @@ impl Collapser {
                     e.plen = plen as u32;
                     e.ranks.clear();
                     e.ranks.push(rank);
+                    e.hash = hash;
                     e.first = now;
                     e.level = floor + 1;
                     e.after.clear();
@@ -699,7 +712,12 @@ impl Collapser {
                 *slot = None;
             }
         }
-        let collapsed = (e.ranks.len() > 1).then(|| {
+        let recent = &mut self.recent[e.hash as usize & (RECENT - 1)];
+        let late = e.ranks.len() == 1 && e.hash != 0 && *recent == e.hash;
+        if e.ranks.len() > 1 {
+            *recent = e.hash;
+        }
+        let collapsed = (e.ranks.len() > 1 || late).then(|| {
             let mut ranks: SmallVec<[usize; 8]> =
                 e.ranks.iter().map(|r| self.rank_of[*r as usize]).collect();
             ranks.sort_unstable();

@@ -70,6 +70,32 @@ fn identical_lines_collapse_others_stay_per_rank() {
 }
 
 #[test]
+fn a_late_copy_of_a_collapsed_line_carries_its_rank() {
+    // Issue 38 item 15: rank 3's copy comes after the window of ranks 0-2's; it was written
+    // bare, reading as a duplicate. A line that only one rank ever printed stays as it came.
+    use Stream::*;
+    let w = Duration::from_millis(500);
+    let mut c = Collapser::new(w, 0, [1, 2]);
+    let t0 = Instant::now();
+    for r in 0..3 {
+        c.push(lines(r, Stdout, "", &["epoch 0 loss 0.5\n"]), None, t0);
+    }
+    c.push(lines(0, Stdout, "", &["only rank 0\n"]), None, t0);
+    assert_eq!(
+        text(&c.due(t0 + w, false)),
+        "[0-2] epoch 0 loss 0.5\nonly rank 0\n"
+    );
+    let t1 = t0 + 2 * w;
+    c.push(lines(3, Stdout, "", &["epoch 0 loss 0.5\n"]), None, t1);
+    // The same text on the other stream is another line: not a late copy.
+    c.push(lines(3, Stderr, "", &["epoch 0 loss 0.5\n"]), None, t1);
+    assert_eq!(
+        text(&c.due(t1 + w, false)),
+        "[3] epoch 0 loss 0.5\nepoch 0 loss 0.5\n"
+    );
+}
+
+#[test]
 fn a_ranks_order_is_kept_and_repeats_are_not_merged_into_one() {
     use Stream::*;
     let mut c = Collapser::new(Duration::from_secs(1), 0, [1, 2]);

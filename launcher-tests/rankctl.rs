@@ -173,6 +173,46 @@ fn wrap_exit_status_is_the_ranks_and_the_report_names_it() {
     assert_eq!(read(dir.join("wrapst.1")).trim(), "0");
 }
 
+/// A wrapper rdrun knows to hide the rank's status (`py-spy record` exits 0 whatever the rank
+/// did) is named once at start: the rank's failure then reads as success (issue 38 item 18).
+/// A stand-in named `py-spy` behaves as py-spy record does (runs the command, exits 0).
+#[test]
+fn a_wrapper_known_to_swallow_the_exit_status_is_named_at_start() {
+    let dir = TempDir::new("wrap_swallow");
+    let fake = dir.join("py-spy");
+    std::fs::write(&fake, "#!/bin/sh\nshift 4\n\"$@\" && exit 9\nexit 0\n").expect("write");
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let wrap = format!("{} record -o x.svg --", quote(&fake));
+    let out = Rdrun::new()
+        .args(["--standalone", "--nproc-per-node", "2", "--wrap", &wrap])
+        .args(["--no-python", "sh", "-c", "exit 3"])
+        .run();
+    // Every rank failed (exit 3; the stand-in exits 9 were the command to succeed), and rdrun
+    // sees the wrapper's 0: why it says so at start.
+    out.assert_code(0);
+    let named: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("--wrap: py-spy record exits 0 whatever the profiled rank did"))
+        .collect();
+    assert_eq!(named.len(), 1, "{out:?}");
+    // Without a known wrapper: no such line.
+    let out = Rdrun::new()
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--wrap",
+            "env",
+            "--no-python",
+            "true",
+        ])
+        .run();
+    out.assert_code(0);
+    assert!(!out.stderr.contains("--wrap: "), "{out:?}");
+}
+
 #[test]
 fn wrap_stop_signal_reaches_the_wrapper_and_its_worker() {
     let dir = TempDir::new("wrap_sigterm");

@@ -53,6 +53,25 @@ impl Wrap {
     }
 }
 
+/// Wrappers known to exit with a status of their own rather than the wrapped program's, by
+/// program name and first argument (issue 38 item 18): what rdrun says of them at start.
+/// `py-spy record` exits 0 once it has written its profile, whatever the program did. Only
+/// wrappers seen doing so are listed (strace, tested as a wrapper, passes the status through).
+const STATUS_SWALLOWERS: &[(&str, &str, &str)] = &[(
+    "py-spy",
+    "record",
+    "py-spy record exits 0 whatever the profiled rank did",
+)];
+
+/// Why a `--wrap` program hides the wrapped rank's exit status, when it is one rdrun knows.
+pub fn swallows_exit_status(program: &std::path::Path, args: &[String]) -> Option<&'static str> {
+    let name = program.file_name()?.to_str()?;
+    STATUS_SWALLOWERS
+        .iter()
+        .find(|(p, sub, _)| name == *p && args.first().is_some_and(|a| a == sub))
+        .map(|(_, _, why)| *why)
+}
+
 /// `%r`, `%l`, `%n` of one word (see [`Wrap::args_for`]).
 fn expand(word: &str, rank: usize, local_rank: usize, node_rank: usize) -> String {
     let mut out = String::with_capacity(word.len());
@@ -411,6 +430,16 @@ mod tests {
 
     fn settings(flags: ConsoleFlags<'_>) -> Result<ConsoleSettings, String> {
         resolve(flags, 4096, &env_of(&[]), &FakeHost::new()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn wrappers_that_hide_the_exit_status_are_known() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let p = std::path::Path::new("/venv/bin/py-spy");
+        assert!(swallows_exit_status(p, &args(&["record", "-o", "x.svg", "--"])).is_some());
+        assert!(swallows_exit_status(p, &args(&["dump", "--pid", "1"])).is_none());
+        let nsys = std::path::Path::new("/usr/bin/nsys");
+        assert!(swallows_exit_status(nsys, &args(&["profile"])).is_none());
     }
 
     #[test]

@@ -38,10 +38,16 @@ pub(crate) async fn worker_store(
     Ok((store, port))
 }
 
-/// The one-time notices about the workers' environment: CPU binding, and torchrun's
-/// OMP_NUM_THREADS=1 default when it applies.
+/// The one-time notices about the workers' environment: CPU binding, torchrun's
+/// OMP_NUM_THREADS=1 default when it applies, and a `--wrap` program known to hide the exit
+/// status of the rank it runs.
 pub(crate) fn log_worker_env(config: &LaunchConfig) {
     super::worker::log_binding(&config.binding);
+    if let Some(w) = &config.console.wrap {
+        if let Some(why) = crate::config::console::swallows_exit_status(&w.program, &w.args) {
+            tracing::warn!("--wrap: {why}: a wrapped rank that fails can look successful to rdrun (its failure report and restarts see the wrapper's status)");
+        }
+    }
     if config.binding.omp_threads.is_empty()
         && crate::workerenv::should_set_omp_num_threads(
             config.run_env.var("OMP_NUM_THREADS").as_deref(),

@@ -160,3 +160,37 @@ def test_restart_resumes_from_checkpoint(launcher, procs, tmp_path, compat_resul
         assert res["digest"] == compat_results["resume"], (
             f"rank {rank}: resumed weights differ from an uninterrupted run"
         )
+
+
+def test_same_failure_every_attempt_parity_row(launcher, procs, tmp_path):
+    """PyTorch's launcher test `test_run_bipolar_function` (one rank fails the same way on every
+    attempt, `max_restarts=2`): torchrun spends every restart, 3 attempts, exit 1. rdrun's
+    `--max-same-failures 2` default stops after the second identical failure with exit 93 (do
+    not requeue) and one line naming it: a documented improvement (docs/compat.md, "Where the
+    parity suite differs by design"), and `--max-same-failures 0` restores torchrun's row
+    exactly (issue 38 item 19)."""
+    legs = [([], "default")] if not launcher.is_rdrun else [
+        ([], "default"), (["--max-same-failures", "0"], "torchrun's")]
+    for extra, leg in legs:
+        out = tmp_path / f"out-{leg}"
+        out.mkdir()
+        env = procs.env()
+        if not launcher.is_rdrun:
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as test_restart_after_failure
+        r = procs.run(
+            launcher.cmd(
+                "--standalone", "--nproc-per-node", "2", "--max-restarts=2", *extra,
+                SCRIPTS / "fail_restart.py", "--out", out, "--always-fail",
+            ),
+            env=env,
+            timeout=300,
+        )
+        attempts = (out / "attempts_rank1.txt").read_text().split()
+        if launcher.is_rdrun and leg == "default":
+            assert r.rc == 93, r.describe()
+            assert attempts[::2] == ["0", "1"], attempts
+            assert "the same failure 2 attempts in a row: ValueError" in r.text, r.describe()
+        else:
+            # torchrun's row: every restart spent, then exit 1.
+            assert r.rc == 1, r.describe()
+            assert attempts[::2] == ["0", "1", "2"], attempts

@@ -359,3 +359,56 @@ fn a_failed_worker_slow_to_exit_is_reported_by_its_failure_not_rdruns_sigterm() 
         "{out:?}"
     );
 }
+
+/// Issue 38 item 1: `--report-json` is written on every end, success included: a report left by
+/// an earlier failed run is replaced (exit code 0, no failures), not left for a script to read
+/// as this run's.
+#[test]
+fn a_successful_run_replaces_an_earlier_report_json() {
+    let dir = crate::util::TempDir::new("report_json_success");
+    let json = dir.join("r.json");
+    fs::write(&json, "{\"exit_code\":75}\n").expect("stale report");
+    crate::util::Rdrun::new()
+        .args(["--standalone", "--nproc-per-node", "2", "--report-json"])
+        .arg(&json)
+        .args(["--no-python", "true"])
+        .run()
+        .assert_code(0);
+    let v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&json).expect("report json")).expect("json");
+    assert_eq!(v["schema"], "rdrun.failure-report/1", "{v}");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert!(v["root_cause"].is_null(), "{v}");
+    assert_eq!(v["failures"], serde_json::json!([]), "{v}");
+    assert_eq!(v["restarts"], serde_json::json!([]), "{v}");
+}
+
+/// Issue 38 item 1: a run that recovered through a restart reports exit code 0 and the restart
+/// it took with its cause.
+#[test]
+fn a_recovered_run_reports_its_restarts_and_their_causes() {
+    let dir = crate::util::TempDir::new("report_json_restarts");
+    let json = dir.join("r.json");
+    crate::util::Rdrun::new()
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "3",
+        ])
+        .arg("--report-json")
+        .arg(&json)
+        .args(["--no-python", "sh", "-c"])
+        .arg(r#"[ "$TORCHELASTIC_RESTART_COUNT" != 0 ] || [ "$LOCAL_RANK" != 1 ] || exit 3"#)
+        .run()
+        .assert_code(0);
+    let v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&json).expect("report json")).expect("json");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(
+        v["restarts"],
+        serde_json::json!([{"restart_count": 0, "charged": true, "cause": "exit code 3"}]),
+        "{v}"
+    );
+}

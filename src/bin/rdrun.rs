@@ -3,8 +3,9 @@
 //!
 //! Thin on purpose: every decision lives in the library. How the run ended (a
 //! `supervisor::RunEnd`) is printed here, once: the failure report, or `rdrun: error: <message
-//! and its causes>`; the report's files (`--report-json`, the parent TORCHELASTIC_ERROR_FILE) are
-//! written from the same resolved report; the status is `RunEnd::exit`'s, numbered by `exit::Exit`.
+//! and its causes>`; the report's files (`--report-json` on every end, the parent
+//! TORCHELASTIC_ERROR_FILE after a failure) are written from the same resolved report; the status
+//! is `RunEnd::exit`'s, numbered by `exit::Exit`.
 
 use rdrun::cli::{self, Invocation};
 use rdrun::config;
@@ -90,15 +91,18 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
         print_err(&text);
     }
     let report_json = cfg.report_json.clone();
-    let end = supervisor::run(cfg);
+    let ended = supervisor::run(cfg);
+    let end = &ended.end;
     if let Some(report) = end.report() {
         // Nested under a scheduler that gave rdrun its own error file: the root cause goes there.
         let parent = std::env::var_os("TORCHELASTIC_ERROR_FILE")
             .filter(|p| !p.is_empty())
             .map(PathBuf::from);
-        supervisor::write_report_files(report, report_json.as_deref(), parent.as_deref());
+        supervisor::write_parent_error_file(report, parent.as_deref());
     }
-    supervisor::write_end_json(&end, report_json.as_deref());
+    // On every end, success included: a report left by an earlier run must not be read as this
+    // one's.
+    supervisor::write_end_json(&ended, report_json.as_deref());
     if let Some(msg) = end.message() {
         print_err(&format!("{msg}\n"));
     }

@@ -1,12 +1,45 @@
-//! How a run ended: the value [`super::run`] returns. [`RunEnd::exit`] names its process
-//! status in `crate::exit`'s terms; the binary prints it (the error chain, or the failure report) once. Nothing in the
-//! supervisor prints an error itself.
+//! How a run ended: the value [`super::run`] returns ([`Ended`]: the [`RunEnd`] and the restarts
+//! the run took). [`RunEnd::exit`] names its process status in `crate::exit`'s terms; the binary
+//! prints it (the error chain, or the failure report) once. Nothing in the supervisor prints an
+//! error itself. Also the `--report-json` document of every end ([`end_json`], one schema built
+//! by `report_json.rs`) and its write.
 
 use std::fmt;
 use std::path::Path;
 
 use super::report::{self, ResolvedReport};
 use crate::exit::Exit;
+
+/// A run's end and what led to it: what the binary prints, exits with and writes.
+#[derive(Debug)]
+pub struct Ended {
+    pub end: RunEnd,
+    /// The restarts and regroups the run took before it ended, in order.
+    pub restarts: Vec<Restart>,
+}
+
+impl From<RunEnd> for Ended {
+    /// An end before any attempt could restart.
+    fn from(end: RunEnd) -> Ended {
+        Ended {
+            end,
+            restarts: Vec::new(),
+        }
+    }
+}
+
+/// One restart or regroup the run took: `--report-json`'s `restarts` lists them, so that a run
+/// that recovered still says what it recovered from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restart {
+    /// TORCHELASTIC_RESTART_COUNT of the attempt that ended (a free regroup does not raise it).
+    pub restart_count: u32,
+    /// Whether it used one of `--max-restarts`.
+    pub charged: bool,
+    /// What ended the attempt: the run's root cause (`ValueError at train.py:88`, `exit code
+    /// 3`), `hang`, `node(s) lost: …`, `membership change`.
+    pub cause: String,
+}
 
 /// The end of one launch.
 #[derive(Debug)]
@@ -80,17 +113,13 @@ impl BadNode {
             .iter()
             .map(|(c, d)| serde_json::json!({"check": c, "detail": d}))
             .collect();
-        serde_json::json!({
-            "schema": "rdrun.failure-report/1",
-            "exit_code": Exit::BadNode.code(),
-            "root_cause": null,
-            "root_cause_kind": "bad_node",
-            "hang": null,
-            "verdict": null,
-            "bad_node": {"node": self.node, "message": self.line, "failed_checks": checks},
-            "node_failures": self.node_failures,
-            "failures": [],
-        })
+        let mut doc = report::skeleton(Exit::BadNode.code(), Some("bad_node"));
+        doc.insert(
+            "bad_node".into(),
+            serde_json::json!({"node": self.node, "message": self.line, "failed_checks": checks}),
+        );
+        doc.insert("node_failures".into(), self.node_failures.clone().into());
+        doc.into()
     }
 }
 
@@ -197,56 +226,83 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// `--report-json` of a node whose run ended because the rendezvous was closed elsewhere or
-/// lost (schema `rdrun.failure-report/1`, `root_cause_kind` `"rendezvous"`, no failures of its
-/// own): `message` says why, `node_failures` which node failed how often (issue 28); when the
-/// other node stopped with the stop verdict, `verdict` is its line and `exit_code` 93, as this
-/// node's own status.
+/// lost (`root_cause_kind` `"rendezvous"`, no failures of its own): `message` says why,
+/// `node_failures` which node failed how often (issue 28); when the other node stopped with the
+/// stop verdict, `verdict` is its line and `exit_code` 93, as this node's own status.
 fn lost_json(
     end: &RunEnd,
     msg: &str,
     node_failures: Option<&serde_json::Value>,
 ) -> serde_json::Value {
-    serde_json::json!({
-        "schema": "rdrun.failure-report/1",
-        "exit_code": end.exit().code(),
-        "root_cause": null,
-        "root_cause_kind": "rendezvous",
-        "message": msg,
-        "hang": null,
-        "verdict": super::verdict::verdict_in(msg),
-        "node_failures": node_failures,
-        "failures": [],
-    })
+    let mut doc = report::skeleton(end.exit().code(), Some("rendezvous"));
+    doc.insert("message".into(), msg.into());
+    doc.insert("verdict".into(), super::verdict::verdict_in(msg).into());
+    doc.insert("node_failures".into(), node_failures.cloned().into());
+    doc.into()
 }
 
-/// Writes `--report-json` for an end without a failure report that still names something a
-/// requeue script needs (a bad node; a job that failed elsewhere, with every node's failure
-/// counts); errors are logged.
-pub fn write_end_json(end: &RunEnd, json: Option<&Path>) {
+/// The `--report-json` document of any end (schema `rdrun.failure-report/1`, docs/compat.md),
+/// success included: a stale report of an earlier failed run must never outlive a rerun.
+/// `exit_code` is always rdrun's own status for this end; `restarts` lists what the run
+/// recovered from (`[{restart_count, charged, cause}]`). `root_cause_kind`: null for a success,
+/// `"failure"`/`"hang"` with a failure report, `"signal"` for a shutdown signal (with any
+/// failures of the stop), `"launcher"` for rdrun's own error, `"rendezvous"`, `"bad_node"`.
+pub fn end_json(ended: &Ended) -> serde_json::Value {
+    let end = &ended.end;
+    let code = end.exit().code();
+    let mut doc = match end {
+        RunEnd::WorkersFailed(r) => report::to_json(r),
+        RunEnd::Interrupted { signal, report } => {
+            let mut doc = match report {
+                Some(r) => report::to_json(r),
+                None => report::skeleton(code, None).into(),
+            };
+            doc["root_cause_kind"] = "signal".into();
+            doc["message"] = format!("received {}", super::signals::name(*signal)).into();
+            doc
+        }
+        RunEnd::BadNode(bad) => bad.to_json(),
+        RunEnd::RendezvousLost(msg, counts) => lost_json(end, msg, counts.as_ref()),
+        RunEnd::LauncherError(e) => {
+            let mut doc = report::skeleton(code, Some("launcher"));
+            doc.insert("message".into(), e.to_string().into());
+            doc.into()
+        }
+        RunEnd::Succeeded => report::skeleton(code, None).into(),
+    };
+    // A report's own exit code is its root cause's; the end's is what rdrun exits with (a
+    // signal to rdrun, the stop verdict).
+    doc["exit_code"] = code.into();
+    doc["restarts"] = ended
+        .restarts
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "restart_count": r.restart_count,
+                "charged": r.charged,
+                "cause": r.cause,
+            })
+        })
+        .collect::<Vec<_>>()
+        .into();
+    doc
+}
+
+/// Writes `--report-json` ([`end_json`]) for every end, atomically (a reader never sees half a
+/// report, nor the previous run's once this one has ended); errors are logged.
+pub fn write_end_json(ended: &Ended, json: Option<&Path>) {
     let Some(path) = json else {
         return;
     };
-    let doc = match end {
-        RunEnd::BadNode(bad) => bad.to_json(),
-        RunEnd::RendezvousLost(msg, counts) => lost_json(end, msg, counts.as_ref()),
-        _ => return,
-    };
-    let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
-    text.push('\n');
-    if let Err(err) = std::fs::write(path, text) {
-        tracing::error!("--report-json: cannot write {}: {err}", path.display());
+    if let Err(err) = report::write_json_doc(path, &end_json(ended)) {
+        tracing::error!("--report-json: {err}");
     }
 }
 
-/// Writes the report's two files: `--report-json` (`json`), and the root cause's copy into a
-/// parent scheduler's TORCHELASTIC_ERROR_FILE (`parent`), as torchrun's `@record`-wrapped main
-/// does (spec torchrun-compat §3.9). Errors are logged: the report on stderr stays the output.
-pub fn write_report_files(report: &ResolvedReport, json: Option<&Path>, parent: Option<&Path>) {
-    if let Some(path) = json {
-        if let Err(err) = report::write_json(path, report) {
-            tracing::error!("--report-json: {err}");
-        }
-    }
+/// Copies the root cause into a parent scheduler's TORCHELASTIC_ERROR_FILE (`parent`), as
+/// torchrun's `@record`-wrapped main does (spec torchrun-compat §3.9). Errors are logged: the
+/// report on stderr stays the output.
+pub fn write_parent_error_file(report: &ResolvedReport, parent: Option<&Path>) {
     match parent {
         Some(parent) => {
             if let Err(err) = report::copy_to_parent_error_file(parent, report) {
@@ -391,5 +447,71 @@ mod tests {
         let v = lost_json(&end, plain, None);
         assert_eq!(v["exit_code"], LAUNCHER_FAILURE);
         assert!(v["verdict"].is_null(), "{v}");
+    }
+
+    /// Issue 38 item 1: every end has a `--report-json` document of the one schema, with the
+    /// end's own exit code and the restarts the run took (a success that recovered included).
+    #[test]
+    fn every_end_has_a_report_json_of_one_schema() {
+        let restarts = vec![Restart {
+            restart_count: 0,
+            charged: true,
+            cause: "exit code 3".into(),
+        }];
+        let ends = [
+            (RunEnd::Succeeded, 0, serde_json::Value::Null),
+            (
+                RunEnd::Interrupted {
+                    signal: 15,
+                    report: None,
+                },
+                143,
+                "signal".into(),
+            ),
+            (RunEnd::error("bind failed"), 1, "launcher".into()),
+            (
+                RunEnd::RendezvousLost("gone".into(), None),
+                1,
+                "rendezvous".into(),
+            ),
+            (
+                RunEnd::BadNode(BadNode::found(
+                    "n1".into(),
+                    "network",
+                    "slow".into(),
+                    "node n1 is slow".into(),
+                )),
+                75,
+                "bad_node".into(),
+            ),
+        ];
+        let keys = |v: &serde_json::Value| -> Vec<String> {
+            let mut k: Vec<String> = v.as_object().expect("object").keys().cloned().collect();
+            k.retain(|k| k != "message" && k != "bad_node");
+            k.sort();
+            k
+        };
+        let want = keys(&end_json(&Ended::from(RunEnd::Succeeded)));
+        for (end, code, kind) in ends {
+            let ended = Ended {
+                end,
+                restarts: restarts.clone(),
+            };
+            let v = end_json(&ended);
+            assert_eq!(v["schema"], "rdrun.failure-report/1", "{v}");
+            assert_eq!(v["exit_code"], code, "{v}");
+            assert_eq!(v["root_cause_kind"], kind, "{v}");
+            assert_eq!(
+                v["restarts"],
+                serde_json::json!([{"restart_count": 0, "charged": true, "cause": "exit code 3"}]),
+                "{v}"
+            );
+            assert_eq!(keys(&v), want, "{v}");
+        }
+        let v = end_json(&Ended::from(RunEnd::Interrupted {
+            signal: 15,
+            report: None,
+        }));
+        assert_eq!(v["message"], "received SIGTERM", "{v}");
     }
 }

@@ -6,6 +6,7 @@ use crate::rendezvous::{RdzvEvent, RoundReason};
 
 use super::report::Failure;
 use super::restart::AttemptEnd;
+use super::verdict::Signature;
 use super::watch::verdict::HangFinding;
 
 /// How one attempt ended, with what the report and the decision need.
@@ -54,6 +55,31 @@ impl Outcome {
             Outcome::Interrupted { .. } => AttemptEnd::Interrupted,
             Outcome::LauncherError(_) => AttemptEnd::LauncherError,
             Outcome::RendezvousLost(_) => AttemptEnd::RendezvousLost,
+        }
+    }
+
+    /// What ended the attempt, in words, for a restart's record (`--report-json`'s `restarts`):
+    /// `sig`, the run's root cause when it was a plain worker failure (`ValueError at
+    /// train.py:88`, `exit code 3`); `hang`; `node(s) lost: …` (a failure that came with it is
+    /// counted as the loss, as the restart decision does); `membership change`.
+    pub(super) fn cause(&self, sig: Option<&Signature>) -> String {
+        let lost_nodes = |lost: &[String]| match lost.is_empty() {
+            true => "membership change".to_string(),
+            false => format!("node(s) lost: {}", lost.join(", ")),
+        };
+        match self {
+            Outcome::Failed {
+                peer_loss: Some((_, lost)),
+                ..
+            }
+            | Outcome::Regroup { lost, .. } => lost_nodes(lost),
+            Outcome::Failed { hang: Some(_), .. } => "hang".to_string(),
+            Outcome::Failed { .. } => {
+                sig.map_or_else(|| "worker failure".into(), ToString::to_string)
+            }
+            Outcome::Succeeded => "succeeded".to_string(),
+            Outcome::Interrupted { signal, .. } => super::signals::name(*signal),
+            Outcome::LauncherError(msg) | Outcome::RendezvousLost(msg) => msg.clone(),
         }
     }
 

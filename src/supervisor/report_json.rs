@@ -1,13 +1,15 @@
 //! The failure report as JSON (`report.rs`'s [`super::ResolvedReport`], kept apart by job): the
 //! `--report-json` document and the nested error-file copy a parent launcher reads
 //! (TORCHELASTIC_ERROR_FILE of an outer torchrun/rdrun). Pure functions of the resolved report,
-//! plus the two writes.
+//! plus the two writes. [`skeleton`] is the one schema every `--report-json` document starts
+//! from (a failure report's here, the other ends' in `end.rs`), so that no kind of end can miss
+//! a member a script reads.
 
 use std::fs;
 use std::io;
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::*;
 
@@ -57,26 +59,81 @@ pub(super) fn to_json_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String
             })
         })
         .collect();
-    json!({
-        "schema": "rdrun.failure-report/1",
-        "name": report.name,
-        "host": report.host,
-        "exit_code": root.map(|_| report.exit_code()),
-        "root_cause": root,
-        "root_cause_kind": if report.hang.is_some() { "hang" } else { "failure" },
-        "hang": report.hang,
-        "verdict": report.verdict,
-        "node_failures": report.node_failures,
-        "failures": failures,
-    })
+    let mut doc = skeleton(
+        report.exit_code(),
+        Some(if report.hang.is_some() {
+            "hang"
+        } else {
+            "failure"
+        }),
+    );
+    doc.insert("name".into(), report.name.clone().into());
+    doc.insert("host".into(), report.host.clone().into());
+    doc.insert("exit_code".into(), root.map(|_| report.exit_code()).into());
+    doc.insert("root_cause".into(), root.into());
+    doc.insert("hang".into(), report.hang.clone().into());
+    doc.insert("verdict".into(), report.verdict.clone().into());
+    doc.insert("node_failures".into(), report.node_failures.clone().into());
+    doc.insert("failures".into(), failures.into());
+    doc.into()
 }
 
-/// Writes [`to_json`] (pretty, with a final newline) to `path`.
-pub fn write_json(path: &Path, report: &ResolvedReport) -> io::Result<()> {
-    let mut text = serde_json::to_string_pretty(&to_json(report)).map_err(io::Error::other)?;
+/// The members every `--report-json` document has, in this order (schema
+/// `rdrun.failure-report/1`): what a kind of end does not know stays null (or empty).
+/// `root_cause_kind`: null for a success.
+pub fn skeleton(exit_code: i32, kind: Option<&str>) -> Map<String, Value> {
+    let doc = json!({
+        "schema": "rdrun.failure-report/1",
+        "name": null,
+        "host": null,
+        "exit_code": exit_code,
+        "root_cause": null,
+        "root_cause_kind": kind,
+        "hang": null,
+        "verdict": null,
+        "node_failures": null,
+        "failures": [],
+        "restarts": [],
+    });
+    match doc {
+        Value::Object(map) => map,
+        _ => unreachable!("a JSON object literal"),
+    }
+}
+
+/// Writes `doc` (pretty, with a final newline) to `path` atomically: into a temporary file in
+/// the same directory, then renamed over `path`, so that a reader sees the old document or the
+/// new one, never a mix or an empty file (a script may poll the file while rdrun ends). A
+/// symbolic link is followed (the file it names is replaced, not the link); a path that is not
+/// a regular file (`/dev/stdout`, a FIFO) is written in place, as rename cannot replace it.
+pub fn write_json_doc(path: &Path, doc: &Value) -> io::Result<()> {
+    let mut text = serde_json::to_string_pretty(doc).map_err(io::Error::other)?;
     text.push('\n');
-    fs::write(path, text)
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display())))
+    let named =
+        |e: io::Error| io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display()));
+    let target = fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    if fs::metadata(&target).is_ok_and(|m| !m.is_file()) {
+        return fs::write(&target, text).map_err(named);
+    }
+    let Some(file) = target.file_name() else {
+        return Err(named(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a file name",
+        )));
+    };
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(file);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let written = fs::write(&tmp, text).and_then(|()| fs::rename(&tmp, &target));
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written.map_err(named)
 }
 
 /// The JSON rdrun writes to its own TORCHELASTIC_ERROR_FILE when nested under a scheduler:

@@ -573,10 +573,11 @@ fn json_report() {
     assert_eq!(f1["traceback"], json!(tb()));
     assert_eq!(f1["stderr_tail"], json!(["a"]));
     let out = s.0.path().join("report.json");
-    write_json(&out, &r).expect("write");
+    write_json_doc(&out, &to_json(&r)).expect("write");
     let back: Value = serde_json::from_str(&fs::read_to_string(&out).expect("read")).expect("json");
     assert_eq!(back["root_cause"], 1);
-    let err = write_json(&s.0.path().join("no/such/dir.json"), &r).expect_err("bad path");
+    let err =
+        write_json_doc(&s.0.path().join("no/such/dir.json"), &to_json(&r)).expect_err("bad path");
     assert!(err.to_string().contains("cannot write"), "{err}");
     // rdrun's exit code for a signal root cause: 128+N.
     let v = to_json(&report(
@@ -584,6 +585,32 @@ fn json_report() {
         vec![failure(0, 1, WorkerStatus::Signaled(9), T)],
     ));
     assert_eq!(v["exit_code"], 137);
+}
+
+/// Issue 38 item 1: `--report-json` replaces an earlier report by rename (no temporary file
+/// left beside it), writes through a symbolic link to the file it names (the link stays), and
+/// writes a path that is no regular file in place.
+#[test]
+fn report_json_is_replaced_atomically() {
+    let s = Scratch::new();
+    let out = s.file("r.json", "{\"exit_code\":75}");
+    write_json_doc(&out, &json!({"exit_code": 0})).expect("write");
+    let back: Value = serde_json::from_str(&fs::read_to_string(&out).expect("read")).expect("json");
+    assert_eq!(back["exit_code"], 0);
+    let names: Vec<_> = fs::read_dir(s.0.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("r.json")]);
+    let link = s.0.path().join("link.json");
+    std::os::unix::fs::symlink(&out, &link).expect("symlink");
+    write_json_doc(&link, &json!({"exit_code": 3})).expect("write through the link");
+    assert!(fs::symlink_metadata(&link).expect("link").is_symlink());
+    assert!(fs::read_to_string(&out)
+        .expect("read")
+        .contains("\"exit_code\": 3"));
+    write_json_doc(Path::new("/dev/null"), &json!({})).expect("in place");
+    assert!(Path::new("/dev/null").exists());
 }
 
 #[test]

@@ -640,3 +640,54 @@ fn json_topology_has_a_health_block() {
     assert!(j["health"]["checks"].is_null(), "{j}");
     assert_eq!(j["health"]["network_check"], false);
 }
+
+/// rdrun with `args` under a 512 MiB data limit (`ulimit -d`), so that a read without end fails
+/// in a moment instead of taking the machine's memory; stdin closed, hard-bounded.
+fn run_with_data_limit(args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-c", "ulimit -d 524288 && exec \"$0\" \"$@\""])
+        .arg(crate::util::rdrun_bin())
+        .args(args)
+        .env_remove("RUST_LOG");
+    crate::util::output_with_stdin(&mut cmd, b"", AGENT_TIMEOUT)
+}
+
+/// Issue 38.12: a node-list file is read within a bound. `--exclude-nodes-from /dev/zero` (a
+/// file without end) fails at once with one line naming the flag and the file (exit 2), and a
+/// `--bad-nodes-file` that reads without end (`/dev/full`) costs the bad node one error line
+/// naming it, not its memory: the run still ends as a bad node (75). Before, both read until
+/// memory ran out.
+#[test]
+fn node_list_files_are_read_within_a_bound() {
+    let out = run_with_data_limit(&["--exclude-nodes-from", "/dev/zero", "--no-python", "true"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr,
+        "rdrun: error: --exclude-nodes-from '/dev/zero': longer than 16 MiB, more than a list of 65536 hosts holds\n"
+    );
+    let out = run_with_data_limit(&[
+        "--standalone",
+        "--health-check=on",
+        "--health-check-cmd",
+        "exit 1",
+        "--bad-nodes-file",
+        "/dev/full",
+        "--no-python",
+        "true",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("--bad-nodes-file"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].ends_with(&format!(
+            "ERROR --bad-nodes-file: cannot add {} to /dev/full: longer than 16 MiB, more than a list of 65536 hosts holds",
+            hostname()
+        )),
+        "{stderr}"
+    );
+}

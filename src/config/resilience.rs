@@ -154,21 +154,67 @@ pub(super) fn resolve(
     Ok(r)
 }
 
+/// Most hosts an exclude list may name: the largest hostlist range rdrun expands (65,536).
+pub const MAX_LISTED_NODES: usize = crate::cluster::hostlist::MAX_RANGE as usize;
+
+/// Most bytes read of a node-list file (`--exclude-nodes-from`, and `--bad-nodes-file` before a
+/// name is appended): 256 a host (a DNS name is at most 253 bytes), 16 MiB. A file or device
+/// that never ends (`/dev/zero`, `/dev/full`) is not read past it.
+pub const MAX_NODE_FILE_BYTES: u64 = MAX_LISTED_NODES as u64 * 256;
+
+/// Reads a node-list file whole, at most [`MAX_NODE_FILE_BYTES`]: `Ok(None)` when it does not
+/// exist; `Err`: one line saying why it cannot be a list of hosts (unreadable, longer than the
+/// bound, not text).
+pub fn read_node_file(path: &Path) -> Result<Option<String>, String> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking open: a FIFO nobody writes to would block `open` for ever. Blocking reads
+    // after it, so that a pipe that has a writer (`<(list-bad-nodes)`) is read to its end.
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read: {e}")),
+    };
+    // SAFETY: fcntl(2) F_GETFL/F_SETFL on the descriptor `file` owns.
+    unsafe {
+        let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    let mut bytes = Vec::new();
+    // One byte past the bound tells a file of exactly the bound from a longer one.
+    if let Err(e) = file.take(MAX_NODE_FILE_BYTES + 1).read_to_end(&mut bytes) {
+        return Err(format!("cannot read: {e}"));
+    }
+    if bytes.len() as u64 > MAX_NODE_FILE_BYTES {
+        return Err(format!(
+            "longer than {} MiB, more than a list of {MAX_LISTED_NODES} hosts holds",
+            MAX_NODE_FILE_BYTES >> 20
+        ));
+    }
+    String::from_utf8(bytes).map(Some).map_err(|e| {
+        format!(
+            "not a text file (invalid UTF-8 at byte {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
 /// Reads an exclude list (`--exclude-nodes-from`): host names or Slurm hostlists
 /// (`node[01-04]`), separated by new lines (what `--bad-nodes-file` writes) or commas outside
-/// brackets; `#` starts a comment. A missing file lists nothing.
+/// brackets; `#` starts a comment. A missing file lists nothing; at most [`MAX_LISTED_NODES`]
+/// hosts, read within [`MAX_NODE_FILE_BYTES`].
 pub fn read_exclude_list(path: &Path) -> Result<Vec<String>, ConfigError> {
     let flag = "--exclude-nodes-from";
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(invalid(
-                flag,
-                path.display().to_string(),
-                format!("cannot read: {e}"),
-            ))
-        }
+    let bad = |reason: String| invalid(flag, path.display().to_string(), reason);
+    let Some(text) = read_node_file(path).map_err(bad)? else {
+        return Ok(Vec::new());
     };
     let mut names = Vec::new();
     for line in text.lines() {
@@ -176,9 +222,11 @@ pub fn read_exclude_list(path: &Path) -> Result<Vec<String>, ConfigError> {
         if line.is_empty() {
             continue;
         }
-        let hosts = crate::cluster::hostlist::expand(line)
-            .map_err(|e| invalid(flag, path.display().to_string(), e.to_string()))?;
+        let hosts = crate::cluster::hostlist::expand(line).map_err(|e| bad(e.to_string()))?;
         names.extend(hosts.into_iter().filter(|h| !h.is_empty()));
+        if names.len() > MAX_LISTED_NODES {
+            return Err(bad(format!("lists more than {MAX_LISTED_NODES} hosts")));
+        }
     }
     Ok(names)
 }
@@ -313,6 +361,43 @@ mod tests {
         resolve_memory(&mut r, Some("/x/bad"), None).unwrap();
         assert_eq!(r.bad_nodes_file, Some(PathBuf::from("/x/bad")));
         assert_eq!(r.exclude_from, None);
+    }
+
+    /// Issue 38.12: what is read of a node list is bounded, in bytes and in hosts; a file that
+    /// never ends is one line, not a read without end; a FIFO nobody writes to lists nothing.
+    #[test]
+    fn exclude_lists_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad");
+        let long = |e: ConfigError| e.to_string().contains("longer than 16 MiB");
+        // Exactly the bound is read; a byte more is refused.
+        let mut text = vec![b'\n'; MAX_NODE_FILE_BYTES as usize - 3];
+        text.extend_from_slice(b"n1\n");
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(read_exclude_list(&path).unwrap(), ["n1"]);
+        text.insert(0, b'\n');
+        std::fs::write(&path, &text).unwrap();
+        let e = read_exclude_list(&path).unwrap_err();
+        assert!(e.to_string().starts_with("--exclude-nodes-from"), "{e}");
+        assert!(long(e));
+        let zero = Path::new("/dev/zero");
+        if zero.exists() {
+            assert!(long(read_exclude_list(zero).unwrap_err()));
+        }
+        // 65,536 hosts are allowed, one more is not (two ranges of rdrun's largest).
+        std::fs::write(&path, "a[0-65535]\n").unwrap();
+        assert_eq!(read_exclude_list(&path).unwrap().len(), MAX_LISTED_NODES);
+        std::fs::write(&path, "a[0-65535]\nb1\n").unwrap();
+        let e = read_exclude_list(&path).unwrap_err().to_string();
+        assert!(e.contains("lists more than 65536 hosts"), "{e}");
+        std::fs::write(&path, b"n1\n\xff\n").unwrap();
+        let e = read_exclude_list(&path).unwrap_err().to_string();
+        assert!(e.contains("not a text file"), "{e}");
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) of a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(read_exclude_list(&fifo).unwrap().is_empty());
     }
 
     #[test]

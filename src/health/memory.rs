@@ -5,6 +5,8 @@
 use std::io::Write;
 use std::path::Path;
 
+use crate::config::resilience::read_node_file;
+
 /// Whether `node` is on `names`: its full name, or its short name (up to the first dot) against
 /// a listed short name.
 pub fn listed(node: &str, names: &[String]) -> bool {
@@ -16,12 +18,14 @@ pub fn listed(node: &str, names: &[String]) -> bool {
 
 /// Appends `node` to `path` unless it is already listed there. One `write` of the whole line
 /// to a file opened with `O_APPEND`, so nodes of one job that fail at once do not mix their
-/// lines.
+/// lines. What is there is read within the bound of an exclude list (the file is one, for the
+/// next job): a file or device that never ends (`/dev/full`, `/dev/zero`) is an error, not a
+/// read without end.
 pub fn remember(path: &Path, node: &str) -> std::io::Result<()> {
-    let known = match std::fs::read_to_string(path) {
-        Ok(text) => text.lines().any(|l| l.trim() == node),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-        Err(e) => return Err(e),
+    let known = match read_node_file(path) {
+        Ok(Some(text)) => text.lines().any(|l| l.trim() == node),
+        Ok(None) => false,
+        Err(why) => return Err(std::io::Error::other(why)),
     };
     if known {
         return Ok(());
@@ -57,5 +61,17 @@ mod tests {
         remember(&path, "n1").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "n1\nn2\n");
         assert!(remember(&dir.path().join("no/such/dir"), "n1").is_err());
+    }
+
+    /// Issue 38.12: a file that never ends (`/dev/full` reads zeros for ever) is an error once
+    /// the bound is read, not a read without end; nothing is written to it.
+    #[test]
+    fn remember_reads_within_the_bound() {
+        let full = Path::new("/dev/full");
+        if !full.exists() {
+            return;
+        }
+        let e = remember(full, "n1").unwrap_err().to_string();
+        assert!(e.contains("longer than 16 MiB"), "{e}");
     }
 }

@@ -253,7 +253,11 @@ pub(super) async fn bad_node(
 ) -> RunEnd {
     if let Some(path) = &config.resilience.bad_nodes_file {
         if let Err(err) = health::memory::remember(path, &bad.node) {
-            tracing::error!("--bad-nodes-file: cannot write {}: {err}", path.display());
+            tracing::error!(
+                "--bad-nodes-file: cannot add {} to {}: {err}",
+                bad.node,
+                path.display()
+            );
         }
     }
     if let (Some(rdzv), false) = (rdzv, elastic) {

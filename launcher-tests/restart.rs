@@ -175,3 +175,55 @@ fn restarted_workers_see_a_fresh_environment() {
     );
     assert_eq!(env(&second)["TORCHELASTIC_RESTART_COUNT"], "1");
 }
+
+/// Issue 37 item 4: each restart's cost, shown: one line at the default level naming its
+/// phases, a `restart_cost` event with them, and the restart's `seconds` in `--report-json`.
+#[test]
+fn each_restart_shows_what_it_cost() {
+    let dir = TempDir::new("restart_cost");
+    let events = dir.join("events.jsonl");
+    let json = dir.join("report.json");
+    let out = launch(2)
+        .arg("--max-restarts=1")
+        .arg("--events")
+        .arg(&events)
+        .arg("--report-json")
+        .arg(&json)
+        .arg(worker("fail_until_restart"))
+        .arg("1")
+        .arg(dir.path())
+        .run();
+    out.assert_code(0);
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains(" restart 1: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "{out:?}");
+    let line = lines[0];
+    for part in ["s (noticed ", ", stopped ", ", round ", ", started cold "] {
+        assert!(line.contains(part), "{part:?} not in {line}");
+    }
+    assert!(line.contains(" WARN "), "the default level: {line}");
+    let text = std::fs::read_to_string(&events).expect("events");
+    let cost: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "restart_cost")
+        .collect();
+    assert_eq!(cost.len(), 1, "{text}");
+    let total = cost[0]["total_s"].as_f64().expect("total_s");
+    let parts: f64 = ["noticed_s", "stopped_s", "round_s", "started_s"]
+        .iter()
+        .map(|k| cost[0][k].as_f64().unwrap_or(f64::NAN))
+        .sum();
+    assert!((total - parts).abs() < 1e-6 && total > 0.0, "{}", cost[0]);
+    assert_eq!(cost[0]["started_cold"], 2, "{}", cost[0]);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("json");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(
+        v["restarts"][0]["seconds"]["total_s"], cost[0]["total_s"],
+        "{v}"
+    );
+}

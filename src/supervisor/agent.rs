@@ -35,6 +35,7 @@ use crate::rendezvous::{Assignment, Rendezvous, RoundReason};
 use crate::store::server::{self, ServerExit, StoreServer};
 
 use super::attempt::{Flow, Group, GroupSettings, Outcome};
+use super::checkcells::CheckCells;
 use super::effects::Os;
 use super::end::{Ended, Restart, RunEnd};
 use super::events::Event;
@@ -157,6 +158,8 @@ struct Agent {
     restarts_disabled: bool,
     /// The restarts and regroups taken so far (`--report-json`'s `restarts`).
     restarts: Vec<Restart>,
+    /// The marks of the restart under way (`restartcost.rs`).
+    restart_clock: super::restartcost::RestartClock,
 }
 
 impl Agent {
@@ -200,13 +203,25 @@ impl Agent {
             }
         }
         // Issue 28: a node that fails its health check does not join (`healthlink.rs`).
-        // Under `warn` the checks run beside the join and the workers; `_health` waits for
-        // their verdict when the run ends.
-        let _health =
-            match super::healthlink::gate(&config, &obs, &mut signals, rdzv.as_mut()).await {
-                Ok(background) => background,
-                Err(end) => return end,
-            };
+        // Under `warn` the checks run beside the join and the workers; `health` waits for
+        // their verdict when the run ends. Their programs live in cgroups below the run's
+        // (`checkcells.rs`).
+        let contain = CheckCells::new(
+            watchdog.as_ref().and_then(Watchdog::cgroup_dir),
+            watchdog.as_ref().map(Watchdog::fd),
+        );
+        let health = match super::healthlink::gate(
+            &config,
+            &obs,
+            &mut signals,
+            rdzv.as_mut(),
+            contain,
+        )
+        .await
+        {
+            Ok(background) => background,
+            Err(end) => return end,
+        };
         let (store, master_port) = match setup::worker_store(&config, rdzv.as_ref()).await {
             Ok(s) => s,
             Err(msg) => return RunEnd::error(msg),
@@ -263,9 +278,13 @@ impl Agent {
             obs,
             restarts_disabled: false,
             restarts: Vec::new(),
+            restart_clock: Default::default(),
         };
         let end = agent.attempts().await;
         *restarts = std::mem::take(&mut agent.restarts);
+        // The `warn` checks' verdict (or their cancel) while the run's cgroup, where their
+        // programs are, and the watchdog they registered with still exist.
+        drop(health);
         agent.shutdown().await;
         end
     }
@@ -389,6 +408,7 @@ impl Agent {
                         restart_count,
                         charged: true,
                         cause: outcome.cause(same.last()),
+                        cost: None,
                     });
                     tracing::warn!(
                         "worker group failed; {}/{} restarts left, restarting (attempt {next})",
@@ -405,6 +425,7 @@ impl Agent {
                         restart_count,
                         charged,
                         cause: outcome.cause(same.last()),
+                        cost: None,
                     });
                     outcome.log_regroup();
                     self.obs
@@ -592,6 +613,7 @@ impl Agent {
                 return Outcome::LauncherError(format!("cannot prepare the log directory: {err}"))
             }
         };
+        self.restart_clock.assigned();
         self.obs
             .get()
             .attempt_begins(asg.restart_count, logs.run_dir());
@@ -615,8 +637,20 @@ impl Agent {
             worker_env: &self.worker_env,
             obs: &self.obs,
             stop_output: &stop_output,
+            started: (0, 0),
         };
         let group = Group::spawn(&ids, &mut spawner, settings, Box::new(Os));
+        let (warm, cold) = spawner.started;
+        let taken = self.restarts.len() as u32;
+        if let Some(cost) = self.restart_clock.spawned(taken, warm, cold) {
+            // One line at the default level (WARN, as torchrun's LOGLEVEL default and the
+            // "restarting" line before it), the event and histogram, and `--report-json`.
+            tracing::warn!("{}", cost.line());
+            self.obs.get().restart_cost(&cost.to_json(), cost.total());
+            if let Some(r) = self.restarts.last_mut() {
+                r.cost = Some(cost.to_json());
+            }
+        }
         // Watching starts with the workers (the hang budget counts from the spawn).
         let mut watch = AttemptWatch::default();
         if !group.launch_failed() {
@@ -684,7 +718,11 @@ impl Agent {
             if flow == Flow::Over {
                 self.capture_verdict(&mut group).await;
                 self.obs.get().attempt_over();
-                return group.finish(stop_output).await;
+                let stop_began = group.stop().sent_at();
+                let outcome = group.finish(stop_output).await;
+                self.restart_clock
+                    .attempt_over(outcome.first_failure_at(), stop_began);
+                return outcome;
             }
             let deadline = group.stop().deadline();
             let poll_leftovers = group.polls_leftovers();

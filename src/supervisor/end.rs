@@ -39,6 +39,9 @@ pub struct Restart {
     /// What ended the attempt: the run's root cause (`ValueError at train.py:88`, `exit code
     /// 3`), `hang`, `node(s) lost: …`, `membership change`.
     pub cause: String,
+    /// What the restart cost, phase by phase (`restartcost.rs`), once the next attempt's
+    /// workers were spawned; `None` when none followed.
+    pub cost: Option<serde_json::Value>,
 }
 
 /// The end of one launch.
@@ -277,11 +280,15 @@ pub fn end_json(ended: &Ended) -> serde_json::Value {
         .restarts
         .iter()
         .map(|r| {
-            serde_json::json!({
+            let mut v = serde_json::json!({
                 "restart_count": r.restart_count,
                 "charged": r.charged,
                 "cause": r.cause,
-            })
+            });
+            if let Some(cost) = &r.cost {
+                v["seconds"] = cost.clone();
+            }
+            v
         })
         .collect::<Vec<_>>()
         .into();
@@ -457,6 +464,7 @@ mod tests {
             restart_count: 0,
             charged: true,
             cause: "exit code 3".into(),
+            cost: None,
         }];
         let ends = [
             (RunEnd::Succeeded, 0, serde_json::Value::Null),

@@ -8,6 +8,7 @@
 
 mod agent;
 mod attempt;
+pub mod checkcells;
 pub mod contain;
 pub mod debugrank;
 mod effects;
@@ -20,11 +21,13 @@ mod netlink;
 mod observe;
 mod outcome;
 pub mod output;
+mod outside;
 pub mod proctree;
 mod rdzvlink;
 mod redact;
 pub mod report;
 pub mod restart;
+mod restartcost;
 mod rootshare;
 mod setup;
 pub mod signals;

@@ -36,6 +36,16 @@ pub(super) enum Outcome {
 }
 
 impl Outcome {
+    /// When rdrun observed the attempt's first failure, if a worker failed.
+    pub(super) fn first_failure_at(&self) -> Option<std::time::SystemTime> {
+        match self {
+            Outcome::Failed { failures, .. } | Outcome::Interrupted { failures, .. } => {
+                failures.iter().map(|f| f.observed_at).min()
+            }
+            _ => None,
+        }
+    }
+
     /// What [`restart::decide`] needs to know of it.
     pub(super) fn attempt_end(&self) -> AttemptEnd {
         match self {

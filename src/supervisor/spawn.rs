@@ -42,6 +42,8 @@ pub(crate) struct Workers<'a> {
     /// Tells the output forwarders that every process rdrun can stop is gone: a pipe still open
     /// then is held by a descendant that escaped and outlived the stop (`output::pump`).
     pub stop_output: &'a watch::Sender<bool>,
+    /// How many workers were forked warm, and started cold (the restart's cost line).
+    pub started: (usize, usize),
 }
 
 impl Spawner for Workers<'_> {
@@ -59,6 +61,10 @@ impl Spawner for Workers<'_> {
         spec.more_follow = lr + 1 < self.logs.ranks.len();
         let spawned = worker::spawn(&spec).map_err(|err| err.describe())?;
         tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
+        match spawned.warm {
+            true => self.started.0 += 1,
+            false => self.started.1 += 1,
+        }
         if let Some(attach) = &spec.debug {
             // `--debug-rank`: one line, where to attach (or how to look inside without debugpy).
             output::own::stderr_line(&super::debugrank::announcement(

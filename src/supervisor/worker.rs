@@ -385,6 +385,8 @@ pub struct Spawned {
     pub pid: i32,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    /// Forked warm from the template (else started cold): for the restart's cost line.
+    pub warm: bool,
 }
 
 /// Makes every descriptor above stdio that rdrun holds now close-on-exec (issue 38.9): what a
@@ -441,6 +443,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
             pid: f.pid,
             stdout: f.stdout,
             stderr: f.stderr,
+            warm: true,
         });
     }
     let mut cmd = Command::new(&spec.program);
@@ -507,6 +510,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
         pid: child.id() as i32,
         stdout: OwnedFd::from(stdout),
         stderr: OwnedFd::from(stderr),
+        warm: false,
     })
 }
 

@@ -19,6 +19,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
@@ -57,6 +58,7 @@ pub struct Metrics {
     first_output: Family<Rank, FGauge>,
     output_age: Family<Rank, FGauge>,
     stop_seconds: FGauge,
+    restart_seconds: Histogram,
     store_open: Gauge,
     store_accepted: Counter,
     store_ops: Family<[(&'static str, String); 1], Counter>,
@@ -85,6 +87,11 @@ impl Metrics {
             first_output: Family::default(),
             output_age: Family::default(),
             stop_seconds: FGauge::default(),
+            // A warm restart takes 0.05-0.3 s, a cold one seconds, one that waits for a
+            // rendezvous or a stop's grace up to minutes.
+            restart_seconds: Histogram::new(
+                [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0].into_iter(),
+            ),
             store_open: Gauge::default(),
             store_accepted: Counter::default(),
             store_ops: Family::default(),
@@ -176,6 +183,12 @@ impl Metrics {
             m.output_age.clone(),
         );
         registry.register(
+            "rdrun_restart_seconds",
+            "What each restart cost: the first failure seen to every worker of the next attempt \
+             spawned (issue 37; the phases are in the restart_cost event)",
+            m.restart_seconds.clone(),
+        );
+        registry.register(
             "rdrun_stop_duration_seconds",
             "Time the last stop of the group took, from the stop signal to the last exit",
             m.stop_seconds.clone(),
@@ -244,6 +257,10 @@ impl Metrics {
 
     pub fn stop_took(&self, d: Duration) {
         self.stop_seconds.set(d.as_secs_f64());
+    }
+
+    pub fn restart_took(&self, d: Duration) {
+        self.restart_seconds.observe(d.as_secs_f64());
     }
 
     pub fn restarted(&self, charged: bool) {
@@ -413,6 +430,26 @@ mod tests {
             "{classic}"
         );
         assert!(!classic.contains("# EOF"), "{classic}");
+    }
+
+    /// Issue 37 item 4: the restart histogram is there from the first scrape and counts each
+    /// restart's total in its buckets.
+    #[test]
+    fn restart_seconds_is_a_histogram() {
+        let m = Metrics::new();
+        assert!(m
+            .render(false)
+            .contains("# TYPE rdrun_restart_seconds histogram\n"));
+        m.restart_took(Duration::from_millis(90));
+        m.restart_took(Duration::from_secs(3));
+        let text = m.render(false);
+        for want in [
+            "rdrun_restart_seconds_count 2",
+            "rdrun_restart_seconds_bucket{le=\"0.1\"} 1",
+            "rdrun_restart_seconds_bucket{le=\"5.0\"} 2",
+        ] {
+            assert!(text.contains(want), "{want} missing in\n{text}");
+        }
     }
 
     /// Issue 28: every node's failure counts, by host name; a new reading replaces the old.

@@ -453,6 +453,15 @@ impl Inner {
         self.common.attempt = next;
     }
 
+    /// The next attempt's workers were spawned after a restart: one `restart_cost` event with
+    /// its phases (`restartcost.rs`) and `rdrun_restart_seconds` observes the total.
+    pub fn restart_cost(&mut self, fields: &serde_json::Value, total: Duration) {
+        if let Some(m) = &self.metrics {
+            m.restart_took(total);
+        }
+        self.emit("restart_cost", obj(fields.clone()));
+    }
+
     /// One run of the node's health checks (issue 28): one `health_check` event with every
     /// verdict, and `rdrun_node_check_failed{check}` set to 1 / 0.
     pub fn health_checks(&mut self, report: &crate::health::HealthReport) {

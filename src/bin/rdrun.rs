@@ -69,7 +69,7 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
         if cfg.cluster.dry_run.is_some() {
             // What this node's health checks say (issue 28), unless --health-check off: a block
             // after the text topology, a `health` member of the JSON one.
-            let report = rdrun::health::run_blocking(&cfg);
+            let report = rdrun::supervisor::checkcells::dry_run(&cfg);
             if cfg.cluster.dry_run == Some(config::TopologyFormat::Json) {
                 let mut j: serde_json::Value =
                     serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);

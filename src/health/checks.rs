@@ -69,7 +69,7 @@ pub async fn interpreter(inputs: &Inputs) -> Verdict {
         true => "pass".to_string(),
         false => format!("import {}", inputs.preload.join(", ")),
     };
-    let ran = run_bounded(python, &["-c", &code], inputs.timeout).await;
+    let ran = run_bounded(python, &["-c", &code], inputs.timeout, &inputs.contain).await;
     let shown = python.display();
     let ok = match inputs.preload.is_empty() {
         true => format!("{shown} starts"),
@@ -97,7 +97,7 @@ pub async fn interpreter(inputs: &Inputs) -> Verdict {
 pub async fn command(inputs: &Inputs) -> Option<Verdict> {
     let cmd = inputs.command.as_deref()?;
     let t0 = Instant::now();
-    let ran = run_bounded("/bin/sh", &["-c", cmd], inputs.timeout).await;
+    let ran = run_bounded("/bin/sh", &["-c", cmd], inputs.timeout, &inputs.contain).await;
     let (status, what) = match ran.succeeded() {
         true => (Status::Ok, "passed"),
         false => (Status::Failed, "failed"),
@@ -123,7 +123,7 @@ pub async fn gpus(inputs: &Inputs) -> Verdict {
         );
     };
     let args = ["--query-gpu=index", "--format=csv,noheader"];
-    let ran = run_bounded(&smi, &args, inputs.timeout).await;
+    let ran = run_bounded(&smi, &args, inputs.timeout, &inputs.contain).await;
     let Ran::Exited {
         code: Some(0),
         tail,

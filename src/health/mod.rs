@@ -10,6 +10,9 @@
 //! Every check is bounded: the ones that run a program by `--health-check-timeout` (the program's
 //! process group is killed at the bound and the check fails), the others read the file system or
 //! `/proc` once. They run concurrently, so a run of them takes about as long as the slowest.
+//! A program is contained like a worker (issue 38.11): in a cgroup of its own below the run's,
+//! ended with everything it started when it ends and when the run does; the supervisor hands
+//! that in ([`Containment`]), since this module knows no cgroup.
 
 mod checks;
 pub mod clock;
@@ -25,6 +28,7 @@ use crate::config::resilience::HealthMode;
 use crate::config::{EntrypointKind, LaunchConfig};
 
 pub use checks::Thresholds;
+pub use command::{Cell, Contain, Containment};
 
 /// How one check ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,10 +161,13 @@ pub struct Inputs {
     pub command: Option<String>,
     pub timeout: Duration,
     pub thresholds: Thresholds,
+    /// Where the checks' programs run: the run's containment (`command::Containment`).
+    pub contain: Contain,
 }
 
 impl Inputs {
-    pub fn of(config: &LaunchConfig) -> Inputs {
+    /// The checks of `config`, their programs contained by `contain`.
+    pub fn of(config: &LaunchConfig, contain: Contain) -> Inputs {
         let python = match config.command.kind {
             EntrypointKind::Exec => None,
             _ => Some(config.command.program.clone()),
@@ -184,6 +191,7 @@ impl Inputs {
             command: r.health_cmd.clone(),
             timeout: r.health_timeout,
             thresholds: Thresholds::default(),
+            contain,
         }
     }
 }
@@ -212,9 +220,9 @@ pub async fn run(inputs: &Inputs) -> HealthReport {
     }
 }
 
-/// [`run`] outside any async runtime (`--dry-run`); `None` under `--health-check off` or when
-/// no runtime can be built.
-pub fn run_blocking(config: &LaunchConfig) -> Option<HealthReport> {
+/// [`run`] outside any async runtime (`--dry-run`), the programs contained by `contain`; `None`
+/// under `--health-check off` or when no runtime can be built.
+pub fn run_blocking(config: &LaunchConfig, contain: Contain) -> Option<HealthReport> {
     if !enabled(config.resilience.health) {
         return None;
     }
@@ -222,7 +230,7 @@ pub fn run_blocking(config: &LaunchConfig) -> Option<HealthReport> {
         .enable_all()
         .build()
         .ok()?;
-    let inputs = Inputs::of(config);
+    let inputs = Inputs::of(config, contain);
     Some(rt.block_on(run(&inputs)))
 }
 

@@ -20,6 +20,7 @@ fn inputs() -> Inputs {
         command: None,
         timeout: Duration::from_secs(10),
         thresholds: Thresholds::default(),
+        contain: None,
     }
 }
 

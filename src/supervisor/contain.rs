@@ -209,15 +209,7 @@ impl Cgroup {
                 "neither cgroup.kill, cgroup.freeze nor freezer.state is available",
             ));
         }
-        let path = std::ffi::CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
-            .map_err(io::Error::other)?;
-        // SAFETY: open(2) of a NUL-terminated path.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: open just returned this descriptor; we own it.
-        let procs = unsafe { OwnedFd::from_raw_fd(fd) };
+        let procs = open_procs(dir)?;
         probe(procs.as_raw_fd())?;
         Ok(Cgroup {
             dir: dir.to_path_buf(),
@@ -248,6 +240,59 @@ impl Cgroup {
     /// (and the directory stays) when something outlived the wait.
     pub fn destroy(self, timeout: Duration) -> bool {
         kill_and_remove(&self.dir, timeout)
+    }
+}
+
+/// `cgroup.procs` of `dir`, open for writing (close-on-exec: a child writes it before exec).
+fn open_procs(dir: &Path) -> io::Result<OwnedFd> {
+    let path = std::ffi::CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
+        .map_err(io::Error::other)?;
+    // SAFETY: open(2) of a NUL-terminated path.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open just returned this descriptor; we own it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A cgroup made below the run's for one program that is not a worker (a health check, issue
+/// 38.11): killed and removed on its own when the program ends; a kill of the run's cgroup
+/// (the stop, the watchdog) takes it too, as every sub-cgroup.
+#[derive(Debug)]
+pub struct SubCgroup {
+    dir: PathBuf,
+    procs: OwnedFd,
+}
+
+impl SubCgroup {
+    /// Creates `run/name`; the error says why (the caller then runs the program without one).
+    pub fn create(run: &Path, name: &str) -> io::Result<SubCgroup> {
+        let dir = run.join(name);
+        std::fs::create_dir(&dir)?;
+        match open_procs(&dir) {
+            Ok(procs) => Ok(SubCgroup { dir, procs }),
+            Err(err) => {
+                let _ = std::fs::remove_dir(&dir);
+                Err(err)
+            }
+        }
+    }
+
+    /// `cgroup.procs`, for [`join`] in a forked child.
+    pub fn procs_fd(&self) -> RawFd {
+        self.procs.as_raw_fd()
+    }
+
+    /// Kills everything inside, waits up to `timeout` for it to empty and removes it; false
+    /// (and the directory stays, for the run's end to remove) when something outlived the wait.
+    pub fn destroy(self, timeout: Duration) -> bool {
+        drop(self.procs);
+        kill_and_remove(&self.dir, timeout)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 }
 

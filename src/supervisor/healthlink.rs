@@ -42,12 +42,15 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Runs the checks and says whether this node may go on (see the module doc); `Err`: how the
 /// run ends. Under `warn` the checks only run beside the rendezvous and the workers: the
-/// returned [`Background`] is held for the run and waits for their verdict when dropped.
+/// returned [`Background`] is held for the run and waits for their verdict when dropped (before
+/// the run's cgroup goes: their programs live in it). `contain`: the run's
+/// `checkcells::CheckCells`.
 pub(super) async fn gate(
     config: &LaunchConfig,
     obs: &Observer,
     signals: &mut Signals,
     rdzv: Option<&mut Rendezvous>,
+    contain: health::Contain,
 ) -> Result<Option<Background>, RunEnd> {
     let mode = config.resilience.health;
     let mut rdzv = rdzv;
@@ -68,7 +71,7 @@ pub(super) async fn gate(
     if !health::enabled(mode) {
         return Ok(None);
     }
-    let inputs = Inputs::of(config);
+    let inputs = Inputs::of(config, contain);
     let store = rdzv.as_deref().and_then(|r| r.store.clone());
     if mode == HealthMode::Warn {
         // The clock's few store round trips stay on this runtime (the store client's); the

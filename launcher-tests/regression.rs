@@ -281,3 +281,34 @@ fn helpers_are_not_leftovers_and_secrets_are_not_printed() {
         "{out:?}"
     );
 }
+
+/// A rank that aborts in native code right after its last output (what torch 2.15's gloo
+/// teardown race prints: `terminate called without an active exception`, then SIGABRT) keeps
+/// its honest status, 134, and the report says in one line what it was, so that nobody hunts a
+/// training bug. See: issue 38 items 0 and 3.
+#[test]
+fn a_native_abort_at_exit_is_named_in_one_line() {
+    let code = "import os, sys\n\
+                print('training done', flush=True)\n\
+                sys.stderr.write('terminate called without an active exception\\n')\n\
+                sys.stderr.flush()\n\
+                os.abort()\n";
+    let out = Rdrun::new()
+        .args([
+            "--standalone",
+            "--nproc-per-node=1",
+            "--no-python",
+            "python3",
+            "-c",
+            code,
+        ])
+        .run();
+    out.assert_code(134);
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("rank 0 aborted in native code after its last output"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{out:?}");
+    assert!(lines[0].contains("teardown race"), "{}", lines[0]);
+}

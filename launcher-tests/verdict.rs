@@ -24,6 +24,12 @@ open(os.path.join(d, f"attempt.{c}"), "w").close()
 what = plan[min(c, len(plan) - 1)]
 def fail(kind):
     raise {"value": ValueError, "key": KeyError}[kind](f"step {c * 17}")
+if what == "abortvalue":
+    # The traceback is printed, then the interpreter aborts at exit (SIGABRT), as torch's
+    # teardown abort does after a real exception (issue 38 item 2).
+    import atexit
+    atexit.register(os.abort)
+    what = "value"
 if what != "ok":
     fail(what)
 "#;
@@ -161,4 +167,24 @@ fn the_same_exit_status_without_a_traceback() {
         .assert_code(2)
         .stderr
         .contains("--max-same-failures"));
+}
+
+/// Issue 38 item 2: a rank that printed a traceback and then died of SIGABRT at exit failed the
+/// same way as one that exits 1 with that traceback: the traceback decides, so the verdict
+/// comes after 2 attempts, not 3.
+#[test]
+fn a_traceback_then_an_abort_at_exit_is_the_same_failure() {
+    if !has_python() {
+        eprintln!("skipped: no python3 on PATH");
+        return;
+    }
+    let dir = TempDir::new("verdict_abort");
+    let out = launch(dir.path(), "abortvalue,value", &[]);
+    out.assert_code(93);
+    assert_eq!(attempts(dir.path()), 2, "{out:?}");
+    assert!(
+        out.stderr
+            .contains("the same failure 2 attempts in a row: ValueError at "),
+        "{out:?}"
+    );
 }

@@ -63,6 +63,36 @@ fn a_hanging_command_is_killed_at_its_bound_and_fails() {
     }
 }
 
+/// Issue 38.11: what a check left in its process group (a background job) is killed when the
+/// check ends, also when it passed: a check is done when its program is. (A `setsid` child, out
+/// of the group, is its cgroup's: `launcher-tests/health.rs`.)
+#[test]
+fn a_passing_check_leaves_nothing_in_its_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let mut i = inputs();
+    i.command = Some(format!(
+        "sleep 600 & echo $! > {}; exit 0",
+        pidfile.display()
+    ));
+    let v = rt().block_on(checks::command(&i)).unwrap();
+    assert_eq!(v.status, Status::Ok, "{v}");
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z")) {
+        if Instant::now() >= deadline {
+            // SAFETY: kill(2) of the pid the check wrote, so that a failing test cleans up.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the check's background job {pid} survived");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn command_verdicts_show_the_exit_and_the_output() {
     let mut i = inputs();
@@ -80,13 +110,18 @@ fn command_verdicts_show_the_exit_and_the_output() {
 #[test]
 fn runner_outcomes() {
     let b = Duration::from_secs(5);
-    let ran = rt().block_on(run_bounded("/nonexistent/prog", &[], b));
+    let ran = rt().block_on(run_bounded("/nonexistent/prog", &[], b, &None));
     assert!(matches!(ran, Ran::NotStarted(_)), "{ran:?}");
     assert!(describe(&ran, b).starts_with("cannot start: "));
-    let ran = rt().block_on(run_bounded("/bin/sh", &["-c", "kill -9 $$"], b));
+    let ran = rt().block_on(run_bounded("/bin/sh", &["-c", "kill -9 $$"], b, &None));
     assert_eq!(describe(&ran, b), "killed by a signal");
     // Only the last lines are kept.
-    let ran = rt().block_on(run_bounded("/bin/sh", &["-c", "seq 1 100; exit 2"], b));
+    let ran = rt().block_on(run_bounded(
+        "/bin/sh",
+        &["-c", "seq 1 100; exit 2"],
+        b,
+        &None,
+    ));
     assert_eq!(describe(&ran, b), "exit 2: 96 | 97 | 98 | 99 | 100");
 }
 
@@ -261,4 +296,28 @@ fn report_lines() {
         "{text}"
     );
     assert!(text.contains("  ok      nofile: "), "{text}");
+}
+
+/// Issue 38 item 17: a host name that already says it is a node is not called `node node2`.
+#[test]
+fn a_node_named_like_a_node_is_not_named_twice() {
+    assert_eq!(node_phrase("n1"), "node n1");
+    assert_eq!(node_phrase("gpu-a7"), "node gpu-a7");
+    assert_eq!(node_phrase("node2"), "node2");
+    assert_eq!(node_phrase("Node-07.cluster"), "Node-07.cluster");
+    assert_eq!(node_phrase("nod"), "node nod");
+    let r = HealthReport {
+        node: "node2".into(),
+        verdicts: vec![Verdict {
+            check: "command",
+            status: Status::Failed,
+            detail: "exit 1".into(),
+            took: Duration::from_millis(1),
+        }],
+        took: Duration::from_millis(1),
+    };
+    assert_eq!(
+        r.failure_line().unwrap(),
+        "node2 failed the health check: command: exit 1"
+    );
 }

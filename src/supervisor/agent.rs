@@ -206,7 +206,7 @@ impl Agent {
         // Under `warn` the checks run beside the join and the workers; `health` waits for
         // their verdict when the run ends. Their programs live in cgroups below the run's
         // (`checkcells.rs`).
-        let contain = CheckCells::new(
+        let contain = CheckCells::of(
             watchdog.as_ref().and_then(Watchdog::cgroup_dir),
             watchdog.as_ref().map(Watchdog::fd),
         );

@@ -33,7 +33,7 @@ pub(super) struct CheckCells {
 }
 
 impl CheckCells {
-    pub(super) fn new(run: Option<PathBuf>, watchdog: Option<RawFd>) -> health::Contain {
+    pub(super) fn of(run: Option<PathBuf>, watchdog: Option<RawFd>) -> health::Contain {
         Some(Arc::new(CheckCells { run, watchdog }))
     }
 }
@@ -96,7 +96,7 @@ pub fn dry_run(config: &LaunchConfig) -> Option<HealthReport> {
             None
         }
     };
-    let cells = CheckCells::new(cgroup.as_ref().map(|c| c.dir().to_path_buf()), None);
+    let cells = CheckCells::of(cgroup.as_ref().map(|c| c.dir().to_path_buf()), None);
     let report = health::run_blocking(config, cells);
     if let Some(cg) = cgroup {
         cg.destroy(CELL_WAIT);

@@ -59,6 +59,43 @@ torch.distributed.DistBackendError: wrapped: the store is gone"#;
     );
 }
 
+/// Issue 38 item 14: a traceback whose position marker (`^^^`) starts at column 0 (Python shows
+/// a line that is not the one the offsets belong to) is captured whole from stderr and gives
+/// the exception's signature: two different exceptions are two failures, not both `exit code 1`.
+#[test]
+fn a_marker_at_column_0_is_captured_and_parsed() {
+    use crate::supervisor::output::lines::End;
+    let tb = |kind: &str, line: u32| {
+        format!(
+            "Traceback (most recent call last):\n  File \"/w/train.py\", line 9, in <module>\n    \
+             main()\n  File \"/w/model.py\", line {line}, in main\n    x = 1\n^^^^^^^^^^^^\n\
+             {kind}: boom\nteardown warning\n"
+        )
+    };
+    let captured = |stderr: &str| {
+        let mut t = crate::supervisor::output::tail::StderrTracker::default();
+        for l in stderr.split_inclusive('\n') {
+            t.segment(l.as_bytes(), End::Newline);
+        }
+        t.summary().traceback
+    };
+    let sig = |kind: &str, line: u32| {
+        let text = tb(kind, line);
+        let mut f = failure(0, WorkerStatus::Exited(1), None);
+        f.traceback = captured(&text);
+        of_report(&report(vec![f])).map(|s| s.to_string())
+    };
+    assert_eq!(
+        sig("ValueError", 4),
+        Some("ValueError at model.py:4".into())
+    );
+    assert_eq!(sig("KeyError", 5), Some("KeyError at model.py:5".into()));
+    assert_eq!(
+        parse_traceback(&lines(&tb("ValueError", 4))),
+        Some(("ValueError".into(), "/w/model.py".into(), 4))
+    );
+}
+
 #[test]
 fn exception_without_message_and_garbage() {
     let kb = "Traceback (most recent call last):\n  File \"t.py\", line 5, in <module>\n    time.sleep(9)\nKeyboardInterrupt";

@@ -164,6 +164,18 @@ fn strip_rank_prefix(line: &str) -> &str {
     }
 }
 
+/// Python's position marker under a frame's source line (`~~~~^^^^^`), which starts at column 0
+/// when the line shown is not the one the offsets belong to (a file changed after import, a
+/// code object compiled under another file's name; issue 38 item 14): part of the frames, not
+/// the exception line that ends the traceback.
+fn is_marker(line: &str) -> bool {
+    line.contains('^')
+        && line
+            .trim_end()
+            .chars()
+            .all(|c| matches!(c, '^' | '~' | ' '))
+}
+
 impl TracebackScanner {
     fn line(&mut self, raw: &str) {
         let line = strip_rank_prefix(raw);
@@ -187,7 +199,7 @@ impl TracebackScanner {
                     self.current = BoundedLines::default();
                     self.current.push(raw.to_string());
                     TbState::Frames
-                } else if line.starts_with(' ') || line.starts_with('\t') {
+                } else if line.starts_with(' ') || line.starts_with('\t') || is_marker(line) {
                     self.current.push(raw.to_string());
                     TbState::Frames
                 } else if line.is_empty() {
@@ -317,6 +329,13 @@ mod tests {
         assert_eq!(tb[TRACEBACK_HEAD], "  ... [803 lines omitted by rdrun]");
         assert_eq!(tb[TRACEBACK_MAX_LINES - 1], "RecursionError: deep");
         assert_eq!(strip_rank_prefix("[rank12]: x"), "x");
+        // Issue 38 item 14: a position marker at column 0 is part of the frames (before, it
+        // ended the traceback as if it were the exception line).
+        let marker = "Traceback (most recent call last):\n  File \"t.py\", line 2, in f\n    zz = 1\n~~~~~~^^^^^\nKeyError: 'b'\n";
+        assert_eq!(track(marker).traceback, Some(lines(marker)));
+        let prefixed: String = marker.lines().map(|l| format!("[rank0]: {l}\n")).collect();
+        assert_eq!(track(&prefixed).traceback, Some(lines(&prefixed)));
+        assert!(!is_marker("KeyError: 'b'") && !is_marker("~~~") && is_marker("^"));
         assert_eq!(strip_rank_prefix("[rank]: x"), "[rank]: x");
     }
 }

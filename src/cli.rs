@@ -646,13 +646,18 @@ impl Builder<'_> {
             return Ok(true);
         }
         let var = Self::pet_name(dest);
-        match (self.env)(&var) {
-            None => Ok(false),
-            Some(text) if dest == "standalone" && text.trim().is_empty() => Ok(true),
-            Some(text) => match python_int(&text) {
-                Some(v) => Ok(v != 0),
-                None => Err(UsageError::InvalidEnvFlag { var, value: text }),
-            },
+        let Some(text) = (self.env)(&var) else {
+            return Ok(false);
+        };
+        // The flag's value came from the variable: the dry run names it as the origin, as it
+        // does for every other value (issue 38 item 16: it said `default`).
+        self.from_env.insert(dest.to_string(), var.clone());
+        if dest == "standalone" && text.trim().is_empty() {
+            return Ok(true);
+        }
+        match python_int(&text) {
+            Some(v) => Ok(v != 0),
+            None => Err(UsageError::InvalidEnvFlag { var, value: text }),
         }
     }
 }

@@ -345,6 +345,26 @@ fn mpi_in_place_on_one_host_needs_no_endpoint() {
     assert!(e.to_string().contains("pass --rdzv-endpoint"), "{e}");
 }
 
+/// Issue 38 item 16: `standalone` set by `PET_STANDALONE` is named by that variable in the dry
+/// run, as every other value is by its origin (it said `default`).
+#[test]
+fn dry_run_names_pet_standalone_as_the_origin() {
+    for value in ["1", ""] {
+        let c = launch(&["--dry-run", "t.py"], &[("PET_STANDALONE", value)]).expect("resolves");
+        let text = c.cluster.banner().expect("a dry run prints");
+        assert!(
+            text.contains("standalone       true  (PET_STANDALONE)\n"),
+            "{value:?}: {text}"
+        );
+    }
+    let c = launch(&["--dry-run", "--standalone", "t.py"], &[]).expect("resolves");
+    let text = c.cluster.banner().expect("a dry run prints");
+    assert!(
+        text.contains("standalone       true  (--standalone)\n"),
+        "{text}"
+    );
+}
+
 #[test]
 fn dry_run_and_local_topology() {
     let c = launch(&["--dry-run", "t.py"], &[]).expect("resolves");

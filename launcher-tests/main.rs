@@ -23,6 +23,8 @@
 //!   members in network namespaces (on loopback where none can be made).
 //! - `addr`: MASTER_ADDR as given, where stores listen, endpoint ports and names.
 //! - `contain`: nothing a worker starts outlives rdrun's death (cgroup, watchdog, segments).
+//! - `health_contain`: what a health check's program starts ends with the check, and a check
+//!   running when rdrun is SIGKILLed dies with it (issue 38.11).
 //! - `hang`: hang detection wired into the agent, with small budgets.
 //! - `health`: node health checks before a node joins (issue 28): a static job with a bad node
 //!   fails fast naming it (exit 75), warn only warns, check time bounds, an elastic node stays out.
@@ -64,6 +66,7 @@ mod env;
 mod etcd;
 mod hang;
 mod health;
+mod health_contain;
 mod mpi;
 mod multinode;
 mod netcheck;

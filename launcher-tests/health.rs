@@ -113,7 +113,10 @@ fn assert_bad_node_pair(dir: &TempDir, outs: &[Output; 2], check: &str, took: Du
     let host = hostname();
     // The bad node: 75, one line naming the node and the check.
     outs[1].assert_code(75);
-    let line = format!("rdrun: error: node {host} failed the health check: {check}: ");
+    let line = format!(
+        "rdrun: error: {} failed the health check: {check}: ",
+        rdrun::health::node_phrase(&host)
+    );
     assert!(outs[1].stderr.contains(&line), "{outs:?}");
     assert!(
         outs[1]
@@ -125,7 +128,8 @@ fn assert_bad_node_pair(dir: &TempDir, outs: &[Output; 2], check: &str, took: Du
     outs[0].assert_code(1);
     assert!(
         outs[0].stderr.contains(&format!(
-            "the job node {host} failed the health check: {check}"
+            "the job ended: {} failed the health check: {check}",
+            rdrun::health::node_phrase(&host)
         )),
         "{outs:?}"
     );
@@ -690,4 +694,55 @@ fn node_list_files_are_read_within_a_bound() {
         )),
         "{stderr}"
     );
+}
+
+/// Issue 38 item 17: hosts named `node1` and `node2` (as many clusters name them): the bad node
+/// says `node2 failed the health check`, the other `the job ended: node2 failed …` (they said
+/// `node node2 failed …` and `the job node node2 failed …`).
+#[test]
+fn a_host_named_node2_is_not_called_node_node2() {
+    if !can_set_hostname() {
+        eprintln!("skipped: a host name of rdrun's own needs unshare --uts (root)");
+        return;
+    }
+    let dir = TempDir::new("health_node2");
+    let port = free_port();
+    let agent = |rank: usize, host: &str, extra: &[&str]| {
+        Rdrun::new()
+            .timeout(AGENT_TIMEOUT)
+            .hostname(host)
+            .args(["--nnodes", "2", "--node-rank", &rank.to_string()])
+            .args([
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                &port.to_string(),
+            ])
+            .args(["--health-check", "on"])
+            .args(extra)
+            .args(["--no-python", "sh", "-c", WORKER, "sh"])
+            .arg(dir.path())
+            .spawn()
+    };
+    let a = agent(0, "node1", &[]);
+    let b = agent(1, "node2", &["--health-check-cmd", "exit 1"]);
+    let outs = [a.wait(), b.wait()];
+    outs[1].assert_code(75);
+    assert!(
+        outs[1]
+            .stderr
+            .contains("rdrun: error: node2 failed the health check: command"),
+        "{outs:?}"
+    );
+    outs[0].assert_code(1);
+    assert!(
+        outs[0]
+            .stderr
+            .contains("the job ended: node2 failed the health check: command"),
+        "{outs:?}"
+    );
+    for out in &outs {
+        assert!(!out.stderr.contains("node node2"), "{outs:?}");
+        assert!(!out.stderr.contains("job node"), "{outs:?}");
+    }
 }

@@ -663,3 +663,40 @@ fn warm_burst_cut_short_by_a_cold_rank_stays_in_step() {
     );
     assert_eq!(count(&o.stderr, "template interpreter pid"), 1, "{o:?}");
 }
+
+/// Issue 38 item 17: a `scancel` while the template imports (SIGTERM to rdrun and to the
+/// template, as Slurm signals every process of the step) ends the run with the signal's status
+/// and says nothing about warm start: the template died of the shutdown, not of a fault (it
+/// used to say "the template interpreter exited during its start-up; workers start cold for the
+/// rest of the run"). Plain python3: the preload is a module of the test's own that sleeps.
+#[test]
+fn a_shutdown_during_the_template_import_says_nothing_of_warm_start() {
+    let dir = TempDir::new("warm_scancel");
+    write(
+        dir.path(),
+        "slowmod.py",
+        "import os, time\nopen(os.environ['IMPORTING'], 'w').close()\ntime.sleep(60)\n",
+    );
+    write(dir.path(), "s.py", "import time\ntime.sleep(60)\n");
+    let importing = dir.join("importing");
+    let run = Rdrun::new()
+        .timeout(Duration::from_secs(60))
+        .env("PYTHON_EXEC", "python3")
+        .env("IMPORTING", &importing)
+        .current_dir(dir.path())
+        .args(["--warm-start", "on", "--preload", "slowmod"])
+        .args(["--nproc-per-node", "2", "s.py"])
+        .spawn();
+    assert!(
+        crate::util::wait_for_file(&importing, Duration::from_secs(30)),
+        "the template never imported"
+    );
+    let template = template_of(run.pid).expect("the template");
+    run.signal(libc::SIGTERM);
+    // SAFETY: kill(2) of the template the test just found.
+    unsafe { libc::kill(template, libc::SIGTERM) };
+    let out = run.wait();
+    out.assert_code(143);
+    assert!(!out.stderr.contains("warm start"), "{out:?}");
+    assert!(!out.stderr.contains("start cold"), "{out:?}");
+}

@@ -97,8 +97,8 @@ impl HealthReport {
             .collect();
         (!failed.is_empty()).then(|| {
             format!(
-                "node {} failed the health check: {}",
-                self.node,
+                "{} failed the health check: {}",
+                node_phrase(&self.node),
                 failed.join("; ")
             )
         })
@@ -257,6 +257,18 @@ pub fn node_name() -> String {
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// How rdrun's lines name node `name`: `node n1`, but a host name that already says it is a
+/// node stands alone (`node2 failed the health check`, not `node node2 …`: issue 38 item 17).
+pub fn node_phrase(name: &str) -> String {
+    let says_node = name
+        .get(..4)
+        .is_some_and(|head| head.eq_ignore_ascii_case("node"));
+    match says_node {
+        true => name.to_string(),
+        false => format!("node {name}"),
+    }
 }
 
 #[cfg(test)]

@@ -340,10 +340,11 @@ impl Rendezvous {
         self.close_with(Some(&why)).await
     }
 
-    /// Closes the rendezvous because of `why` (this node cannot take part: it failed its
-    /// health check, issue 28); the others say `the job <why>`.
+    /// Closes the rendezvous because of `why`, a sentence of its own (this node cannot take
+    /// part: `node n1 failed the health check: …`, issue 28); the others say `the job ended:
+    /// <why>` (issue 38 item 17: `the job node n1 failed …` read as one noun).
     pub async fn close_because(&mut self, why: &str) -> Result<(), RendezvousError> {
-        self.close_with(Some(why)).await
+        self.close_with(Some(&format!("ended: {why}"))).await
     }
 
     /// Leaves an elastic (c10d, etcd) rendezvous while the others go on (issue 28: a slow node,

@@ -236,7 +236,17 @@ impl RdzvStore for TcpRdzvStore {
     async fn wait(&self, keys: &[String], timeout: Duration) -> StoreResult<bool> {
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let (generation, client) = self.client().await?;
-        match client.wait(&keys, timeout).await {
+        // A wait dropped mid-way (the exit barrier ended early by a rendezvous event) leaves
+        // its WAIT unanswered on the connection: replaced, as `run` does, so that the close
+        // that follows does not fail with "an earlier request was abandoned mid-way".
+        let mut guard = DropGuard {
+            store: self,
+            generation,
+            armed: true,
+        };
+        let res = client.wait(&keys, timeout).await;
+        guard.armed = false;
+        match res {
             Ok(()) => Ok(true),
             // The client cancelled the wait cleanly (CANCEL_WAIT): the connection is fine.
             Err(StoreError::Timeout { op: "wait", .. }) => Ok(false),

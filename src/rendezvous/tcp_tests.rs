@@ -80,6 +80,26 @@ async fn reconnects_after_the_server_restarts_and_maps_wait_timeout() {
     server.shutdown().await;
 }
 
+/// Issue 38 item 17: a wait dropped mid-way (the exit barrier ended early) costs the connection,
+/// not the next request: the close after it used to fail with "an earlier request was
+/// abandoned mid-way".
+#[tokio::test]
+async fn a_wait_dropped_mid_way_does_not_fail_the_next_request() {
+    let server = serve_on(&ListenOn::Any, 0).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = TcpRdzvStore::connect("127.0.0.1", server.port(), deadline, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let keys = ["never".to_string()];
+    let waiting = s.wait(&keys, Duration::from_secs(30));
+    assert!(tokio::time::timeout(Duration::from_millis(200), waiting)
+        .await
+        .is_err());
+    s.set("closed", b"1").await.expect("the next request");
+    assert_eq!(s.add("n", 1).await.unwrap(), 1);
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn inferred_host_falls_back_to_client_when_port_is_taken_explicit_does_not() {
     let first = host_c10d_store("127.0.0.1", 0, None)

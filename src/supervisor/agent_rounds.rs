@@ -249,7 +249,10 @@ impl Agent {
             "its workers failed {} (--max-node-failures {k})",
             counts.summary()
         );
-        let line = format!("node {node} left the job: {detail}; a spare goes on");
+        let line = format!(
+            "{} left the job: {detail}; a spare goes on",
+            crate::health::node_phrase(&node)
+        );
         let mut bad = super::super::end::BadNode::found(node.clone(), "failures", detail, line);
         bad.workers_ran = true;
         bad.node_failures = self.counts_json(tally).await;

@@ -59,7 +59,8 @@ pub(super) async fn gate(
         let node = health::node_name();
         if health::memory::listed(&node, names) {
             let line = format!(
-                "node {node} failed the health check: excluded: listed in {}",
+                "{} failed the health check: excluded: listed in {}",
+                health::node_phrase(&node),
                 path.display()
             );
             let detail = format!("listed in {}", path.display());

@@ -1,13 +1,42 @@
 //! OS signals sent to rdrun: which ones are caught, what each one means for the worker group,
-//! and the stream of caught signals the agent selects on.
+//! the stream of caught signals the agent selects on, and whether a shutdown signal has arrived
+//! at all ([`shutdown_seen`], for code on the agent's thread that cannot read the stream).
 //!
 //! Handlers are installed by [`Signals::install`] as the first thing `supervisor::run` does, before
 //! any worker exists (torchrun installs its handlers only just before the first spawn, spec
 //! torchrun-compat §3.6); until then the binary keeps the default list blocked from its first
 //! instruction ([`block_at_startup`]), so that none of them can kill rdrun by its default action. Classification is pure ([`action`]); the agent decides what to do.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
+
+/// A shutdown signal reached rdrun ([`shutdown_seen`]).
+static SHUTDOWN_SEEN: AtomicBool = AtomicBool::new(false);
+
+/// Whether a shutdown signal has reached rdrun, whether or not the agent has read it yet: set
+/// from the signal handler itself, for code that runs on the agent's thread while its loop
+/// cannot read the stream (the warm-start template's import), so that what a shutdown causes
+/// there is not reported as a failure.
+pub fn shutdown_seen() -> bool {
+    SHUTDOWN_SEEN.load(Ordering::SeqCst)
+}
+
+/// [`shutdown_seen`], waiting up to `settle` for it: a signal sent to a whole job step
+/// (`scancel`) or process group (Ctrl-C) reaches rdrun and its children in no set order, so a
+/// child may die of it before rdrun's handler ran.
+pub fn shutdown_seen_within(settle: Duration) -> bool {
+    let until = Instant::now() + settle;
+    while !shutdown_seen() {
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
 
 /// What a caught signal asks the agent to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +164,18 @@ impl Signals {
         for &sig in list {
             match signal(SignalKind::from_raw(sig)) {
                 Ok(mut stream) => {
+                    if action(sig) == SignalAction::Shutdown {
+                        // SAFETY: the action is one atomic store (async-signal-safe); tokio
+                        // accepted the signal, so it is not one the registry refuses.
+                        let marked = unsafe {
+                            signal_hook_registry::register(sig, || {
+                                SHUTDOWN_SEEN.store(true, Ordering::SeqCst)
+                            })
+                        };
+                        if let Err(err) = marked {
+                            tracing::debug!("cannot mark {} as a shutdown: {err}", name(sig));
+                        }
+                    }
                     let tx = tx.clone();
                     tokio::spawn(async move {
                         while stream.recv().await.is_some() {

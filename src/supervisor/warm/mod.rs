@@ -242,9 +242,20 @@ fn end(t: &mut Template) {
     super::proctree::forget_helper(t.pid);
 }
 
+/// How long rdrun waits for its own shutdown signal before it says that warm start is off (a
+/// template that died of `scancel`'s SIGTERM: Slurm signals every process of the step in no
+/// set order).
+const SHUTDOWN_SETTLE: Duration = Duration::from_millis(200);
+
 impl Inner {
     fn say(&mut self, key: &str, msg: String) {
         if self.said.iter().any(|k| k == key) {
+            return;
+        }
+        // What a shutdown does to the template (its signal ends it mid-import) is no reason to
+        // tell the user about warm start: the run is ending (issue 38 item 17).
+        if super::signals::shutdown_seen() {
+            tracing::debug!("warm start during a shutdown: {msg}");
             return;
         }
         self.said.push(key.to_string());
@@ -262,6 +273,7 @@ impl Inner {
         if let Some((mut t, _)) = self.importing.take() {
             end(&mut t);
         }
+        super::signals::shutdown_seen_within(SHUTDOWN_SETTLE);
         self.say(
             "off",
             format!("{msg}; workers start cold for the rest of the run"),

@@ -406,9 +406,9 @@ fn a_recovered_run_reports_its_restarts_and_their_causes() {
     let v: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(&json).expect("report json")).expect("json");
     assert_eq!(v["exit_code"], 0, "{v}");
-    assert_eq!(
-        v["restarts"],
-        serde_json::json!([{"restart_count": 0, "charged": true, "cause": "exit code 3"}]),
-        "{v}"
-    );
+    let restarts = v["restarts"].as_array().expect("restarts");
+    assert_eq!(restarts.len(), 1, "{v}");
+    assert_eq!(restarts[0]["restart_count"], 0, "{v}");
+    assert_eq!(restarts[0]["charged"], true, "{v}");
+    assert_eq!(restarts[0]["cause"], "exit code 3", "{v}");
 }

@@ -167,11 +167,12 @@ fn warm_import_time_output_is_shown_per_worker_as_cold() {
     let script =
         format!("{RECORD}\nimport noisy\nprint('rank %d after import' % rank, flush=True)\n");
     write(dir.path(), "imports.py", &script);
-    // The worker's own lines: rdrun's log lines start with their time stamp.
+    // The worker's own lines: rdrun's log lines start with their time stamp, its line saying
+    // that workers are forked warm with "rdrun warm start".
     let own = |text: &str| {
         let mut v: Vec<String> = text
             .lines()
-            .filter(|l| !l.starts_with("20"))
+            .filter(|l| !l.starts_with("20") && !l.starts_with("rdrun warm start"))
             .map(str::to_string)
             .collect();
         v.sort();

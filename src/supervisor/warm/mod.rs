@@ -162,6 +162,8 @@ struct Inner {
     off: bool,
     /// Reasons already said (each once per run).
     said: Vec<String>,
+    /// The run's line saying that workers are forked warm, and from what, was printed.
+    announced: bool,
     /// The last fork said another would follow (`Job::more`): the template's intermediate
     /// waits for it, and must be told when the next worker is not forked after all.
     burst: bool,
@@ -200,6 +202,7 @@ impl WarmStart {
                 started: 0,
                 off: false,
                 said: Vec::new(),
+                announced: false,
                 burst: false,
             }),
         }))
@@ -263,6 +266,31 @@ impl Inner {
             WarmMode::On => tracing::warn!("warm start: {msg}"),
             _ => tracing::info!("warm start: {msg}"),
         }
+    }
+
+    /// A template is ready: an INFO line for each, and for the run's first one line at the
+    /// default level (rdrun's own line on stderr, as the debug-rank and status lines: the
+    /// default log filter shows only warnings, and this is none) saying that workers are forked
+    /// warm and from what; each reason to start cold says itself (`say`).
+    fn ready(&mut self, t: &Template, took: Duration) {
+        tracing::info!(
+            "warm start: template interpreter pid {} ready in {:.2} s",
+            t.pid,
+            took.as_secs_f64()
+        );
+        if std::mem::replace(&mut self.announced, true) {
+            return;
+        }
+        let holds = if t.holds.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", t.holds)
+        };
+        crate::supervisor::output::own::stderr_line(&format!(
+            "rdrun warm start: workers are forked from a template interpreter (pid {}{holds}), ready in {:.2} s",
+            t.pid,
+            took.as_secs_f64()
+        ));
     }
 
     fn give_up(&mut self, msg: String) {
@@ -356,12 +384,9 @@ impl Inner {
                     return false;
                 }
                 Some(Ok(())) => {
-                    tracing::info!(
-                        "warm start: template interpreter pid {} ready in {:.2} s",
-                        t.pid,
-                        began.elapsed().as_secs_f64()
-                    );
+                    let took = began.elapsed();
                     let (t, _) = self.importing.take().expect("present");
+                    self.ready(&t, took);
                     self.template = Some(t);
                 }
                 Some(Err(err)) => {
@@ -421,11 +446,7 @@ impl Inner {
             }
             match Template::start(&start, START_TIMEOUT) {
                 Ok(t) => {
-                    tracing::info!(
-                        "warm start: template interpreter pid {} ready in {:.2} s",
-                        t.pid,
-                        began.elapsed().as_secs_f64()
-                    );
+                    self.ready(&t, began.elapsed());
                     super::proctree::note_helper(t.pid);
                     self.template = Some(t);
                 }

@@ -50,6 +50,9 @@ pub struct Template {
     sock: OwnedFd,
     /// The overlay it was started with (the import-time variables are compared against it).
     pub env: Vec<(String, String)>,
+    /// What it says it holds once ready: its Python version and what it imported ("Python
+    /// 3.11.7, torch 2.15.0, torch._dynamo"); empty before.
+    pub holds: String,
 }
 
 /// A fork request: everything the worker would get from a cold exec.
@@ -176,6 +179,7 @@ impl Template {
             pidfd,
             sock: ours,
             env: s.env.clone(),
+            holds: String::new(),
         })
     }
 
@@ -206,7 +210,10 @@ impl Template {
     pub fn await_ready(&mut self, timeout: Duration) -> Result<(), TemplateError> {
         let t = self;
         match t.receive(timeout) {
-            Ok(Some(msg)) if msg.starts_with("ready") => Ok(()),
+            Ok(Some(msg)) if msg.starts_with("ready") => {
+                t.holds = ready_holds(&msg);
+                Ok(())
+            }
             Ok(Some(msg)) => {
                 t.end();
                 Err(match msg.strip_prefix("failed ") {
@@ -415,6 +422,12 @@ pub fn encode(req: &Request<'_>) -> Vec<u8> {
     out
 }
 
+/// What a `ready PID WHAT` message says the template holds (WHAT; empty when absent).
+fn ready_holds(msg: &str) -> String {
+    let mut words = msg.splitn(3, ' ');
+    words.nth(2).unwrap_or_default().trim().to_string()
+}
+
 fn parse_reply(answer: &str) -> Result<Reply, TemplateError> {
     if let Some(pid) = answer.strip_prefix("pid ") {
         return match pid.trim().parse::<i32>() {
@@ -480,6 +493,11 @@ mod tests {
         assert_eq!(pad_len(&w(&["python", "-u", "t.py"]), &fixed), 8);
         assert_eq!(pad_len(&w(&["p"]), &fixed), 0);
         assert!(parse_reply("what").is_err());
+        assert_eq!(
+            ready_holds("ready 42 Python 3.11.7, torch 2.15.0"),
+            "Python 3.11.7, torch 2.15.0"
+        );
+        assert_eq!(ready_holds("ready 42"), "");
         assert_eq!(
             parse_reply("error fork: EAGAIN").unwrap(),
             Reply::Cold("the template could not fork: fork: EAGAIN".into())

@@ -5,12 +5,15 @@
 # It imports the preload list, then forks one worker per request received on the SOCK_SEQPACKET
 # unix socket FD. It never runs user code itself and never initialises CUDA. PAD only sizes the
 # command-line area, which each worker overwrites with its own command line.
+# In a worker it makes what a fresh interpreter would have made for itself (docs/warm-start.md
+# "Parity"): random generators and secrets drawn again, threading's main thread, a fresh
+# `__main__`, the user's code run as the outermost Python frame.
 #
 # Request: NUL-separated fields: b"fork", rdrun's pid, cwd, CPU list ("" = unchanged), the count
 # of argv words, argv (the interpreter's arguments: -u script.. / -u -m mod.. / -u -c code..),
 # then the environment as KEY=VALUE; ancillary SCM_RIGHTS: stdout, stderr[, stdin].
-# Replies: b"pid N" | b"cold REASON" | b"error REASON". First message: b"ready ..." or
-# b"failed REASON".
+# Replies: b"pid N" | b"cold REASON" | b"error REASON". First message: b"ready PID WHAT" (WHAT:
+# the interpreter's version and what it imported, for rdrun's line) or b"failed REASON".
 import os
 import socket
 import struct
@@ -51,6 +54,76 @@ def _preload():
         except BaseException as e:  # noqa: BLE001
             return "%s: %s: %s" % (name, type(e).__name__, e)
     return None
+
+
+
+# ---- what the imports leave that a fresh process would make its own ----------------------
+# random.Random instances a module created and seeded from OS entropy while the template
+# imported (sympy's `rng` and `_assumptions_rng` with the DDP preload list): a fresh process
+# draws its own, so each worker seeds them again (`_fresh_process_state`). One seeded again
+# with a value (a deliberate, fixed seed) is dropped. id -> weak reference.
+_ENTROPY_SEEDED = {}
+# Variables that Python code looked up (os.environ[...], .get, `in`, os.getenv) while the
+# template imported: every worker has the template's value in what those imports computed.
+# A worker that changes one is told once (`_watch_env`). Whole-environment copies and
+# iterations are not lookups of a name and are left out.
+_READ_AT_IMPORT = set()
+# Variables read by C libraries when `import torch` loads them (OpenMP, BLAS, MKL, numpy's CPU
+# dispatch; measured with scripts/import-env-vars.py, docs/warm-start.md): they are fixed for
+# the life of the process, so a worker that changes one is told as well.
+_LOAD_TIME_PREFIXES = (
+    "OMP_", "GOMP_", "KMP_", "MKL_", "MKLDNN_", "OPENBLAS_", "GOTO_", "BLIS_", "GFORTRAN_", "NPY_",
+)
+
+
+def _recording(fn):
+    """fn(), with the random.Random instances seeded from entropy and the names os.environ was
+    asked for recorded (both patches are undone before fn's result is returned)."""
+    import random
+    import weakref
+
+    rnd_seed = random.Random.seed
+    env_cls = type(os.environ)
+    env_get, env_iter = env_cls.__getitem__, env_cls.__iter__
+    enumerating = set()
+    helpers = ("os", "_collections_abc")
+
+    def site():
+        # The code outside os and collections.abc that asked, and where (one call, e.g.
+        # dict(os.environ), is one site for the iteration and each lookup it makes).
+        f = sys._getframe(2)
+        while f is not None and f.f_globals.get("__name__") in helpers:
+            f = f.f_back
+        return None if f is None else (f.f_code, f.f_lasti)
+
+    def seed(self, *args, **kwargs):
+        rnd_seed(self, *args, **kwargs)
+        a = args[0] if args else kwargs.get("a")
+        if a is None:
+            try:
+                _ENTROPY_SEEDED[id(self)] = weakref.ref(self)
+            except TypeError:
+                pass
+        else:
+            _ENTROPY_SEEDED.pop(id(self), None)
+
+    def getitem(self, key):
+        if self is os.environ and site() not in enumerating:
+            _READ_AT_IMPORT.add(key)
+        return env_get(self, key)
+
+    def iterate(self):
+        if self is os.environ:
+            enumerating.add(site())
+        return env_iter(self)
+
+    random.Random.seed = seed
+    env_cls.__getitem__, env_cls.__iter__ = getitem, iterate
+    try:
+        return fn()
+    finally:
+        random.Random.seed = rnd_seed
+        env_cls.__getitem__, env_cls.__iter__ = env_get, env_iter
 
 
 # ---- fork safety -------------------------------------------------------------------------
@@ -274,16 +347,98 @@ def _set_cmdline(argv):
     ctypes.memmove(start, data, n)
 
 
-def _reseed():
+def _fresh_process_state():
+    """In a worker: every per-process random state and secret a fresh interpreter draws for
+    itself (at start-up or when the module is imported), drawn again, and the process's own
+    identity where a module keeps it (docs/warm-start.md "Parity")."""
     import random
 
     random.seed()  # CPython reseeds at fork too; once more costs nothing
-    np = sys.modules.get("numpy")
-    if np is not None:
+    for ref in _ENTROPY_SEEDED.values():
+        r = ref()
+        if r is not None:
+            try:
+                r.seed()
+            except Exception:  # noqa: BLE001
+                pass
+    mtrand = sys.modules.get("numpy.random.mtrand")
+    if mtrand is not None:
         try:
-            np.random.seed()  # the legacy global state is not reseeded at fork
+            # The legacy global state (np.random.rand, np.random.shuffle, ...) as numpy's import
+            # makes it, from a new RandomState: it is not reseeded at fork.
+            mtrand._rand.set_state(mtrand.RandomState().get_state())
         except Exception:  # noqa: BLE001
             pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            # As a fresh process seeds it (64 bits from /dev/urandom); the generator's own
+            # method: torch.seed() would also queue a seed for CUDA's generators, which are
+            # created (and seeded) lazily in the worker, as in a cold one.
+            torch.default_generator.seed()
+        except Exception:  # noqa: BLE001
+            pass
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None:
+        try:
+            # os.urandom(32) when multiprocessing is imported: it authenticates connections to
+            # this process's managers and listeners.
+            process.current_process().authkey = os.urandom(32)
+        except Exception:  # noqa: BLE001
+            pass
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        main = threading.main_thread()
+        if hasattr(main, "_set_native_id"):
+            main._set_native_id()  # threading's at-fork handler renews ident, not native_id
+    logging = sys.modules.get("logging")
+    if logging is not None and hasattr(logging, "_startTime"):
+        import time
+
+        # LogRecord.relativeCreated counts from here (the import of logging, in a cold worker).
+        start = logging._startTime
+        logging._startTime = time.time_ns() if isinstance(start, int) else time.time()
+
+
+def _watch_env(template_env):
+    """In a worker: one line on stderr for each variable the worker's code sets or unsets that
+    the template's imports already read (`_READ_AT_IMPORT`, `_LOAD_TIME_PREFIXES`): a cold
+    worker would see the new value if it came before `import torch`; this one keeps what the
+    template imported with. The `os.putenv`/`os.unsetenv` audit events fire on os.environ
+    writes; no event fires in a training step (measured), so the hook costs nothing there."""
+    me = os.getpid()
+    said = set()
+    read = frozenset(_READ_AT_IMPORT)
+
+    def hook(event, args):
+        if event != "os.putenv" and event != "os.unsetenv":
+            return
+        try:
+            if os.getpid() != me:
+                return  # a DataLoader worker forked from this one: torch is imported there cold too
+            key = os.fsdecode(args[0])
+            if key in said or not (key in read or key.startswith(_LOAD_TIME_PREFIXES)):
+                return
+            value = os.fsdecode(args[1]) if event == "os.putenv" else None
+            old = template_env.get(key)
+            if value == old:
+                return
+            said.add(key)
+            sys.stderr.write(
+                "rdrun warm start: %s was %s after this worker was forked from a template "
+                "interpreter that had imported torch (and the preloaded modules) with %s: it has "
+                "no effect on them here, unlike in a cold worker that changes it before "
+                "`import torch`. Set it in rdrun's environment, or use --warm-start off.\n"
+                % (
+                    key,
+                    "unset" if value is None else "set to %r" % value,
+                    "it unset" if old is None else "%r" % old,
+                )
+            )
+        except Exception:  # noqa: BLE001 - an audit hook that raises fails the write itself
+            pass
+
+    sys.addaudithook(hook)
 
 
 # How long the intermediate of a burst waits for the burst's next request before it ends the
@@ -457,50 +612,176 @@ def _write_all(fd, data):
 
 
 # ---- start -------------------------------------------------------------------------------
-_failed, _IMPORT_OUTPUT = _captured(_preload)
+def _holds():
+    """What rdrun's line says the workers are forked from: the interpreter and its imports."""
+    what = ["Python %d.%d.%d" % sys.version_info[:3]]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        what.append("torch %s" % getattr(torch, "__version__", "?"))
+    what += _REQUIRED
+    return ", ".join(what)
+
+
+_failed, _IMPORT_OUTPUT = _captured(lambda: _recording(_preload))
 if _failed is not None:
     _send("failed " + _failed)
     os._exit(0)
+# The environment the imports saw (each worker's import-time variables are the same, or rdrun
+# spawns it cold): what `_watch_env` compares a worker's changes with.
+_TEMPLATE_ENV = dict(os.environ)
 # What the imports allocated stays out of the collector's sight: a collection in a worker then
-# does not touch (and copy) the pages the template shares with it.
+# does not touch (and copy) the pages the template shares with it. (A worker gives it back to
+# the collector at exit: `_run`.)
 import gc
 
 gc.collect()
 gc.freeze()
-_send("ready %d" % os.getpid())
+_send("ready %d %s" % (os.getpid(), _holds()))
 _job = _serve()
 del _failed
 
-# From here on this is a worker (the grandchild). The user's code runs at the top level of
-# this program, so an exception that escapes it is handled by the interpreter as in a cold one
-# (traceback on stderr, exit 1; SystemExit's code; atexit; non-daemon threads joined).
+# From here on this is a worker (the grandchild). The user's code runs as the outermost Python
+# frame (`_at_top`) called from the top level of this program, so an exception that escapes it
+# is handled by the interpreter as in a cold one (traceback on stderr, exit 1; SystemExit's
+# code; atexit; non-daemon threads joined).
 
 
 def _main_module():
+    """A `__main__` as CPython's start-up makes it (the same names, in the same order, with
+    `__annotations__`); the script's own names are added by the caller."""
     import builtins
     import types
+    from importlib.machinery import BuiltinImporter
 
     old = sys.modules["__main__"]
     m = types.ModuleType("__main__")
-    m.__builtins__ = builtins
+    d = m.__dict__
+    d["__loader__"] = BuiltinImporter
+    d["__annotations__"] = {}
+    d["__builtins__"] = builtins
     sys.modules["__main__"] = m
+    # multiprocessing aliases `__mp_main__` to `__main__` when it is imported (with torch, in
+    # the template): the alias must name the worker's.
+    if sys.modules.get("__mp_main__") is old:
+        sys.modules["__mp_main__"] = m
     return old, m
 
 
-def _trim(tb):
-    """The traceback from the user's first frame (the template's and runpy's left out)."""
-    import runpy
+# ---- the outermost frame -----------------------------------------------------------------
+# A cold interpreter runs the script from C with no Python frame below it: at its top level
+# `sys._getframe().f_back` is None, `inspect.stack()` has one entry, `warnings.warn(...,
+# stacklevel=2)` reports `sys:1`. Python cannot call a function with an empty frame stack, so
+# the worker empties it for the call: CPython (3.11 and later) links a new frame to the thread's
+# "current frame" word when an evaluation loop starts (a call from C: exec, a partial); set to
+# NULL for the call and restored after it, the user's code starts a new, empty stack. The word
+# is found by its value (this frame's interpreter frame) in the thread state, or in the struct
+# its first words point to (3.11/3.12: tstate->cframe->current_frame; 3.13+:
+# tstate->current_frame), read through /proc/self/mem (a bad address is an error, not a
+# crash), and must be found exactly once and pass a trial call; otherwise the code runs nested
+# as before (its frames then show the template's below it).
+_SLOT = None
 
+
+def _iframe(frame):
+    """The address of `frame`'s interpreter frame (PyFrameObject.f_frame: after the object
+    head and f_back)."""
+    import ctypes
+
+    return ctypes.c_void_p.from_address(
+        id(frame) + object.__basicsize__ + ctypes.sizeof(ctypes.c_void_p)
+    ).value
+
+
+def _find_slot():
+    """The address of this thread's current-frame word, or None."""
+    if sys.version_info < (3, 11) or sys.implementation.name != "cpython" or "t" in sys.abiflags:
+        return None
+    import ctypes
+
+    size = ctypes.sizeof(ctypes.c_void_p)
+    get = ctypes.pythonapi.PyThreadState_Get
+    get.restype = ctypes.c_void_p
+    try:
+        fd = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    found = []
+    try:
+        # No Python call between here and the scan's end (the current frame must stay this one):
+        # only builtins and methods implemented in C.
+        me = _iframe(sys._getframe())
+        tstate = get()
+        data = os.pread(fd, 64 * size, tstate)
+        for off in range(0, len(data) - size + 1, size):
+            word = int.from_bytes(data[off : off + size], sys.byteorder)
+            if word == me:
+                found.append(tstate + off)
+            elif word >= 65536:
+                try:
+                    inner = os.pread(fd, 2 * size, word)
+                except (OSError, OverflowError, ValueError):
+                    continue
+                for off2 in range(0, len(inner) - size + 1, size):
+                    if int.from_bytes(inner[off2 : off2 + size], sys.byteorder) == me:
+                        found.append(word + off2)
+    except (OSError, OverflowError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return found[0] if len(found) == 1 else None
+
+
+def _at_top(fn, *args):
+    """fn(*args) as the outermost Python call of the thread (see above), when `_SLOT` is known."""
+    import ctypes
+    import functools
+
+    # A call through a partial (C) starts a new evaluation loop in every version: a Python
+    # function called directly may be run inline in this one, linked to this frame.
+    call = functools.partial(fn, *args)
+    if _SLOT is None:
+        return call()
+    word = ctypes.c_void_p.from_address(_SLOT)
+    me = _iframe(sys._getframe())
+    if word.value != me:
+        return call()
+    word.value = None
+    try:
+        return call()
+    finally:
+        word.value = me
+
+
+_TOP_CHECK = compile("import sys\nok = sys._getframe().f_back is None", "<rdrun>", "exec")
+
+
+def _top_level_slot():
+    """`_SLOT` for this worker, once `_at_top` ran a trial at the top; else None."""
+    global _SLOT
+    _SLOT = _find_slot()
+    if _SLOT is None:
+        return None
+    trial = {}
+    try:
+        _at_top(exec, _TOP_CHECK, trial)
+    except Exception:  # noqa: BLE001
+        trial = {}
+    if trial.get("ok") is not True:
+        _SLOT = None
+    return _SLOT
+
+
+def _trim(tb):
+    """The traceback from the first frame that is not the template's (what a cold interpreter
+    shows: the user's, and runpy's for -m as in `python -m`)."""
     mine = globals()
-    runpy_files = ("<frozen runpy>", getattr(runpy, "__file__", None))
-    while tb is not None and (
-        tb.tb_frame.f_globals is mine or tb.tb_frame.f_code.co_filename in runpy_files
-    ):
+    while tb is not None and tb.tb_frame.f_globals is mine:
         tb = tb.tb_next
     return tb
 
 
 def _run(argv):
+    import atexit
     import runpy
 
     parsed = _parse(argv)
@@ -513,7 +794,14 @@ def _run(argv):
     _set_cmdline(argv)
     if not sys.flags.safe_path and sys.path:
         sys.path[0] = path0
-    _reseed()
+    _fresh_process_state()
+    # The objects gc.freeze() kept from the collector go back to it at exit, so that the
+    # interpreter's last collections free them as a cold worker's do (frozen, nanobind's
+    # types in triton, imported with --preload torch._dynamo, report ~50 "leaked" lines).
+    # Registered before any of the user's: it runs after theirs.
+    atexit.register(gc.unfreeze)
+    _watch_env(_TEMPLATE_ENV)
+    _top_level_slot()
     _write_all(1, _IMPORT_OUTPUT[0])
     _write_all(2, _IMPORT_OUTPUT[1])
     keep, main = _main_module()
@@ -527,22 +815,27 @@ def _run(argv):
             main.__loader__ = SourceFileLoader("__main__", path)
             with open(path, "rb") as f:
                 code = compile(f.read(), path, "exec", dont_inherit=True)
-            exec(code, main.__dict__)
+            _at_top(exec, code, main.__dict__)
         elif kind == "code":
-            main.__loader__ = __loader__ if "__loader__" in globals() else None
-            exec(compile(target, "<string>", "exec", dont_inherit=True), main.__dict__)
+            code = compile(target, "<string>", "exec", dont_inherit=True)
+            _at_top(exec, code, main.__dict__)
         elif kind == "module":
-            runpy._run_module_as_main(target, alter_argv=True)
+            _at_top(runpy._run_module_as_main, target, True)
         else:  # a directory or zip file with __main__.py
-            runpy._run_module_as_main("__main__", alter_argv=False)
+            _at_top(runpy._run_module_as_main, "__main__", False)
     except SystemExit:
         raise
     except BaseException as e:  # noqa: BLE001 - reported as the interpreter would
         tb = _trim(e.__traceback__)
-        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        e = e.with_traceback(tb)
+        # What PyErr_Print leaves for a post-mortem debugger, then the hook, as the outermost
+        # call (a hook that looks at its stack sees what it would see cold).
+        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
+        if sys.version_info >= (3, 12):
+            sys.last_exc = e
+        _at_top(sys.excepthook, type(e), e, tb)
         if isinstance(e, KeyboardInterrupt):
             # A cold interpreter ends an uncaught KeyboardInterrupt by dying of SIGINT.
-            import atexit
             import signal
 
             atexit._run_exitfuncs()

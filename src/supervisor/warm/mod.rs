@@ -6,8 +6,10 @@
 //! environment minus the per-rank variables), keeps it across restarts, replaces it when it
 //! died, refuses (cold, one line per reason) when a variable read at import time differs for a
 //! worker or the template has a thread not known to be fork-safe, and ends it with the run
-//! (drop; the run's cgroup, PR_SET_PDEATHSIG and the watchdog cover a killed rdrun).
-//! `process.rs` owns the template process and the wire protocol, `template.py` the other side.
+//! (drop; the run's cgroup, PR_SET_PDEATHSIG and the watchdog cover a killed rdrun). Once per
+//! run it says at the default level that workers are forked warm, and from what.
+//! `process.rs` owns the template process and the wire protocol, `template.py` the other side
+//! (including what a forked worker makes for itself: docs/warm-start.md "Parity").
 
 mod process;
 

@@ -5,7 +5,8 @@
 # (RDRUN_BIN_DIR overrides target/release). Finishes in well under 5 minutes and prints one
 # markdown table: NCCL through rdrun's runtime vs PyTorch's NCCL (the same ncclAllReduce) at world
 # 1 and world 2 on one GPU (per-rank NCCL_HOSTID, spec runtime.md §4.2), the duplicate-GPU
-# negative check, and PyTorch nccl DDP (world 1) under rdrun.
+# negative check, PyTorch nccl DDP (world 1) under rdrun, and a warm NCCL DDP restart (2 ranks on
+# one GPU, workers forked from the template).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN="${RDRUN_BIN_DIR:-target/release}"
@@ -160,6 +161,44 @@ if [ -x "$BIN/rdrun" ]; then
   fi
 else
   row ddp-under-rdrun 1 0 torch-ddp 0 0 "skipped: $BIN/rdrun not carried"
+fi
+
+# 6. Warm NCCL DDP restart (issue 37 item 5): 2 ranks on one GPU (per-rank NCCL_HOSTID), workers
+#    forked from the template, rank 1 dies at step 5 of attempt 0, `--max-restarts 1`. Checks:
+#    both attempts' workers were forked warm, the template never opened a GPU (CUDA initialised
+#    only in the workers), attempt 1 trains, and rdrun's restart-cost line is there.
+cat > "$WORK/ddp_warm.py" <<'PYEOF'
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+os.environ["NCCL_HOSTID"] = "rdrun-gpu-check-%s" % os.environ["LOCAL_RANK"]
+dist.init_process_group("nccl")
+torch.cuda.set_device(0)
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+m = DDP(torch.nn.Linear(64, 64).cuda())
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x = torch.randn(32, 64, device="cuda")
+for step in range(10):
+    if attempt == 0 and dist.get_rank() == 1 and step == 5:
+        os._exit(7)
+    opt.zero_grad(); m(x).pow(2).mean().backward(); opt.step()
+print("warm ddp ok attempt", attempt, flush=True)
+dist.destroy_process_group()
+os._exit(0)
+PYEOF
+if [ -x "$BIN/rdrun" ]; then
+  note "warm NCCL DDP restart (2 ranks, one GPU) under rdrun"
+  if RUST_LOG=warn,rdrun::supervisor::warm=debug timeout 180 "$BIN/rdrun" --nproc_per_node=2 --warm-start on --max-restarts 1 \
+       "$WORK/ddp_warm.py" > "$WORK/warm.out" 2>&1 \
+     && [ "$(grep -c 'warm ddp ok attempt 1' "$WORK/warm.out")" = 2 ] \
+     && [ "$(grep -c 'worker forked from the template' "$WORK/warm.out")" -ge 4 ] \
+     && grep -q 'restart 1: .*forked warm' "$WORK/warm.out" \
+     && ! grep -q 'warm start: .*cold' "$WORK/warm.out"; then
+    row warm-nccl-restart 2 0 torch-ddp 0 0 "ok: $(grep -m1 'restart 1: ' "$WORK/warm.out" | sed 's/.*restart 1/restart 1/' | clean)"
+  else
+    row warm-nccl-restart 2 0 torch-ddp 0 0 "FAIL: $(grep -m1 -E 'Error|error|cold' "$WORK/warm.out" | clean)"
+  fi
+else
+  row warm-nccl-restart 2 0 torch-ddp 0 0 "skipped: $BIN/rdrun not carried"
 fi
 
 "$PY" - "$RES" <<'PYEOF'

@@ -677,8 +677,10 @@ def _main_module():
 # is found by its value (this frame's interpreter frame) in the thread state, or in the struct
 # its first words point to (3.11/3.12: tstate->cframe->current_frame; 3.13+:
 # tstate->current_frame), read through /proc/self/mem (a bad address is an error, not a
-# crash), and must be found exactly once and pass a trial call; otherwise the code runs nested
-# as before (its frames then show the template's below it).
+# crash). Stale memory can hold the same value (3.12+: the frame of a callee that returned,
+# just above the data stack's top, links to this one), so each place found is tried: the one
+# where a trial call sees no frame below it is kept. None passing (3.10, a free-threaded build,
+# another layout): the code runs nested, the template's frames below it.
 _SLOT = None
 
 
@@ -692,10 +694,11 @@ def _iframe(frame):
     ).value
 
 
-def _find_slot():
-    """The address of this thread's current-frame word, or None."""
+def _frame_slots():
+    """The addresses that hold this frame's interpreter frame: this thread's current-frame word
+    among them when the layout is one described above."""
     if sys.version_info < (3, 11) or sys.implementation.name != "cpython" or "t" in sys.abiflags:
-        return None
+        return []
     import ctypes
 
     size = ctypes.sizeof(ctypes.c_void_p)
@@ -704,7 +707,7 @@ def _find_slot():
     try:
         fd = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return None
+        return []
     found = []
     try:
         # No Python call between here and the scan's end (the current frame must stay this one):
@@ -725,10 +728,10 @@ def _find_slot():
                     if int.from_bytes(inner[off2 : off2 + size], sys.byteorder) == me:
                         found.append(word + off2)
     except (OSError, OverflowError, ValueError):
-        return None
+        return []
     finally:
         os.close(fd)
-    return found[0] if len(found) == 1 else None
+    return found
 
 
 def _at_top(fn, *args):
@@ -756,19 +759,21 @@ _TOP_CHECK = compile("import sys\nok = sys._getframe().f_back is None", "<rdrun>
 
 
 def _top_level_slot():
-    """`_SLOT` for this worker, once `_at_top` ran a trial at the top; else None."""
+    """`_SLOT` for this worker: the first place found where `_at_top` ran a trial at the top
+    (a wrong one holds another value by then, or its trial sees frames below it, and `_at_top`
+    puts back what it changed); else None."""
     global _SLOT
-    _SLOT = _find_slot()
-    if _SLOT is None:
-        return None
-    trial = {}
-    try:
-        _at_top(exec, _TOP_CHECK, trial)
-    except Exception:  # noqa: BLE001
+    for slot in _frame_slots():
+        _SLOT = slot
         trial = {}
-    if trial.get("ok") is not True:
-        _SLOT = None
-    return _SLOT
+        try:
+            _at_top(exec, _TOP_CHECK, trial)
+        except Exception:  # noqa: BLE001
+            trial = {}
+        if trial.get("ok") is True:
+            return _SLOT
+    _SLOT = None
+    return None
 
 
 def _trim(tb):

@@ -143,6 +143,45 @@ fn slurm_step_two_agents_form_one_world() {
     assert!(!node1.contains("rdrun: topology"), "{node1}");
 }
 
+/// Issue 38.6: `--nnodes 1:3` (or `2:4`) in a 2-node step waited 15 minutes for a third node on
+/// the static rendezvous. The range resolves to the step's two nodes: both agents form one
+/// world of four and end, node 0's topology says so in one note, node 1's line counts 2 nodes.
+#[test]
+fn slurm_step_with_a_node_range_runs_the_steps_nodes() {
+    for range in ["1:3", "2:4"] {
+        let dir = TempDir::new("cl_slurm_range");
+        let port = free_port();
+        let runs: Vec<_> = (0..2)
+            .map(|n| agent(&dir, &slurm_step_env(n, port), &["--nnodes", range]).spawn())
+            .collect();
+        let outs: Vec<Output> = runs.into_iter().map(|r| r.wait()).collect();
+        assert_ok(&outs);
+        assert_one_world_of_four(&records(dir.path()), "81234.0", ("localhost", port));
+        let node0 = &outs[0].stderr;
+        assert!(
+            node0.contains(&format!(
+                "rdrun:   nnodes           2  (--nnodes {range} within SLURM_STEP_NUM_NODES)\n"
+            )),
+            "{node0}"
+        );
+        let notes: Vec<&str> = node0
+            .lines()
+            .filter(|l| l.starts_with("rdrun:   note: nnodes"))
+            .collect();
+        assert_eq!(
+            notes,
+            [format!("rdrun:   note: nnodes: --nnodes {range} resolved to 2: slurm-step (job 81234 step 0) gives a fixed set of 2 nodes (SLURM_STEP_NUM_NODES), and a static rendezvous runs exactly the nodes it counts")],
+            "{node0}"
+        );
+        assert!(
+            outs[1].stderr.contains(&format!(
+                "rdrun: node 1/2 -> endpoint localhost:{port} (slurm-step (job 81234 step 0)), mode node"
+            )),
+            "{outs:?}"
+        );
+    }
+}
+
 /// Control for the test above: with detection off (the old behaviour), the same environment
 /// gives each agent its own world: the failure the wiring fixes.
 #[test]

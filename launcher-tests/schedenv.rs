@@ -120,6 +120,67 @@ fn a_node_count_contradicting_the_step_is_refused_naming_both() {
     assert!(!out.stdout.contains("NodeCount"), "{out:?}");
 }
 
+/// 38.6: a node range under a step's fixed node set resolves against it, one note naming the
+/// range, the step and its variable: to the step's count on the static rendezvous (`1:3` waited
+/// 15 minutes for a third node), to MIN:count on an elastic one; a range the step cannot
+/// satisfy is refused in one line, as an exact count is.
+#[test]
+fn a_node_range_under_the_step_resolves_to_its_count() {
+    let dir = TempDir::new("se_range");
+    let x = script(&dir);
+    let env = slurm_step_env(1, 12001);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let out = clean(&env, &["--dry-run", "--nnodes", "1:3", &x]);
+    out.assert_code(0);
+    let o = &out.stdout;
+    assert_eq!(
+        line_of(o, "nnodes"),
+        "rdrun:   nnodes           2  (--nnodes 1:3 within SLURM_STEP_NUM_NODES)"
+    );
+    assert!(
+        line_of(o, "world_size").contains(" 4  (2 nodes x 2 workers"),
+        "{o}"
+    );
+    let notes: Vec<&str> = o
+        .lines()
+        .filter(|l| l.starts_with("rdrun:   note: nnodes"))
+        .collect();
+    assert_eq!(
+        notes,
+        ["rdrun:   note: nnodes: --nnodes 1:3 resolved to 2: slurm-step (job 81234 step 0) gives a fixed set of 2 nodes (SLURM_STEP_NUM_NODES), and a static rendezvous runs exactly the nodes it counts"],
+        "{o}"
+    );
+    let out = clean(&env, &["--print-topology=json", "--nnodes", "2:4", &x]);
+    out.assert_code(0);
+    let j: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("JSON");
+    assert_eq!(
+        j["fields"]["nnodes"]["value"],
+        serde_json::json!({"min": 2, "max": 2})
+    );
+    assert_eq!(j["run"]["world_size"], "4");
+    // Elastic: the job may still go on without a node it lost, never wait for a third.
+    let out = clean(
+        &env,
+        &["--dry-run", "--nnodes", "1:3", "--rdzv-backend", "c10d", &x],
+    );
+    out.assert_code(0);
+    assert_eq!(
+        line_of(&out.stdout, "nnodes"),
+        "rdrun:   nnodes           1:2  (--nnodes 1:3 within SLURM_STEP_NUM_NODES)"
+    );
+    assert!(
+        out.stdout.contains("rdrun:   note: nnodes: --nnodes 1:3 resolved to 1:2: slurm-step (job 81234 step 0) gives a fixed set of 2 nodes (SLURM_STEP_NUM_NODES), and no other node can join it\n"),
+        "{out:?}"
+    );
+    // A range the step cannot satisfy: one line, exit 1, as `--nnodes 3`.
+    let out = clean(&env, &["--nnodes", "3:4", &x]);
+    out.assert_code(1);
+    assert_eq!(
+        out.stderr,
+        "rdrun: error: --nnodes 3:4 contradicts the scheduler's fixed node set: slurm-step (job 81234 step 0) gives 2 nodes (SLURM_STEP_NUM_NODES); drop it, or pass --cluster none for a local run\n"
+    );
+}
+
 /// 25.5: LSF slots are CPU slots: `LSB_MCPU_HOSTS="<this host> 2 ..."` is one worker with a
 /// note saying why; the GPUs LSF gave this host (CUDA_VISIBLE_DEVICES) are the workers.
 #[test]

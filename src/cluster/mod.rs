@@ -374,7 +374,7 @@ pub fn detect(
     // (a Slurm step of orteds, an LSF job: exactly the job's hosts). A hostfile may name more
     // hosts than the job uses, and an MPI launcher names no node index at all: then the ranks
     // exchange their hostnames in the store instead.
-    fixed::check_node_count(&explicit, &sched)?;
+    let resolved_nnodes = fixed::fit_node_count(&mut explicit, &sched)?;
     let in_place = sched
         .iter()
         .find_map(|l| l.fields.mode.as_ref())
@@ -389,6 +389,11 @@ pub fn detect(
         None => false,
     };
     let mut topology = merge(explicit.into_iter().chain(sched).collect());
+    if let Some((note, overrides)) = resolved_nnodes {
+        // One note says what the range became and why, instead of the merge's "overrides".
+        topology.notes.retain(|n| !n.starts_with(&overrides));
+        topology.notes.push(note);
+    }
     if in_place && !node_known {
         topology.fields.node_rank = None;
         topology.fields.nnodes = None;

@@ -12,7 +12,7 @@ use crate::cli::{EnvFn, LaunchArgs};
 use crate::cluster::{self, ClusterChoice, Fields, HostFacts, Mode, NodeCount, Sourced, Topology};
 
 use super::layout::{EndpointSpec, Layout, Origin};
-use super::{parse_endpoint, ConfigError, LaunchConfig, RdzvBackend};
+use super::{parse_endpoint, ConfigError, LaunchConfig, NodeRange, RdzvBackend};
 
 /// How the topology is printed by `--dry-run` / `--print-topology[=json]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,6 +330,18 @@ pub(super) fn apply(
                 t.scheduler, n.value, n.source
             )));
         }
+    }
+    // Flags win every field, but a node range that the scheduler's fixed node set resolved
+    // (`cluster::fixed`, issue 38.6) is the topology's only node count that differs from them.
+    if let Some(n) = f
+        .nnodes
+        .as_ref()
+        .filter(|_| p.nnodes.origin == Origin::Flag)
+    {
+        p.nnodes.value = NodeRange {
+            min: n.value.min,
+            max: n.value.max,
+        };
     }
     p.overlay(f)?;
     Ok(Some(t))

@@ -106,6 +106,51 @@ fn a_node_count_contradicting_the_step_is_refused() {
     assert_eq!(c.nnodes, NodeRange { min: 1, max: 2 });
 }
 
+/// 38.6: a typed range under the step's fixed node set is the launch's node count no more: on
+/// the static rendezvous (the step's) it resolves to the step's 2 nodes, which the static
+/// rendezvous then waits for (it waited for MAX = 3, 15 minutes); on c10d to MIN:2. The
+/// resolved range is also what the c10d settings are typed from.
+#[test]
+fn a_node_range_under_the_step_resolves_to_its_count() {
+    let step = [
+        ("SLURM_JOB_ID", "81234"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_STEP_NODELIST", "n[1-2]"),
+        ("SLURM_STEP_NUM_NODES", "2"),
+        ("SLURM_STEP_NUM_TASKS", "2"),
+        ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
+        ("SLURM_NODEID", "1"),
+        ("SLURM_PROCID", "1"),
+        ("SLURMD_NODENAME", "n2"),
+    ];
+    for range in ["1:3", "2:4", "1:2"] {
+        let c = launch(&["--nnodes", range, "t.py"], &step).expect("resolves");
+        assert_eq!(c.nnodes, NodeRange { min: 2, max: 2 }, "{range}");
+        assert_eq!(c.rdzv.backend, RdzvBackend::Static);
+        let n = c.cluster.topology.fields.nnodes.expect("nnodes");
+        assert_eq!(
+            n.source,
+            format!("--nnodes {range} within SLURM_STEP_NUM_NODES")
+        );
+    }
+    let mut env = step.to_vec();
+    env.push(("RDRUN_NNODES", "1:3"));
+    let c = launch(&["t.py"], &env).expect("resolves");
+    assert_eq!(c.nnodes, NodeRange { min: 2, max: 2 });
+    let c = launch(
+        &["--nnodes", "1:3", "--rdzv-backend", "c10d", "t.py"],
+        &step,
+    )
+    .expect("resolves");
+    assert_eq!(c.nnodes, NodeRange { min: 1, max: 2 });
+    match &c.rdzv.settings {
+        Some(RdzvSettings::C10d(s)) => assert_eq!((s.min_nodes, s.max_nodes), (1, 2)),
+        other => panic!("{other:?}"),
+    }
+    let e = launch(&["--nnodes", "3:4", "t.py"], &step).unwrap_err();
+    assert!(e.starts_with("--nnodes 3:4 contradicts"), "{e}");
+}
+
 /// 25.5: LSF slots are CPU slots, never workers; the GPUs LSF gave this host are.
 #[test]
 fn lsf_workers_come_from_its_gpus_not_its_slots() {

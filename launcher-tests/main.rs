@@ -27,7 +27,8 @@
 //!   running when rdrun is SIGKILLed dies with it (issue 38.11).
 //! - `hang`: hang detection wired into the agent, with small budgets.
 //! - `health`: node health checks before a node joins (issue 28): a static job with a bad node
-//!   fails fast naming it (exit 75), warn only warns, check time bounds, an elastic node stays out.
+//!   fails fast naming it (exit 75), warn only warns, check time bounds, an elastic node stays out;
+//!   `health_outside`: and ends as soon as the job it stayed out of does (c10d, etcd).
 //! - `verdict`: the stop verdict for a failure repeated attempt after attempt (exit 93).
 //! - `observe`: lifecycle events, the health endpoint, `/metrics`, the waiting status line.
 //! - `observe_http`: `/metrics` by `Accept` (both Python parsers), HEAD, the health port on IPv6.
@@ -67,6 +68,7 @@ mod etcd;
 mod hang;
 mod health;
 mod health_contain;
+mod health_outside;
 mod mpi;
 mod multinode;
 mod netcheck;

@@ -375,6 +375,25 @@ impl Rendezvous {
         }
     }
 
+    /// One look at the rendezvous by a node that has not joined it (an unhealthy elastic node
+    /// between two rounds of its health checks, issue 38.5): `Ok(Some(why))` once it is closed
+    /// (`why`: a node gave up; `None`: the job finished); `Err`: the store did not answer. A
+    /// static node never stays out: `Ok(None)`.
+    pub async fn closed_from_outside(&self) -> Result<Option<Option<String>>, String> {
+        match &self.rdzv {
+            Backend::C10d(r) => r.closed_from_outside().await.map_err(|e| e.to_string()),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(r) => r.closed_from_outside().await.map_err(|e| e.to_string()),
+            Backend::Static(_) => Ok(None),
+        }
+    }
+
+    /// Whether the rendezvous store lives in one of the run's agents (c10d: the host's), so
+    /// that it is gone when the run is; etcd outlives every run.
+    pub fn store_ends_with_the_run(&self) -> bool {
+        matches!(self.rdzv, Backend::C10d(_))
+    }
+
     /// The run's key-value exchange between agents (issue 28): its TCPStore, or etcd.
     pub fn exchange(&self) -> Option<super::Exchange> {
         #[cfg(feature = "etcd")]

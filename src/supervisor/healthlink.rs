@@ -10,7 +10,8 @@
 //!   instead of waiting for this one until their timeout.
 //! - `on`, elastic job (c10d, etcd): the node does not join; it checks again after a back-off
 //!   (1 s, doubling up to 30 s), so a transient fault heals, and the others go on if MIN is met.
-//!   After the rendezvous join timeout it gives up as a bad node. A node that hosts the store
+//!   It gives up as a bad node after the rendezvous join timeout, or as soon as the run it
+//!   waits to join is over (`outside`, issue 38.5). A node that hosts the store
 //!   (c10d `is_host`) cannot stay out without taking the store from the others: it ends the job
 //!   as a static node does.
 //!
@@ -30,6 +31,7 @@ use crate::store::CLOCK_KEY;
 
 use super::end::{BadNode, RunEnd};
 use super::observe::Observer;
+use super::outside::Outside;
 use super::rdzvlink::until_shutdown;
 use super::signals::Signals;
 
@@ -93,6 +95,7 @@ pub(super) async fn gate(
     let elastic = is_elastic(config, rdzv.as_deref());
     let give_up_at = Instant::now() + join_timeout(config);
     let mut backoff = FIRST_BACKOFF;
+    let mut outside = Outside::new(config);
     loop {
         let checks = async {
             let (mut report, clock) = tokio::join!(health::run(&inputs), clock(store.as_deref()));
@@ -113,16 +116,25 @@ pub(super) async fn gate(
         let Some(line) = report.failure_line() else {
             return Ok(None);
         };
-        if elastic && Instant::now() + backoff < give_up_at {
+        if let (true, Some(r)) = (elastic && Instant::now() + backoff < give_up_at, &rdzv) {
             tracing::warn!(
                 "{line}; not joining, checking again in {} s",
                 backoff.as_secs()
             );
-            if let Err(signal) = until_shutdown(signals, tokio::time::sleep(backoff)).await {
-                return Err(RunEnd::Interrupted {
-                    signal,
-                    report: None,
-                });
+            // It must not outlive the run it waits to join (issue 38.5).
+            match until_shutdown(signals, outside.wait(r, backoff)).await {
+                Ok(None) => {}
+                Ok(Some(over)) => {
+                    tracing::warn!("{over}: not checking again");
+                    let bad = BadNode::of(&report, line);
+                    return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
+                }
+                Err(signal) => {
+                    return Err(RunEnd::Interrupted {
+                        signal,
+                        report: None,
+                    })
+                }
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
             continue;

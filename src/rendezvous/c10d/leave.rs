@@ -1,6 +1,7 @@
 //! A node leaving the c10d rendezvous of its own accord while the others go on (issue 28: its
 //! network pre-check found it slow, or its workers failed `--max-node-failures` times): the
-//! state change is `state::leave` (pure), written here with compare-and-set.
+//! state change is `state::leave` (pure), written here with compare-and-set. Also what a node
+//! that stays out (an unhealthy node, issue 38.5) reads to know that the run is over.
 
 use super::io::{load_state, write_state, ReadError, Wrote};
 use super::*;
@@ -38,5 +39,18 @@ impl<S: RdzvStore> C10dRendezvous<S> {
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
+    }
+
+    /// Whether the rendezvous is closed, read by a node that has not joined it (issue 38.5):
+    /// `Some(why)` once it is (`None` inside: the job finished). Reads the small head only, and
+    /// never creates it.
+    pub async fn closed_from_outside(&self) -> Result<Option<Option<String>>, StoreOpError> {
+        let Some(text) = try_get(&*self.store, &self.keys.state()).await? else {
+            return Ok(None);
+        };
+        Ok(match Head::decode(&text) {
+            Ok(Some(head)) if head.closed => Some(head.closed_reason),
+            _ => None,
+        })
     }
 }

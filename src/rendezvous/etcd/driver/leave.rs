@@ -1,8 +1,9 @@
 //! A node leaving the etcd rendezvous of its own accord while the others go on (issue 28: its
 //! network pre-check found it slow, or its workers failed `--max-node-failures` times), as on
 //! c10d (`rendezvous/c10d/leave.rs`): the state change is `state::leave` (pure), written with a
-//! compare-and-set on the state key's `mod_revision`. Also the run's key-value exchange on etcd
-//! (`rendezvous/exchange.rs`), which needs this driver's client and keys.
+//! compare-and-set on the state key's `mod_revision`. Also what a node that stays out (an
+//! unhealthy node, issue 38.5) reads to know that the run is over, and the run's key-value
+//! exchange on etcd (`rendezvous/exchange.rs`), which needs this driver's client and keys.
 
 use super::*;
 use crate::rendezvous::exchange::EtcdKv;
@@ -41,6 +42,13 @@ impl EtcdRendezvous {
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
+    }
+
+    /// Whether the rendezvous is closed, read by a node that has not joined it (issue 38.5):
+    /// `Some(why)` once it is (`None` inside: the job finished).
+    pub async fn closed_from_outside(&self) -> Result<Option<Option<String>>, RendezvousError> {
+        let (st, _, _) = read_state(&self.etcd, &self.keys).await?;
+        Ok(st.closed.then_some(st.closed_reason))
     }
 
     /// The run's key-value exchange: keys under `<prefix>/<run_id>/kv/`.

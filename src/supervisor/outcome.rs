@@ -6,7 +6,6 @@ use crate::rendezvous::{RdzvEvent, RoundReason};
 
 use super::report::Failure;
 use super::restart::AttemptEnd;
-use super::verdict::Signature;
 use super::watch::verdict::HangFinding;
 
 /// How one attempt ended, with what the report and the decision need.
@@ -72,7 +71,9 @@ impl Outcome {
     /// `sig`, the run's root cause when it was a plain worker failure (`ValueError at
     /// train.py:88`, `exit code 3`); `hang`; `node(s) lost: …` (a failure that came with it is
     /// counted as the loss, as the restart decision does); `membership change`.
-    pub(super) fn cause(&self, sig: Option<&Signature>) -> String {
+    /// (`sig` is a `verdict::Signature`; taken as `Display` so that this file, which
+    /// `verdict.rs` reads, does not import it back.)
+    pub(super) fn cause(&self, sig: Option<&impl std::fmt::Display>) -> String {
         let lost_nodes = |lost: &[String]| match lost.is_empty() {
             true => "membership change".to_string(),
             false => format!("node(s) lost: {}", lost.join(", ")),

@@ -89,9 +89,9 @@ impl Metrics {
             stop_seconds: FGauge::default(),
             // A warm restart takes 0.05-0.3 s, a cold one seconds, one that waits for a
             // rendezvous or a stop's grace up to minutes.
-            restart_seconds: Histogram::new(
-                [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0],
-            ),
+            restart_seconds: Histogram::new([
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
             store_open: Gauge::default(),
             store_accepted: Counter::default(),
             store_ops: Family::default(),

@@ -86,13 +86,14 @@ def _recording(fn):
     env_cls = type(os.environ)
     env_get, env_iter = env_cls.__getitem__, env_cls.__iter__
     enumerating = set()
-    helpers = ("os", "_collections_abc")
+    helpers = (os.__dict__, sys.modules["_collections_abc"].__dict__)
 
     def site():
-        # The code outside os and collections.abc that asked, and where (one call, e.g.
-        # dict(os.environ), is one site for the iteration and each lookup it makes).
+        # The code outside os and collections.abc (Mapping.get, ItemsView, ...) that asked, and
+        # where: one call, e.g. dict(os.environ), is one site for the iteration and each lookup
+        # it makes.
         f = sys._getframe(2)
-        while f is not None and f.f_globals.get("__name__") in helpers:
+        while f is not None and (f.f_globals is helpers[0] or f.f_globals is helpers[1]):
             f = f.f_back
         return None if f is None else (f.f_code, f.f_lasti)
 

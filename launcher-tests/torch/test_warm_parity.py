@@ -16,8 +16,8 @@ Rules, with torchrun as the reference that the rule itself holds:
   `__loader__`, `__spec__`, `__file__`, `__cached__`, `__builtins__`, `__mp_main__`) and
   `threading.main_thread()` match the cold worker's exactly;
 - a warm worker that sets OMP_NUM_THREADS (read when the template imported torch) says so once
-  (cold ones print nothing: their torch was imported by the script); no `nanobind: leaked`
-  line at exit with torch._dynamo preloaded (the template's gc.freeze()).
+  (cold ones print nothing: their torch was imported by the script), and nothing of PATH;
+  no `nanobind: leaked` line at exit with torch._dynamo preloaded (the template's gc.freeze()).
 Every warm launch must show its 4 workers forked from the template.
 """
 import itertools
@@ -99,6 +99,8 @@ def test_warm_parity(procs, tmp_path):
         warm = name.startswith("rdrun-warm")
         if omp != (4 if warm else 0):
             problems.append(f"{name}: {omp} OMP_NUM_THREADS warnings, expected {4 if warm else 0}")
+        if "rdrun warm start: PATH" in r.err:
+            problems.append(f"{name}: a change of PATH (not read by torch's import) was reported")
         if "nanobind: leaked" in r.text:
             problems.append(f"{name}: nanobind reports leaks at exit")
     assert "sympy_rng" in runs["rdrun-warm-dynamo"][0][(0, 0)]["drawn"]

@@ -9,7 +9,7 @@ Writes <out>/r<RANK>.a<TORCHELASTIC_RESTART_COUNT>.json with three groups of val
   be the same everywhere;
 - "frame": the top-level frame and `__main__` as the interpreter made them (must match a cold
   worker exactly).
-Then it sets OMP_NUM_THREADS (twice) as a script that wants more threads would. Rank 1 fails
+Then it sets OMP_NUM_THREADS (twice) as a script that wants more threads would, and PATH. Rank 1 fails
 on attempt 0 once every rank wrote its record; rank 0 then waits there to be stopped.
 
 The module has no annotated assignment at its top level on purpose: one would create
@@ -123,9 +123,10 @@ with open(path + ".tmp", "w") as f:
 os.rename(path + ".tmp", path)  # whole or absent, whenever the launcher stops this rank
 
 # A script that wants more threads (too late here in any worker: torch is imported; a warm
-# worker says so).
+# worker says so, once), and one that changes what torch's import does not read (nothing said).
 os.environ["OMP_NUM_THREADS"] = "3"
 os.environ["OMP_NUM_THREADS"] = "3"
+os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + out_dir
 
 if attempt == 0:
     world = int(os.environ["WORLD_SIZE"])

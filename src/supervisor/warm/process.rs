@@ -17,7 +17,7 @@ use nix::sys::socket::{self, AddressFamily, ControlMessage, MsgFlags, SockFlag, 
 
 /// The template program (embedded: rdrun is one file). It is sent as the socket's first
 /// message, so that the template's command line stays short (each worker overwrites it).
-pub const TEMPLATE_PY: &str = include_str!("template.py");
+pub const TEMPLATE_PY: &str = concat!(include_str!("topframe.py"), include_str!("template.py"));
 
 /// The template's `-c` program: reads the template program from the socket and runs it.
 const BOOTSTRAP: &str = "import os,sys;exec(os.read(int(sys.argv[1]),1<<22))#rdrun warm template";

@@ -281,7 +281,7 @@ def _reset_signals():
 def _become_worker(req, fds):
     """In the grandchild: everything a cold `python -u ...` would have, then the job to run."""
     rdrun, cwd, cpus, argv, env = req
-    os.setsid()
+    # (Already its own session: `_serve_burst` made it one before it answered rdrun.)
     # Parent-death signal once rdrun (the subreaper) is the parent: the intermediate process
     # exits right after the fork, so this wait is short; a parent-death signal set earlier
     # would fire when the intermediate exits.
@@ -494,8 +494,9 @@ def _serve():
     interpreter, not 2N forks and N exits, each with the scheduling hand-offs between rdrun,
     this process and an intermediate. The template meanwhile waits for the intermediate (it
     never reads the socket while one serves). Every answer goes to rdrun on the socket, from
-    whichever process forked: rdrun has one request in flight at a time, so answers cannot
-    cross. The workers wait until rdrun is their parent (the intermediate gone) before anything
+    whichever process forked, or a worker's pid from the worker itself once it leads its own
+    process group: rdrun has one request in flight at a time, so answers cannot cross. The
+    workers wait until rdrun is their parent (the intermediate gone) before anything
     runs (`_become_worker`)."""
     while True:
         msg, fds = _read_request()
@@ -545,10 +546,20 @@ def _serve_burst(more, req, fds):
             pid = None
             _send("error fork: %s" % e)
         if pid == 0:
+            # The worker answers rdrun itself, once it leads its own session and process
+            # group: rdrun stops a worker by signalling its group, and a stop that rdrun
+            # begins right after this spawn (a shutdown signal that arrived while the
+            # template imported) would find no group yet and miss a worker that had not
+            # reached setsid(), which then ran until the grace's SIGKILL. A cold spawn
+            # returns after exec, its setsid() done, too.
+            try:
+                os.setsid()
+            except OSError as e:
+                _send("error setsid: %s" % e)
+                os._exit(127)
+            _send(b"pid %d" % os.getpid())
             return _become_worker(req, fds)
         _close(fds)
-        if pid is not None:
-            _send(b"pid %d" % pid)
         # (A poll, not a socket timeout: that would make the file description, shared with
         # the template, non-blocking for the template too.)
         if not more or not select.select([_sock], [], [], _BURST_IDLE)[0]:

@@ -700,3 +700,63 @@ fn a_shutdown_during_the_template_import_says_nothing_of_warm_start() {
     assert!(!out.stderr.contains("warm start"), "{out:?}");
     assert!(!out.stderr.contains("start cold"), "{out:?}");
 }
+
+/// A shutdown signal that arrives while the template imports is handled once it is ready, right
+/// after the workers are forked: the stop must reach every one of them, also a worker that has
+/// not yet made its own process group (issue 38.10: the last one was missed and ran until the
+/// grace's SIGKILL). The preload's at-fork hook holds each new worker before that point, so that
+/// a pid answered before the worker leads its group would be stopped too early every time.
+#[test]
+fn a_shutdown_during_the_template_import_stops_every_worker_at_once() {
+    for (sig, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+        let dir = TempDir::new("warm_stop_forking");
+        write(
+            dir.path(),
+            "slowmod.py",
+            "import os, time\nopen(os.environ['IMPORTING'], 'w').close()\n\
+             os.register_at_fork(after_in_child=lambda: time.sleep(0.5))\ntime.sleep(2)\n",
+        );
+        write(
+            dir.path(),
+            "s.py",
+            "import os, time\nopen(os.path.join('pids', str(os.getpid())), 'w').close()\n\
+             time.sleep(60)\n",
+        );
+        std::fs::create_dir(dir.join("pids")).unwrap();
+        let importing = dir.join("importing");
+        let run = Rdrun::new()
+            .timeout(Duration::from_secs(90))
+            .env("PYTHON_EXEC", "python3")
+            .env("IMPORTING", &importing)
+            .current_dir(dir.path())
+            .args(["--warm-start", "on", "--preload", "slowmod"])
+            .args(["--shutdown-timeout", "30", "--nproc-per-node", "3", "s.py"])
+            .spawn();
+        assert!(
+            crate::util::wait_for_file(&importing, Duration::from_secs(30)),
+            "the template never imported"
+        );
+        let began = Instant::now();
+        run.signal(sig);
+        let out = run.wait();
+        let took = began.elapsed();
+        out.assert_code(code);
+        // Well below the 30 s grace: a missed worker holds the run until its SIGKILL.
+        assert!(took < Duration::from_secs(15), "took {took:?}: {out:?}");
+        assert!(!out.stderr.contains("did not stop within"), "{out:?}");
+        for entry in std::fs::read_dir(dir.join("pids")).unwrap() {
+            let pid: i32 = entry
+                .unwrap()
+                .file_name()
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            assert!(
+                !(alive(pid) && String::from_utf8_lossy(&cmdline).contains("s.py")),
+                "worker {pid} outlived the run"
+            );
+        }
+    }
+}

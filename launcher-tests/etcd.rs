@@ -10,7 +10,8 @@
 //! SIGKILLed by PID and the namespaces removed (with anything left inside them) on drop; every
 //! agent runs under a hard bound. Skipped with a message when `etcd` is not installed.
 //!
-//! Bad endpoints, credentials and TLS (feature `etcd-tls`): `etcd/config.rs`.
+//! Bad endpoints, credentials and TLS (feature `etcd-tls`): `etcd/config.rs`; a frozen node and
+//! a failure with no restart left (issue 38): `etcd/job_over.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -703,3 +704,4 @@ fn pytorch_gloo_ddp_across_nodes() {
 }
 
 mod config;
+mod job_over;

@@ -16,6 +16,8 @@
 //!   host): detected, named, survivors regroup or end with one line.
 //! - `job_end`: how the job ends across nodes: stragglers in the exit barrier, a failure on
 //!   every node, an agent beyond `--nnodes`, the store host after its exit barrier timed out.
+//! - `job_over`: how fast every node learns that an attempt is over (issue 38): a frozen node's
+//!   survivors regroup together; a failure with no restart left ends every node at once.
 //! - `conflicts`: nodes that contradict each other: a duplicate `--node-rank`, a different
 //!   `--nnodes`.
 
@@ -28,6 +30,7 @@ use crate::util::{assert_no_leak, free_port, parse_env0, worker, Output, Rdrun, 
 
 mod conflicts;
 mod job_end;
+pub(crate) mod job_over;
 mod node_loss;
 
 /// Hard bound on one agent of these tests.

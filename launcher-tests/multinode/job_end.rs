@@ -57,7 +57,7 @@ fn static_finished_node_waits_for_a_straggler_without_being_declared_dead() {
 
 /// Issue 11.3: a worker fails on every node (no restarts): the other agent no longer retries
 /// closing the rendezvous on the vanished store for ~32 s (it did in about 1 of 3 runs; 3
-/// tries). Then the failure is on the host only: the other node names it.
+/// tries). Then the failure is on the host only: the other node names it and its root cause.
 #[test]
 fn c10d_failure_on_every_node_ends_promptly_and_a_host_failure_is_named() {
     bounded(Duration::from_secs(300), || {
@@ -102,7 +102,7 @@ fn c10d_failure_on_every_node_ends_promptly_and_a_host_failure_is_named() {
         other.assert_code(1);
         assert!(
             other.stderr.contains(
-                "rdrun: error: the job failed on node 0 (127.0.0.1); its agent closed the rendezvous"
+                "rdrun: error: the job failed on node 0 (127.0.0.1): exit code 1; its agent closed the rendezvous"
             ),
             "{other:?}"
         );

@@ -491,6 +491,23 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         }
     }
 
+    /// The peers of the round this agent ran that a later round dropped as lost (issue 38
+    /// item 4: a node that learned of the loss from a new round, not from its own keeper);
+    /// empty while that round still runs, once the rendezvous is closed, or when the store
+    /// cannot be read.
+    pub async fn lost_since_round(&self) -> Vec<String> {
+        let Some(round) = self.my_round else {
+            return Vec::new();
+        };
+        match read_head(&*self.store, &self.keys).await {
+            Ok(text) => match Head::decode(&text) {
+                Ok(Some(h)) if !h.closed && h.round != round => self.dropped_now().await,
+                _ => Vec::new(),
+            },
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// After this agent's workers failed, before the failure is charged: which peers of the
     /// running round are lost (issue 17.7). A SIGKILLed node makes its peers' collectives fail
     /// a second or so before any heartbeat budget runs out, so the failure alone cannot say

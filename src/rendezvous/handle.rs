@@ -323,6 +323,19 @@ impl Rendezvous {
         }
     }
 
+    /// The peers of the round this node ran that a later round knows are gone (issue 38 item
+    /// 4), for a node that learned of the loss from the new round rather than from its own
+    /// watch (c10d: dropped by another node's keeper; etcd: also leases gone). The static
+    /// backend's nodes all see a loss themselves: always empty.
+    pub async fn lost_since_round(&self) -> Vec<String> {
+        match &self.rdzv {
+            Backend::C10d(r) => r.lost_since_round().await,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(r) => r.lost_since_round().await,
+            _ => Vec::new(),
+        }
+    }
+
     /// Marks the rendezvous closed for every node and stops heartbeats (torchrun's `shutdown()`):
     /// the job finished.
     pub async fn close(&mut self) -> Result<(), RendezvousError> {
@@ -331,13 +344,20 @@ impl Rendezvous {
 
     /// Closes the rendezvous because this node's workers failed and no restart is left: the
     /// others say `the job failed on node N (addr)` rather than that the store vanished, followed
-    /// by the stop `verdict` when that is why (issue 28.5: they exit "do not requeue" too).
-    pub async fn close_failed(&mut self, verdict: Option<&str>) -> Result<(), RendezvousError> {
-        let mut why = format!("failed on {}", self.me.as_deref().unwrap_or("another node"));
-        if let Some(v) = verdict {
-            why = format!("{why}: {v}");
-        }
+    /// by `detail`: the stop verdict when that is why (issue 28.5: they exit "do not requeue"
+    /// too), else the root cause (issue 38 item 7).
+    pub async fn close_failed(&mut self, detail: Option<&str>) -> Result<(), RendezvousError> {
+        let why = self.failed_here(detail);
         self.close_with(Some(&why)).await
+    }
+
+    /// The reason [`Self::close_failed`] closes with: `failed on node N (addr)[: detail]`.
+    pub fn failed_here(&self, detail: Option<&str>) -> String {
+        let why = format!("failed on {}", self.me.as_deref().unwrap_or("another node"));
+        match detail {
+            Some(d) => format!("{why}: {d}"),
+            None => why,
+        }
     }
 
     /// Closes the rendezvous because of `why`, a sentence of its own (this node cannot take

@@ -371,6 +371,12 @@ impl Agent {
             self.clear_torch_dump_keys();
             let outcome = self.attempt(&mut logs, &asg).await;
             let outcome = self.attribute_failure(outcome).await;
+            // Issue 38 item 7: with no restart left, a failure ends the job on every node now.
+            let flow = self.end_everywhere(&asg, outcome, &mut same, &mut tally);
+            let outcome = match flow.await {
+                std::ops::ControlFlow::Break(end) => break end,
+                std::ops::ControlFlow::Continue(outcome) => outcome,
+            };
             // The stop verdict counts the run's root cause (agreed between nodes), the node's
             // failure memory its own.
             let entry = super::rootshare::Entry::of(&outcome);
@@ -468,11 +474,7 @@ impl Agent {
             Outcome::Succeeded => RunEnd::Succeeded,
             Outcome::Failed { failures, hang, .. } => {
                 self.close_rdzv_failed(verdict).await;
-                let report = self.resolve(failures).await;
-                RunEnd::WorkersFailed(match hang {
-                    Some(h) => report.with_hang(h.suspect.map(|r| r as usize), h.summary),
-                    None => report,
-                })
+                self.failed_end(failures, hang).await
             }
             Outcome::Interrupted { signal, failures } => {
                 // As torchrun: a signalled agent leaves the rendezvous open, so that the node can

@@ -1,9 +1,13 @@
 //! The agent's side of the rendezvous (`agent.rs`'s `Agent`, methods kept apart by job): joining
 //! a round, charging a worker failure only once the peers are known alive, the exit barrier and
 //! closing, and a node leaving an elastic job after `--max-node-failures` (issue 28 item 4)
-//! with the failure counts it keeps and shares with the other nodes (`failshare.rs`), and the
-//! run's root cause of each attempt agreed with them for the stop verdict (`rootshare.rs`).
+//! with the failure counts it keeps and shares with the other nodes (`failshare.rs`), the
+//! run's root cause of each attempt agreed with them for the stop verdict (`rootshare.rs`;
+//! issue 38: never waiting for a peer the round knows is gone), and the end of the job on every
+//! node at once after a failure that no restart can follow (issue 38 item 7).
 //! The rendezvous I/O itself is `rdzvlink.rs`'s and `netlink.rs`'s.
+
+use std::ops::ControlFlow;
 
 use crate::rendezvous::keys::round::{FailureKeys, RootKeys};
 use crate::rendezvous::{Assignment, RoundReason};
@@ -13,7 +17,7 @@ use super::super::end::RunEnd;
 use super::super::failshare::{self, FailShare, RunCounts};
 use super::super::rdzvlink;
 use super::super::rootshare;
-use super::super::verdict::{NodeFailures, Signature};
+use super::super::verdict::{NodeFailures, SameFailure, Signature};
 use super::Agent;
 
 /// This node's failure counts in the run and its share of them with the others.
@@ -94,8 +98,12 @@ impl Agent {
 
     /// The run's root cause of the attempt that just ended, for the stop verdict
     /// (`rootshare.rs`): agreed with the other nodes of the round through the run's exchange,
-    /// else this node's own (`entry.sig`). A shutdown signal during the wait ends the attempt
-    /// as interrupted.
+    /// else this node's own (`entry.sig`). An attempt the rendezvous knows lost a peer keeps
+    /// this node's own judgement (issue 38 item 4): a regroup learned from another node's new
+    /// round gets the lost peers' names, and the wait for the others' entries ends once the
+    /// round is known to have lost a node. A node stopped by another's close after a failure
+    /// that ended the job reads that node's reason when it is pending (issue 38 item 7). A
+    /// shutdown signal during the wait ends the attempt as interrupted.
     pub(super) async fn run_root(
         &mut self,
         asg: &Assignment,
@@ -103,22 +111,32 @@ impl Agent {
         entry: &rootshare::Entry,
     ) -> (Outcome, Option<Signature>) {
         let own = entry.sig.clone();
+        let outcome = self.with_lost_peers(outcome).await;
         let part = rootshare::part(&outcome);
         let nodes = asg.group_world_size;
-        if part == rootshare::Part::Alone || !(2..=rootshare::MAX_NODES).contains(&nodes) {
+        if !(2..=rootshare::MAX_NODES).contains(&nodes) {
             return (outcome, own);
         }
-        let Some(rdzv) = self.rdzv.as_ref() else {
+        let Some((ex, keys)) = self.root_exchange(asg) else {
             return (outcome, own);
         };
-        let Some(ex) = rdzv.exchange() else {
+        if let Outcome::RendezvousLost(msg) = &outcome {
+            if rootshare::told_of_failure(msg) {
+                return (self.told(asg, &ex, &keys, outcome).await, own);
+            }
+        }
+        if part == rootshare::Part::Alone {
             return (outcome, own);
-        };
-        let keys = RootKeys::new(&rdzv.run_prefix, asg.round, asg.restart_count);
-        let bound = self.config.shutdown_timeout + rootshare::SLACK;
-        let shared = rootshare::exchange(&ex, &keys, (asg.group_rank, nodes), entry, part, bound);
-        match rdzvlink::until_shutdown(&mut self.signals, shared).await {
-            Ok(Ok(entries)) if part == rootshare::Part::Judge => {
+        }
+        if let Err(why) = rootshare::publish(&ex, &keys, asg.group_rank, entry).await {
+            tracing::warn!("judging the attempt's root cause on this node alone: {why}");
+            return (outcome, own);
+        }
+        if part != rootshare::Part::Judge {
+            return (outcome, own);
+        }
+        match self.judge(&ex, &keys, nodes).await {
+            Ok(Some(entries)) => {
                 let run = rootshare::pick(&entries);
                 if run != own && entry.failed {
                     let show = |s: &Option<Signature>| {
@@ -133,11 +151,7 @@ impl Agent {
                 }
                 (outcome, run)
             }
-            Ok(Ok(_)) => (outcome, own),
-            Ok(Err(why)) => {
-                tracing::warn!("judging the attempt's root cause on this node alone: {why}");
-                (outcome, own)
-            }
+            Ok(None) => (outcome, own),
             Err(signal) => {
                 let failures = match outcome {
                     Outcome::Failed { failures, .. } => failures,
@@ -146,6 +160,203 @@ impl Agent {
                 (Outcome::Interrupted { signal, failures }, own)
             }
         }
+    }
+
+    /// The run's exchange and the root-cause keys of the attempt `asg` ran (`None`: no
+    /// rendezvous, or a backend without an exchange).
+    fn root_exchange(&self, asg: &Assignment) -> Option<(crate::rendezvous::Exchange, RootKeys)> {
+        let rdzv = self.rdzv.as_ref()?;
+        let keys = RootKeys::new(&rdzv.run_prefix, asg.round, asg.restart_count);
+        Some((rdzv.exchange()?, keys))
+    }
+
+    /// Every node's entry of the round (`Ok(None)`: judge alone, as logged: a peer of the round
+    /// is known gone, or the exchange failed), unless a shutdown signal comes first. Bounded by
+    /// the shutdown grace plus `rootshare::SLACK`.
+    async fn judge(
+        &mut self,
+        ex: &crate::rendezvous::Exchange,
+        keys: &RootKeys,
+        nodes: usize,
+    ) -> Result<Option<Vec<(usize, rootshare::Entry)>>, i32> {
+        let bound = self.config.shutdown_timeout + rootshare::SLACK;
+        let rdzv = self.rdzv.as_ref();
+        let gone = || async move {
+            match rdzv {
+                Some(r) => bounded_lost(r).await,
+                None => Vec::new(),
+            }
+        };
+        let judged = rootshare::collect(ex, keys, nodes, bound, gone);
+        match rdzvlink::until_shutdown(&mut self.signals, judged).await? {
+            Ok(rootshare::Judged::Entries(entries)) => Ok(Some(entries)),
+            Ok(rootshare::Judged::PeersGone(lost)) => {
+                tracing::info!(
+                    ?lost,
+                    "peer node(s) of this round are gone; judging the attempt's root cause on this node alone"
+                );
+                Ok(None)
+            }
+            Err(why) => {
+                tracing::warn!("judging the attempt's root cause on this node alone: {why}");
+                Ok(None)
+            }
+        }
+    }
+
+    /// A regroup that named no lost peer (this node saw another node's new round) gets the
+    /// peers of its round that the rendezvous already knows are gone (issue 38 item 4): then the
+    /// attempt ended with a lost peer, as on the node that dropped it.
+    async fn with_lost_peers(&self, outcome: Outcome) -> Outcome {
+        let Outcome::Regroup { reason, lost } = outcome else {
+            return outcome;
+        };
+        let lost = match (lost.is_empty(), self.rdzv.as_ref()) {
+            (true, Some(r)) => bounded_lost(r).await,
+            _ => lost,
+        };
+        Outcome::Regroup { reason, lost }
+    }
+
+    /// A node whose attempt another node's close ended (that node's failure ended the job):
+    /// where that node's reason was pending, this node publishes its entry, waits for the
+    /// reason (bounded by the shutdown grace plus `rootshare::SLACK`) and ends with it, so that
+    /// it names the stop verdict when there is one.
+    async fn told(
+        &mut self,
+        asg: &Assignment,
+        ex: &crate::rendezvous::Exchange,
+        keys: &RootKeys,
+        outcome: Outcome,
+    ) -> Outcome {
+        let bound = self.config.shutdown_timeout + rootshare::SLACK;
+        let told = rootshare::told_reason(ex, keys, asg.group_rank, bound);
+        match rdzvlink::until_shutdown(&mut self.signals, told).await {
+            Ok(Ok(Some(why))) => Outcome::RendezvousLost(
+                crate::rendezvous::RendezvousError::JobFailed(why).to_string(),
+            ),
+            Ok(Ok(None)) => outcome,
+            Ok(Err(why)) => {
+                tracing::debug!("cannot read why the job ended: {why}");
+                outcome
+            }
+            Err(signal) => Outcome::Interrupted {
+                signal,
+                failures: Vec::new(),
+            },
+        }
+    }
+
+    /// Issue 38 item 7: a plain worker failure after which no restart can follow (none left, or
+    /// restarts disabled) ends the job on every node: the rendezvous is closed at once, naming
+    /// this node and the root cause, so that the others stop their workers within the shutdown
+    /// grace and exit non-zero, instead of running on until this node's wait for their word
+    /// (the grace plus 5 s) ran out. Where the stop verdict may still apply (the same failure
+    /// once more would reach `--max-same-failures`), the close is marked pending, every node's
+    /// entry is waited for (the close stopped the others', so they come within the grace), and
+    /// the reason is told with the verdict once judged. `Continue`: not such a failure (or the
+    /// node may leave the job as a bad node instead, `fails_too_often`).
+    pub(super) async fn end_everywhere(
+        &mut self,
+        asg: &Assignment,
+        outcome: Outcome,
+        same: &mut SameFailure,
+        tally: &mut Tally,
+    ) -> ControlFlow<RunEnd, Outcome> {
+        let plain = matches!(
+            outcome,
+            Outcome::Failed {
+                peer_loss: None,
+                ..
+            }
+        );
+        let no_restart = asg.restart_count >= self.config.max_restarts || self.restarts_disabled;
+        if self.rdzv.is_none() || !plain || !no_restart {
+            return ControlFlow::Continue(outcome);
+        }
+        let entry = rootshare::Entry::of(&outcome);
+        let own = entry.sig.clone();
+        let max_same = self.config.resilience.max_same_failures;
+        let pending = same.could_reach(max_same);
+        let mut after = tally.own.clone();
+        after.record(&outcome, own.as_ref());
+        if pending && self.fails_too_often(&after, asg) {
+            return ControlFlow::Continue(outcome);
+        }
+        let exchange = (2..=rootshare::MAX_NODES)
+            .contains(&asg.group_world_size)
+            .then(|| self.root_exchange(asg))
+            .flatten();
+        let show = own.as_ref().map(ToString::to_string);
+        if pending {
+            if let Some((ex, keys)) = &exchange {
+                let marked = async {
+                    rootshare::publish(ex, keys, asg.group_rank, &entry).await?;
+                    rootshare::mark_pending(ex, keys).await
+                };
+                if let Err(why) = marked.await {
+                    tracing::warn!("judging the attempt's root cause on this node alone: {why}");
+                }
+            }
+        }
+        tracing::warn!("no restart left: ending the job on every node");
+        self.close_rdzv_failed(show.as_deref()).await;
+        let mut run = own.clone();
+        let mut signal = None;
+        match &exchange {
+            Some((ex, keys)) if pending => match self.judge(ex, keys, asg.group_world_size).await {
+                Ok(Some(entries)) => run = rootshare::pick(&entries),
+                Ok(None) => {}
+                Err(sig) => signal = Some(sig),
+            },
+            // The others' entries make no difference here; one node that thought otherwise
+            // (its own count in a row differs) need not wait for this one's.
+            Some((ex, keys)) => {
+                if let Err(why) = rootshare::publish(ex, keys, asg.group_rank, &entry).await {
+                    tracing::debug!("cannot publish this node's root cause: {why}");
+                }
+            }
+            None => {}
+        }
+        let in_a_row = same.record_signature(run);
+        self.record_failure(tally, &outcome, own.as_ref()).await;
+        let verdict = (max_same > 0 && in_a_row >= max_same).then(|| same.verdict());
+        if let (Some((ex, keys)), true) = (&exchange, pending) {
+            let detail = verdict.as_deref().or(show.as_deref());
+            let rdzv = self.rdzv.as_ref().expect("checked above");
+            rootshare::tell_reason(ex, keys, &rdzv.failed_here(detail)).await;
+        }
+        let Outcome::Failed { failures, hang, .. } = outcome else {
+            unreachable!("a plain failure, checked above");
+        };
+        let end = match signal {
+            Some(signal) => RunEnd::Interrupted {
+                signal,
+                report: Some(self.resolve(failures).await),
+            },
+            None => {
+                let end = self.failed_end(failures, hang).await;
+                match verdict {
+                    Some(v) => end.with_verdict(v),
+                    None => end,
+                }
+            }
+        };
+        ControlFlow::Break(self.with_counts(end, tally).await)
+    }
+
+    /// The end of the run after this node's workers failed: their report, error files read
+    /// now, with the hang that stopped them when one did.
+    pub(super) async fn failed_end(
+        &mut self,
+        failures: Vec<super::super::report::Failure>,
+        hang: Option<super::super::watch::verdict::HangFinding>,
+    ) -> RunEnd {
+        let report = self.resolve(failures).await;
+        RunEnd::WorkersFailed(match hang {
+            Some(h) => report.with_hang(h.suspect.map(|r| r as usize), h.summary),
+            None => report,
+        })
     }
 
     /// Counts `outcome` if it was a failure of this node's own workers (`sig`: its signature),
@@ -259,4 +470,12 @@ impl Agent {
         let rdzv = self.rdzv.as_mut().expect("only an elastic run leaves");
         super::super::netlink::leave(&self.config, rdzv, true, None, bad).await
     }
+}
+
+/// The peers of the round just run that `rdzv` knows are gone, within
+/// `failshare::BOUND` (none when it does not answer in time).
+async fn bounded_lost(rdzv: &crate::rendezvous::Rendezvous) -> Vec<String> {
+    tokio::time::timeout(failshare::BOUND, rdzv.lost_since_round())
+        .await
+        .unwrap_or_default()
 }

@@ -14,9 +14,22 @@
 //! writes after stopping its own workers, which may take the grace). A node that does not
 //! answer in time is judged without (a warning says so); rounds of more than [`MAX_NODES`]
 //! nodes, and ends that are not a worker failure or a plain regroup (a lost peer, a signal, a
-//! launcher error), keep the node's own judgement, as a single-node run does.
+//! launcher error), keep the node's own judgement, as a single-node run does. So does an
+//! attempt whose round the rendezvous already knows lost a node (issue 38 item 4): the wait
+//! asks between slices of a second and ends at once ([`Judged::PeersGone`]), as a dead node
+//! never writes its entry.
+//!
+//! A failure after which no restart can follow ends the job on every node at once (issue 38
+//! item 7, `agent_rounds.rs`): its node closes the rendezvous before the others' entries are
+//! in. Where the stop verdict may still apply, it first marks the attempt's close pending
+//! ([`mark_pending`]); the nodes its close stopped then publish an entry and wait for its
+//! reason ([`told_reason`], written by [`tell_reason`] once judged), so that they name the
+//! verdict too.
 
+use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
 
 use serde_json::{json, Value};
 
@@ -33,6 +46,10 @@ pub(super) const SLACK: Duration = Duration::from_secs(5);
 
 /// Rounds of more nodes judge on their own (each node would read every other's entry).
 pub(super) const MAX_NODES: usize = 64;
+
+/// How long one wait for the others' entries lasts before the node asks the rendezvous again
+/// whether a peer of the round is gone.
+const SLICE: Duration = Duration::from_secs(1);
 
 /// What ended an attempt on one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,12 +103,17 @@ impl Entry {
                     },
                 }
             }
-            _ => Entry {
-                failed: false,
-                peer: false,
-                at_ms: 0,
-                sig: None,
-            },
+            _ => Entry::quiet(),
+        }
+    }
+
+    /// Nothing of this node's own ended the attempt.
+    pub(super) fn quiet() -> Entry {
+        Entry {
+            failed: false,
+            peer: false,
+            at_ms: 0,
+            sig: None,
         }
     }
 
@@ -164,31 +186,58 @@ pub(super) fn pick(entries: &[(usize, Entry)]) -> Option<Signature> {
         .and_then(|(_, e)| e.sig.clone())
 }
 
-/// Publishes this node's entry; with [`Part::Judge`], waits up to `bound` for every node's of the
-/// round and returns all those read (this node's included). `Err`: why the exchange failed.
-pub(super) async fn exchange(
+/// What the wait for every node's entry found.
+#[derive(Debug)]
+pub(super) enum Judged {
+    /// The entries read (this node's included); a node missing at the bound is left out, with
+    /// a warning.
+    Entries(Vec<(usize, Entry)>),
+    /// These peers of the round are known gone (issue 38 item 4): the attempt ended with a lost
+    /// peer, whose entry never comes, and each node keeps its own judgement.
+    PeersGone(Vec<String>),
+}
+
+/// Publishes this node's entry (group rank `me`). `Err`: why the exchange failed.
+pub(super) async fn publish(
     ex: &Exchange,
     keys: &RootKeys,
-    (me, nodes): (usize, usize),
+    me: usize,
     entry: &Entry,
-    part: Part,
-    bound: Duration,
-) -> Result<Vec<(usize, Entry)>, String> {
+) -> Result<(), String> {
     let mine = serde_json::to_vec(&entry.to_json()).unwrap_or_default();
-    let my_key = keys.node(me);
-    let publish = ex.set(&my_key, &mine);
-    match tokio::time::timeout(super::failshare::BOUND, publish).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(format!("cannot publish through {}: {e}", ex.describe())),
-        Err(_) => return Err(format!("{} did not answer", ex.describe())),
-    }
-    if part != Part::Judge {
-        return Ok(vec![(me, entry.clone())]);
-    }
+    bounded(ex, ex.set(&keys.node(me), &mine)).await
+}
+
+/// Waits up to `bound` for every entry of the round's `nodes`. Before each [`SLICE`] of the wait
+/// it asks `gone` which peers of the round are known gone (the rendezvous dropped them): then
+/// it stops waiting (issue 38 item 4: a survivor that learned of the loss from the new round
+/// waited out the whole bound for the dead node's entry). The entries are then read, those
+/// missing at the bound left out with a warning. `Err`: why the exchange failed.
+pub(super) async fn collect<F, Fut>(
+    ex: &Exchange,
+    keys: &RootKeys,
+    nodes: usize,
+    bound: Duration,
+    mut gone: F,
+) -> Result<Judged, String>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Vec<String>>,
+{
     let all: Vec<String> = (0..nodes).map(|n| keys.node(n)).collect();
-    let complete = match ex.wait(&all, bound).await {
-        Ok(done) => done,
-        Err(e) => return Err(format!("cannot read through {}: {e}", ex.describe())),
+    let until = Instant::now() + bound;
+    let complete = loop {
+        let lost = gone().await;
+        if !lost.is_empty() {
+            return Ok(Judged::PeersGone(lost));
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        match ex.wait(&all, left.min(SLICE)).await {
+            Ok(true) => break true,
+            Ok(false) if left <= SLICE => break false,
+            Ok(false) => {}
+            Err(e) => return Err(format!("cannot read through {}: {e}", ex.describe())),
+        }
     };
     let read = async {
         if complete {
@@ -204,12 +253,7 @@ pub(super) async fn exchange(
         }
         Ok(some)
     };
-    let values: Vec<Option<Vec<u8>>> =
-        match tokio::time::timeout(super::failshare::BOUND, read).await {
-            Ok(Ok(v)) => v,
-            Ok(Err(e)) => return Err(format!("cannot read through {}: {e}", ex.describe())),
-            Err(_) => return Err(format!("{} did not answer", ex.describe())),
-        };
+    let values: Vec<Option<Vec<u8>>> = bounded(ex, read).await?;
     let mut out = Vec::with_capacity(nodes);
     let mut missing = Vec::new();
     for (n, value) in values.into_iter().enumerate() {
@@ -224,7 +268,62 @@ pub(super) async fn exchange(
             "judging the attempt's root cause without these nodes' word (none within {bound:?})"
         );
     }
-    Ok(out)
+    Ok(Judged::Entries(out))
+}
+
+/// One exchange request within [`super::failshare::BOUND`]; `Err`: why it failed.
+async fn bounded<T>(
+    ex: &Exchange,
+    op: impl Future<Output = Result<T, crate::rendezvous::StoreOpError>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(super::failshare::BOUND, op).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{}: {e}", ex.describe())),
+        Err(_) => Err(format!("{} did not answer", ex.describe())),
+    }
+}
+
+/// Issue 38 item 7, the side of a node whose failure ended the job and that closed the
+/// rendezvous before it knew whether the stop verdict applies: says so before the close, so
+/// that the nodes the close stops publish their entries and wait for its reason.
+pub(super) async fn mark_pending(ex: &Exchange, keys: &RootKeys) -> Result<(), String> {
+    bounded(ex, ex.set(&keys.pending(), b"1")).await
+}
+
+/// Then, once it judged: its close reason, verdict included (`failed on node N (addr): ...`).
+pub(super) async fn tell_reason(ex: &Exchange, keys: &RootKeys, reason: &str) {
+    if let Err(e) = bounded(ex, ex.set(&keys.close_reason(), reason.as_bytes())).await {
+        tracing::warn!("cannot tell the other nodes why the job ended: {e}");
+    }
+}
+
+/// Whether a lost rendezvous's message says that another node's failure closed it (the
+/// `RendezvousError::JobFailed` of `Rendezvous::close_failed`'s reason).
+pub(super) fn told_of_failure(msg: &str) -> bool {
+    msg.starts_with("the job failed on ")
+}
+
+/// The side of a node whose workers the close stopped: `Ok(None)` when the closing node knew
+/// its reason at once (nothing pending), else this node publishes its entry (its workers did
+/// not fail on their own) and waits up to `bound` for the reason (`Ok(None)` at the bound).
+pub(super) async fn told_reason(
+    ex: &Exchange,
+    keys: &RootKeys,
+    me: usize,
+    bound: Duration,
+) -> Result<Option<String>, String> {
+    if bounded(ex, ex.get(&keys.pending())).await?.is_none() {
+        return Ok(None);
+    }
+    publish(ex, keys, me, &Entry::quiet()).await?;
+    let key = [keys.close_reason()];
+    match ex.wait(&key, bound).await {
+        Ok(true) => {}
+        Ok(false) => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", ex.describe())),
+    }
+    let text = bounded(ex, ex.get(&key[0])).await?;
+    Ok(text.map(|t| String::from_utf8_lossy(&t).into_owned()))
 }
 
 #[cfg(test)]
@@ -248,15 +347,6 @@ mod tests {
         }
     }
 
-    fn quiet() -> Entry {
-        Entry {
-            failed: false,
-            peer: false,
-            at_ms: 0,
-            sig: None,
-        }
-    }
-
     /// The CI case: node 1's gloo error came first by the clock, node 0's ValueError is the
     /// cause; a node that only regrouped has no say; a hang resets; nothing failed: `None`.
     #[test]
@@ -264,7 +354,7 @@ mod tests {
         let gloo = failed(true, 1000, exc("RuntimeError", 40));
         let value = failed(false, 1003, exc("ValueError", 12));
         assert_eq!(
-            pick(&[(0, value.clone()), (1, gloo.clone()), (2, quiet())]),
+            pick(&[(0, value.clone()), (1, gloo.clone()), (2, Entry::quiet())]),
             exc("ValueError", 12)
         );
         // Only peers' losses: the earliest of them.
@@ -282,7 +372,7 @@ mod tests {
         );
         let hang = failed(false, 900, None);
         assert_eq!(pick(&[(0, hang), (1, gloo)]), None);
-        assert_eq!(pick(&[(0, quiet()), (1, quiet())]), None);
+        assert_eq!(pick(&[(0, Entry::quiet()), (1, Entry::quiet())]), None);
         assert_eq!(pick(&[]), None);
     }
 
@@ -297,13 +387,101 @@ mod tests {
                 Some(Signature::Status(WorkerStatus::Signaled(9))),
             ),
             failed(false, 15, None),
-            quiet(),
+            Entry::quiet(),
         ] {
             let bytes = serde_json::to_vec(&e.to_json()).unwrap();
             assert_eq!(Entry::from_json(&bytes), Some(e));
         }
         assert_eq!(Entry::from_json(b"not json"), None);
         assert_eq!(Entry::from_json(br#"{"failed": true}"#), None);
+    }
+
+    /// A store on loopback and the run's exchange through it.
+    async fn exchange_on_loopback() -> (crate::store::StoreServer, Exchange) {
+        use crate::rendezvous::addr::ListenOn;
+        let server = crate::rendezvous::tcp::serve_on(&ListenOn::Any, 0).unwrap();
+        let ex = another_node(&server).await;
+        (server, ex)
+    }
+
+    /// Another node's exchange through `server` (a connection of its own: one connection
+    /// serves one request at a time).
+    async fn another_node(server: &crate::store::StoreServer) -> Exchange {
+        use crate::rendezvous::tcp::TcpRdzvStore;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let store =
+            TcpRdzvStore::connect("127.0.0.1", server.port(), deadline, Duration::from_secs(5))
+                .await
+                .unwrap();
+        Exchange::Tcp(std::sync::Arc::new(store))
+    }
+
+    /// Issue 38 item 4: the wait for every node's entry ends once the round is known to have
+    /// lost a peer (whose entry never comes), not at the bound; with every entry in, it reads
+    /// them all.
+    #[tokio::test]
+    async fn the_wait_ends_once_a_peer_is_known_gone() {
+        let (server, ex) = exchange_on_loopback().await;
+        let keys = RootKeys::new("run", 3, 0);
+        let value = failed(false, 1003, exc("ValueError", 12));
+        publish(&ex, &keys, 0, &value).await.unwrap();
+        publish(&ex, &keys, 1, &Entry::quiet()).await.unwrap();
+        // Node 2 never writes; the rendezvous says so at the second look.
+        let mut looks = 0;
+        let gone = || {
+            looks += 1;
+            let now = looks;
+            async move {
+                match now {
+                    1 => Vec::new(),
+                    _ => vec!["n2".to_string()],
+                }
+            }
+        };
+        let t0 = Instant::now();
+        let judged = collect(&ex, &keys, 3, Duration::from_secs(60), gone)
+            .await
+            .unwrap();
+        assert!(
+            matches!(&judged, Judged::PeersGone(lost) if lost == &["n2".to_string()]),
+            "{judged:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        // Every entry in: read, whatever the bound.
+        publish(&ex, &keys, 2, &Entry::quiet()).await.unwrap();
+        let judged = collect(&ex, &keys, 3, Duration::from_secs(60), || async {
+            Vec::new()
+        })
+        .await
+        .unwrap();
+        let Judged::Entries(entries) = judged else {
+            panic!("{judged:?}");
+        };
+        assert_eq!(pick(&entries), exc("ValueError", 12));
+        server.shutdown().await;
+    }
+
+    /// Issue 38 item 7: a node stopped by another's close reads that node's reason only where
+    /// it was marked pending, and then publishes its own entry first (the closing node waits for
+    /// it).
+    #[tokio::test]
+    async fn a_stopped_node_reads_the_reason_only_when_pending() {
+        let (server, ex) = exchange_on_loopback().await;
+        let keys = RootKeys::new("run", 1, 0);
+        let bound = Duration::from_secs(30);
+        assert_eq!(told_reason(&ex, &keys, 1, bound).await, Ok(None));
+        assert_eq!(ex.get(&keys.node(1)).await.unwrap(), None);
+        mark_pending(&ex, &keys).await.unwrap();
+        let why = "failed on node 0 (h0): the same failure 1 attempts in a row: exit code 3; not restarting";
+        let closing = another_node(&server).await;
+        let closer = async {
+            // The closing node judges once the stopped one's entry is in.
+            assert!(closing.wait(&[keys.node(1)], bound).await.unwrap());
+            tell_reason(&closing, &keys, why).await;
+        };
+        let (told, ()) = tokio::join!(told_reason(&ex, &keys, 1, bound), closer);
+        assert_eq!(told, Ok(Some(why.to_string())));
+        server.shutdown().await;
     }
 
     #[test]

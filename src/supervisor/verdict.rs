@@ -196,6 +196,12 @@ impl SameFailure {
         self.in_a_row
     }
 
+    /// Whether the next attempt's failure could reach the stop verdict of `max_same_failures`
+    /// (0: off): the same failure once more, or a first one where a single one is enough.
+    pub fn could_reach(&self, max_same_failures: u32) -> bool {
+        max_same_failures > 0 && self.in_a_row.saturating_add(1) >= max_same_failures
+    }
+
     /// The signature of the last attempt recorded, if it was a plain worker failure.
     pub fn last(&self) -> Option<&Signature> {
         self.last.as_ref()

@@ -169,6 +169,23 @@ fn count_in_a_row_resets_on_a_different_failure_or_another_end() {
     assert_eq!(s.record_signature(st(4)), 1);
 }
 
+/// Issue 38 item 7: whether the next failure could be the verdict decides whether a node with
+/// no restart left may close the job before the others' word is in.
+#[test]
+fn whether_the_next_failure_could_reach_the_verdict() {
+    let mut s = SameFailure::default();
+    // Nothing in a row yet: only where one failure is enough.
+    assert!(!s.could_reach(2));
+    assert!(s.could_reach(1));
+    assert!(!s.could_reach(0));
+    s.record_signature(exc("ValueError", 88));
+    assert!(s.could_reach(2));
+    assert!(!s.could_reach(3));
+    assert!(!s.could_reach(0));
+    s.record_signature(None);
+    assert!(!s.could_reach(2));
+}
+
 fn failure(rank: usize, status: WorkerStatus, tb: Option<&str>) -> super::super::report::Failure {
     super::super::report::Failure {
         local_rank: rank,

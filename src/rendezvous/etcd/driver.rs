@@ -595,6 +595,35 @@ impl EtcdRendezvous {
         Duration::from_millis(100)
     }
 
+    /// The peers of the round this agent ran that are gone by `state`, a later round: those it
+    /// dropped as lost, else those whose alive keys are gone (a later round for another reason
+    /// is typically a survivor's that saw the lease expire first and regrouped as a membership
+    /// change; before, this case returned none and a failure next to the loss was charged, a
+    /// race between the survivors seen in `etcd::sigkilled_node_whose_peers_fail_is_not_charged`).
+    async fn lost_by(&self, state: &RdzvState) -> Result<Vec<String>, StoreOpError> {
+        let dropped = crate::rendezvous::plumbing::dropped_by(&self.round_peers, state);
+        if !dropped.is_empty() {
+            return Ok(dropped);
+        }
+        let leases = self.etcd.leases_under(&self.keys.alive_prefix()).await?;
+        Ok(lost_in_later_round(&self.round_peers, &leases))
+    }
+
+    /// The peers of the round this agent ran that a later round knows are gone (issue 38 item
+    /// 4: a node that learned of the loss from the new round, not from its own keeper); empty
+    /// while that round still runs, once the rendezvous is closed, or when etcd does not answer.
+    pub async fn lost_since_round(&self) -> Vec<String> {
+        let Some(round) = self.my_round else {
+            return Vec::new();
+        };
+        match read_state(&self.etcd, &self.keys).await {
+            Ok((state, _, _)) if !state.closed && state.round != round => {
+                self.lost_by(&state).await.unwrap_or_default()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// After this agent's workers failed, before the failure is charged: which peers of the
     /// running round are lost (issue 17.7, as `C10dRendezvous::lost_peers_after_failure`). A
     /// SIGKILLed node makes its peers' collectives fail seconds before its lease expires, so
@@ -661,24 +690,11 @@ impl EtcdRendezvous {
                 return Vec::new();
             }
             if state.round != round {
-                let dropped = crate::rendezvous::plumbing::dropped_by(&self.round_peers, &state);
-                if !dropped.is_empty() {
-                    return dropped;
-                }
-                // A later round for another reason: typically a survivor that saw the lease
-                // expire first and regrouped (the agent starts that round as a membership
-                // change, not `PeerLost`). The old round's peers whose leases are gone are the
-                // lost ones (before, this returned none and the failure was charged: a race
-                // between the survivors, seen in `etcd::sigkilled_node_whose_peers_fail_is_not_charged`).
-                let leases =
-                    match tokio::time::timeout_at(limit, self.etcd.leases_under(&alive_prefix))
-                        .await
-                    {
-                        Ok(Ok(leases)) => leases,
-                        Ok(Err(e)) => retry!("leases", e),
-                        Err(_) => return Vec::new(),
-                    };
-                let lost = lost_in_later_round(&self.round_peers, &leases);
+                let lost = match tokio::time::timeout_at(limit, self.lost_by(&state)).await {
+                    Ok(Ok(lost)) => lost,
+                    Ok(Err(e)) => retry!("leases", e),
+                    Err(_) => return Vec::new(),
+                };
                 tracing::debug!(
                     round = state.round,
                     ?lost,

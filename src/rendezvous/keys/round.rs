@@ -113,6 +113,16 @@ impl RootKeys {
     pub(crate) fn node(&self, n: usize) -> String {
         format!("{}/{n}", self.prefix)
     }
+    /// Set by a node that closed the job after this attempt before it knew whether the stop
+    /// verdict applies (issue 38 item 7): the nodes its close stopped publish their entry and
+    /// wait for [`RootKeys::close_reason`].
+    pub(crate) fn pending(&self) -> String {
+        format!("{}/close/pending", self.prefix)
+    }
+    /// That node's close reason once judged (`failed on node N (addr): <verdict or root cause>`).
+    pub(crate) fn close_reason(&self) -> String {
+        format!("{}/close/reason", self.prefix)
+    }
 }
 
 #[cfg(test)]
@@ -149,5 +159,12 @@ mod tests {
         let f = FailureKeys::new("rdrun.static.job");
         assert_eq!(f.slots(), "rdrun.static.job/rdrun_failures/slots");
         assert_eq!(f.node(3), "rdrun.static.job/rdrun_failures/node/3");
+        let r = RootKeys::new("rdrun.static.job", 2, 1);
+        assert_eq!(r.node(0), "rdrun.static.job/rdrun_root/2.1/0");
+        assert_eq!(r.pending(), "rdrun.static.job/rdrun_root/2.1/close/pending");
+        assert_eq!(
+            r.close_reason(),
+            "rdrun.static.job/rdrun_root/2.1/close/reason"
+        );
     }
 }

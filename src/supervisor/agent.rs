@@ -45,9 +45,9 @@ use super::rdzvlink::{until_shutdown, uses_rendezvous, watch_opt};
 use super::report::{Failure, FailureReport};
 use super::restart::{self, Decision};
 use super::setup::{self, short_host, single_node_master_addr, ReportHost};
-use super::signals::{self, SignalAction, Signals};
+use super::signals::{self, Signals};
 use super::spawn::Workers;
-use super::watch::files::{clear_torch_dump_keys, hang_dir};
+use super::watch::files::hang_dir;
 use super::watch::link::{ClusterArgs, HangLink};
 use super::watch::task::{AttemptWatch, Watch};
 use super::watch::timers::FileTimerServe;
@@ -55,6 +55,8 @@ use super::watch::verdict::WatchVerdict;
 use super::watchdog::Watchdog;
 use super::worker::{self, RunWorkerEnv};
 
+#[path = "agent_between.rs"]
+mod between;
 #[path = "agent_rounds.rs"]
 mod rounds;
 
@@ -513,44 +515,6 @@ impl Agent {
         .resolve()
     }
 
-    /// A shutdown signal already queued (other handled signals have no worker to go to).
-    fn queued_shutdown(&mut self) -> Option<i32> {
-        while let Some(sig) = self.signals.try_recv() {
-            if signals::action(sig) == SignalAction::Shutdown {
-                return Some(sig);
-            }
-        }
-        None
-    }
-
-    /// Between two attempts: the new one must see none of the previous attempt's keys (torchrun
-    /// bug pytorch/pytorch#135712: a stale NCCL unique id reused after a restart).
-    fn between_attempts(&self) {
-        if let Some(store) = &self.store {
-            store.clear();
-        }
-        if let Some(w) = &self.watchdog {
-            w.disarm();
-        }
-    }
-
-    /// Once the round is joined (every agent has stopped its old workers), before spawning:
-    /// torch's fatal-dump keys out of every store rdrun hosts for workers, so a stale one from
-    /// a previous attempt cannot poison this one (the static backend's rendezvous store keeps
-    /// its keys across attempts; see `watch::files::TORCH_DUMP_KEYS`).
-    fn clear_torch_dump_keys(&self) {
-        let hosted = self.rdzv.as_ref().and_then(|r| r.server.as_ref());
-        for server in self.store.iter().chain(hosted) {
-            let gone = clear_torch_dump_keys(server.store());
-            if !gone.is_empty() {
-                tracing::info!(
-                    ?gone,
-                    "deleted torch's fatal-dump store keys of the previous attempt"
-                );
-            }
-        }
-    }
-
     /// Warm start: the template imports before the first rendezvous, not at the first spawn,
     /// where a multi-node agent blocked for the import would miss its round's heartbeats
     /// (docs/warm-start.md). Its environment is local rank 0's in a placeholder assignment:
@@ -642,17 +606,7 @@ impl Agent {
             started: (0, 0),
         };
         let group = Group::spawn(&ids, &mut spawner, settings, Box::new(Os));
-        let (warm, cold) = spawner.started;
-        let taken = self.restarts.len() as u32;
-        if let Some(cost) = self.restart_clock.spawned(taken, warm, cold) {
-            // One line at the default level (WARN, as torchrun's LOGLEVEL default and the
-            // "restarting" line before it), the event and histogram, and `--report-json`.
-            tracing::warn!("{}", cost.line());
-            self.obs.get().restart_cost(&cost.to_json(), cost.total());
-            if let Some(r) = self.restarts.last_mut() {
-                r.cost = Some(cost.to_json());
-            }
-        }
+        self.restart_cost(spawner.started);
         // Watching starts with the workers (the hang budget counts from the spawn).
         let mut watch = AttemptWatch::default();
         if !group.launch_failed() {

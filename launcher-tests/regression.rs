@@ -70,15 +70,16 @@ fn torchrun_leaves_grandchildren_of_exited_workers() {
 /// running (torchrun's behaviour). Issue 11: an opt-out of the no-orphans default.
 #[test]
 fn leftovers_can_be_waited_for_or_left() {
-    // wait: the grandchild ignores SIGTERM and writes its marker after 2 s; rdrun must not
-    // signal it and may only exit once it is gone.
+    // wait: the grandchild ignores SIGTERM and writes its marker after 5 s, past the grace in
+    // which a process may still exit on its own before it is called left behind (2 s, issue 38
+    // item 8); rdrun must not signal it and may only exit once it is gone.
     let dir = TempDir::new("leftovers_wait");
     let out = Rdrun::new()
         .args(["--standalone", "--nproc-per-node=1", "--leftovers=wait"])
         .arg("--no-python")
         .arg(worker("spawn_grandchild"))
         .arg(dir.path())
-        .args(["2", "exit"])
+        .args(["5", "exit"])
         .run();
     out.assert_code(0);
     assert!(dir.join("marker.0").exists(), "{out:?}");
@@ -218,6 +219,14 @@ exit 0"#;
     run.wait().assert_code(0);
 }
 
+/// A standalone run of `nproc` workers, each `python3 -c code` (cold, no torch needed).
+fn python_c(nproc: usize, code: &str) -> Rdrun {
+    Rdrun::new()
+        .args(["--standalone", "--no-python"])
+        .arg(format!("--nproc-per-node={nproc}"))
+        .args(["python3", "-c", code])
+}
+
 /// Python's helpers exit by themselves a moment after the workers (multiprocessing's resource
 /// tracker here); they are not "left behind": no WARN, no signal. A process that really
 /// outlives the workers is still named, but never with a secret of its command line.
@@ -227,16 +236,7 @@ fn helpers_are_not_leftovers_and_secrets_are_not_printed() {
     let code = "from multiprocessing import resource_tracker\n\
                 resource_tracker.ensure_running()\n\
                 print('tracker', resource_tracker._resource_tracker._pid, flush=True)\n";
-    let out = Rdrun::new()
-        .args([
-            "--standalone",
-            "--nproc-per-node=2",
-            "--no-python",
-            "python3",
-            "-c",
-            code,
-        ])
-        .run();
+    let out = python_c(2, code).run();
     out.assert_code(0);
     assert!(out.stdout.contains("tracker "), "{out:?}");
     assert!(!out.stderr.contains("left behind"), "{out:?}");
@@ -250,16 +250,7 @@ fn helpers_are_not_leftovers_and_secrets_are_not_printed() {
          open({:?}, 'w').write(str(p.pid))\n",
         pidfile.display().to_string()
     );
-    let out = Rdrun::new()
-        .args([
-            "--standalone",
-            "--nproc-per-node=1",
-            "--no-python",
-            "python3",
-            "-c",
-            &code,
-        ])
-        .run();
+    let out = python_c(1, &code).run();
     let pid: i32 = std::fs::read_to_string(&pidfile)
         .expect("pid file")
         .trim()
@@ -293,16 +284,7 @@ fn a_native_abort_at_exit_is_named_in_one_line() {
                 sys.stderr.write('terminate called without an active exception\\n')\n\
                 sys.stderr.flush()\n\
                 os.abort()\n";
-    let out = Rdrun::new()
-        .args([
-            "--standalone",
-            "--nproc-per-node=1",
-            "--no-python",
-            "python3",
-            "-c",
-            code,
-        ])
-        .run();
+    let out = python_c(1, code).run();
     out.assert_code(134);
     let lines: Vec<&str> = out
         .stderr

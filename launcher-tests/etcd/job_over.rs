@@ -4,9 +4,7 @@
 //! `--shutdown-timeout 60` (given as `PET_SHUTDOWN_TIMEOUT`: the harness puts the program last).
 
 use super::*;
-use crate::multinode::job_over::{
-    assert_survivors_judged_alone, freeze, kill_frozen, GRACE, PROMPT,
-};
+use crate::multinode::job_over::{freeze_one_survivors_regroup, GRACE, PROMPT};
 
 /// Item 4: three agents (2:3), one that does not host the workers' store frozen with its
 /// worker; both survivors regroup within [`PROMPT`], neither waiting for its root cause (before
@@ -18,7 +16,7 @@ fn frozen_node_both_survivors_regroup_together() {
             return;
         };
         let dir = TempDir::new("etcd-frozen");
-        let mut running: Vec<_> = (0..3)
+        let running: Vec<_> = (0..3)
             .map(|i| {
                 tb.agent(&dir, "frozen", "2:3", i, "")
                     .env("PET_SHUTDOWN_TIMEOUT", GRACE)
@@ -29,16 +27,7 @@ fn frozen_node_both_survivors_regroup_together() {
         wait_records(dir.path(), 3, 0, 3, Duration::from_secs(90));
         let (master, _) = check_round(&records(dir.path()), 3, 0, Some(&[1, 1, 1]));
         let victim = (0..3).find(|i| *i != node_of(&master)).unwrap();
-        let frozen = running.remove(victim);
-        let workers = freeze(&frozen, dir.path());
-        let t0 = Instant::now();
-        wait_records(dir.path(), 2, 0, 2, PROMPT);
-        eprintln!("freeze -> both survivors regrouped in {:?}", t0.elapsed());
-        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
-        assert_survivors_judged_alone(&outs);
-        check_round(&records(dir.path()), 2, 0, Some(&[1, 1]));
-        kill_frozen(frozen, &workers);
-        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+        freeze_one_survivors_regroup(running, victim, dir.path());
     });
 }
 

@@ -89,7 +89,7 @@ fn c10d_frozen_node_both_survivors_regroup_together() {
     bounded(Duration::from_secs(240), || {
         let dir = TempDir::new("mn_c10d_frozen");
         let port = free_port();
-        let mut running: Vec<_> = (1..=3)
+        let running: Vec<_> = (1..=3)
             .map(|h| {
                 agent(
                     &dir,
@@ -100,17 +100,29 @@ fn c10d_frozen_node_both_survivors_regroup_together() {
             })
             .collect();
         wait_records(dir.path(), 3, 0, 3, Duration::from_secs(60));
-        let frozen = running.remove(2);
-        let workers = freeze(&frozen, dir.path());
-        let t0 = Instant::now();
-        wait_records(dir.path(), 2, 0, 2, PROMPT);
-        eprintln!("freeze -> both survivors regrouped in {:?}", t0.elapsed());
-        let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
-        assert_survivors_judged_alone(&outs);
-        check_round(&records(dir.path()), 2, 0, Some(&[1, 1]));
-        kill_frozen(frozen, &workers);
-        assert_no_leak(&recorded_pids(dir.path()), Duration::from_secs(10));
+        freeze_one_survivors_regroup(running, 2, dir.path());
     });
+}
+
+/// Item 4's scenario after the first round of three agents: agent `victim` (not the store
+/// host) and its worker frozen; the two survivors must form their round within [`PROMPT`],
+/// each judging the attempt alone; then the frozen ones are killed by pid and nothing is left.
+/// Shared by the c10d test here and the etcd one (`etcd/job_over.rs`).
+pub(crate) fn freeze_one_survivors_regroup(
+    mut running: Vec<Running>,
+    victim: usize,
+    dir: &std::path::Path,
+) {
+    let frozen = running.remove(victim);
+    let workers = freeze(&frozen, dir);
+    let t0 = Instant::now();
+    wait_records(dir, 2, 0, 2, PROMPT);
+    eprintln!("freeze -> both survivors regrouped in {:?}", t0.elapsed());
+    let outs: Vec<Output> = running.into_iter().map(|r| r.wait()).collect();
+    assert_survivors_judged_alone(&outs);
+    check_round(&records(dir), 2, 0, Some(&[1, 1]));
+    kill_frozen(frozen, &workers);
+    assert_no_leak(&recorded_pids(dir), Duration::from_secs(10));
 }
 
 /// Item 7's check on two agents that ran `(2, 0)`: the job ended on both within [`PROMPT`] of

@@ -68,8 +68,8 @@ def test_line_integrity_under_bursts(launcher, procs, tmp_path):
     if not launcher.is_rdrun and problems and not any("stdout.log" in p for p in problems):
         # torchrun's --tee prints through a thread that tails the log files with readline(): a
         # line it meets half-written (a 70000-byte line, on a loaded machine) is printed in two
-        # pieces, each with a prefix ('[default0]:o0-109-[default0]:xxx'). Seen once in ten
-        # runs of the suite beside a CI build on 2 CPUs. A defect of the reference, recorded as
+        # pieces, each with a prefix ("[default0]:o0-109-[default0]:xxx"). Seen in one of this
+        # session's suite runs beside a CI build on 2 CPUs. A defect of the reference, recorded as
         # such (its log files are still judged exactly); rdrun's legs are judged in full.
         pytest.xfail("torchrun split a line it read mid-write: " + problems[0])
     assert not problems, "\n".join(problems[:20])

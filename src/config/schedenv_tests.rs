@@ -80,19 +80,22 @@ fn one_mpi_rank_is_node_mode_whatever_the_world() {
 
 /// 25.4: `--nnodes 3` in a 2-node step is an error naming both; a range that includes the
 /// step's count is not.
+/// Node 1 of a 2-node srun step (job 81234 step 0).
+const STEP_NODE_1: [(&str, &str); 9] = [
+    ("SLURM_JOB_ID", "81234"),
+    ("SLURM_STEP_ID", "0"),
+    ("SLURM_STEP_NODELIST", "n[1-2]"),
+    ("SLURM_STEP_NUM_NODES", "2"),
+    ("SLURM_STEP_NUM_TASKS", "2"),
+    ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
+    ("SLURM_NODEID", "1"),
+    ("SLURM_PROCID", "1"),
+    ("SLURMD_NODENAME", "n2"),
+];
+
 #[test]
 fn a_node_count_contradicting_the_step_is_refused() {
-    let step = [
-        ("SLURM_JOB_ID", "81234"),
-        ("SLURM_STEP_ID", "0"),
-        ("SLURM_STEP_NODELIST", "n[1-2]"),
-        ("SLURM_STEP_NUM_NODES", "2"),
-        ("SLURM_STEP_NUM_TASKS", "2"),
-        ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
-        ("SLURM_NODEID", "1"),
-        ("SLURM_PROCID", "1"),
-        ("SLURMD_NODENAME", "n2"),
-    ];
+    let step = STEP_NODE_1;
     let e = launch(&["--nnodes", "3", "t.py"], &step).unwrap_err();
     assert_eq!(
         e,
@@ -112,17 +115,7 @@ fn a_node_count_contradicting_the_step_is_refused() {
 /// resolved range is also what the c10d settings are typed from.
 #[test]
 fn a_node_range_under_the_step_resolves_to_its_count() {
-    let step = [
-        ("SLURM_JOB_ID", "81234"),
-        ("SLURM_STEP_ID", "0"),
-        ("SLURM_STEP_NODELIST", "n[1-2]"),
-        ("SLURM_STEP_NUM_NODES", "2"),
-        ("SLURM_STEP_NUM_TASKS", "2"),
-        ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
-        ("SLURM_NODEID", "1"),
-        ("SLURM_PROCID", "1"),
-        ("SLURMD_NODENAME", "n2"),
-    ];
+    let step = STEP_NODE_1;
     for range in ["1:3", "2:4", "1:2"] {
         let c = launch(&["--nnodes", range, "t.py"], &step).expect("resolves");
         assert_eq!(c.nnodes, NodeRange { min: 2, max: 2 }, "{range}");

@@ -98,3 +98,4 @@ mod util;
 mod verdict;
 mod warm;
 mod warm_io;
+mod warm_learn;

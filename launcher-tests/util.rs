@@ -88,7 +88,10 @@ impl Rdrun {
     pub fn new() -> Rdrun {
         Rdrun {
             args: Vec::new(),
-            env: Vec::new(),
+            // The learned warm-start list is remembered in the user's cache otherwise: every
+            // test would leave a file there, and a launch would depend on an earlier test's.
+            // The tests of the memory set a directory of their own.
+            env: vec![("RDRUN_WARM_MEMORY".into(), "off".into())],
             // Variables rdrun reads or workers would inherit that could skew a test.
             env_remove: [
                 "OMP_NUM_THREADS",
@@ -99,6 +102,8 @@ impl Rdrun {
                 "HIP_VISIBLE_DEVICES",
                 "RUST_LOG",
                 "LOGLEVEL",
+                "RDRUN_WARM_START",
+                "RDRUN_PRELOAD",
             ]
             .iter()
             .map(OsString::from)

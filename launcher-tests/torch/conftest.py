@@ -5,12 +5,13 @@ What this file owns:
   (env RDRUN_BIN, else <repo>/target/release/rdrun, else <repo>/target/debug/rdrun);
 - the `launcher` fixture, parametrized over the launchers named in env RDRUN_COMPAT_LAUNCHERS
   (default "torchrun,rdrun"): every scenario runs under torchrun too, so the test itself is known
-  to be right about PyTorch before it judges rdrun. A test marked `warm` also runs under
-  "rdrun-warm" (rdrun `--warm-start on`, docs/warm-start.md) unless RDRUN_COMPAT_WARM=0; such a
-  run must show that its workers were forked from the template (`check_warm`).
-  RDRUN_COMPAT_WARM=all instead runs every rdrun launch of the suite warm (RDRUN_WARM_START=on)
-  and checks each one that runs a Python script the same way (how the default was judged,
-  docs/warm-start.md "Default");
+  to be right about PyTorch before it judges rdrun. "rdrun" is rdrun's default (`--warm-start
+  auto`, docs/warm-start.md): every launch of a Python script must show that its workers were
+  forked from the template (`check_warm`, `is_warm_run`). A test marked `warm` (where warm and
+  cold workers could differ) also runs under "rdrun-cold" (`--warm-start off`, as torchrun)
+  unless RDRUN_COMPAT_COLD=0; RDRUN_COMPAT_COLD=all instead runs every rdrun launch of the suite
+  cold (RDRUN_WARM_START=off). The learned list is not remembered across launches
+  (RDRUN_WARM_MEMORY=off): each launch is a first run, as on a fresh machine;
 - `procs`: starts launchers in their own session with a per-test tag in the environment, and on
   teardown kills (by PID) anything still carrying the tag — the launcher, its workers, and
   workers the launcher orphaned. Leftovers after a launcher exited on its own fail the test:
@@ -81,7 +82,7 @@ def store_bench_bin() -> Path | None:
 
 @dataclass(frozen=True)
 class Launcher:
-    name: str  # "torchrun", "rdrun" or "rdrun-warm"
+    name: str  # "torchrun", "rdrun" (its default: warm) or "rdrun-cold"
     argv: tuple[str, ...]
 
     def cmd(self, *args: str) -> list[str]:
@@ -89,15 +90,16 @@ class Launcher:
 
     @property
     def is_rdrun(self) -> bool:
-        return self.name in ("rdrun", "rdrun-warm")
+        return self.name in ("rdrun", "rdrun-cold")
 
     @property
     def is_warm(self) -> bool:
-        return self.name == "rdrun-warm"
+        return self.name == "rdrun" and not cold_all()
 
 
-# rdrun's log filter for warm runs: its default (warnings) plus the warm-start module's debug
-# lines, one per worker forked from the template (the evidence `check_warm` reads).
+# rdrun's log filter in this suite: its default (warnings) plus the warm-start module's debug
+# lines, one per worker forked from the template (the evidence `check_warm` reads), and its INFO
+# lines (a reason to start a worker cold, under the default `auto`).
 WARM_LOG = "warn,rdrun::supervisor::warm=debug"
 WARM_FORKED = "worker forked from the template"
 
@@ -113,10 +115,9 @@ def get_launcher(name: str) -> Launcher:
                 "`cargo build --release --bin rdrun`"
             )
         return Launcher("rdrun", (str(path),))
-    if name == "rdrun-warm":
+    if name == "rdrun-cold":
         rd = get_launcher("rdrun").argv[0]
-        # `env` sets rdrun's log filter without touching the environment the test builds.
-        return Launcher("rdrun-warm", ("env", f"RUST_LOG={WARM_LOG}", rd, "--warm-start", "on"))
+        return Launcher("rdrun-cold", (rd, "--warm-start", "off"))
     raise ValueError(f"unknown launcher {name!r}")
 
 
@@ -147,40 +148,48 @@ def pytest_configure(config):
     signal.signal(signal.SIGTERM, on_term)
     atexit.register(_cleanup_all)
     config.addinivalue_line(
-        "markers", "warm: also run under rdrun --warm-start on (launcher rdrun-warm)"
+        "markers", "warm: also run under rdrun --warm-start off (launcher rdrun-cold)"
     )
 
 
-def warm_enabled() -> bool:
-    return os.environ.get("RDRUN_COMPAT_WARM", "1") not in ("0", "all")
+def cold_enabled() -> bool:
+    return os.environ.get("RDRUN_COMPAT_COLD", "1") not in ("0", "all")
 
 
-def warm_all() -> bool:
-    return os.environ.get("RDRUN_COMPAT_WARM") == "all"
+def cold_all() -> bool:
+    return os.environ.get("RDRUN_COMPAT_COLD") == "all"
 
 
-def is_warm_run(cmd: list[str]) -> bool:
-    """Whether this launch must show warm workers: the rdrun-warm launcher's, or under
-    RDRUN_COMPAT_WARM=all any rdrun launch of a Python script (`--no-python`: cold by design)."""
-    if f"RUST_LOG={WARM_LOG}" in cmd:
-        return True
-    return warm_all() and Path(cmd[0]).name == "rdrun" and "--no-python" not in cmd
+def is_warm_run(cmd: list[str], env: dict[str, str] | None) -> bool:
+    """Whether this launch must show warm workers: any rdrun launch of a Python script under
+    rdrun's default, with this suite's log filter (`--no-python` and `--warm-start off`: cold
+    by design; a test that sets its own RUST_LOG judges its own output)."""
+    env = env or {}
+    if cold_all() or env.get("RUST_LOG") != WARM_LOG or env.get("RDRUN_WARM_START") == "off":
+        return False
+    if Path(cmd[0]).name != "rdrun" or "--no-python" in cmd or "--warm-start=off" in cmd:
+        return False
+    return not any(a == "--warm-start" and b == "off" for a, b in zip(cmd, cmd[1:]))
 
 
 def pytest_generate_tests(metafunc):
     if "launcher" in metafunc.fixturenames:
         names = selected_launchers()
-        if metafunc.definition.get_closest_marker("warm") and "rdrun" in names and warm_enabled():
-            names = [*names, "rdrun-warm"]
+        if metafunc.definition.get_closest_marker("warm") and "rdrun" in names and cold_enabled():
+            names = [*names, "rdrun-cold"]
         metafunc.parametrize("launcher", names, indirect=True)
 
 
 def check_warm(r: "Result", forks: int | None = None) -> list[str]:
-    """Problems with a `--warm-start on` run: every worker must come from the template. With
-    `on`, each reason to spawn cold is a WARN line starting "warm start:" (the template's ready
-    line is INFO, not shown), and each fork a debug line; `forks`: how many there must be."""
+    """Problems with a warm run (rdrun's default): every worker must come from the template.
+    Each reason to spawn cold is a line starting "warm start:" that says "cold" (INFO under the
+    default `auto`, WARN under `on`), a warning of the warm-start module is a problem too, and
+    each fork is a debug line; `forks`: how many there must be."""
     problems = []
-    cold = [l for l in r.err.splitlines() if "warm start:" in l and "WARN" in l]
+    cold = [
+        l for l in r.err.splitlines()
+        if "warm start:" in l and ("WARN" in l or " cold" in l)
+    ]
     if cold:
         problems.append("workers spawned cold: " + " | ".join(cold))
     n = r.err.count(WARM_FORKED)
@@ -209,8 +218,10 @@ def base_env(tag: str) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env[TAG_VAR] = tag
-    if warm_all():
-        env["RDRUN_WARM_START"] = "on"
+    env["RDRUN_WARM_MEMORY"] = "off"
+    if cold_all():
+        env["RDRUN_WARM_START"] = "off"
+    else:
         env["RUST_LOG"] = WARM_LOG
     return env
 
@@ -250,6 +261,8 @@ class Running:
     started: float
     timeout: float
     result: Result | None = None
+    # The launch's environment (`is_warm_run` reads rdrun's log filter and warm-start setting).
+    env: dict[str, str] | None = None
 
     @property
     def pid(self) -> int:
@@ -361,7 +374,7 @@ class Procs:
                 cwd=str(cwd or self.tmp),
                 start_new_session=True,
             )
-        r = Running(popen, cmd, out_path, err_path, time.monotonic(), timeout)
+        r = Running(popen, cmd, out_path, err_path, time.monotonic(), timeout, env=env)
         self.running.append(r)
         return r
 
@@ -380,7 +393,7 @@ class Procs:
     def cleanup(self) -> list[str]:
         problems = []
         for r in self.running:
-            if r.result is not None and is_warm_run(r.cmd):
+            if r.result is not None and is_warm_run(r.cmd, r.env):
                 problems += [f"warm run: {p}" for p in check_warm(r.result)]
         # Once we SIGKILL a launcher, its workers are orphaned by us, not left behind by it.
         killed_by_us = any(r.result is not None and r.result.timed_out for r in self.running)

@@ -23,9 +23,9 @@ Nothing from the launcher's own environment may be removed. argv (sys.argv and t
 command line after the interpreter) must be identical; the interpreter must be the same venv
 (sys.prefix); cwd the same; each worker is its own session and process-group leader, as under
 torchrun. OMP_NUM_THREADS is left unset here, so the launcher's default (1 for nproc > 1) is
-compared as well. rdrun runs twice, cold and with `--warm-start on` (workers forked from the
-template interpreter, docs/warm-start.md), and both must pass the same rules; the warm run must
-show both workers forked warm. (The worker's /proc/self/cmdline is compared after the interpreter
+compared as well. rdrun runs twice, with its default (`--warm-start auto`: workers forked from
+the template interpreter, docs/warm-start.md) and cold (`--warm-start off`), and both must pass
+the same rules; the default run must show both workers forked warm. (The worker's /proc/self/cmdline is compared after the interpreter
 and with trailing empty words dropped: a warm worker's command-line area may be NUL-padded,
 docs/warm-start.md "Known differences".)
 """
@@ -36,7 +36,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from conftest import SCRIPTS, check_warm, get_launcher, read_json, warm_enabled
+from conftest import SCRIPTS, check_warm, cold_enabled, get_launcher, read_json
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 RUN_SPECIFIC = {"TORCHELASTIC_RUN_ID", "MASTER_PORT", "MASTER_ADDR", "TORCHELASTIC_ERROR_FILE"}
@@ -94,7 +94,7 @@ def test_env_parity(procs, tmp_path):
     base = procs.env(OMP_NUM_THREADS=None)
     dump = tmp_path / "dump"
     dumps = {}
-    rdruns = ["rdrun", "rdrun-warm"] if warm_enabled() else ["rdrun"]
+    rdruns = ["rdrun", "rdrun-cold"] if cold_enabled() else ["rdrun"]
     for name in ("torchrun", *rdruns):
         launcher = get_launcher(name)
         dump.mkdir()
@@ -155,7 +155,8 @@ def compare(name, dumps, base, found, extras):
 
         if d["argv"] != t["argv"]:
             problems.append(f"rank {rank}: sys.argv {d['argv']} != torchrun {t['argv']}")
-        ours = cmdline_words(d["cmdline"]) if name == "rdrun-warm" else d["cmdline"][1:]
+        warm = get_launcher(name).is_warm
+        ours = cmdline_words(d["cmdline"]) if warm else d["cmdline"][1:]
         if ours != t["cmdline"][1:]:
             problems.append(
                 f"rank {rank}: command line {d['cmdline']} != torchrun {t['cmdline']} "

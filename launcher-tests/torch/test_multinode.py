@@ -71,13 +71,15 @@ def run_nodes(tmp_path, node_args, prefixes=None, extra_env=None):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     env = dict(os.environ, OMP_NUM_THREADS="1", **(extra_env or {}))
-    # The interpreter is named as the program (rdrun runs it directly: a cold spawn). Under
-    # RDRUN_COMPAT_WARM=all (conftest.py) the script is given instead, with the interpreter in
-    # PYTHON_EXEC, so that the workers can be forked warm, and each node must show 2 warm forks.
-    warm = os.environ.get("RDRUN_COMPAT_WARM") == "all"
+    # The script is the program, with the interpreter in PYTHON_EXEC: under rdrun's default the
+    # workers are forked warm, and each node must show 2 warm forks. Under RDRUN_COMPAT_COLD=all
+    # (conftest.py) the interpreter is named as the program (rdrun runs it directly: cold).
+    warm = os.environ.get("RDRUN_COMPAT_COLD") != "all"
     program = [sys.executable] if not warm else []
+    env.update(RDRUN_WARM_MEMORY="off")
     if warm:
-        env.update(PYTHON_EXEC=sys.executable, RDRUN_WARM_START="on", RUST_LOG=WARM_LOG)
+        env.update(PYTHON_EXEC=sys.executable, RUST_LOG=WARM_LOG)
+        env.pop("RDRUN_WARM_START", None)
     prefixes = prefixes or [[] for _ in node_args]
     procs = [
         subprocess.Popen(
@@ -102,7 +104,10 @@ def run_nodes(tmp_path, node_args, prefixes=None, extra_env=None):
     for code, out in outs:
         assert code == 0, out
         if warm:
-            cold = [l for l in out.splitlines() if "warm start:" in l and "WARN" in l]
+            cold = [
+                l for l in out.splitlines()
+                if "warm start:" in l and ("WARN" in l or " cold" in l)
+            ]
             assert not cold and out.count(WARM_FORKED) == 2, out
     weights = [torch.load(tmp_path / f"w.{r}.pt") for r in range(4)]
     for w in weights[1:]:

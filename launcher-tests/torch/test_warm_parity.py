@@ -2,7 +2,9 @@
 interpreter is indistinguishable from a cold one in what it draws and sees for itself.
 
 scripts/warm_parity.py runs 2 ranks x 2 attempts (rank 1 fails once, `--max-restarts 1`) under
-torchrun, rdrun cold (`--warm-start off`), rdrun warm (`--warm-start on`) and rdrun warm with
+torchrun, rdrun cold (`--warm-start off`), rdrun's default (`auto`: attempt 0 forked from the bare
+template, attempt 1 from the template once it learned torch: rank 1 waits for that, reading the
+remembered list), `--warm-start on` (torch imported before the first fork) and `on` with
 `--preload torch._dynamo` (the recovery benchmark's list; the script then imports it too).
 Rules, with torchrun as the reference that the rule itself holds:
 - every per-process random state and secret differs between all four (rank, attempt) records
@@ -15,8 +17,9 @@ Rules, with torchrun as the reference that the rule itself holds:
   warnings' reported locations), `__main__` (its names in order, `__annotations__`,
   `__loader__`, `__spec__`, `__file__`, `__cached__`, `__builtins__`, `__mp_main__`) and
   `threading.main_thread()` match the cold worker's exactly;
-- a warm worker that sets OMP_NUM_THREADS (read when the template imported torch) says so once
-  (cold ones print nothing: their torch was imported by the script), and nothing of PATH;
+- a warm worker whose torch came from the template and that sets OMP_NUM_THREADS (read when
+  the template imported torch) says so once; one that imported torch itself (auto's attempt 0)
+  and cold ones print nothing, and nothing of PATH; under the default, attempt 1 holds torch;
   no `nanobind: leaked` line at exit with torch._dynamo preloaded (the template's gc.freeze()).
 Every warm launch must show its 4 workers forked from the template.
 """
@@ -25,24 +28,25 @@ import json
 
 import pytest
 
-from conftest import SCRIPTS, check_warm, get_launcher, warm_all, warm_enabled
+from conftest import SCRIPTS, check_warm, cold_all, get_launcher
 
 OMP_LINE = "OMP_NUM_THREADS was set to '3' after this worker was forked"
 
 
-def launch(procs, tmp_path, name, extra=(), script_args=()):
+def launch(procs, tmp_path, name, extra=(), script_args=(), env=None):
     """One launch of the probe; its records by (rank, attempt) and its result."""
     out = tmp_path / ("-".join([name, *extra]).replace(".", "_").replace("--", ""))
     out.mkdir()
-    launcher = get_launcher("rdrun-warm" if name.startswith("rdrun-warm") else name)
+    launcher = get_launcher(name if name in ("torchrun", "rdrun-cold") else "rdrun")
     args = list(extra)
-    if name == "rdrun":
-        args = ["--warm-start", "off", *args]
+    if name.startswith("rdrun-on"):
+        args = ["--warm-start", "on", *args]
     r = procs.run(
         launcher.cmd(
             "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", *args,
             SCRIPTS / "warm_parity.py", "--out", out, *script_args,
         ),
+        env=env,
         timeout=300,
     )
     assert r.rc == 0, f"{name} {extra}:\n{r.describe()}"
@@ -71,16 +75,23 @@ def same_values(records, key):
 
 
 def test_warm_parity(procs, tmp_path):
-    if not warm_enabled() and not warm_all():
-        pytest.skip("warm start legs are off (RDRUN_COMPAT_WARM=0)")
+    if cold_all():
+        pytest.skip("every rdrun launch is cold (RDRUN_COMPAT_COLD=all)")
     runs = {"torchrun": launch(procs, tmp_path, "torchrun")}
-    # Under RDRUN_COMPAT_WARM=all every rdrun launch must be warm: torchrun is the cold leg.
-    cold = "torchrun" if warm_all() else "rdrun"
-    if cold == "rdrun":
-        runs["rdrun"] = launch(procs, tmp_path, "rdrun")
-    runs["rdrun-warm"] = launch(procs, tmp_path, "rdrun-warm")
-    runs["rdrun-warm-dynamo"] = launch(
-        procs, tmp_path, "rdrun-warm", ["--preload", "torch._dynamo"], ["--dynamo"]
+    cold = "rdrun-cold"
+    runs[cold] = launch(procs, tmp_path, cold)
+    memory = tmp_path / "memory"
+    runs["rdrun"] = launch(
+        procs, tmp_path, "rdrun", script_args=["--learned", memory],
+        env=procs.env(RDRUN_WARM_MEMORY=str(memory)),
+    )
+    runs["rdrun-on"] = launch(procs, tmp_path, "rdrun-on")
+    runs["rdrun-on-dynamo"] = launch(
+        procs, tmp_path, "rdrun-on", ["--preload", "torch._dynamo"], ["--dynamo"]
+    )
+    held = {(r, a): rec["held"] for (r, a), rec in runs["rdrun"][0].items()}
+    assert held == {(0, 0): False, (1, 0): False, (0, 1): True, (1, 1): True}, (
+        f"rdrun's default: which workers were forked holding torch: {held}"
     )
 
     problems = []
@@ -96,14 +107,15 @@ def test_warm_parity(procs, tmp_path):
                 diff = {k: (v, want.get(k)) for k, v in rec["frame"].items() if want.get(k) != v}
                 problems.append(f"{name} {where}: frame probes differ from cold ({cold}): {diff}")
         omp = r.err.count(OMP_LINE)
-        warm = name.startswith("rdrun-warm")
-        if omp != (4 if warm else 0):
-            problems.append(f"{name}: {omp} OMP_NUM_THREADS warnings, expected {4 if warm else 0}")
+        # One per worker whose torch came from the template.
+        want = sum(rec["held"] for rec in records.values()) if name.startswith("rdrun") else 0
+        if omp != want:
+            problems.append(f"{name}: {omp} OMP_NUM_THREADS warnings, expected {want}")
         if "rdrun warm start: PATH" in r.err:
             problems.append(f"{name}: a change of PATH (not read by torch's import) was reported")
         if "nanobind: leaked" in r.text:
             problems.append(f"{name}: nanobind reports leaks at exit")
-    assert "sympy_rng" in runs["rdrun-warm-dynamo"][0][(0, 0)]["drawn"]
+    assert "sympy_rng" in runs["rdrun-on-dynamo"][0][(0, 0)]["drawn"]
     # The rules themselves hold for torchrun's cold workers.
     assert not [p for p in problems if p.startswith("torchrun:")], "\n".join(problems)
     assert not problems, "warm start parity:\n  " + "\n  ".join(problems)

@@ -258,10 +258,9 @@ pub(super) static OPTIONS: &[OptSpec] = &[
     },
     OptSpec {
         abbreviable: false,
-        pet: false,
         values: WARM_MODES,
-        ..opt("warm_start", &["--warm-start", "--warm_start"], Kind::Str, "off",
-            "rdrun: start Python workers by forking them from a per-node template interpreter that imported the --preload modules once: off, on, auto (on for Python workers; reasons to spawn cold said at INFO). Else RDRUN_WARM_START.")
+        ..opt("warm_start", &["--warm-start", "--warm_start"], Kind::Str, "auto",
+            "rdrun: start Python workers by forking them from a per-node template interpreter: auto (the default: the template learns what the workers import and imports it once for the next forks; reasons to spawn cold said at INFO), on (it imports torch and --preload before the first fork), off (every worker cold, as torchrun). Else RDRUN_WARM_START.")
     },
     OptSpec {
         abbreviable: false,

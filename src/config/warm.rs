@@ -2,6 +2,8 @@
 //! Python workers are forked from a per-node template interpreter, and what it imports first.
 //! The supervisor's `warm` module does the forking; this file only resolves the settings.
 
+use std::path::{Path, PathBuf};
+
 use crate::cli::{EnvFn, LaunchArgs};
 
 use super::{invalid, ConfigError};
@@ -9,13 +11,15 @@ use super::{invalid, ConfigError};
 /// `--warm-start`: whether workers are forked from a template interpreter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WarmMode {
-    /// Every worker is spawned cold (exec of the interpreter), as torchrun. The default
-    /// (docs/compat.md says why).
-    #[default]
+    /// Every worker is spawned cold (exec of the interpreter), as torchrun.
     Off,
-    /// Python workers are forked from the template; a reason to spawn cold is a WARN line.
+    /// Python workers are forked from a template that imports torch (and `--preload`) before
+    /// the first fork; a reason to spawn cold is a WARN line.
     On,
-    /// As `On`, but a reason to spawn cold is an INFO line and a non-Python worker is silent.
+    /// The default: Python workers are forked from a template that starts bare and imports
+    /// what the workers import (learned), so that no launch waits for imports its workers
+    /// would not make; a reason to spawn cold is an INFO line, a non-Python worker is silent.
+    #[default]
     Auto,
 }
 
@@ -37,6 +41,10 @@ pub struct WarmSettings {
     /// Modules imported by the template besides `torch` (which it imports when importable);
     /// each must import, else the run spawns cold.
     pub preload: Vec<String>,
+    /// Where the template remembers what a job's workers imported, for the next run's first
+    /// launch (`RDRUN_WARM_MEMORY`, else `$XDG_CACHE_HOME/rdrun/warm`, else
+    /// `$HOME/.cache/rdrun/warm`); `None`: nothing is remembered (`RDRUN_WARM_MEMORY=off`).
+    pub memory: Option<PathBuf>,
 }
 
 /// The flags first, then `RDRUN_WARM_START` / `RDRUN_PRELOAD`.
@@ -45,7 +53,7 @@ pub fn resolve(args: &LaunchArgs, env: EnvFn<'_>) -> Result<WarmSettings, Config
         Some(text) => WarmMode::parse(&text)
             .ok_or_else(|| invalid("--warm-start", text, "must be off, on or auto"))?,
         None => match env("RDRUN_WARM_START") {
-            None => WarmMode::Off,
+            None => WarmMode::Auto,
             Some(text) => WarmMode::parse(&text).ok_or_else(|| ConfigError::Invalid {
                 flag: "RDRUN_WARM_START",
                 value: text.clone(),
@@ -78,7 +86,20 @@ pub fn resolve(args: &LaunchArgs, env: EnvFn<'_>) -> Result<WarmSettings, Config
             preload.push(name);
         }
     }
-    Ok(WarmSettings { mode, preload })
+    let memory = match env("RDRUN_WARM_MEMORY") {
+        Some(v) if matches!(v.trim(), "off" | "0" | "false" | "") => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => env("XDG_CACHE_HOME")
+            .filter(|d| Path::new(d).is_absolute())
+            .map(PathBuf::from)
+            .or_else(|| env("HOME").map(|h| Path::new(&h).join(".cache")))
+            .map(|d| d.join("rdrun").join("warm")),
+    };
+    Ok(WarmSettings {
+        mode,
+        preload,
+        memory,
+    })
 }
 
 /// `a.b_c.d`: dotted identifiers (ASCII letters, digits, `_`; no leading digit). Checked here
@@ -102,7 +123,11 @@ mod tests {
 
     #[test]
     fn modes_and_lists() {
+        // auto by default (issue 37), off by the flag or the variable.
         assert_eq!(settings(&["t.py"], &[]).unwrap(), WarmSettings::default());
+        assert_eq!(settings(&["t.py"], &[]).unwrap().mode, WarmMode::Auto);
+        let s = settings(&["t.py"], &[("RDRUN_WARM_START", "off")]).unwrap();
+        assert_eq!(s.mode, WarmMode::Off);
         let s = settings(&["--warm-start", "on", "t.py"], &[]).unwrap();
         assert_eq!(s.mode, WarmMode::On);
         let s = settings(&["t.py"], &[("RDRUN_WARM_START", "auto")]).unwrap();
@@ -114,6 +139,27 @@ mod tests {
         assert_eq!(s.preload, vec!["transformers", "a.b_c"]);
         let s = settings(&["t.py"], &[("RDRUN_PRELOAD", "x, y")]).unwrap();
         assert_eq!(s.preload, vec!["x", "y"]);
+    }
+
+    #[test]
+    fn where_the_learned_list_is_remembered() {
+        let m = |env: &[(&str, &str)]| settings(&["t.py"], env).unwrap().memory;
+        assert_eq!(
+            m(&[("HOME", "/h")]),
+            Some(PathBuf::from("/h/.cache/rdrun/warm"))
+        );
+        assert_eq!(
+            m(&[("HOME", "/h"), ("XDG_CACHE_HOME", "/c")]),
+            Some(PathBuf::from("/c/rdrun/warm"))
+        );
+        // A relative XDG_CACHE_HOME is ignored, as the XDG rules say.
+        assert_eq!(
+            m(&[("HOME", "/h"), ("XDG_CACHE_HOME", "c")]),
+            Some(PathBuf::from("/h/.cache/rdrun/warm"))
+        );
+        assert_eq!(m(&[("HOME", "/h"), ("RDRUN_WARM_MEMORY", "off")]), None);
+        assert_eq!(m(&[("RDRUN_WARM_MEMORY", "/m")]), Some(PathBuf::from("/m")));
+        assert_eq!(m(&[]), None);
     }
 
     #[test]

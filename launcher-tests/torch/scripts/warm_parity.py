@@ -19,6 +19,9 @@ import builtins
 import inspect
 import os
 import sys
+
+# Whether torch came with the process (a worker forked from a template that holds it).
+torch_held = "torch" in sys.modules
 import threading
 import traceback
 import warnings
@@ -119,7 +122,10 @@ frame = dict(
 
 path = os.path.join(out_dir, "r%d.a%d.json" % (rank, attempt))
 with open(path + ".tmp", "w") as f:
-    json.dump(dict(rank=rank, attempt=attempt, drawn=drawn, seeded=seeded, frame=frame), f)
+    json.dump(
+        dict(rank=rank, attempt=attempt, drawn=drawn, seeded=seeded, frame=frame, held=torch_held),
+        f,
+    )
 os.rename(path + ".tmp", path)  # whole or absent, whenever the launcher stops this rank
 
 # A script that wants more threads (too late here in any worker: torch is imported; a warm
@@ -139,6 +145,23 @@ if attempt == 0:
             os.path.exists(os.path.join(out_dir, "r%d.a0.json" % r)) for r in range(world)
         ):
             time.sleep(0.02)
+        if "--learned" in sys.argv:
+            # rdrun's default: wait until its template learned torch (its remembered list in
+            # this directory names it), so that attempt 1 is forked from a template holding it.
+            import glob
+
+            memory = sys.argv[sys.argv.index("--learned") + 1]
+            while time.time() < deadline:
+                names = []
+                for p in glob.glob(os.path.join(memory, "*.json")):
+                    try:
+                        with open(p) as f:
+                            names += json.load(f)["modules"]
+                    except (OSError, ValueError, KeyError):
+                        pass
+                if "torch" in names:
+                    break
+                time.sleep(0.05)
         sys.exit(1)
     import time
 

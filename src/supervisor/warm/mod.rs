@@ -151,6 +151,10 @@ impl std::fmt::Debug for WarmStart {
 struct Inner {
     mode: WarmMode,
     preload: Vec<String>,
+    /// Where the learned list is remembered across runs (`config::warm`).
+    memory: Option<std::path::PathBuf>,
+    /// The workers' reports of what they import; `None`: the template learns nothing.
+    learn: Option<LearnDir>,
     template: Option<Template>,
     /// The run holds a rendezvous: a spawn must never block on a template's imports (the
     /// agent's one thread would miss the round's heartbeats), so a replacement template
@@ -175,7 +179,11 @@ impl WarmStart {
     /// The manager for `config`'s run; `None` when warm start is off or the worker is not a
     /// Python program (said once when `--warm-start on` asked for it).
     pub fn for_run(config: &LaunchConfig) -> Option<Arc<WarmStart>> {
-        let WarmSettings { mode, preload } = &config.warm;
+        let WarmSettings {
+            mode,
+            preload,
+            memory,
+        } = &config.warm;
         if *mode == WarmMode::Off {
             return None;
         }
@@ -194,10 +202,19 @@ impl WarmStart {
             }
             return None;
         }
+        // Where the workers report what they import (learn.py): a private directory of this
+        // run's, removed with the manager.
+        let learn = LearnDir::create()
+            .map_err(|e| {
+                tracing::info!("warm start: no learned preload (cannot make its directory: {e})")
+            })
+            .ok();
         Some(Arc::new(WarmStart {
             inner: Mutex::new(Inner {
                 mode: *mode,
                 preload: preload.clone(),
+                memory: memory.clone(),
+                learn,
                 template: None,
                 in_rounds: config.uses_rendezvous(),
                 importing: None,
@@ -233,6 +250,8 @@ impl Drop for WarmStart {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
         if let Some(mut t) = inner.template.take() {
+            // What it learned or skipped since the last fork (INFO lines).
+            t.drain_notes();
             end(&mut t);
         }
         if let Some((mut t, _)) = inner.importing.take() {
@@ -288,11 +307,39 @@ impl Inner {
         } else {
             format!(": {}", t.holds)
         };
+        let learns = if self.learn.is_some() {
+            "; it imports what they import, for the next forks"
+        } else {
+            ""
+        };
         crate::supervisor::output::own::stderr_line(&format!(
-            "rdrun warm start: workers are forked from a template interpreter (pid {}{holds}), ready in {:.2} s",
+            "rdrun warm start: workers are forked from a template interpreter (pid {}{holds}), ready in {:.2} s{learns}",
             t.pid,
             took.as_secs_f64()
         ));
+    }
+
+    /// The template's options (template.py `_OPTS`): bare under `auto` without `--preload`
+    /// (torch only once the workers are known to import it, so that a job that never does
+    /// pays nothing for it), where the workers report their imports, and the memory's key.
+    fn template_options(&self, spec: &Job<'_>) -> Vec<(&'static str, OsString)> {
+        let mut out = Vec::new();
+        if self.mode == WarmMode::Auto && self.preload.is_empty() {
+            out.push(("bare", OsString::new()));
+        }
+        let Some(learn) = &self.learn else {
+            return out;
+        };
+        out.push(("learn", learn.path.clone().into_os_string()));
+        if let Some(memory) = &self.memory {
+            let (key, script) = memory_key(spec.program, spec.args);
+            out.push(("memory", memory.clone().into_os_string()));
+            out.push(("key", key));
+            if let Some(script) = script {
+                out.push(("script", script.into_os_string()));
+            }
+        }
+        out
     }
 
     fn give_up(&mut self, msg: String) {
@@ -421,6 +468,7 @@ impl Inner {
                 env: template_env(spec.env),
                 path0: path0(spec.args),
                 preload: self.preload.clone(),
+                options: self.template_options(spec),
                 worker_cmdline: std::iter::once(spec.program.as_os_str().to_owned())
                     .chain(spec.args.iter().cloned())
                     .collect(),
@@ -460,6 +508,69 @@ impl Inner {
         }
         true
     }
+}
+
+/// A private directory (0700) where the workers report the modules they import (learn.py);
+/// removed with the run's manager.
+struct LearnDir {
+    path: std::path::PathBuf,
+}
+
+impl LearnDir {
+    fn create() -> std::io::Result<LearnDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let path = std::env::temp_dir().join(format!(
+            "rdrun-warm-{}-{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        ));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(LearnDir { path })
+    }
+}
+
+impl Drop for LearnDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// What identifies a job for the remembered list: the interpreter, the script's real path (a
+/// module's name and the working directory for `-m`; the code and its script for `-c`), and
+/// the script file, whose edits invalidate the list (template.py hashes the key with the
+/// interpreter and checks the file's fingerprint).
+fn memory_key(program: &Path, args: &[OsString]) -> (OsString, Option<std::path::PathBuf>) {
+    let mut key = program.as_os_str().to_owned();
+    let mut script = None;
+    let cwd = std::env::current_dir().unwrap_or_default();
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some("-m") => {
+            for part in [
+                args.get(2).cloned().unwrap_or_default(),
+                cwd.into_os_string(),
+            ] {
+                key.push("\n");
+                key.push(part);
+            }
+        }
+        Some("-c") => {
+            key.push("\n-c\n");
+            key.push(args.get(2).cloned().unwrap_or_default());
+            if let Some(s) = args.get(3).and_then(|s| std::fs::canonicalize(s).ok()) {
+                key.push("\n");
+                key.push(&s);
+                script = Some(s);
+            }
+        }
+        _ => {
+            if let Some(s) = args.get(1).and_then(|s| std::fs::canonicalize(s).ok()) {
+                key.push("\n");
+                key.push(&s);
+                script = Some(s);
+            }
+        }
+    }
+    (key, script)
 }
 
 /// One fork request: the worker's pipes made here, its stdio ends passed to the template.

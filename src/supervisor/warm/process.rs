@@ -17,7 +17,11 @@ use nix::sys::socket::{self, AddressFamily, ControlMessage, MsgFlags, SockFlag, 
 
 /// The template program (embedded: rdrun is one file). It is sent as the socket's first
 /// message, so that the template's command line stays short (each worker overwrites it).
-pub const TEMPLATE_PY: &str = concat!(include_str!("topframe.py"), include_str!("template.py"));
+pub const TEMPLATE_PY: &str = concat!(
+    include_str!("topframe.py"),
+    include_str!("learn.py"),
+    include_str!("template.py")
+);
 
 /// The template's `-c` program: reads the template program from the socket and runs it.
 const BOOTSTRAP: &str = "import os,sys;exec(os.read(int(sys.argv[1]),1<<22))#rdrun warm template";
@@ -35,6 +39,9 @@ pub struct TemplateStart {
     pub path0: OsString,
     /// Modules to import besides torch.
     pub preload: Vec<String>,
+    /// Options for the template, sent as `=NAME=VALUE` fields after the modules (template.py
+    /// reads them: `bare`, `learn`, `memory`, `key`, `script`).
+    pub options: Vec<(&'static str, OsString)>,
     /// The first worker's command line (program and arguments): the template's command line is
     /// padded to its length, so that a worker can show its own in the same area.
     pub worker_cmdline: Vec<OsString>,
@@ -164,6 +171,13 @@ impl Template {
             config.push(0);
             config.extend_from_slice(m.as_bytes());
         }
+        for (name, value) in &s.options {
+            config.push(0);
+            config.push(b'=');
+            config.extend_from_slice(name.as_bytes());
+            config.push(b'=');
+            config.extend_from_slice(value.as_bytes());
+        }
         for msg in [TEMPLATE_PY.as_bytes(), &config] {
             if let Err(e) = socket::send(ours.as_raw_fd(), msg, MsgFlags::MSG_NOSIGNAL) {
                 // It died at once: the wait for "ready" below says so.
@@ -198,12 +212,51 @@ impl Template {
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: poll(2) on one valid pollfd, no wait.
-        let n = unsafe { libc::poll(&mut p, 1, 0) };
-        if n == 0 {
-            return None;
+        loop {
+            // SAFETY: poll(2) on one valid pollfd, no wait.
+            let n = unsafe { libc::poll(&mut p, 1, 0) };
+            if n == 0 {
+                return None;
+            }
+            if !self.take_note() {
+                return Some(self.await_ready(Duration::ZERO));
+            }
         }
-        Some(self.await_ready(Duration::ZERO))
+    }
+
+    /// Logs the template's notes that wait on the socket (learn.py: what it learned or skipped),
+    /// without waiting; the notes that come before an answer are read with it anyway.
+    pub fn drain_notes(&mut self) {
+        let mut p = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll(2) on one valid pollfd, no wait.
+        while unsafe { libc::poll(&mut p, 1, 0) } == 1 && self.take_note() {}
+    }
+
+    /// Whether the next message is a note (then read and logged); false when it is anything
+    /// else, left unread.
+    fn take_note(&mut self) -> bool {
+        let mut buf = [0u8; 5];
+        // SAFETY: recv(2) with MSG_PEEK into a buffer of the given length.
+        let got = unsafe {
+            libc::recv(
+                self.sock.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if got != 5 || &buf != b"note " {
+            return false;
+        }
+        match self.receive_one(Duration::ZERO) {
+            Ok(Some(note)) => log_note(&note),
+            _ => return false,
+        }
+        true
     }
 
     /// Waits up to `timeout` for the template's "ready"; on anything else it is ended.
@@ -291,8 +344,20 @@ impl Template {
         }
     }
 
-    /// One message, or `None` at EOF; `Gone` when nothing came within `timeout`.
+    /// One message that is not a note (notes are logged on the way), or `None` at EOF; `Gone`
+    /// when nothing came within `timeout`.
     fn receive(&mut self, timeout: Duration) -> Result<Option<String>, TemplateError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.receive_one(deadline.saturating_duration_since(Instant::now()))? {
+                Some(msg) if msg.starts_with("note ") => log_note(&msg),
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// One message, or `None` at EOF; `Gone` when nothing came within `timeout`.
+    fn receive_one(&mut self, timeout: Duration) -> Result<Option<String>, TemplateError> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -420,6 +485,17 @@ pub fn encode(req: &Request<'_>) -> Vec<u8> {
     }
     out.pop(); // no terminator after the last field
     out
+}
+
+/// A template's `note LEVEL TEXT` in rdrun's log (`warn`: a warning; anything else: INFO).
+fn log_note(msg: &str) {
+    let rest = msg.strip_prefix("note ").unwrap_or(msg);
+    let (level, text) = rest.split_once(' ').unwrap_or(("info", rest));
+    if level == "warn" {
+        tracing::warn!("warm start: {text}");
+    } else {
+        tracing::info!("warm start: {text}");
+    }
 }
 
 /// What a `ready PID WHAT` message says the template holds (WHAT; empty when absent).

@@ -23,7 +23,15 @@ import sys
 _SOCK_FD = int(sys.argv[1])
 _CONFIG = os.read(_SOCK_FD, 1 << 20).split(b"\0")
 _PATH0 = os.fsdecode(_CONFIG[0])
-_REQUIRED = [m.decode() for m in _CONFIG[1:] if m]
+# The rest: modules to preload (--preload), and options as "=NAME=VALUE" (a module name never
+# starts with "="): "=bare" (--warm-start auto: torch is imported only once the workers are
+# known to import it), "=learn=DIR" (the workers report what they import there: learn.py),
+# "=memory=DIR" and "=key=TEXT" (where the learned list of this job is remembered across runs).
+_REQUIRED = [m.decode() for m in _CONFIG[1:] if m and not m.startswith(b"=")]
+_OPTS = dict(
+    os.fsdecode(m[1:]).partition("=")[::2] for m in _CONFIG[1:] if m.startswith(b"=")
+)
+_BARE = "bare" in _OPTS
 _RDRUN = os.getppid()
 
 # The workers' sys.path[0] (script directory, cwd for -m, '' for -c), so that the preload
@@ -38,22 +46,40 @@ def _send(msg):
     _sock.send(msg if isinstance(msg, bytes) else msg.encode("utf-8", "replace"))
 
 
+def _note(level, text):
+    """A line for rdrun's log ("info" or "warn"), read by rdrun with its next answer. Never
+    blocks: a note that does not fit in the socket's buffer is dropped."""
+    try:
+        _sock.send(("note %s %s" % (level, text)).encode("utf-8", "replace"), socket.MSG_DONTWAIT)
+    except OSError:
+        pass
+
+
 def _preload():
     import importlib
 
-    # torch first when importable (a missing torch is no error: nothing to preload then).
-    try:
-        importlib.import_module("torch")
-    except ModuleNotFoundError as e:
-        if e.name != "torch":
+    # torch first when importable (a missing torch is no error: nothing to preload then);
+    # under --warm-start auto only once the workers are known to import it (learn.py).
+    if not _BARE:
+        try:
+            importlib.import_module("torch")
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                return "torch: %s: %s" % (type(e).__name__, e)
+        except BaseException as e:  # noqa: BLE001 - any failure means: no warm start
             return "torch: %s: %s" % (type(e).__name__, e)
-    except BaseException as e:  # noqa: BLE001 - any failure means: no warm start
-        return "torch: %s: %s" % (type(e).__name__, e)
     for name in _REQUIRED:
         try:
             importlib.import_module(name)
         except BaseException as e:  # noqa: BLE001
             return "%s: %s: %s" % (name, type(e).__name__, e)
+    if _LEARN_DIR is not None:
+        _preload_remembered()
+    # What the imports left must allow forking (docs/warm-start.md "Fork safety"; CUDA: a
+    # torch built for CUDA must not initialise it at import, checked after every batch).
+    why = _fork_breach()
+    if why is not None and not why.startswith("thread"):
+        return "the imports left the template unsafe to fork: " + why
     return None
 
 
@@ -402,47 +428,6 @@ def _fresh_process_state():
         logging._startTime = time.time_ns() if isinstance(start, int) else time.time()
 
 
-def _watch_env(template_env):
-    """In a worker: one line on stderr for each variable the worker's code sets or unsets that
-    the template's imports already read (`_READ_AT_IMPORT`, `_LOAD_TIME_PREFIXES`): a cold
-    worker would see the new value if it came before `import torch`; this one keeps what the
-    template imported with. The `os.putenv`/`os.unsetenv` audit events fire on os.environ
-    writes; no event fires in a training step (measured), so the hook costs nothing there."""
-    me = os.getpid()
-    said = set()
-    read = frozenset(_READ_AT_IMPORT)
-
-    def hook(event, args):
-        if event != "os.putenv" and event != "os.unsetenv":
-            return
-        try:
-            if os.getpid() != me:
-                return  # a DataLoader worker forked from this one: torch is imported there cold too
-            key = os.fsdecode(args[0])
-            if key in said or not (key in read or key.startswith(_LOAD_TIME_PREFIXES)):
-                return
-            value = os.fsdecode(args[1]) if event == "os.putenv" else None
-            old = template_env.get(key)
-            if value == old:
-                return
-            said.add(key)
-            sys.stderr.write(
-                "rdrun warm start: %s was %s after this worker was forked from a template "
-                "interpreter that had imported torch (and the preloaded modules) with %s: it has "
-                "no effect on them here, unlike in a cold worker that changes it before "
-                "`import torch`. Set it in rdrun's environment, or use --warm-start off.\n"
-                % (
-                    key,
-                    "unset" if value is None else "set to %r" % value,
-                    "it unset" if old is None else "%r" % old,
-                )
-            )
-        except Exception:  # noqa: BLE001 - an audit hook that raises fails the write itself
-            pass
-
-    sys.addaudithook(hook)
-
-
 # How long the intermediate of a burst waits for the burst's next request before it ends the
 # burst itself (rdrun stopped spawning early, e.g. a launch error): the workers it forked wait
 # for it to exit before they run, so this bounds their wait, not correctness.
@@ -499,6 +484,10 @@ def _serve():
     workers wait until rdrun is their parent (the intermediate gone) before anything
     runs (`_become_worker`)."""
     while True:
+        # Between requests the template learns what the workers import (learn.py); a request
+        # that arrives meanwhile waits for one module's import at most.
+        while _learn_step(_sock):
+            pass
         msg, fds = _read_request()
         if msg == b"end":
             continue  # a burst that ended on its own already (its idle bound)
@@ -508,7 +497,7 @@ def _serve():
             _close(fds)
             _send("error bad request: %s" % e)
             continue
-        reason = _unsafe_threads()
+        reason = _unsafe_threads() or _fork_refusal()
         if reason is not None:
             _close(fds)
             _send("cold " + reason)
@@ -575,7 +564,7 @@ def _serve_burst(more, req, fds):
             os._exit(0)
         # Checked before every fork, here too (this process has only the thread that forked
         # it, unless an at-fork handler started one).
-        reason = _unsafe_threads()
+        reason = _unsafe_threads() or _fork_refusal()
         if reason is not None:
             _close(fds)
             _send("cold " + reason)
@@ -632,9 +621,13 @@ def _holds():
     if torch is not None:
         what.append("torch %s" % getattr(torch, "__version__", "?"))
     what += _REQUIRED
+    learned = [m for m in _LEARNED if m != "torch"]
+    if learned:
+        what.append("%d more modules its workers imported in an earlier run" % len(learned))
     return ", ".join(what)
 
 
+_learn_init()
 _failed, _IMPORT_OUTPUT = _captured(lambda: _recording(_preload))
 if _failed is not None:
     _send("failed " + _failed)
@@ -700,7 +693,7 @@ def _run(argv):
     # types in triton, imported with --preload torch._dynamo, report ~50 "leaked" lines).
     # Registered before any of the user's: it runs after theirs.
     atexit.register(gc.unfreeze)
-    _watch_env(_TEMPLATE_ENV)
+    _worker_hook(_TEMPLATE_ENV)
     _top_level_slot()
     _write_all(1, _IMPORT_OUTPUT[0])
     _write_all(2, _IMPORT_OUTPUT[1])

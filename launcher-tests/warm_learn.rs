@@ -189,20 +189,24 @@ fn learned_preload_reaches_the_next_attempt_and_the_next_run() {
 
 /// The rule cases, without torch (the system python3): an installed module (a site-packages
 /// directory on PYTHONPATH) is preloaded; one that starts a thread at import, one that fails
-/// to import in the template (it needs the per-rank RANK) and the user's own module next to
-/// the script are named and never preloaded; the user's module edited between attempts is
-/// seen new.
+/// to import in the template (it needs the per-rank RANK), one after which CUDA reads as
+/// initialised and the user's own module next to the script are named and never preloaded;
+/// the user's module edited between attempts is seen new.
 const RULES_JOB: &str = r#"
 import os, sys, json, time
-names = ["goodpkg", "threadpkg", "failpkg", "mylocal"]
+names = ["goodpkg", "threadpkg", "failpkg", "mylocal", "cudapkg"]
 held = {n: n in sys.modules for n in names}
-import threadpkg, failpkg, mylocal, goodpkg
+import threadpkg, failpkg, mylocal, cudapkg, goodpkg
 out, memory = sys.argv[1], sys.argv[2]
 rank = int(os.environ["RANK"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 with open(os.path.join(out, "r%d.a%d.json" % (rank, attempt)), "w") as f:
     json.dump(dict(rank=rank, attempt=attempt, held=held, value=mylocal.VALUE), f)
 if attempt == 0 and rank == 0:
+    # Edited once every rank read the first version.
+    deadline = time.time() + 120
+    while time.time() < deadline and not os.path.exists(os.path.join(out, "r1.a0.json")):
+        time.sleep(0.02)
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "mylocal.py"), "w") as f:
         f.write("VALUE = 2\n")
     open(os.path.join(out, "edited"), "w").close()
@@ -236,6 +240,13 @@ fn learned_preload_rules() {
         "failpkg.py",
         "import os\nif 'RANK' not in os.environ:\n    raise RuntimeError('needs RANK')\n",
     );
+    // Stands for a module that initialises CUDA at import (no GPU here): what the template's
+    // check asks, `torch.cuda.is_initialized()`, says yes once it is imported.
+    write(
+        &site,
+        "cudapkg.py",
+        "import sys, types\nm = types.ModuleType('torch.cuda')\nm.is_initialized = lambda: True\nsys.modules['torch.cuda'] = m\n",
+    );
     write(dir.path(), "job/job.py", RULES_JOB);
     write(dir.path(), "job/mylocal.py", "VALUE = 1\n");
     let memory = dir.join("memory");
@@ -255,11 +266,11 @@ fn learned_preload_rules() {
     for rank in 0..2u64 {
         let first = &recs[&(rank, 0)];
         let second = &recs[&(rank, 1)];
-        for m in ["goodpkg", "threadpkg", "failpkg", "mylocal"] {
+        for m in ["goodpkg", "threadpkg", "failpkg", "mylocal", "cudapkg"] {
             assert_eq!(first["held"][m], false, "rank {rank} attempt 0 {m}: {o:?}");
         }
         assert_eq!(second["held"]["goodpkg"], true, "rank {rank}: {o:?}");
-        for m in ["threadpkg", "failpkg", "mylocal"] {
+        for m in ["threadpkg", "failpkg", "mylocal", "cudapkg"] {
             assert_eq!(second["held"][m], false, "rank {rank} attempt 1 {m}: {o:?}");
         }
         assert_eq!(first["value"], 1);
@@ -269,6 +280,7 @@ fn learned_preload_rules() {
         ("threadpkg", "not known to be fork-safe"),
         ("failpkg", "needs RANK"),
         ("mylocal", "the user's code"),
+        ("cudapkg", "CUDA is initialised"),
     ] {
         let line = o
             .stderr
@@ -288,7 +300,7 @@ fn learned_preload_rules() {
     }
     let names = remembered(&memory);
     assert!(names.iter().any(|n| n == "goodpkg"), "{names:?}");
-    for m in ["threadpkg", "failpkg", "mylocal"] {
+    for m in ["threadpkg", "failpkg", "mylocal", "cudapkg"] {
         assert!(!names.iter().any(|n| n == m), "{m} remembered: {names:?}");
     }
 }

@@ -186,9 +186,12 @@ def check_warm(r: "Result", forks: int | None = None) -> list[str]:
     default `auto`, WARN under `on`), a warning of the warm-start module is a problem too, and
     each fork is a debug line; `forks`: how many there must be."""
     problems = []
+    # rdrun's log lines ("... INFO warm start: ..."), not the lines starting "rdrun warm
+    # start:" (rdrun's ready line, a worker's note about a variable it set).
     cold = [
         l for l in r.err.splitlines()
-        if "warm start:" in l and ("WARN" in l or " cold" in l)
+        if "warm start:" in l and not l.startswith("rdrun warm start:")
+        and ("WARN" in l or " cold" in l)
     ]
     if cold:
         problems.append("workers spawned cold: " + " | ".join(cold))

@@ -106,7 +106,8 @@ def run_nodes(tmp_path, node_args, prefixes=None, extra_env=None):
         if warm:
             cold = [
                 l for l in out.splitlines()
-                if "warm start:" in l and ("WARN" in l or " cold" in l)
+                if "warm start:" in l and not l.startswith("rdrun warm start:")
+                and ("WARN" in l or " cold" in l)
             ]
             assert not cold and out.count(WARM_FORKED) == 2, out
     weights = [torch.load(tmp_path / f"w.{r}.pt") for r in range(4)]

@@ -384,24 +384,31 @@ def _start_trial():
     r, w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    me = os.getpid()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(r)
-            _trial_child(names, w)
+            _trial_child(names, w, me)
         finally:
             os._exit(0)
     os.close(w)
     _trial = [pid, r, names, b"", time.monotonic()]
 
 
-def _trial_child(names, w):
+def _trial_child(names, w, template):
     """In a disposable copy of the template: import each name as the template would, at idle
     priority, checking the rules; one line per name as it goes ("ok NAME", "gone NAME": not
     found, as in the worker; "skip NAME\\tWHY"). Stops at the first that breaks fork safety
     (this copy is then unsafe itself): the names after it are tried again later."""
+    import ctypes
     import importlib
 
+    # It dies with the template (rdrun ends the template with SIGKILL; an orphaned trial would
+    # be left to the run's cgroup and watchdog).
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    if os.getppid() != template:
+        os._exit(0)
     _sock.close()
     _set_idle()
     nul = os.open(os.devnull, os.O_WRONLY)

@@ -52,7 +52,8 @@ fn the_default_forks_warm_and_every_switch_turns_it_off() {
     o.assert_code(0);
     assert_eq!(o.stderr.matches(READY_LINE).count(), 1, "{o:?}");
 
-    let off: [(&[&str], Option<(&str, &str)>); 4] = [
+    type Switch<'a> = (&'a [&'a str], Option<(&'a str, &'a str)>);
+    let off: [Switch; 4] = [
         (&["--warm-start", "off"], None),
         (&["--warm-start=off"], None),
         (&[], Some(("RDRUN_WARM_START", "off"))),
@@ -106,6 +107,25 @@ fn remembered(memory: &Path) -> Vec<String> {
     names
 }
 
+/// Python for the jobs below: waits (bounded) until the remembered lists in `memory` (template.py
+/// `_remember`) satisfy `done(names)`.
+const WAIT_LEARNED: &str = r#"
+def wait_learned(memory, done):
+    import json, os, time
+    deadline = time.time() + 200
+    while time.time() < deadline:
+        names = []
+        for p in os.listdir(memory) if os.path.isdir(memory) else []:
+            try:
+                with open(os.path.join(memory, p)) as f:
+                    names += json.load(f)["modules"]
+            except (OSError, ValueError, KeyError):
+                pass
+        if done(names):
+            return
+        time.sleep(0.05)
+"#;
+
 /// A DDP job: records whether `torch._dynamo` came with the process, then trains one step
 /// (DDP's constructor imports torch._dynamo); on attempt 0 rank 1 fails once the remembered
 /// list (argv[2]) names a module of torch._dynamo, or at once when argv[3] is `now`.
@@ -123,17 +143,8 @@ model(torch.randn(4, 8)).sum().backward()
 with open(os.path.join(out, "r%d.a%d.json" % (rank, attempt)), "w") as f:
     json.dump(dict(rank=rank, attempt=attempt, held=held), f)
 if attempt == 0 and rank == 1:
-    deadline = time.time() + 200
-    while when != "now" and time.time() < deadline:
-        names = []
-        for p in os.listdir(memory) if os.path.isdir(memory) else []:
-            try:
-                names += json.load(open(os.path.join(memory, p)))["modules"]
-            except (OSError, ValueError, KeyError):
-                pass
-        if any(n.startswith("torch._dynamo") for n in names):
-            break
-        time.sleep(0.05)
+    if when != "now":
+        wait_learned(memory, lambda names: any(n.startswith("torch._dynamo") for n in names))
     os._exit(1)
 dist.barrier()
 dist.destroy_process_group()
@@ -144,7 +155,8 @@ os._exit(0)
 fn learned_preload_reaches_the_next_attempt_and_the_next_run() {
     let Some(py) = torch_python() else { return };
     let dir = TempDir::new("warm_learn_ddp");
-    write(dir.path(), "job.py", DDP_JOB);
+    let job = format!("{WAIT_LEARNED}{DDP_JOB}");
+    write(dir.path(), "job.py", &job);
     let memory = dir.join("memory");
     let run = |tag: &str, when: &str| {
         let out = dir.join(tag);
@@ -181,10 +193,9 @@ fn learned_preload_reaches_the_next_attempt_and_the_next_run() {
     assert_eq!(held, [true, true, true, true], "{o:?}");
     assert!(o.stderr.contains("imported in an earlier run"), "{o:?}");
     // An edit of the script forgets the list: the next run is a first run again.
-    write(dir.path(), "job.py", &format!("{DDP_JOB}\n# edited\n"));
+    write(dir.path(), "job.py", &format!("{job}\n# edited\n"));
     let (held, o) = run("edited", "now");
-    assert_eq!(held[0], false, "{o:?}");
-    assert_eq!(held[2], false, "{o:?}");
+    assert!(!held[0] && !held[2], "{held:?} {o:?}");
 }
 
 /// The rule cases, without torch (the system python3): an installed module (a site-packages
@@ -211,17 +222,10 @@ if attempt == 0 and rank == 0:
         f.write("VALUE = 2\n")
     open(os.path.join(out, "edited"), "w").close()
 if attempt == 0 and rank == 1:
+    wait_learned(memory, lambda names: "goodpkg" in names)
     deadline = time.time() + 120
-    while time.time() < deadline:
-        names = []
-        for p in os.listdir(memory) if os.path.isdir(memory) else []:
-            try:
-                names += json.load(open(os.path.join(memory, p)))["modules"]
-            except (OSError, ValueError, KeyError):
-                pass
-        if "goodpkg" in names and os.path.exists(os.path.join(out, "edited")):
-            break
-        time.sleep(0.05)
+    while time.time() < deadline and not os.path.exists(os.path.join(out, "edited")):
+        time.sleep(0.02)
     sys.exit(1)
 "#;
 
@@ -247,7 +251,11 @@ fn learned_preload_rules() {
         "cudapkg.py",
         "import sys, types\nm = types.ModuleType('torch.cuda')\nm.is_initialized = lambda: True\nsys.modules['torch.cuda'] = m\n",
     );
-    write(dir.path(), "job/job.py", RULES_JOB);
+    write(
+        dir.path(),
+        "job/job.py",
+        &format!("{WAIT_LEARNED}{RULES_JOB}"),
+    );
     write(dir.path(), "job/mylocal.py", "VALUE = 1\n");
     let memory = dir.join("memory");
     let out = dir.join("out");

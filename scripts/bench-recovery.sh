@@ -1,26 +1,41 @@
 #!/usr/bin/env bash
-# Recovery benchmark (issue 27): how long a real gloo DDP job loses per failure, rdrun with warm
-# start (workers forked from the template interpreter), rdrun cold and torchrun, side by side.
-#   The job: NPROC ranks train a small DDP model; on attempt 0 rank 1 dies (os._exit) at step 5,
-#   `--max-restarts 1`. Every rank of attempt 1 writes time stamps (time.time_ns) when its
-#   script starts, when `import torch` is done, when the process group is ready and when its
-#   first training step is done. Reported per point: crash -> the LAST rank to reach it
-#   (medians over RUNS runs), and the ratios cold/warm and torchrun/warm.
-#   The template's own cost (its start-up, once per run) is printed from rdrun's log.
-#   A fourth column, "warm+preload", adds `--preload` of what DDP's constructor imports lazily
-#   (torch._dynamo, torch._inductor, torch.onnx: ~900 modules, seconds), which otherwise every
-#   rank of every attempt pays before its first step.
-#   Memory: summed PSS of 4 and 8 workers (MEM_SIZES) after `import torch`, warm (template
-#   included) vs cold, split into anonymous and file-backed pages.
-# Usage: scripts/bench-recovery.sh   (env: RUNS=3, SIZES="2 4", PARTS="recovery memory",
-#        KINDS="warm warmplus cold torchrun" (the columns to run), MEM_SIZES="4 8",
-#        PRELOAD=mods, TORCHRUN=path, RDRUN=path, PYTHON=path, PLOTS=folder (recovery.png and
-#        memory.png drawn there); rdrun is built in release mode unless RDRUN is given)
+# Recovery benchmark (issue 27): how long a real gloo DDP job loses per failure, rdrun with no
+# flag (the default `--warm-start auto`: the template learns what the workers import), rdrun
+# `--warm-start on`, rdrun cold and torchrun, side by side.
+#   The job: NPROC ranks train a small DDP model (0.05 s sleep per step); on attempt 0 rank 1
+#   dies (os._exit) at the first step boundary at least CRASH_AFTER s after its first step (as
+#   a real job trains a while before it fails: the default's template learns meanwhile), the
+#   other ranks keep stepping, `--max-restarts 1`. Every rank of attempt 1 writes time stamps
+#   (time.time_ns) when its script starts, when `import torch` is done, when the process group
+#   is ready and when its first training step is done. Reported per point: crash -> the LAST
+#   rank to reach it (medians over RUNS runs), and the ratios cold/default and torchrun/default.
+#   Columns (KINDS):
+#     default     no flag, a first run: RDRUN_WARM_MEMORY is an empty folder of its own, so the
+#                 template starts bare and learns during attempt 0
+#     remembered  no flag, the next run of the same script: RDRUN_WARM_MEMORY is a copy of the
+#                 folder an untimed warm-up run of the same job filled (the template imports the
+#                 remembered list before the first fork)
+#     warm        --warm-start on (torch imported before the first fork; learns the rest)
+#     warmplus    on + `--preload` of what DDP's constructor imports lazily (PRELOAD)
+#     cold        --warm-start off; torchrun: torchrun
+#   (warm, warmplus and cold run with RDRUN_WARM_MEMORY=off: no state across runs.)
+#   The template's own start-up (once per run) is printed from rdrun's log.
+# PARTS: recovery (above), memory and cost (scripts/bench-recovery-parts.sh: launch time and
+#   summed PSS of 4 and 8 ranks importing torch; the learned preload's cost to a running job).
+# Usage: scripts/bench-recovery.sh   (env: RUNS=3, SIZES="2 4", PARTS="recovery memory cost",
+#        KINDS="default remembered warmplus cold torchrun", CRASH_AFTER=8, MEM_SIZES="4 8",
+#        COST_WIDTH=1024, COST_LAYERS=3, PRELOAD=mods, TORCHRUN=path, RDRUN=path, PYTHON=path,
+#        PLOTS=folder (recovery.png and memory.png drawn there); rdrun is built in release mode
+#        unless RDRUN is given)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS="${RUNS:-3}"
 SIZES="${SIZES:-2 4}"
+PARTS="${PARTS:-recovery memory cost}"
+CRASH_AFTER="${CRASH_AFTER:-8}"
+# "No flag" must mean rdrun's default, whatever the caller's environment says.
+unset RDRUN_WARM_START RDRUN_PRELOAD
 # shellcheck source=scripts/bench-torch-lib.sh
 . scripts/bench-torch-lib.sh bench-recovery
 
@@ -31,7 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-marks = sys.argv[1]
+marks, crash_after, memory = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 rank = int(os.environ["RANK"])
 
@@ -44,14 +59,33 @@ def mark(*points):
                 f.write("%s %d\n" % (name, t))
 
 
+def learned():
+    # How many modules the template remembered by now (no-flag kinds: did it learn in time?).
+    import glob, json
+    n = 0
+    for p in glob.glob(os.path.join(memory, "*.json")):
+        try:
+            with open(p) as f:
+                n = max(n, len(json.load(f)["modules"]))
+        except (OSError, ValueError, KeyError):
+            pass
+    return n
+
+
 mark(("start", t_start), ("import", time.time_ns()))
 dist.init_process_group("gloo")
 mark(("pg", time.time_ns()))
 torch.manual_seed(0)
 model = DDP(nn.Linear(64, 64))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for step in range(12 if attempt == 0 else 3):
-    if attempt == 0 and rank == 1 and step == 5:
+step, t_first = 0, None
+while attempt == 0 or step < 3:
+    # Attempt 0: rank 1 dies at a step boundary, CRASH_AFTER s after its first step at least;
+    # the others keep stepping (and fail in the collective, or are stopped).
+    if attempt == 0 and rank == 1 and step >= 5 and time.time() - t_first >= crash_after:
+        if memory != "-":
+            with open(os.path.join(marks, "learned"), "w") as f:
+                f.write(str(learned()))
         with open(os.path.join(marks, "crash"), "w") as f:
             f.write(str(time.time_ns()))
         os._exit(7)
@@ -59,36 +93,53 @@ for step in range(12 if attempt == 0 else 3):
     model(torch.randn(32, 64)).pow(2).sum().backward()
     opt.step()
     if step == 0:
+        t_first = time.time()
         mark(("step", time.time_ns()))
     time.sleep(0.05)
+    step += 1
+# No interpreter finalisation: torch 2.15's gloo teardown race (launcher-tests/torch/README.md).
+dist.barrier()
 dist.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
 EOF
 
-# run_one NPROC KIND -> appends "start import pg step" (seconds after the crash, last rank) to
-# $TMP/res.KIND.NPROC
-run_one() {
-  local n=$1 kind=$2 cmd
-  rm -f "$MARKS"/*
-  case $kind in
+# launcher KIND MEMORY: sets `cmd` (the launcher's command line) and `envs` (its variables) for
+# a kind; MEMORY: the RDRUN_WARM_MEMORY folder of the no-flag kinds.
+launcher() {
+  case $1 in
+    default | remembered) cmd=("$RDRUN") ;;
     warm) cmd=("$RDRUN" --warm-start on) ;;
     warmplus) cmd=("$RDRUN" --warm-start on --preload "$PRELOAD") ;;
     cold) cmd=("$RDRUN" --warm-start off) ;;
     torchrun) cmd=("$TORCHRUN") ;;
   esac
-  if ! PYTHON_EXEC="$PYTHON" RUST_LOG=rdrun=info timeout 600 "${cmd[@]}" --standalone \
-      --nproc-per-node "$n" --max-restarts 1 "$TMP/job.py" "$MARKS" \
+  envs=(PYTHON_EXEC="$PYTHON" RDRUN_WARM_MEMORY="${2:-off}")
+}
+
+# run_one NPROC KIND [MEMORY] -> appends "start import pg step" (seconds after the crash, last
+# rank) to $TMP/res.KIND.NPROC; without a result file when KIND is "warmup".
+run_one() {
+  local n=$1 kind=$2 memory=${3:--} cmd envs
+  rm -f "$MARKS"/*
+  launcher "${kind/warmup/default}" "$memory"
+  if ! env "${envs[@]}" RUST_LOG=rdrun=info timeout 600 "${cmd[@]}" --standalone \
+      --nproc-per-node "$n" --max-restarts 1 "$TMP/job.py" "$MARKS" "$CRASH_AFTER" "$memory" \
       >"$TMP/out" 2>"$TMP/err"; then
     # torchrun 2.15's attempt 1 may die in gloo's connectFullMesh (it reads attempt 0's
     # addresses from the store it did not clear): the points it reached still count.
     echo "bench-recovery: note: a $kind run with $n ranks failed; points not reached show as -" >&2
   fi
-  grep -o 'template interpreter pid [0-9]* ready in [0-9.]* s' "$TMP/err" \
-    | awk '{print $(NF-1)}' >>"$TMP/template.$kind.$n" || true
   if [ ! -f "$MARKS/crash" ]; then
     echo "bench-recovery: error: the $kind run with $n ranks never crashed" >&2
     tail -n 20 "$TMP/err" >&2
     exit 1
   fi
+  [ "$kind" = warmup ] && return
+  grep -o 'template interpreter pid [0-9]* ready in [0-9.]* s' "$TMP/err" \
+    | awk '{print $(NF-1)}' >>"$TMP/template.$kind.$n" || true
+  cat "$MARKS/learned" >>"$TMP/learned.$kind.$n" 2>/dev/null && echo >>"$TMP/learned.$kind.$n"
   local crash line=""
   crash=$(cat "$MARKS/crash")
   for point in start import pg step; do
@@ -100,97 +151,94 @@ run_one() {
   echo "$line" >>"$TMP/res.$kind.$n"
 }
 
+label() {
+  case $1 in
+    default) echo "no flag" ;; remembered) echo remembered ;; warm) echo "on" ;;
+    warmplus) echo "on+preload" ;; *) echo "$1" ;;
+  esac
+}
+has() { [[ " ${kinds[*]} " == *" $1 "* ]]; }
+loadavg() { echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs; $RUNS runs each"; }
+# f X: a number as %.3f, or - for nan; ratio X Y: X/Y as 1.2x, or -.
+f() { awk -v x="$1" 'BEGIN { print (x == "nan" || x == "") ? "-" : sprintf("%.3f", x) }'; }
+ratio() { awk -v x="$1" -v y="$2" 'BEGIN { print (x == "nan" || y == "nan" || x == "" || y == "" || y <= 0) ? "-" : sprintf("%.1fx", x / y) }'; }
+med() { if [ -s "$1" ]; then median <"$1"; else echo nan; fi; }
+# The median of column $1 over the runs that reached the point (nan when none did).
+col() { if [ -f "$2" ]; then awk -v c="$1" '$c != "nan" {print $c}' "$2" | median; else echo nan; fi; }
+
 PRELOAD="${PRELOAD:-torch._dynamo,torch._inductor,torch.onnx}"
-read -r -a kinds <<<"${KINDS:-warm warmplus cold torchrun}"
-if [[ " ${kinds[*]} " == *" torchrun "* && ! -x "$TORCHRUN" ]]; then
+read -r -a kinds <<<"${KINDS:-default remembered warmplus cold torchrun}"
+if has torchrun && [ ! -x "$TORCHRUN" ]; then
   echo "bench-recovery: no torchrun at $TORCHRUN; skipped" >&2
   read -r -a kinds <<<"$(printf '%s\n' "${kinds[@]}" | grep -vx torchrun | tr '\n' ' ')"
 fi
 
-if [[ " ${PARTS:-recovery memory} " == *" recovery "* ]]; then
+if [[ " $PARTS " == *" recovery "* ]]; then
+loadavg
+if has remembered; then
+  # The warm-up: the same job, once, untimed; every remembered run starts from a copy of it.
+  run_one "${SIZES%% *}" warmup "$TMP/memory.recovery"
+  ls "$TMP/memory.recovery"/*.json >/dev/null 2>&1 ||
+    echo "bench-recovery: warning: the warm-up run remembered nothing" >&2
+fi
 for n in $SIZES; do
   for ((r = 0; r < RUNS; r++)); do
     # Interleaved, so that a change in the machine's load hits every launcher alike.
-    for kind in "${kinds[@]}"; do run_one "$n" "$kind"; done
+    for kind in "${kinds[@]}"; do
+      case $kind in
+        default) run_one "$n" "$kind" "$TMP/memory.default.$n.$r" ;;
+        remembered)
+          cp -r "$TMP/memory.recovery" "$TMP/memory.remembered.$n.$r"
+          run_one "$n" "$kind" "$TMP/memory.remembered.$n.$r" ;;
+        *) run_one "$n" "$kind" ;;
+      esac
+    done
   done
 done
 
-# The median of column $1 over the runs that reached the point (nan when none did).
-col() { if [ -f "$2" ]; then awk -v c="$1" '$c != "nan" {print $c}' "$2" | median; else echo nan; fi; }
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) CPUs; $RUNS runs each"
+echo
+loadavg
+echo "columns: no flag = the default on a first run (the template learns during attempt 0);"
+echo "  remembered = the default on the next run of the same script; on = --warm-start on;"
+echo "  on+preload = on --preload $PRELOAD; cold = --warm-start off. Attempt 0 trains ${CRASH_AFTER} s."
 for n in $SIZES; do
   echo
   echo "$n ranks: crash -> every rank of attempt 1 at each point (median seconds)"
-  printf '%-22s %8s %13s %8s %9s %10s %14s\n' point "warm" "warm+preload" "cold" torchrun "cold/warm" "torchrun/warm"
+  printf '%-20s' point
+  for kind in "${kinds[@]}"; do printf ' %11s' "$(label "$kind")"; done
+  printf ' %12s %15s\n' "cold/no flag" "torchrun/no flag"
   i=0
   for point in "process started" "import torch done" "process group ready" "first step done"; do
     i=$((i + 1))
-    w=$(col $i "$TMP/res.warm.$n"); p2=$(col $i "$TMP/res.warmplus.$n"); c=$(col $i "$TMP/res.cold.$n")
-    t=$(col $i "$TMP/res.torchrun.$n")
-    for kv in "rdrun warm=$w" "warm + preload=$p2" "rdrun cold=$c" "torchrun=$t"; do
-      [[ " ${kinds[*]} " == *" $(case ${kv%%=*} in "rdrun warm") echo warm ;; "warm + preload") echo warmplus ;; "rdrun cold") echo cold ;; *) echo torchrun ;; esac) "* ]] &&
-        printf '%s ranks: %s\t%s\t%s\n' "$n" "$point" "${kv%%=*}" "${kv#*=}" >>"$TMP/plot.recovery.tsv"
+    printf '%-20s' "$point"
+    for kind in "${kinds[@]}"; do
+      v=$(col $i "$TMP/res.$kind.$n")
+      printf ' %11s' "$(f "$v")"
+      printf '%s ranks: %s\t%s\t%s\n' "$n" "$point" "$(label "$kind")" "$v" >>"$TMP/plot.recovery.tsv"
     done
-    awk -v p="$point" -v w="$w" -v w2="$p2" -v c="$c" -v t="$t" '
-      function f(x) { return x == "nan" ? "-" : sprintf("%.3f", x) }
-      function r(x, y) { return (x == "nan" || y == "nan" || y <= 0) ? "-" : sprintf("%.1fx", x / y) }
-      BEGIN { printf "%-22s %8s %13s %8s %9s %10s %14s\n", p, f(w), f(w2), f(c), f(t), r(c, w), r(t, w) }'
+    d=$(col $i "$TMP/res.default.$n")
+    printf ' %12s %15s\n' "$(ratio "$(col $i "$TMP/res.cold.$n")" "$d")" "$(ratio "$(col $i "$TMP/res.torchrun.$n")" "$d")"
   done
-  echo "template start-up (once per run, before attempt 0): warm $(cat "$TMP/template.warm.$n" 2>/dev/null | median) s, warm+preload $(cat "$TMP/template.warmplus.$n" 2>/dev/null | median) s"
+  line="template start-up (once per run, before attempt 0):"
+  for kind in default remembered warm warmplus; do
+    has "$kind" && line+=" $(label "$kind") $(med "$TMP/template.$kind.$n") s;"
+  done
+  echo "${line%;}"
+  for kind in default remembered; do
+    has "$kind" && echo "$(label "$kind"): modules the template remembered by the crash (median): $(med "$TMP/learned.$kind.$n")"
+  done
+  if has default && has cold; then
+    d=$(col 4 "$TMP/res.default.$n") c=$(col 4 "$TMP/res.cold.$n")
+    awk -v d="$d" -v c="$c" -v n="$n" 'BEGIN {
+      if (d == "nan" || c == "nan") { print "goal: not measured"; exit }
+      printf "goal (issue 27): crash -> first step of attempt 1 with no flags <= 0.3 s and >= 10x less than cold: %.3f s (%s), %.1fx (%s)\n",
+        d, (d <= 0.3 ? "met" : "NOT met"), c / d, (c / d >= 10 ? "met" : "NOT met") }'
+  fi
 done
 plot "$TMP/plot.recovery.tsv" recovery.png "crash -> every rank of the new attempt at each point (last rank, median)"
 fi
 
-# Memory: summed PSS (/proc/<pid>/smaps_rollup) of 4 workers that imported torch, warm vs cold;
-# the template's own PSS is shown beside the warm sum (it holds its share of the same pages).
-cat >"$TMP/mem.py" <<'EOF'
-import os, sys, time
-import torch
-marks = sys.argv[1]
-with open(os.path.join(marks, "pid.%s" % os.environ["RANK"]), "w") as f:
-    f.write(str(os.getpid()))
-deadline = time.time() + 300
-while not os.path.exists(os.path.join(marks, "go")) and time.time() < deadline:
-    time.sleep(0.05)
-EOF
-# Pss of a process in KiB: $2 = Pss (all), Pss_Anon (its anonymous memory: heap, relocated
-# library data; what a fork shares) or Pss_File (library and file pages: page cache).
-pss_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/smaps_rollup" 2>/dev/null || echo 0; }
-memory() {
-  local kind=$1 n=$2 pid i rd f k
-  local -A sum=([Pss]=0 [Pss_Anon]=0 [Pss_File]=0) tpl=([Pss]=0 [Pss_Anon]=0 [Pss_File]=0)
-  rm -f "$MARKS"/*
-  PYTHON_EXEC="$PYTHON" timeout 600 "$RDRUN" --warm-start "$kind" --standalone \
-    --nproc-per-node "$n" "$TMP/mem.py" "$MARKS" >"$TMP/out" 2>"$TMP/err" &
-  rd=$!
-  for ((i = 0; i < 6000; i++)); do
-    [ "$(ls "$MARKS" | grep -c '^pid\.')" = "$n" ] && break
-    sleep 0.05
-  done
-  sleep 1
-  for k in Pss Pss_Anon Pss_File; do
-    for f in "$MARKS"/pid.*; do sum[$k]=$((sum[$k] + $(pss_kib "$(cat "$f")" $k))); done
-  done
-  if [ "$kind" = on ]; then
-    # $rd is timeout(1); rdrun is its child and the template rdrun's.
-    for pid in $(for c in $(cat /proc/$rd/task/*/children 2>/dev/null); do cat /proc/$c/task/*/children 2>/dev/null; done); do
-      if grep -q "#rdrun warm template" "/proc/$pid/cmdline" 2>/dev/null; then
-        for k in Pss Pss_Anon Pss_File; do tpl[$k]=$((tpl[$k] + $(pss_kib "$pid" $k))); done
-      fi
-    done
-  fi
-  touch "$MARKS/go"
-  wait "$rd" || true
-  echo "$((sum[Pss] / 1024)) $((tpl[Pss] / 1024)) $(((sum[Pss_Anon] + tpl[Pss_Anon]) / 1024)) $(((sum[Pss_File] + tpl[Pss_File]) / 1024))"
-}
-if [[ " ${PARTS:-recovery memory} " == *" memory "* ]]; then
-  echo
-  for n in ${MEM_SIZES:-4 8}; do
-    read -r cold_w _ cold_a cold_f <<<"$(memory off "$n")"
-    read -r warm_w warm_t warm_a warm_f <<<"$(memory on "$n")"
-    printf '%s workers\trdrun cold\t%s\n%s workers\trdrun warm (template counted)\t%s\n' \
-      "$n" "$cold_w" "$n" "$((warm_w + warm_t))" >>"$TMP/plot.memory.tsv"
-    echo "memory, $n workers after import torch, summed PSS: cold $cold_w MiB (anon $cold_a, file $cold_f); warm $warm_w MiB + the template's $warm_t MiB = $((warm_w + warm_t)) MiB (anon $warm_a, file $warm_f), $(awk -v w=$((warm_w + warm_t)) -v c="$cold_w" 'BEGIN {printf "%.2f", w / c}')x of cold"
-  done
-  plot "$TMP/plot.memory.tsv" memory.png "summed PSS of the workers after import torch (warm: with the template's)" MiB
+if [[ " $PARTS " == *" memory "* || " $PARTS " == *" cost "* ]]; then
+  # shellcheck source=scripts/bench-recovery-parts.sh
+  . scripts/bench-recovery-parts.sh
 fi

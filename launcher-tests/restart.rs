@@ -227,3 +227,69 @@ fn each_restart_shows_what_it_cost() {
         "{v}"
     );
 }
+
+/// Issue 37 item 4: the failure → every rank of the new attempt back in user code (its first
+/// output), one more line at the default level, the `restart_back` event and
+/// `--report-json`'s `back_in_user_code_s`, never before the restart's own cost.
+#[test]
+fn a_restart_says_when_every_rank_is_back_in_user_code() {
+    let dir = TempDir::new("restart_back");
+    let events = dir.join("events.jsonl");
+    let json = dir.join("report.json");
+    let script = dir.join("job.sh");
+    // Attempt 0: rank 1 fails once both ranks started; attempt 1: every rank prints.
+    std::fs::write(
+        &script,
+        "d=$1; c=$TORCHELASTIC_RESTART_COUNT\n\
+         touch \"$d/up.$LOCAL_RANK.$c\"\n\
+         if [ \"$c\" = 0 ]; then\n\
+           if [ \"$LOCAL_RANK\" = 1 ]; then\n\
+             while [ ! -e \"$d/up.0.0\" ]; do sleep 0.02; done\n\
+             exit 1\n\
+           fi\n\
+           sleep 60\n\
+         fi\n\
+         echo \"back $RANK\"\n",
+    )
+    .unwrap();
+    let out = launch(2)
+        .arg("--max-restarts=1")
+        .arg("--events")
+        .arg(&events)
+        .arg("--report-json")
+        .arg(&json)
+        .arg("sh")
+        .arg(&script)
+        .arg(dir.path())
+        .run();
+    out.assert_code(0);
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains(" restart 1: back in user code "))
+        .collect();
+    assert_eq!(lines.len(), 1, "{out:?}");
+    assert!(
+        lines[0].contains(" WARN "),
+        "the default level: {}",
+        lines[0]
+    );
+    let text = std::fs::read_to_string(&events).expect("events");
+    let of = |name: &str| -> Vec<serde_json::Value> {
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["event"] == name)
+            .collect()
+    };
+    let (back, cost) = (of("restart_back"), of("restart_cost"));
+    assert_eq!((back.len(), cost.len()), (1, 1), "{text}");
+    let secs = back[0]["back_in_user_code_s"].as_f64().expect("seconds");
+    assert!(secs >= cost[0]["total_s"].as_f64().unwrap(), "{text}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("json");
+    assert_eq!(
+        v["restarts"][0]["seconds"]["back_in_user_code_s"].as_f64(),
+        Some(secs),
+        "{v}"
+    );
+}

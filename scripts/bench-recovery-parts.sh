@@ -98,6 +98,7 @@ if [[ " $PARTS " == *" memory "* ]]; then
   echo
   loadavg
   # The warm-up of "remembered": a first run, untimed, until its template learned torch.
+  MEM_SIZES="${MEM_SIZES:-4 8}"
   mem_one first "${MEM_SIZES%% *}" "$TMP/memory.mem" >/dev/null
   for n in ${MEM_SIZES:-4 8}; do
     for ((r = 0; r < RUNS; r++)); do

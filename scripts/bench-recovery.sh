@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Recovery benchmark (issue 27): how long a real gloo DDP job loses per failure, rdrun with no
+# Recovery benchmark (issues 27 and 37): how long a real gloo DDP job loses per failure, rdrun with no
 # flag (the default `--warm-start auto`: the template learns what the workers import), rdrun
 # `--warm-start on`, rdrun cold and torchrun, side by side.
 #   The job: NPROC ranks train a small DDP model (0.05 s sleep per step); on attempt 0 rank 1
@@ -231,7 +231,7 @@ for n in $SIZES; do
     d=$(col 4 "$TMP/res.default.$n") c=$(col 4 "$TMP/res.cold.$n")
     awk -v d="$d" -v c="$c" -v n="$n" 'BEGIN {
       if (d == "nan" || c == "nan") { print "goal: not measured"; exit }
-      printf "goal (issue 27): crash -> first step of attempt 1 with no flags <= 0.3 s and >= 10x less than cold: %.3f s (%s), %.1fx (%s)\n",
+      printf "goal (issue 37): crash -> first step of attempt 1 with no flags <= 0.3 s and >= 10x less than cold: %.3f s (%s), %.1fx (%s)\n",
         d, (d <= 0.3 ? "met" : "NOT met"), c / d, (c / d >= 10 ? "met" : "NOT met") }'
   fi
 done

@@ -162,6 +162,8 @@ struct Agent {
     restarts: Vec<Restart>,
     /// The marks of the restart under way (`restartcost.rs`).
     restart_clock: super::restartcost::RestartClock,
+    /// A restarted attempt whose ranks are not all back in user code yet (`check_back`).
+    back_watch: Option<super::restartcost::BackWatch>,
 }
 
 impl Agent {
@@ -281,6 +283,7 @@ impl Agent {
             restarts_disabled: false,
             restarts: Vec::new(),
             restart_clock: Default::default(),
+            back_watch: None,
         };
         let end = agent.attempts().await;
         *restarts = std::mem::take(&mut agent.restarts);
@@ -606,7 +609,10 @@ impl Agent {
             started: (0, 0),
         };
         let group = Group::spawn(&ids, &mut spawner, settings, Box::new(Os));
-        self.restart_cost(spawner.started);
+        self.back_watch = self.restart_cost(spawner.started).and_then(|cost| {
+            let ranks = group.watched_ranks().into_iter().map(|r| r.output);
+            super::restartcost::BackWatch::new(&cost, ranks.collect())
+        });
         // Watching starts with the workers (the hang budget counts from the spawn).
         let mut watch = AttemptWatch::default();
         if !group.launch_failed() {
@@ -676,6 +682,10 @@ impl Agent {
                 self.obs.get().attempt_over();
                 let stop_began = group.stop().sent_at();
                 let outcome = group.finish(stop_output).await;
+                // Once the pumps drained every pipe: ranks that printed before the attempt
+                // ended count; one that never did leaves the restart without the measure.
+                self.check_back();
+                self.back_watch = None;
                 self.restart_clock
                     .attempt_over(outcome.first_failure_at(), stop_began);
                 return outcome;
@@ -698,6 +708,9 @@ impl Agent {
                 _ = sleep_until_opt(deadline), if deadline.is_some() => pending.push(Event::Deadline),
                 _ = tokio::time::sleep(group.leftover_poll()), if poll_leftovers => pending.push(Event::LeftoverPoll),
                 v = next_verdict(self.watch.as_mut()) => pending.push(Event::Watch(v)),
+                // A restarted attempt's ranks back in user code: their first output's time is
+                // recorded by the pumps; this only decides when to say it.
+                _ = tokio::time::sleep(BACK_POLL), if self.back_watch.is_some() => self.check_back(),
             }
         }
     }
@@ -757,6 +770,9 @@ async fn next_verdict(watch: Option<&mut Watch>) -> WatchVerdict {
         None => std::future::pending().await,
     }
 }
+
+/// How often a restarted attempt's ranks are looked at until all printed (`check_back`).
+const BACK_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {

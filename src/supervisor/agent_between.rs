@@ -3,6 +3,7 @@
 //! fatal-dump keys out), a shutdown that came between attempts, and the restart's cost once the
 //! new workers are spawned (`restartcost.rs`).
 
+use super::super::restartcost::{BackWatch, RestartCost};
 use super::super::signals::{self, SignalAction};
 use super::super::watch::files::clear_torch_dump_keys;
 use super::Agent;
@@ -12,15 +13,36 @@ impl Agent {
     /// cold): after a restart, its cost in one line at the default level (WARN, as torchrun's
     /// LOGLEVEL default and the "restarting" line before it), the event and histogram, and
     /// `--report-json`'s `seconds` of that restart.
-    pub(super) fn restart_cost(&mut self, started: (usize, usize)) {
+    /// Returns the cost, for the attempt's [`BackWatch`] (`None`: no restart came before it).
+    pub(super) fn restart_cost(&mut self, started: (usize, usize)) -> Option<RestartCost> {
         let taken = self.restarts.len() as u32;
-        let Some(cost) = self.restart_clock.spawned(taken, started.0, started.1) else {
-            return;
-        };
+        let cost = self.restart_clock.spawned(taken, started.0, started.1)?;
         tracing::warn!("{}", cost.line());
         self.obs.get().restart_cost(&cost.to_json(), cost.total());
         if let Some(r) = self.restarts.last_mut() {
             r.cost = Some(cost.to_json());
+        }
+        Some(cost)
+    }
+
+    /// Once every rank of a restarted attempt printed: the failure → back in user code, one
+    /// line at the default level, the `restart_back` event and `--report-json`'s
+    /// `back_in_user_code_s` of that restart; the watch is then done.
+    pub(super) fn check_back(&mut self) {
+        let Some(back) = self.back_watch.as_ref().and_then(BackWatch::back) else {
+            return;
+        };
+        let watch = self.back_watch.take().expect("checked");
+        tracing::warn!("{}", watch.line(back));
+        let secs = back.as_secs_f64();
+        self.obs.get().restart_back(watch.restart, secs);
+        if let Some(cost) = self
+            .restarts
+            .last_mut()
+            .and_then(|r| r.cost.as_mut())
+            .and_then(|c| c.as_object_mut())
+        {
+            cost.insert("back_in_user_code_s".into(), secs.into());
         }
     }
 

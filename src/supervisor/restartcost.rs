@@ -12,8 +12,11 @@
 //! - `started`: the assignment → every worker of the next attempt spawned, forked warm from the
 //!   template or started cold (how many of each).
 //!
-//! Where the workers then get back to user code (their first output) is not part of it: the
-//! console sees that, the agent does not wait for it.
+//!
+//! Then, apart (the agent does not wait for it): **back in user code**, the failure → the
+//! first output of the new attempt's last rank to print (`BackWatch`, read from the output
+//! pumps' counters while the attempt runs): one more line, event and JSON field. A rank that
+//! prints nothing leaves it unmeasured.
 
 use std::time::{Duration, SystemTime};
 
@@ -64,6 +67,7 @@ impl RestartClock {
         };
         Some(RestartCost {
             restart,
+            failed_at: failed,
             noticed: since(stop, failed),
             stopped: since(over, stop),
             round: since(assigned, over),
@@ -78,6 +82,8 @@ impl RestartClock {
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct RestartCost {
     pub restart: u32,
+    /// The failure the phases count from (the first one observed, else the stop's start).
+    pub failed_at: SystemTime,
     pub noticed: Duration,
     pub stopped: Duration,
     pub round: Duration,
@@ -130,6 +136,48 @@ impl RestartCost {
     }
 }
 
+/// Waits for every rank of a restarted attempt to print (module doc).
+#[derive(Debug)]
+pub(super) struct BackWatch {
+    pub restart: u32,
+    failed_at: SystemTime,
+    ranks: Vec<crate::supervisor::watch::hang::sample::OutputCounter>,
+}
+
+impl BackWatch {
+    pub(super) fn new(
+        cost: &RestartCost,
+        ranks: Vec<crate::supervisor::watch::hang::sample::OutputCounter>,
+    ) -> Option<BackWatch> {
+        (!ranks.is_empty()).then(|| BackWatch {
+            restart: cost.restart,
+            failed_at: cost.failed_at,
+            ranks,
+        })
+    }
+
+    /// Failure → the last rank's first output, once every rank printed.
+    pub(super) fn back(&self) -> Option<Duration> {
+        let mut last = self.failed_at;
+        for r in &self.ranks {
+            last = last.max(r.first()?);
+        }
+        Some(
+            last.duration_since(self.failed_at)
+                .unwrap_or(Duration::ZERO),
+        )
+    }
+
+    /// `restart 1: back in user code 0.15 s after the failure (every rank's first output)`.
+    pub(super) fn line(&self, back: Duration) -> String {
+        format!(
+            "restart {}: back in user code {:.2} s after the failure (every rank's first output)",
+            self.restart,
+            back.as_secs_f64()
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +186,7 @@ mod tests {
     fn phases_add_up_and_the_line_names_them() {
         let c = RestartCost {
             restart: 1,
+            failed_at: SystemTime::UNIX_EPOCH,
             noticed: Duration::from_millis(10),
             stopped: Duration::from_millis(60),
             round: Duration::from_millis(10),
@@ -171,6 +220,30 @@ mod tests {
             mixed.line()
         );
         assert_eq!(c.to_json()["forked_warm"], 4);
+    }
+
+    #[test]
+    fn back_in_user_code_once_every_rank_printed() {
+        use crate::supervisor::watch::hang::sample::OutputCounter;
+        let mut clock = RestartClock::default();
+        let t = SystemTime::now() - Duration::from_secs(1);
+        clock.attempt_over(Some(t), Some(t));
+        let cost = clock.spawned(1, 2, 0).expect("a cost");
+        assert_eq!(BackWatch::new(&cost, Vec::new()).map(|b| b.restart), None);
+        let ranks = vec![OutputCounter::new(), OutputCounter::new()];
+        let watch = BackWatch::new(&cost, ranks.clone()).expect("ranks");
+        assert_eq!(watch.back(), None);
+        ranks[0].add(5);
+        assert_eq!(watch.back(), None, "one rank printed, the other not yet");
+        // Nothing printed is no output.
+        ranks[1].add(0);
+        assert_eq!(watch.back(), None);
+        ranks[1].add(1);
+        let back = watch.back().expect("both printed");
+        assert!(back >= Duration::from_secs(1), "{back:?}");
+        assert!(watch
+            .line(back)
+            .starts_with("restart 1: back in user code 1."));
     }
 
     #[test]

@@ -462,6 +462,15 @@ impl Inner {
         self.emit("restart_cost", obj(fields.clone()));
     }
 
+    /// A restarted attempt's ranks are all back in user code (their first output): one
+    /// `restart_back` event.
+    pub fn restart_back(&mut self, restart: u32, secs: f64) {
+        self.emit(
+            "restart_back",
+            obj(json!({"restart": restart, "back_in_user_code_s": secs})),
+        );
+    }
+
     /// One run of the node's health checks (issue 28): one `health_check` event with every
     /// verdict, and `rdrun_node_check_failed{check}` set to 1 / 0.
     pub fn health_checks(&mut self, report: &crate::health::HealthReport) {

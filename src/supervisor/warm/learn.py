@@ -57,14 +57,10 @@ def _learn_init():
     before it forks: workers inherit the policy)."""
     global _LEARN_DIR, _MEMORY_FILE, _CAN_IDLE
     _LEARN_DIR = _OPTS.get("learn") or None
-    memory, key = _OPTS.get("memory"), _OPTS.get("key")
-    if _LEARN_DIR and memory and key:
-        import hashlib
-
-        digest = hashlib.sha256(
-            ("%s\0%s" % (os.path.realpath(sys.executable), key)).encode("utf-8", "replace")
-        ).hexdigest()[:32]
-        _MEMORY_FILE = os.path.join(memory, digest + ".json")
+    # The job's remembered list: rdrun names the file (a hash of the interpreter and the
+    # script's path, mod.rs `memory_file`), so no hash module is imported on the way to the
+    # first fork.
+    _MEMORY_FILE = (_OPTS.get("memory") or None) if _LEARN_DIR else None
     _CAN_IDLE = _idle_reversible()
     _rule_dirs()  # now, in the template's working directory (workers read it too)
 
@@ -114,7 +110,7 @@ def _fingerprint():
 
 def _remembered():
     """(modules, variables) remembered for this job, when the fingerprint still matches."""
-    if _MEMORY_FILE is None:
+    if _MEMORY_FILE is None or not os.path.exists(_MEMORY_FILE):
         return [], {}
     import json
 

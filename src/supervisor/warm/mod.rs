@@ -333,8 +333,7 @@ impl Inner {
         out.push(("learn", learn.path.clone().into_os_string()));
         if let Some(memory) = &self.memory {
             let (key, script) = memory_key(spec.program, spec.args);
-            out.push(("memory", memory.clone().into_os_string()));
-            out.push(("key", key));
+            out.push(("memory", memory_file(memory, &key).into_os_string()));
             if let Some(script) = script {
                 out.push(("script", script.into_os_string()));
             }
@@ -535,12 +534,13 @@ impl Drop for LearnDir {
     }
 }
 
-/// What identifies a job for the remembered list: the interpreter, the script's real path (a
-/// module's name and the working directory for `-m`; the code and its script for `-c`), and
-/// the script file, whose edits invalidate the list (template.py hashes the key with the
-/// interpreter and checks the file's fingerprint).
+/// What identifies a job for the remembered list: the interpreter's real path, the script's (a
+/// module's name and the working directory for `-m`; the code and its script for `-c`); and
+/// the script file, whose edits invalidate the list (template.py checks the fingerprint).
 fn memory_key(program: &Path, args: &[OsString]) -> (OsString, Option<std::path::PathBuf>) {
-    let mut key = program.as_os_str().to_owned();
+    let mut key = std::fs::canonicalize(program)
+        .unwrap_or_else(|_| program.to_path_buf())
+        .into_os_string();
     let mut script = None;
     let cwd = std::env::current_dir().unwrap_or_default();
     match args.get(1).and_then(|a| a.to_str()) {
@@ -571,6 +571,16 @@ fn memory_key(program: &Path, args: &[OsString]) -> (OsString, Option<std::path:
         }
     }
     (key, script)
+}
+
+/// The remembered list's file for a job's key: `DIR/<16 hex digits>.json`. The hash is std's
+/// (SipHash with fixed keys), stable for a given build: a Rust release that changes it costs
+/// one first run (a miss), never a wrong list (the template checks its fingerprint).
+fn memory_file(dir: &Path, key: &std::ffi::OsStr) -> std::path::PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    dir.join(format!("{:016x}.json", h.finish()))
 }
 
 /// One fork request: the worker's pipes made here, its stdio ends passed to the template.
@@ -783,6 +793,35 @@ mod tests {
         for name in crate::workerenv::CONTRACT_VARS {
             assert!(!read_at_import(name), "{name}");
         }
+    }
+
+    #[test]
+    fn one_remembered_list_per_interpreter_and_script() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.py"), dir.path().join("b.py"));
+        std::fs::write(&a, "").unwrap();
+        std::fs::write(&b, "").unwrap();
+        let os = |v: &[&Path]| {
+            v.iter()
+                .map(|p| p.as_os_str().to_owned())
+                .collect::<Vec<_>>()
+        };
+        let file = |prog: &str, script: &Path| {
+            let (key, s) = memory_key(Path::new(prog), &os(&[Path::new("-u"), script]));
+            assert_eq!(
+                s.as_deref(),
+                Some(std::fs::canonicalize(script).unwrap().as_path())
+            );
+            memory_file(Path::new("/m"), &key)
+        };
+        assert_eq!(file("/py", &a), file("/py", &a));
+        assert_ne!(file("/py", &a), file("/py", &b));
+        assert_ne!(file("/py", &a), file("/other", &a));
+        let f = file("/py", &a);
+        assert!(
+            f.starts_with("/m") && f.extension().is_some_and(|e| e == "json"),
+            "{f:?}"
+        );
     }
 
     #[test]

@@ -26,7 +26,8 @@ _PATH0 = os.fsdecode(_CONFIG[0])
 # The rest: modules to preload (--preload), and options as "=NAME=VALUE" (a module name never
 # starts with "="): "=bare" (--warm-start auto: torch is imported only once the workers are
 # known to import it), "=learn=DIR" (the workers report what they import there: learn.py),
-# "=memory=DIR" and "=key=TEXT" (where the learned list of this job is remembered across runs).
+# "=memory=FILE" (where the learned list of this job is remembered across runs), "=script=PATH"
+# (the script, whose edits invalidate it).
 _REQUIRED = [m.decode() for m in _CONFIG[1:] if m and not m.startswith(b"=")]
 _OPTS = dict(
     os.fsdecode(m[1:]).partition("=")[::2] for m in _CONFIG[1:] if m.startswith(b"=")

@@ -13,10 +13,17 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Bytes of output one rank has written, bumped by the output pump, read by the sampler.
+/// Bytes of output one rank has written, bumped by the output pump, read by the sampler; and
+/// when its first byte came (a restarted rank back in user code: `restartcost::BackWatch`).
 /// Cloning shares the counter.
 #[derive(Debug, Clone, Default)]
-pub struct OutputCounter(Arc<AtomicU64>);
+pub struct OutputCounter(Arc<Counted>);
+
+#[derive(Debug, Default)]
+struct Counted {
+    bytes: AtomicU64,
+    first: std::sync::OnceLock<std::time::SystemTime>,
+}
 
 impl OutputCounter {
     pub fn new() -> Self {
@@ -24,11 +31,18 @@ impl OutputCounter {
     }
     /// Records `n` more bytes of output.
     pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
+        if n > 0 && self.0.first.get().is_none() {
+            let _ = self.0.first.set(std::time::SystemTime::now());
+        }
+        self.0.bytes.fetch_add(n, Ordering::Relaxed);
     }
     /// Total bytes so far.
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.bytes.load(Ordering::Relaxed)
+    }
+    /// When the first byte of output came, if one did.
+    pub fn first(&self) -> Option<std::time::SystemTime> {
+        self.0.first.get().copied()
     }
 }
 

@@ -197,7 +197,7 @@ fn each_restart_shows_what_it_cost() {
     let lines: Vec<&str> = out
         .stderr
         .lines()
-        .filter(|l| l.contains(" restart 1: "))
+        .filter(|l| l.contains(" restart 1: ") && !l.contains("back in user code"))
         .collect();
     assert_eq!(lines.len(), 1, "{out:?}");
     let line = lines[0];
@@ -205,12 +205,7 @@ fn each_restart_shows_what_it_cost() {
         assert!(line.contains(part), "{part:?} not in {line}");
     }
     assert!(line.contains(" WARN "), "the default level: {line}");
-    let text = std::fs::read_to_string(&events).expect("events");
-    let cost: Vec<serde_json::Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["event"] == "restart_cost")
-        .collect();
+    let (text, cost) = events_named(&events, "restart_cost");
     assert_eq!(cost.len(), 1, "{text}");
     let total = cost[0]["total_s"].as_f64().expect("total_s");
     let parts: f64 = ["noticed_s", "stopped_s", "round_s", "started_s"]
@@ -274,14 +269,8 @@ fn a_restart_says_when_every_rank_is_back_in_user_code() {
         "the default level: {}",
         lines[0]
     );
-    let text = std::fs::read_to_string(&events).expect("events");
-    let of = |name: &str| -> Vec<serde_json::Value> {
-        text.lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v["event"] == name)
-            .collect()
-    };
-    let (back, cost) = (of("restart_back"), of("restart_cost"));
+    let (text, back) = events_named(&events, "restart_back");
+    let (_, cost) = events_named(&events, "restart_cost");
     assert_eq!((back.len(), cost.len()), (1, 1), "{text}");
     let secs = back[0]["back_in_user_code_s"].as_f64().expect("seconds");
     assert!(secs >= cost[0]["total_s"].as_f64().unwrap(), "{text}");
@@ -292,4 +281,15 @@ fn a_restart_says_when_every_rank_is_back_in_user_code() {
         Some(secs),
         "{v}"
     );
+}
+
+/// The events file's text and its events named `name`.
+fn events_named(path: &std::path::Path, name: &str) -> (String, Vec<serde_json::Value>) {
+    let text = std::fs::read_to_string(path).expect("events");
+    let found = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == name)
+        .collect();
+    (text, found)
 }

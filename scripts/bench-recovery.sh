@@ -39,6 +39,22 @@ unset RDRUN_WARM_START RDRUN_PRELOAD
 # shellcheck source=scripts/bench-torch-lib.sh
 . scripts/bench-torch-lib.sh bench-recovery
 
+# Shared by the jobs (next to them: their sys.path[0]): how many modules the
+# template's remembered list in a RDRUN_WARM_MEMORY folder names.
+cat >"$TMP/benchlearned.py" <<'EOF'
+import glob, json, os
+
+
+def remembered(memory):
+    n = 0
+    for p in glob.glob(os.path.join(memory, "*.json")):
+        try:
+            with open(p) as f:
+                n = max(n, len(json.load(f)["modules"]))
+        except (OSError, ValueError, KeyError):
+            pass
+    return n
+EOF
 cat >"$TMP/job.py" <<'EOF'
 import os, sys, time
 t_start = time.time_ns()
@@ -60,16 +76,9 @@ def mark(*points):
 
 
 def learned():
-    # How many modules the template remembered by now (no-flag kinds: did it learn in time?).
-    import glob, json
-    n = 0
-    for p in glob.glob(os.path.join(memory, "*.json")):
-        try:
-            with open(p) as f:
-                n = max(n, len(json.load(f)["modules"]))
-        except (OSError, ValueError, KeyError):
-            pass
-    return n
+    # How many modules the template remembered by now (benchlearned.py, bench-recovery.sh).
+    from benchlearned import remembered
+    return remembered(memory)
 
 
 mark(("start", t_start), ("import", time.time_ns()))

@@ -58,7 +58,7 @@ def _learn_init():
     global _LEARN_DIR, _MEMORY_FILE, _CAN_IDLE
     _LEARN_DIR = _OPTS.get("learn") or None
     # The job's remembered list: rdrun names the file (a hash of the interpreter and the
-    # script's path, mod.rs `memory_file`), so no hash module is imported on the way to the
+    # script's path, learned.rs `memory_file`), so no hash module is imported on the way to the
     # first fork.
     _MEMORY_FILE = (_OPTS.get("memory") or None) if _LEARN_DIR else None
     _CAN_IDLE = _idle_reversible()

@@ -9,8 +9,12 @@
 //! (drop; the run's cgroup, PR_SET_PDEATHSIG and the watchdog cover a killed rdrun). Once per
 //! run it says at the default level that workers are forked warm, and from what.
 //! `process.rs` owns the template process and the wire protocol, `template.py` the other side
-//! (including what a forked worker makes for itself: docs/warm-start.md "Parity").
+//! (including what a forked worker makes for itself: docs/warm-start.md "Parity"), `learn.py`
+//! the learned preload (`learned.rs`: its directory and memory file), `importvars.rs` the
+//! variables read at import and the rule for them.
 
+mod importvars;
+mod learned;
 mod process;
 
 use std::ffi::OsString;
@@ -22,6 +26,8 @@ use std::time::Duration;
 use crate::config::warm::{WarmMode, WarmSettings};
 use crate::config::{EntrypointKind, LaunchConfig};
 
+use importvars::{import_time_difference, template_env};
+use learned::{memory_file, memory_key, LearnDir};
 use process::{Reply, Request, Template, TemplateError, TemplateStart};
 
 /// How long the template may take to import its preload list (`import torch` took up to 20 s
@@ -31,86 +37,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(300);
 const FORK_TIMEOUT: Duration = Duration::from_secs(30);
 /// Templates started per run at most (the first and replacements of dead ones).
 const MAX_TEMPLATES: u32 = 4;
-
-/// Prefixes of the variables read while the template starts and imports torch: a worker whose
-/// value differs from the template's would silently get the template's, so it is spawned cold
-/// instead. Measured with `scripts/import-env-vars.py` (getenv(3) interposed, `os.environ`
-/// lookups recorded; torch 2.15, numpy 2.4; the per-variable list is in docs/warm-start.md),
-/// plus what glibc and the dynamic loader read internally, which no interposer sees (`LD_`,
-/// `MALLOC_`, `GLIBC_`, the locale). A whole family is listed where the measurement found some
-/// of its members: other versions read other members.
-pub const IMPORT_TIME_PREFIXES: &[&str] = &[
-    // The interpreter at start-up; the loader, allocator, tunables and locale (glibc).
-    "PYTHON",
-    "_PYTHON",
-    "LD_",
-    "MALLOC_",
-    "GLIBC_",
-    "LC_",
-    // OpenMP (libgomp, Intel's), BLAS and oneDNN, at library load.
-    "OMP_",
-    "GOMP_",
-    "KMP_",
-    "MKL_",
-    "MKLDNN_",
-    "DNNL_",
-    "ONEDNN_",
-    "OPENBLAS_",
-    "GOTO_",
-    "BLIS_",
-    "GFORTRAN_",
-    // MPI sizes MKL reads at load.
-    "I_MPI_",
-    "OMPI_",
-    // numpy's CPU dispatch and allocator.
-    "NPY_",
-    "NUMPY_",
-    // torch (C++ and Python), its compilers and profilers at import.
-    "TORCH_",
-    "TORCHDYNAMO_",
-    "TORCHINDUCTOR_",
-    "TORCHEXPORT_",
-    "PYTORCH_",
-    // What the DDP preload list (torch._dynamo, torch._inductor) reads at its import.
-    "INDUCTOR_",
-    "AOT_INDUCTOR_",
-    "AOTINDUCTOR_",
-    "TRITON_",
-    "SYMPY_",
-    "MPMATH_",
-    "FX_",
-    "COMPILE_STROBELIGHT_",
-    "KINETO_",
-    // CUDA and ROCm libraries loaded by `import torch`.
-    "CUDA_",
-    "CUBLAS",
-    "NVRTC_",
-    "LIBNVVM_",
-    "NV_",
-    "NVIDIA_",
-    "HIP_",
-    "ROCR_",
-    "LLVM_",
-    "OPENSSL_",
-];
-
-/// Single variables read at import (same measurement) outside the families above.
-pub const IMPORT_TIME_NAMES: &[&str] = &[
-    "LANG",
-    "HOME",
-    "MPI_LOCALNRANKS",
-    "INTEL_LIBITTNOTIFY64",
-    "ACC_DEVICE_NUM",
-    "ACC_DEVICE_TYPE",
-    "GLIBCXX_TUNABLES",
-    "AS_SECURE_LOG_FILE",
-    "CASK_LOG_INFO",
-];
-
-/// Whether `name` is read when the template starts or imports (so it must be the worker's).
-pub fn read_at_import(name: &str) -> bool {
-    IMPORT_TIME_NAMES.contains(&name) || IMPORT_TIME_PREFIXES.iter().any(|p| name.starts_with(p))
-}
 
 /// What a fork needs of the worker's spawn spec (`worker::SpawnSpec`'s fields).
 pub struct Job<'a> {
@@ -509,80 +435,6 @@ impl Inner {
     }
 }
 
-/// A private directory (0700) where the workers report the modules they import (learn.py);
-/// removed with the run's manager.
-struct LearnDir {
-    path: std::path::PathBuf,
-}
-
-impl LearnDir {
-    fn create() -> std::io::Result<LearnDir> {
-        use std::os::unix::fs::DirBuilderExt;
-        let path = std::env::temp_dir().join(format!(
-            "rdrun-warm-{}-{:08x}",
-            std::process::id(),
-            fastrand::u32(..)
-        ));
-        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
-        Ok(LearnDir { path })
-    }
-}
-
-impl Drop for LearnDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
-/// What identifies a job for the remembered list: the interpreter's real path, the script's (a
-/// module's name and the working directory for `-m`; the code and its script for `-c`); and
-/// the script file, whose edits invalidate the list (template.py checks the fingerprint).
-fn memory_key(program: &Path, args: &[OsString]) -> (OsString, Option<std::path::PathBuf>) {
-    let mut key = std::fs::canonicalize(program)
-        .unwrap_or_else(|_| program.to_path_buf())
-        .into_os_string();
-    let mut script = None;
-    let cwd = std::env::current_dir().unwrap_or_default();
-    match args.get(1).and_then(|a| a.to_str()) {
-        Some("-m") => {
-            for part in [
-                args.get(2).cloned().unwrap_or_default(),
-                cwd.into_os_string(),
-            ] {
-                key.push("\n");
-                key.push(part);
-            }
-        }
-        Some("-c") => {
-            key.push("\n-c\n");
-            key.push(args.get(2).cloned().unwrap_or_default());
-            if let Some(s) = args.get(3).and_then(|s| std::fs::canonicalize(s).ok()) {
-                key.push("\n");
-                key.push(&s);
-                script = Some(s);
-            }
-        }
-        _ => {
-            if let Some(s) = args.get(1).and_then(|s| std::fs::canonicalize(s).ok()) {
-                key.push("\n");
-                key.push(&s);
-                script = Some(s);
-            }
-        }
-    }
-    (key, script)
-}
-
-/// The remembered list's file for a job's key: `DIR/<16 hex digits>.json`. The hash is std's
-/// (SipHash with fixed keys), stable for a given build: a Rust release that changes it costs
-/// one first run (a miss), never a wrong list (the template checks its fingerprint).
-fn memory_file(dir: &Path, key: &std::ffi::OsStr) -> std::path::PathBuf {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    dir.join(format!("{:016x}.json", h.finish()))
-}
-
 /// One fork request: the worker's pipes made here, its stdio ends passed to the template.
 /// `Ok(Err(reason))`: the template declined; `Err`: the template is unusable.
 fn fork(t: &mut Template, spec: &Job<'_>) -> Result<Result<Forked, String>, TemplateError> {
@@ -643,40 +495,6 @@ fn fork(t: &mut Template, spec: &Job<'_>) -> Result<Result<Forked, String>, Temp
     }
 }
 
-/// The template's overlay: the first worker's, without the per-rank and per-attempt variables.
-fn template_env(overlay: &[(String, String)]) -> Vec<(String, String)> {
-    overlay
-        .iter()
-        .filter(|(k, _)| !crate::workerenv::CONTRACT_VARS.contains(&k.as_str()))
-        .cloned()
-        .collect()
-}
-
-/// The first import-time variable whose value in `worker` differs from the template's.
-fn import_time_difference(
-    template: &[(String, String)],
-    worker: &[(String, String)],
-) -> Option<String> {
-    let get = |set: &[(String, String)], k: &str| {
-        set.iter()
-            .rev()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| v.clone())
-    };
-    let mut names: Vec<&str> = template
-        .iter()
-        .chain(worker)
-        .map(|(k, _)| k.as_str())
-        .filter(|k| read_at_import(k))
-        .collect();
-    names.sort_unstable();
-    names.dedup();
-    names
-        .into_iter()
-        .find(|k| get(template, k) != get(worker, k))
-        .map(str::to_string)
-}
-
 /// The workers' `sys.path[0]` for the interpreter arguments rdrun builds: the script's
 /// directory (symlinks resolved, as python), the working directory for `-m`, empty for `-c`.
 fn path0(args: &[OsString]) -> OsString {
@@ -697,132 +515,6 @@ fn path0(args: &[OsString]) -> OsString {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn the_template_gets_no_per_rank_variables() {
-        let env = template_env(&pairs(&[
-            ("RANK", "1"),
-            ("LOCAL_RANK", "1"),
-            ("TORCHELASTIC_RESTART_COUNT", "0"),
-            ("OMP_NUM_THREADS", "1"),
-            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        ]));
-        assert_eq!(
-            env,
-            pairs(&[
-                ("OMP_NUM_THREADS", "1"),
-                ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-            ])
-        );
-    }
-
-    #[test]
-    fn import_time_variables_must_match() {
-        let t = pairs(&[("OMP_NUM_THREADS", "1"), ("RANK", "0")]);
-        // Per-rank variables read later are no difference.
-        assert_eq!(
-            import_time_difference(&t, &pairs(&[("OMP_NUM_THREADS", "1"), ("RANK", "3")])),
-            None
-        );
-        assert_eq!(
-            import_time_difference(&t, &pairs(&[("OMP_NUM_THREADS", "2")])),
-            Some("OMP_NUM_THREADS".into())
-        );
-        // Present in one only (the --virtual-local-rank device list).
-        assert_eq!(
-            import_time_difference(
-                &t,
-                &pairs(&[("OMP_NUM_THREADS", "1"), ("CUDA_VISIBLE_DEVICES", "1")])
-            ),
-            Some("CUDA_VISIBLE_DEVICES".into())
-        );
-        // The last value of a name counts (the overlay's override).
-        assert_eq!(
-            import_time_difference(
-                &t,
-                &pairs(&[("OMP_NUM_THREADS", "4"), ("OMP_NUM_THREADS", "1")])
-            ),
-            None
-        );
-    }
-
-    #[test]
-    fn measured_import_time_variables_are_covered() {
-        // A sample of what scripts/import-env-vars.py found read during `import torch`.
-        for name in [
-            "OMP_NUM_THREADS",
-            "GOMP_SPINCOUNT",
-            "MKL_NUM_THREADS",
-            "MKLDNN_VERBOSE",
-            "OPENBLAS_NUM_THREADS",
-            "NPY_DISABLE_CPU_FEATURES",
-            "TORCH_SHOW_CPP_STACKTRACES",
-            "TORCH_LOGS",
-            "TORCHDYNAMO_TRANSLATION_VALIDATION",
-            "TORCHINDUCTOR_FORCE_DISABLE_CACHES",
-            "PYTORCH_CUDA_ALLOC_CONF",
-            "KINETO_USE_DAEMON",
-            "CUBLAS_LOGINFO_DBG",
-            "OMPI_COMM_WORLD_LOCAL_SIZE",
-            "MPI_LOCALNRANKS",
-            "PYTHONHASHSEED",
-            "LC_ALL",
-            "LANG",
-            // With --preload torch._dynamo,torch._inductor,torch.onnx.
-            "TRITON_INTERPRET",
-            "AOT_INDUCTOR_DEBUG_COMPILE",
-            "SYMPY_USE_CACHE",
-            "CUDA_VISIBLE_DEVICES",
-        ] {
-            assert!(read_at_import(name), "{name}");
-        }
-        assert!(!read_at_import("RANK"));
-        assert!(!read_at_import("GLOO_SOCKET_IFNAME"));
-    }
-
-    /// The template is started without the per-rank contract variables: that is only right
-    /// while none of them is read at import (measured: WORLD_SIZE and MASTER_* at first use).
-    #[test]
-    fn no_contract_variable_is_read_at_import() {
-        for name in crate::workerenv::CONTRACT_VARS {
-            assert!(!read_at_import(name), "{name}");
-        }
-    }
-
-    #[test]
-    fn one_remembered_list_per_interpreter_and_script() {
-        let dir = tempfile::tempdir().unwrap();
-        let (a, b) = (dir.path().join("a.py"), dir.path().join("b.py"));
-        std::fs::write(&a, "").unwrap();
-        std::fs::write(&b, "").unwrap();
-        let os = |v: &[&Path]| {
-            v.iter()
-                .map(|p| p.as_os_str().to_owned())
-                .collect::<Vec<_>>()
-        };
-        let file = |prog: &str, script: &Path| {
-            let (key, s) = memory_key(Path::new(prog), &os(&[Path::new("-u"), script]));
-            assert_eq!(
-                s.as_deref(),
-                Some(std::fs::canonicalize(script).unwrap().as_path())
-            );
-            memory_file(Path::new("/m"), &key)
-        };
-        assert_eq!(file("/py", &a), file("/py", &a));
-        assert_ne!(file("/py", &a), file("/py", &b));
-        assert_ne!(file("/py", &a), file("/other", &a));
-        let f = file("/py", &a);
-        assert!(
-            f.starts_with("/m") && f.extension().is_some_and(|e| e == "json"),
-            "{f:?}"
-        );
-    }
 
     #[test]
     fn sys_path_zero() {

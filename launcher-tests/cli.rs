@@ -29,7 +29,7 @@ impl std::fmt::Debug for Run {
 /// Runs rdrun with `args` and extra `env`, without any inherited PET_*/log-level variables,
 /// killing it (by its PID) if it outlives [`LIMIT`].
 fn rdrun(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdrun"));
+    let mut cmd = Command::new(crate::util::rdrun_bin());
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -414,7 +414,7 @@ fn signals_right_after_start_never_kill_rdrun_by_default_action() {
         } else {
             &["true"]
         };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rdrun"))
+        let mut child = Command::new(crate::util::rdrun_bin())
             .args(["--standalone", "--no-python"])
             .args(worker)
             .env_remove("RUST_LOG")
@@ -512,7 +512,7 @@ fn closed_or_full_output_is_not_a_panic() {
         )
     }
     fn code(args: &[&str], stdout: Stdio, stderr: Stdio) -> Option<i32> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rdrun"))
+        let mut child = Command::new(crate::util::rdrun_bin())
             .args(args)
             .stdin(Stdio::null())
             .stdout(stdout)

@@ -40,7 +40,7 @@ struct Live {
 impl Live {
     fn start(args: &[String], env: &[(&str, String)], log: PathBuf) -> Live {
         let file = fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdrun"));
+        let mut cmd = Command::new(crate::util::rdrun_bin());
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("dup"))

@@ -344,7 +344,7 @@ pub struct Run {
 pub fn rdrun(args: &[&str], env: &[(&str, &str)]) -> Run {
     use std::io::Read;
     use std::os::unix::process::ExitStatusExt;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdrun"));
+    let mut cmd = Command::new(crate::util::rdrun_bin());
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

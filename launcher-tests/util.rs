@@ -59,8 +59,15 @@ pub fn worker(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Path of the rdrun binary under test.
+/// Path of the rdrun binary under test. Every way a test starts rdrun asks for it (the
+/// `Rdrun` builder, tmux terminals, srun, mpirun, shell scripts), so this is where the test
+/// process's own environment turns off what would outlive the test: the warm-start template's
+/// remembered lists in the user's cache (`RDRUN_WARM_MEMORY=off`, inherited by every child; a
+/// test of the memory sets a directory of its own).
 pub fn rdrun_bin() -> PathBuf {
+    static ISOLATED: std::sync::Once = std::sync::Once::new();
+    // std serialises environment reads and writes (Command spawns included) with one lock.
+    ISOLATED.call_once(|| std::env::set_var("RDRUN_WARM_MEMORY", "off"));
     PathBuf::from(env!("CARGO_BIN_EXE_rdrun"))
 }
 

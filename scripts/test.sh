@@ -14,6 +14,10 @@ if [ "${RDRUN_SKIP_TORCH:-0}" != "1" ]; then
   scripts/torch-venv.sh >/dev/null
 fi
 
+# Nothing a test run starts remembers a warm-start list in the user's cache (the tests of the
+# memory give a directory of their own; launcher-tests/util.rs `rdrun_bin` does the same).
+export RDRUN_WARM_MEMORY=off
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

@@ -119,7 +119,7 @@ impl PtyRun {
         t.local_flags.remove(LocalFlags::ECHO);
         termios::tcsetattr(&pty.slave, SetArg::TCSANOW, &t).expect("tcsetattr");
         let slave = fs::File::from(pty.slave);
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdrun"));
+        let mut cmd = Command::new(crate::util::rdrun_bin());
         cmd.args(args)
             .stdin(slave.try_clone().expect("dup"))
             .stdout(slave.try_clone().expect("dup"))

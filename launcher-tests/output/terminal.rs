@@ -31,7 +31,7 @@ impl PtyRun {
         t.output_flags.remove(OutputFlags::OPOST);
         termios::tcsetattr(&pty.slave, SetArg::TCSANOW, &t).expect("tcsetattr");
         let slave = fs::File::from(pty.slave);
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdrun"));
+        let mut cmd = Command::new(crate::util::rdrun_bin());
         cmd.args(args)
             .stdin(slave.try_clone().expect("dup"))
             .stdout(slave.try_clone().expect("dup"))
@@ -174,7 +174,7 @@ fn have_python() -> bool {
 /// code and stderr.
 fn head_one(script: &str) -> (String, Option<i32>, String) {
     use std::io::{BufRead, BufReader, Read};
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdrun"));
+    let mut cmd = Command::new(crate::util::rdrun_bin());
     cmd.args([
         "--standalone",
         "--nproc_per_node=1",
@@ -243,7 +243,7 @@ fn full_console_drops_output_and_keeps_the_status() {
         .expect("open /dev/full");
     let sync = std::env::temp_dir().join(format!("rdrun-full-console-{}", std::process::id()));
     fs::create_dir_all(&sync).expect("sync dir");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rdrun"));
+    let mut cmd = Command::new(crate::util::rdrun_bin());
     cmd.args([
         "--standalone",
         "--nproc_per_node=2",

@@ -442,7 +442,7 @@ fn rdrun_raises_its_open_file_soft_limit_to_the_hard_limit() {
             "ulimit -Sn 256 && exec \"$0\" --nproc-per-node 1 --no-python sh -c \
              'echo ppid=$PPID; grep \"Max open files\" /proc/$PPID/limits'",
         ])
-        .arg(env!("CARGO_BIN_EXE_rdrun"))
+        .arg(crate::util::rdrun_bin())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -394,6 +394,7 @@ impl Inner {
                 path0: path0(spec.args),
                 preload: self.preload.clone(),
                 options: self.template_options(spec),
+                code_cache: self.memory.clone(),
                 worker_cmdline: std::iter::once(spec.program.as_os_str().to_owned())
                     .chain(spec.args.iter().cloned())
                     .collect(),

@@ -183,12 +183,7 @@ fn each_restart_shows_what_it_cost() {
     let dir = TempDir::new("restart_cost");
     let events = dir.join("events.jsonl");
     let json = dir.join("report.json");
-    let out = launch(2)
-        .arg("--max-restarts=1")
-        .arg("--events")
-        .arg(&events)
-        .arg("--report-json")
-        .arg(&json)
+    let out = with_cost_outputs(&events, &json)
         .arg(worker("fail_until_restart"))
         .arg("1")
         .arg(dir.path())
@@ -247,12 +242,7 @@ fn a_restart_says_when_every_rank_is_back_in_user_code() {
          echo \"back $RANK\"\n",
     )
     .unwrap();
-    let out = launch(2)
-        .arg("--max-restarts=1")
-        .arg("--events")
-        .arg(&events)
-        .arg("--report-json")
-        .arg(&json)
+    let out = with_cost_outputs(&events, &json)
         .arg("sh")
         .arg(&script)
         .arg(dir.path())
@@ -292,4 +282,15 @@ fn events_named(path: &std::path::Path, name: &str) -> (String, Vec<serde_json::
         .filter(|v| v["event"] == name)
         .collect();
     (text, found)
+}
+
+/// Two local ranks, one restart, the events file and the JSON report where the restart's cost
+/// shows.
+fn with_cost_outputs(events: &std::path::Path, json: &std::path::Path) -> Rdrun {
+    launch(2)
+        .arg("--max-restarts=1")
+        .arg("--events")
+        .arg(events)
+        .arg("--report-json")
+        .arg(json)
 }

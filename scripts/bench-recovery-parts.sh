@@ -186,12 +186,8 @@ while True:
 if rank == 0:
     with open(os.path.join(marks, "cost"), "w") as f:
         f.write("%.2f %d %.1f %d\n" % (len(done) / 9.0, learned(), 9000.0 / max(len(done), 1), at_start or 0))
-# No interpreter finalisation: torch 2.15's gloo teardown race (launcher-tests/torch/README.md).
-dist.barrier()
-dist.destroy_process_group()
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+from benchlearned import end_cleanly
+end_cleanly(dist)
 EOF
 # cost_one MEMORY -> "steps/s learned ms/step learned_at_start holds" (learned: modules in the
 # remembered list at the window's end, at its start; holds: rdrun's log said "the template

@@ -54,6 +54,17 @@ def remembered(memory):
         except (OSError, ValueError, KeyError):
             pass
     return n
+
+
+def end_cleanly(dist):
+    # No interpreter finalisation: torch 2.15's gloo teardown race
+    # (launcher-tests/torch/README.md).
+    import sys
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 EOF
 cat >"$TMP/job.py" <<'EOF'
 import os, sys, time
@@ -106,12 +117,8 @@ while attempt == 0 or step < 3:
         mark(("step", time.time_ns()))
     time.sleep(0.05)
     step += 1
-# No interpreter finalisation: torch 2.15's gloo teardown race (launcher-tests/torch/README.md).
-dist.barrier()
-dist.destroy_process_group()
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+from benchlearned import end_cleanly
+end_cleanly(dist)
 EOF
 
 # launcher KIND MEMORY: sets `cmd` (the launcher's command line) and `envs` (its variables) for

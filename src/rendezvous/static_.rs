@@ -335,18 +335,11 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                     None => RendezvousError::Closed { redundant: false },
                 });
             }
-            if arrived_in != Some(gen) {
-                arrived_in = Some(gen);
-                let n = self
-                    .retry(deadline, || {
-                        let (store, keys) = (store.clone(), keys.clone());
-                        async move { store.add(&keys.arrived(gen), 1).await }
-                    })
-                    .await?;
-                if n == self.nnodes as i64 {
-                    store.set(&keys.all_in(gen), b"1").await?;
-                }
-            }
+            // Before this node counts as arrived: its `--nnodes` is in the list before its
+            // arrival is, so a node whose arrival completes the count (and opens the round)
+            // reads every line of the nodes counted before it. Checked after the count, a node
+            // could open the round and start its workers before a disagreeing node's line came
+            // (seen once on a loaded machine: node 0 trained alone, node 1 failed).
             let (mine, who) = (
                 self.nnodes.to_string(),
                 format!("node rank {rank} on {}", self.who),
@@ -360,6 +353,18 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                     other_node,
                     other,
                 });
+            }
+            if arrived_in != Some(gen) {
+                arrived_in = Some(gen);
+                let n = self
+                    .retry(deadline, || {
+                        let (store, keys) = (store.clone(), keys.clone());
+                        async move { store.add(&keys.arrived(gen), 1).await }
+                    })
+                    .await?;
+                if n == self.nnodes as i64 {
+                    store.set(&keys.all_in(gen), b"1").await?;
+                }
             }
             all_keys.truncate(self.nnodes);
             // Node 0 opens the round (after the reset), the others wait for it to be open.

@@ -33,7 +33,7 @@
 //! becomes a static rendezvous of one member per rank there (`config::cluster::InPlace`); the
 //! node of an MPI rank comes from [`node_of`] over the hostnames the ranks exchange.
 
-mod fixed;
+pub(crate) mod fixed;
 pub mod hostlist;
 pub mod readers;
 pub mod render;

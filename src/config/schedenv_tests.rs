@@ -80,18 +80,7 @@ fn one_mpi_rank_is_node_mode_whatever_the_world() {
 
 /// 25.4: `--nnodes 3` in a 2-node step is an error naming both; a range that includes the
 /// step's count is not.
-/// Node 1 of a 2-node srun step (job 81234 step 0).
-const STEP_NODE_1: [(&str, &str); 9] = [
-    ("SLURM_JOB_ID", "81234"),
-    ("SLURM_STEP_ID", "0"),
-    ("SLURM_STEP_NODELIST", "n[1-2]"),
-    ("SLURM_STEP_NUM_NODES", "2"),
-    ("SLURM_STEP_NUM_TASKS", "2"),
-    ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
-    ("SLURM_NODEID", "1"),
-    ("SLURM_PROCID", "1"),
-    ("SLURMD_NODENAME", "n2"),
-];
+use crate::cluster::fixed::STEP_NODE_1;
 
 #[test]
 fn a_node_count_contradicting_the_step_is_refused() {

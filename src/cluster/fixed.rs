@@ -104,6 +104,21 @@ pub(super) fn fit_node_count(
     Ok(Some((note, overrides)))
 }
 
+/// Node 1 of a 2-node srun step (job 81234 step 0): the fixture of this file's tests and of
+/// `config`'s scheduler-environment tests (one environment, written once).
+#[cfg(test)]
+pub(crate) const STEP_NODE_1: [(&str, &str); 9] = [
+    ("SLURM_JOB_ID", "81234"),
+    ("SLURM_STEP_ID", "0"),
+    ("SLURM_STEP_NODELIST", "n[1-2]"),
+    ("SLURM_STEP_NUM_NODES", "2"),
+    ("SLURM_STEP_NUM_TASKS", "2"),
+    ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
+    ("SLURM_NODEID", "1"),
+    ("SLURM_PROCID", "1"),
+    ("SLURMD_NODENAME", "n2"),
+];
+
 #[cfg(test)]
 mod tests {
     use super::super::*;
@@ -219,18 +234,3 @@ mod tests {
         assert!(t.notes.iter().all(|n| !n.contains('"')), "{:?}", t.notes);
     }
 }
-
-/// Node 1 of a 2-node srun step (job 81234 step 0): the fixture of this file's tests and of
-/// `config`'s scheduler-environment tests (one environment, written once).
-#[cfg(test)]
-pub(crate) const STEP_NODE_1: [(&str, &str); 9] = [
-    ("SLURM_JOB_ID", "81234"),
-    ("SLURM_STEP_ID", "0"),
-    ("SLURM_STEP_NODELIST", "n[1-2]"),
-    ("SLURM_STEP_NUM_NODES", "2"),
-    ("SLURM_STEP_NUM_TASKS", "2"),
-    ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
-    ("SLURM_NODEID", "1"),
-    ("SLURM_PROCID", "1"),
-    ("SLURMD_NODENAME", "n2"),
-];

@@ -10,8 +10,9 @@
 //! flag" test for values (`--max-restarts -1` is a value, `--rdzv-conf -x` is not), and defaults
 //! read from `PET_<DEST>` converted exactly like command-line text.
 //!
-//! Files: the option table and the `--help` text generated from it (`options.rs`), argparse's
-//! rules for one word (`argparse.rs`), and here the parse loop that fills [`LaunchArgs`].
+//! Files: the option table (`options.rs`), the `--help` and `--version` text generated from it
+//! (`help.rs`), argparse's rules for one word (`argparse.rs`), and here the parse loop that fills
+//! [`LaunchArgs`].
 //!
 //! Deliberate differences from argparse (recorded in docs/compat.md):
 //! - Arguments after the training script are never inspected. argparse classifies them too, so
@@ -28,13 +29,15 @@ use std::path::PathBuf;
 mod argparse;
 /// `--print-completion` scripts and the `--print-man` page, generated from [`flag_table`].
 pub mod completion;
+mod help;
 mod options;
 
 use argparse::*;
 pub(crate) use argparse::{comma_separated_list, python_float, python_int};
+pub use help::{help_text, help_text_for, version_text};
 use options::*;
 pub use options::{
-    flag_table, help_text, FlagValue, FlagView, CLUSTER_CHOICES, EVENT_HANDLERS, HANG_FLAGS,
+    flag_table, FlagValue, FlagView, Section, CLUSTER_CHOICES, EVENT_HANDLERS, HANG_FLAGS,
     HANG_MODES, LEFTOVER_POLICIES, RDZV_BACKENDS, SHELLS,
 };
 
@@ -87,6 +90,8 @@ pub struct LaunchArgs {
     pub virtual_local_rank: bool,
     /// rdrun's `--report-json PATH`.
     pub report_json: Option<PathBuf>,
+    /// rdrun's `--report-junit PATH`.
+    pub report_junit: Option<PathBuf>,
     /// rdrun's `--exit-barrier-timeout SECS` (torchrun hard-codes 300).
     pub exit_barrier_timeout: f64,
     /// rdrun's `--leftovers kill|wait|leave` (else RDRUN_LEFTOVERS, read by `config`).
@@ -166,10 +171,10 @@ pub struct LaunchArgs {
 pub enum Invocation {
     /// Launch with these arguments.
     Launch(Box<LaunchArgs>),
-    /// `-h`/`--help` was given: print [`help_text`] and exit 0.
+    /// `-h`/`--help` was given: print [`help_text_for`] the terminal's width and exit 0.
     Help,
-    /// `--print-completion SHELL` or `--print-man`: print this text on stdout and exit 0
-    /// (generated from [`OPTIONS`] by [`completion`]).
+    /// `--print-completion SHELL`, `--print-man` or `--version`: print this text on stdout and
+    /// exit 0 (generated from [`OPTIONS`] by [`completion`], or [`version_text`]).
     Print(String),
 }
 
@@ -292,14 +297,17 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
                 loop {
                     let spec = &OPTIONS[id];
                     match spec.kind {
-                        Kind::Man => {
+                        Kind::Man | Kind::Version => {
                             if let Some(e) = explicit {
                                 return Err(UsageError::IgnoredExplicit {
                                     flag: display(id),
                                     value: e.to_string(),
                                 });
                             }
-                            return Ok(Invocation::Print(completion::man_page()));
+                            return Ok(Invocation::Print(match spec.kind {
+                                Kind::Man => completion::man_page(),
+                                _ => version_text(),
+                            }));
                         }
                         Kind::Help | Kind::Flag => {
                             if spec.kind == Kind::Help {
@@ -443,6 +451,7 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         shutdown_timeout: b.int("shutdown_timeout")?,
         virtual_local_rank: b.flag("virtual_local_rank")?,
         report_json: b.opt_string("report_json")?.map(PathBuf::from),
+        report_junit: b.opt_string("report_junit")?.map(PathBuf::from),
         exit_barrier_timeout: b.float("exit_barrier_timeout")?.unwrap_or(300.0),
         leftovers: b.opt_string("leftovers")?,
         cluster: b.opt_string("cluster")?,

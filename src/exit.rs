@@ -57,6 +57,41 @@ pub const DO_NOT_REQUEUE: i32 = 93;
 /// See [`Exit::BadNode`].
 pub const BAD_NODE: i32 = 75;
 
+/// Every status rdrun exits with and what it means, in the words `--help` and the man page
+/// list (`cli/help.rs`): a code added above must be added here (the test below checks the
+/// named codes; `launcher-tests/helpscreen.rs` checks `--help` lists each).
+pub const STATUSES: &[(&str, &str)] = &[
+    (
+        "0",
+        "success: every worker exited 0 (also --help, --version, --dry-run)",
+    ),
+    (
+        "1",
+        "rdrun itself failed (a rendezvous timeout, a configuration error found after parsing, a \
+         worker that could not start, a lost rendezvous)",
+    ),
+    ("2", "usage error (as torchrun's argparse)"),
+    (
+        "75",
+        "bad node, requeue elsewhere: this node failed a health check under --health-check on, \
+         is listed by --exclude-nodes-from, or left an elastic job (--max-node-failures)",
+    ),
+    (
+        "93",
+        "do not requeue: the same failure ended --max-same-failures attempts in a row",
+    ),
+    (
+        "N",
+        "a worker failed: the root-cause worker's own exit code (a code that is 0 modulo 256 \
+         becomes 1)",
+    ),
+    (
+        "128+N",
+        "the root-cause worker died of signal N, or shutdown signal N reached rdrun (forwarded \
+         to the workers, then rdrun stopped)",
+    ),
+];
+
 /// Shell convention for "terminated by signal N".
 pub const fn for_signal(signal: i32) -> i32 {
     Exit::Signal(signal).code()
@@ -124,5 +159,15 @@ mod tests {
             assert_ne!(own, BAD_NODE);
         }
         assert!(!WorkerStatus::Signaled(0).success());
+    }
+
+    /// Every code rdrun names is in the table `--help` lists.
+    #[test]
+    fn every_code_is_described() {
+        for code in [SUCCESS, LAUNCHER_FAILURE, USAGE, BAD_NODE, DO_NOT_REQUEUE] {
+            let text = code.to_string();
+            assert!(STATUSES.iter().any(|(c, _)| *c == text), "{code}");
+        }
+        assert!(STATUSES.iter().any(|(c, _)| *c == "128+N"));
     }
 }

@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 /// Each top-level module and the other top-level modules it may name. Mirrors the "Dependency
 /// direction" paragraph of `docs/architecture.md`; change both together.
 const ALLOWED: &[(&str, &[&str])] = &[
-    ("cli", &[]),
+    // `--help` and the man page list `exit`'s table of statuses (a leaf: no cycle).
+    ("cli", &["exit"]),
     ("workerenv", &[]),
     ("store", &[]),
     ("cluster", &[]),

@@ -29,8 +29,9 @@
 //! worker process: WorkerEnv::from_env -> runtime::ProcessGroup -> store client -> tcp | shm | nccl
 //! ```
 //!
-//! Dependency direction (enforced by the `import_rules` test): `cli`, `workerenv`, `store` and
-//! `cluster` depend on nothing else in the crate; `rendezvous` uses `store` and `config`'s spec
+//! Dependency direction (enforced by the `import_rules` test): `workerenv`, `store` and
+//! `cluster` depend on nothing else in the crate; `cli` only on `exit` (the statuses `--help`
+//! lists); `rendezvous` uses `store` and `config`'s spec
 //! types; `config` uses `cli`, `cluster`, `exit`, `workerenv`; `health` uses `config`; `supervisor` uses
 //! `rendezvous`, `store`, `config`, `cluster`, `exit`, `health`, `workerenv`; `exit` maps `supervisor::RunEnd`;
 //! `runtime` uses only `store` and `workerenv`.

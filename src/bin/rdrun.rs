@@ -41,7 +41,7 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
     let args = match cli::parse_from(argv, &config::process_env) {
         Ok(Invocation::Launch(args)) => *args,
         Ok(Invocation::Help) => {
-            print_out(&cli::help_text());
+            print_out(&cli::help_text_for(help_columns()));
             return Exit::Success.code();
         }
         Ok(Invocation::Print(text)) => {
@@ -107,6 +107,25 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
         print_err(&format!("{msg}\n"));
     }
     end.exit().code()
+}
+
+/// The width `--help` wraps to: `COLUMNS` (as Python's argparse reads it), else the terminal on
+/// stdout, else 80.
+fn help_columns() -> usize {
+    let from_env = std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<usize>().ok())
+        .filter(|&c| c > 0);
+    from_env.or_else(stdout_columns).unwrap_or(80)
+}
+
+/// The width of the terminal on stdout, if stdout is one.
+fn stdout_columns() -> Option<usize> {
+    // SAFETY: TIOCGWINSZ writes one winsize into the zeroed struct we own; a non-terminal fd
+    // only returns -1.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0;
+    (ok && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
 }
 
 /// rdrun's own text on stdout. A closed pipe (`rdrun --help | true`) or a full disk must not

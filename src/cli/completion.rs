@@ -239,7 +239,15 @@ pub fn man_page() -> String {
         roff("rdrun starts --nproc-per-node workers of the training script on this node, gives each the torchrun worker environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), hosts a TCPStore-compatible store, supervises and restarts the workers, and joins the other nodes through the --rdzv-backend rendezvous."),
         roff("Everything after training_script is passed to it verbatim. Every long option also accepts '_' for '-', --opt=value, and unique prefixes (rdrun's own options must be spelled in full)."),
     );
-    for f in flag_table() {
+    // Grouped as `--help` groups them (a stable sort keeps the table's order inside a section).
+    let mut table = flag_table();
+    table.sort_by_key(|f| f.section);
+    let mut section = None;
+    for f in table {
+        if section != Some(f.section) {
+            section = Some(f.section);
+            out.push_str(&format!(".SS \"{}\"\n", roff(f.section.title())));
+        }
         let names = f
             .names
             .iter()
@@ -265,10 +273,12 @@ pub fn man_page() -> String {
             out.push_str(&format!("{}\n", notes.join(" ")));
         }
     }
-    out.push_str(&format!(
-        ".SH EXIT STATUS\n{}\n.SH SEE ALSO\n\\fBtorchrun\\fR(1)\n",
-        roff("0 on success; the failed worker's own status (its exit code, or 128+N for signal N) on worker failure; 1 when rdrun itself fails; 2 on a usage error; 128+N after a forwarded shutdown signal N.")
-    ));
+    // The statuses of `crate::exit`, as `--help` lists them.
+    out.push_str(".SH EXIT STATUS\n");
+    for (code, meaning) in crate::exit::STATUSES {
+        out.push_str(&format!(".TP\n\\fB{}\\fR\n{}\n", roff(code), roff(meaning)));
+    }
+    out.push_str(".SH SEE ALSO\n\\fBtorchrun\\fR(1)\n");
     out
 }
 

@@ -1,6 +1,7 @@
-//! The option table: every flag rdrun accepts, with its spellings, kind, `PET_*` default and help,
-//! in torchrun's registration order. The parser, `--help` ([`help_text`]), the completion scripts
-//! and the man page ([`flag_table`]) are all generated from [`OPTIONS`]: there is no second list.
+//! The option table: every flag rdrun accepts, with its spellings, kind, `PET_*` default, help
+//! and `--help` section, in torchrun's registration order. The parser, `--help`
+//! (`help.rs`), the completion scripts and the man page ([`flag_table`]) are all generated from
+//! [`OPTIONS`]: there is no second list.
 
 /// How an option consumes its value and converts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +22,50 @@ pub(super) enum Kind {
     Completion,
     /// `--print-man`: print the man page and exit, like `-h`.
     Man,
+    /// `-V`/`--version`: print the version and the git revision, and exit.
+    Version,
+}
+
+/// The `--help` (and man page) section an option is listed in: torchrun's own flags first,
+/// then rdrun's by topic, in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Section {
+    Torchrun,
+    Cluster,
+    Recovery,
+    Health,
+    Hangs,
+    Console,
+    Observability,
+    About,
+}
+
+impl Section {
+    /// Every section, in `--help` order.
+    pub const ALL: &'static [Section] = &[
+        Section::Torchrun,
+        Section::Cluster,
+        Section::Recovery,
+        Section::Health,
+        Section::Hangs,
+        Section::Console,
+        Section::Observability,
+        Section::About,
+    ];
+
+    /// The section's heading.
+    pub fn title(self) -> &'static str {
+        match self {
+            Section::Torchrun => "torchrun options",
+            Section::Cluster => "rdrun: cluster and topology",
+            Section::Recovery => "rdrun: recovery and warm start",
+            Section::Health => "rdrun: node health",
+            Section::Hangs => "rdrun: hangs",
+            Section::Console => "rdrun: console and per-rank control",
+            Section::Observability => "rdrun: observability and reports",
+            Section::About => "rdrun: version and documentation",
+        }
+    }
 }
 
 /// One option of the table below.
@@ -41,6 +86,8 @@ pub(super) struct OptSpec {
     /// the man page. The parser passes the text through unchecked (torchrun's argparse does, and
     /// `config` gives the precise error); `config`'s tests check each word resolves.
     pub(super) values: &'static [&'static str],
+    /// Where `--help` and the man page list it.
+    pub(super) section: Section,
 }
 
 pub(super) const fn opt(
@@ -59,6 +106,7 @@ pub(super) const fn opt(
         default,
         help,
         values: &[],
+        section: Section::Torchrun,
     }
 }
 
@@ -94,6 +142,14 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         pet: false,
         ..opt("help", &["-h", "--help"], Kind::Help, "", "show this help message and exit")
     },
+    OptSpec {
+        // Not abbreviable: `--v` stays `--virtual-local-rank`, as in torchrun.
+        abbreviable: false,
+        pet: false,
+        section: Section::About,
+        ..opt("version", &["-V", "--version"], Kind::Version, "",
+            "rdrun: print rdrun's version and the git revision it was built from, and exit.")
+    },
     opt("nnodes", &["--nnodes"], Kind::Str, "1:1",
         "Number of nodes, or the range of nodes in form <minimum_nodes>:<maximum_nodes>; more than one node runs the --rdzv-backend rendezvous (static: node ranks; c10d: elastic)."),
     opt("nproc_per_node", &["--nproc-per-node", "--nproc_per_node"], Kind::Str, "1",
@@ -101,7 +157,7 @@ pub(super) static OPTIONS: &[OptSpec] = &[
     OptSpec {
         values: RDZV_BACKENDS,
         ..opt("rdzv_backend", &["--rdzv-backend", "--rdzv_backend"], Kind::Str, "static",
-            "Rendezvous backend: static, c10d, etcd-v3 (alias etcd; needs the `etcd` build feature).")
+            "Rendezvous backend: static, c10d, etcd-v3 (alias etcd; in the default build, not in one built with --no-default-features).")
     },
     opt("rdzv_endpoint", &["--rdzv-endpoint", "--rdzv_endpoint"], Kind::Str, "",
         "Rendezvous backend endpoint; usually in form <host>:<port>."),
@@ -175,28 +231,40 @@ pub(super) static OPTIONS: &[OptSpec] = &[
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Cluster,
         ..opt("cpu_binding", &["--cpu-binding", "--cpu_binding"], Kind::Flag, "off",
             "rdrun: give each local rank its own share of rdrun's CPU affinity mask (whole physical cores when there are enough), for CPU-only jobs; not with --numa-binding.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Cluster,
         ..opt("omp_num_threads", &["--omp-num-threads", "--omp_num_threads"], Kind::Str, "none",
             "rdrun: OMP_NUM_THREADS for every worker, over any inherited value: cpus (the number of CPUs the worker is bound to; unbound: the affinity mask divided by the workers) or a positive integer. Without it torchrun's rule holds (1 when unset and nproc > 1).")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::About,
         ..opt("print_man", &["--print-man"], Kind::Man, "",
             "rdrun: print rdrun's man page (roff, from this option table) to stdout and exit.")
     },
     OptSpec {
         abbreviable: false,
+        section: Section::Observability,
         ..opt("report_json", &["--report-json", "--report_json"], Kind::Str, "none",
             "rdrun: write the run's outcome (root cause, failures, exit code) as JSON to this path.")
     },
     OptSpec {
         abbreviable: false,
+        pet: false,
+        section: Section::Observability,
+        ..opt("report_junit", &["--report-junit", "--report_junit"], Kind::Str, "none",
+            "rdrun: write the run's outcome as JUnit XML to this path (one test case per rank of this node, a failure with its traceback; written on success too), for CI systems that read JUnit. Under GitHub Actions (GITHUB_ACTIONS=true) a failed run also annotates the failing rank's innermost frame and writes the report to $GITHUB_STEP_SUMMARY.")
+    },
+    OptSpec {
+        abbreviable: false,
+        section: Section::Cluster,
         ..opt("exit_barrier_timeout", &["--exit-barrier-timeout", "--exit_barrier_timeout"], Kind::Float, "300",
             "rdrun: seconds to wait for the other nodes after local success (multi-node).")
     },
@@ -204,6 +272,7 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         abbreviable: false,
         pet: false,
         values: LEFTOVER_POLICIES,
+        section: Section::Recovery,
         ..opt("leftovers", &["--leftovers"], Kind::Str, "kill",
             "rdrun: processes the workers leave behind after a successful run: kill (stop them, each named at WARN), wait (until they exit), leave. Else RDRUN_LEFTOVERS.")
     },
@@ -211,72 +280,84 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         abbreviable: false,
         pet: false,
         values: CLUSTER_CHOICES,
+        section: Section::Cluster,
         ..opt("cluster", &["--cluster"], Kind::Str, "auto",
             "rdrun: scheduler detection: auto (read Slurm, Kubernetes, MPI, LSF, hostfile environments), none (a local run as torchrun), or force one of slurm, k8s, mpi, lsf, hostfile. Else RDRUN_CLUSTER.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Cluster,
         ..opt("hostfile", &["--hostfile"], Kind::Str, "none",
             "rdrun: a hostfile (DeepSpeed 'host slots=N' or Open MPI dialect); this node's rank is its host's position. Else RDRUN_HOSTFILE or OMPI_MCA_orte_default_hostfile.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Cluster,
         ..opt("include", &["--include"], Kind::Str, "none",
             "rdrun: keep only these hostfile hosts/slots, DeepSpeed's NODE_SPEC[@NODE_SPEC...] with NODE_SPEC = NAME[:SLOT[,SLOT...]] (slots are device indices).")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Cluster,
         ..opt("exclude", &["--exclude"], Kind::Str, "none",
             "rdrun: drop these hostfile hosts/slots (same syntax as --include; not both).")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Cluster,
         ..opt("nested", &["--nested"], Kind::Flag, "off",
             "rdrun: allow this launch from inside a torchrun/rdrun worker while a scheduler is detected (it forms a world of its own; refused by default). Else RDRUN_NESTED=1.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Cluster,
         ..opt("dry_run", &["--dry-run", "--dry_run"], Kind::Flag, "off",
             "rdrun: resolve the configuration, print the topology (where every value came from) and exit 0 without starting anything.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Cluster,
         ..opt("print_topology", &["--print-topology", "--print_topology"], Kind::OptionalChoice(TOPOLOGY_FORMATS), "off",
             "rdrun: as --dry-run; --print-topology=json prints the topology as JSON.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Observability,
         ..opt("events", &["--events"], Kind::Str, "none",
             "rdrun: also write every lifecycle event (spawn, exit, stop, restart, rendezvous, ...) as one JSON object per line to this file, or to stderr with '-' (with --log-dir they always go to <run dir>/events.jsonl).")
     },
     OptSpec {
         abbreviable: false,
         values: WARM_MODES,
+        section: Section::Recovery,
         ..opt("warm_start", &["--warm-start", "--warm_start"], Kind::Str, "auto",
             "rdrun: start Python workers by forking them from a per-node template interpreter: auto (the default: the template learns what the workers import and imports it once for the next forks; reasons to spawn cold said at INFO), on (it imports torch and --preload before the first fork), off (every worker cold, as torchrun). Else RDRUN_WARM_START.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Recovery,
         ..opt("preload", &["--preload"], Kind::List, "torch (when importable)",
             "rdrun: modules the warm-start template imports besides torch (comma-separated); one that fails to import turns warm start off for the run. Else RDRUN_PRELOAD.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Observability,
         ..opt("metrics_addr", &["--metrics-addr", "--metrics_addr"], Kind::Str, "none",
             "rdrun: serve Prometheus metrics at http://HOST:PORT/metrics and the health state at /healthz (PORT alone: loopback). Else RDRUN_METRICS_ADDR.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Recovery,
         ..opt("max_same_failures", &["--max-same-failures", "--max_same_failures"], Kind::Int, "2",
             "rdrun: stop restarting when the same failure (exception type and innermost frame, else exit status) ended this many attempts in a row, restarts left or not; exit 93 (do not requeue). 0: never.")
     },
@@ -284,36 +365,42 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         abbreviable: false,
         pet: false,
         values: HEALTH_MODES,
+        section: Section::Health,
         ..opt("health_check", &["--health-check", "--health_check"], Kind::Str, "warn",
             "rdrun: health checks before this node joins (interpreter, disk, /dev/shm, memory, open files, GPUs, NICs, --health-check-cmd): off, warn (report only), on (a static job fails fast with exit 75, bad node; an elastic node retries after a back-off).")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Health,
         ..opt("health_check_cmd", &["--health-check-cmd", "--health_check_cmd"], Kind::Str, "none",
             "rdrun: the site's own node check, run with sh -c before the node joins: a non-zero exit or a timeout makes the node unhealthy; its output is shown.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Health,
         ..opt("health_check_timeout", &["--health-check-timeout", "--health_check_timeout"], Kind::Float, "30",
             "rdrun: seconds each health check that runs a program may take (a check past it is killed and counts as failed).")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Health,
         ..opt("checkpoint_dir", &["--checkpoint-dir", "--checkpoint_dir"], Kind::Str, "none",
             "rdrun: the directory the job writes its checkpoints to: the health check requires 1 GiB free on its file system (as 100 MiB for --log-dir).")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Health,
         ..opt("bad_nodes_file", &["--bad-nodes-file", "--bad_nodes_file"], Kind::Str, "none",
             "rdrun: a node that ends as a bad node (a failed health check under --health-check on, or listed by --exclude-nodes-from) appends its host name to this file, one per line (a Slurm exclude list).")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Health,
         ..opt("exclude_nodes_from", &["--exclude-nodes-from", "--exclude_nodes_from"], Kind::Str, "none",
             "rdrun: host names (or Slurm hostlists) one per line, e.g. an earlier job's --bad-nodes-file: a listed node does not join (exit 75, bad node); a missing file lists none.")
     },
@@ -321,36 +408,42 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         abbreviable: false,
         pet: false,
         values: NETWORK_CHECK_MODES,
+        section: Section::Health,
         ..opt("network_check", &["--network-check", "--network_check"], Kind::Str, "off (on with --health-check on)",
             "rdrun: after each multi-node round, nodes pair up for a short TCP exchange (latency and bandwidth, about a second): a node far below the median is named; an elastic job with spare nodes (MAX above MIN) leaves it out of the next round.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Health,
         ..opt("network_check_threshold", &["--network-check-threshold", "--network_check_threshold"], Kind::Float, "0.25",
             "rdrun: a node is slow when its best bandwidth is under this fraction of the median node's, or its latency over the median's divided by it (0 < F < 1).")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Health,
         ..opt("max_node_failures", &["--max-node-failures", "--max_node_failures"], Kind::Int, "2",
             "rdrun: a node whose workers failed this many times in the run leaves an elastic job while spares exist (MAX above MIN): exit 75, bad node, remembered in --bad-nodes-file. 0: never.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Console,
         ..opt("wrap", &["--wrap"], Kind::Str, "none",
             "rdrun: run the chosen ranks' command under this wrapper, split as a shell would ('nsys profile -o trace_%r', 'strace -f -o st.%r'); %r, %l, %n become the rank, local rank and node rank. The wrapper's exit status is the rank's.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Console,
         ..opt("wrap_ranks", &["--wrap-ranks", "--wrap_ranks"], Kind::Str, "all",
             "rdrun: the global ranks --wrap applies to, comma-separated, ranges allowed (0,2 or 0-3,8).")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Console,
         ..opt("stdin", &["--stdin"], Kind::Str, "all",
             "rdrun: which worker reads rdrun's stdin: a global rank (the others get /dev/null; e.g. for pdb on that rank), none, or all (torchrun's behaviour).")
     },
@@ -358,12 +451,14 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         abbreviable: false,
         pet: false,
         values: OUTPUT_MODES,
+        section: Section::Console,
         ..opt("output", &["--output"], Kind::Str, "all",
             "rdrun: console output of the ranks: all (every rank's line), or collapse (a line several ranks print identically within --output-window is shown once, prefixed with its ranks like [0-7]). Log files are unaffected.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Console,
         ..opt("output_window", &["--output-window", "--output_window"], Kind::Str, "0.5",
             "rdrun: with --output collapse, how long a line waits for the same line of other ranks (seconds, or 500ms); at most 10.")
     },
@@ -371,18 +466,21 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         abbreviable: false,
         pet: false,
         values: PROGRESS_MODES,
+        section: Section::Console,
         ..opt("progress", &["--progress"], Kind::Str, "auto",
             "rdrun: carriage-return progress bars (tqdm) of several ranks: one (one line: the slowest rank's bar, its ranks and the spread; live on a terminal, at most one line per --progress-interval on a pipe), all (every rank's bar as written), auto (one on a terminal with more than one rank, else all). Log files are unaffected.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Console,
         ..opt("progress_interval", &["--progress-interval", "--progress_interval"], Kind::Str, "1",
             "rdrun: with --progress one on a pipe, at most one progress line per this many seconds (or 500ms); at most 600.")
     },
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Console,
         ..opt("debug_rank", &["--debug-rank", "--debug_rank"], Kind::Str, "none",
             "rdrun: this global rank starts under 'python -m debugpy --listen 127.0.0.1:PORT --wait-for-client' (one line says where to attach; without debugpy it starts normally and rdrun prints how to attach py-spy or gdb); the hang detector does not count its pauses; it reads rdrun's stdin unless --stdin is given.")
     },
@@ -435,6 +533,7 @@ pub(super) const fn hang_opt(
     OptSpec {
         abbreviable: false,
         pet: false,
+        section: Section::Hangs,
         ..opt(dest, names, Kind::Str, default, help)
     }
 }
@@ -466,6 +565,8 @@ pub struct FlagView {
     pub default: &'static str,
     /// `PET_<DEST>` when that variable supplies the default.
     pub env: Option<String>,
+    /// Where `--help` lists it (the man page's subsections).
+    pub section: Section,
 }
 
 /// The option table, in `--help` order.
@@ -475,13 +576,13 @@ pub fn flag_table() -> Vec<FlagView> {
         .map(|o| {
             let metavar = match o.dest {
                 "log_dir" => "DIR",
-                "report_json" | "hostfile" | "py_spy" | "events" => "PATH",
+                "report_json" | "report_junit" | "hostfile" | "py_spy" | "events" => "PATH",
                 "health_check_cmd" => "PROG",
                 "bad_nodes_file" | "exclude_nodes_from" => "PATH",
                 _ => "VALUE",
             };
             let value = match o.kind {
-                Kind::Flag | Kind::Help | Kind::Man => FlagValue::None,
+                Kind::Flag | Kind::Help | Kind::Man | Kind::Version => FlagValue::None,
                 Kind::Choice(c) => FlagValue::Choice(c),
                 Kind::Str if !o.values.is_empty() => FlagValue::Choice(o.values),
                 Kind::Completion => FlagValue::Choice(SHELLS),
@@ -493,7 +594,7 @@ pub fn flag_table() -> Vec<FlagView> {
                 names: o.names,
                 value,
                 help: o.help,
-                default: if matches!(o.kind, Kind::Help | Kind::Completion | Kind::Man) {
+                default: if o.kind.prints_and_exits() {
                     ""
                 } else {
                     o.default
@@ -501,52 +602,19 @@ pub fn flag_table() -> Vec<FlagView> {
                 env: o
                     .pet
                     .then(|| format!("PET_{}", o.dest.to_ascii_uppercase())),
+                section: o.section,
             }
         })
         .collect()
 }
 
-/// The `--help` text: every flag with its spellings, default and `PET_*` variable.
-pub fn help_text() -> String {
-    let mut out = String::from(
-        "usage: rdrun [OPTIONS] training_script [training_script_args ...]\n\n\
-         rdrun: a drop-in replacement for torchrun (torch.distributed.run, PyTorch 2.15).\n\
-         Everything after training_script is passed to it verbatim.\n\n\
-         positional arguments:\n  \
-         training_script       Path of the training script (.py), module name (-m) or program to launch.\n  \
-         training_script_args  Arguments for the training script; ${local_rank} becomes the local rank.\n\n\
-         options (every long option also accepts '_' for '-', --opt=value, and unique prefixes):\n",
-    );
-    for o in OPTIONS {
-        let names = o.names.join(", ");
-        let metavar = match o.kind {
-            Kind::Flag | Kind::Help | Kind::Man => String::new(),
-            Kind::Choice(c) => format!(" {{{}}}", c.join(",")),
-            Kind::OptionalChoice(c) => format!("[={{{}}}]", c.join(",")),
-            Kind::Completion => format!(" {{{}}}", SHELLS.join(",")),
-            _ => format!(" {}", o.dest.to_ascii_uppercase()),
-        };
-        out.push_str(&format!("  {names}{metavar}\n      {}\n", o.help));
-        let mut notes = Vec::new();
-        if !matches!(o.kind, Kind::Help | Kind::Completion | Kind::Man) {
-            let d = if o.default.is_empty() {
-                "\"\"".to_string()
-            } else {
-                o.default.to_string()
-            };
-            notes.push(format!("default: {d}"));
-        }
-        if o.pet {
-            notes.push(format!("env: PET_{}", o.dest.to_ascii_uppercase()));
-        }
-        if !notes.is_empty() {
-            out.push_str(&format!("      [{}]\n", notes.join("; ")));
-        }
+impl Kind {
+    /// `-h`, `--print-completion`, `--print-man`, `--version`: print something and exit; no
+    /// default to show.
+    pub(super) fn prints_and_exits(self) -> bool {
+        matches!(
+            self,
+            Kind::Help | Kind::Completion | Kind::Man | Kind::Version
+        )
     }
-    out.push_str(
-        "\nExit status: 0 on success; the failed worker's own status (its exit code, or 128+N for \
-         signal N) on worker failure; 1 when rdrun itself fails; 2 on a usage error; 128+N after a \
-         forwarded shutdown signal N.\n",
-    );
-    out
 }

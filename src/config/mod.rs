@@ -260,6 +260,8 @@ pub struct LaunchConfig {
     pub virtual_local_rank: bool,
     /// rdrun's `--report-json PATH`.
     pub report_json: Option<PathBuf>,
+    /// rdrun's `--report-junit PATH` (`supervisor::ci`).
+    pub report_junit: Option<PathBuf>,
     /// rdrun's `--exit-barrier-timeout` (multi-node; default 300 s as torchrun).
     pub exit_barrier_timeout: Duration,
     /// rdrun's `--leftovers` / RDRUN_LEFTOVERS: processes left behind after a successful run.
@@ -629,6 +631,7 @@ fn resolve_args(
         shutdown_timeout,
         virtual_local_rank: args.virtual_local_rank,
         report_json: args.report_json.clone(),
+        report_junit: args.report_junit.clone(),
         exit_barrier_timeout: Duration::from_secs_f64(args.exit_barrier_timeout),
         leftovers,
         cluster: ClusterPlan::default(),

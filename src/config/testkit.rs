@@ -128,6 +128,7 @@ pub(crate) fn launch_config(
         shutdown_timeout: std::time::Duration::from_secs(1),
         virtual_local_rank: false,
         report_json: None,
+        report_junit: None,
         exit_barrier_timeout: std::time::Duration::from_secs(300),
         leftovers: LeftoverPolicy::Kill,
         cluster: ClusterPlan::default(),

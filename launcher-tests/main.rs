@@ -51,8 +51,12 @@
 //!   backend (the exchange through etcd keys), against the real etcd of `etcd`; `delayline`: a
 //!   user-space delay line on one namespace host's link (TAP devices), for kernels without netem.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
+//! - `ci`: a failing DDP job under a fake GitHub Actions environment: the annotation, the step
+//!   summary and `--report-junit`'s XML read back (issue 40); `helpscreen`: `--help`'s sections,
+//!   enum values and exit statuses, `--version`.
 
 mod addr;
+mod ci;
 mod cli;
 mod cluster;
 mod collapse;
@@ -67,6 +71,7 @@ mod env;
 mod etcd;
 mod hang;
 mod health;
+mod helpscreen;
 mod health_contain;
 mod health_outside;
 mod mpi;

@@ -4,8 +4,9 @@
 //! Thin on purpose: every decision lives in the library. How the run ended (a
 //! `supervisor::RunEnd`) is printed here, once: the failure report, or `rdrun: error: <message
 //! and its causes>`; the report's files (`--report-json` on every end, the parent
-//! TORCHELASTIC_ERROR_FILE after a failure) are written from the same resolved report; the status
-//! is `RunEnd::exit`'s, numbered by `exit::Exit`.
+//! TORCHELASTIC_ERROR_FILE after a failure) are written from the same resolved report, and so
+//! are `--report-junit` and, under GitHub Actions, the annotation and step summary
+//! (`supervisor::ci`); the status is `RunEnd::exit`'s, numbered by `exit::Exit`.
 
 use rdrun::cli::{self, Invocation};
 use rdrun::config;
@@ -91,6 +92,14 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
         print_err(&text);
     }
     let report_json = cfg.report_json.clone();
+    let ci = supervisor::ci::Targets {
+        github: supervisor::ci::GitHub::detect(
+            &|k| std::env::var_os(k),
+            std::env::current_dir().ok(),
+        ),
+        junit: cfg.report_junit.clone(),
+        job: cfg.command.display_name.clone(),
+    };
     let ended = supervisor::run(cfg);
     let end = &ended.end;
     if let Some(report) = end.report() {
@@ -103,6 +112,11 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
     // On every end, success included: a report left by an earlier run must not be read as this
     // one's.
     supervisor::write_end_json(&ended, report_json.as_deref());
+    // Under GitHub Actions: the annotation (stdout, where the runner reads workflow commands) and
+    // the step summary; `--report-junit`. Nothing at all elsewhere.
+    if let Some(commands) = supervisor::ci::write(&ended, &ci) {
+        print_out(&commands);
+    }
     if let Some(msg) = end.message() {
         print_err(&format!("{msg}\n"));
     }

@@ -122,9 +122,14 @@ pub fn run(config: LaunchConfig) -> Ended {
     let mut restarts = Vec::new();
     let end = runtime.block_on(Agent::run(config, watchdog, obs.clone(), &mut restarts));
     obs.get().run_end(&end);
+    let ranks = obs.get().last_ranks();
     // Signal-forwarding tasks never end on their own.
     runtime.shutdown_background();
-    Ended { end, restarts }
+    Ended {
+        end,
+        restarts,
+        ranks,
+    }
 }
 
 struct Agent {

@@ -16,6 +16,9 @@ pub struct Ended {
     pub end: RunEnd,
     /// The restarts and regroups the run took before it ended, in order.
     pub restarts: Vec<Restart>,
+    /// This node's workers in the last attempt, as (local rank, global rank) by rank: the test
+    /// cases of `--report-junit` (`ci/junit.rs`).
+    pub ranks: Vec<(usize, usize)>,
 }
 
 impl From<RunEnd> for Ended {
@@ -24,6 +27,7 @@ impl From<RunEnd> for Ended {
         Ended {
             end,
             restarts: Vec::new(),
+            ranks: Vec::new(),
         }
     }
 }
@@ -504,6 +508,7 @@ mod tests {
             let ended = Ended {
                 end,
                 restarts: restarts.clone(),
+                ranks: Vec::new(),
             };
             let v = end_json(&ended);
             assert_eq!(v["schema"], "rdrun.failure-report/1", "{v}");

@@ -9,6 +9,7 @@
 mod agent;
 mod attempt;
 pub mod checkcells;
+pub mod ci;
 pub mod contain;
 pub mod debugrank;
 mod effects;

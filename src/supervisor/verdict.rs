@@ -63,10 +63,19 @@ pub fn parse_traceback(lines: &[String]) -> Option<(String, String, u32)> {
     Some((kind, frame.0, frame.1))
 }
 
+/// Every frame of a traceback, outermost first (`ci/` looks for the innermost one in user
+/// code).
+pub(super) fn frames(lines: &[String]) -> Vec<(String, u32)> {
+    lines
+        .iter()
+        .filter_map(|l| frame_of(unprefixed(l)))
+        .collect()
+}
+
 /// A line without the `[rank3]: ` that torch.distributed's exception hook puts before every
 /// line of a traceback once a process group is up (without this, every DDP exception would
 /// read as just `exit code 1`).
-fn unprefixed(line: &str) -> &str {
+pub(super) fn unprefixed(line: &str) -> &str {
     let Some(rest) = line.strip_prefix("[rank") else {
         return line;
     };

@@ -585,6 +585,18 @@ impl Inner {
         self.status.set(None);
     }
 
+    /// The workers of the last attempt as (local rank, global rank), by rank.
+    pub fn last_ranks(&self) -> Vec<(usize, usize)> {
+        let mut ranks: Vec<(usize, usize)> = self
+            .workers
+            .values()
+            .map(|w| (w.local_rank, w.rank))
+            .collect();
+        ranks.sort_by_key(|&(local, rank)| (rank, local));
+        ranks.dedup();
+        ranks
+    }
+
     /// The run is over: `run_end`, the final health state; the servers stop.
     pub fn run_end(&mut self, end: &RunEnd) {
         self.status.set(None);

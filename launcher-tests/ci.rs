@@ -91,7 +91,10 @@ fn failing_ddp_job_annotated_summarised_and_junit() {
         .arg("train.py")
         .timeout(std::time::Duration::from_secs(120))
         .run();
-    out.assert_code(1);
+    // 134: rank 1 raised, then hit torch 2.15's teardown abort (launcher-tests/torch/README.md);
+    // its printed traceback still places the annotation.
+    assert!(matches!(out.code, Some(1 | 134)), "{out:?}");
+    let exit = out.code.unwrap_or(0);
     assert_eq!(
         annotations(&out.stdout),
         [format!(
@@ -102,7 +105,9 @@ fn failing_ddp_job_annotated_summarised_and_junit() {
 
     let md = std::fs::read_to_string(&summary).unwrap();
     assert!(
-        md.starts_with("earlier step\n### rdrun: `train.py` failed (exit 1)\n"),
+        md.starts_with(&format!(
+            "earlier step\n### rdrun: `train.py` failed (exit {exit})\n"
+        )),
         "{md}"
     );
     assert!(md.contains("**Root cause:** rank 1 (local rank 1"), "{md}");

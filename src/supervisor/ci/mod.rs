@@ -137,7 +137,20 @@ impl Run {
             .unwrap_or_default()
             .iter()
             .map(|f| {
-                let traceback = lines(&f["traceback"]);
+                let stderr_tail = lines(&f["stderr_tail"]);
+                let mut traceback = lines(&f["traceback"]);
+                if traceback.is_empty() {
+                    // A rank that raised and then died of a signal (torch's teardown abort) has
+                    // its printed traceback only in its stderr: from its last header on.
+                    let header = stderr_tail
+                        .iter()
+                        .rposition(|l| l.contains("Traceback (most recent call last):"));
+                    if let Some(at) = header {
+                        if verdict::parse_traceback(&stderr_tail[at..]).is_some() {
+                            traceback = stderr_tail[at..].to_vec();
+                        }
+                    }
+                }
                 let code = f["exitcode"].as_i64().unwrap_or(0);
                 let status = match text(&f["signal"]) {
                     Some(name) => format!("signal {} ({name})", -code),
@@ -154,7 +167,7 @@ impl Run {
                     exception: verdict::parse_traceback(&traceback).map(|(kind, ..)| kind),
                     frame: user_frame(&traceback),
                     traceback,
-                    stderr_tail: lines(&f["stderr_tail"]),
+                    stderr_tail,
                     stopped_by_rdrun: f["stopped_by_rdrun"].as_bool().unwrap_or(false),
                 }
             })

@@ -176,3 +176,22 @@ fn detect_needs_github_actions_true() {
     assert_eq!(g.step_summary, Some(PathBuf::from("/s.md")));
     assert_eq!(g.workspace, None);
 }
+
+/// A rank that raised and then aborted in torch's teardown: the JSON has no traceback (the status
+/// is a signal), its stderr has the printed one.
+#[test]
+fn printed_traceback_of_a_rank_that_aborted_after_raising() {
+    let mut doc = failed_doc();
+    let f = &mut doc["failures"][1];
+    f["stderr_tail"] = f["traceback"].clone();
+    f["traceback"] = Value::Null;
+    f["exitcode"] = json!(-6);
+    f["signal"] = json!("SIGABRT");
+    f["message"] = json!("Signal 6 (SIGABRT) received by PID 11");
+    let run = Run::of(&doc, &[], "train.py");
+    let a = github::annotation(&run, &gh());
+    assert!(
+        a.starts_with("::error file=lib/model.py,line=7,title=rank 1%3A ValueError::"),
+        "{a}"
+    );
+}

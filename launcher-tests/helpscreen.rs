@@ -1,7 +1,7 @@
 //! What a new user meets first, through the real binary (issue 40): the help screen (every flag
 //! with a closed set of values shows them, `{off,on,auto}`; every exit status `src/exit.rs` names
-//! is listed; the sections in order; lines that fit the terminal, `COLUMNS`) and `-V` (the version
-//! and the git revision the binary was built from).
+//! is listed; the sections in order; lines that fit the terminal, `COLUMNS`), `-V` (the version
+//! and the git revision the binary was built from), and the README's first demo job.
 
 use std::process::Command;
 
@@ -131,3 +131,26 @@ fn version_names_the_revision() {
     out.assert_code(2);
 }
 
+/// The README's first command runs `rdrun --nproc_per_node=4 examples/hello.py` (standard
+/// library only: no torch after `pip install .`).
+#[test]
+fn readme_demo_job() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    assert!(
+        readme.contains("rdrun --nproc_per_node=4 examples/hello.py"),
+        "README changed?"
+    );
+    let out = Rdrun::new()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["--nproc_per_node=4", "examples/hello.py"])
+        .run();
+    out.assert_code(0);
+    for rank in 0..4 {
+        assert!(
+            out.stdout
+                .contains(&format!("rank {rank}/4 (local rank {rank}) on ")),
+            "{out:?}"
+        );
+    }
+}

@@ -27,8 +27,9 @@ cargo clippy --all-targets --features nccl -- -D warnings
 # `etcd-tls` adds TLS and implies `etcd`: one feature set for its lints and tests, one build).
 cargo clippy --all-targets --no-default-features --features etcd-tls -- -D warnings
 echo "== cargo test"
-# The PyTorch suite runs the release launcher (as users do); candle is not needed for it.
-cargo build --release --no-default-features --bin rdrun
+# The PyTorch suite runs the release launcher (as users do); candle is not needed for it. The
+# features are the wheel's (pyproject.toml), so scripts/test-wheel.sh's build reuses this one.
+cargo build --release --no-default-features --features etcd --bin rdrun
 # etcd v3 is in the default build; its tests run once, below, with TLS and one thread.
 cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}" --skip etcd::
 # The runtime's NCCL-side logic (backend choice, probe, errors without a GPU) with the feature on.
@@ -46,3 +47,6 @@ if [ -x scripts/torch-compat.sh ]; then
   echo "== PyTorch compatibility suite"
   scripts/torch-compat.sh
 fi
+# The Python package: wheel, install beside the cached torch, `rdrun` and `python -m rdrun` jobs.
+echo "== Python package (wheel)"
+scripts/test-wheel.sh

@@ -13,7 +13,8 @@
 # cost: the learned preload's cost to a running job: steps/s of a 2-rank gloo CPU DDP job
 #   (COST_LAYERS Linear(COST_WIDTH) layers, batch 64) over the window from DDP's construction
 #   + 1 s to + 10 s, a first run under the default (the template learns what DDP's constructor
-#   imports in that window) vs the next run (remembered list: nothing left to learn).
+#   imports in that window, paced when the node has no core to spare) vs the same job with
+#   `--warm-start off` (no template at all).
 
 cat >"$TMP/mem.py" <<'EOF'
 import os, sys, time
@@ -193,28 +194,32 @@ EOF
 # remembered list at the window's end, at its start; holds: rdrun's log said "the template
 # holds")
 cost_one() {
+  local memory=$1
+  shift
   rm -f "$MARKS"/*
-  PYTHON_EXEC="$PYTHON" RDRUN_WARM_MEMORY="$1" RUST_LOG=warn,rdrun::supervisor::warm=info \
-    timeout 600 "$RDRUN" --standalone --nproc-per-node 2 "$TMP/cost.py" "$MARKS" \
-    "${COST_WIDTH:-1024}" "${COST_LAYERS:-3}" "$1" >"$TMP/out" 2>"$TMP/err" ||
+  PYTHON_EXEC="$PYTHON" RDRUN_WARM_MEMORY="$memory" RUST_LOG=warn,rdrun::supervisor::warm=info \
+    timeout 600 "$RDRUN" --standalone --nproc-per-node 2 "$@" "$TMP/cost.py" "$MARKS" \
+    "${COST_WIDTH:-1024}" "${COST_LAYERS:-3}" "$memory" >"$TMP/out" 2>"$TMP/err" ||
     { echo "bench-recovery: error: a cost run failed" >&2; tail -n 20 "$TMP/err" >&2; exit 1; }
   echo "$(cat "$MARKS/cost") $(grep -c 'the template holds' "$TMP/err" || true)"
 }
 if [[ " $PARTS " == *" cost "* ]]; then
   echo
   loadavg
-  cost_one "$TMP/memory.cost" >/dev/null # the warm-up of "remembered"
   for ((r = 0; r < RUNS; r++)); do
     cost_one "$TMP/memory.cost.first.$r" >>"$TMP/cost.first"
-    cp -r "$TMP/memory.cost" "$TMP/memory.cost.rem.$r"
-    cost_one "$TMP/memory.cost.rem.$r" >>"$TMP/cost.remembered"
+    cost_one "$TMP/memory.cost.cold.$r" --warm-start off >>"$TMP/cost.cold"
   done
   loadavg
   echo
   echo "cost of learning to a running job: 2-rank gloo DDP, ${COST_LAYERS:-3} x Linear(${COST_WIDTH:-1024}), steps/s from DDP's construction + 1 s to + 10 s"
   printf '%-22s %9s %13s %9s %15s %22s\n' run "steps/s" "min-max" "ms/step" "learned (mods)" "\"the template holds\""
-  for kind in first remembered; do
-    awk -v name="$([ $kind = first ] && echo "no flag, first run" || echo "no flag, remembered")" '
+  for kind in first cold; do
+    case $kind in
+    first) name="no flag, first run" ;;
+    cold) name="--warm-start off" ;;
+    esac
+    awk -v name="$name" '
       { s[NR] = $1; l[NR] = $2; ms[NR] = $3; l0[NR] = $4; h += ($5 > 0) }
       function med(a, n,  i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
         return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
@@ -223,6 +228,6 @@ if [[ " $PARTS " == *" cost "* ]]; then
           med(l0, n) " -> " med(l, n), h "/" n " runs" }' "$TMP/cost.$kind"
   done
   echo "(learned: modules in the remembered list at the window's start -> at its end, medians)"
-  f=$(awk '{print $1}' "$TMP/cost.first" | median) rem=$(awk '{print $1}' "$TMP/cost.remembered" | median)
-  echo "first run / remembered (steps/s): $(awk -v a="$f" -v b="$rem" 'BEGIN {printf "%.3f", a / b}') (1.000: learning costs the job nothing)"
+  f=$(awk '{print $1}' "$TMP/cost.first" | median) cold=$(awk '{print $1}' "$TMP/cost.cold" | median)
+  echo "first run / cold (steps/s): $(awk -v a="$f" -v b="$cold" 'BEGIN {printf "%.3f", a / b}') (the same job with no template at all)"
 fi

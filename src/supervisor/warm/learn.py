@@ -29,6 +29,7 @@ _learn_seen = set()
 _learn_queue = []
 _trial = None  # [pid, read fd, names, bytes read, start time]
 _proven = []  # names that passed the trial, to import here
+_trial_done = set()  # names the running trial reported on
 _LEARNED = []  # imported here because the workers import them (what `_remember` keeps)
 _SKIPPED = {}  # name -> why it is never preloaded in this run
 _ADOPTED = {}  # import-time variables the workers set, in this template's environment
@@ -36,8 +37,9 @@ _STALE = {}  # ... that the workers set after this template had imported what re
 _TAINTED = None  # why this template must not fork any more (a learned import broke a rule)
 _CAN_IDLE = False
 _rules = None
-# How long one trial may take before its child is killed (an import that never returns).
-_TRIAL_LIMIT = 120.0
+# How long one trial may take before its child is killed (an import that never returns); paced
+# (pace.py), importing torch and DDP's modules takes a minute on a busy node.
+_TRIAL_LIMIT = 600.0
 # The template starts a trial only once no new name was reported for this long: the workers'
 # import bursts (`import torch`, DDP's constructor) are over, so that learning never competes
 # with a launch's own imports (measured: a first launch was 15 % slower than cold with the
@@ -119,14 +121,18 @@ def _remembered():
             data = json.load(f)
         if data.get("fingerprint") != _fingerprint():
             return [], {}
-        mods = [m for m in data.get("modules", []) if isinstance(m, str) and _is_module_name(m)]
+        mods = [
+            m
+            for m in data.get("modules", []) + data.get("proven", [])
+            if isinstance(m, str) and _is_module_name(m)
+        ]
         env = {
             k: v
             for k, v in data.get("env", {}).items()
             if isinstance(k, str) and isinstance(v, str) and k.startswith(_adoptable())
         }
         return mods, env
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError):
         return [], {}
 
 
@@ -137,7 +143,11 @@ def _remember():
 
     env = dict(_ADOPTED)
     env.update(_STALE)
-    data = {"fingerprint": _fingerprint(), "modules": _LEARNED, "env": env}
+    # "modules": what this template imported; "proven": what the trial proved (in a copy of
+    # this very template) and this one has yet to import. The next run's template imports both
+    # at start.
+    proven = [n for n in _proven if n not in _LEARNED]
+    data = {"fingerprint": _fingerprint(), "modules": _LEARNED, "proven": proven, "env": env}
     directory = os.path.dirname(_MEMORY_FILE)
     tmp = "%s.%d.tmp" % (_MEMORY_FILE, os.getpid())
     try:
@@ -296,7 +306,8 @@ def _learn_step(sock):
     if _LEARN_DIR is None:
         return False
     watch = [sock] + ([_trial[1]] if _trial else [])
-    timeout = 0 if _proven else 0.25
+    # The proven names are imported once the trial is over (it reports them as it goes).
+    timeout = 0 if _proven and _trial is None else 0.25
     ready = select.select(watch, [], [], timeout)[0]
     if sock in ready:
         return False
@@ -427,9 +438,9 @@ def _trial_child(names, w, template):
         before = set(sys.modules)
         line, stop = None, False
         try:
-            why = _origin_breach(name)
+            why = _paced(lambda: _origin_breach(name), None)
             if why is None:
-                importlib.import_module(name)
+                _paced(lambda: importlib.import_module(name), None)
         except ModuleNotFoundError as e:
             # Not found (itself or a package above it): the worker's import failed too.
             missing = e.name == name or name.startswith("%s." % e.name)
@@ -452,11 +463,17 @@ def _trial_child(names, w, template):
 
 
 def _trial_read():
+    """Reads what the trial wrote so far: each name it proved is remembered at once (paced on a
+    busy node, learning may outlast a short job: what was proven is not lost with it)."""
     global _trial
     pid, fd, names, buf, _start = _trial
     data = os.read(fd, 65536)
     if data:
-        _trial[3] = buf + data
+        buf += data
+        end = buf.rfind(b"\n") + 1
+        _trial[3] = buf[end:]
+        if _trial_lines(buf[:end]):
+            _remember()
         return
     os.close(fd)
     status = 0
@@ -465,21 +482,29 @@ def _trial_read():
     except ChildProcessError:
         pass
     _trial = None
-    done = set()
-    for line in buf.decode("utf-8", "replace").splitlines():
-        kind, _, rest = line.partition(" ")
-        name, _, why = rest.partition("\t")
-        done.add(name)
-        if kind == "ok":
-            _proven.append(name)
-        elif kind == "skip":
-            _skip(name, why)
-    rest = [n for n in names if n not in done]
+    _trial_lines(buf)
+    rest = [n for n in names if n not in _trial_done]
+    _trial_done.clear()
     if rest and status != 0:
         # It died importing the first one it did not report.
         _skip(rest[0], "importing it ended the trial process (wait status %d)" % status)
         rest = rest[1:]
     _learn_queue.extend(rest)
+
+
+def _trial_lines(buf):
+    """Takes the trial's complete lines; True when a name was proven."""
+    proven = False
+    for line in buf.decode("utf-8", "replace").splitlines():
+        kind, _, rest = line.partition(" ")
+        name, _, why = rest.partition("\t")
+        _trial_done.add(name)
+        if kind == "ok":
+            _proven.append(name)
+            proven = True
+        elif kind == "skip":
+            _skip(name, why)
+    return proven
 
 
 def _skip(name, why):
@@ -501,7 +526,9 @@ def _import_proven():
         if _CAN_IDLE:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         try:
-            failed, out = _captured(lambda: _recording(lambda: _try_import(importlib, name)))
+            failed, out = _captured(
+                lambda: _recording(lambda: _paced(lambda: _try_import(importlib, name), _sock))
+            )
         finally:
             if _CAN_IDLE:
                 os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))

@@ -19,6 +19,7 @@ use nix::sys::socket::{self, AddressFamily, ControlMessage, MsgFlags, SockFlag, 
 /// message, so that the template's command line stays short (each worker overwrites it).
 pub const TEMPLATE_PY: &str = concat!(
     include_str!("topframe.py"),
+    include_str!("pace.py"),
     include_str!("learn.py"),
     include_str!("template.py")
 );

@@ -1,8 +1,8 @@
 //! `--rdzv-conf` keys turned into typed rendezvous settings (pure; spec torchrun-compat §4.1-4.3).
 //! The config checks them when it resolves a run that will hold a rendezvous
 //! ([`super::LaunchConfig::uses_rendezvous`]), so a bad value is a one-line error naming its key
-//! before anything starts; the rendezvous backends (`rendezvous::settings`) build theirs from the
-//! same functions.
+//! before anything starts; the rendezvous backends (`rendezvous::c10d`, `static_`, `etcd`)
+//! build theirs from the same functions.
 //!
 //! Values are torchrun's: seconds as integers (rdrun also accepts fractions), booleans as
 //! 1/0/true/false/t/f/yes/no/y/n in any case. Unknown keys are ignored as torchrun does (they are

@@ -64,12 +64,12 @@ use super::plumbing::{
     ack_closed, beat, closed_acks, closed_event, lock, nnodes_conflict, nnodes_text, retry,
     watched_ids, HeartbeatTracker, KeeperTask, RdzvEvent, SharedRef, StoreLoss,
 };
-use super::settings::C10dSettings;
 use super::state::{
     self, assignment, join_step, prune_dead, roster_assignment, watch_targets, Assignment, Head,
     JoinStep, JoinView, Member, Notice, RdzvState, RoundReason, StateError, NO_STATE,
 };
 use super::store::{try_get, RdzvStore, StoreOpError};
+use crate::config::rdzv_conf::C10dSettings;
 
 mod io;
 mod join;

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use super::settings::ConfError;
 use super::state::StateError;
 use super::store::StoreOpError;
+use crate::config::rdzv_conf::ConfError;
 
 /// A failed rendezvous operation.
 #[derive(Debug, thiserror::Error)]

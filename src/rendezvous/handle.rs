@@ -37,11 +37,11 @@ use super::barrier::exit_barrier;
 use super::c10d::{C10dRendezvous, RoundRequest};
 use super::error::RendezvousError;
 use super::plumbing::RdzvEvent;
-use super::settings::unknown_keys;
 use super::state::{Assignment, RoundReason};
 use super::static_::StaticRendezvous;
 use super::store::{RdzvStore, StoreOpError};
 use super::tcp::{self, TcpRdzvStore};
+use crate::config::rdzv_conf::unknown_keys;
 use crate::config::{Endpoint, LaunchConfig, NodeRange, RdzvBackend, RdzvConfig, RdzvSettings};
 use crate::store::StoreServer;
 

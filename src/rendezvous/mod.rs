@@ -15,7 +15,8 @@
 //! - `store`: the store operations used ([`RdzvStore`]) and an in-memory store for tests.
 //! - `tcp`: the store over TCP: the one store binder, hosting (is_host), connecting, a
 //!   reconnecting client. `addr` also says where a store listens (`listen_plan`).
-//! - `settings`: `--rdzv-conf` parsing (the config's `rdzv_conf`, under its old name). `error`: [`RendezvousError`].
+//! - `error`: [`RendezvousError`]. The `--rdzv-conf` settings each backend takes are resolved
+//!   flags, owned by the config (`config/rdzv_conf.rs`).
 
 pub mod addr;
 pub(crate) mod barrier;
@@ -28,19 +29,17 @@ pub(crate) mod join_machine;
 pub(crate) mod keys;
 pub(crate) mod plumbing;
 pub mod progress;
-/// The `--rdzv-conf` settings are resolved flags, owned by the config (`config/rdzv_conf.rs`).
-pub(crate) use crate::config::rdzv_conf as settings;
 pub(crate) mod state;
 pub(crate) mod static_;
 pub(crate) mod store;
 pub mod tcp;
 
+pub use crate::config::rdzv_conf::C10dSettings;
 pub use c10d::{C10dRendezvous, RoundRequest};
 pub use error::RendezvousError;
 pub use exchange::Exchange;
 pub use handle::{NodeSpec, Rendezvous};
 pub use plumbing::RdzvEvent;
-pub use settings::C10dSettings;
 pub use state::{Assignment, RoundReason};
 pub use store::{RdzvStore, StoreOpError};
 pub use tcp::TcpRdzvStore;

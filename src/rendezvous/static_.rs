@@ -28,9 +28,9 @@ use super::plumbing::{
     ack_closed, beat, closed_acks, nnodes_disagreement, retry, HeartbeatTracker, KeeperTask,
     RdzvEvent, StoreLoss,
 };
-use super::settings::StaticSettings;
 use super::state::{base_rank, Assignment, RoundReason};
 use super::store::{try_get, RdzvStore, StoreOpError};
+use crate::config::rdzv_conf::StaticSettings;
 
 fn parse_u64(bytes: &[u8]) -> Option<u64> {
     std::str::from_utf8(bytes).ok()?.trim().parse().ok()

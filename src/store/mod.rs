@@ -18,24 +18,7 @@ pub mod server;
 pub(crate) mod state;
 pub mod stats;
 
-/// A key no value is stored under: GET or COMPARE_SET of it answers the server's wall-clock time
-/// (nanoseconds since the Unix epoch, decimal), so that an agent can measure its clock offset to
-/// the store host from one round trip (issue 28's `clock` health check). A PyTorch store answers
-/// it as any missing key.
-pub const CLOCK_KEY: &str = "rdrun.clock";
-
-/// Whether a key on the wire is [`CLOCK_KEY`] (raw, or with the TCPStore client's "/" prefix).
-pub(crate) fn is_clock_key(key: &[u8]) -> bool {
-    key.strip_prefix(b"/").unwrap_or(key) == CLOCK_KEY.as_bytes()
-}
-
-/// [`CLOCK_KEY`]'s answer: now, in nanoseconds since the Unix epoch.
-pub(crate) fn clock_now() -> Vec<u8> {
-    let ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    ns.to_string().into_bytes()
-}
+pub use protocol::CLOCK_KEY;
 
 pub use blocking::BlockingClient;
 pub use client::{Client, StoreError};

@@ -536,3 +536,9 @@ pub fn parse_stoll(s: &[u8]) -> Option<i64> {
 #[cfg(test)]
 #[path = "protocol_tests.rs"]
 mod tests;
+
+/// A key no value is stored under: GET or COMPARE_SET of it answers the server's wall-clock time
+/// (nanoseconds since the Unix epoch, decimal), so that an agent can measure its clock offset to
+/// the store host from one round trip (issue 28's `clock` health check). A PyTorch store answers
+/// it as any missing key. The server answers it (`server/conn.rs`).
+pub const CLOCK_KEY: &str = "rdrun.clock";

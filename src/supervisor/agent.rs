@@ -65,7 +65,7 @@ mod rounds;
 const CAPTURE_VERDICT_SLACK: Duration = Duration::from_secs(20);
 
 /// Runs one launch to the end and says how it ended and what restarts it took (see
-/// [`crate::exit::for_run_end`]).
+/// [`RunEnd::exit`]).
 ///
 /// Call it from the main thread: workers are spawned on the calling thread (a current-thread
 /// tokio runtime), and their PR_SET_PDEATHSIG fires when that thread ends.

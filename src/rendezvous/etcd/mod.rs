@@ -28,7 +28,7 @@ pub(crate) mod driver;
 pub use crate::config::ETCD_ENDPOINTS_KEY as ENDPOINTS_KEY;
 
 /// `--rdzv-conf` keys only the etcd backend reads (listed with the others in `settings`).
-pub use super::settings::ETCD_KEYS as KNOWN_KEYS;
+pub use crate::config::rdzv_conf::ETCD_KEYS as KNOWN_KEYS;
 
 /// The error of `--rdzv-backend etcd-v3` in a build without the `etcd` feature.
 pub fn missing_feature() -> String {

@@ -349,10 +349,8 @@ impl Connection {
                 return Ok(());
             }
             // The clock key answers the time (issue 28); nothing is stored under it.
-            Request::CompareSet { key, .. } | Request::Get { key }
-                if super::super::is_clock_key(&key) =>
-            {
-                Reply::Str(super::super::clock_now())
+            Request::CompareSet { key, .. } | Request::Get { key } if is_clock_key(&key) => {
+                Reply::Str(clock_now())
             }
             Request::CompareSet {
                 key,
@@ -429,4 +427,18 @@ impl Connection {
         reply.encode(out);
         Ok(())
     }
+}
+
+/// Whether a key on the wire is [`CLOCK_KEY`](crate::store::protocol::CLOCK_KEY) (raw, or with
+/// the TCPStore client's "/" prefix).
+fn is_clock_key(key: &[u8]) -> bool {
+    key.strip_prefix(b"/").unwrap_or(key) == crate::store::protocol::CLOCK_KEY.as_bytes()
+}
+
+/// [`crate::store::protocol::CLOCK_KEY`]'s answer: now, in nanoseconds since the Unix epoch.
+fn clock_now() -> Vec<u8> {
+    let ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    ns.to_string().into_bytes()
 }

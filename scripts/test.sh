@@ -21,23 +21,23 @@ export RDRUN_WARM_MEMORY=off
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
+# Two feature sets cover every cfg: the default (the `not(nccl)` and `not(etcd-tls)` paths) and
+# everything on (NCCL through cudarc; etcd over TLS, which implies `etcd`). The build without
+# `train` is the release build below.
 cargo clippy --all-targets -- -D warnings
-cargo clippy --all-targets --features nccl -- -D warnings
-# The etcd v3 rendezvous (feature `etcd`: etcd-client over gRPC, protoc from protoc-bin-vendored;
-# `etcd-tls` adds TLS and implies `etcd`: one feature set for its lints and tests, one build).
-cargo clippy --all-targets --no-default-features --features etcd-tls -- -D warnings
+cargo clippy --all-targets --features nccl,etcd-tls -- -D warnings
 echo "== cargo test"
 # The PyTorch suite runs the release launcher (as users do); candle is not needed for it. The
 # features are the wheel's (pyproject.toml), so scripts/test-wheel.sh's build reuses this one.
 cargo build --release --no-default-features --features etcd --bin rdrun
 # etcd v3 is in the default build; its tests run once, below, with TLS and one thread.
 cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}" --skip etcd::
-# The runtime's NCCL-side logic (backend choice, probe, errors without a GPU) with the feature on.
-cargo test --features nccl --lib runtime:: -- --test-threads="${RDRUN_TEST_THREADS:-2}"
-# The etcd backend: its unit tests, then the launcher tests against a real etcd cluster (they
-# start their own members, in network namespaces or on loopback; TLS too; skip without etcd).
-cargo test --no-default-features --features etcd-tls --lib -- rendezvous:: config:: --test-threads="${RDRUN_TEST_THREADS:-2}"
-cargo test --no-default-features --features etcd-tls --test launcher etcd:: -- --test-threads=1
+# With every feature on, one build: the runtime's NCCL-side logic (backend choice, probe, errors
+# without a GPU), the etcd backend's and the config's unit tests with TLS, then the launcher tests
+# against a real etcd cluster (they start their own members, in network namespaces or on
+# loopback; TLS too; skip without etcd).
+cargo test --features nccl,etcd-tls --lib -- runtime:: rendezvous:: config:: --test-threads="${RDRUN_TEST_THREADS:-2}"
+cargo test --features nccl,etcd-tls --test launcher etcd:: -- --test-threads=1
 
 if [ "${RDRUN_SKIP_TORCH:-0}" = "1" ]; then
   echo "== PyTorch compatibility suite skipped (RDRUN_SKIP_TORCH=1)"

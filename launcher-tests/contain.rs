@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use rdrun::supervisor::contain;
+use rdrun::supervisor::group::contain;
 
 use crate::util::{alive, rdrun_bin, worker, TempDir};
 
@@ -88,7 +88,7 @@ fn start(kind: &str, fail: bool, cgroup: Option<&str>) -> Job {
         cmd.arg("fail");
     }
     cmd.env("RDRUN_TEST_TAG", &tag)
-        .env("RUST_LOG", "warn,rdrun::supervisor::watchdog=debug")
+        .env("RUST_LOG", "warn,rdrun::supervisor::group::deadman=debug")
         .env("OMP_NUM_THREADS", "1")
         .env_remove("TORCHELASTIC_ERROR_FILE");
     match cgroup {
@@ -356,7 +356,7 @@ fn watchdog_lives_in_its_own_session_and_is_reaped_by_rdrun() {
     let dir = TempDir::new("contain-ordinary");
     let out = Command::new(rdrun_bin())
         .args(["--standalone", "--nproc-per-node=2", "--no-python", "true"])
-        .env("RUST_LOG", "warn,rdrun::supervisor::watchdog=debug")
+        .env("RUST_LOG", "warn,rdrun::supervisor::group::deadman=debug")
         .process_group(0)
         .stdin(Stdio::null())
         .output()

@@ -15,7 +15,7 @@ const AGENT_TIMEOUT: Duration = Duration::from_secs(120);
 /// freezer hierarchy, as CI); without one only a check's own process group is guaranteed to end
 /// with it (docs/containment.md), and its `setsid` child is not checked.
 fn cgroups_usable() -> bool {
-    use rdrun::supervisor::contain;
+    use rdrun::supervisor::group::contain;
     // SAFETY: geteuid(2) has no arguments.
     let root = unsafe { libc::geteuid() } == 0;
     let ok = root

@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use rdrun::config::LogConfig;
 use rdrun::exit::WorkerStatus;
 use rdrun::supervisor::output::{RankSink, RunLogs};
-use rdrun::supervisor::report::{
+use rdrun::supervisor::report::failure::{
     copy_to_parent_error_file, render, to_json, Failure, FailureReport,
 };
 

@@ -27,7 +27,7 @@ fn rdrun_in(dir: &Path) -> Rdrun {
     Rdrun::new()
         .timeout(TIMEOUT)
         .current_dir(dir)
-        .env("RUST_LOG", "warn,rdrun::supervisor::warm=debug")
+        .env("RUST_LOG", "warn,rdrun::supervisor::group::warm=debug")
 }
 
 #[test]
@@ -261,7 +261,7 @@ fn learned_preload_rules() {
     let out = dir.join("out");
     std::fs::create_dir_all(&out).unwrap();
     let o = rdrun_in(dir.path())
-        .env("RUST_LOG", "warn,rdrun::supervisor::warm=info")
+        .env("RUST_LOG", "warn,rdrun::supervisor::group::warm=info")
         .env("RDRUN_WARM_MEMORY", &memory)
         .env("PYTHONPATH", &site)
         .env("PYTHONDONTWRITEBYTECODE", "1")

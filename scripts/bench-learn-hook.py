@@ -1,5 +1,5 @@
 """What the learned preload's worker-side audit hook costs a worker (docs/warm-start.md,
-"Learned preload"): `_worker_hook` of src/supervisor/warm/learn.py, loaded from the source as
+"Learned preload"): `_worker_hook` of src/supervisor/group/warm/learn.py, loaded from the source as
 the template sends it (its template.py globals stubbed: the learn directory is a temporary
 one), in a fresh interpreter per measurement, interleaved with the same measurement without it:
 

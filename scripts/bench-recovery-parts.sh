@@ -197,7 +197,7 @@ cost_one() {
   local memory=$1
   shift
   rm -f "$MARKS"/*
-  PYTHON_EXEC="$PYTHON" RDRUN_WARM_MEMORY="$memory" RUST_LOG=warn,rdrun::supervisor::warm=info \
+  PYTHON_EXEC="$PYTHON" RDRUN_WARM_MEMORY="$memory" RUST_LOG=warn,rdrun::supervisor::group::warm=info \
     timeout 600 "$RDRUN" --standalone --nproc-per-node 2 "$@" "$TMP/cost.py" "$MARKS" \
     "${COST_WIDTH:-1024}" "${COST_LAYERS:-3}" "$memory" >"$TMP/out" 2>"$TMP/err" ||
     { echo "bench-recovery: error: a cost run failed" >&2; tail -n 20 "$TMP/err" >&2; exit 1; }

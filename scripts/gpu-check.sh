@@ -187,7 +187,7 @@ os._exit(0)
 PYEOF
 if [ -x "$BIN/rdrun" ]; then
   note "warm NCCL DDP restart (2 ranks, one GPU) under rdrun"
-  if RUST_LOG=warn,rdrun::supervisor::warm=debug timeout 180 "$BIN/rdrun" --nproc_per_node=2 --warm-start on --max-restarts 1 \
+  if RUST_LOG=warn,rdrun::supervisor::group::warm=debug timeout 180 "$BIN/rdrun" --nproc_per_node=2 --warm-start on --max-restarts 1 \
        "$WORK/ddp_warm.py" > "$WORK/warm.out" 2>&1 \
      && [ "$(grep -c 'warm ddp ok attempt 1' "$WORK/warm.out")" = 2 ] \
      && [ "$(grep -c 'worker forked from the template' "$WORK/warm.out")" -ge 4 ] \

@@ -133,9 +133,34 @@ impl WorkerStatus {
     }
 }
 
+/// `SIGTERM` etc. as Python's `signal.Signals(n).name`; `None` where Python has no name.
+pub fn signal_name(signal: i32) -> Option<&'static str> {
+    match signal {
+        34 => Some("SIGRTMIN"),
+        64 => Some("SIGRTMAX"),
+        n => nix::sys::signal::Signal::try_from(n)
+            .ok()
+            .map(|s| s.as_str()),
+    }
+}
+
+/// `SIGTERM`-style name of a signal number (`SIG<n>` when unknown).
+pub fn signal_label(sig: i32) -> String {
+    match nix::sys::signal::Signal::try_from(sig) {
+        Ok(s) => s.as_str().to_string(),
+        Err(_) => format!("SIG{sig}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signal_labels() {
+        assert_eq!(signal_label(libc::SIGTERM), "SIGTERM");
+        assert_eq!(signal_label(1000), "SIG1000");
+    }
 
     #[test]
     fn codes() {

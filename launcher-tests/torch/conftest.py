@@ -100,7 +100,7 @@ class Launcher:
 # rdrun's log filter in this suite: its default (warnings) plus the warm-start module's debug
 # lines, one per worker forked from the template (the evidence `check_warm` reads), and its INFO
 # lines (a reason to start a worker cold, under the default `auto`).
-WARM_LOG = "warn,rdrun::supervisor::warm=debug"
+WARM_LOG = "warn,rdrun::supervisor::group::warm=debug"
 WARM_FORKED = "worker forked from the template"
 
 

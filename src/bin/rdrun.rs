@@ -6,7 +6,7 @@
 //! and its causes>`; the report's files (`--report-json` on every end, the parent
 //! TORCHELASTIC_ERROR_FILE after a failure) are written from the same resolved report, and so
 //! are `--report-junit` and, under GitHub Actions, the annotation and step summary
-//! (`supervisor::ci`); the status is `RunEnd::exit`'s, numbered by `exit::Exit`.
+//! (`supervisor::report::ci`); the status is `RunEnd::exit`'s, numbered by `exit::Exit`.
 
 use rdrun::cli::{self, Invocation};
 use rdrun::config;
@@ -21,17 +21,17 @@ use std::path::PathBuf;
 static BLOCK_EARLY: extern "C" fn() = block_early;
 
 /// Blocks the handled signals until the supervisor's handlers exist (see
-/// `supervisor::signals::STARTUP_BLOCKED`): a SIGTERM or SIGUSR1 in rdrun's first milliseconds
+/// `supervisor::group::signals::STARTUP_BLOCKED`): a SIGTERM or SIGUSR1 in rdrun's first milliseconds
 /// used to kill it by the default action.
 extern "C" fn block_early() {
-    rdrun::supervisor::signals::block_at_startup();
+    rdrun::supervisor::group::signals::block_at_startup();
 }
 
 fn main() {
     // Again, in case the constructor did not run (idempotent): before anything else.
-    rdrun::supervisor::signals::block_at_startup();
+    rdrun::supervisor::group::signals::block_at_startup();
     // Before any thread or child: what rdrun inherited beyond stdio reaches no program it runs.
-    rdrun::supervisor::worker::close_inherited_fds_on_exec();
+    rdrun::supervisor::group::worker::close_inherited_fds_on_exec();
     init_tracing();
     // OsString end to end: the script's arguments reach the workers byte for byte.
     let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
@@ -70,7 +70,7 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
         if cfg.cluster.dry_run.is_some() {
             // What this node's health checks say (issue 28), unless --health-check off: a block
             // after the text topology, a `health` member of the JSON one.
-            let report = rdrun::supervisor::checkcells::dry_run(&cfg);
+            let report = rdrun::supervisor::group::checkcells::dry_run(&cfg);
             if cfg.cluster.dry_run == Some(config::TopologyFormat::Json) {
                 let mut j: serde_json::Value =
                     serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
@@ -92,8 +92,8 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
         print_err(&text);
     }
     let report_json = cfg.report_json.clone();
-    let ci = supervisor::ci::Targets {
-        github: supervisor::ci::GitHub::detect(
+    let ci = supervisor::report::ci::Targets {
+        github: supervisor::report::ci::GitHub::detect(
             &|k| std::env::var_os(k),
             std::env::current_dir().ok(),
         ),
@@ -114,7 +114,7 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
     supervisor::write_end_json(&ended, report_json.as_deref());
     // Under GitHub Actions: the annotation (stdout, where the runner reads workflow commands) and
     // the step summary; `--report-junit`. Nothing at all elsewhere.
-    if let Some(commands) = supervisor::ci::write(&ended, &ci) {
+    if let Some(commands) = supervisor::report::ci::write(&ended, &ci) {
         print_out(&commands);
     }
     if let Some(msg) = end.message() {

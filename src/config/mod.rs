@@ -260,7 +260,7 @@ pub struct LaunchConfig {
     pub virtual_local_rank: bool,
     /// rdrun's `--report-json PATH`.
     pub report_json: Option<PathBuf>,
-    /// rdrun's `--report-junit PATH` (`supervisor::ci`).
+    /// rdrun's `--report-junit PATH` (`supervisor::report::ci`).
     pub report_junit: Option<PathBuf>,
     /// rdrun's `--exit-barrier-timeout` (multi-node; default 300 s as torchrun).
     pub exit_barrier_timeout: Duration,

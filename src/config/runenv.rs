@@ -2,7 +2,7 @@
 //! once and handed down as typed values: the supervisor never reads the environment itself, so a
 //! bad value is a one-line error before anything starts and every test can set them by hand.
 //!
-//! - `RDRUN_CGROUP`: which hierarchies may hold the run's cgroup (`supervisor::contain`).
+//! - `RDRUN_CGROUP`: which hierarchies may hold the run's cgroup (`supervisor::group::contain`).
 //! - `RDRUN_STATUS_INTERVAL`: seconds between two plain status lines (default 5).
 //! - the inherited values the worker environment and the FileTimer server look at
 //!   ([`INHERITED`]), e.g. `OMP_NUM_THREADS`, `CUDA_VISIBLE_DEVICES`,
@@ -48,7 +48,7 @@ impl CgroupMode {
 }
 
 /// The inherited variables later steps look up by name: the worker environment's defaults
-/// (`supervisor::worker::worker_env`) and the FileTimer switch and path.
+/// (`supervisor::group::worker::worker_env`) and the FileTimer switch and path.
 pub const INHERITED: &[&str] = &[
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "OMP_NUM_THREADS",

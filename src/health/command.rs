@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 /// Where a checked program runs so that nothing it starts outlives it or rdrun: the run's
-/// containment (`supervisor/contain.rs`), given to the checks by the supervisor.
+/// containment (`supervisor/group/contain.rs`), given to the checks by the supervisor.
 pub trait Containment: Send + Sync + std::fmt::Debug {
     /// A cgroup of its own for one program, below the run's (a kill of the run's takes it);
     /// `None` where there is none.
@@ -91,7 +91,7 @@ pub async fn run_bounded(
                 c.enter(procs);
             }
             // The check dies with the thread that started it (checks may run on a thread of
-            // their own, `supervisor/healthlink.rs`) and with rdrun.
+            // their own, `supervisor/nodes/health_gate.rs`) and with rdrun.
             nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
                 .map_err(std::io::Error::from)
         });

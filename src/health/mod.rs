@@ -2,10 +2,10 @@
 //! check's one-line verdict, and the report of one run of them. The checks themselves are in
 //! `checks.rs`, the bounded program runner (interpreter, `nvidia-smi`, the site's
 //! `--health-check-cmd`) in `command.rs`. What a failed check does to the run (warn, fail fast,
-//! retry after a back-off) is the supervisor's (`supervisor/healthlink.rs`); this module only
+//! retry after a back-off) is the supervisor's (`supervisor/nodes/health_gate.rs`); this module only
 //! looks and says what it saw. The network pre-check at rendezvous (item 3) is `network.rs`
 //! (pairs and verdict, pure) and `netprobe.rs` (its sockets); the supervisor runs it after each
-//! round (`supervisor/netlink.rs`).
+//! round (`supervisor/nodes/network_check.rs`).
 //!
 //! Every check is bounded: the ones that run a program by `--health-check-timeout` (the program's
 //! process group is killed at the bound and the check fails), the others read the file system or

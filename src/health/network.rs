@@ -1,7 +1,7 @@
 //! The network pre-check's decisions (issue 28 item 3), pure: which nodes measure each other in
 //! which step ([`schedule`]), and which node is slow given the measured numbers ([`judge`]).
 //! The socket I/O is `netprobe.rs`; the store exchange and what a verdict does to the run are
-//! the supervisor's (`supervisor/netlink.rs`).
+//! the supervisor's (`supervisor/nodes/network_check.rs`).
 //!
 //! Why two partners per node: one pair's slow exchange cannot say which of its two ends is slow.
 //! The pairs are the edges of a ring over the group ranks (node i with i+1, the last with the

@@ -1,6 +1,6 @@
 //! The supervisor's single entry point: [`Rendezvous::start`] turns a [`LaunchConfig`] into a
 //! running rendezvous (store hosted or connected, address chosen), with one API for every backend
-//! (the supervisor's `rdzvlink` drives it for multi-node launches only).
+//! (the supervisor's `nodes::join` drives it for multi-node launches only).
 //!
 //! Loop shape (the agent owns the handle; `watch` is cancel-safe):
 //! ```text

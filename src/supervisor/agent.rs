@@ -15,7 +15,7 @@
 //! stop sequence, `output` forwards output, `report` resolves and renders failures, `restart`
 //! decides, `setup` picks and binds the worker store.
 //!
-//! Multi-node ([`rdzvlink::uses_rendezvous`]): every attempt starts with a rendezvous round
+//! Multi-node ([`nodes::join::uses_rendezvous`]): every attempt starts with a rendezvous round
 //! ([`Rendezvous::next_round`]) whose [`Assignment`] gives the ranks, and the attempt also
 //! watches the rendezvous: a membership change (late joiner, lost peer, another node's restart)
 //! stops the workers and joins the next round; what it costs is [`restart::decide`]'s, with the
@@ -34,26 +34,26 @@ use crate::config::LaunchConfig;
 use crate::rendezvous::{Assignment, Rendezvous, RoundReason};
 use crate::store::server::{self, ServerExit, StoreServer};
 
-use super::attempt::{Flow, Group, GroupSettings, Outcome};
-use super::checkcells::CheckCells;
-use super::effects::Os;
-use super::end::{Ended, Restart, RunEnd};
-use super::events::Event;
-use super::observe::Observer;
-use super::output::{RankIdentity, RunLogs};
-use super::rdzvlink::{until_shutdown, uses_rendezvous, watch_opt};
-use super::report::{Failure, FailureReport};
-use super::restart::{self, Decision};
-use super::setup::{self, short_host, single_node_master_addr, ReportHost};
-use super::signals::{self, Signals};
-use super::spawn::Workers;
-use super::watch::files::hang_dir;
-use super::watch::link::{ClusterArgs, HangLink};
-use super::watch::task::{AttemptWatch, Watch};
-use super::watch::timers::FileTimerServe;
-use super::watch::verdict::WatchVerdict;
-use super::watchdog::Watchdog;
-use super::worker::{self, RunWorkerEnv};
+use crate::supervisor::group::attempt::{Flow, Group, GroupSettings, Outcome};
+use crate::supervisor::group::checkcells::CheckCells;
+use crate::supervisor::group::deadman::Watchdog;
+use crate::supervisor::group::effects::Os;
+use crate::supervisor::group::events::Event;
+use crate::supervisor::group::restart::{self, Decision};
+use crate::supervisor::group::signals::Signals;
+use crate::supervisor::group::worker::{self, RunWorkerEnv};
+use crate::supervisor::nodes::join::{until_shutdown, watch_opt};
+use crate::supervisor::observe::Observer;
+use crate::supervisor::output::{RankIdentity, RunLogs};
+use crate::supervisor::report::end::{Ended, Restart, RunEnd};
+use crate::supervisor::report::failure::{Failure, FailureReport};
+use crate::supervisor::setup::{self, short_host, single_node_master_addr, ReportHost};
+use crate::supervisor::watch::files::hang_dir;
+use crate::supervisor::watch::link::{ClusterArgs, HangLink};
+use crate::supervisor::watch::task::{AttemptWatch, Watch};
+use crate::supervisor::watch::timers::FileTimerServe;
+use crate::supervisor::watch::verdict::WatchVerdict;
+use crate::supervisor::workers::Workers;
 
 #[path = "agent_between.rs"]
 mod between;
@@ -80,7 +80,7 @@ pub fn run(config: LaunchConfig) -> Ended {
         );
     }
     // Before anything is spawned: the children rdrun inherited are never its to signal.
-    let inherited = super::proctree::note_inherited();
+    let inherited = crate::supervisor::group::proctree::note_inherited();
     if !inherited.is_empty() {
         tracing::debug!(
             ?inherited,
@@ -165,10 +165,10 @@ struct Agent {
     restarts_disabled: bool,
     /// The restarts and regroups taken so far (`--report-json`'s `restarts`).
     restarts: Vec<Restart>,
-    /// The marks of the restart under way (`restartcost.rs`).
-    restart_clock: super::restartcost::RestartClock,
+    /// The marks of the restart under way (`report/restart_cost.rs`).
+    restart_clock: crate::supervisor::report::restart_cost::RestartClock,
     /// A restarted attempt whose ranks are not all back in user code yet (`check_back`).
-    back_watch: Option<super::restartcost::BackWatch>,
+    back_watch: Option<crate::supervisor::report::restart_cost::BackWatch>,
 }
 
 impl Agent {
@@ -192,7 +192,7 @@ impl Agent {
             tracing::debug!("cannot raise the open-file limit: {err}");
         }
         let mut rdzv = None;
-        if uses_rendezvous(&config) {
+        if config.uses_rendezvous() {
             obs.get().connecting(&config);
             let started = until_shutdown(&mut signals, Rendezvous::start(&config)).await;
             obs.get().connected();
@@ -202,7 +202,7 @@ impl Agent {
                 Err(signal) => {
                     tracing::warn!(
                         "received {} during the rendezvous, exiting",
-                        signals::name(signal)
+                        crate::exit::signal_label(signal)
                     );
                     return RunEnd::Interrupted {
                         signal,
@@ -211,15 +211,15 @@ impl Agent {
                 }
             }
         }
-        // Issue 28: a node that fails its health check does not join (`healthlink.rs`).
+        // Issue 28: a node that fails its health check does not join (`nodes/health_gate.rs`).
         // Under `warn` the checks run beside the join and the workers; `health` waits for
         // their verdict when the run ends. Their programs live in cgroups below the run's
-        // (`checkcells.rs`).
+        // (`group/checkcells.rs`).
         let contain = CheckCells::of(
             watchdog.as_ref().and_then(Watchdog::cgroup_dir),
             watchdog.as_ref().map(Watchdog::fd),
         );
-        let health = match super::healthlink::gate(
+        let health = match crate::supervisor::nodes::health_gate::gate(
             &config,
             &obs,
             &mut signals,
@@ -335,14 +335,14 @@ impl Agent {
         let mut logs = RunLogs::new(&self.config.log, &self.config.rdzv.run_id);
         let mut restart_count = 0u32;
         let mut reason = RoundReason::Initial;
-        let mut same = super::verdict::SameFailure::default();
+        let mut same = crate::supervisor::nodes::stop_verdict::SameFailure::default();
         let mut tally = rounds::Tally::default();
         let end = loop {
             // A shutdown signal that arrived between attempts ends the run before a new spawn.
             if let Some(signal) = self.queued_shutdown() {
                 tracing::warn!(
                     "received {} before the workers started, exiting",
-                    signals::name(signal)
+                    crate::exit::signal_label(signal)
                 );
                 break RunEnd::Interrupted {
                     signal,
@@ -361,11 +361,16 @@ impl Agent {
             };
             // Issue 28: the network pre-check may leave slow nodes out of the next round.
             if let Some(rdzv) = self.rdzv.as_mut() {
-                let net =
-                    super::netlink::check(&self.config, &self.obs, rdzv, &asg, &mut self.signals);
+                let net = crate::supervisor::nodes::network_check::check(
+                    &self.config,
+                    &self.obs,
+                    rdzv,
+                    &asg,
+                    &mut self.signals,
+                );
                 match net.await {
-                    Ok(super::netlink::NetOutcome::Go) => {}
-                    Ok(super::netlink::NetOutcome::Rejoin) => {
+                    Ok(crate::supervisor::nodes::network_check::NetOutcome::Go) => {}
+                    Ok(crate::supervisor::nodes::network_check::NetOutcome::Rejoin) => {
                         reason = RoundReason::Membership;
                         continue;
                     }
@@ -389,7 +394,7 @@ impl Agent {
             };
             // The stop verdict counts the run's root cause (agreed between nodes), the node's
             // failure memory its own.
-            let entry = super::rootshare::Entry::of(&outcome);
+            let entry = crate::supervisor::nodes::root_cause::Entry::of(&outcome);
             let (outcome, run_root) = self.run_root(&asg, outcome, &entry).await;
             let repeats = restart::Repeats {
                 in_a_row: same.record_signature(run_root),
@@ -489,7 +494,10 @@ impl Agent {
             Outcome::Interrupted { signal, failures } => {
                 // As torchrun: a signalled agent leaves the rendezvous open, so that the node can
                 // come back (preemption) and the others carry on (c10d).
-                tracing::warn!("stopped the workers after {}", signals::name(signal));
+                tracing::warn!(
+                    "stopped the workers after {}",
+                    crate::exit::signal_label(signal)
+                );
                 let report = if failures.is_empty() {
                     None
                 } else {
@@ -513,7 +521,10 @@ impl Agent {
     }
 
     /// The report of `failures`, error files read now (once).
-    async fn resolve(&mut self, failures: Vec<Failure>) -> super::report::ResolvedReport {
+    async fn resolve(
+        &mut self,
+        failures: Vec<Failure>,
+    ) -> crate::supervisor::report::failure::ResolvedReport {
         let host = self.report_host.get().await;
         FailureReport {
             name: self.config.command.display_name.clone(),
@@ -616,7 +627,7 @@ impl Agent {
         let group = Group::spawn(&ids, &mut spawner, settings, Box::new(Os));
         self.back_watch = self.restart_cost(spawner.started).and_then(|cost| {
             let ranks = group.watched_ranks().into_iter().map(|r| r.output);
-            super::restartcost::BackWatch::new(&cost, ranks.collect())
+            crate::supervisor::report::restart_cost::BackWatch::new(&cost, ranks.collect())
         });
         // Watching starts with the workers (the hang budget counts from the spawn).
         let mut watch = AttemptWatch::default();

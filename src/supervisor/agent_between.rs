@@ -1,12 +1,12 @@
 //! What the agent does between two attempts, apart from the rendezvous (`agent_rounds.rs`):
 //! the store hygiene before the next attempt's workers (none of the old attempt's keys, torch's
 //! fatal-dump keys out), a shutdown that came between attempts, and the restart's cost once the
-//! new workers are spawned (`restartcost.rs`).
+//! new workers are spawned (`report/restart_cost.rs`).
 
-use super::super::restartcost::{BackWatch, RestartCost};
-use super::super::signals::{self, SignalAction};
-use super::super::watch::files::clear_torch_dump_keys;
 use super::Agent;
+use crate::supervisor::group::signals::{self, SignalAction};
+use crate::supervisor::report::restart_cost::{BackWatch, RestartCost};
+use crate::supervisor::watch::files::clear_torch_dump_keys;
 
 impl Agent {
     /// The next attempt's workers were spawned (`started`: how many forked warm, how many

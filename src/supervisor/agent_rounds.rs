@@ -1,24 +1,24 @@
 //! The agent's side of the rendezvous (`agent.rs`'s `Agent`, methods kept apart by job): joining
 //! a round, charging a worker failure only once the peers are known alive, the exit barrier and
 //! closing, and a node leaving an elastic job after `--max-node-failures` (issue 28 item 4)
-//! with the failure counts it keeps and shares with the other nodes (`failshare.rs`), the
-//! run's root cause of each attempt agreed with them for the stop verdict (`rootshare.rs`;
+//! with the failure counts it keeps and shares with the other nodes (`nodes/failure_counts.rs`), the
+//! run's root cause of each attempt agreed with them for the stop verdict (`nodes/root_cause.rs`;
 //! issue 38: never waiting for a peer the round knows is gone), and the end of the job on every
 //! node at once after a failure that no restart can follow (issue 38 item 7).
-//! The rendezvous I/O itself is `rdzvlink.rs`'s and `netlink.rs`'s.
+//! The rendezvous I/O itself is `nodes/join.rs`'s and `nodes/network_check.rs`'s.
 
 use std::ops::ControlFlow;
 
 use crate::rendezvous::keys::round::{FailureKeys, RootKeys};
 use crate::rendezvous::{Assignment, RoundReason};
 
-use super::super::attempt::Outcome;
-use super::super::end::RunEnd;
-use super::super::failshare::{self, FailShare, RunCounts};
-use super::super::rdzvlink;
-use super::super::rootshare;
-use super::super::verdict::{NodeFailures, SameFailure, Signature};
 use super::Agent;
+use crate::supervisor::group::attempt::Outcome;
+use crate::supervisor::nodes::failure_counts::{self, FailShare, RunCounts};
+use crate::supervisor::nodes::join;
+use crate::supervisor::nodes::root_cause;
+use crate::supervisor::nodes::stop_verdict::{NodeFailures, SameFailure, Signature};
+use crate::supervisor::report::end::RunEnd;
 
 /// This node's failure counts in the run and its share of them with the others.
 #[derive(Debug, Default)]
@@ -33,7 +33,7 @@ impl Agent {
         self.obs.get().rendezvous_begins(reason);
         let rdzv = self.rdzv.as_mut().expect("multi-node run has a rendezvous");
         let board = self.obs.get().join_progress();
-        let join = rdzvlink::join_round(rdzv, &mut self.signals, reason, self.master_port);
+        let join = join::join_round(rdzv, &mut self.signals, reason, self.master_port);
         let res = board.scope(join).await;
         self.obs.get().rendezvous_ended(res.as_ref());
         res
@@ -58,7 +58,7 @@ impl Agent {
                 hang: None,
             };
         };
-        match rdzvlink::lost_peers_after_failure(rdzv, &mut self.signals).await {
+        match join::lost_peers_after_failure(rdzv, &mut self.signals).await {
             Ok(lost) => Outcome::Failed {
                 failures,
                 peer_loss: (!lost.is_empty()).then_some((RoundReason::Membership, lost)),
@@ -73,7 +73,7 @@ impl Agent {
         if let Some(rdzv) = self.rdzv.as_mut() {
             let timeout = self.config.exit_barrier_timeout;
             self.obs.get().barrier_begins(timeout);
-            let signal = rdzvlink::finish(rdzv, &mut self.signals, asg, timeout).await;
+            let signal = join::finish(rdzv, &mut self.signals, asg, timeout).await;
             if let Some(sig) = signal {
                 self.obs.get().signal(sig);
             }
@@ -84,7 +84,7 @@ impl Agent {
     /// Closes the rendezvous for every node (the job is over); errors are only logged.
     pub(super) async fn close_rdzv(&mut self) {
         if let Some(rdzv) = self.rdzv.as_mut() {
-            rdzvlink::close(rdzv).await;
+            join::close(rdzv).await;
         }
     }
 
@@ -92,12 +92,12 @@ impl Agent {
     /// stop `verdict` when there is one: they end "do not requeue" too); errors are only logged.
     pub(super) async fn close_rdzv_failed(&mut self, verdict: Option<&str>) {
         if let Some(rdzv) = self.rdzv.as_mut() {
-            rdzvlink::close_failed(rdzv, verdict).await;
+            join::close_failed(rdzv, verdict).await;
         }
     }
 
     /// The run's root cause of the attempt that just ended, for the stop verdict
-    /// (`rootshare.rs`): agreed with the other nodes of the round through the run's exchange,
+    /// (`nodes/root_cause.rs`): agreed with the other nodes of the round through the run's exchange,
     /// else this node's own (`entry.sig`). An attempt the rendezvous knows lost a peer keeps
     /// this node's own judgement (issue 38 item 4): a regroup learned from another node's new
     /// round gets the lost peers' names, and the wait for the others' entries ends once the
@@ -108,36 +108,36 @@ impl Agent {
         &mut self,
         asg: &Assignment,
         outcome: Outcome,
-        entry: &rootshare::Entry,
+        entry: &root_cause::Entry,
     ) -> (Outcome, Option<Signature>) {
         let own = entry.sig.clone();
         let outcome = self.with_lost_peers(outcome).await;
-        let part = rootshare::part(&outcome);
+        let part = root_cause::part(&outcome);
         let nodes = asg.group_world_size;
-        if !(2..=rootshare::MAX_NODES).contains(&nodes) {
+        if !(2..=root_cause::MAX_NODES).contains(&nodes) {
             return (outcome, own);
         }
         let Some((ex, keys)) = self.root_exchange(asg) else {
             return (outcome, own);
         };
         if let Outcome::RendezvousLost(msg) = &outcome {
-            if rootshare::told_of_failure(msg) {
+            if root_cause::told_of_failure(msg) {
                 return (self.told(asg, &ex, &keys, outcome).await, own);
             }
         }
-        if part == rootshare::Part::Alone {
+        if part == root_cause::Part::Alone {
             return (outcome, own);
         }
-        if let Err(why) = rootshare::publish(&ex, &keys, asg.group_rank, entry).await {
+        if let Err(why) = root_cause::publish(&ex, &keys, asg.group_rank, entry).await {
             tracing::warn!("judging the attempt's root cause on this node alone: {why}");
             return (outcome, own);
         }
-        if part != rootshare::Part::Judge {
+        if part != root_cause::Part::Judge {
             return (outcome, own);
         }
         match self.judge(&ex, &keys, nodes).await {
             Ok(Some(entries)) => {
-                let run = rootshare::pick(&entries);
+                let run = root_cause::pick(&entries);
                 if run != own && entry.failed {
                     let show = |s: &Option<Signature>| {
                         s.as_ref()
@@ -172,14 +172,14 @@ impl Agent {
 
     /// Every node's entry of the round (`Ok(None)`: judge alone, as logged: a peer of the round
     /// is known gone, or the exchange failed), unless a shutdown signal comes first. Bounded by
-    /// the shutdown grace plus `rootshare::SLACK`.
+    /// the shutdown grace plus `root_cause::SLACK`.
     async fn judge(
         &mut self,
         ex: &crate::rendezvous::Exchange,
         keys: &RootKeys,
         nodes: usize,
-    ) -> Result<Option<Vec<(usize, rootshare::Entry)>>, i32> {
-        let bound = self.config.shutdown_timeout + rootshare::SLACK;
+    ) -> Result<Option<Vec<(usize, root_cause::Entry)>>, i32> {
+        let bound = self.config.shutdown_timeout + root_cause::SLACK;
         let rdzv = self.rdzv.as_ref();
         let gone = || async move {
             match rdzv {
@@ -187,10 +187,10 @@ impl Agent {
                 None => Vec::new(),
             }
         };
-        let judged = rootshare::collect(ex, keys, nodes, bound, gone);
-        match rdzvlink::until_shutdown(&mut self.signals, judged).await? {
-            Ok(rootshare::Judged::Entries(entries)) => Ok(Some(entries)),
-            Ok(rootshare::Judged::PeersGone(lost)) => {
+        let judged = root_cause::collect(ex, keys, nodes, bound, gone);
+        match join::until_shutdown(&mut self.signals, judged).await? {
+            Ok(root_cause::Judged::Entries(entries)) => Ok(Some(entries)),
+            Ok(root_cause::Judged::PeersGone(lost)) => {
                 tracing::info!(
                     ?lost,
                     "peer node(s) of this round are gone; judging the attempt's root cause on this node alone"
@@ -220,7 +220,7 @@ impl Agent {
 
     /// A node whose attempt another node's close ended (that node's failure ended the job):
     /// where that node's reason was pending, this node publishes its entry, waits for the
-    /// reason (bounded by the shutdown grace plus `rootshare::SLACK`) and ends with it, so that
+    /// reason (bounded by the shutdown grace plus `root_cause::SLACK`) and ends with it, so that
     /// it names the stop verdict when there is one.
     async fn told(
         &mut self,
@@ -229,9 +229,9 @@ impl Agent {
         keys: &RootKeys,
         outcome: Outcome,
     ) -> Outcome {
-        let bound = self.config.shutdown_timeout + rootshare::SLACK;
-        let told = rootshare::told_reason(ex, keys, asg.group_rank, bound);
-        match rdzvlink::until_shutdown(&mut self.signals, told).await {
+        let bound = self.config.shutdown_timeout + root_cause::SLACK;
+        let told = root_cause::told_reason(ex, keys, asg.group_rank, bound);
+        match join::until_shutdown(&mut self.signals, told).await {
             Ok(Ok(Some(why))) => Outcome::RendezvousLost(
                 crate::rendezvous::RendezvousError::JobFailed(why).to_string(),
             ),
@@ -274,7 +274,7 @@ impl Agent {
         if self.rdzv.is_none() || !plain || !no_restart {
             return ControlFlow::Continue(outcome);
         }
-        let entry = rootshare::Entry::of(&outcome);
+        let entry = root_cause::Entry::of(&outcome);
         let own = entry.sig.clone();
         let max_same = self.config.resilience.max_same_failures;
         let pending = same.could_reach(max_same);
@@ -283,7 +283,7 @@ impl Agent {
         if pending && self.fails_too_often(&after, asg) {
             return ControlFlow::Continue(outcome);
         }
-        let exchange = (2..=rootshare::MAX_NODES)
+        let exchange = (2..=root_cause::MAX_NODES)
             .contains(&asg.group_world_size)
             .then(|| self.root_exchange(asg))
             .flatten();
@@ -291,8 +291,8 @@ impl Agent {
         if pending {
             if let Some((ex, keys)) = &exchange {
                 let marked = async {
-                    rootshare::publish(ex, keys, asg.group_rank, &entry).await?;
-                    rootshare::mark_pending(ex, keys).await
+                    root_cause::publish(ex, keys, asg.group_rank, &entry).await?;
+                    root_cause::mark_pending(ex, keys).await
                 };
                 if let Err(why) = marked.await {
                     tracing::warn!("judging the attempt's root cause on this node alone: {why}");
@@ -305,14 +305,14 @@ impl Agent {
         let mut signal = None;
         match &exchange {
             Some((ex, keys)) if pending => match self.judge(ex, keys, asg.group_world_size).await {
-                Ok(Some(entries)) => run = rootshare::pick(&entries),
+                Ok(Some(entries)) => run = root_cause::pick(&entries),
                 Ok(None) => {}
                 Err(sig) => signal = Some(sig),
             },
             // The others' entries make no difference here; one node that thought otherwise
             // (its own count in a row differs) need not wait for this one's.
             Some((ex, keys)) => {
-                if let Err(why) = rootshare::publish(ex, keys, asg.group_rank, &entry).await {
+                if let Err(why) = root_cause::publish(ex, keys, asg.group_rank, &entry).await {
                     tracing::debug!("cannot publish this node's root cause: {why}");
                 }
             }
@@ -324,7 +324,7 @@ impl Agent {
         if let (Some((ex, keys)), true) = (&exchange, pending) {
             let detail = verdict.as_deref().or(show.as_deref());
             let rdzv = self.rdzv.as_ref().expect("checked above");
-            rootshare::tell_reason(ex, keys, &rdzv.failed_here(detail)).await;
+            root_cause::tell_reason(ex, keys, &rdzv.failed_here(detail)).await;
         }
         let Outcome::Failed { failures, hang, .. } = outcome else {
             unreachable!("a plain failure, checked above");
@@ -349,8 +349,8 @@ impl Agent {
     /// now, with the hang that stopped them when one did.
     pub(super) async fn failed_end(
         &mut self,
-        failures: Vec<super::super::report::Failure>,
-        hang: Option<super::super::watch::verdict::HangFinding>,
+        failures: Vec<crate::supervisor::report::failure::Failure>,
+        hang: Option<crate::supervisor::watch::verdict::HangFinding>,
     ) -> RunEnd {
         let report = self.resolve(failures).await;
         RunEnd::WorkersFailed(match hang {
@@ -390,7 +390,7 @@ impl Agent {
     /// this node alone.
     async fn run_counts(&self) -> Result<RunCounts, String> {
         match self.exchange() {
-            Some((ex, keys)) => failshare::read(&ex, &keys).await,
+            Some((ex, keys)) => failure_counts::read(&ex, &keys).await,
             None => Ok(RunCounts::new()),
         }
     }
@@ -400,8 +400,10 @@ impl Agent {
         match self.run_counts().await {
             Ok(run) => {
                 let node = crate::health::node_name();
-                let all = failshare::merged(&node, &tally.own, &run);
-                self.obs.get().run_node_failures(&all);
+                let all = failure_counts::merged(&node, &tally.own, &run);
+                self.obs
+                    .get()
+                    .run_node_failures(all.iter().map(|(n, c)| (n.as_str(), c.count)));
             }
             Err(why) => tracing::debug!("cannot read the other nodes' failure counts: {why}"),
         }
@@ -412,11 +414,12 @@ impl Agent {
         let run = self.run_counts().await;
         let node = crate::health::node_name();
         if let Ok(r) = &run {
+            let all = failure_counts::merged(&node, &tally.own, r);
             self.obs
                 .get()
-                .run_node_failures(&failshare::merged(&node, &tally.own, r));
+                .run_node_failures(all.iter().map(|(n, c)| (n.as_str(), c.count)));
         }
-        failshare::report_json(&node, &tally.own, &run)
+        failure_counts::report_json(&node, &tally.own, &run)
     }
 
     /// The end with the failure counts in its report: a worker failure's, or a rendezvous lost
@@ -464,18 +467,19 @@ impl Agent {
             "{} left the job: {detail}; a spare goes on",
             crate::health::node_phrase(&node)
         );
-        let mut bad = super::super::end::BadNode::found(node.clone(), "failures", detail, line);
+        let mut bad =
+            crate::supervisor::report::end::BadNode::found(node.clone(), "failures", detail, line);
         bad.workers_ran = true;
         bad.node_failures = self.counts_json(tally).await;
         let rdzv = self.rdzv.as_mut().expect("only an elastic run leaves");
-        super::super::netlink::leave(&self.config, rdzv, true, None, bad).await
+        crate::supervisor::nodes::network_check::leave(&self.config, rdzv, true, None, bad).await
     }
 }
 
 /// The peers of the round just run that `rdzv` knows are gone, within
-/// `failshare::BOUND` (none when it does not answer in time).
+/// `failure_counts::BOUND` (none when it does not answer in time).
 async fn bounded_lost(rdzv: &crate::rendezvous::Rendezvous) -> Vec<String> {
-    tokio::time::timeout(failshare::BOUND, rdzv.lost_since_round())
+    tokio::time::timeout(failure_counts::BOUND, rdzv.lost_since_round())
         .await
         .unwrap_or_default()
 }

@@ -1,47 +1,32 @@
-//! Supervision of the local worker group: spawn, watch, stop, restart, forward output, report.
+//! Supervision of one node's share of a run: spawn, watch, stop, restart, forward output, report.
 //!
 //! [`run`] is the entry point the binary calls and returns an [`Ended`] (a [`RunEnd`] and the
-//! restarts it took); `agent` owns the run's state, the restart loop and the select loop,
-//! `attempt` one attempt's group state and its per-event methods, `stop` the stop sequence,
-//! `restart` the restart decision, `report` the failure report, `worker` each worker's spawn
-//! spec and process.
+//! restarts it took). The agent (`agent.rs`, with `agent_between.rs` and `agent_rounds.rs`)
+//! owns the run's state, the restart loop and the select loop; `setup.rs` what a run sets up
+//! once; `workers.rs` the real spawner of an attempt's workers. Around it, one wing per job:
+//!
+//! - [`group`]: the local worker group: one attempt's state and events, the effects it asks
+//!   for, spawning (cold or forked warm), the stop sequence, signals, the process tree, the
+//!   run's cgroup and the watchdog process that outlives rdrun, the restart decision.
+//! - [`nodes`]: the coordination between nodes: joining rounds, the network and health gates,
+//!   the failure counts and root cause every node shares, the stop verdict.
+//! - [`watch`]: hangs, heartbeats, FileTimer, stacks.
+//! - [`output`]: the workers' output, prefixed, collapsed, tailed, to the console and log files.
+//! - `observe`: events, metrics, health endpoint, the status line.
+//! - [`report`]: how the run ended: the failure report, its JSON, restart costs, CI outputs.
 
 mod agent;
-mod attempt;
-pub mod checkcells;
-pub mod ci;
-pub mod contain;
-pub mod debugrank;
-mod effects;
-mod end;
-pub(crate) mod events;
-mod failshare;
-mod healthlink;
-pub mod ncclpath;
-mod netlink;
+pub mod group;
+pub mod nodes;
 mod observe;
-mod outcome;
 pub mod output;
-mod outside;
-pub mod proctree;
-mod rdzvlink;
-mod redact;
 pub mod report;
-pub mod restart;
-mod restartcost;
-mod rootshare;
 mod setup;
-pub mod signals;
-mod spawn;
-mod stop;
-pub mod verdict;
-mod warm;
 pub mod watch;
-mod watchdog;
-pub mod worker;
+mod workers;
 
 pub use agent::run;
-pub use end::{
+pub use report::end::{
     end_json, error_chain, write_end_json, write_parent_error_file, BadNode, Ended, LaunchError,
     Restart, RunEnd,
 };

@@ -42,7 +42,7 @@ pub(crate) async fn worker_store(
 /// OMP_NUM_THREADS=1 default when it applies, and a `--wrap` program known to hide the exit
 /// status of the rank it runs.
 pub(crate) fn log_worker_env(config: &LaunchConfig) {
-    super::worker::log_binding(&config.binding);
+    crate::supervisor::group::worker::log_binding(&config.binding);
     if let Some(w) = &config.console.wrap {
         if let Some(why) = crate::config::console::swallows_exit_status(&w.program, &w.args) {
             tracing::warn!("--wrap: {why}: a wrapped rank that fails can look successful to rdrun (its failure report and restarts see the wrapper's status)");

@@ -36,7 +36,7 @@ impl HangKeys {
     }
 }
 
-/// The network pre-check's keys of one round (`supervisor/netlink.rs`).
+/// The network pre-check's keys of one round (`supervisor/nodes/network_check.rs`).
 #[derive(Debug, Clone)]
 pub(crate) struct NetKeys {
     prefix: String,
@@ -68,7 +68,7 @@ impl NetKeys {
     }
 }
 
-/// Every node's failure counts in the run (issue 28 item 4, `supervisor/failshare.rs`), under
+/// Every node's failure counts in the run (issue 28 item 4, `supervisor/nodes/failure_counts.rs`), under
 /// the run's prefix (`Rendezvous::run_prefix`), not a round's: they add up over rounds.
 #[derive(Debug, Clone)]
 pub(crate) struct FailureKeys {
@@ -93,7 +93,7 @@ impl FailureKeys {
     }
 }
 
-/// Each node's root cause of one attempt (issue 28 item 5, `supervisor/rootshare.rs`), so that
+/// Each node's root cause of one attempt (issue 28 item 5, `supervisor/nodes/root_cause.rs`), so that
 /// every node judges "the same failure" on the run's root cause, not on its own workers' (which
 /// may only have seen a peer go away): under the run's prefix, one directory per attempt.
 #[derive(Debug, Clone)]
@@ -109,7 +109,7 @@ impl RootKeys {
             prefix: format!("{run_prefix}/rdrun_root/{round}.{restart_count}"),
         }
     }
-    /// What the node of group rank `n` saw end the attempt (JSON, `rootshare::Entry`).
+    /// What the node of group rank `n` saw end the attempt (JSON, `nodes::root_cause::Entry`).
     pub(crate) fn node(&self, n: usize) -> String {
         format!("{}/{n}", self.prefix)
     }

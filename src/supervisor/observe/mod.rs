@@ -29,11 +29,10 @@ use crate::config::LaunchConfig;
 use crate::exit::WorkerStatus;
 use crate::rendezvous::{Assignment, RoundReason};
 
-use super::end::RunEnd;
-use super::signals;
-use super::stop::{GroupStop, Phase, StopReason};
-use super::watch::hang::OutputCounter;
-use super::watch::verdict::HangFinding;
+use crate::supervisor::group::stop::{GroupStop, Phase, StopReason};
+use crate::supervisor::report::end::RunEnd;
+use crate::supervisor::watch::hang::OutputCounter;
+use crate::supervisor::watch::verdict::HangFinding;
 use health::{Health, State};
 use lifecycle::{Common, EventLog};
 use metrics::Metrics;
@@ -166,7 +165,7 @@ impl Inner {
             common: Common {
                 run_id: config.rdzv.run_id.clone(),
                 attempt: 0,
-                node_rank: (!super::rdzvlink::uses_rendezvous(config)
+                node_rank: (!config.uses_rendezvous()
                     || config.rdzv.backend == crate::config::RdzvBackend::Static)
                     .then_some(config.node_rank),
                 host: host.to_string(),
@@ -337,7 +336,7 @@ impl Inner {
         }
         let (code, signal) = match status {
             WorkerStatus::Exited(c) => (Value::from(c), Value::Null),
-            WorkerStatus::Signaled(s) => (Value::Null, Value::from(signals::name(s))),
+            WorkerStatus::Signaled(s) => (Value::Null, Value::from(crate::exit::signal_label(s))),
         };
         self.emit(
             "worker_exit",
@@ -365,7 +364,10 @@ impl Inner {
     /// A handled signal reached rdrun.
     pub fn signal(&mut self, sig: i32) {
         self.signal_seen = true;
-        self.emit("signal", obj(json!({ "signal": signals::name(sig) })));
+        self.emit(
+            "signal",
+            obj(json!({ "signal": crate::exit::signal_label(sig) })),
+        );
     }
 
     /// Called on every turn of the agent's loop: notices when a stop begins and when it
@@ -389,7 +391,7 @@ impl Inner {
                         "stop_begin",
                         obj(json!({
                             "reason": reason.map_or("unknown", stop_reason_name),
-                            "signal": signals::name(sig),
+                            "signal": crate::exit::signal_label(sig),
                             "grace_s": self.grace.as_secs_f64(),
                         })),
                     );
@@ -454,7 +456,7 @@ impl Inner {
     }
 
     /// The next attempt's workers were spawned after a restart: one `restart_cost` event with
-    /// its phases (`restartcost.rs`) and `rdrun_restart_seconds` observes the total.
+    /// its phases (`report/restart_cost.rs`) and `rdrun_restart_seconds` observes the total.
     pub fn restart_cost(&mut self, fields: &serde_json::Value, total: Duration) {
         if let Some(m) = &self.metrics {
             m.restart_took(total);
@@ -548,12 +550,9 @@ impl Inner {
     }
 
     /// Every node's failure counts in the run as last read (issue 28 item 4).
-    pub fn run_node_failures(
-        &mut self,
-        nodes: &[(String, crate::supervisor::verdict::NodeFailures)],
-    ) {
+    pub fn run_node_failures<'a>(&mut self, nodes: impl Iterator<Item = (&'a str, u32)>) {
         if let Some(m) = &self.metrics {
-            m.run_node_failures(nodes.iter().map(|(n, c)| (n.as_str(), c.count)));
+            m.run_node_failures(nodes);
         }
     }
 
@@ -621,7 +620,7 @@ impl Inner {
             if !self.signal_seen {
                 self.signal(*signal);
             }
-            f.insert("signal".into(), signals::name(*signal).into());
+            f.insert("signal".into(), crate::exit::signal_label(*signal).into());
         }
         if let RunEnd::LauncherError(e) = end {
             f.insert("error".into(), e.to_string().into());

@@ -378,7 +378,7 @@ async fn on_timer(
                 rank: r.rank,
                 pid: e.pid,
                 scopes,
-                signal: crate::supervisor::signals::name(sig).to_string(),
+                signal: crate::exit::signal_label(sig).to_string(),
             },
             last_output: (r.last)(),
             expired_at,

@@ -1,5 +1,5 @@
 //! What the watch task tells the agent: a verdict, as the payload of
-//! [`crate::supervisor::events::Event::Watch`]. The watch judges and captures; what follows a
+//! `group::events::Event::Watch`. The watch judges and captures; what follows a
 //! verdict (stop the group, restart, disable restarts) is the attempt's, and what is printed is
 //! the observer's ([`HangFinding::block`]).
 

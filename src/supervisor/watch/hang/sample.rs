@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Bytes of output one rank has written, bumped by the output pump, read by the sampler; and
-/// when its first byte came (a restarted rank back in user code: `restartcost::BackWatch`).
+/// when its first byte came (a restarted rank back in user code: `report::restart_cost::BackWatch`).
 /// Cloning shares the counter.
 #[derive(Debug, Clone, Default)]
 pub struct OutputCounter(Arc<Counted>);

@@ -227,7 +227,7 @@ fn attempt_tree_tee_redirect_and_filter() {
         duplicate_stdout_filters: vec!["keep".into()],
         ..LogConfig::default()
     };
-    let mut logs = RunLogs::new(&log, "job");
+    let mut logs = RunLogs::new(&log, "job", std::env::temp_dir());
     let ids: Vec<RankIdentity> = (0..3).map(ident).collect();
     let (c, out, err) = console();
     for attempt in 0..2u32 {

@@ -607,8 +607,10 @@ fn the_environment_is_read_only_where_the_config_is_resolved() {
     );
 }
 
-/// The spellings of an environment read (`env::var` covers `var`, `var_os`, `vars`, `vars_os`).
-const ENV_READS: &[&str] = &["env::var", "getenv("];
+/// The spellings of an environment read (`env::var` covers `var`, `var_os`, `vars`, `vars_os`;
+/// `env::temp_dir` reads `TMPDIR` and `env::home_dir` `HOME`, each at the moment it is called: the
+/// config resolves them once, `RunEnv::temp_dir`, `RunEnv::cache_dir`).
+const ENV_READS: &[&str] = &["env::var", "getenv(", "env::temp_dir", "env::home_dir"];
 
 /// The file-graph helpers: a `use` tree gives every path it names, a circle is reported with all
 /// its files, and the environment rule sees each spelling of a read.
@@ -630,7 +632,13 @@ fn the_file_graph_helpers_see_paths_and_circles() {
     assert_eq!(cycles(&edges), [s(&["x", "y", "z"])]);
     edges.get_mut("z").unwrap().remove("x");
     assert!(cycles(&edges).is_empty());
-    for read in ["std::env::var(\"X\")", "env::var_os(k)", "std::env::vars()"] {
+    for read in [
+        "std::env::var(\"X\")",
+        "env::var_os(k)",
+        "std::env::vars()",
+        "std::env::temp_dir()",
+        "std::env::home_dir()",
+    ] {
         assert!(ENV_READS.iter().any(|r| read.contains(r)), "{read}");
     }
     let text = "fn a() {}\n#[cfg(test)]\nmod tests;\nfn b() {}\n#[cfg(test)]\nmod tests {\n fn c() {}\n}\n";

@@ -76,6 +76,8 @@ pub struct RunEnv {
     pub ld_library_path: Option<OsString>,
     /// The per-user cache directory for shims: `$XDG_CACHE_HOME/rdrun` or `~/.cache/rdrun`.
     pub cache_dir: Option<PathBuf>,
+    /// `TMPDIR` when set and not empty (see [`RunEnv::temp_dir`]).
+    tmpdir: Option<PathBuf>,
 }
 
 impl RunEnv {
@@ -106,11 +108,19 @@ impl RunEnv {
     pub fn read_os(&mut self, os: impl Fn(&str) -> Option<OsString>) {
         self.path = os("PATH");
         self.ld_library_path = os("LD_LIBRARY_PATH");
+        self.tmpdir = os("TMPDIR").filter(|v| !v.is_empty()).map(PathBuf::from);
         self.cache_dir = os("XDG_CACHE_HOME")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
             .or_else(|| os("HOME").map(|h| PathBuf::from(h).join(".cache")))
             .map(|c| c.join("rdrun"));
+    }
+
+    /// Where rdrun makes its temporary directories (the hang captures without `--log-dir`, the
+    /// FileTimer FIFO's, the warm start's learn reports, log files without `--log-dir`): `TMPDIR`,
+    /// else `/tmp`, as `std::env::temp_dir` says, but read once with the rest of the config.
+    pub fn temp_dir(&self) -> PathBuf {
+        self.tmpdir.clone().unwrap_or_else(|| PathBuf::from("/tmp"))
     }
 
     /// The value of an [`INHERITED`] variable, `None` when unset.
@@ -176,6 +186,18 @@ mod tests {
         assert_eq!(s("0.001"), Duration::from_millis(50));
         assert_eq!(s("-1"), Duration::from_secs(5));
         assert_eq!(s("x"), Duration::from_secs(5));
+    }
+
+    /// `TMPDIR` is read once, here; unset or empty means `/tmp` (as `std::env::temp_dir`).
+    #[test]
+    fn the_temporary_directory() {
+        assert_eq!(with(&[]).unwrap().temp_dir(), PathBuf::from("/tmp"));
+        assert_eq!(
+            with(&[("TMPDIR", "")]).unwrap().temp_dir(),
+            PathBuf::from("/tmp")
+        );
+        let e = with(&[("TMPDIR", "/scratch/u")]).unwrap();
+        assert_eq!(e.temp_dir(), PathBuf::from("/scratch/u"));
     }
 
     #[test]

@@ -256,18 +256,19 @@ impl Agent {
             watchdog.as_ref().and_then(Watchdog::cgroup_fd),
         );
         // Before any worker starts: a FileTimer client must never find the FIFO unread.
-        let timers = match FileTimerServe::start(|k| config.run_env.var(k)) {
-            Ok(Some((t, path))) => {
-                if let Some(p) = path {
-                    worker_env
-                        .extra
-                        .push(("TORCHELASTIC_TIMER_FILE".to_string(), p));
+        let timers =
+            match FileTimerServe::start(|k| config.run_env.var(k), &config.run_env.temp_dir()) {
+                Ok(Some((t, path))) => {
+                    if let Some(p) = path {
+                        worker_env
+                            .extra
+                            .push(("TORCHELASTIC_TIMER_FILE".to_string(), p));
+                    }
+                    Some(t)
                 }
-                Some(t)
-            }
-            Ok(None) => None,
-            Err(msg) => return RunEnd::error(msg),
-        };
+                Ok(None) => None,
+                Err(msg) => return RunEnd::error(msg),
+            };
         let mut agent = Agent {
             config,
             watchdog,
@@ -332,7 +333,11 @@ impl Agent {
 
     /// The restart loop (one rendezvous round per attempt when multi-node).
     async fn attempts(&mut self) -> RunEnd {
-        let mut logs = RunLogs::new(&self.config.log, &self.config.rdzv.run_id);
+        let mut logs = RunLogs::new(
+            &self.config.log,
+            &self.config.rdzv.run_id,
+            self.config.run_env.temp_dir(),
+        );
         let mut restart_count = 0u32;
         let mut reason = RoundReason::Initial;
         let mut same = crate::supervisor::nodes::stop_verdict::SameFailure::default();
@@ -637,6 +642,7 @@ impl Agent {
                 attempt_logs.dir.as_deref(),
                 &self.config.rdzv.run_id,
                 asg.restart_count,
+                &self.config.run_env.temp_dir(),
             );
             watch = AttemptWatch {
                 ranks: group.watched_ranks(),

@@ -102,7 +102,7 @@ impl RunLogs {
     /// Also sets the process-wide console's collapse stage (`--output`) and progress stage
     /// (`--progress`) for the run: the agent makes one `RunLogs` per run, before any worker
     /// output.
-    pub fn new(log: &LogConfig, run_id: &str) -> Self {
+    pub fn new(log: &LogConfig, run_id: &str, temp_dir: PathBuf) -> Self {
         let console = super::Console::global();
         console.set_collapse(log.collapse.map(|c| (c.window, c.ranks)));
         // `auto`: on a terminal, with more than one rank on the console; `one`: everywhere.
@@ -113,7 +113,7 @@ impl RunLogs {
                 .map(|p| (tty, p.interval))
         });
         console.set_progress(setup);
-        let mut logs = Self::with_temp_root(log, run_id, std::env::temp_dir());
+        let mut logs = Self::with_temp_root(log, run_id, temp_dir);
         logs.progress = setup.map(|s| s.is_some());
         logs
     }
@@ -463,7 +463,7 @@ mod tests {
             collapse: None,
             progress: None,
         };
-        let mut logs = RunLogs::new(&log, "run/1");
+        let mut logs = RunLogs::new(&log, "run/1", std::env::temp_dir());
         let ids: Vec<RankIdentity> = (0..12).map(id).collect();
         let a0 = logs.attempt(0, &ids).expect("attempt 0");
         let run_dir = logs.run_dir().expect("run dir").to_path_buf();
@@ -536,7 +536,7 @@ mod tests {
             log_dir: Some(scratch.0.clone()),
             ..LogConfig::default()
         };
-        let mut logs = RunLogs::new(&log, "r");
+        let mut logs = RunLogs::new(&log, "r", std::env::temp_dir());
         let a = logs.attempt(0, &[id(0), id(1)]).expect("attempt");
         assert!(Path::new(&a.ranks[1].error_file)
             .parent()
@@ -552,7 +552,7 @@ mod tests {
             log_dir: Some(file),
             ..LogConfig::default()
         };
-        let err = RunLogs::new(&log, "r")
+        let err = RunLogs::new(&log, "r", std::env::temp_dir())
             .attempt(0, &[id(0)])
             .expect_err("file");
         assert!(err.to_string().contains("not a directory"), "{err}");
@@ -567,7 +567,7 @@ mod tests {
             local_ranks_filter: Some(vec![1]),
             ..LogConfig::default()
         };
-        let mut logs = RunLogs::new(&log, "r");
+        let mut logs = RunLogs::new(&log, "r", std::env::temp_dir());
         let a = logs.attempt(0, &[id(0)]).expect("attempt");
         assert_eq!(a.ranks[0].error_file, "");
         let s = &a.ranks[0].sink;

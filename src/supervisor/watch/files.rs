@@ -31,6 +31,7 @@ pub(crate) fn hang_dir(
     attempt_dir: Option<&Path>,
     run_id: &str,
     attempt: u32,
+    temp: &Path,
 ) -> PathBuf {
     match (log_dir, attempt_dir) {
         (Some(d), Some(a)) if d != Path::new("/dev/null") => a.join("hang"),
@@ -45,8 +46,7 @@ pub(crate) fn hang_dir(
                     }
                 })
                 .collect();
-            std::env::temp_dir()
-                .join(format!("rdrun-hang-{safe}-{}", std::process::id()))
+            temp.join(format!("rdrun-hang-{safe}-{}", std::process::id()))
                 .join(format!("attempt_{attempt}"))
         }
     }
@@ -80,15 +80,27 @@ mod tests {
     fn files_go_under_the_log_dir_else_a_named_temp_dir() {
         let a = Path::new("/logs/run/attempt_1");
         assert_eq!(
-            hang_dir(Some(Path::new("/logs")), Some(a), "x", 1),
+            hang_dir(
+                Some(Path::new("/logs")),
+                Some(a),
+                "x",
+                1,
+                &std::env::temp_dir()
+            ),
             a.join("hang")
         );
-        let t = hang_dir(None, Some(a), "a/b", 2);
+        let t = hang_dir(None, Some(a), "a/b", 2, &std::env::temp_dir());
         assert!(t.starts_with(std::env::temp_dir()), "{t:?}");
         assert!(t.ends_with("attempt_2"), "{t:?}");
         let name = t.parent().unwrap().file_name().unwrap().to_string_lossy();
         assert!(name.starts_with("rdrun-hang-a_b-"), "{name}");
-        let n = hang_dir(Some(Path::new("/dev/null")), None, "x", 0);
+        let n = hang_dir(
+            Some(Path::new("/dev/null")),
+            None,
+            "x",
+            0,
+            &std::env::temp_dir(),
+        );
         assert!(n.starts_with(std::env::temp_dir()), "{n:?}");
     }
 }

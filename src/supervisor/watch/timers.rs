@@ -128,6 +128,7 @@ impl FileTimerServe {
     /// inside the tokio runtime.
     pub fn start(
         env: impl Fn(&str) -> Option<String>,
+        temp: &Path,
     ) -> Result<Option<(FileTimerServe, Option<String>)>, String> {
         if env("TORCHELASTIC_ENABLE_FILE_TIMER").as_deref() != Some("1") {
             return Ok(None);
@@ -135,7 +136,7 @@ impl FileTimerServe {
         let (path, private_dir) = match env("TORCHELASTIC_TIMER_FILE").filter(|p| !p.is_empty()) {
             Some(p) => (PathBuf::from(p), None),
             None => {
-                let dir = private_dir().map_err(|e| {
+                let dir = private_dir(temp).map_err(|e| {
                     format!("cannot create a private directory for the FileTimer FIFO: {e}")
                 })?;
                 (dir.join("watchdog_timer"), Some(dir))
@@ -217,10 +218,10 @@ impl Drop for FileTimerServe {
     }
 }
 
-/// A fresh 0700 directory `rdrun-timer-<pid>-<n>` under the temporary directory.
-fn private_dir() -> std::io::Result<PathBuf> {
+/// A fresh 0700 directory `rdrun-timer-<pid>-<n>` under `base` (the config's temporary
+/// directory).
+fn private_dir(base: &Path) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
-    let base = std::env::temp_dir();
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());

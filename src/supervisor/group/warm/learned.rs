@@ -12,9 +12,10 @@ pub(super) struct LearnDir {
 }
 
 impl LearnDir {
-    pub(super) fn create() -> std::io::Result<LearnDir> {
+    /// A fresh 0700 directory under `temp` (the config's `RunEnv::temp_dir`).
+    pub(super) fn create(temp: &std::path::Path) -> std::io::Result<LearnDir> {
         use std::os::unix::fs::DirBuilderExt;
-        let path = std::env::temp_dir().join(format!(
+        let path = temp.join(format!(
             "rdrun-warm-{}-{:08x}",
             std::process::id(),
             fastrand::u32(..)

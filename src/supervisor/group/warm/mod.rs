@@ -130,7 +130,7 @@ impl WarmStart {
         }
         // Where the workers report what they import (learn.py): a private directory of this
         // run's, removed with the manager.
-        let learn = LearnDir::create()
+        let learn = LearnDir::create(&config.run_env.temp_dir())
             .map_err(|e| {
                 tracing::info!("warm start: no learned preload (cannot make its directory: {e})")
             })

@@ -131,7 +131,11 @@ launcher() {
     cold) cmd=("$RDRUN" --warm-start off) ;;
     torchrun) cmd=("$TORCHRUN") ;;
   esac
-  envs=(PYTHON_EXEC="$PYTHON" RDRUN_WARM_MEMORY="${2:-off}")
+  # "-" (run_one's "no folder") means no memory: never a folder named "-" in the working
+  # directory.
+  local memory=${2:--}
+  [ "$memory" = - ] && memory=off
+  envs=(PYTHON_EXEC="$PYTHON" RDRUN_WARM_MEMORY="$memory")
 }
 
 # run_one NPROC KIND [MEMORY] -> appends "start import pg step" (seconds after the crash, last

@@ -42,7 +42,7 @@
 //!   the end of the traceback already shown.
 //! - A group rdrun stopped because it hung ([`ResolvedReport::with_hang`]): the suspect's failure
 //!   is the root cause and its message is `hang: <summary>`.
-//! - `host` is the fully qualified name (torchrun's `socket.getfqdn()`), see [`fqdn`].
+//! - `host` is the fully qualified name (torchrun's `socket.getfqdn()`), see [`fqdn_of`](crate::supervisor::setup::fqdn_of).
 //!
 //! Its unit tests (layouts against torchrun's output) are in `report_tests.rs`.
 

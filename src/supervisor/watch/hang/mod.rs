@@ -15,7 +15,7 @@
 //! * [`sample`]: per-rank `/proc` sampling of the whole process tree behind [`ProcSource`], and
 //!   the [`OutputCounter`] the output pump bumps.
 //! * [`detector`]: the pure rules ([`Detector`]) and the poll-driven [`HangMonitor`].
-//! * [`capture`]: bounded, parallel capture, the stderr block and `rank<R>.txt` files
+//! * [`capture`](mod@capture): bounded, parallel capture, the stderr block and `rank<R>.txt` files
 //!   ([`capture()`], [`HangReport`]); [`children`]: each rank's Python descendants
 //!   (DataLoader workers) and their stacks, captured with the rank; [`record`]: what a capture
 //!   records for a rank; [`pyspy`]: running py-spy and reading its text.

@@ -312,3 +312,64 @@ fn learned_preload_rules() {
         assert!(!names.iter().any(|n| n == m), "{m} remembered: {names:?}");
     }
 }
+
+/// The pace of learning (`pace.py`), on a simulated node: the pacer's clock and `/proc/stat`
+/// are replaced, each "import" burns 10 ms of CPU, the other processes use `others` cores.
+/// Busy node (1.9 of 2 cores): the learner keeps to about 5 % of a core. Idle node (0.2):
+/// full speed, no sleep. A fork request waiting (the socket readable): full speed at once.
+const PACE_SIM: &str = r#"
+import socket, sys
+ns = {"os": __import__("os"), "sys": sys}
+exec(open(sys.argv[1]).read(), ns)
+
+class Clock:
+    def __init__(self): self.t = 0.0; self.cpu = 0.0
+    def monotonic(self): return self.t
+    def process_time(self): return self.cpu
+    def sleep(self, d): self.t += d
+
+def run(others, sock=None):
+    clock = Clock()
+    ns["_cpu_stat"] = lambda: (int((others * clock.t + clock.cpu) * 100), 0)
+    p = ns["_Pacer"](sock)
+    p.time, p.hz, p.ncpu, p.wall0, p.cpu0 = clock, 100, 2, 0.0, 0.0
+    if sock is not None:
+        p.select = lambda r, w, x, t: (r, [], [])
+    for _ in range(300):
+        clock.t += 0.01; clock.cpu += 0.01
+        p.find_spec("m")
+    return clock.cpu / clock.t
+
+a, w = socket.socketpair()
+print("%.3f %.3f %.3f" % (run(1.9), run(0.2), run(1.9, a)))
+"#;
+
+#[test]
+fn learning_is_paced_on_a_busy_node_only() {
+    let dir = TempDir::new("warm_pace");
+    write(dir.path(), "sim.py", PACE_SIM);
+    let pace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/supervisor/group/warm/pace.py"
+    );
+    let out = std::process::Command::new("python3")
+        .arg(dir.join("sim.py"))
+        .arg(pace)
+        .output()
+        .expect("python3 runs");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Vec<f64> = text
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let (busy, idle, hurried) = (v[0], v[1], v[2]);
+    // Busy: at most 5 % of a core, give or take the first reading (paced from the start).
+    assert!(busy <= 0.06, "busy node: learner used {busy} of a core");
+    // Idle: full speed once the first reading (after 0.2 s, paced meanwhile) shows the idle core.
+    assert!(idle > 0.85, "idle node: learner used {idle} of a core");
+    assert!(
+        hurried > 0.9,
+        "fork request waiting: learner used {hurried} of a core"
+    );
+}

@@ -144,12 +144,10 @@ pub fn signal_name(signal: i32) -> Option<&'static str> {
     }
 }
 
-/// `SIGTERM`-style name of a signal number (`SIG<n>` when unknown).
+/// `SIGTERM`-style name of a signal number for rdrun's own lines: [`signal_name`], else
+/// `SIG<n>`.
 pub fn signal_label(sig: i32) -> String {
-    match nix::sys::signal::Signal::try_from(sig) {
-        Ok(s) => s.as_str().to_string(),
-        Err(_) => format!("SIG{sig}"),
-    }
+    signal_name(sig).map_or_else(|| format!("SIG{sig}"), str::to_string)
 }
 
 #[cfg(test)]
@@ -160,6 +158,7 @@ mod tests {
     fn signal_labels() {
         assert_eq!(signal_label(libc::SIGTERM), "SIGTERM");
         assert_eq!(signal_label(1000), "SIG1000");
+        assert_eq!(signal_label(34), "SIGRTMIN");
     }
 
     #[test]

@@ -247,250 +247,394 @@ fn pipe_state(fd: std::os::fd::RawFd) -> PipeState {
     }
 }
 
+/// One pipe's forwarding state between two waits: the reader, the line splitter, and where the
+/// console stands (a line shown in part, a bar) across reads.
+struct Pump {
+    id: RankIdentity,
+    plan: StreamPlan,
+    console: Console,
+    tracker: Option<StderrTracker>,
+    ended_rx: Option<watch::Receiver<bool>>,
+    activity: Option<Activity>,
+    /// The read end's number, for `poll(2)`; `None` once the reader no longer owns it.
+    raw_fd: Option<std::os::fd::RawFd>,
+    reader: Box<dyn AsyncRead + Unpin + Send>,
+    splitter: Splitter,
+    buf: Vec<u8>,
+    ended: bool,
+    /// When everything the worker wrote had been read and the pipe was still held open.
+    held_since: Option<tokio::time::Instant>,
+    outlived: bool,
+    /// When a line left unfinished is shown as a prompt (armed while one is held).
+    idle_at: Option<tokio::time::Instant>,
+    source: u64,
+    broken: watch::Receiver<bool>,
+    /// Bytes of the held (unfinished) line already on the console.
+    shown: usize,
+    /// Progress stage: the held line follows a `\r` (a bar), and the bar text last sent.
+    after_cr: bool,
+    bar_sent: Option<Vec<u8>>,
+    /// The last lines of each read, for the hang detector's `LastLines`.
+    read_tail: ReadTail,
+}
+
+/// What the segments of one read add up to.
+struct ReadOut {
+    /// The console's chunk (whole lines, or the end of a line shown in part).
+    chunk: Chunk,
+    /// The filtered log's lines.
+    filtered: Vec<u8>,
+    /// The bar a `\r` segment of this read left (its text), for the progress stage.
+    latest_bar: Option<Vec<u8>>,
+}
+
 async fn pump(
     id: RankIdentity,
     fd: OwnedFd,
-    mut plan: StreamPlan,
+    plan: StreamPlan,
     console: Console,
-    mut tracker: Option<StderrTracker>,
-    mut ended_rx: Option<watch::Receiver<bool>>,
+    tracker: Option<StderrTracker>,
+    ended_rx: Option<watch::Receiver<bool>>,
     activity: Option<Activity>,
 ) -> Option<StderrTracker> {
-    use std::os::fd::AsRawFd;
-    // The read end's number, for `poll(2)`; `None` once the reader no longer owns it.
-    let mut raw_fd = Some(fd.as_raw_fd());
-    let mut reader = into_reader(fd);
-    let mut splitter = Splitter::new(MAX_LINE);
-    let mut buf = vec![0u8; READ_CHUNK];
-    let mut ended = false;
-    // When everything the worker wrote had been read and the pipe was still held open.
-    let mut held_since: Option<tokio::time::Instant> = None;
-    let mut outlived = false;
-    // When a line left unfinished is shown as a prompt (armed while one is held).
-    let mut idle_at: Option<tokio::time::Instant> = None;
-    let source = Console::source_id();
-    let mut broken = console.broken(plan.stream);
-    // Bytes of the held (unfinished) line already on the console.
-    let mut shown = 0usize;
-    // Progress stage: the held line follows a `\r` (a bar), and the bar text last sent.
-    let mut after_cr = false;
-    let mut bar_sent: Option<Vec<u8>> = None;
-    // The last lines of each read, for the hang detector's `LastLines`.
-    let mut read_tail = ReadTail::default();
+    let mut p = Pump::new(id, fd, plan, console, tracker, ended_rx, activity);
     loop {
-        let idle_armed =
-            plan.console && splitter.held_len() > shown && !(plan.progress && after_cr);
+        let n = match p.wait().await {
+            Step::Read(Ok(n)) => n,
+            Step::Read(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Step::Read(Err(e)) => {
+                tracing::warn!(local_rank = p.id.local_rank, error = %e, "cannot read worker output");
+                0
+            }
+            Step::Ended => {
+                p.ended = true;
+                continue;
+            }
+            Step::Check => {
+                p.check_held();
+                continue;
+            }
+            Step::ConsoleBroken => {
+                p.console_broken();
+                continue;
+            }
+            Step::Idle => {
+                p.show_partial().await;
+                continue;
+            }
+        };
+        p.forward(n).await;
+        if n == 0 {
+            p.finish().await;
+            return p.tracker;
+        }
+    }
+}
+
+impl Pump {
+    fn new(
+        id: RankIdentity,
+        fd: OwnedFd,
+        plan: StreamPlan,
+        console: Console,
+        tracker: Option<StderrTracker>,
+        ended_rx: Option<watch::Receiver<bool>>,
+        activity: Option<Activity>,
+    ) -> Pump {
+        use std::os::fd::AsRawFd;
+        let raw_fd = Some(fd.as_raw_fd());
+        let broken = console.broken(plan.stream);
+        Pump {
+            id,
+            raw_fd,
+            reader: into_reader(fd),
+            splitter: Splitter::new(MAX_LINE),
+            buf: vec![0u8; READ_CHUNK],
+            ended: false,
+            held_since: None,
+            outlived: false,
+            idle_at: None,
+            source: Console::source_id(),
+            broken,
+            shown: 0,
+            after_cr: false,
+            bar_sent: None,
+            read_tail: ReadTail::default(),
+            plan,
+            console,
+            tracker,
+            ended_rx,
+            activity,
+        }
+    }
+
+    /// Waits for what comes first: bytes (or EOF), the worker's end, a broken console, a
+    /// prompt's idle time, or the next look at a pipe still held after the end.
+    async fn wait(&mut self) -> Step {
+        let idle_armed = self.plan.console
+            && self.splitter.held_len() > self.shown
+            && !(self.plan.progress && self.after_cr);
         let idle = match idle_armed {
-            true => *idle_at.get_or_insert_with(|| tokio::time::Instant::now() + PARTIAL_IDLE),
+            true => *self
+                .idle_at
+                .get_or_insert_with(|| tokio::time::Instant::now() + PARTIAL_IDLE),
             false => tokio::time::Instant::now(),
         };
-        let step = if outlived {
+        let step = if self.outlived {
             Step::Read(Ok(0))
         } else {
             tokio::select! {
                 // Data first: a pipe with bytes to read is never given up (see `Check`).
                 biased;
-                r = reader.read(&mut buf) => Step::Read(r),
-                _ = wait_stop(&mut ended_rx), if !ended => Step::Ended,
-                _ = wait_true(&mut broken), if plan.console => Step::ConsoleBroken,
+                r = self.reader.read(&mut self.buf) => Step::Read(r),
+                _ = wait_stop(&mut self.ended_rx), if !self.ended => Step::Ended,
+                _ = wait_true(&mut self.broken), if self.plan.console => Step::ConsoleBroken,
                 _ = tokio::time::sleep_until(idle), if idle_armed => Step::Idle,
-                _ = tokio::time::sleep(LINGER_CHECK), if ended => Step::Check,
+                _ = tokio::time::sleep(LINGER_CHECK), if self.ended => Step::Check,
             }
         };
         if matches!(step, Step::Read(_) | Step::Idle) {
-            idle_at = None;
+            self.idle_at = None;
         }
-        let n = match step {
-            Step::Read(Ok(n)) => n,
-            Step::Read(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Step::Read(Err(e)) => {
-                tracing::warn!(local_rank = id.local_rank, error = %e, "cannot read worker output");
-                0
+        step
+    }
+
+    /// After the worker's end: a pipe found drained and still held is the outliver's, and is
+    /// given [`LINGER`] from that moment.
+    fn check_held(&mut self) {
+        let Some(fd) = self.raw_fd else {
+            return;
+        };
+        if pipe_state(fd) == PipeState::HeldEmpty {
+            let now = tokio::time::Instant::now();
+            let since = *self.held_since.get_or_insert(now);
+            // Everything the worker wrote was read at `since`; what came after is the
+            // outliver's, and it is not waited for without end.
+            self.outlived = now >= since + LINGER;
+        }
+    }
+
+    /// The console became a closed pipe: stop sending to it, and close the worker's pipe if
+    /// the console was its only destination.
+    fn console_broken(&mut self) {
+        self.plan.console = false;
+        if self.plan.file.is_none() {
+            // The console was this stream's only destination: close the pipe so that the
+            // worker's next write fails as it would under torchrun (SIGPIPE/EPIPE).
+            self.raw_fd = None;
+            drop(std::mem::replace(
+                &mut self.reader,
+                Box::new(tokio::io::empty()),
+            ));
+            tracing::debug!(local_rank = self.id.local_rank, stream = ?self.plan.stream,
+                "console closed: worker pipe closed");
+        }
+    }
+
+    /// The worker stopped mid-line (a prompt): show what it wrote so far; the line stays open
+    /// on the console until its rest comes (see `console`).
+    async fn show_partial(&mut self) {
+        let held = &self.splitter.held()[..self.splitter.held_len()];
+        let chunk = if self.shown > 0 {
+            Chunk {
+                continues: true,
+                cont: held[self.shown..].to_vec(),
+                prefix: self.plan.prefix.clone(),
+                ..Chunk::default()
             }
-            Step::Ended => {
-                ended = true;
-                continue;
-            }
-            Step::Check => {
-                let Some(fd) = raw_fd else {
-                    continue;
-                };
-                if pipe_state(fd) == PipeState::HeldEmpty {
-                    let now = tokio::time::Instant::now();
-                    let since = *held_since.get_or_insert(now);
-                    // Everything the worker wrote was read at `since`; what came after is the
-                    // outliver's, and it is not waited for without end.
-                    outlived = now >= since + LINGER;
-                }
-                continue;
-            }
-            Step::ConsoleBroken => {
-                plan.console = false;
-                if plan.file.is_none() {
-                    // The console was this stream's only destination: close the pipe so that
-                    // the worker's next write fails as it would under torchrun (SIGPIPE/EPIPE).
-                    raw_fd = None;
-                    drop(std::mem::replace(&mut reader, Box::new(tokio::io::empty())));
-                    tracing::debug!(local_rank = id.local_rank, stream = ?plan.stream,
-                        "console closed: worker pipe closed");
-                }
-                continue;
-            }
-            Step::Idle => {
-                // The worker stopped mid-line (a prompt): show what it wrote so far; the line
-                // stays open on the console until its rest comes (see `console`).
-                let held = &splitter.held()[..splitter.held_len()];
-                let chunk = if shown > 0 {
-                    Chunk {
-                        continues: true,
-                        cont: held[shown..].to_vec(),
-                        prefix: plan.prefix.clone(),
-                        ..Chunk::default()
-                    }
-                } else {
-                    let mut body = plan.prefix.clone();
-                    body.extend_from_slice(held);
-                    Chunk {
-                        body,
-                        ..Chunk::default()
-                    }
-                };
-                shown = held.len();
-                console
-                    .send(Chunk {
-                        source,
-                        stream: Some(plan.stream),
-                        open: true,
-                        ..chunk
-                    })
-                    .await;
-                continue;
+        } else {
+            let mut body = self.plan.prefix.clone();
+            body.extend_from_slice(held);
+            Chunk {
+                body,
+                ..Chunk::default()
             }
         };
+        self.shown = held.len();
+        self.console
+            .send(Chunk {
+                source: self.source,
+                stream: Some(self.plan.stream),
+                open: true,
+                ..chunk
+            })
+            .await;
+    }
+
+    /// Forwards one read of `n` bytes (0: EOF, the held line is finished): the log file, the
+    /// split lines to the console, the filtered log and the tracker, then the bar.
+    async fn forward(&mut self, n: usize) {
         if n > 0 {
-            // Output is activity for the hang detector, whatever its destination.
-            if let Some(a) = &activity {
-                a.bytes.add(n as u64);
-            }
-            if let Some(f) = &mut plan.file {
-                // Bytes exactly as written, as soon as read: a killed worker loses nothing.
-                if let Err(e) = f.write_all(&buf[..n]) {
-                    tracing::warn!(local_rank = id.local_rank, error = %e, "cannot write worker log");
-                    plan.file = None;
-                }
+            self.write_raw(n);
+        }
+        let out = self.split(n);
+        if let Some(a) = &self.activity {
+            self.read_tail.publish(&a.last);
+        }
+        if !self.plan.console {
+            self.shown = 0;
+        }
+        if !out.filtered.is_empty() {
+            if let Some((f, _)) = &mut self.plan.filtered {
+                // O_APPEND: one write per batch of whole lines, shared by all ranks.
+                let _ = f.write_all(&out.filtered);
             }
         }
-        let mut chunk = Chunk {
-            source,
-            stream: Some(plan.stream),
-            prefix: plan.prefix.clone(),
-            rank: Some(id.rank),
-            ..Chunk::default()
+        self.console.send(out.chunk).await;
+        if self.plan.progress && self.plan.console && n > 0 {
+            self.send_bar(out.latest_bar).await;
+        }
+    }
+
+    /// Counts the bytes read as activity and writes them to the log file as read.
+    fn write_raw(&mut self, n: usize) {
+        // Output is activity for the hang detector, whatever its destination.
+        if let Some(a) = &self.activity {
+            a.bytes.add(n as u64);
+        }
+        if let Some(f) = &mut self.plan.file {
+            // Bytes exactly as written, as soon as read: a killed worker loses nothing.
+            if let Err(e) = f.write_all(&self.buf[..n]) {
+                tracing::warn!(local_rank = self.id.local_rank, error = %e, "cannot write worker log");
+                self.plan.file = None;
+            }
+        }
+    }
+
+    /// Splits one read (or, `n == 0`, the held rest) and routes each segment.
+    fn split(&mut self, n: usize) -> ReadOut {
+        let mut out = ReadOut {
+            chunk: Chunk {
+                source: self.source,
+                stream: Some(self.plan.stream),
+                prefix: self.plan.prefix.clone(),
+                rank: Some(self.id.rank),
+                ..Chunk::default()
+            },
+            filtered: Vec::new(),
+            latest_bar: None,
         };
-        let mut filtered = Vec::new();
-        // The bar a `\r` segment of this read left (its text), for the progress stage.
-        let mut latest_bar: Option<Vec<u8>> = None;
+        let plan = &self.plan;
+        let tracker = &mut self.tracker;
+        let shown = &mut self.shown;
+        let after_cr = &mut self.after_cr;
+        let bar_sent = &mut self.bar_sent;
+        let read_tail = &mut self.read_tail;
+        let keep_tail = self.activity.is_some();
         let mut sink = |seg: &[u8], end: End| {
-            let nl: &[u8] = if end.needs_newline() { b"\n" } else { b"" };
             if plan.console {
-                if plan.progress && shown == 0 && end == End::Return {
-                    // A bar's state, not a line (a lone `\r` only starts the next state).
-                    let text = content(seg, end);
-                    if !text.is_empty() {
-                        latest_bar = Some(text.to_vec());
-                    }
-                    after_cr = true;
-                } else if shown > 0 {
-                    // The first segment ends the line whose start is already on the console.
-                    chunk.continues = true;
-                    chunk.cont.extend_from_slice(&seg[shown.min(seg.len())..]);
-                    chunk.cont.extend_from_slice(nl);
-                    shown = 0;
-                } else {
-                    if plan.progress && after_cr {
-                        // The line a `\r` bar was on ends here: its final state, a line of
-                        // its own; the stage forgets the rank's bar.
-                        chunk.ends_bar = true;
-                        latest_bar = None;
-                        bar_sent = None;
-                        after_cr = false;
-                    }
-                    chunk.body.extend_from_slice(&plan.prefix);
-                    chunk.body.extend_from_slice(seg);
-                    chunk.body.extend_from_slice(nl);
-                    // Line boundaries for the collapse stage (a chunk is at most a few MiB).
-                    chunk.line_ends.push(chunk.body.len() as u32);
-                }
+                console_segment(plan, shown, after_cr, bar_sent, &mut out, seg, end);
             }
             if let Some((_, filters)) = &plan.filtered {
-                let text = content(seg, end);
-                if filters.iter().any(|f| contains(text, f.as_bytes())) {
-                    filtered.extend_from_slice(&plan.prefix);
-                    filtered.extend_from_slice(seg);
-                    filtered.extend_from_slice(nl);
-                }
+                filter_segment(&plan.prefix, filters, &mut out.filtered, seg, end);
             }
-            if let Some(t) = &mut tracker {
+            if let Some(t) = tracker {
                 t.segment(seg, end);
             }
-            if activity.is_some() && end != End::Cap {
+            if keep_tail && end != End::Cap {
                 read_tail.push(content(seg, end));
             }
         };
         if n > 0 {
-            splitter.push(&buf[..n], &mut sink);
+            self.splitter.push(&self.buf[..n], &mut sink);
         } else {
-            splitter.finish(&mut sink);
+            self.splitter.finish(&mut sink);
         }
-        if let Some(a) = &activity {
-            read_tail.publish(&a.last);
-        }
-        if !plan.console {
-            shown = 0;
-        }
-        if !filtered.is_empty() {
-            if let Some((f, _)) = &mut plan.filtered {
-                // O_APPEND: one write per batch of whole lines, shared by all ranks.
-                let _ = f.write_all(&filtered);
+        out
+    }
+
+    /// The bar as it reads now: the held text after a `\r`, else what the last `\r` segment of
+    /// this read left; sent when it changed.
+    async fn send_bar(&mut self, latest_bar: Option<Vec<u8>>) {
+        let held = &self.splitter.held()[..self.splitter.held_len()];
+        let now = if self.after_cr && !held.is_empty() {
+            Some(held.to_vec())
+        } else {
+            latest_bar
+        };
+        if let Some(mut text) = now {
+            text.truncate(super::progress::MAX_BAR);
+            if self.bar_sent.as_ref() != Some(&text) {
+                self.bar_sent = Some(text.clone());
+                self.console
+                    .send(Chunk {
+                        source: self.source,
+                        stream: Some(self.plan.stream),
+                        prefix: self.plan.prefix.clone(),
+                        rank: Some(self.id.rank),
+                        bar: Some(text),
+                        ..Chunk::default()
+                    })
+                    .await;
             }
         }
-        console.send(chunk).await;
-        if plan.progress && plan.console && n > 0 {
-            // The bar as it reads now: the held text after a `\r`, else what the last `\r`
-            // segment of this read left.
-            let held = &splitter.held()[..splitter.held_len()];
-            let now = if after_cr && !held.is_empty() {
-                Some(held.to_vec())
-            } else {
-                latest_bar
-            };
-            if let Some(mut text) = now {
-                text.truncate(super::progress::MAX_BAR);
-                if bar_sent.as_ref() != Some(&text) {
-                    bar_sent = Some(text.clone());
-                    console
-                        .send(Chunk {
-                            source,
-                            stream: Some(plan.stream),
-                            prefix: plan.prefix.clone(),
-                            rank: Some(id.rank),
-                            bar: Some(text),
-                            ..Chunk::default()
-                        })
-                        .await;
-                }
-            }
+    }
+
+    /// At EOF (or closing an outlived pipe): the warning, after the worker's last line.
+    async fn finish(&mut self) {
+        if self.outlived {
+            // After the worker's last line is on the console, never inside it.
+            self.console.flush().await;
+            tracing::warn!(local_rank = self.id.local_rank, stream = ?self.plan.stream,
+                "a process that outlived the worker still holds its output pipe {LINGER:?} \
+                 after all the worker wrote was forwarded; closing it");
         }
-        if n == 0 {
-            if outlived {
-                // After the worker's last line is on the console, never inside it.
-                console.flush().await;
-                tracing::warn!(local_rank = id.local_rank, stream = ?plan.stream,
-                    "a process that outlived the worker still holds its output pipe {LINGER:?} \
-                     after all the worker wrote was forwarded; closing it");
-            }
-            return tracker;
+    }
+}
+
+/// One segment's share of the console chunk: a bar state, the end of a line shown in part, or
+/// a whole line (which ends a bar it was on).
+fn console_segment(
+    plan: &StreamPlan,
+    shown: &mut usize,
+    after_cr: &mut bool,
+    bar_sent: &mut Option<Vec<u8>>,
+    out: &mut ReadOut,
+    seg: &[u8],
+    end: End,
+) {
+    let nl: &[u8] = if end.needs_newline() { b"\n" } else { b"" };
+    let chunk = &mut out.chunk;
+    if plan.progress && *shown == 0 && end == End::Return {
+        // A bar's state, not a line (a lone `\r` only starts the next state).
+        let text = content(seg, end);
+        if !text.is_empty() {
+            out.latest_bar = Some(text.to_vec());
         }
+        *after_cr = true;
+    } else if *shown > 0 {
+        // The first segment ends the line whose start is already on the console.
+        chunk.continues = true;
+        chunk
+            .cont
+            .extend_from_slice(&seg[(*shown).min(seg.len())..]);
+        chunk.cont.extend_from_slice(nl);
+        *shown = 0;
+    } else {
+        if plan.progress && *after_cr {
+            // The line a `\r` bar was on ends here: its final state, a line of its own; the
+            // stage forgets the rank's bar.
+            chunk.ends_bar = true;
+            out.latest_bar = None;
+            *bar_sent = None;
+            *after_cr = false;
+        }
+        chunk.body.extend_from_slice(&plan.prefix);
+        chunk.body.extend_from_slice(seg);
+        chunk.body.extend_from_slice(nl);
+        // Line boundaries for the collapse stage (a chunk is at most a few MiB).
+        chunk.line_ends.push(chunk.body.len() as u32);
+    }
+}
+
+/// One segment into the filtered log's batch when it holds one of the filters.
+fn filter_segment(prefix: &[u8], filters: &[String], to: &mut Vec<u8>, seg: &[u8], end: End) {
+    let nl: &[u8] = if end.needs_newline() { b"\n" } else { b"" };
+    let text = content(seg, end);
+    if filters.iter().any(|f| contains(text, f.as_bytes())) {
+        to.extend_from_slice(prefix);
+        to.extend_from_slice(seg);
+        to.extend_from_slice(nl);
     }
 }
 

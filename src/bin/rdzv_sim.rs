@@ -238,6 +238,22 @@ fn node_addr(i: usize) -> String {
     format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255)
 }
 
+/// What a node task reports once joined: its index, its group rank if the world it got is
+/// right (an error's text otherwise), and when.
+type Joined = (usize, Result<Option<usize>, String>, Instant);
+/// An event a node's rendezvous reported after the join, with the node and when.
+type Seen = (usize, RdzvEvent, Instant);
+
+/// The store connections made before the join (so that the join measures the rendezvous, not
+/// the connect storm).
+struct Conns {
+    /// One per node, for its join.
+    stores: Vec<TcpRdzvStore>,
+    /// The keepers' connections; node i's keeper uses `keepers[i % keepers.len()]`.
+    keepers: Vec<Arc<TcpRdzvStore>>,
+    connect_s: f64,
+}
+
 async fn run(args: Args) -> Res<()> {
     let n = args.nodes.max(1);
     let mut child = match args.port {
@@ -251,25 +267,94 @@ async fn run(args: Args) -> Res<()> {
     let server_pid = args
         .server_pid
         .or(child.as_ref().and_then(|c| c.child.id()));
+    let settings = settings_of(&args.conf, n)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let op_timeout = settings.read_timeout;
+    let conns = connect_all(&args.host, port, n, deadline, op_timeout).await?;
+    let keeper_conns = conns.keepers.len();
+    let connect_s = conns.connect_s;
+
+    let counters0 = counters(&mut child).await?;
+    let before = usage(server_pid);
+    let t0 = Instant::now();
+    let (joined_tx, joined_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (event_tx, mut event_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (kill_tx, kill_rx) = tokio::sync::watch::channel(None::<usize>);
+    let mut nodes = tokio::task::JoinSet::new();
+    let node_tx = (joined_tx, event_tx, kill_rx);
+    spawn_nodes(&mut nodes, conns, &settings, args.nproc, node_tx);
+    // With RDRUN_SIM_PROGRESS set: every 5 s, how many joined and the round's head (stderr).
+    let progress = std::env::var_os("RDRUN_SIM_PROGRESS").is_some();
+    let probe = if progress {
+        Some(TcpRdzvStore::connect(&args.host, port, deadline, op_timeout).await?)
+    } else {
+        None
+    };
+    let last = await_joins(joined_rx, n, t0, probe.as_ref()).await?;
+    let join_s = last.duration_since(t0).as_secs_f64();
+    let after_join = usage(server_pid);
+    let counters1 = counters(&mut child).await?;
+
+    let mut line = format!(
+        "nodes={n} keeper_conns={keeper_conns} connect_s={connect_s:.3} join_s={join_s:.3}"
+    );
+    if let (Some(c0), Some(c1)) = (before, after_join) {
+        line.push_str(&format!(" join_server_cpu_s={:.2}", c1 - c0));
+    }
+    if let (Some(c0), Some(c1)) = (counters0, counters1) {
+        line.push_str(&join_costs(n, c0, c1));
+    }
+    if args.steady_secs > 0.0 {
+        let secs = args.steady_secs;
+        let steady = steady_state(secs, &settings, server_pid, child.as_mut(), &mut event_rx);
+        line.push_str(&steady.await?);
+    }
+    if args.kill_one && n > 1 {
+        line.push_str(&kill_one(n, &kill_tx, &mut event_rx, &settings).await?);
+    }
+    println!("{line}");
+    nodes.abort_all();
+    Ok(())
+}
+
+/// The c10d settings of a round of exactly `n` nodes, `--conf`'s `key=value` pairs applied.
+fn settings_of(conf_text: &str, n: usize) -> Res<C10dSettings> {
     let mut conf = BTreeMap::new();
-    for kv in args.conf.split(',').filter(|s| !s.is_empty()) {
+    for kv in conf_text.split(',').filter(|s| !s.is_empty()) {
         let (k, v) = kv.split_once('=').ok_or("--conf wants key=value pairs")?;
         conf.insert(k.to_string(), v.to_string());
     }
-    let settings = C10dSettings::from_conf(NodeRange { min: n, max: n }, &conf)?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let op_timeout = settings.read_timeout;
+    Ok(C10dSettings::from_conf(
+        NodeRange { min: n, max: n },
+        &conf,
+    )?)
+}
 
+/// The child's counters, when there is a child.
+async fn counters(child: &mut Option<Child>) -> Res<Option<(u64, BTreeMap<String, u64>)>> {
+    Ok(match child.as_mut() {
+        Some(c) => Some(c.counters().await?),
+        None => None,
+    })
+}
+
+/// Connects every node's join connection and the keepers' connections, all at once.
+async fn connect_all(
+    host: &str,
+    port: u16,
+    n: usize,
+    deadline: Instant,
+    op_timeout: Duration,
+) -> Res<Conns> {
     // Like a real agent, each node's keeper has a connection apart from its join's (heartbeats
     // never queue behind a WAIT or a big read of the join), while both sides stay under the
     // 20,000 descriptors a process may hold here: above 9,000 nodes keepers share their
     // connections (see the module docs); 18,000 connections at most in all.
     let keeper_conns = 18_000usize.saturating_sub(n).clamp(1, n);
-    // Connections first, so the join measures the rendezvous, not the connect storm.
     let t_conn = Instant::now();
     let mut connecting = tokio::task::JoinSet::new();
     for i in 0..n + keeper_conns {
-        let host = args.host.clone();
+        let host = host.to_string();
         connecting.spawn(async move {
             let c = TcpRdzvStore::connect(&host, port, deadline, op_timeout).await?;
             Ok::<_, rdrun::rendezvous::RendezvousError>((i, c))
@@ -284,26 +369,38 @@ async fn run(args: Args) -> Res<()> {
         .drain(n..)
         .map(|c| Arc::new(c.expect("every keeper connection made")))
         .collect();
-    let stores = conns;
-    let connect_s = t_conn.elapsed().as_secs_f64();
+    let stores = conns
+        .into_iter()
+        .map(|c| c.expect("every node connected"))
+        .collect();
+    Ok(Conns {
+        stores,
+        keepers,
+        connect_s: t_conn.elapsed().as_secs_f64(),
+    })
+}
 
-    let counters0 = match child.as_mut() {
-        Some(c) => Some(c.counters().await?),
-        None => None,
-    };
-    let before = usage(server_pid);
-    let t0 = Instant::now();
-    let (joined_tx, mut joined_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (event_tx, mut event_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (kill_tx, kill_rx) = tokio::sync::watch::channel(None::<usize>);
-    let mut nodes = tokio::task::JoinSet::new();
-    for (i, store) in stores.into_iter().enumerate() {
-        let store = Arc::new(store.expect("every node connected"));
-        let keeper = keepers[i % keeper_conns].clone();
+/// Starts one task per node: it joins the round, reports how (`Joined`), then reports its
+/// rendezvous events (`Seen`) until the kill signal names it (its keeper then stops beating).
+fn spawn_nodes(
+    nodes: &mut tokio::task::JoinSet<()>,
+    conns: Conns,
+    settings: &C10dSettings,
+    nproc: usize,
+    (joined_tx, event_tx, kill_rx): (
+        tokio::sync::mpsc::UnboundedSender<Joined>,
+        tokio::sync::mpsc::UnboundedSender<Seen>,
+        tokio::sync::watch::Receiver<Option<usize>>,
+    ),
+) {
+    let n = conns.stores.len();
+    let keeper_conns = conns.keepers.len();
+    for (i, store) in conns.stores.into_iter().enumerate() {
+        let store = Arc::new(store);
+        let keeper = conns.keepers[i % keeper_conns].clone();
         let settings = settings.clone();
         let (joined_tx, event_tx, mut kill_rx) =
             (joined_tx.clone(), event_tx.clone(), kill_rx.clone());
-        let nproc = args.nproc;
         nodes.spawn(async move {
             let mut rdzv =
                 C10dRendezvous::new(store, settings, "sim", &node_addr(i), i as u32, nproc)
@@ -315,7 +412,7 @@ async fn run(args: Args) -> Res<()> {
                     master_port: 29500,
                 })
                 .await;
-            // The world, and ranks consistent with the group rank (checked unique below).
+            // The world, and ranks consistent with the group rank (checked unique later).
             let ok = asg
                 .as_ref()
                 .map(|a| {
@@ -344,15 +441,17 @@ async fn run(args: Args) -> Res<()> {
             }
         });
     }
-    drop((joined_tx, event_tx));
+}
+
+/// Waits for every node's join, checks that the group ranks are distinct and in range, and
+/// returns when the last one joined; with a `probe`, prints the progress every 5 s.
+async fn await_joins(
+    mut joined_rx: tokio::sync::mpsc::UnboundedReceiver<Joined>,
+    n: usize,
+    t0: Instant,
+    probe: Option<&TcpRdzvStore>,
+) -> Res<Instant> {
     let mut last = t0;
-    // With RDRUN_SIM_PROGRESS set: every 5 s, how many joined and the round's head (stderr).
-    let progress = std::env::var_os("RDRUN_SIM_PROGRESS").is_some();
-    let probe = if progress {
-        Some(TcpRdzvStore::connect(&args.host, port, deadline, op_timeout).await?)
-    } else {
-        None
-    };
     let mut next_report = Instant::now() + Duration::from_secs(5);
     let mut ranks_seen = vec![false; n];
     for done in 0..n {
@@ -361,17 +460,8 @@ async fn run(args: Args) -> Res<()> {
                 Ok(r) => break r.ok_or("a node task ended early")?,
                 Err(_) => {
                     next_report += Duration::from_secs(5);
-                    if let Some(p) = &probe {
-                        use rdrun::rendezvous::RdzvStore;
-                        let head = p
-                            .compare_set("rdrun.rendezvous.sim/state", b"\0", b"\0")
-                            .await
-                            .unwrap_or_default();
-                        eprintln!(
-                            "after {:.1}s: {done} joined; head {}",
-                            t0.elapsed().as_secs_f64(),
-                            String::from_utf8_lossy(&head)
-                        );
+                    if let Some(p) = probe {
+                        report_progress(p, done, t0).await;
                     }
                 }
             }
@@ -389,86 +479,109 @@ async fn run(args: Args) -> Res<()> {
         }
         last = last.max(at);
     }
-    let join_s = last.duration_since(t0).as_secs_f64();
-    let after_join = usage(server_pid);
-    let counters1 = match child.as_mut() {
-        Some(c) => Some(c.counters().await?),
+    Ok(last)
+}
+
+/// One progress line on stderr: how many joined, and the round's head.
+async fn report_progress(probe: &TcpRdzvStore, done: usize, t0: Instant) {
+    use rdrun::rendezvous::RdzvStore;
+    let head = probe
+        .compare_set("rdrun.rendezvous.sim/state", b"\0", b"\0")
+        .await
+        .unwrap_or_default();
+    eprintln!(
+        "after {:.1}s: {done} joined; head {}",
+        t0.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&head)
+    );
+}
+
+/// The join's bytes and store requests per node, from the child's counters before and after.
+fn join_costs(
+    n: usize,
+    (b0, o0): (u64, BTreeMap<String, u64>),
+    (b1, o1): (u64, BTreeMap<String, u64>),
+) -> String {
+    let mut line = format!(
+        " join_bytes={} bytes_per_join={}",
+        b1 - b0,
+        (b1 - b0) / n as u64
+    );
+    // Store requests per join, per opcode (what each node's join costs the store).
+    let per: Vec<String> = o1
+        .iter()
+        .map(|(k, v)| (k, v - o0.get(k).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d > 0)
+        .map(|(k, d)| format!("{k}:{:.2}", d as f64 / n as f64))
+        .collect();
+    line.push_str(&format!(" requests_per_join={}", per.join(",")));
+    line
+}
+
+/// Steady state: the round runs; only heartbeats and monitoring reach the store. Measures
+/// the server's bytes and CPU over `secs`; any rendezvous event meanwhile is an error.
+async fn steady_state(
+    secs: f64,
+    settings: &C10dSettings,
+    server_pid: Option<u32>,
+    mut child: Option<&mut Child>,
+    event_rx: &mut tokio::sync::mpsc::UnboundedReceiver<Seen>,
+) -> Res<String> {
+    let mut line = String::new();
+    // Let the first monitoring passes (started right after each join) go by.
+    tokio::time::sleep(settings.poll_interval).await;
+    let s0 = usage(server_pid);
+    let b0 = match child.as_mut() {
+        Some(c) => Some(c.bytes().await?),
         None => None,
     };
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    let s1 = usage(server_pid);
+    let secs = t.elapsed().as_secs_f64();
+    if let Some(c) = child.as_mut() {
+        let b1 = c.bytes().await?;
+        line.push_str(&format!(
+            " steady_bytes_per_s={:.0}",
+            (b1 - b0.unwrap_or(b1)) as f64 / secs
+        ));
+    }
+    if let (Some(c0), Some(c1)) = (s0, s1) {
+        line.push_str(&format!(" steady_cpu_pct={:.1}", 100.0 * (c1 - c0) / secs));
+    }
+    if let Ok((i, ev, _)) = event_rx.try_recv() {
+        return Err(format!("node {i} saw {ev:?} in steady state").into());
+    }
+    Ok(line)
+}
 
-    let mut line = format!(
-        "nodes={n} keeper_conns={keeper_conns} connect_s={connect_s:.3} join_s={join_s:.3}"
-    );
-    if let (Some(c0), Some(c1)) = (before, after_join) {
-        line.push_str(&format!(" join_server_cpu_s={:.2}", c1 - c0));
-    }
-    if let (Some((b0, o0)), Some((b1, o1))) = (counters0, counters1) {
-        line.push_str(&format!(
-            " join_bytes={} bytes_per_join={}",
-            b1 - b0,
-            (b1 - b0) / n as u64
-        ));
-        // Store requests per join, per opcode (what each node's join costs the store).
-        let per: Vec<String> = o1
-            .iter()
-            .map(|(k, v)| (k, v - o0.get(k).copied().unwrap_or(0)))
-            .filter(|(_, d)| *d > 0)
-            .map(|(k, d)| format!("{k}:{:.2}", d as f64 / n as f64))
-            .collect();
-        line.push_str(&format!(" requests_per_join={}", per.join(",")));
-    }
-    // Steady state: the round runs; only heartbeats and monitoring reach the store.
-    if args.steady_secs > 0.0 {
-        // Let the first monitoring passes (started right after each join) go by.
-        tokio::time::sleep(settings.poll_interval).await;
-        let s0 = usage(server_pid);
-        let b0 = match child.as_mut() {
-            Some(c) => Some(c.bytes().await?),
-            None => None,
-        };
-        let t = Instant::now();
-        tokio::time::sleep(Duration::from_secs_f64(args.steady_secs)).await;
-        let s1 = usage(server_pid);
-        let secs = t.elapsed().as_secs_f64();
-        if let Some(c) = child.as_mut() {
-            let b1 = c.bytes().await?;
-            line.push_str(&format!(
-                " steady_bytes_per_s={:.0}",
-                (b1 - b0.unwrap_or(b1)) as f64 / secs
-            ));
+/// Drops one node and times until every survivor learned of the loss.
+async fn kill_one(
+    n: usize,
+    kill_tx: &tokio::sync::watch::Sender<Option<usize>>,
+    event_rx: &mut tokio::sync::mpsc::UnboundedReceiver<Seen>,
+    settings: &C10dSettings,
+) -> Res<String> {
+    let victim = n / 2;
+    let t = Instant::now();
+    kill_tx.send(Some(victim))?;
+    let mut first = None;
+    let mut seen = std::collections::HashSet::new();
+    // Every survivor learns of the loss: the one that pruned it (PeersLost) and the rest
+    // (RoundChanged to the round without it).
+    while seen.len() < n - 1 {
+        let (i, ev, at) = event_rx.recv().await.ok_or("node tasks ended")?;
+        match ev {
+            RdzvEvent::PeersLost(_) | RdzvEvent::RoundChanged { .. } => {}
+            other => return Err(format!("node {i}: unexpected {other:?}").into()),
         }
-        if let (Some(c0), Some(c1)) = (s0, s1) {
-            line.push_str(&format!(" steady_cpu_pct={:.1}", 100.0 * (c1 - c0) / secs));
-        }
-        if let Ok((i, ev, _)) = event_rx.try_recv() {
-            return Err(format!("node {i} saw {ev:?} in steady state").into());
-        }
+        first.get_or_insert(at);
+        seen.insert(i);
     }
-    if args.kill_one && n > 1 {
-        let victim = n / 2;
-        let t = Instant::now();
-        kill_tx.send(Some(victim))?;
-        let mut first = None;
-        let mut seen = std::collections::HashSet::new();
-        // Every survivor learns of the loss: the one that pruned it (PeersLost) and the rest
-        // (RoundChanged to the round without it).
-        while seen.len() < n - 1 {
-            let (i, ev, at) = event_rx.recv().await.ok_or("node tasks ended")?;
-            match ev {
-                RdzvEvent::PeersLost(_) | RdzvEvent::RoundChanged { .. } => {}
-                other => return Err(format!("node {i}: unexpected {other:?}").into()),
-            }
-            first.get_or_insert(at);
-            seen.insert(i);
-        }
-        line.push_str(&format!(
-            " detect_first_s={:.3} detect_all_s={:.3} dead_after_s={:.1}",
-            first.map_or(0.0, |f| f.duration_since(t).as_secs_f64()),
-            t.elapsed().as_secs_f64(),
-            settings.dead_after().as_secs_f64()
-        ));
-    }
-    println!("{line}");
-    nodes.abort_all();
-    Ok(())
+    Ok(format!(
+        " detect_first_s={:.3} detect_all_s={:.3} dead_after_s={:.1}",
+        first.map_or(0.0, |f| f.duration_since(t).as_secs_f64()),
+        t.elapsed().as_secs_f64(),
+        settings.dead_after().as_secs_f64()
+    ))
 }

@@ -95,10 +95,7 @@ fn python_traceback_from_stderr_without_record() {
     // The tail holds one more line than the traceback, so it is shown after the block.
     assert!(text.contains("Root cause stderr (last "), "{text}");
     assert!(text.contains("\n  loading\n"), "{text}");
-    assert_eq!(
-        to_json(&report)["failures"][0]["message"],
-        "ValueError: boom"
-    );
+    assert_eq!(to_json(&report).failures[0].message, "ValueError: boom");
 }
 
 #[test]

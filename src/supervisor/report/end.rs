@@ -9,6 +9,7 @@ use std::path::Path;
 
 use crate::exit::Exit;
 use crate::supervisor::report::failure::{self, ResolvedReport};
+use crate::supervisor::report::schema::{BadNodeDoc, CheckDoc, EndKind, ReportDoc, RestartDoc};
 
 /// A run's end and what led to it: what the binary prints, exits with and writes.
 #[derive(Debug)]
@@ -111,22 +112,21 @@ impl BadNode {
         }
     }
 
-    /// `--report-json` for a bad node (schema `rdrun.failure-report/1`, `root_cause_kind`
-    /// `"bad_node"`, no failures): `bad_node` names the node and its failed checks, so that a
-    /// requeue script can add it to `--exclude`.
-    pub fn to_json(&self) -> serde_json::Value {
-        let checks: Vec<serde_json::Value> = self
-            .failed
-            .iter()
-            .map(|(c, d)| serde_json::json!({"check": c, "detail": d}))
-            .collect();
-        let mut doc = failure::skeleton(Exit::BadNode.code(), Some("bad_node"));
-        doc.insert(
-            "bad_node".into(),
-            serde_json::json!({"node": self.node, "message": self.line, "failed_checks": checks}),
-        );
-        doc.insert("node_failures".into(), self.node_failures.clone().into());
-        doc.into()
+    /// `bad_node` of `--report-json`: the node and its failed checks, so that a requeue script
+    /// can add it to `--exclude`.
+    pub fn doc(&self) -> BadNodeDoc {
+        BadNodeDoc {
+            node: self.node.clone(),
+            message: self.line.clone(),
+            failed_checks: self
+                .failed
+                .iter()
+                .map(|(check, detail)| CheckDoc {
+                    check: check.clone(),
+                    detail: detail.clone(),
+                })
+                .collect(),
+        }
     }
 }
 
@@ -234,73 +234,57 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     msg
 }
 
-/// `--report-json` of a node whose run ended because the rendezvous was closed elsewhere or
-/// lost (`root_cause_kind` `"rendezvous"`, no failures of its own): `message` says why,
-/// `node_failures` which node failed how often (issue 28); when the other node stopped with the
-/// stop verdict, `verdict` is its line and `exit_code` 93, as this node's own status.
-fn lost_json(
-    end: &RunEnd,
-    msg: &str,
-    node_failures: Option<&serde_json::Value>,
-) -> serde_json::Value {
-    let mut doc = failure::skeleton(end.exit().code(), Some("rendezvous"));
-    doc.insert("message".into(), msg.into());
-    doc.insert(
-        "verdict".into(),
-        crate::supervisor::report::traceback::verdict_in(msg).into(),
-    );
-    doc.insert("node_failures".into(), node_failures.cloned().into());
-    doc.into()
-}
-
-/// The `--report-json` document of any end (schema `rdrun.failure-report/1`, docs/compat.md),
-/// success included: a stale report of an earlier failed run must never outlive a rerun.
-/// `exit_code` is always rdrun's own status for this end; `restarts` lists what the run
-/// recovered from (`[{restart_count, charged, cause}]`). `root_cause_kind`: null for a success,
-/// `"failure"`/`"hang"` with a failure report, `"signal"` for a shutdown signal (with any
-/// failures of the stop), `"launcher"` for rdrun's own error, `"rendezvous"`, `"bad_node"`.
-pub fn end_json(ended: &Ended) -> serde_json::Value {
+/// The `--report-json` document of any end ([`ReportDoc`], `docs/report-json.md`), success
+/// included: a stale report of an earlier failed run must never outlive a rerun. `exit_code` is
+/// always rdrun's own status for this end; `restarts` lists what the run recovered from.
+/// `root_cause_kind`: null for a success, `failure`/`hang` with a failure report, `signal` for a
+/// shutdown signal (with any failures of the stop), `launcher` for rdrun's own error,
+/// `rendezvous` (the rendezvous was closed elsewhere or lost: `message` says why,
+/// `node_failures` which node failed how often; when the other node stopped with the stop
+/// verdict, `verdict` is its line and `exit_code` 93, as this node's own status), `bad_node`.
+pub fn end_json(ended: &Ended) -> ReportDoc {
     let end = &ended.end;
     let code = end.exit().code();
     let mut doc = match end {
         RunEnd::WorkersFailed(r) => failure::to_json(r),
-        RunEnd::Interrupted { signal, report } => {
-            let mut doc = match report {
+        RunEnd::Interrupted { signal, report } => ReportDoc {
+            root_cause_kind: Some(EndKind::Signal),
+            message: Some(format!("received {}", crate::exit::signal_label(*signal))),
+            ..match report {
                 Some(r) => failure::to_json(r),
-                None => failure::skeleton(code, None).into(),
-            };
-            doc["root_cause_kind"] = "signal".into();
-            doc["message"] = format!("received {}", crate::exit::signal_label(*signal)).into();
-            doc
-        }
-        RunEnd::BadNode(bad) => bad.to_json(),
-        RunEnd::RendezvousLost(msg, counts) => lost_json(end, msg, counts.as_ref()),
-        RunEnd::LauncherError(e) => {
-            let mut doc = failure::skeleton(code, Some("launcher"));
-            doc.insert("message".into(), e.to_string().into());
-            doc.into()
-        }
-        RunEnd::Succeeded => failure::skeleton(code, None).into(),
+                None => ReportDoc::new(code, None),
+            }
+        },
+        RunEnd::BadNode(bad) => ReportDoc {
+            bad_node: Some(bad.doc()),
+            node_failures: bad.node_failures.clone(),
+            ..ReportDoc::new(code, Some(EndKind::BadNode))
+        },
+        RunEnd::RendezvousLost(msg, counts) => ReportDoc {
+            message: Some(msg.clone()),
+            verdict: crate::supervisor::report::traceback::verdict_in(msg).map(String::from),
+            node_failures: counts.clone(),
+            ..ReportDoc::new(code, Some(EndKind::Rendezvous))
+        },
+        RunEnd::LauncherError(e) => ReportDoc {
+            message: Some(e.to_string()),
+            ..ReportDoc::new(code, Some(EndKind::Launcher))
+        },
+        RunEnd::Succeeded => ReportDoc::new(code, None),
     };
     // A report's own exit code is its root cause's; the end's is what rdrun exits with (a
     // signal to rdrun, the stop verdict).
-    doc["exit_code"] = code.into();
-    doc["restarts"] = ended
+    doc.exit_code = code;
+    doc.restarts = ended
         .restarts
         .iter()
-        .map(|r| {
-            let mut v = serde_json::json!({
-                "restart_count": r.restart_count,
-                "charged": r.charged,
-                "cause": r.cause,
-            });
-            if let Some(cost) = &r.cost {
-                v["seconds"] = cost.clone();
-            }
-            v
+        .map(|r| RestartDoc {
+            restart_count: r.restart_count,
+            charged: r.charged,
+            cause: r.cause.clone(),
+            seconds: r.cost.clone(),
         })
-        .collect::<Vec<_>>()
-        .into();
+        .collect();
     doc
 }
 
@@ -454,13 +438,13 @@ mod tests {
         let why = format!("the job failed on node 1 (h1): {line}; its agent closed the rendezvous");
         let end = RunEnd::RendezvousLost(why.clone(), None);
         assert_eq!(end.exit().code(), DO_NOT_REQUEUE);
-        let v = lost_json(&end, &why, None);
+        let v = end_json(&Ended::from(end)).to_value();
         assert_eq!(v["exit_code"], DO_NOT_REQUEUE);
         assert_eq!(v["verdict"], line);
         let plain = "the job failed on node 1 (h1); its agent closed the rendezvous";
         let end = RunEnd::RendezvousLost(plain.into(), None);
         assert_eq!(end.exit().code(), LAUNCHER_FAILURE);
-        let v = lost_json(&end, plain, None);
+        let v = end_json(&Ended::from(end)).to_value();
         assert_eq!(v["exit_code"], LAUNCHER_FAILURE);
         assert!(v["verdict"].is_null(), "{v}");
     }
@@ -508,14 +492,14 @@ mod tests {
             k.sort();
             k
         };
-        let want = keys(&end_json(&Ended::from(RunEnd::Succeeded)));
+        let want = keys(&end_json(&Ended::from(RunEnd::Succeeded)).to_value());
         for (end, code, kind) in ends {
             let ended = Ended {
                 end,
                 restarts: restarts.clone(),
                 ranks: Vec::new(),
             };
-            let v = end_json(&ended);
+            let v = end_json(&ended).to_value();
             assert_eq!(v["schema"], "rdrun.failure-report/1", "{v}");
             assert_eq!(v["exit_code"], code, "{v}");
             assert_eq!(v["root_cause_kind"], kind, "{v}");
@@ -529,7 +513,8 @@ mod tests {
         let v = end_json(&Ended::from(RunEnd::Interrupted {
             signal: 15,
             report: None,
-        }));
+        }))
+        .to_value();
         assert_eq!(v["message"], "received SIGTERM", "{v}");
     }
 }

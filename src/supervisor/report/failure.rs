@@ -751,9 +751,7 @@ fn suffix_overlap(tail: &[String], tb: &[String]) -> usize {
 mod json_out;
 #[cfg(test)]
 use json_out::to_json_with;
-pub use json_out::{
-    copy_to_parent_error_file, parent_error_json, skeleton, to_json, write_json_doc,
-};
+pub use json_out::{copy_to_parent_error_file, parent_error_json, to_json, write_json_doc};
 
 #[cfg(test)]
 #[path = "failure_tests.rs"]

@@ -1,103 +1,74 @@
 //! The failure report as JSON (`report.rs`'s [`super::ResolvedReport`], kept apart by job): the
 //! `--report-json` document and the nested error-file copy a parent launcher reads
 //! (TORCHELASTIC_ERROR_FILE of an outer torchrun/rdrun). Pure functions of the resolved report,
-//! plus the two writes. [`skeleton`] is the one schema every `--report-json` document starts
-//! from (a failure report's here, the other ends' in `end.rs`), so that no kind of end can miss
-//! a member a script reads.
+//! plus the two writes. The document is `schema.rs`'s [`ReportDoc`], the one type every end's
+//! `--report-json` is (a failure report's here, the other ends' in `end.rs`).
 
 use std::fs;
 use std::io;
 use std::path::Path;
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::supervisor::report::schema::{EndKind, FailureDoc, ReportDoc};
 
 use super::*;
 
-/// The report as JSON for `--report-json` (schema `rdrun.failure-report/1`, see docs/compat.md):
-/// `{schema, name, host, exit_code, root_cause, failures: [{index, rank, local_rank, pid,
-/// exitcode, signal, time, timestamp, error_file, error_file_error, message, traceback,
-/// stderr_tail, stopped_by_rdrun, stopped_after_failing}], root_cause_kind, hang}`. `exitcode`
-/// is torchrun's (negative for a signal); `stopped_by_rdrun`: the signal came from rdrun's stop;
-/// `stopped_after_failing`: it did, after the worker's error file recorded its failure (the
-/// worker then counts as exit 1, [`ResolvedReport::status_of`]); `exit_code` is rdrun's; `root_cause_kind` is `"hang"` when rdrun stopped the group for a
-/// hang (then `hang` is its one-line summary, else null), otherwise `"failure"`; `verdict`: why
-/// rdrun stopped restarting a failure it could have retried (the same failure in a row, then
-/// `exit_code` is the do-not-requeue code), else null.
-pub fn to_json(report: &ResolvedReport) -> Value {
+/// The report as the `--report-json` document ([`ReportDoc`], schema `rdrun.failure-report/1`,
+/// `docs/report-json.md`): every failure with its resolved error file, message and traceback.
+/// `exitcode` is torchrun's (negative for a signal); `stopped_by_rdrun`: the signal came from
+/// rdrun's stop; `stopped_after_failing`: it did, after the worker's error file recorded its
+/// failure (the worker then counts as exit 1, [`ResolvedReport::status_of`]); `exit_code` is
+/// rdrun's; `root_cause_kind` is `hang` when rdrun stopped the group for a hang (then `hang` is
+/// its one-line summary), otherwise `failure`; `verdict`: why rdrun stopped restarting a failure
+/// it could have retried (then `exit_code` is the do-not-requeue code).
+pub fn to_json(report: &ResolvedReport) -> ReportDoc {
     to_json_with(report, &format_local_time)
 }
 
-pub(super) fn to_json_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> Value {
-    let root = report.root;
-    let failures: Vec<Value> = report
+pub(super) fn to_json_with(report: &ResolvedReport, time: &dyn Fn(i64) -> String) -> ReportDoc {
+    let failures = report
         .failures
         .iter()
         .zip(&report.resolved)
         .enumerate()
-        .map(|(i, (f, r))| {
-            let signal = match f.status {
+        .map(|(index, (f, r))| FailureDoc {
+            index,
+            rank: f.rank,
+            local_rank: f.local_rank,
+            pid: f.pid,
+            exitcode: f.status.torchrun_code(),
+            signal: match f.status {
                 WorkerStatus::Signaled(n) => signal_name(n).map(String::from),
                 WorkerStatus::Exited(_) => None,
-            };
-            json!({
-                "index": i,
-                "rank": f.rank,
-                "local_rank": f.local_rank,
-                "pid": f.pid,
-                "exitcode": f.status.torchrun_code(),
-                "signal": signal,
-                "time": time(r.time),
-                "timestamp": r.time,
-                "error_file": r.error_file_path,
-                "error_file_error": r.error_file_problem,
-                "message": r.short,
-                "traceback": r.traceback,
-                "stderr_tail": f.stderr_tail,
-                "stopped_by_rdrun": f.stop_sent_at.is_some()
-                    && matches!(f.status, WorkerStatus::Signaled(_)),
-                "stopped_after_failing": r.stopped_after_failing,
-            })
+            },
+            time: time(r.time),
+            timestamp: r.time,
+            error_file: r.error_file_path.clone(),
+            error_file_error: r.error_file_problem.clone(),
+            message: r.short.clone(),
+            traceback: r.traceback.clone(),
+            stderr_tail: f.stderr_tail.clone(),
+            stopped_by_rdrun: f.stop_sent_at.is_some()
+                && matches!(f.status, WorkerStatus::Signaled(_)),
+            stopped_after_failing: r.stopped_after_failing,
         })
         .collect();
-    let mut doc = skeleton(
-        report.exit_code(),
-        Some(if report.hang.is_some() {
-            "hang"
-        } else {
-            "failure"
-        }),
-    );
-    doc.insert("name".into(), report.name.clone().into());
-    doc.insert("host".into(), report.host.clone().into());
-    doc.insert("exit_code".into(), root.map(|_| report.exit_code()).into());
-    doc.insert("root_cause".into(), root.into());
-    doc.insert("hang".into(), report.hang.clone().into());
-    doc.insert("verdict".into(), report.verdict.clone().into());
-    doc.insert("node_failures".into(), report.node_failures.clone().into());
-    doc.insert("failures".into(), failures.into());
-    doc.into()
-}
-
-/// The members every `--report-json` document has, in this order (schema
-/// `rdrun.failure-report/1`): what a kind of end does not know stays null (or empty).
-/// `root_cause_kind`: null for a success.
-pub fn skeleton(exit_code: i32, kind: Option<&str>) -> Map<String, Value> {
-    let doc = json!({
-        "schema": "rdrun.failure-report/1",
-        "name": null,
-        "host": null,
-        "exit_code": exit_code,
-        "root_cause": null,
-        "root_cause_kind": kind,
-        "hang": null,
-        "verdict": null,
-        "node_failures": null,
-        "failures": [],
-        "restarts": [],
-    });
-    match doc {
-        Value::Object(map) => map,
-        _ => unreachable!("a JSON object literal"),
+    let kind = if report.hang.is_some() {
+        EndKind::Hang
+    } else {
+        EndKind::Failure
+    };
+    ReportDoc {
+        name: Some(report.name.clone()),
+        host: Some(report.host.clone()),
+        root_cause: report.root,
+        hang: report.hang.clone(),
+        verdict: report.verdict.clone(),
+        node_failures: report.node_failures.clone(),
+        failures,
+        ..ReportDoc::new(report.exit_code(), Some(kind))
     }
 }
 
@@ -106,7 +77,7 @@ pub fn skeleton(exit_code: i32, kind: Option<&str>) -> Map<String, Value> {
 /// new one, never a mix or an empty file (a script may poll the file while rdrun ends). A
 /// symbolic link is followed (the file it names is replaced, not the link); a path that is not
 /// a regular file (`/dev/stdout`, a FIFO) is written in place, as rename cannot replace it.
-pub fn write_json_doc(path: &Path, doc: &Value) -> io::Result<()> {
+pub fn write_json_doc(path: &Path, doc: &impl Serialize) -> io::Result<()> {
     let mut text = serde_json::to_string_pretty(doc).map_err(io::Error::other)?;
     text.push('\n');
     let named =

@@ -78,11 +78,11 @@ fn hang_is_the_root_cause_and_never_exit_zero() {
     let msg = message(&r);
     let root = msg.split("Root Cause").nth(1).unwrap();
     assert!(root.contains("traceback : hang: quiet 3s"), "{msg}");
-    let v = to_json_with(&r, &format_utc_time);
+    let v = to_json_with(&r, &format_utc_time).to_value();
     assert_eq!(v["root_cause_kind"], "hang");
     assert_eq!(v["failures"][1]["message"], "hang: quiet 3s");
     assert_eq!(
-        to_json_with(&plain, &format_utc_time)["root_cause_kind"],
+        to_json_with(&plain, &format_utc_time).to_value()["root_cause_kind"],
         "failure"
     );
     // No suspect, and the chosen root exited 0: still a failure status.
@@ -461,7 +461,10 @@ fn bystander_error_file_is_not_the_root_cause() {
     let out = render_with(&r, &format_utc_time);
     let block = out.split("Root Cause").nth(1).expect("root block");
     assert!(block.contains("rank      : 1 (local_rank: 1)"), "{out}");
-    assert_eq!(to_json_with(&r, &format_utc_time)["exit_code"], 137);
+    assert_eq!(
+        to_json_with(&r, &format_utc_time).to_value()["exit_code"],
+        137
+    );
     // Detection order does not matter either.
     let r = report("t.py", vec![bystander.clone(), root.clone()]);
     assert_eq!(r.root_cause(), Some(1));
@@ -519,7 +522,7 @@ fn a_failed_worker_that_rdruns_stop_then_signalled_counts_as_its_failure() {
             root.contains("exitcode  : -15 (pid: 10)  (SIGTERM) sent by rdrun's stop after this worker had failed (counted as exit 1)"),
             "{out}"
         );
-    let v = to_json_with(&r, &format_utc_time);
+    let v = to_json_with(&r, &format_utc_time).to_value();
     assert_eq!(v["exit_code"], 1);
     assert_eq!(v["failures"][1]["stopped_by_rdrun"], true);
     assert_eq!(v["failures"][1]["stopped_after_failing"], true);
@@ -534,7 +537,7 @@ fn a_failed_worker_that_rdruns_stop_then_signalled_counts_as_its_failure() {
     let r = report("teardown.py", vec![second, first]);
     assert_eq!(r.root_cause(), Some(0));
     assert!(
-        !to_json_with(&r, &format_utc_time)["failures"][1]["stopped_after_failing"]
+        !to_json_with(&r, &format_utc_time).to_value()["failures"][1]["stopped_after_failing"]
             .as_bool()
             .unwrap()
     );
@@ -549,7 +552,7 @@ fn json_report() {
     root.stderr_tail = vec!["a".into()];
     let peer = failure(0, 10, WorkerStatus::Signaled(15), T + 3);
     let r = report("rec.py", vec![peer, root]);
-    let v = to_json_with(&r, &format_utc_time);
+    let v = to_json_with(&r, &format_utc_time).to_value();
     assert_eq!(v["schema"], "rdrun.failure-report/1");
     assert_eq!(v["name"], "rec.py");
     assert_eq!(v["host"], "localhost");
@@ -583,7 +586,8 @@ fn json_report() {
     let v = to_json(&report(
         "x",
         vec![failure(0, 1, WorkerStatus::Signaled(9), T)],
-    ));
+    ))
+    .to_value();
     assert_eq!(v["exit_code"], 137);
 }
 

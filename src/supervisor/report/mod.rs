@@ -4,6 +4,7 @@
 //! root cause rank, its traceback, the table of ranks; `failure_json.rs` its JSON);
 //! `restart_cost` what each restart cost; `redact` secrets out of every command line shown; `traceback` reading tracebacks and
 //! verdict lines;
+//! `schema` the `--report-json` document's one type;
 //! `ci` the CI outputs (GitHub Actions annotations and step summary, JUnit XML).
 
 pub mod ci;
@@ -11,4 +12,5 @@ pub(in crate::supervisor) mod end;
 pub mod failure;
 pub(in crate::supervisor) mod redact;
 pub(in crate::supervisor) mod restart_cost;
+pub mod schema;
 pub(in crate::supervisor) mod traceback;

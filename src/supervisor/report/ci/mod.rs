@@ -3,16 +3,15 @@
 //! summary (`github.rs`); `--report-junit` as JUnit XML, one test case per rank (`junit.rs`).
 //!
 //! Both are rendered from the end's `--report-json` document ([`crate::supervisor::end_json`]): the report's
-//! resolved data read back, not a second report built by hand, so the root cause, the messages
+//! resolved data read back from its one type (`schema.rs`), not a second report built by hand, so the root cause, the messages
 //! and the tracebacks are the ones the printed report and the JSON show. Nothing here reads the
 //! environment: the binary passes what it found ([`GitHub::detect`] takes the lookup).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use crate::supervisor::report::end::{end_json, Ended};
+use crate::supervisor::report::schema::{FailureDoc, ReportDoc};
 use crate::supervisor::report::traceback;
 
 mod github;
@@ -119,81 +118,62 @@ struct Failed {
     frame: Option<(String, u32)>,
 }
 
-impl Run {
-    fn of(doc: &Value, ranks: &[(usize, usize)], job: &str) -> Run {
-        let text = |v: &Value| v.as_str().map(String::from);
-        let lines = |v: &Value| -> Vec<String> {
-            v.as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|l| l.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default()
+impl Failed {
+    fn of(f: &FailureDoc) -> Failed {
+        let stderr_tail = f.stderr_tail.clone();
+        let mut traceback = f.traceback.clone().unwrap_or_default();
+        if traceback.is_empty() {
+            // A rank that raised and then died of a signal (torch's teardown abort) has its
+            // printed traceback only in its stderr: from its last header on.
+            let header = stderr_tail
+                .iter()
+                .rposition(|l| l.contains("Traceback (most recent call last):"));
+            if let Some(at) = header {
+                if traceback::parse_traceback(&stderr_tail[at..]).is_some() {
+                    traceback = stderr_tail[at..].to_vec();
+                }
+            }
+        }
+        let code = f.exitcode;
+        let status = match &f.signal {
+            Some(name) => format!("signal {} ({name})", -code),
+            None if code < 0 => format!("signal {}", -code),
+            None => format!("exit code {code}"),
         };
-        let failures = doc["failures"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            .map(|f| {
-                let stderr_tail = lines(&f["stderr_tail"]);
-                let mut traceback = lines(&f["traceback"]);
-                if traceback.is_empty() {
-                    // A rank that raised and then died of a signal (torch's teardown abort) has
-                    // its printed traceback only in its stderr: from its last header on.
-                    let header = stderr_tail
-                        .iter()
-                        .rposition(|l| l.contains("Traceback (most recent call last):"));
-                    if let Some(at) = header {
-                        if traceback::parse_traceback(&stderr_tail[at..]).is_some() {
-                            traceback = stderr_tail[at..].to_vec();
-                        }
-                    }
-                }
-                let code = f["exitcode"].as_i64().unwrap_or(0);
-                let status = match text(&f["signal"]) {
-                    Some(name) => format!("signal {} ({name})", -code),
-                    None if code < 0 => format!("signal {}", -code),
-                    None => format!("exit code {code}"),
-                };
-                Failed {
-                    rank: f["rank"].as_u64().unwrap_or(0) as usize,
-                    local_rank: f["local_rank"].as_u64().unwrap_or(0) as usize,
-                    pid: f["pid"].as_u64().unwrap_or(0),
-                    status,
-                    message: traceback::unprefixed(&text(&f["message"]).unwrap_or_default())
-                        .to_string(),
-                    exception: traceback::parse_traceback(&traceback).map(|(kind, ..)| kind),
-                    frame: user_frame(&traceback),
-                    traceback,
-                    stderr_tail,
-                    stopped_by_rdrun: f["stopped_by_rdrun"].as_bool().unwrap_or(false),
-                }
-            })
-            .collect::<Vec<_>>();
-        let root = doc["root_cause"]
-            .as_u64()
-            .map(|i| i as usize)
-            .filter(|&i| i < failures.len());
+        Failed {
+            rank: f.rank,
+            local_rank: f.local_rank,
+            pid: u64::from(f.pid),
+            status,
+            message: traceback::unprefixed(&f.message).to_string(),
+            exception: traceback::parse_traceback(&traceback).map(|(kind, ..)| kind),
+            frame: user_frame(&traceback),
+            traceback,
+            stderr_tail,
+            stopped_by_rdrun: f.stopped_by_rdrun,
+        }
+    }
+}
+
+impl Run {
+    fn of(doc: &ReportDoc, ranks: &[(usize, usize)], job: &str) -> Run {
+        let failures = doc.failures.iter().map(Failed::of).collect::<Vec<_>>();
+        let root = doc.root_cause.filter(|&i| i < failures.len());
         Run {
-            job: text(&doc["name"]).unwrap_or_else(|| job.to_string()),
-            host: text(&doc["host"]),
-            exit_code: doc["exit_code"].as_i64().unwrap_or(1),
-            kind: text(&doc["root_cause_kind"]),
-            message: text(&doc["message"]).or_else(|| text(&doc["bad_node"]["message"])),
-            hang: text(&doc["hang"]),
-            verdict: text(&doc["verdict"]),
+            job: doc.name.clone().unwrap_or_else(|| job.to_string()),
+            host: doc.host.clone(),
+            exit_code: i64::from(doc.exit_code),
+            kind: doc.root_cause_kind.map(|k| k.name().to_string()),
+            message: doc
+                .message
+                .clone()
+                .or_else(|| doc.bad_node.as_ref().map(|b| b.message.clone())),
+            hang: doc.hang.clone(),
+            verdict: doc.verdict.clone(),
             failures,
             root,
             ranks: ranks.to_vec(),
-            restarts: doc["restarts"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|r| text(&r["cause"]))
-                .collect(),
+            restarts: doc.restarts.iter().map(|r| r.cause.clone()).collect(),
         }
     }
 

@@ -1,7 +1,9 @@
 //! Unit tests of the CI renderers on `--report-json` documents; a real failing job's annotation,
 //! step summary and JUnit file are checked in `launcher-tests/ci.rs`.
 
-use serde_json::json;
+use serde_json::{json, Value};
+
+use crate::supervisor::report::schema::ReportDoc;
 
 use super::*;
 
@@ -36,6 +38,11 @@ fn failed_doc() -> Value {
     })
 }
 
+/// A document as the tests write it: members left out take their defaults, as a reader's would.
+fn parse(v: Value) -> ReportDoc {
+    serde_json::from_value(v).expect("a report document")
+}
+
 fn gh() -> GitHub {
     GitHub {
         step_summary: None,
@@ -46,7 +53,7 @@ fn gh() -> GitHub {
 
 #[test]
 fn annotation_at_the_innermost_user_frame_escaped() {
-    let run = Run::of(&failed_doc(), &[(0, 0), (1, 1)], "train.py");
+    let run = Run::of(&parse(failed_doc()), &[(0, 0), (1, 1)], "train.py");
     let a = github::annotation(&run, &gh());
     assert_eq!(
         a,
@@ -75,13 +82,13 @@ fn frames_outside_the_workspace_and_library_only_tracebacks() {
         workspace: Some(PathBuf::from("/elsewhere")),
         ..gh()
     };
-    let run = Run::of(&failed_doc(), &[], "train.py");
+    let run = Run::of(&parse(failed_doc()), &[], "train.py");
     assert!(github::annotation(&run, &other).starts_with("::error file=/ws/lib/model.py,line=7,"));
 }
 
 #[test]
 fn summary_has_the_root_cause_table_and_traceback() {
-    let run = Run::of(&failed_doc(), &[(0, 0), (1, 1)], "train.py");
+    let run = Run::of(&parse(failed_doc()), &[(0, 0), (1, 1)], "train.py");
     let md = github::summary(&run);
     assert!(
         md.starts_with("### rdrun: `train.py` failed (exit 1)\n"),
@@ -112,7 +119,7 @@ fn summary_has_the_root_cause_table_and_traceback() {
 
 #[test]
 fn junit_one_case_per_rank() {
-    let run = Run::of(&failed_doc(), &[(0, 0), (1, 1), (2, 2)], "train.py");
+    let run = Run::of(&parse(failed_doc()), &[(0, 0), (1, 1), (2, 2)], "train.py");
     let x = junit::render(&run);
     assert!(x.contains("tests=\"3\" failures=\"2\" errors=\"0\""), "{x}");
     assert!(
@@ -133,7 +140,7 @@ fn junit_one_case_per_rank() {
 fn ends_without_a_rank_and_successes() {
     let doc = json!({"exit_code": 1, "root_cause_kind": "launcher", "name": null,
                      "message": "cannot start worker: no such file", "failures": []});
-    let run = Run::of(&doc, &[], "t.py");
+    let run = Run::of(&parse(doc), &[], "t.py");
     let a = github::annotation(&run, &gh());
     assert_eq!(
         a,
@@ -146,7 +153,7 @@ fn ends_without_a_rank_and_successes() {
     );
     assert!(x.contains("errors=\"1\""), "{x}");
     let ok = Run::of(
-        &json!({"exit_code": 0, "failures": []}),
+        &parse(json!({"exit_code": 0, "failures": []})),
         &[(0, 0), (1, 1)],
         "t.py",
     );
@@ -188,7 +195,7 @@ fn printed_traceback_of_a_rank_that_aborted_after_raising() {
     f["exitcode"] = json!(-6);
     f["signal"] = json!("SIGABRT");
     f["message"] = json!("Signal 6 (SIGABRT) received by PID 11");
-    let run = Run::of(&doc, &[], "train.py");
+    let run = Run::of(&parse(doc), &[], "train.py");
     let a = github::annotation(&run, &gh());
     assert!(
         a.starts_with("::error file=lib/model.py,line=7,title=rank 1%3A ValueError::"),

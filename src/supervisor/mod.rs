@@ -16,6 +16,7 @@
 //! - [`report`]: how the run ended: the failure report, its JSON, restart costs, CI outputs.
 
 mod agent;
+pub mod chaos;
 pub mod group;
 pub mod nodes;
 mod observe;

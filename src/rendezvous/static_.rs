@@ -282,12 +282,25 @@ impl<S: RdzvStore> StaticRendezvous<S> {
         *self.running.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let started = Instant::now();
         let deadline = started + self.settings.timeout;
+        self.claim_rank(deadline).await?;
+        self.announce(deadline).await?;
+        self.ensure_keeper();
+        if let (Some(r), RoundReason::WorkerFailure | RoundReason::PeerLost) = (self.round, reason)
+        {
+            self.start_next_generation(r, deadline).await?;
+        }
+        let gen = self.wait_all_in(started, deadline).await?;
+        self.assignment(gen, deadline).await
+    }
+
+    /// This node's heartbeat, host and `nproc` for the others to read (nproc last: its key is
+    /// the one they wait for).
+    async fn announce(&self, deadline: Instant) -> Result<(), RendezvousError> {
         let store = self.store.clone();
         let keys = self.keys.clone();
         let rank = self.node_rank;
         let nproc = self.nproc.to_string();
         let host = self.host.clone();
-        self.claim_rank(deadline).await?;
         self.retry(deadline, || {
             let (store, keys, nproc) = (store.clone(), keys.clone(), nproc.clone());
             let host = host.clone();
@@ -297,74 +310,49 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 store.set(&keys.nproc(rank), nproc.as_bytes()).await
             }
         })
+        .await
+    }
+
+    /// Moves the generation from `r` to `r + 1` (compare-and-set: the first node after a failure
+    /// does it, once for all).
+    async fn start_next_generation(
+        &self,
+        r: u64,
+        deadline: Instant,
+    ) -> Result<(), RendezvousError> {
+        let (store, keys) = (self.store.clone(), self.keys.clone());
+        let (cur, next) = (r.to_string(), (r + 1).to_string());
+        self.retry(deadline, || {
+            let (store, keys, cur, next) = (store.clone(), keys.clone(), cur.clone(), next.clone());
+            async move {
+                store
+                    .compare_set(&keys.gen(), cur.as_bytes(), next.as_bytes())
+                    .await
+            }
+        })
         .await?;
-        self.ensure_keeper();
-        if let (Some(r), RoundReason::WorkerFailure | RoundReason::PeerLost) = (self.round, reason)
-        {
-            let (cur, next) = (r.to_string(), (r + 1).to_string());
-            self.retry(deadline, || {
-                let (store, keys, cur, next) =
-                    (store.clone(), keys.clone(), cur.clone(), next.clone());
-                async move {
-                    store
-                        .compare_set(&keys.gen(), cur.as_bytes(), next.as_bytes())
-                        .await
-                }
-            })
-            .await?;
-        }
+        Ok(())
+    }
+
+    /// Arrives in the current generation and waits until every node is in (node 0 opens the
+    /// round); returns the generation.
+    async fn wait_all_in(
+        &mut self,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<u64, RendezvousError> {
+        let store = self.store.clone();
+        let rank = self.node_rank;
         let mut arrived_in: Option<u64> = None;
         // A status line while nodes are missing (issue 12), not silence until the timeout.
         let mut all_keys: Vec<String> = (0..self.nnodes).map(|r| self.keys.nproc(r)).collect();
         let mut looked = None; // the status line's last look (rendezvous::progress)
-        let gen = loop {
-            let (gen, closed) = self
-                .retry(deadline, || {
-                    let (store, keys) = (store.clone(), keys.clone());
-                    async move {
-                        let g = store.compare_set(&keys.gen(), b"", b"0").await?;
-                        let closed = try_get(&*store, &keys.closed()).await?;
-                        Ok((parse_u64(&g).unwrap_or(0), closed))
-                    }
-                })
-                .await?;
-            if let Some(value) = closed {
-                ack_closed(&*store, &keys.closed_acks(), &rank.to_string()).await;
-                return Err(match closed_reason(&value) {
-                    Some(why) => RendezvousError::JobFailed(why),
-                    None => RendezvousError::Closed { redundant: false },
-                });
-            }
-            // Before this node counts as arrived: its `--nnodes` is in the list before its
-            // arrival is, so a node whose arrival completes the count (and opens the round)
-            // reads every line of the nodes counted before it. Checked after the count, a node
-            // could open the round and start its workers before a disagreeing node's line came
-            // (seen once on a loaded machine: node 0 trained alone, node 1 failed).
-            let (mine, who) = (
-                self.nnodes.to_string(),
-                format!("node rank {rank} on {}", self.who),
-            );
-            if let Ok(Some((other_node, other))) =
-                nnodes_disagreement(&*store, &keys.nnodes(), &mine, &who, &mut self.said_nnodes)
-                    .await
-            {
-                return Err(RendezvousError::NnodesDisagree {
-                    mine,
-                    other_node,
-                    other,
-                });
-            }
+        loop {
+            let gen = self.current_generation(deadline).await?;
+            self.check_nnodes().await?;
             if arrived_in != Some(gen) {
                 arrived_in = Some(gen);
-                let n = self
-                    .retry(deadline, || {
-                        let (store, keys) = (store.clone(), keys.clone());
-                        async move { store.add(&keys.arrived(gen), 1).await }
-                    })
-                    .await?;
-                if n == self.nnodes as i64 {
-                    store.set(&keys.all_in(gen), b"1").await?;
-                }
+                self.arrive(gen, deadline).await?;
             }
             all_keys.truncate(self.nnodes);
             // Node 0 opens the round (after the reset), the others wait for it to be open.
@@ -374,7 +362,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             });
             let now = Instant::now();
             if now >= deadline {
-                let joined = store.add(&keys.arrived(gen), 0).await.unwrap_or(0);
+                let joined = store.add(&self.keys.arrived(gen), 0).await.unwrap_or(0);
                 return Err(RendezvousError::Timeout {
                     waited: now.duration_since(started),
                     joined: joined.max(0) as usize,
@@ -384,7 +372,7 @@ impl<S: RdzvStore> StaticRendezvous<S> {
             super::progress::look_static(
                 &*store,
                 gen,
-                &keys.arrived(gen),
+                &self.keys.arrived(gen),
                 &all_keys[..self.nnodes],
                 deadline,
                 &mut looked,
@@ -398,34 +386,112 @@ impl<S: RdzvStore> StaticRendezvous<S> {
                 .min(deadline - now);
             match store.wait(&all_keys, slice).await {
                 Ok(true) if rank == 0 => {
-                    // Every agent arrived, so every worker of the previous attempt is gone: a
-                    // clean namespace for the new one before any of its workers can start.
-                    if let Some(reset) = &self.reset {
-                        let gone = reset();
-                        if gone > 0 {
-                            tracing::info!(
-                                gone,
-                                round = gen,
-                                "cleared the previous attempt's worker keys from the store"
-                            );
-                        }
-                    }
-                    self.retry(deadline, || {
-                        let (store, keys) = (store.clone(), keys.clone());
-                        async move { store.set(&keys.go(gen), b"1").await }
-                    })
-                    .await?;
-                    break gen;
+                    self.open_round(gen, deadline).await?;
+                    return Ok(gen);
                 }
-                Ok(true) => break gen,
+                Ok(true) => return Ok(gen),
                 Ok(false) => {}
                 Err(e) => {
                     tracing::debug!(error = %e, "waiting for the other nodes failed; retrying");
                     tokio::time::sleep(slice).await;
                 }
             }
-        };
-        all_keys.truncate(self.nnodes);
+        }
+    }
+
+    /// The current generation (created as 0 by the first node); a closed job is its error.
+    async fn current_generation(&self, deadline: Instant) -> Result<u64, RendezvousError> {
+        let (store, keys) = (self.store.clone(), self.keys.clone());
+        let (gen, closed) = self
+            .retry(deadline, || {
+                let (store, keys) = (store.clone(), keys.clone());
+                async move {
+                    let g = store.compare_set(&keys.gen(), b"", b"0").await?;
+                    let closed = try_get(&*store, &keys.closed()).await?;
+                    Ok((parse_u64(&g).unwrap_or(0), closed))
+                }
+            })
+            .await?;
+        if let Some(value) = closed {
+            let rank = self.node_rank.to_string();
+            ack_closed(&*store, &keys.closed_acks(), &rank).await;
+            return Err(match closed_reason(&value) {
+                Some(why) => RendezvousError::JobFailed(why),
+                None => RendezvousError::Closed { redundant: false },
+            });
+        }
+        Ok(gen)
+    }
+
+    /// Refuses a round whose nodes typed different `--nnodes`.
+    async fn check_nnodes(&mut self) -> Result<(), RendezvousError> {
+        // Before this node counts as arrived: its `--nnodes` is in the list before its
+        // arrival is, so a node whose arrival completes the count (and opens the round)
+        // reads every line of the nodes counted before it. Checked after the count, a node
+        // could open the round and start its workers before a disagreeing node's line came
+        // (seen once on a loaded machine: node 0 trained alone, node 1 failed).
+        let (mine, who) = (
+            self.nnodes.to_string(),
+            format!("node rank {} on {}", self.node_rank, self.who),
+        );
+        let key = self.keys.nnodes();
+        if let Ok(Some((other_node, other))) =
+            nnodes_disagreement(&*self.store, &key, &mine, &who, &mut self.said_nnodes).await
+        {
+            return Err(RendezvousError::NnodesDisagree {
+                mine,
+                other_node,
+                other,
+            });
+        }
+        Ok(())
+    }
+
+    /// Counts this node as arrived in `gen`; the last to arrive marks everyone in.
+    async fn arrive(&self, gen: u64, deadline: Instant) -> Result<(), RendezvousError> {
+        let (store, keys) = (self.store.clone(), self.keys.clone());
+        let n = self
+            .retry(deadline, || {
+                let (store, keys) = (store.clone(), keys.clone());
+                async move { store.add(&keys.arrived(gen), 1).await }
+            })
+            .await?;
+        if n == self.nnodes as i64 {
+            store.set(&keys.all_in(gen), b"1").await?;
+        }
+        Ok(())
+    }
+
+    /// Node 0, every node in: clears the previous attempt's worker keys, then opens the round.
+    async fn open_round(&self, gen: u64, deadline: Instant) -> Result<(), RendezvousError> {
+        // Every agent arrived, so every worker of the previous attempt is gone: a clean
+        // namespace for the new one before any of its workers can start.
+        if let Some(reset) = &self.reset {
+            let gone = reset();
+            if gone > 0 {
+                tracing::info!(
+                    gone,
+                    round = gen,
+                    "cleared the previous attempt's worker keys from the store"
+                );
+            }
+        }
+        let (store, keys) = (self.store.clone(), self.keys.clone());
+        self.retry(deadline, || {
+            let (store, keys) = (store.clone(), keys.clone());
+            async move { store.set(&keys.go(gen), b"1").await }
+        })
+        .await
+    }
+
+    /// This node's ranks in the open round `gen`, from every node's `nproc` and host.
+    async fn assignment(
+        &mut self,
+        gen: u64,
+        deadline: Instant,
+    ) -> Result<Assignment, RendezvousError> {
+        let store = self.store.clone();
+        let all_keys: Vec<String> = (0..self.nnodes).map(|r| self.keys.nproc(r)).collect();
         let values = self
             .retry(deadline, || {
                 let (store, all_keys) = (store.clone(), all_keys.clone());

@@ -20,6 +20,7 @@
 //! is [`RdzvEvent::StoreUnreachable`] once the lease could not be renewed for a whole TTL.
 //!
 //! The background keeper (lease renewal, the watch of the running round) is `driver/keeper.rs`;
+//! the steps of the join loop are `driver/join.rs`;
 //! the shared plumbing is `plumbing.rs`, the key spellings `keys::etcd`.
 
 use std::collections::{HashMap, HashSet};
@@ -44,8 +45,10 @@ use crate::rendezvous::state::{
 };
 use crate::rendezvous::store::StoreOpError;
 
+mod join;
 mod keeper;
 mod leave;
+use join::LastCall;
 use keeper::Keeper;
 
 /// The watched ids without an alive key (their lease expired or was revoked).
@@ -276,7 +279,7 @@ impl EtcdRendezvous {
     }
 
     /// Joins the next round and waits until it completes with this agent in it (see
-    /// `C10dRendezvous::next_round`; the same rules).
+    /// `C10dRendezvous::next_round`; the same rules). Its steps are in `driver/join.rs`.
     pub async fn next_round(&mut self, req: RoundRequest) -> Result<Assignment, RendezvousError> {
         lock(&self.shared).running = None;
         if let Some(lost) = self.lost() {
@@ -297,12 +300,10 @@ impl EtcdRendezvous {
             self.settings.rounds.min_nodes,
             self.settings.rounds.max_nodes,
         );
-        let mine = nnodes_text(min, max);
-        let mut last_call: Option<((u64, u64), Instant)> = None;
+        let mut last_call = LastCall::default();
         let mut announced: Option<u64> = None;
         let mut lost_races = 0u32;
         let mut waker: Option<Waker> = None;
-        let state_key = self.keys.state();
         loop {
             let (state, seen, revision) = self
                 .retry(deadline, || read_state(&self.etcd, &self.keys))
@@ -315,50 +316,9 @@ impl EtcdRendezvous {
                 deadline = now + join_timeout;
             }
             let mut wake_at = deadline.min(now + Duration::from_secs(1));
-            let last_call_expired = if !state.complete
-                && state.is_participant(&id)
-                && state.participants.len() >= min
-            {
-                let key = (state.round, state.last_call_seq);
-                match last_call {
-                    Some((k, since)) if k == key => {
-                        let end = since + self.settings.rounds.last_call_timeout;
-                        wake_at = wake_at.min(end);
-                        now >= end
-                    }
-                    _ => {
-                        last_call = Some((key, now));
-                        wake_at = wake_at.min(now + self.settings.rounds.last_call_timeout);
-                        self.settings.rounds.last_call_timeout.is_zero()
-                    }
-                }
-            } else {
-                false
-            };
-            let mut pending = Vec::new();
-            if !state.complete && !state.closed && !state.is_participant(&id) {
-                let prefix = self.keys.joiners(state.round);
-                if announced != Some(state.round) {
-                    let line = serde_json::to_vec(&self.me).expect("member serializes");
-                    if self
-                        .etcd
-                        .put(&self.keys.joiner(state.round, &id), line, Some(self.lease))
-                        .await
-                        .is_ok()
-                    {
-                        announced = Some(state.round);
-                    }
-                }
-                if let Ok((kvs, _)) = self.etcd.get_prefix(&prefix).await {
-                    pending = kvs
-                        .into_iter()
-                        .filter_map(|(_, v)| serde_json::from_slice::<Member>(&v).ok())
-                        .collect();
-                    // Announcement order is not kept by a prefix read; order by address as the
-                    // round's ranks are (the write admits them all at once anyway).
-                    state::order_participants(&mut pending, &[]);
-                }
-            }
+            let timeout = self.settings.rounds.last_call_timeout;
+            let last_call_expired = last_call.expired(&state, &id, min, now, timeout, &mut wake_at);
+            let pending = self.pending_joiners(&state, &mut announced).await;
             let view = JoinView {
                 me: &self.me,
                 min,
@@ -369,26 +329,7 @@ impl EtcdRendezvous {
                 pending: &pending,
             };
             let write = match join_step(&state, &view) {
-                JoinStep::Done => {
-                    let asg = assignment(&state, &id, &self.keys.store_prefix()).expect(
-                        "join_step returns Done only for a participant of a complete round",
-                    );
-                    self.my_round = Some(state.round);
-                    self.round_peers = state
-                        .participants
-                        .iter()
-                        .filter(|m| m.id != id)
-                        .map(|m| m.id.clone())
-                        .collect();
-                    {
-                        let mut sh = lock(&self.shared);
-                        sh.running = Some(state.round);
-                        sh.waiting = state.num_nodes_waiting();
-                    }
-                    self.running_changed.notify_one();
-                    tracing::debug!(round = asg.round, "etcd round complete");
-                    return Ok(asg);
-                }
+                JoinStep::Done => return Ok(self.round_complete(&state)),
                 JoinStep::Closed { redundant } => {
                     return Err(match &state.closed_reason {
                         Some(why) if !redundant => RendezvousError::JobFailed(why.clone()),
@@ -399,7 +340,7 @@ impl EtcdRendezvous {
                     if let Some(new) = leave {
                         let _ = self
                             .etcd
-                            .compare_and_set(&state_key, seen, new.encode())
+                            .compare_and_set(&self.keys.state(), seen, new.encode())
                             .await;
                     }
                     return Err(RendezvousError::Timeout {
@@ -409,60 +350,10 @@ impl EtcdRendezvous {
                     });
                 }
                 JoinStep::Write(new) => Some(new),
-                JoinStep::Wait => {
-                    if let Ok((kvs, _)) = self.etcd.get_prefix(&self.keys.nnodes_prefix()).await {
-                        if let Some((other_node, other)) = kvs.into_iter().find_map(|(who, n)| {
-                            let n = String::from_utf8_lossy(&n).into_owned();
-                            (n != mine).then_some((who, n))
-                        }) {
-                            let mut new = state.clone();
-                            new.remove_everywhere(&id);
-                            let _ = self
-                                .etcd
-                                .compare_and_set(&state_key, seen, new.encode())
-                                .await;
-                            return Err(RendezvousError::NnodesDisagree {
-                                mine,
-                                other_node,
-                                other,
-                            });
-                        }
-                    }
-                    // Peers whose lease expired while this agent waits are dropped, so the
-                    // round can go on without them.
-                    match alive_ids(&self.etcd, &self.keys).await {
-                        Ok(alive) => {
-                            let dead = dead_among(&state, &id, &alive);
-                            if dead.is_empty() {
-                                None
-                            } else {
-                                tracing::warn!(?dead, "dropping nodes whose etcd lease expired");
-                                prune_dead(&state, &dead, min, max)
-                            }
-                        }
-                        Err(_) => None,
-                    }
-                }
+                JoinStep::Wait => self.while_waiting(&state, seen, min, max).await?,
             };
             match write {
-                Some(new) => {
-                    match self
-                        .etcd
-                        .compare_and_set(&state_key, seen, new.encode())
-                        .await
-                    {
-                        Ok(true) => lost_races = 0,
-                        Ok(false) => {
-                            // Lost a race: a random pause, so agents joining together do not
-                            // retry in lockstep.
-                            lost_races += 1;
-                            let cap = Duration::from_millis(1u64 << lost_races.min(7))
-                                .min(Duration::from_millis(100));
-                            tokio::time::sleep(cap.mul_f64(fastrand::f64())).await;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "etcd write failed; retrying"),
-                    }
-                }
+                Some(new) => self.write_state(seen, new, &mut lost_races).await,
                 None => {
                     let left = wake_at.saturating_duration_since(Instant::now());
                     waker.wait(left.max(Duration::from_millis(10))).await;
@@ -639,10 +530,7 @@ impl EtcdRendezvous {
         };
         let tick = self.poll_interval();
         let deadline = Instant::now() + self.settings.ttl + Duration::from_secs(1) + tick;
-        let alive_prefix = self.keys.alive_prefix();
-        // Per peer: its lease, the whole seconds it had left, and when that answer arrived.
-        let mut first: HashMap<String, (i64, i64, Instant)> = HashMap::new();
-        let mut renewing: HashSet<String> = HashSet::new();
+        let mut watch = LeaseWatch::default();
         // Every request is bounded by the deadline too (one etcd request may take 5 s).
         let limit = deadline + tick;
         // Issue 24.2: with a member of the etcd cluster down (its leader, say), a request that
@@ -653,14 +541,6 @@ impl EtcdRendezvous {
         // The peers of the round as last read: at the deadline, those not seen renewing are lost
         // even when the last reads failed.
         let mut last_ids: Option<Vec<String>> = None;
-        macro_rules! retry {
-            ($what:expr, $e:expr) => {{
-                failed_reads += 1;
-                tracing::debug!(what = $what, error = %$e, failed_reads, "17.7 wait: a read failed; retrying");
-                tokio::time::sleep(tick).await;
-                continue;
-            }};
-        }
         loop {
             if failed_reads > 0 && Instant::now() >= deadline {
                 let Some(ids) = last_ids else {
@@ -669,101 +549,149 @@ impl EtcdRendezvous {
                     );
                     return Vec::new();
                 };
-                return ids
-                    .into_iter()
-                    .filter(|id| !renewing.contains(id))
-                    .collect();
+                return watch.not_renewing(ids);
             }
-            let state =
-                match tokio::time::timeout_at(limit, read_state(&self.etcd, &self.keys)).await {
-                    Ok(Ok((state, _, _))) => state,
-                    Ok(Err(e)) => retry!("round state", e),
-                    Err(_) => {
-                        tracing::debug!(
-                            "17.7 wait: cannot read the round state; the failure is charged"
-                        );
-                        return Vec::new();
-                    }
-                };
-            if state.closed {
-                tracing::debug!("17.7 wait: the rendezvous is closed");
-                return Vec::new();
-            }
-            if state.round != round {
-                let lost = match tokio::time::timeout_at(limit, self.lost_by(&state)).await {
-                    Ok(Ok(lost)) => lost,
-                    Ok(Err(e)) => retry!("leases", e),
-                    Err(_) => return Vec::new(),
-                };
-                tracing::debug!(
-                    round = state.round,
-                    ?lost,
-                    "17.7 wait: a later round started"
-                );
-                return lost;
-            }
-            let ids = watched_ids(&state, &self.me.id);
-            last_ids = Some(ids.clone());
-            let leases =
-                match tokio::time::timeout_at(limit, self.etcd.leases_under(&alive_prefix)).await {
-                    Ok(Ok(leases)) => leases,
-                    Ok(Err(e)) => retry!("leases", e),
-                    Err(_) => {
-                        tracing::debug!(
-                            "17.7 wait: cannot read the peers' leases; the failure is charged"
-                        );
-                        return Vec::new();
-                    }
-                };
-            let leases: HashMap<String, i64> = leases.into_iter().collect();
-            let mut lost: Vec<String> = ids
-                .iter()
-                .filter(|id| !leases.contains_key(*id))
-                .cloned()
-                .collect();
-            for id in &ids {
-                if renewing.contains(id) {
+            let (ids, leases) = match self.look_at_round(round, limit, &mut last_ids).await {
+                RoundLook::Peers(ids, leases) => (ids, leases),
+                RoundLook::Done(lost) => return lost,
+                RoundLook::Failed(what, e) => {
+                    failed_reads += 1;
+                    tracing::debug!(what, error = %e, failed_reads, "17.7 wait: a read failed; retrying");
+                    tokio::time::sleep(tick).await;
                     continue;
                 }
-                let Some(&lease) = leases.get(id) else {
-                    continue;
-                };
-                let sent = Instant::now();
-                let Ok(Ok(left)) = tokio::time::timeout_at(limit, self.etcd.lease_ttl(lease)).await
-                else {
-                    continue;
-                };
-                if left < 0 {
-                    lost.push(id.clone());
-                    continue;
-                }
-                match first.get(id) {
-                    Some(&(l, was, at)) if l == lease => {
-                        if renewed(was, left, sent.saturating_duration_since(at)) {
-                            tracing::debug!(%id, lease, was, left, elapsed = ?sent.saturating_duration_since(at), "17.7 wait: lease renewed");
-                            renewing.insert(id.clone());
-                        }
-                    }
-                    _ => {
-                        first.insert(id.clone(), (lease, left, Instant::now()));
-                    }
-                }
-            }
+            };
+            let lost = watch.look(&self.etcd, &ids, &leases, limit).await;
             if !lost.is_empty() {
                 tracing::debug!(?lost, "etcd leases of peers gone after a worker failure");
                 return lost;
             }
-            if ids.iter().all(|id| renewing.contains(id)) {
+            if ids.iter().all(|id| watch.renewing.contains(id)) {
                 return Vec::new();
             }
             if Instant::now() >= deadline {
-                return ids
-                    .into_iter()
-                    .filter(|id| !renewing.contains(id))
-                    .collect();
+                return watch.not_renewing(ids);
             }
             tokio::time::sleep(tick).await;
         }
+    }
+
+    /// One look of the 17.7 wait at the round: its peers (kept in `last_ids`) and their
+    /// leases, or the wait's answer (closed, a later round, no answer within `limit`).
+    async fn look_at_round(
+        &self,
+        round: u64,
+        limit: Instant,
+        last_ids: &mut Option<Vec<String>>,
+    ) -> RoundLook {
+        let state = match tokio::time::timeout_at(limit, read_state(&self.etcd, &self.keys)).await {
+            Ok(Ok((state, _, _))) => state,
+            Ok(Err(e)) => return RoundLook::Failed("round state", e.to_string()),
+            Err(_) => {
+                tracing::debug!("17.7 wait: cannot read the round state; the failure is charged");
+                return RoundLook::Done(Vec::new());
+            }
+        };
+        if state.closed {
+            tracing::debug!("17.7 wait: the rendezvous is closed");
+            return RoundLook::Done(Vec::new());
+        }
+        if state.round != round {
+            let lost = match tokio::time::timeout_at(limit, self.lost_by(&state)).await {
+                Ok(Ok(lost)) => lost,
+                Ok(Err(e)) => return RoundLook::Failed("leases", e.to_string()),
+                Err(_) => return RoundLook::Done(Vec::new()),
+            };
+            tracing::debug!(
+                round = state.round,
+                ?lost,
+                "17.7 wait: a later round started"
+            );
+            return RoundLook::Done(lost);
+        }
+        let ids = watched_ids(&state, &self.me.id);
+        *last_ids = Some(ids.clone());
+        let alive_prefix = self.keys.alive_prefix();
+        match tokio::time::timeout_at(limit, self.etcd.leases_under(&alive_prefix)).await {
+            Ok(Ok(leases)) => RoundLook::Peers(ids, leases.into_iter().collect()),
+            Ok(Err(e)) => RoundLook::Failed("leases", e.to_string()),
+            Err(_) => {
+                tracing::debug!("17.7 wait: cannot read the peers' leases; the failure is charged");
+                RoundLook::Done(Vec::new())
+            }
+        }
+    }
+}
+
+/// What one look of the 17.7 wait found.
+enum RoundLook {
+    /// The round's peers and the leases of the alive keys (id -> lease).
+    Peers(Vec<String>, HashMap<String, i64>),
+    /// The wait's answer: these peers are lost (none: the failure is charged).
+    Done(Vec<String>),
+    /// A read failed (what, the error): retried until the deadline.
+    Failed(&'static str, String),
+}
+
+/// The 17.7 wait's view of the peers' leases across looks.
+#[derive(Default)]
+struct LeaseWatch {
+    /// Per peer: its lease, the whole seconds it had left, and when that answer arrived.
+    first: HashMap<String, (i64, i64, Instant)>,
+    /// The peers seen renewing their lease (alive).
+    renewing: HashSet<String>,
+}
+
+impl LeaseWatch {
+    /// Looks at each peer of `ids` not yet seen renewing: returns those whose alive key or
+    /// lease is gone; a renewal found moves a peer to `renewing`.
+    async fn look(
+        &mut self,
+        etcd: &Etcd,
+        ids: &[String],
+        leases: &HashMap<String, i64>,
+        limit: Instant,
+    ) -> Vec<String> {
+        let mut lost: Vec<String> = ids
+            .iter()
+            .filter(|id| !leases.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in ids {
+            if self.renewing.contains(id) {
+                continue;
+            }
+            let Some(&lease) = leases.get(id) else {
+                continue;
+            };
+            let sent = Instant::now();
+            let Ok(Ok(left)) = tokio::time::timeout_at(limit, etcd.lease_ttl(lease)).await else {
+                continue;
+            };
+            if left < 0 {
+                lost.push(id.clone());
+                continue;
+            }
+            match self.first.get(id) {
+                Some(&(l, was, at)) if l == lease => {
+                    if renewed(was, left, sent.saturating_duration_since(at)) {
+                        tracing::debug!(%id, lease, was, left, elapsed = ?sent.saturating_duration_since(at), "17.7 wait: lease renewed");
+                        self.renewing.insert(id.clone());
+                    }
+                }
+                _ => {
+                    self.first.insert(id.clone(), (lease, left, Instant::now()));
+                }
+            }
+        }
+        lost
+    }
+
+    /// The peers of `ids` not seen renewing.
+    fn not_renewing(&self, ids: Vec<String>) -> Vec<String> {
+        ids.into_iter()
+            .filter(|id| !self.renewing.contains(id))
+            .collect()
     }
 }
 

@@ -186,6 +186,151 @@ impl ShmSetup for StoreShmSetup<'_> {
     }
 }
 
+/// What every rank published at init: its listener address, host and whether it can use NCCL.
+struct Peers {
+    addrs: Vec<SocketAddr>,
+    hosts: Vec<String>,
+    have_nccl: Vec<bool>,
+}
+
+/// One rank's join in progress: the store, the options, and the group's key prefix.
+struct Joining<'a> {
+    store: &'a dyn GroupStore,
+    opts: &'a GroupOptions,
+    prefix: String,
+    rank: usize,
+    world: usize,
+}
+
+impl Joining<'_> {
+    /// A listener on the advertised address (port chosen by the kernel) and its address.
+    fn listen(&self) -> Result<(TcpListener, SocketAddr)> {
+        let (rank, op) = (self.rank, "init");
+        let ip = self
+            .opts
+            .advertise_ip
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let listener = TcpListener::bind((ip, 0)).map_err(|e| RuntimeError::Io {
+            rank,
+            op,
+            msg: format!("bind a listener on {ip}: {e}"),
+        })?;
+        let me = listener.local_addr().map_err(|e| RuntimeError::Io {
+            rank,
+            op,
+            msg: format!("listener address: {e}"),
+        })?;
+        Ok((listener, me))
+    }
+
+    /// Publishes this rank's line (`addr\nhost\nnccl`) and reads every rank's.
+    fn exchange(&self, me: SocketAddr, host: &str, nccl_ok: bool) -> Result<Peers> {
+        let (rank, op, prefix) = (self.rank, "init", &self.prefix);
+        self.store
+            .set(
+                &format!("{prefix}addr/{rank}"),
+                format!("{me}\n{host}\n{}", u8::from(nccl_ok)).as_bytes(),
+            )
+            .map_err(|e| store_err(rank, op, e))?;
+        let mut peers = Peers {
+            addrs: Vec::with_capacity(self.world),
+            hosts: Vec::with_capacity(self.world),
+            have_nccl: Vec::with_capacity(self.world),
+        };
+        for j in 0..self.world {
+            let v = self
+                .store
+                .get_wait(&format!("{prefix}addr/{j}"), self.opts.timeout)
+                .map_err(|e| store_err(rank, op, e))?;
+            let text = String::from_utf8_lossy(&v).into_owned();
+            let mut fields = text.split('\n');
+            let a = fields.next().unwrap_or("");
+            let h = fields.next().unwrap_or("");
+            peers.have_nccl.push(fields.next() == Some("1"));
+            let addr: SocketAddr = a.parse().map_err(|_| RuntimeError::Store {
+                rank,
+                op,
+                msg: format!("rank {j} published a bad address {a:?}"),
+            })?;
+            peers.addrs.push(addr);
+            peers.hosts.push(h.to_string());
+        }
+        Ok(peers)
+    }
+
+    /// The shared-memory transport of the ranks on one host (all of them).
+    fn shm(&self, hosts: &[String]) -> Result<Box<dyn Backend>> {
+        let (rank, world, opts) = (self.rank, self.world, self.opts);
+        if hosts.iter().any(|h| *h != hosts[0]) {
+            return Err(RuntimeError::Unavailable {
+                rank,
+                op: "init",
+                backend: "shm".into(),
+                why: "ranks are on different hosts".into(),
+            });
+        }
+        let setup = StoreShmSetup {
+            store: self.store,
+            prefix: self.prefix.clone(),
+            rank,
+            world,
+            timeout: opts.timeout,
+        };
+        let path = unique_segment_path(&opts.run_id, opts.restart_count, &self.prefix);
+        Ok(Box::new(ShmComm::open(
+            rank,
+            world,
+            &path,
+            opts.shm_slot_bytes,
+            opts.timeout,
+            &setup,
+        )?))
+    }
+
+    /// Hierarchical: shared memory within each host, a TCP mesh between the hosts' leaders.
+    fn hier(&self, peers: &Peers, listener: TcpListener) -> Result<Box<dyn Backend>> {
+        let (rank, opts, prefix) = (self.rank, self.opts, &self.prefix);
+        let topo = super::hier::Topology::from_hosts(&peers.hosts);
+        let (node, li) = topo.place[rank];
+        let local_n = topo.nodes[node].len();
+        let local_prefix = format!("{prefix}host{node}/");
+        let setup = StoreShmSetup {
+            store: self.store,
+            prefix: local_prefix.clone(),
+            rank,
+            world: local_n,
+            timeout: opts.timeout,
+        };
+        let path = unique_segment_path(&opts.run_id, opts.restart_count, &local_prefix);
+        let local = ShmComm::open(
+            li,
+            local_n,
+            &path,
+            opts.shm_slot_bytes,
+            opts.timeout,
+            &setup,
+        )?;
+        let leaders = if li == 0 {
+            let leader_addrs: Vec<SocketAddr> =
+                topo.nodes.iter().map(|n| peers.addrs[n[0]]).collect();
+            Some(TcpMesh::connect(
+                node,
+                topo.nodes.len(),
+                listener,
+                &leader_addrs,
+                super::shm::fnv1a(format!("{prefix}leaders").as_bytes()),
+                opts.timeout,
+            )?)
+        } else {
+            drop(listener);
+            None
+        };
+        Ok(Box::new(super::hier::HierComm::new(
+            rank, topo, local, leaders,
+        )))
+    }
+}
+
 impl ProcessGroup {
     /// Joins the group described by `opts` through `store` (blocking, bounded by `opts.timeout`).
     pub fn new(store: &dyn GroupStore, opts: &GroupOptions) -> Result<Self> {
@@ -198,19 +343,15 @@ impl ProcessGroup {
                 msg: format!("rank {rank} is outside world size {world}"),
             });
         }
-        let prefix = format!("rdrun/{}/{}/{}/", opts.run_id, opts.restart_count, opts.tag);
+        let joining = Joining {
+            store,
+            opts,
+            prefix: format!("rdrun/{}/{}/{}/", opts.run_id, opts.restart_count, opts.tag),
+            rank,
+            world,
+        };
         let host = opts.host_id.clone().unwrap_or_else(host_identity);
-        let ip = opts.advertise_ip.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-        let listener = TcpListener::bind((ip, 0)).map_err(|e| RuntimeError::Io {
-            rank,
-            op,
-            msg: format!("bind a listener on {ip}: {e}"),
-        })?;
-        let me = listener.local_addr().map_err(|e| RuntimeError::Io {
-            rank,
-            op,
-            msg: format!("listener address: {e}"),
-        })?;
+        let (listener, me) = joining.listen()?;
         // Only the choices that may use NCCL probe for it (the probe loads libcuda).
         let probe = match opts.backend {
             BackendChoice::Nccl => nccl_probe(opts),
@@ -220,34 +361,9 @@ impl ProcessGroup {
         if let Err(why) = &probe {
             tracing::debug!(rank, "no NCCL for this group: {why}");
         }
-        store
-            .set(
-                &format!("{prefix}addr/{rank}"),
-                format!("{me}\n{host}\n{}", u8::from(probe.is_ok())).as_bytes(),
-            )
-            .map_err(|e| store_err(rank, op, e))?;
-        let mut addrs = Vec::with_capacity(world);
-        let mut hosts = Vec::with_capacity(world);
-        let mut have_nccl = Vec::with_capacity(world);
-        for j in 0..world {
-            let v = store
-                .get_wait(&format!("{prefix}addr/{j}"), opts.timeout)
-                .map_err(|e| store_err(rank, op, e))?;
-            let text = String::from_utf8_lossy(&v).into_owned();
-            let mut fields = text.split('\n');
-            let a = fields.next().unwrap_or("");
-            let h = fields.next().unwrap_or("");
-            have_nccl.push(fields.next() == Some("1"));
-            let addr: SocketAddr = a.parse().map_err(|_| RuntimeError::Store {
-                rank,
-                op,
-                msg: format!("rank {j} published a bad address {a:?}"),
-            })?;
-            addrs.push(addr);
-            hosts.push(h.to_string());
-        }
+        let peers = joining.exchange(me, &host, probe.is_ok())?;
         let use_nccl =
-            nccl_decision(opts.backend, opts.auto_nccl, &have_nccl).map_err(|ranks| {
+            nccl_decision(opts.backend, opts.auto_nccl, &peers.have_nccl).map_err(|ranks| {
                 RuntimeError::Unavailable {
                     rank,
                     op,
@@ -262,7 +378,7 @@ impl ProcessGroup {
         let nccl = match (use_nccl, &probe) {
             (true, Ok(ordinal)) => Some(std::sync::Arc::new(super::nccl::NcclGroup::new(
                 store,
-                &format!("{prefix}nccl/"),
+                &format!("{}nccl/", joining.prefix),
                 rank,
                 world,
                 *ordinal,
@@ -272,8 +388,7 @@ impl ProcessGroup {
         };
         #[cfg(not(feature = "nccl"))]
         let _ = use_nccl;
-        let chosen = choose_backend(opts.backend, &hosts);
-        let backend: Box<dyn Backend> = match chosen {
+        let backend: Box<dyn Backend> = match choose_backend(opts.backend, &peers.hosts) {
             #[cfg(feature = "nccl")]
             BackendChoice::Nccl => {
                 drop(listener);
@@ -283,76 +398,16 @@ impl ProcessGroup {
                 ))
             }
             BackendChoice::Shm => {
-                if hosts.iter().any(|h| *h != hosts[0]) {
-                    return Err(RuntimeError::Unavailable {
-                        rank,
-                        op,
-                        backend: "shm".into(),
-                        why: "ranks are on different hosts".into(),
-                    });
-                }
                 drop(listener);
-                let setup = StoreShmSetup {
-                    store,
-                    prefix: prefix.clone(),
-                    rank,
-                    world,
-                    timeout: opts.timeout,
-                };
-                let path = unique_segment_path(&opts.run_id, opts.restart_count, &prefix);
-                Box::new(ShmComm::open(
-                    rank,
-                    world,
-                    &path,
-                    opts.shm_slot_bytes,
-                    opts.timeout,
-                    &setup,
-                )?)
+                joining.shm(&peers.hosts)?
             }
-            BackendChoice::Hier => {
-                let topo = super::hier::Topology::from_hosts(&hosts);
-                let (node, li) = topo.place[rank];
-                let local_n = topo.nodes[node].len();
-                let local_prefix = format!("{prefix}host{node}/");
-                let setup = StoreShmSetup {
-                    store,
-                    prefix: local_prefix.clone(),
-                    rank,
-                    world: local_n,
-                    timeout: opts.timeout,
-                };
-                let path = unique_segment_path(&opts.run_id, opts.restart_count, &local_prefix);
-                let local = ShmComm::open(
-                    li,
-                    local_n,
-                    &path,
-                    opts.shm_slot_bytes,
-                    opts.timeout,
-                    &setup,
-                )?;
-                let leaders = if li == 0 {
-                    let leader_addrs: Vec<SocketAddr> =
-                        topo.nodes.iter().map(|n| addrs[n[0]]).collect();
-                    Some(TcpMesh::connect(
-                        node,
-                        topo.nodes.len(),
-                        listener,
-                        &leader_addrs,
-                        super::shm::fnv1a(format!("{prefix}leaders").as_bytes()),
-                        opts.timeout,
-                    )?)
-                } else {
-                    drop(listener);
-                    None
-                };
-                Box::new(super::hier::HierComm::new(rank, topo, local, leaders))
-            }
+            BackendChoice::Hier => joining.hier(&peers, listener)?,
             _ => Box::new(TcpMesh::connect(
                 rank,
                 world,
                 listener,
-                &addrs,
-                super::shm::fnv1a(prefix.as_bytes()),
+                &peers.addrs,
+                super::shm::fnv1a(joining.prefix.as_bytes()),
                 opts.timeout,
             )?),
         };
@@ -360,7 +415,7 @@ impl ProcessGroup {
             rank,
             world,
             backend_name: backend.name(),
-            hosts,
+            hosts: peers.hosts,
             state: Mutex::new(State {
                 backend,
                 poisoned: None,

@@ -436,155 +436,6 @@ impl Collapser {
             && !chunk.line_ends.is_empty()
     }
 
-    /// Files the lines of a chunk that [`Collapser::takes`]; its budget stays with its last
-    /// line (a rank's lines are written in order, so that one is written last).
-    pub(crate) fn push(
-        &mut self,
-        chunk: Chunk,
-        permit: Option<OwnedSemaphorePermit>,
-        now: Instant,
-    ) {
-        let (Some(global), Some(stream)) = (chunk.rank, chunk.stream) else {
-            return;
-        };
-        let rank = self.id(global);
-        let slot = rank as usize * 2 + stream.index();
-        let all = self.ranks;
-        let prefix = chunk.prefix;
-        let body = self.bodies.add(chunk.body);
-        // A rank whose last chunk did not follow other ranks' lines: its lines will go to the
-        // index. Their hashes first, then one load of each line's index slot: loads that do
-        // not wait for each other, so the CPU overlaps their cache misses (the table outgrows
-        // the cache at high line rates); the loop below then finds the slots in cache.
-        let mut hashes = std::mem::take(&mut self.hashes);
-        hashes.clear();
-        if !self.followed[slot] {
-            let bytes = self.bodies.get(body);
-            let mut start = 0usize;
-            for &end in &chunk.line_ends {
-                let line = &bytes[start..end as usize];
-                start = end as usize;
-                hashes.push(self.hash(stream, &line[prefix_len(line, &prefix)..]));
-            }
-            let mask = self.index.mask();
-            let touch = hashes
-                .iter()
-                .fold(0u32, |acc, h| acc ^ self.index.slots[*h as usize & mask].0);
-            std::hint::black_box(touch);
-        }
-        let mut followed = 0usize;
-        let mut start = 0u32;
-        let mut last = NONE;
-        for (n, &end) in chunk.line_ends.iter().enumerate() {
-            let line_start = start;
-            start = end;
-            let line = &self.bodies.get(body)[line_start as usize..end as usize];
-            let plen = prefix_len(line, &prefix);
-            let text = &line[plen..];
-            let line_len = line.len();
-            // The rank's latest pending entry, and its level (0: none pending).
-            let prev = self.last_of_rank[slot];
-            let floor = prev.and_then(|i| self.ring.get(i)).map_or(0, |e| e.level);
-            // The entry after the one this rank's previous line went to: ranks printing the
-            // same sequence find their line there (one compare, no hash, no index).
-            let follow = self.follow[slot];
-            let mut join = (follow != NONE)
-                .then(|| self.ring.get(follow + 1))
-                .flatten()
-                .filter(|e| {
-                    e.stream == stream
-                        && e.text(&self.bodies) == text
-                        && joinable(e, &self.last_of_rank, rank, floor)
-                })
-                .map(|e| e.index);
-            let mut hash = 0;
-            let mut at = 0;
-            if join.is_some() {
-                followed += 1;
-            } else {
-                // The oldest entry of this text that the line may join.
-                hash = match hashes.get(n) {
-                    Some(h) => *h,
-                    None => self.hash(stream, text),
-                };
-                let (ring, bodies, lor) = (&self.ring, &self.bodies, &self.last_of_rank);
-                at = self.index.probe(hash, ring.base, ring.next(), |i| {
-                    if join.is_some_and(|j| j < i) {
-                        return;
-                    }
-                    if let Some(e) = ring.get(i) {
-                        if e.stream == stream
-                            && e.text(bodies) == text
-                            && joinable(e, lor, rank, floor)
-                        {
-                            join = Some(i);
-                        }
-                    }
-                });
-            }
-            let index = match join.and_then(|i| self.ring.get_mut(i)) {
-                Some(e) => {
-                    e.ranks.push(rank);
-                    if let Some(p) = prev {
-                        if !e.after.contains(&p) {
-                            e.after.push(p);
-                        }
-                    }
-                    e.level = e.level.max(floor + 1);
-                    if e.ranks.len() == all {
-                        self.complete.push(e.index);
-                    }
-                    e.index
-                }
-                None => {
-                    let index = self.ring.next();
-                    self.index.insert(at, hash, index);
-                    self.bytes += line_len;
-                    self.bodies.hold(body);
-                    let e = self.ring.push();
-                    e.index = index;
-                    e.written = false;
-                    e.stream = stream;
-                    e.body = body;
-                    e.start = line_start;
-                    e.end = end;
-                    e.plen = plen as u32;
-                    e.ranks.clear();
-                    e.ranks.push(rank);
-                    e.hash = hash;
-                    e.first = now;
-                    e.level = floor + 1;
-                    e.after.clear();
-                    e.after.extend(prev);
-                    e.permit = None;
-                    self.pending += 1;
-                    if all == 1 {
-                        self.complete.push(index);
-                    }
-                    if self.index.crowded() {
-                        self.index.rebuild(&self.ring);
-                    }
-                    index
-                }
-            };
-            self.last_of_rank[slot] = Some(index);
-            self.follow[slot] = index;
-            last = index;
-        }
-        // Every line joined older entries: nothing points into this body.
-        self.bodies.release(body, false);
-        self.followed[slot] = followed * 2 > chunk.line_ends.len();
-        self.hashes = hashes;
-        if let (Some(p), Some(e)) = (permit, self.ring.get_mut(last)) {
-            let n = p.num_permits();
-            match &mut e.permit {
-                Some(held) => held.merge(p),
-                None => e.permit = Some(p),
-            }
-            self.budget += n;
-        }
-    }
-
     /// The index's hash of a line's text: never 0 (an empty slot).
     fn hash(&self, stream: Stream, text: &[u8]) -> u32 {
         ((self.hasher.hash_one((stream.index(), text)) >> 32) as u32).max(1)
@@ -782,6 +633,9 @@ pub(crate) fn rank_set(ranks: &[usize]) -> String {
     }
     parts.join(",")
 }
+
+#[path = "collapse_push.rs"]
+mod push;
 
 #[cfg(test)]
 #[path = "collapse_tests.rs"]

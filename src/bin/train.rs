@@ -207,48 +207,16 @@ fn load_checkpoint(dir: &Path, vars: &[Var]) -> Result<Option<u32>, String> {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let backend: BackendChoice = args.backend.parse()?;
-    let distributed = std::env::var_os("RANK").is_some();
-    let group = if distributed {
-        if args.backend != "auto" {
-            std::env::set_var("RDRUN_BACKEND", &args.backend);
-        }
-        ProcessGroup::init_from_env().map_err(|e| e.to_string())?
-    } else {
-        let mut o = GroupOptions::new(0, 1, "standalone");
-        o.backend = backend;
-        ProcessGroup::new(&MemStore::new(), &o).map_err(|e| e.to_string())?
-    };
+    let group = Arc::new(join_group(&args)?);
     let (rank, world) = (group.rank(), group.world_size());
-    let group = Arc::new(group);
-    if args.batch_size == 0 || args.batch_size % world != 0 {
-        return Err(format!(
-            "--batch-size {} must be a positive multiple of the world size {world}",
-            args.batch_size
-        ));
-    }
-    if args.samples < args.batch_size {
-        return Err(format!(
-            "--samples {} must be at least --batch-size {}",
-            args.samples, args.batch_size
-        ));
-    }
-    let per_rank = args.batch_size / world;
+    check_sizes(&args, world)?;
     let dev = Device::Cpu;
     let (xs, ys) = dataset(args.samples, args.seed);
     let x_all =
         Tensor::from_vec(xs.clone(), (args.samples, FEATURES), &dev).map_err(|e| e.to_string())?;
     let y_all = Tensor::from_vec(ys.clone(), args.samples, &dev).map_err(|e| e.to_string())?;
     let model = Mlp::new(args.hidden, args.seed, &dev).map_err(|e| e.to_string())?;
-    let mut start_epoch = 0;
-    if let Some(dir) = &args.checkpoint_dir {
-        if let Some(done) = load_checkpoint(dir, &model.vars())? {
-            start_epoch = done;
-            if rank == 0 {
-                println!("resumed from checkpoint after epoch {done}");
-            }
-        }
-    }
+    let start_epoch = resume(&args, &model, rank)?;
     let mut ddp = CandleDdp::new(group.clone(), model.vars(), ReducerOptions::default())
         .map_err(|e| e.to_string())?;
     let mut opt = SGD::new(model.vars(), args.lr).map_err(|e| e.to_string())?;
@@ -259,21 +227,7 @@ fn run(args: Args) -> Result<(), String> {
     };
     let initial = full_loss(&model)?;
     if rank == 0 {
-        println!(
-            "train: world {world}, backend {}, {} samples, global batch {}, start loss {initial}",
-            group.backend_name(),
-            args.samples,
-            args.batch_size
-        );
-        // The device communicator `auto` brings up on GPU machines (the MLP itself stays on
-        // the CPU; scripts/gpu-check.sh looks for this line).
-        #[cfg(feature = "nccl")]
-        if let Some(n) = group.nccl() {
-            println!(
-                "train: nccl communicator on CUDA device {}",
-                n.device_ordinal()
-            );
-        }
+        print_start(&args, &group, initial);
     }
     let restart: u32 = std::env::var("TORCHELASTIC_RESTART_COUNT")
         .ok()
@@ -292,16 +246,7 @@ fn run(args: Args) -> Result<(), String> {
         }
         let perm = permutation(args.samples, args.seed, epoch);
         for step in 0..steps {
-            let idx: Vec<usize> = (0..per_rank)
-                .map(|j| perm[step * args.batch_size + rank + world * j])
-                .collect();
-            let bx: Vec<f32> = idx
-                .iter()
-                .flat_map(|i| xs[i * FEATURES..(i + 1) * FEATURES].iter().copied())
-                .collect();
-            let by: Vec<f32> = idx.iter().map(|i| ys[*i]).collect();
-            let bx = Tensor::from_vec(bx, (per_rank, FEATURES), &dev).map_err(|e| e.to_string())?;
-            let by = Tensor::from_vec(by, per_rank, &dev).map_err(|e| e.to_string())?;
+            let (bx, by) = batch(&args, (&xs, &ys), &perm, step, (rank, world), &dev)?;
             let l = model.loss(&bx, &by).map_err(|e| e.to_string())?;
             let mut grads = l.backward().map_err(|e| e.to_string())?;
             ddp.sync_grads(&mut grads).map_err(|e| e.to_string())?;
@@ -319,6 +264,110 @@ fn run(args: Args) -> Result<(), String> {
             }
         }
     }
+    let h = check_identical(&group, &model)?;
+    if rank == 0 {
+        println!("params identical on {world} ranks (hash {:016x})", h as u64);
+        println!("final loss {loss}");
+    }
+    if args.epochs > start_epoch && loss >= initial {
+        return Err(format!("loss did not fall: {initial} -> {loss}"));
+    }
+    group.barrier().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// The process group: the launcher's (under rdrun, `RANK` set) or a standalone one of one rank.
+fn join_group(args: &Args) -> Result<ProcessGroup, String> {
+    let backend: BackendChoice = args.backend.parse()?;
+    if std::env::var_os("RANK").is_some() {
+        if args.backend != "auto" {
+            std::env::set_var("RDRUN_BACKEND", &args.backend);
+        }
+        ProcessGroup::init_from_env().map_err(|e| e.to_string())
+    } else {
+        let mut o = GroupOptions::new(0, 1, "standalone");
+        o.backend = backend;
+        ProcessGroup::new(&MemStore::new(), &o).map_err(|e| e.to_string())
+    }
+}
+
+/// The global batch divides among the ranks, and the data holds at least one batch.
+fn check_sizes(args: &Args, world: usize) -> Result<(), String> {
+    if args.batch_size == 0 || args.batch_size % world != 0 {
+        return Err(format!(
+            "--batch-size {} must be a positive multiple of the world size {world}",
+            args.batch_size
+        ));
+    }
+    if args.samples < args.batch_size {
+        return Err(format!(
+            "--samples {} must be at least --batch-size {}",
+            args.samples, args.batch_size
+        ));
+    }
+    Ok(())
+}
+
+/// Loads the checkpoint into `model` when there is one: the epoch to start from.
+fn resume(args: &Args, model: &Mlp, rank: usize) -> Result<u32, String> {
+    if let Some(dir) = &args.checkpoint_dir {
+        if let Some(done) = load_checkpoint(dir, &model.vars())? {
+            if rank == 0 {
+                println!("resumed from checkpoint after epoch {done}");
+            }
+            return Ok(done);
+        }
+    }
+    Ok(0)
+}
+
+/// Rank 0's first lines: the run's shape and the starting loss.
+fn print_start(args: &Args, group: &ProcessGroup, initial: f32) {
+    println!(
+        "train: world {}, backend {}, {} samples, global batch {}, start loss {initial}",
+        group.world_size(),
+        group.backend_name(),
+        args.samples,
+        args.batch_size
+    );
+    // The device communicator `auto` brings up on GPU machines (the MLP itself stays on the
+    // CPU; scripts/gpu-check.sh looks for this line).
+    #[cfg(feature = "nccl")]
+    if let Some(n) = group.nccl() {
+        println!(
+            "train: nccl communicator on CUDA device {}",
+            n.device_ordinal()
+        );
+    }
+}
+
+/// This rank's share of global batch `step` of the epoch's permutation: inside the batch, rank
+/// r takes every world-th sample.
+fn batch(
+    args: &Args,
+    (xs, ys): (&[f32], &[f32]),
+    perm: &[usize],
+    step: usize,
+    (rank, world): (usize, usize),
+    dev: &Device,
+) -> Result<(Tensor, Tensor), String> {
+    let per_rank = args.batch_size / world;
+    let idx: Vec<usize> = (0..per_rank)
+        .map(|j| perm[step * args.batch_size + rank + world * j])
+        .collect();
+    let bx: Vec<f32> = idx
+        .iter()
+        .flat_map(|i| xs[i * FEATURES..(i + 1) * FEATURES].iter().copied())
+        .collect();
+    let by: Vec<f32> = idx.iter().map(|i| ys[*i]).collect();
+    let bx = Tensor::from_vec(bx, (per_rank, FEATURES), dev).map_err(|e| e.to_string())?;
+    let by = Tensor::from_vec(by, per_rank, dev).map_err(|e| e.to_string())?;
+    Ok((bx, by))
+}
+
+/// Every rank holds bit-identical parameters: their hash, gathered and compared.
+fn check_identical(group: &ProcessGroup, model: &Mlp) -> Result<i64, String> {
+    let (rank, world) = (group.rank(), group.world_size());
     let h = vars_hash(&model.vars(), rank).map_err(|e| e.to_string())? as i64;
     let mut all = vec![0i64; world];
     group
@@ -329,15 +378,7 @@ fn run(args: Args) -> Result<(), String> {
             "rank {r} holds different parameters than rank {rank}"
         ));
     }
-    if rank == 0 {
-        println!("params identical on {world} ranks (hash {:016x})", h as u64);
-        println!("final loss {loss}");
-    }
-    if args.epochs > start_epoch && loss >= initial {
-        return Err(format!("loss did not fall: {initial} -> {loss}"));
-    }
-    group.barrier().map_err(|e| e.to_string())?;
-    Ok(())
+    Ok(h)
 }
 
 fn main() -> ExitCode {

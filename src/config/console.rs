@@ -251,55 +251,7 @@ pub fn resolve(
     env: EnvFn<'_>,
     host: &dyn Host,
 ) -> Result<ConsoleSettings, ConfigError> {
-    let beyond = |flag: &'static str, text: &str, rank: usize| {
-        invalid(
-            flag,
-            text,
-            format!(
-                "rank {rank} does not exist (at most {max_world} ranks: 0-{})",
-                max_world.saturating_sub(1)
-            ),
-        )
-    };
-    let ranks = flags
-        .wrap_ranks
-        .map(|t| parse_ranks(t).map_err(|why| invalid("--wrap-ranks", t, why)))
-        .transpose()?;
-    if let (Some(t), Some(r)) = (flags.wrap_ranks, ranks.as_ref().and_then(|r| r.last())) {
-        if *r >= max_world {
-            return Err(beyond("--wrap-ranks", t, *r));
-        }
-    }
-    let wrap = match flags.wrap {
-        None => {
-            if let Some(t) = flags.wrap_ranks {
-                return Err(invalid("--wrap-ranks", t, "needs --wrap"));
-            }
-            None
-        }
-        Some(text) => {
-            let words = shlex::split(text).ok_or_else(|| {
-                invalid("--wrap", text, "unbalanced quotes or a trailing backslash")
-            })?;
-            let Some((first, rest)) = words.split_first() else {
-                return Err(invalid("--wrap", text, "must name a program"));
-            };
-            let program = super::command::find_program(first, env, host).ok_or_else(|| {
-                invalid(
-                    "--wrap",
-                    text,
-                    format!(
-                        "program '{first}' not found (no such file, and not an executable on PATH)"
-                    ),
-                )
-            })?;
-            Some(Wrap {
-                program,
-                args: rest.to_vec(),
-                ranks,
-            })
-        }
-    };
+    let wrap = resolve_wrap(flags, max_world, env, host)?;
     let debug_rank = flags
         .debug_rank
         .map(|t| {
@@ -307,12 +259,85 @@ pub fn resolve(
                 invalid("--debug-rank", t, "must be a rank (a non-negative integer)")
             })?;
             if r >= max_world {
-                return Err(beyond("--debug-rank", t, r));
+                return Err(beyond("--debug-rank", t, r, max_world));
             }
             Ok(r)
         })
         .transpose()?;
-    let stdin = match flags.stdin.map(str::trim) {
+    let stdin = resolve_stdin(flags.stdin, debug_rank, max_world)?;
+    let (output, output_window) = resolve_output(flags)?;
+    let (progress, progress_interval) = resolve_progress(flags)?;
+    Ok(ConsoleSettings {
+        wrap,
+        stdin,
+        output,
+        output_window,
+        progress,
+        progress_interval,
+        debug_rank,
+    })
+}
+
+/// A rank named at or above `max_world`: it can never exist.
+fn beyond(flag: &'static str, text: &str, rank: usize, max_world: usize) -> ConfigError {
+    invalid(
+        flag,
+        text,
+        format!(
+            "rank {rank} does not exist (at most {max_world} ranks: 0-{})",
+            max_world.saturating_sub(1)
+        ),
+    )
+}
+
+/// `--wrap` (its program looked up now) and `--wrap-ranks` (which needs it).
+fn resolve_wrap(
+    flags: ConsoleFlags<'_>,
+    max_world: usize,
+    env: EnvFn<'_>,
+    host: &dyn Host,
+) -> Result<Option<Wrap>, ConfigError> {
+    let ranks = flags
+        .wrap_ranks
+        .map(|t| parse_ranks(t).map_err(|why| invalid("--wrap-ranks", t, why)))
+        .transpose()?;
+    if let (Some(t), Some(r)) = (flags.wrap_ranks, ranks.as_ref().and_then(|r| r.last())) {
+        if *r >= max_world {
+            return Err(beyond("--wrap-ranks", t, *r, max_world));
+        }
+    }
+    let Some(text) = flags.wrap else {
+        if let Some(t) = flags.wrap_ranks {
+            return Err(invalid("--wrap-ranks", t, "needs --wrap"));
+        }
+        return Ok(None);
+    };
+    let words = shlex::split(text)
+        .ok_or_else(|| invalid("--wrap", text, "unbalanced quotes or a trailing backslash"))?;
+    let Some((first, rest)) = words.split_first() else {
+        return Err(invalid("--wrap", text, "must name a program"));
+    };
+    let program = super::command::find_program(first, env, host).ok_or_else(|| {
+        invalid(
+            "--wrap",
+            text,
+            format!("program '{first}' not found (no such file, and not an executable on PATH)"),
+        )
+    })?;
+    Ok(Some(Wrap {
+        program,
+        args: rest.to_vec(),
+        ranks,
+    }))
+}
+
+/// `--stdin` (`--debug-rank R` alone: rank R reads the terminal).
+fn resolve_stdin(
+    text: Option<&str>,
+    debug_rank: Option<usize>,
+    max_world: usize,
+) -> Result<StdinTarget, ConfigError> {
+    let stdin = match text.map(str::trim) {
         // `--debug-rank R` alone: rank R reads the terminal (pdb, `input()` while debugging),
         // as with `--stdin R`.
         None if debug_rank.is_some() => StdinTarget::Rank(debug_rank.unwrap_or_default()),
@@ -326,11 +351,16 @@ pub fn resolve(
             )
         })?),
     };
-    if let (StdinTarget::Rank(r), Some(t)) = (stdin, flags.stdin) {
+    if let (StdinTarget::Rank(r), Some(t)) = (stdin, text) {
         if r >= max_world {
-            return Err(beyond("--stdin", t, r));
+            return Err(beyond("--stdin", t, r, max_world));
         }
     }
+    Ok(stdin)
+}
+
+/// `--output` and `--output-window`.
+fn resolve_output(flags: ConsoleFlags<'_>) -> Result<(OutputMode, Duration), ConfigError> {
     let output = match flags.output.map(str::trim) {
         None | Some("all") => OutputMode::All,
         Some("collapse") => OutputMode::Collapse,
@@ -349,6 +379,11 @@ pub fn resolve(
             )
         })?,
     };
+    Ok((output, output_window))
+}
+
+/// `--progress` and `--progress-interval`.
+fn resolve_progress(flags: ConsoleFlags<'_>) -> Result<(ProgressMode, Duration), ConfigError> {
     let progress = match flags.progress.map(str::trim) {
         None | Some("auto") => ProgressMode::Auto,
         Some("one") => ProgressMode::One,
@@ -368,15 +403,7 @@ pub fn resolve(
             )
         })?,
     };
-    Ok(ConsoleSettings {
-        wrap,
-        stdin,
-        output,
-        output_window,
-        progress,
-        progress_interval,
-        debug_rank,
-    })
+    Ok((progress, progress_interval))
 }
 
 /// `0.5` (seconds) or a humantime duration (`500ms`), in (0, [`MAX_OUTPUT_WINDOW`]].

@@ -223,6 +223,8 @@ fn main() -> ExitCode {
 
 type Res = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
+/// Runs the chosen mode. Long only because it is one arm per subcommand, each just unpacking
+/// its flags into its mode's function: split per arm it would move the unpacking, not the work.
 async fn run(mode: Mode) -> Res {
     match mode {
         Mode::Serve {

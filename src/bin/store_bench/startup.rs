@@ -430,6 +430,79 @@ pub(crate) fn probe_loop(
     (worst, worst_connect.get(), n, failed)
 }
 
+/// A generator child: its process, its stdin (the `go` line; closed: drop the connections) and
+/// its stdout's lines (`ready`, then the `result` line).
+type Generator = (
+    tokio::process::Child,
+    tokio::process::ChildStdin,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+);
+
+/// The generators' shape: how the `world` ranks are spread, and from which source addresses.
+struct Spread<'a> {
+    host: &'a str,
+    port: u16,
+    world: usize,
+    procs: usize,
+    limit: Duration,
+    tag: &'a str,
+    gen_nice: i32,
+    loopback_sources: bool,
+}
+
+impl Spread<'_> {
+    /// Share 0 connects from the default source (127.0.0.1, which /etc/hosts names: PyTorch's
+    /// server looks the name of every accepted peer up, and an address not there costs it a
+    /// DNS query per accept); every other share from an address of its own, so that no source
+    /// runs out of ephemeral ports.
+    fn source(&self, k: usize) -> Option<std::net::IpAddr> {
+        (self.loopback_sources && k > 0).then(|| std::net::IpAddr::from([127, 0, 1, (k + 1) as u8]))
+    }
+
+    /// Share `k`: its first rank and rank count.
+    fn share(&self, k: usize) -> (usize, usize) {
+        let (world, procs) = (self.world, self.procs);
+        (
+            k * world / procs,
+            (k + 1) * world / procs - k * world / procs,
+        )
+    }
+
+    /// Starts the generator child of share `k` (niced by `gen_nice`).
+    fn spawn(&self, exe: &std::path::Path, k: usize) -> Result<Generator, BoxErr> {
+        use tokio::io::AsyncBufReadExt;
+        let (first, count) = self.share(k);
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.args(["startup-part", "--host", self.host])
+            .args(["--port", &self.port.to_string()])
+            .args(["--first", &first.to_string(), "--count", &count.to_string()])
+            .args(["--world", &self.world.to_string(), "--tag", self.tag])
+            .args(["--timeout-secs", &self.limit.as_secs_f64().to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(src) = self.source(k) {
+            cmd.args(["--source", &src.to_string()]);
+        }
+        let gen_nice = self.gen_nice;
+        if gen_nice > 0 {
+            // SAFETY: between fork and exec only setpriority (async-signal-safe) runs.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setpriority(libc::PRIO_PROCESS as _, 0, gen_nice) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn()?;
+        let stdin = child.stdin.take().ok_or("child stdin")?;
+        let stdout = tokio::io::BufReader::new(child.stdout.take().ok_or("child stdout")?);
+        Ok((child, stdin, stdout.lines()))
+    }
+}
+
 /// Parent of a start-up run: spreads `world` ranks over `procs` generator processes (this one
 /// and `procs - 1` children of the same binary, each on its own loopback source address),
 /// starts them together, and prints one line with every measure.
@@ -445,57 +518,25 @@ pub(crate) async fn startup(
     probe_every: Duration,
     gen_nice: i32,
 ) -> Res {
-    use tokio::io::AsyncBufReadExt;
     let dest: std::net::SocketAddr = (host.parse::<std::net::IpAddr>()?, port).into();
-    let loopback_sources = dest.ip().is_loopback() && dest.is_ipv4();
-    // Share 0 connects from the default source (127.0.0.1, which /etc/hosts names: PyTorch's
-    // server looks the name of every accepted peer up, and an address not there costs it a DNS
-    // query per accept); every other share from an address of its own, so that no source runs
-    // out of ephemeral ports.
-    let source = |k: usize| {
-        (loopback_sources && k > 0).then(|| std::net::IpAddr::from([127, 0, 1, (k + 1) as u8]))
+    let spread = Spread {
+        host,
+        port,
+        world,
+        procs: procs.clamp(1, 200).min(world.max(1)),
+        limit,
+        tag,
+        gen_nice,
+        loopback_sources: dest.ip().is_loopback() && dest.is_ipv4(),
     };
-    let procs = procs.clamp(1, 200).min(world.max(1));
-    let share = |k: usize| {
-        (
-            k * world / procs,
-            (k + 1) * world / procs - k * world / procs,
-        )
-    };
+    let procs = spread.procs;
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
     // Niced generators: every share in a child (see `--gen-nice`); else this process runs
     // share 0 itself.
     let own_share = gen_nice == 0;
     for k in usize::from(own_share)..procs {
-        let (first, count) = share(k);
-        let mut cmd = tokio::process::Command::new(&exe);
-        cmd.args(["startup-part", "--host", host])
-            .args(["--port", &port.to_string()])
-            .args(["--first", &first.to_string(), "--count", &count.to_string()])
-            .args(["--world", &world.to_string(), "--tag", tag])
-            .args(["--timeout-secs", &limit.as_secs_f64().to_string()])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        if let Some(src) = source(k) {
-            cmd.args(["--source", &src.to_string()]);
-        }
-        if gen_nice > 0 {
-            // SAFETY: between fork and exec only setpriority (async-signal-safe) runs.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setpriority(libc::PRIO_PROCESS as _, 0, gen_nice) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
-        let mut child = cmd.spawn()?;
-        let stdin = child.stdin.take().ok_or("child stdin")?;
-        let stdout = tokio::io::BufReader::new(child.stdout.take().ok_or("child stdout")?);
-        children.push((child, stdin, stdout.lines()));
+        children.push(spread.spawn(&exe, k)?);
     }
     for (_, _, lines) in children.iter_mut() {
         match lines.next_line().await? {
@@ -514,8 +555,8 @@ pub(crate) async fn startup(
         std::thread::spawn(move || probe_loop(dest, probe_every, stop))
     };
     let (conns, mut total) = if own_share {
-        let (first, count) = share(0);
-        startup_part(source(0), dest, first, count, world, tag, limit, go).await?
+        let (first, count) = spread.share(0);
+        startup_part(spread.source(0), dest, first, count, world, tag, limit, go).await?
     } else {
         (Vec::new(), PartResult::default())
     };
@@ -528,10 +569,9 @@ pub(crate) async fn startup(
     }
     let wall = Duration::from_micros(epoch_us().saturating_sub(go));
     stop.store(true, Ordering::Relaxed);
-    let (probe_worst, probe_connect_worst, probes, probe_failed) =
-        tokio::task::spawn_blocking(move || probe.join())
-            .await?
-            .map_err(|_| "probe thread panicked")?;
+    let probed = tokio::task::spawn_blocking(move || probe.join())
+        .await?
+        .map_err(|_| "probe thread panicked")?;
     // Every connection is still open: the server's RSS now is its cost for `world` clients.
     let after = server_pid.and_then(proc_usage);
     // The generators' own CPU (this process and its children, still alive): on one machine
@@ -552,6 +592,27 @@ pub(crate) async fn startup(
         total.retries,
         wall.as_secs_f64()
     );
+    line.push_str(&measures(&total, probed, gen_cpu, (before, after), world));
+    println!("{line}");
+    if total.failed > 0 || total.ok != world {
+        return Err(format!("{} of {world} clients finished", total.ok).into());
+    }
+    Ok(())
+}
+
+/// A process's CPU seconds, RSS and RSS high-water mark in KiB ([`proc_usage`]).
+type Usage = (f64, u64, u64);
+
+/// The result line's measures after its counts: each phase's end and slowest rank, the probe's,
+/// the generators' CPU, and the server's CPU and memory (`usage`: before and after, when known).
+fn measures(
+    total: &PartResult,
+    (probe_worst, probe_connect_worst, probes, probe_failed): (Duration, Duration, usize, usize),
+    gen_cpu: f64,
+    usage: (Option<Usage>, Option<Usage>),
+    world: usize,
+) -> String {
+    let mut line = String::new();
     for (i, name) in PHASES.iter().enumerate() {
         line.push_str(&format!(
             " {name}_done_s={:.3} {name}_slowest_s={:.3}",
@@ -565,7 +626,7 @@ pub(crate) async fn startup(
         probe_worst.as_secs_f64() * 1e3,
         probe_connect_worst.as_secs_f64() * 1e3
     ));
-    if let (Some((c0, rss0, _)), Some((c1, rss1, hwm))) = (before, after) {
+    if let (Some((c0, rss0, _)), Some((c1, rss1, hwm))) = usage {
         line.push_str(&format!(
             " server_cpu_s={:.2} server_rss_base_kib={rss0} server_rss_kib={rss1} server_hwm_kib={hwm} \
              per_conn_kib={:.2}",
@@ -573,11 +634,7 @@ pub(crate) async fn startup(
             (hwm.saturating_sub(rss0)) as f64 / world.max(1) as f64
         ));
     }
-    println!("{line}");
-    if total.failed > 0 || total.ok != world {
-        return Err(format!("{} of {world} clients finished", total.ok).into());
-    }
-    Ok(())
+    line
 }
 
 #[allow(clippy::too_many_arguments)]

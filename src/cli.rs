@@ -119,6 +119,11 @@ pub struct LaunchArgs {
     pub warm_start: Option<String>,
     /// rdrun's `--preload mod1,mod2` (else RDRUN_PRELOAD, read by `config`).
     pub preload: Vec<String>,
+    /// rdrun's `--chaos SPEC`, every one given joined with `;` (else RDRUN_CHAOS, read by
+    /// `config`; typed by `supervisor::chaos::spec`).
+    pub chaos: Option<String>,
+    /// rdrun's `--chaos-progress REGEX` (else RDRUN_CHAOS_PROGRESS).
+    pub chaos_progress: Option<String>,
     /// rdrun's `--metrics-addr HOST:PORT` (else RDRUN_METRICS_ADDR, read by `config`).
     pub metrics_addr: Option<String>,
     /// rdrun's `--wrap 'CMD ARGS'` and `--wrap-ranks RANKS` (split and checked in `config`).
@@ -382,10 +387,11 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
                                 // argparse runs the action as soon as it is parsed: print, exit 0.
                                 return Ok(Invocation::Print(completion::script(&value)));
                             }
-                            given[id] = Some(Given {
-                                text: value,
-                                var: None,
-                            });
+                            let text = match (&given[id], spec.repeat) {
+                                (Some(prev), true) => format!("{};{value}", prev.text),
+                                _ => value,
+                            };
+                            given[id] = Some(Given { text, var: None });
                             break;
                         }
                     }
@@ -464,6 +470,8 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         events: b.opt_string("events")?,
         warm_start: b.opt_string("warm_start")?,
         preload: b.list("preload")?,
+        chaos: b.opt_string("chaos")?,
+        chaos_progress: b.opt_string("chaos_progress")?,
         metrics_addr: b.opt_string("metrics_addr")?,
         wrap: b.opt_string("wrap")?,
         wrap_ranks: b.opt_string("wrap_ranks")?,

@@ -88,6 +88,8 @@ pub(super) struct OptSpec {
     pub(super) values: &'static [&'static str],
     /// Where `--help` and the man page list it.
     pub(super) section: Section,
+    /// Given several times, the values are joined with `;` (`--chaos`), not the last kept.
+    pub(super) repeat: bool,
 }
 
 pub(super) const fn opt(
@@ -107,6 +109,7 @@ pub(super) const fn opt(
         help,
         values: &[],
         section: Section::Torchrun,
+        repeat: false,
     }
 }
 
@@ -339,6 +342,21 @@ pub(super) static OPTIONS: &[OptSpec] = &[
         section: Section::Recovery,
         ..opt("warm_start", &["--warm-start", "--warm_start"], Kind::Str, "auto",
             "rdrun: start Python workers by forking them from a per-node template interpreter: auto (the default: the template learns what the workers import and imports it once for the next forks; reasons to spawn cold said at INFO), on (it imports torch and --preload before the first fork), off (every worker cold, as torchrun). Else RDRUN_WARM_START.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        repeat: true,
+        section: Section::Recovery,
+        ..opt("chaos", &["--chaos"], Kind::Str, "none",
+            "rdrun: inject failures into the job on a seeded schedule and measure their detection and recovery (repeatable, or ';'-separated): KIND:WHEN[,WHERE], KIND kill, hang, slow or node-loss; WHEN after=, every= or mtbf=DURATION, at-attempt=N, count=N; WHERE rank=N|random, node=N|random; seed=N. Injected failures never count toward --max-same-failures or --max-node-failures; a fault the job does not survive fails the run. Else RDRUN_CHAOS (never from a scheduler). See docs/chaos.md.")
+    },
+    OptSpec {
+        abbreviable: false,
+        pet: false,
+        section: Section::Recovery,
+        ..opt("chaos_progress", &["--chaos-progress", "--chaos_progress"], Kind::Str, "none",
+            "rdrun: with --chaos, a regular expression that matches the workers' progress lines; its first group, a number (e.g. 'step (\\d+)'), gives the work lost to each fault. Else RDRUN_CHAOS_PROGRESS.")
     },
     OptSpec {
         abbreviable: false,

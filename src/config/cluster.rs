@@ -11,52 +11,11 @@
 use crate::cli::{EnvFn, LaunchArgs};
 use crate::cluster::{self, ClusterChoice, Fields, HostFacts, Mode, NodeCount, Sourced, Topology};
 
+use super::endpoint::parse_endpoint;
+use super::error::ConfigError;
 use super::layout::{EndpointSpec, Layout, Origin};
-use super::{parse_endpoint, ConfigError, LaunchConfig, NodeRange, RdzvBackend};
-
-/// How the topology is printed by `--dry-run` / `--print-topology[=json]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TopologyFormat {
-    Text,
-    Json,
-}
-
-/// The cluster part of a [`LaunchConfig`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterPlan {
-    /// Every field of the launch's topology with where it came from: the detected one, completed
-    /// with the values resolution settled on (defaults, flags, `PET_*` of a local run).
-    pub topology: Topology,
-    /// Whether a scheduler environment was detected (else a local run, as torchrun).
-    pub detected: bool,
-    /// `--dry-run` / `--print-topology`: print it and exit 0, start nothing.
-    pub dry_run: Option<TopologyFormat>,
-    /// In-place mode: this rdrun is one rank and runs one worker with these values.
-    pub in_place: Option<InPlace>,
-    /// Variables every worker gets from the topology: CUDA_VISIBLE_DEVICES = the slots a
-    /// hostfile filter kept (DeepSpeed: slots are device indices).
-    pub worker_env: Vec<(String, String)>,
-    /// A dry run's "what the run would do" rows (`super::dryrun`); `None` otherwise.
-    pub run: Option<super::dryrun::RunPreview>,
-}
-
-/// A local run that is not a dry run (test fixtures; [`plan`] fills the real one).
-impl Default for ClusterPlan {
-    fn default() -> Self {
-        ClusterPlan {
-            topology: Topology {
-                scheduler: "local (no scheduler detected)".into(),
-                fields: Fields::default(),
-                notes: Vec::new(),
-            },
-            detected: false,
-            dry_run: None,
-            in_place: None,
-            worker_env: Vec::new(),
-            run: None,
-        }
-    }
-}
+use super::spec::{NodeRange, RdzvBackend};
+use super::types::{ClusterPlan, InPlace, LaunchConfig, TopologyFormat};
 
 impl ClusterPlan {
     /// What rdrun prints before spawning: the full block on node 0 (and for a dry run), one line
@@ -220,29 +179,6 @@ fn flag_fields(args: &LaunchArgs, p: &Layout) -> Result<Fields, ConfigError> {
     Ok(f)
 }
 
-/// In-place mode (issue 12): this rdrun is one rank the scheduler started (several Slurm tasks
-/// per node, an MPI launcher) and runs exactly one worker with the scheduler's RANK, LOCAL_RANK,
-/// WORLD_SIZE and LOCAL_WORLD_SIZE.
-///
-/// The ranks form a static rendezvous with one member per rank: member index = RANK, members =
-/// WORLD_SIZE, one worker each, so the rendezvous' RANK/WORLD_SIZE are the scheduler's own and
-/// global rank 0 hosts the one store at the endpoint (a port derived from the job id), which
-/// every worker uses as its TCPStore (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
-/// Only the per-node values differ from a node-mode launch: LOCAL_RANK/LOCAL_WORLD_SIZE come from
-/// the scheduler, GROUP_RANK/GROUP_WORLD_SIZE from its node index where it has one (Slurm's
-/// SLURM_NODEID), else from the hostnames the ranks publish in the store ([`InPlace::node`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InPlace {
-    pub rank: usize,
-    pub local_rank: usize,
-    pub world_size: usize,
-    pub local_world_size: usize,
-    /// `(GROUP_RANK, GROUP_WORLD_SIZE)` when the scheduler gives this node's index; `None`: from
-    /// the hostnames of every rank, exchanged in the store (MPI names no node index:
-    /// `OMPI_COMM_WORLD_NODE_RANK` is a per-node count, not one).
-    pub node: Option<(usize, usize)>,
-}
-
 /// Lays an in-place topology over the layout ([`Layout::in_place`]) after refusing the
 /// flags that would contradict it (a node count, a node rank, another backend, standalone).
 fn apply_in_place(p: &mut Layout, t: &Topology) -> Result<(), ConfigError> {
@@ -287,7 +223,7 @@ pub(super) fn apply(
 ) -> Result<Option<Topology>, ConfigError> {
     let lookup = LookupEnv(env);
     let choice = ClusterChoice::resolve(args.cluster.as_deref(), &lookup).map_err(|_| {
-        super::invalid(
+        super::error::invalid(
             "--cluster",
             args.cluster
                 .clone()

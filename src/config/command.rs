@@ -6,8 +6,38 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::{ConfigError, EntrypointKind, FileKind, Host, WorkerCommand};
+use super::error::ConfigError;
+use super::host::{FileKind, Host};
 use crate::cli::{EnvFn, LaunchArgs};
+
+/// How the worker program is started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntrypointKind {
+    /// `python -u script.py args…`.
+    PythonScript,
+    /// `python -u -m module args…`.
+    PythonModule,
+    /// Exec the program directly (`--no-python`, or a non-`.py` executable).
+    Exec,
+    /// `--run-path`: `python -u -c <bootstrap>` running the script with runpy, error file always written.
+    RunPath,
+}
+
+/// The command each worker runs, before `${local_rank}` substitution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerCommand {
+    pub kind: EntrypointKind,
+    /// Program to exec (the Python interpreter, or the program itself).
+    pub program: PathBuf,
+    /// Full argv after the program (e.g. `["-u", "train.py", "--lr", "0.1"]`), bytes as typed.
+    pub args: Vec<std::ffi::OsString>,
+    /// Name used in the failure report title (script as typed, module, or binary).
+    pub display_name: String,
+    /// The launch's Python environment, resolved here once: the interpreter of a Python launch,
+    /// else the one a Python launch would use (`PYTHON_EXEC`, `$VIRTUAL_ENV`, `python3` on PATH;
+    /// `None` when there is none). The supervisor looks there for pip's NCCL.
+    pub python: Option<PathBuf>,
+}
 
 /// The `python -u -c` program behind `--run-path` (spec §3.10): argv as `python script args`,
 /// the script's directory first on `sys.path` as for `python script.py`, `runpy.run_path(script,

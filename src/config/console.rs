@@ -10,7 +10,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{invalid, ConfigError, Host};
+use super::error::{invalid, ConfigError};
+use super::host::Host;
 use crate::cli::EnvFn;
 
 /// Default `--output-window`: long enough for ranks printing the same step to meet, short

@@ -11,34 +11,10 @@ use std::os::unix::ffi::OsStrExt;
 
 use serde_json::{json, Value};
 
-use super::{EntrypointKind, LaunchConfig, RdzvBackend, RUN_PATH_BOOTSTRAP};
-
-/// What the run would do, as the dry run prints it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunPreview {
-    /// `4`, or `2-8` for an elastic node range.
-    pub world_size: String,
-    /// How the world size was counted (`2 nodes x 2 workers, if every node runs 2`).
-    pub world_how: String,
-    /// This node's global ranks (`2-3`), or `None` where the rendezvous assigns them.
-    pub ranks: Option<String>,
-    /// Why the ranks are what they are, or why they are not known yet.
-    pub ranks_how: String,
-    /// The worker's command line, shell-quoted (`--run-path`'s bootstrap program abbreviated).
-    pub command: String,
-    /// The Python interpreter workers run under (`None`: the program runs directly).
-    pub interpreter: Option<String>,
-    /// `--wrap`: the wrapper's words (before `%r`/`%l`/`%n`) and the ranks it applies to.
-    pub wrapper: Option<String>,
-    /// `--debug-rank`: the rank that waits for a debugger, and how.
-    pub debug_rank: Option<String>,
-    /// `host:port` of the rendezvous, or how standalone picks it.
-    pub endpoint: String,
-    /// The backend that serves it (`static`, `c10d`, …).
-    pub backend: &'static str,
-    /// The run id the real run uses; `None`: a fresh one at each launch.
-    pub run_id: Option<String>,
-}
+use super::command::EntrypointKind;
+use super::command::RUN_PATH_BOOTSTRAP;
+use super::spec::RdzvBackend;
+use super::types::{LaunchConfig, RunPreview};
 
 /// `text` as a POSIX shell reads it back: bare when it is only safe characters, else in single
 /// quotes (`'` written as `'\''`).

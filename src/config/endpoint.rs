@@ -6,11 +6,14 @@
 
 use std::collections::BTreeMap;
 
+use super::error::{invalid, ConfigError};
+use super::host::Host;
 use super::layout::{EndpointSpec, Layout};
-use super::{
-    invalid, ConfigError, Endpoint, Host, RdzvBackend, RdzvConfig, DEFAULT_C10D_PORT,
-    DEFAULT_ETCD_PORT, DEFAULT_STATIC_MASTER_PORT, ETCD_ENDPOINTS_KEY,
+use super::spec::{
+    Endpoint, NodeRange, RdzvBackend, DEFAULT_C10D_PORT, DEFAULT_ETCD_PORT,
+    DEFAULT_STATIC_MASTER_PORT, ETCD_ENDPOINTS_KEY,
 };
+use super::types::{RdzvConfig, RdzvSettings};
 
 /// The rendezvous part of [`super::resolve`]: `(standalone, rendezvous, MASTER_ADDR,
 /// MASTER_PORT)` from the typed layout.
@@ -201,26 +204,6 @@ fn host_ok(host: &str) -> bool {
             .all(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'))
 }
 
-/// `--rdzv-backend`.
-pub fn parse_backend(text: &str) -> Result<RdzvBackend, ConfigError> {
-    match text {
-        "static" => Ok(RdzvBackend::Static),
-        "c10d" => Ok(RdzvBackend::C10d),
-        "etcd-v3" | "etcd" => Ok(RdzvBackend::Etcd),
-        "etcd-v2" => Err(invalid(
-            "--rdzv-backend",
-            text,
-            "the etcd v2 API is gone (off by default since etcd 3.4, removed in 3.6); use \
-             --rdzv-backend etcd-v3 (alias etcd), which speaks the v3 API",
-        )),
-        _ => Err(invalid(
-            "--rdzv-backend",
-            text,
-            "unknown rendezvous backend (expected static, c10d, etcd-v3 or etcd)",
-        )),
-    }
-}
-
 /// `--rdzv-conf`: `k1=v1,k2=v2`, stripped, split on the first `=`; empty keys or values are errors.
 pub fn parse_rdzv_conf(text: &str) -> Result<BTreeMap<String, String>, ConfigError> {
     let mut conf = BTreeMap::new();
@@ -354,6 +337,50 @@ pub fn uuid4(random: [u8; 16]) -> String {
         .into_uuid()
         .hyphenated()
         .to_string()
+}
+
+/// Typing `--rdzv-conf` for the backend belongs to resolving the rendezvous: here, beside
+/// [`parse_rdzv_conf`], not in the types file, which decides nothing.
+impl RdzvConfig {
+    /// A rendezvous config with its settings typed from `conf` (for a run that holds one).
+    pub fn typed(
+        backend: RdzvBackend,
+        endpoint: Endpoint,
+        run_id: impl Into<String>,
+        conf: BTreeMap<String, String>,
+        nnodes: NodeRange,
+    ) -> Result<RdzvConfig, ConfigError> {
+        let mut r = RdzvConfig {
+            backend,
+            endpoint: Some(endpoint),
+            run_id: run_id.into(),
+            conf,
+            settings: None,
+        };
+        r.settings = Some(r.type_settings(nnodes)?);
+        Ok(r)
+    }
+
+    /// `conf` typed for `backend`: a bad value is a one-line error naming its key.
+    pub(super) fn type_settings(&self, nnodes: NodeRange) -> Result<RdzvSettings, ConfigError> {
+        Ok(match self.backend {
+            RdzvBackend::Static => {
+                RdzvSettings::Static(super::rdzv_conf::StaticSettings::from_conf(&self.conf)?)
+            }
+            RdzvBackend::C10d => RdzvSettings::C10d(super::rdzv_conf::C10dSettings::from_conf(
+                nnodes, &self.conf,
+            )?),
+            RdzvBackend::Etcd | RdzvBackend::EtcdV2 => {
+                let endpoint = self.endpoint.clone().unwrap_or(Endpoint {
+                    host: "localhost".into(),
+                    port: DEFAULT_ETCD_PORT,
+                });
+                RdzvSettings::Etcd(super::etcd_conf::EtcdSettings::from_conf(
+                    nnodes, &endpoint, &self.conf,
+                )?)
+            }
+        })
+    }
 }
 
 #[cfg(test)]

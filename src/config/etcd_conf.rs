@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::rdzv_conf::{C10dSettings, ConfError};
-use super::{Endpoint, NodeRange, ETCD_ENDPOINTS_KEY as ENDPOINTS_KEY};
+use super::spec::{Endpoint, NodeRange, ETCD_ENDPOINTS_KEY as ENDPOINTS_KEY};
 
 /// Default lease TTL: a dead agent is noticed within this (rdrun's c10d drops a node after 5 s
 /// too; torchrun's 3 × 5 s would miss the < 10 s failover goal of issue 14). etcd grants at

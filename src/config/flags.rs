@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::error::{invalid, ConfigError};
 use super::host::gpu_count;
-use super::{
-    invalid, ConfigError, FileKind, Host, LogConfig, NodeRange, StdSelect, StdSpec,
-    DEFAULT_SHUTDOWN_TIMEOUT_SECS,
-};
+use super::host::{FileKind, Host};
+use super::spec::NodeRange;
+use super::types::{LogConfig, StdSelect, StdSpec, DEFAULT_SHUTDOWN_TIMEOUT_SECS};
 use crate::cli::{python_int, EnvFn, LaunchArgs};
 
 /// `--nnodes`: `N` or `MIN:MAX` with `0 < MIN <= MAX`.

@@ -12,7 +12,9 @@
 use crate::cli::LaunchArgs;
 use crate::cluster::{Fields, Sourced};
 
-use super::{parse_backend, parse_nnodes, ConfigError, NodeRange, RdzvBackend};
+use super::error::{invalid, ConfigError};
+use super::flags::parse_nnodes;
+use super::spec::{NodeRange, RdzvBackend};
 
 /// The [`LaunchArgs`] fields this module types (an error about one names its own source).
 pub(super) const DESTS: &[&str] = &[
@@ -91,7 +93,7 @@ impl<T> Given<T> {
         value: impl Into<String>,
         reason: impl Into<String>,
     ) -> ConfigError {
-        self.attribute(super::invalid(flag, value, reason))
+        self.attribute(super::error::invalid(flag, value, reason))
     }
 
     /// `err` (from parsing or resolving this value) naming this value's variable.
@@ -327,7 +329,7 @@ impl Layout {
                         self.master_addr.value,
                         self.master_port
                             .as_ref()
-                            .map_or(super::DEFAULT_STATIC_MASTER_PORT, |p| p.value)
+                            .map_or(super::spec::DEFAULT_STATIC_MASTER_PORT, |p| p.value)
                     ),
                     origin: scheduler(),
                 },
@@ -347,5 +349,25 @@ fn given_from<T: Clone>(s: &Sourced<T>) -> Given<T> {
 fn lay<T: Clone>(slot: &mut Given<T>, detected: &Sourced<T>) {
     if !slot.origin.typed() {
         *slot = given_from(detected);
+    }
+}
+
+/// `--rdzv-backend`.
+pub fn parse_backend(text: &str) -> Result<RdzvBackend, ConfigError> {
+    match text {
+        "static" => Ok(RdzvBackend::Static),
+        "c10d" => Ok(RdzvBackend::C10d),
+        "etcd-v3" | "etcd" => Ok(RdzvBackend::Etcd),
+        "etcd-v2" => Err(invalid(
+            "--rdzv-backend",
+            text,
+            "the etcd v2 API is gone (off by default since etcd 3.4, removed in 3.6); use \
+             --rdzv-backend etcd-v3 (alias etcd), which speaks the v3 API",
+        )),
+        _ => Err(invalid(
+            "--rdzv-backend",
+            text,
+            "unknown rendezvous backend (expected static, c10d, etcd-v3 or etcd)",
+        )),
     }
 }

@@ -1,5 +1,7 @@
 //! Unit tests of `config/mod.rs` (moved out so that the module fits in a head).
 
+use std::path::PathBuf;
+
 use super::testkit::*;
 use super::*;
 use crate::cli::{parse_from, Invocation};
@@ -160,7 +162,7 @@ fn full_resolution_keeps_every_field() {
 #[test]
 fn completed_words_resolve_and_shown_defaults_hold() {
     for v in crate::cli::RDZV_BACKENDS {
-        assert!(endpoint::parse_backend(v).is_ok(), "{v}");
+        assert!(layout::parse_backend(v).is_ok(), "{v}");
     }
     for v in crate::cli::HANG_MODES {
         assert!(v.parse::<hang::HangMode>().is_ok(), "{v}");

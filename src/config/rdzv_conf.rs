@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::NodeRange;
+use super::spec::NodeRange;
 
 /// A bad `--rdzv-conf` value.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -108,7 +108,7 @@ const KNOWN: &[&str] = &[
 
 /// `--rdzv-conf` keys only the etcd backend reads.
 pub const ETCD_KEYS: &[&str] = &[
-    super::ETCD_ENDPOINTS_KEY,
+    super::spec::ETCD_ENDPOINTS_KEY,
     "ttl",
     "lease_ttl",
     "key_prefix",

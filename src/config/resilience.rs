@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{invalid, ConfigError};
+use super::error::{invalid, ConfigError};
 
 /// `--health-check off|warn|on`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -16,7 +16,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::ConfigError;
+use super::error::ConfigError;
 use crate::cli::EnvFn;
 
 /// The environment variable that chooses the containment (`auto`, `v2`, `v1`, `off`).

@@ -1,6 +1,6 @@
 //! Test support shared by the config tests: a fake machine and resolution shortcuts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use super::*;
@@ -140,6 +140,7 @@ pub(crate) fn launch_config(
         run_env: Default::default(),
         resilience: Default::default(),
         warm: Default::default(),
+        chaos: None,
     }
 }
 

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use super::RdzvBackend;
+use super::spec::RdzvBackend;
 use crate::cli::EnvFn;
 
 /// What the torch agent variables ask for.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cli::{EnvFn, LaunchArgs};
 
-use super::{invalid, ConfigError};
+use super::error::{invalid, ConfigError};
 
 /// `--warm-start`: whether workers are forked from a template interpreter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -35,7 +35,11 @@ pub enum Act {
 
 /// Where the fault `spec` with draw `draw` lands: `Ok(Some)` here, `Ok(None)` on another node
 /// (this node only counts it), `Err` when it cannot land anywhere (a rank beyond the world).
-pub fn land(spec: &FaultSpec, draw: u64, at: &Layout) -> Result<Option<(Option<Target>, Act)>, String> {
+pub fn land(
+    spec: &FaultSpec,
+    draw: u64,
+    at: &Layout,
+) -> Result<Option<(Option<Target>, Act)>, String> {
     // Each random choice takes its own bits of the one draw, so a node and a rank chosen
     // together are independent.
     let node_draw = draw;
@@ -58,7 +62,10 @@ pub fn land(spec: &FaultSpec, draw: u64, at: &Layout) -> Result<Option<(Option<T
     }
     let target = match (spec.rank, node) {
         (Some(Pick::At(r)), _) if r >= at.world_size => {
-            return Err(format!("rank={r}, but the job has {} rank(s)", at.world_size))
+            return Err(format!(
+                "rank={r}, but the job has {} rank(s)",
+                at.world_size
+            ))
         }
         (Some(Pick::At(r)), _) => at.local.iter().find(|t| t.rank == r).copied(),
         // A random rank of the chosen node: only that node knows its ranks.
@@ -120,11 +127,25 @@ mod tests {
         assert_eq!(land(&s, 0, &layout(0, 2, 2)).unwrap(), None);
         let (t, act) = land(&s, 0, &layout(1, 2, 2)).unwrap().unwrap();
         assert_eq!(t, Some(Target { rank: 3, pid: 1003 }));
-        assert_eq!(act, Act::Signal { pid: 1003, signal: libc::SIGKILL });
+        assert_eq!(
+            act,
+            Act::Signal {
+                pid: 1003,
+                signal: libc::SIGKILL
+            }
+        );
         let e = land(&spec("kill:after=1s,rank=9"), 0, &layout(0, 2, 2)).unwrap_err();
         assert!(e.contains("rank=9") && e.contains("4 rank(s)"), "{e}");
-        let (_, act) = land(&spec("hang:after=1s,rank=0"), 0, &layout(0, 1, 2)).unwrap().unwrap();
-        assert_eq!(act, Act::Signal { pid: 1000, signal: libc::SIGSTOP });
+        let (_, act) = land(&spec("hang:after=1s,rank=0"), 0, &layout(0, 1, 2))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            act,
+            Act::Signal {
+                pid: 1000,
+                signal: libc::SIGSTOP
+            }
+        );
     }
 
     #[test]
@@ -144,12 +165,24 @@ mod tests {
         assert_eq!(land(&s, 0, &layout(0, 2, 2)).unwrap(), None);
         let (t, act) = land(&s, 0, &layout(1, 2, 2)).unwrap().unwrap();
         assert_eq!(t, None);
-        assert_eq!(act, Act::EndNode { pids: vec![1002, 1003] });
+        assert_eq!(
+            act,
+            Act::EndNode {
+                pids: vec![1002, 1003]
+            }
+        );
         let e = land(&spec("node-loss:after=1s,node=5"), 0, &layout(0, 2, 2)).unwrap_err();
         assert!(e.contains("node=5"), "{e}");
-        let (_, act) = land(&spec("slow:after=1s,node=0,for=2s,cpu=5"), 3, &layout(0, 2, 2))
-            .unwrap()
-            .unwrap();
-        assert!(matches!(act, Act::Throttle { pct, .. } if pct == 5.0), "{act:?}");
+        let (_, act) = land(
+            &spec("slow:after=1s,node=0,for=2s,cpu=5"),
+            3,
+            &layout(0, 2, 2),
+        )
+        .unwrap()
+        .unwrap();
+        assert!(
+            matches!(act, Act::Throttle { pct, .. } if pct == 5.0),
+            "{act:?}"
+        );
     }
 }

@@ -104,20 +104,21 @@ pub struct ProgressRegex(regex::Regex);
 
 impl ProgressRegex {
     pub fn new(text: &str) -> Result<ProgressRegex, String> {
-        regex::Regex::new(text)
-            .map(ProgressRegex)
-            .map_err(|e| {
-                let first = e.to_string();
-                let last = first.lines().last().unwrap_or("").trim().to_string();
-                format!("--chaos-progress {text:?}: not a regular expression ({last})")
-            })
+        regex::Regex::new(text).map(ProgressRegex).map_err(|e| {
+            let first = e.to_string();
+            let last = first.lines().last().unwrap_or("").trim().to_string();
+            format!("--chaos-progress {text:?}: not a regular expression ({last})")
+        })
     }
 
     /// Each progress line among `lines` (oldest first): its value, if it has one.
     pub fn scan<'a>(&'a self, lines: &'a [String]) -> impl Iterator<Item = Option<f64>> + 'a {
         lines.iter().filter_map(|line| {
             let caps = self.0.captures(line)?;
-            Some(caps.get(1).and_then(|m| m.as_str().trim().parse::<f64>().ok()))
+            Some(
+                caps.get(1)
+                    .and_then(|m| m.as_str().trim().parse::<f64>().ok()),
+            )
         })
     }
 }
@@ -191,7 +192,10 @@ mod tests {
         let re = ProgressRegex::new("tick").unwrap();
         assert_eq!(re.scan(&lines(&["tick"])).collect::<Vec<_>>(), vec![None]);
         let e = ProgressRegex::new("step (").unwrap_err();
-        assert!(e.starts_with("--chaos-progress \"step (\": not a regular expression"), "{e}");
+        assert!(
+            e.starts_with("--chaos-progress \"step (\": not a regular expression"),
+            "{e}"
+        );
         assert!(!e.contains('\n'), "{e}");
     }
 

@@ -139,11 +139,9 @@ impl Chaos {
             }
         }
         let seed = spec.seed.unwrap_or_else(|| match multi_node {
-            true => run_id
-                .bytes()
-                .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                    (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-                }),
+            true => run_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+            }),
             false => fastrand::u64(..),
         });
         Ok(Some(Chaos {
@@ -439,9 +437,9 @@ impl Chaos {
         if let Some(idx) = self.pending.take() {
             self.records[idx].state = match succeeded {
                 true => State::Recovered,
-                false => State::NotSurvived(
-                    "the job ended without coming back to user code".to_string(),
-                ),
+                false => {
+                    State::NotSurvived("the job ended without coming back to user code".to_string())
+                }
             };
             self.awaiting_progress.retain(|&i| i != idx);
             self.resolved(idx);

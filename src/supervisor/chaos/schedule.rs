@@ -165,7 +165,10 @@ mod tests {
         );
         let spec = parse("kill:every=2s").unwrap();
         let line = Schedule::new(&spec, 1).lines().remove(0);
-        assert!(line.ends_with("gaps +2.000s, +2.000s, +2.000s, +2.000s, +2.000s, ..."), "{line}");
+        assert!(
+            line.ends_with("gaps +2.000s, +2.000s, +2.000s, +2.000s, +2.000s, ..."),
+            "{line}"
+        );
     }
 
     proptest::proptest! {

@@ -312,10 +312,16 @@ mod tests {
         let f = &s.faults[0];
         assert_eq!(
             (f.kind, f.after, f.repeat, f.limit()),
-            (Kind::Kill, Some(Duration::from_secs(20)), Repeat::Once, Some(1))
+            (
+                Kind::Kill,
+                Some(Duration::from_secs(20)),
+                Repeat::Once,
+                Some(1)
+            )
         );
-        let s = parse("kill:every=30s ; hang:mtbf=2m,seed=7,rank=1;slow:at-attempt=1,for=5s,cpu=20%")
-            .unwrap();
+        let s =
+            parse("kill:every=30s ; hang:mtbf=2m,seed=7,rank=1;slow:at-attempt=1,for=5s,cpu=20%")
+                .unwrap();
         assert_eq!(s.seed, Some(7));
         assert_eq!(s.faults[0].repeat, Repeat::Every(Duration::from_secs(30)));
         assert_eq!(s.faults[0].limit(), None);

@@ -24,7 +24,10 @@ pub struct Row {
 /// The rows, one per kind that was injected (skipped faults are no injection).
 pub fn rows(records: &[Record]) -> Vec<Row> {
     let mut by: BTreeMap<Kind, Vec<&Record>> = BTreeMap::new();
-    for r in records.iter().filter(|r| !matches!(r.state, State::Skipped(_))) {
+    for r in records
+        .iter()
+        .filter(|r| !matches!(r.state, State::Skipped(_)))
+    {
         by.entry(r.kind).or_default().push(r);
     }
     by.into_iter()
@@ -77,7 +80,7 @@ pub fn render(records: &[Record]) -> Vec<String> {
             cell(r.work_lost, ""),
         ));
     }
-    out
+    out.iter().map(|l| l.trim_end().to_string()).collect()
 }
 
 /// One line per fault that the job did not survive: `chaos: fault 2 (kill rank 1 in attempt
@@ -99,9 +102,8 @@ pub fn not_survived(records: &[Record]) -> Vec<String> {
 
 /// `--report-json`'s `chaos` section: the seed, every fault, and the table's rows by kind.
 pub fn to_json(seed: u64, specs: &[String], records: &[Record]) -> Value {
-    let trio = |s: Option<(f64, f64, f64)>| {
-        s.map(|(m, p, x)| json!({"median": m, "p95": p, "max": x}))
-    };
+    let trio =
+        |s: Option<(f64, f64, f64)>| s.map(|(m, p, x)| json!({"median": m, "p95": p, "max": x}));
     let summary: serde_json::Map<String, Value> = rows(records)
         .into_iter()
         .map(|r| {
@@ -156,12 +158,20 @@ mod tests {
         let records = vec![
             rec(1, Kind::Kill, Some(1000), State::Recovered),
             rec(2, Kind::Kill, Some(3000), State::Recovered),
-            rec(3, Kind::Hang, None, State::NotSurvived("no restart left".into())),
+            rec(
+                3,
+                Kind::Hang,
+                None,
+                State::NotSurvived("no restart left".into()),
+            ),
             rec(4, Kind::Slow, None, State::Skipped("no cgroup".into())),
         ];
         let rows = rows(&records);
         assert_eq!(rows.len(), 2, "{rows:?}");
-        assert_eq!((rows[0].kind, rows[0].injected, rows[0].survived), (Kind::Kill, 2, 2));
+        assert_eq!(
+            (rows[0].kind, rows[0].injected, rows[0].survived),
+            (Kind::Kill, 2, 2)
+        );
         assert_eq!(rows[0].recover, Some((1.0, 3.0, 3.0)));
         assert_eq!(rows[0].work_lost, Some((5.0, 5.0, 5.0)));
         assert_eq!((rows[1].kind, rows[1].survived), (Kind::Hang, 0));

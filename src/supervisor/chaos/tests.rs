@@ -21,34 +21,52 @@ fn layout(per: usize) -> Layout {
 }
 
 /// Each rank's last lines, which the test writes.
-fn outputs(n: usize) -> (Vec<Arc<Mutex<Vec<String>>>>, Vec<crate::supervisor::watch::task::LastOutput>) {
+fn outputs(
+    n: usize,
+) -> (
+    Vec<Arc<Mutex<Vec<String>>>>,
+    Vec<crate::supervisor::watch::task::LastOutput>,
+) {
     let bufs: Vec<Arc<Mutex<Vec<String>>>> = (0..n).map(|_| Arc::default()).collect();
     let last = bufs
         .iter()
         .map(|b| {
             let b = b.clone();
-            Box::new(move || b.lock().unwrap().clone()) as crate::supervisor::watch::task::LastOutput
+            Box::new(move || b.lock().unwrap().clone())
+                as crate::supervisor::watch::task::LastOutput
         })
         .collect();
     (bufs, last)
 }
 
 fn chaos(text: &str, progress: Option<&str>) -> Chaos {
-    Chaos::new(text, progress, true, false, "run").unwrap().unwrap()
+    Chaos::new(text, progress, true, false, "run")
+        .unwrap()
+        .unwrap()
 }
 
 #[test]
 fn off_without_a_spec_and_refusals_up_front() {
     assert!(Chaos::new("", None, true, false, "r").unwrap().is_none());
-    let e = Chaos::new("", Some("step (\\d+)"), true, false, "r").err().unwrap();
+    let e = Chaos::new("", Some("step (\\d+)"), true, false, "r")
+        .err()
+        .unwrap();
     assert!(e.contains("needs --chaos"), "{e}");
-    let e = Chaos::new("hang:after=1s", None, false, false, "r").err().unwrap();
+    let e = Chaos::new("hang:after=1s", None, false, false, "r")
+        .err()
+        .unwrap();
     assert!(e.contains("--hang-detect kill"), "{e}");
-    let e = Chaos::new("node-loss:after=1s", None, true, false, "r").err().unwrap();
+    let e = Chaos::new("node-loss:after=1s", None, true, false, "r")
+        .err()
+        .unwrap();
     assert!(e.contains("multi-node"), "{e}");
     // Multi-node without a seed: every node draws the same schedule from the run id.
-    let a = Chaos::new("kill:mtbf=5s", None, true, true, "job7").unwrap().unwrap();
-    let b = Chaos::new("kill:mtbf=5s", None, true, true, "job7").unwrap().unwrap();
+    let a = Chaos::new("kill:mtbf=5s", None, true, true, "job7")
+        .unwrap()
+        .unwrap();
+    let b = Chaos::new("kill:mtbf=5s", None, true, true, "job7")
+        .unwrap()
+        .unwrap();
     assert_eq!(a.schedule.seed, b.schedule.seed);
 }
 
@@ -60,7 +78,10 @@ fn a_kill_is_injected_once_due_labelled_and_measured() {
     let (_, last) = outputs(2);
     c.attempt_started(0, layout(2), last);
     assert!(c.wake().is_some());
-    assert!(c.tick(false).is_empty(), "never while the group is not untouched");
+    assert!(
+        c.tick(false).is_empty(),
+        "never while the group is not untouched"
+    );
     let acts = c.tick(true);
     assert_eq!(
         acts,
@@ -72,20 +93,29 @@ fn a_kill_is_injected_once_due_labelled_and_measured() {
             }
         )]
     );
-    assert_eq!(c.act_line(0), "chaos: injecting fault 1 (kill rank 1 in attempt 0)");
+    assert_eq!(
+        c.act_line(0),
+        "chaos: injecting fault 1 (kill rank 1 in attempt 0)"
+    );
     c.injected(0, &acts[0].1, Ok(()));
     assert!(matches!(c.events().as_slice(), [ChaosEvent::Inject(v)] if v["rank"] == 1));
     assert!(c.tick(true).is_empty(), "count 1: once");
     let failed = SystemTime::now();
     let label = c.attempt_over(Some(failed), Some(failed + Duration::from_millis(5)));
-    assert_eq!(label.as_deref(), Some("injected kill rank 1, chaos fault 1"));
+    assert_eq!(
+        label.as_deref(),
+        Some("injected kill rank 1, chaos fault 1")
+    );
     assert!(c.records()[0].detected.unwrap() >= Duration::from_millis(5));
     c.restarted(failed);
     let (_, last) = outputs(2);
     c.attempt_started(1, layout(2), last);
     c.back(Duration::from_millis(300));
     assert!(c.records()[0].recovered.unwrap() >= Duration::from_millis(300));
-    assert!(matches!(c.events().as_slice(), [ChaosEvent::Recovered { kind: "kill", .. }]));
+    assert!(matches!(
+        c.events().as_slice(),
+        [ChaosEvent::Recovered { kind: "kill", .. }]
+    ));
     // A failure of a later attempt without a fault is a real one: no label.
     assert_eq!(c.attempt_over(Some(SystemTime::now()), None), None);
     let end = c.finish(false);
@@ -119,9 +149,19 @@ fn a_job_that_never_comes_back_fails_the_check() {
     let (_, last) = outputs(2);
     c.attempt_started(0, layout(2), last);
     let acts = c.tick(true);
-    assert_eq!(acts[0].1, Act::Signal { pid: 4000, signal: libc::SIGSTOP });
+    assert_eq!(
+        acts[0].1,
+        Act::Signal {
+            pid: 4000,
+            signal: libc::SIGSTOP
+        }
+    );
     c.injected(acts[0].0, &acts[0].1, Ok(()));
-    assert_eq!(c.stop_began(), vec![4000], "the stopped worker is continued at the stop");
+    assert_eq!(
+        c.stop_began(),
+        vec![4000],
+        "the stopped worker is continued at the stop"
+    );
     assert_eq!(c.stop_began(), Vec::<i32>::new(), "once");
     assert!(c.attempt_over(None, Some(SystemTime::now())).is_some());
     let end = c.finish(false);
@@ -147,14 +187,22 @@ fn progress_before_and_after_give_the_work_lost() {
     let (bufs, last) = outputs(2);
     c.attempt_started(1, layout(2), last);
     c.back(Duration::from_millis(1));
-    assert!(c.events().iter().all(|e| !matches!(e, ChaosEvent::Recovered { .. })), "progress still awaited");
+    assert!(
+        c.events()
+            .iter()
+            .all(|e| !matches!(e, ChaosEvent::Recovered { .. })),
+        "progress still awaited"
+    );
     *bufs[0].lock().unwrap() = vec!["resumed from 30".into(), "step 31".into()];
     std::thread::sleep(PROGRESS_POLL);
     c.tick(true);
     let r = &c.records()[0];
     assert_eq!((r.after, r.work_lost()), (Some(31.0), Some(6.0)));
     assert!(r.progress.is_some());
-    assert!(matches!(c.events().as_slice(), [ChaosEvent::Recovered { .. }]));
+    assert!(matches!(
+        c.events().as_slice(),
+        [ChaosEvent::Recovered { .. }]
+    ));
 }
 
 #[test]

@@ -175,91 +175,10 @@ impl Rendezvous {
         };
         match (rdzv.backend, typed) {
             (RdzvBackend::Static, RdzvSettings::Static(settings)) => {
-                let hosting =
-                    tcp::host_static_store(config.node_rank, &endpoint.host, endpoint.port).await;
-                let (server, endpoint) = hosted(endpoint, hosting)?;
-                let deadline = Instant::now() + settings.timeout;
-                let store = connect(&endpoint, deadline, settings.read_timeout).await?;
-                // The keeper's own connection (see `StaticRendezvous::with_keeper_store`).
-                let keeper = connect(&endpoint, deadline, settings.read_timeout).await?;
-                let r = StaticRendezvous::new(
-                    store.clone(),
-                    settings,
-                    &rdzv.run_id,
-                    config.node_rank,
-                    config.nnodes.max,
-                    config.nproc_per_node,
-                    &endpoint.host,
-                    endpoint.port,
-                )?
-                .with_keeper_store(keeper);
-                // The workers share this store (TORCHELASTIC_USE_AGENT_STORE): node 0 empties
-                // their namespace before each round opens (issue 24.1).
-                let r = match server.as_ref() {
-                    Some(s) => {
-                        let hosted = s.store().clone();
-                        // rdrun's keys as clients send them ("/" + key, as TCPStore) or raw.
-                        r.with_worker_reset(Arc::new(move || {
-                            hosted.clear_except(&[b"/rdrun.", b"rdrun."])
-                        }))
-                    }
-                    None => r,
-                };
-                let r = match config.local_addr.as_deref() {
-                    Some(a) => r.with_identity(a),
-                    None => r,
-                };
-                Ok(Rendezvous {
-                    rdzv: Backend::Static(r),
-                    store: Some(store),
-                    server,
-                    me: None,
-                    advertised: None,
-                    run_prefix: super::keys::static_::Keys::new(&rdzv.run_id)
-                        .prefix()
-                        .to_string(),
-                })
+                start_static(rdzv, settings, config, endpoint).await
             }
             (RdzvBackend::C10d, RdzvSettings::C10d(settings)) => {
-                let hosting =
-                    tcp::host_c10d_store(&endpoint.host, endpoint.port, settings.is_host).await;
-                let (server, endpoint) = hosted(endpoint, hosting)?;
-                // Peers start unevenly: keep trying for the whole join timeout (pain point 13).
-                let deadline = Instant::now() + settings.join_timeout;
-                let store = connect(&endpoint, deadline, settings.read_timeout).await?;
-                let me = addr::advertised_addr(
-                    config.local_addr.as_deref(),
-                    &endpoint.host,
-                    endpoint.port,
-                    deadline,
-                )
-                .await?;
-                tracing::info!(addr = %me, endpoint = %addr::host_port(&endpoint.host, endpoint.port),
-                    hosting = server.is_some(), "joining the c10d rendezvous");
-                // Per-process counter, as torchrun's node descriptor: several agents in one
-                // process (tests, embedders) stay distinct even with the same address.
-                static LOCAL_ID: std::sync::atomic::AtomicU32 =
-                    std::sync::atomic::AtomicU32::new(0);
-                let local_id = LOCAL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                // The keeper's own connection (see `C10dRendezvous::with_keeper_store`).
-                let keeper = connect(&endpoint, deadline, settings.read_timeout).await?;
-                let r = C10dRendezvous::new(
-                    store.clone(),
-                    settings,
-                    &rdzv.run_id,
-                    &me,
-                    local_id,
-                    config.nproc_per_node,
-                )
-                .with_keeper_store(keeper);
-                Ok(Rendezvous {
-                    rdzv: Backend::C10d(r),
-                    store: Some(store),
-                    server,
-                    me: None,
-                    advertised: Some(me),
-                    run_prefix: super::keys::c10d::prefix(&rdzv.run_id),
-                })
+                start_c10d(rdzv, settings, config, endpoint).await
             }
             (RdzvBackend::Etcd, RdzvSettings::Etcd(settings)) => {
                 start_etcd(rdzv, settings, config, endpoint).await
@@ -526,6 +445,106 @@ impl Rendezvous {
         }
         res
     }
+}
+
+/// Starts the static backend: hosts the store on node 0 (its workers' store too, emptied
+/// before each round opens) and connects the agent's and its keeper's connections.
+async fn start_static(
+    rdzv: &RdzvConfig,
+    settings: crate::config::rdzv_conf::StaticSettings,
+    config: NodeSpec,
+    endpoint: Endpoint,
+) -> Result<Rendezvous, RendezvousError> {
+    let hosting = tcp::host_static_store(config.node_rank, &endpoint.host, endpoint.port).await;
+    let (server, endpoint) = hosted(endpoint, hosting)?;
+    let deadline = Instant::now() + settings.timeout;
+    let store = connect(&endpoint, deadline, settings.read_timeout).await?;
+    // The keeper's own connection (see `StaticRendezvous::with_keeper_store`).
+    let keeper = connect(&endpoint, deadline, settings.read_timeout).await?;
+    let r = StaticRendezvous::new(
+        store.clone(),
+        settings,
+        &rdzv.run_id,
+        config.node_rank,
+        config.nnodes.max,
+        config.nproc_per_node,
+        &endpoint.host,
+        endpoint.port,
+    )?
+    .with_keeper_store(keeper);
+    // The workers share this store (TORCHELASTIC_USE_AGENT_STORE): node 0 empties
+    // their namespace before each round opens (issue 24.1).
+    let r = match server.as_ref() {
+        Some(s) => {
+            let hosted = s.store().clone();
+            // rdrun's keys as clients send them ("/" + key, as TCPStore) or raw.
+            r.with_worker_reset(Arc::new(move || {
+                hosted.clear_except(&[b"/rdrun.", b"rdrun."])
+            }))
+        }
+        None => r,
+    };
+    let r = match config.local_addr.as_deref() {
+        Some(a) => r.with_identity(a),
+        None => r,
+    };
+    Ok(Rendezvous {
+        rdzv: Backend::Static(r),
+        store: Some(store),
+        server,
+        me: None,
+        advertised: None,
+        run_prefix: super::keys::static_::Keys::new(&rdzv.run_id)
+            .prefix()
+            .to_string(),
+    })
+}
+
+/// Starts the c10d backend: hosts the store where `is_host` says, connects, and chooses the
+/// address this agent advertises.
+async fn start_c10d(
+    rdzv: &RdzvConfig,
+    settings: crate::config::rdzv_conf::C10dSettings,
+    config: NodeSpec,
+    endpoint: Endpoint,
+) -> Result<Rendezvous, RendezvousError> {
+    let hosting = tcp::host_c10d_store(&endpoint.host, endpoint.port, settings.is_host).await;
+    let (server, endpoint) = hosted(endpoint, hosting)?;
+    // Peers start unevenly: keep trying for the whole join timeout (pain point 13).
+    let deadline = Instant::now() + settings.join_timeout;
+    let store = connect(&endpoint, deadline, settings.read_timeout).await?;
+    let me = addr::advertised_addr(
+        config.local_addr.as_deref(),
+        &endpoint.host,
+        endpoint.port,
+        deadline,
+    )
+    .await?;
+    tracing::info!(addr = %me, endpoint = %addr::host_port(&endpoint.host, endpoint.port),
+        hosting = server.is_some(), "joining the c10d rendezvous");
+    // Per-process counter, as torchrun's node descriptor: several agents in one
+    // process (tests, embedders) stay distinct even with the same address.
+    static LOCAL_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let local_id = LOCAL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // The keeper's own connection (see `C10dRendezvous::with_keeper_store`).
+    let keeper = connect(&endpoint, deadline, settings.read_timeout).await?;
+    let r = C10dRendezvous::new(
+        store.clone(),
+        settings,
+        &rdzv.run_id,
+        &me,
+        local_id,
+        config.nproc_per_node,
+    )
+    .with_keeper_store(keeper);
+    Ok(Rendezvous {
+        rdzv: Backend::C10d(r),
+        store: Some(store),
+        server,
+        me: None,
+        advertised: Some(me),
+        run_prefix: super::keys::c10d::prefix(&rdzv.run_id),
+    })
 }
 
 /// Starts the etcd backend: connects to every member (bounded; one-line errors naming them),

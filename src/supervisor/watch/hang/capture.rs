@@ -468,7 +468,34 @@ impl HangReport {
     pub fn render(&self) -> String {
         let v = &self.verdict;
         let mut s = String::new();
-        let what = match &v.reason {
+        let what = self.what();
+        // A FileTimer expiry is not a phase of the sampler's: its header names the watchdog.
+        let phase = match &v.reason {
+            HangReason::FileTimer { .. } => "FileTimer",
+            _ => v.phase.as_str(),
+        };
+        let _ = writeln!(
+            s,
+            "[rdrun] HANG ({phase}): {what}; captured diagnostics in {:.1}s",
+            self.duration.as_secs_f64()
+        );
+        for r in &self.ranks {
+            self.render_rank(&mut s, r);
+        }
+        if self.suspects.is_empty() {
+            let _ = writeln!(s, "[rdrun]   suspect: none identified");
+        }
+        if let Some(d) = &self.files_dir {
+            let _ = writeln!(s, "[rdrun]   stacks: {}/rank<R>.txt", d.display());
+        }
+        let _ = writeln!(s, "[rdrun]   {}", self.action());
+        s
+    }
+
+    /// The header's account of the hang: what was quiet (or expired) for how long.
+    fn what(&self) -> String {
+        let v = &self.verdict;
+        match &v.reason {
             HangReason::Quiescence => format!(
                 "no activity on any of {} ranks for {} (budget {})",
                 v.ranks.iter().filter(|r| r.alive).count(),
@@ -502,75 +529,67 @@ impl HangReport {
                     secs(v.quiet_for)
                 )
             }
+        }
+    }
+
+    /// One rank's lines of the block: state, top frame and suspect mark, stuck children, its
+    /// last output line, the store key it waits on.
+    fn render_rank(&self, s: &mut String, r: &RankCapture) {
+        let view = self.verdict.ranks.iter().find(|x| x.rank == r.rank);
+        let top = match (&r.stack_status, describe(&r.main_frames)) {
+            (StackStatus::Ok, Some(f)) => f,
+            (st, _) => format!("(stack {})", st.name()),
         };
-        // A FileTimer expiry is not a phase of the sampler's: its header names the watchdog.
-        let phase = match &v.reason {
-            HangReason::FileTimer { .. } => "FileTimer",
-            _ => v.phase.as_str(),
-        };
-        let _ = writeln!(
+        let _ = write!(
             s,
-            "[rdrun] HANG ({phase}): {what}; captured diagnostics in {:.1}s",
-            self.duration.as_secs_f64()
+            "[rdrun]   rank {} pid {} {} {}",
+            r.rank,
+            r.pid,
+            r.state.map_or('?', |s| s.letter()),
+            r.main_wchan().unwrap_or("-"),
         );
-        for r in &self.ranks {
-            let view = v.ranks.iter().find(|x| x.rank == r.rank);
-            let top = match (&r.stack_status, describe(&r.main_frames)) {
-                (StackStatus::Ok, Some(f)) => f,
-                (st, _) => format!("(stack {})", st.name()),
-            };
-            let _ = write!(
+        // The sampler's view of the last interval, when a sampler's verdict has one (a
+        // FileTimer expiry does not: no made-up zeros).
+        if let Some(x) = view {
+            let _ = write!(s, " cpu {:.1}% io {}B", x.cpu_pct, x.io_bytes);
+        }
+        let _ = write!(s, "  {top}");
+        if self.suspects.contains(&r.rank) {
+            let _ = write!(s, "   <- suspect: {}", self.suspect_reason);
+        }
+        s.push('\n');
+        // Only stuck children: idle DataLoader workers are in the rank's file.
+        for c in r.children.iter().filter(|c| c.stuck()) {
+            let _ = writeln!(
                 s,
-                "[rdrun]   rank {} pid {} {} {}",
+                "[rdrun]   rank {} child pid {} stuck in {}",
                 r.rank,
-                r.pid,
-                r.state.map_or('?', |s| s.letter()),
-                r.main_wchan().unwrap_or("-"),
+                c.pid,
+                describe(&c.main_frames).unwrap_or_default()
             );
-            // The sampler's view of the last interval, when a sampler's verdict has one (a
-            // FileTimer expiry does not: no made-up zeros).
-            if let Some(x) = view {
-                let _ = write!(s, " cpu {:.1}% io {}B", x.cpu_pct, x.io_bytes);
-            }
-            let _ = write!(s, "  {top}");
-            if self.suspects.contains(&r.rank) {
-                let _ = write!(s, "   <- suspect: {}", self.suspect_reason);
-            }
-            s.push('\n');
-            // Only stuck children: idle DataLoader workers are in the rank's file.
-            for c in r.children.iter().filter(|c| c.stuck()) {
-                let _ = writeln!(
-                    s,
-                    "[rdrun]   rank {} child pid {} stuck in {}",
-                    r.rank,
-                    c.pid,
-                    describe(&c.main_frames).unwrap_or_default()
-                );
-            }
-            if let Some(l) = r.last_output.last() {
-                let _ = writeln!(s, "[rdrun]   rank {} last output: {:?}", r.rank, l);
-            }
-            if let Some(w) = r.store_waits.first() {
-                let more = match r.store_waits.len() {
-                    1 => String::new(),
-                    n => format!(" (and {} more)", n - 1),
-                };
-                let _ = writeln!(
-                    s,
-                    "[rdrun]   rank {} waits on store key {:?} for {}{more}",
-                    r.rank,
-                    w.key,
-                    secs(w.age)
-                );
-            }
         }
-        if self.suspects.is_empty() {
-            let _ = writeln!(s, "[rdrun]   suspect: none identified");
+        if let Some(l) = r.last_output.last() {
+            let _ = writeln!(s, "[rdrun]   rank {} last output: {:?}", r.rank, l);
         }
-        if let Some(d) = &self.files_dir {
-            let _ = writeln!(s, "[rdrun]   stacks: {}/rank<R>.txt", d.display());
+        if let Some(w) = r.store_waits.first() {
+            let more = match r.store_waits.len() {
+                1 => String::new(),
+                n => format!(" (and {} more)", n - 1),
+            };
+            let _ = writeln!(
+                s,
+                "[rdrun]   rank {} waits on store key {:?} for {}{more}",
+                r.rank,
+                w.key,
+                secs(w.age)
+            );
         }
-        let action = match &v.reason {
+    }
+
+    /// What rdrun does about it: the FileTimer's signal, stopping the group, or nothing.
+    fn action(&self) -> String {
+        let v = &self.verdict;
+        match &v.reason {
             HangReason::FileTimer { expired } => expired
                 .iter()
                 .map(|e| {
@@ -583,9 +602,7 @@ impl HangReport {
                 .join("; "),
             _ if v.action == HangMode::Kill => "stopping the worker group".to_string(),
             _ => "observe mode: workers left running".to_string(),
-        };
-        let _ = writeln!(s, "[rdrun]   {action}");
-        s
+        }
     }
 }
 

@@ -297,13 +297,45 @@ pub fn detect(
     if forced == C::None {
         return Ok(None);
     }
-    let want = |c: ClusterChoice| forced == C::Auto || forced == c;
     let mut explicit = vec![Layer {
         name: "flags".into(),
         fields: flags.clone(),
         ..Layer::default()
     }];
     explicit.push(readers::rdrun_env(env)?);
+    let sched = scheduler_layers(env, host, forced, flags, &mut explicit)?;
+    if sched.is_empty() && (flags.include.is_some() || flags.exclude.is_some()) {
+        return Err(ClusterError(
+            "--include/--exclude filter a hostfile's hosts, and no hostfile is named (--hostfile, RDRUN_HOSTFILE, OMPI_MCA_orte_default_hostfile)".into(),
+        ));
+    }
+    if sched.is_empty() {
+        if forced != C::Auto {
+            return Err(ClusterError(format!(
+                "--cluster {}: no {} environment found ({})",
+                forced.name(),
+                forced.name(),
+                readers::tell_tale(forced)
+            )));
+        }
+        return Ok(None);
+    }
+    let topology = resolve_layers(explicit, sched)?;
+    validate(&topology)?;
+    Ok(Some(topology))
+}
+
+/// Every scheduler's layer found (those `forced` allows), most specific first; `PET_*` typed
+/// by hand outside a pod goes to `explicit` instead (torchrun's flag fallback).
+fn scheduler_layers(
+    env: &dyn Env,
+    host: &HostFacts<'_>,
+    forced: ClusterChoice,
+    flags: &Fields,
+    explicit: &mut Vec<Layer>,
+) -> Result<Vec<Layer>, ClusterError> {
+    use ClusterChoice as C;
+    let want = |c: ClusterChoice| forced == C::Auto || forced == c;
     let mut sched: Vec<Layer> = Vec::new();
     if want(C::K8s) {
         if let Some(pet) = readers::pet(env)? {
@@ -324,24 +356,7 @@ pub fn detect(
         None
     };
     if want(C::Mpi) {
-        if let Some(mpi) = readers::mpi(env, host)? {
-            // srun --mpi=pmi2 sets PMI_* equal to the step's own task ids: one launcher, and
-            // the Slurm layer knows more (node rank, node list).
-            let step_task = |var: &str| env.get(var).and_then(|v| v.trim().parse::<usize>().ok());
-            let same = slurm.as_ref().is_some_and(|s| s.name == "slurm-step")
-                && step_task("SLURM_STEP_NUM_TASKS").or_else(|| step_task("SLURM_NTASKS"))
-                    == readers::mpi_rank_size(env).map(|r| r.1)
-                && step_task("SLURM_PROCID") == readers::mpi_rank_size(env).map(|r| r.0);
-            if !same {
-                if mpi.fields.mode.is_none() {
-                    return Err(ClusterError(format!(
-                        "{}: rank/size differ from the Slurm step's (SLURM_PROCID/SLURM_STEP_NUM_TASKS) and no local rank/size is set",
-                        mpi.name
-                    )));
-                }
-                sched.push(mpi);
-            }
-        }
+        sched.extend(mpi_layer(env, host, slurm.as_ref())?);
     }
     sched.extend(slurm);
     if want(C::K8s) {
@@ -353,22 +368,40 @@ pub fn detect(
     if want(C::Hostfile) {
         sched.extend(readers::hostfile(env, host, flags)?);
     }
-    if sched.is_empty() && (flags.include.is_some() || flags.exclude.is_some()) {
-        return Err(ClusterError(
-            "--include/--exclude filter a hostfile's hosts, and no hostfile is named (--hostfile, RDRUN_HOSTFILE, OMPI_MCA_orte_default_hostfile)".into(),
-        ));
-    }
-    if sched.is_empty() {
-        if forced != C::Auto {
-            return Err(ClusterError(format!(
-                "--cluster {}: no {} environment found ({})",
-                forced.name(),
-                forced.name(),
-                readers::tell_tale(forced)
-            )));
-        }
+    Ok(sched)
+}
+
+/// The MPI layer, unless it only repeats the Slurm step's own task ids (`srun --mpi=pmi2`).
+fn mpi_layer(
+    env: &dyn Env,
+    host: &HostFacts<'_>,
+    slurm: Option<&Layer>,
+) -> Result<Option<Layer>, ClusterError> {
+    let Some(mpi) = readers::mpi(env, host)? else {
+        return Ok(None);
+    };
+    // srun --mpi=pmi2 sets PMI_* equal to the step's own task ids: one launcher, and the
+    // Slurm layer knows more (node rank, node list).
+    let step_task = |var: &str| env.get(var).and_then(|v| v.trim().parse::<usize>().ok());
+    let same = slurm.is_some_and(|s| s.name == "slurm-step")
+        && step_task("SLURM_STEP_NUM_TASKS").or_else(|| step_task("SLURM_NTASKS"))
+            == readers::mpi_rank_size(env).map(|r| r.1)
+        && step_task("SLURM_PROCID") == readers::mpi_rank_size(env).map(|r| r.0);
+    if same {
         return Ok(None);
     }
+    if mpi.fields.mode.is_none() {
+        return Err(ClusterError(format!(
+            "{}: rank/size differ from the Slurm step's (SLURM_PROCID/SLURM_STEP_NUM_TASKS) and no local rank/size is set",
+            mpi.name
+        )));
+    }
+    Ok(Some(mpi))
+}
+
+/// The layers merged: the node count fitted to a fixed node set, and in place without a node
+/// index from the launcher, the node rank left to the hostname exchange.
+fn resolve_layers(mut explicit: Vec<Layer>, sched: Vec<Layer>) -> Result<Topology, ClusterError> {
     // In place, nnodes/node_rank are GROUP_WORLD_SIZE/GROUP_RANK. They are kept from the
     // launcher that set the mode (Slurm's SLURM_NODEID) or from an allocation around an mpirun
     // (a Slurm step of orteds, an LSF job: exactly the job's hosts). A hostfile may name more
@@ -401,8 +434,7 @@ pub fn detect(
             "group_rank: from the hostnames the ranks exchange in the store (the launcher names no node index)".into(),
         );
     }
-    validate(&topology)?;
-    Ok(Some(topology))
+    Ok(topology)
 }
 
 /// The per-field merge: the first layer defining a field wins; a later, different value becomes

@@ -251,6 +251,9 @@ impl Chaos {
         let Some((_, i)) = first else {
             return Vec::new();
         };
+        // The progress value "before" is read at the fault itself, not up to a poll ago.
+        self.next_poll = None;
+        self.read_progress(now);
         let planned = self.schedule.get(i, self.clocks[i].next).expect("due");
         self.clocks[i].next += 1;
         self.clocks[i].since = Some(now);

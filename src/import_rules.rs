@@ -3,7 +3,10 @@
 //! climb to the crate root), and each arrow must be in [`ALLOWED`]. A new top-level module fails
 //! the test until it has a row, so the table stays the whole map. The files of `src/` must also
 //! import each other without a cycle, and only `config`, `workerenv`, `bin` (and the runtime,
-//! inside workers) may read the environment (production code; tests may reach anywhere).
+//! inside workers) may read the environment (production code; tests may reach anywhere). Two
+//! rules of ownership besides: only the agent's files emit observer events (the observer and
+//! its `RunEvent` are named nowhere else), and only the console thread writes rdrun's stdout and
+//! stderr (`print!`, `eprintln!`, `dbg!`, `io::stdout`/`io::stderr` appear nowhere else).
 //!
 //! This is a text scan, not a parser: comments are dropped first, and inline modules are assumed
 //! to run to the end of their file (the crate's only inline modules are trailing `mod tests`).
@@ -643,4 +646,135 @@ fn the_file_graph_helpers_see_paths_and_circles() {
     }
     let text = "fn a() {}\n#[cfg(test)]\nmod tests;\nfn b() {}\n#[cfg(test)]\nmod tests {\n fn c() {}\n}\n";
     assert!(production(text).contains("fn b()") && !production(text).contains("fn c()"));
+}
+
+/// The agent's files: the only ones that emit [`crate::supervisor::observe::RunEvent`]s (the
+/// agent and its parts, `agent_*.rs`; `setup.rs` and `workers.rs` beside it).
+fn is_agent_file(rel: &Path) -> bool {
+    let Ok(rest) = rel.strip_prefix("supervisor") else {
+        return false;
+    };
+    let name = rest.to_str().unwrap_or("");
+    name == "agent.rs"
+        || (name.starts_with("agent_") && name.ends_with(".rs") && !name.contains('/'))
+        || name == "setup.rs"
+        || name == "workers.rs"
+}
+
+/// Whether `line` names `word` as a whole identifier.
+fn names_ident(line: &str, word: &str) -> bool {
+    line.match_indices(word).any(|(i, _)| {
+        let before = line[..i].chars().next_back();
+        let after = line[i + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
+}
+
+/// The production lines that `hit` finds in the files outside `allowed` (and outside `bin/`,
+/// this file and test-only files), as `file:line: text`.
+fn lines_outside(allowed: impl Fn(&Path) -> bool, hit: impl Fn(&str) -> bool) -> Vec<String> {
+    let src = src_dir();
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    let tests = test_only_files(&src, &files);
+    let mut bad = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        if tests.contains(f) || rel.starts_with("bin") || rel == Path::new("import_rules.rs") {
+            continue;
+        }
+        if allowed(rel) {
+            continue;
+        }
+        let text = strip_comments(&std::fs::read_to_string(f).unwrap());
+        for (n, line) in production(&text).lines().enumerate() {
+            if hit(line) {
+                bad.push(format!("{}:{}: {}", rel.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    bad
+}
+
+/// Output is events (issue 39 item 2): the agent emits one `RunEvent` per thing that happened
+/// and the observer's renderers consume it. Nothing below the agent names the observer or its
+/// events: a gate (`nodes/health_gate.rs`, `nodes/network_check.rs`) hands back what it found
+/// and the agent emits it.
+#[test]
+fn only_the_agent_emits_observer_events() {
+    let bad = lines_outside(
+        |rel| is_agent_file(rel) || rel.starts_with("supervisor/observe"),
+        |line| names_ident(line, "Observer") || names_ident(line, "RunEvent"),
+    );
+    assert!(
+        bad.is_empty(),
+        "the observer named outside the agent's files (return what happened to the agent, \
+         which emits the RunEvent):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The spellings of a write to rdrun's own stdout or stderr (the macros panic on a closed
+/// stream besides; `dbg!` writes stderr).
+const TERMINAL_WRITES: &[&str] = &[
+    "print!(",
+    "println!(",
+    "eprint!(",
+    "eprintln!(",
+    "dbg!(",
+    "io::stdout",
+    "io::stderr",
+];
+
+/// Who may write the terminal (issue 39 item 3): the console thread (`output/console.rs` and
+/// its part `output/console_own.rs`) is its one writer once the agent made it; `output/own.rs`
+/// hands rdrun's own text to it, and writes directly only before the console exists (the
+/// binary's usage errors, `--help`, `--dry-run`); it also asks whether a stream is a terminal.
+/// `bin/` (skipped) holds programs with output of their own (the benchmarks, the demo trainer)
+/// and `rdrun`'s `main`, which writes only through `own`. Tests may print.
+#[test]
+fn only_the_console_thread_writes_the_terminal() {
+    let allowed = |rel: &Path| {
+        [
+            "supervisor/output/console.rs",
+            "supervisor/output/console_own.rs",
+            "supervisor/output/own.rs",
+        ]
+        .iter()
+        .any(|a| rel == Path::new(a))
+    };
+    let bad = lines_outside(allowed, |line| {
+        TERMINAL_WRITES.iter().any(|w| line.contains(w))
+    });
+    assert!(
+        bad.is_empty(),
+        "writes to rdrun's stdout/stderr outside the console thread (send rdrun's own text \
+         through supervisor::output::own, worker output through the console):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The helpers of the two rules above see what they must and nothing else.
+#[test]
+fn the_observer_and_terminal_rules_see_each_spelling() {
+    assert!(is_agent_file(Path::new("supervisor/agent.rs")));
+    assert!(is_agent_file(Path::new("supervisor/agent_rounds.rs")));
+    assert!(is_agent_file(Path::new("supervisor/workers.rs")));
+    assert!(!is_agent_file(Path::new("supervisor/nodes/health_gate.rs")));
+    assert!(!is_agent_file(Path::new("supervisor/group/agent_x.rs")));
+    assert!(names_ident("obs: &Observer,", "Observer"));
+    assert!(names_ident(
+        "use crate::supervisor::observe::{Observer, RunEvent};",
+        "RunEvent"
+    ));
+    assert!(!names_ident("struct ObserverLike;", "Observer"));
+    for write in [
+        "println!(\"x\")",
+        "eprint!(\"x\")",
+        "let _ = std::io::stderr().write_all(b)",
+        ".with_writer(std::io::stdout)",
+        "dbg!(x)",
+    ] {
+        assert!(TERMINAL_WRITES.iter().any(|w| write.contains(w)), "{write}");
+    }
 }

@@ -35,7 +35,10 @@ fn main() {
     init_tracing();
     // OsString end to end: the script's arguments reach the workers byte for byte.
     let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    std::process::exit(run(&argv));
+    let code = run(&argv);
+    // The terminal's console (the run's) writes on its own thread: what it holds first.
+    supervisor::output::own::flush();
+    std::process::exit(code);
 }
 
 fn run(argv: &[std::ffi::OsString]) -> i32 {

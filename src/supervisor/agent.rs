@@ -40,8 +40,8 @@ use crate::supervisor::group::restart::{self, Decision};
 use crate::supervisor::group::signals::Signals;
 use crate::supervisor::group::worker::{self, RunWorkerEnv};
 use crate::supervisor::nodes::join::until_shutdown;
-use crate::supervisor::observe::Observer;
-use crate::supervisor::output::RunLogs;
+use crate::supervisor::observe::{Observer, RunEvent};
+use crate::supervisor::output::{Console, RunLogs};
 use crate::supervisor::report::end::{Ended, Restart, RunEnd};
 use crate::supervisor::report::failure::{Failure, FailureReport};
 use crate::supervisor::setup::{self, single_node_master_addr, ReportHost};
@@ -101,6 +101,15 @@ pub fn run(config: LaunchConfig) -> Ended {
             std::io::Error::last_os_error()
         );
     }
+    // The terminal's one writer from here on (after the watchdog's fork: it needs a single
+    // thread): worker output, rdrun's own text and the status line are messages to it.
+    let console = match Console::terminal() {
+        Ok(c) => c,
+        Err(err) => {
+            return RunEnd::error(format!("cannot start the console writer thread: {err}")).into()
+        }
+    };
+    crate::supervisor::output::own::attach(console.clone());
     // The store server may live on this runtime: new connections first (issue 16).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .global_queue_interval(crate::store::server::STORE_GLOBAL_QUEUE_INTERVAL)
@@ -110,14 +119,19 @@ pub fn run(config: LaunchConfig) -> Ended {
         Ok(rt) => rt,
         Err(err) => return RunEnd::error(format!("cannot start the async runtime: {err}")).into(),
     };
-    let obs = match runtime.block_on(Observer::start(&config)) {
+    let obs = match runtime.block_on(Observer::start(&config, console.clone())) {
         Ok(o) => o,
         Err(msg) => return RunEnd::error(msg).into(),
     };
     let mut restarts = Vec::new();
-    let end = runtime.block_on(Agent::run(config, watchdog, obs.clone(), &mut restarts));
-    obs.get().run_end(&end);
-    let ranks = obs.get().last_ranks();
+    let end = runtime.block_on(Agent::run(
+        config,
+        watchdog,
+        (obs.clone(), console),
+        &mut restarts,
+    ));
+    obs.emit(RunEvent::RunEnd(&end));
+    let ranks = obs.last_ranks();
     // Signal-forwarding tasks never end on their own.
     runtime.shutdown_background();
     Ended {
@@ -153,8 +167,10 @@ struct Agent {
     watch: Option<Watch>,
     /// Whether the FileTimer FIFO is served (its expiries are captured into the hang dir).
     file_timer: bool,
-    /// Events, health, metrics, status line (issue 15): one hook call where things happen.
+    /// Events, health, metrics, status line (issue 15): one [`RunEvent`] where things happen.
     obs: Observer,
+    /// The terminal's console: the workers' output goes there (`workers.rs`).
+    console: Console,
     /// A worker stayed in D state past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: no more
     /// restarts (as torch; `watch/dstate.rs`).
     restarts_disabled: bool,
@@ -171,7 +187,7 @@ impl Agent {
     async fn run(
         config: LaunchConfig,
         watchdog: Option<Watchdog>,
-        obs: Observer,
+        (obs, console): (Observer, Console),
         restarts: &mut Vec<Restart>,
     ) -> RunEnd {
         // Handlers first: from here on no handled signal can kill rdrun with workers left behind.
@@ -188,9 +204,9 @@ impl Agent {
         }
         let mut rdzv = None;
         if config.uses_rendezvous() {
-            obs.get().connecting(&config);
+            obs.emit(RunEvent::connecting(&config));
             let started = until_shutdown(&mut signals, Rendezvous::start(&config)).await;
-            obs.get().connected();
+            obs.emit(RunEvent::Connected);
             match started {
                 Ok(Ok(r)) => rdzv = Some(r),
                 Ok(Err(err)) => return RunEnd::from_error(err),
@@ -214,9 +230,15 @@ impl Agent {
             watchdog.as_ref().and_then(Watchdog::cgroup_dir),
             watchdog.as_ref().map(Watchdog::fd),
         );
+        let seen = {
+            let obs = obs.clone();
+            std::sync::Arc::new(move |r: &crate::health::HealthReport| {
+                obs.emit(RunEvent::HealthChecks(r));
+            })
+        };
         let health = match crate::supervisor::nodes::health_gate::gate(
             &config,
-            &obs,
+            seen,
             &mut signals,
             rdzv.as_mut(),
             contain,
@@ -281,6 +303,7 @@ impl Agent {
             file_timer: timers.is_some(),
             watch: Some(Watch::start(timers)),
             obs,
+            console,
             restarts_disabled: false,
             restarts: Vec::new(),
             restart_clock: Default::default(),
@@ -333,6 +356,7 @@ impl Agent {
             &self.config.rdzv.run_id,
             self.config.run_env.temp_dir(),
         );
+        logs.show_on(&self.console);
         let mut restart_count = 0u32;
         let mut reason = RoundReason::Initial;
         let mut same = crate::supervisor::nodes::stop_verdict::SameFailure::default();
@@ -361,9 +385,17 @@ impl Agent {
             };
             // Issue 28: the network pre-check may leave slow nodes out of the next round.
             if let Some(rdzv) = self.rdzv.as_mut() {
+                let obs = &self.obs;
                 let net = crate::supervisor::nodes::network_check::check(
                     &self.config,
-                    &self.obs,
+                    |n| {
+                        obs.emit(RunEvent::NetworkCheck {
+                            verdict: n.verdict,
+                            peers: n.peers,
+                            leaving: n.leaving,
+                            took: n.took,
+                        })
+                    },
                     rdzv,
                     &asg,
                     &mut self.signals,
@@ -436,7 +468,11 @@ impl Agent {
                         self.config.max_restarts - restart_count,
                         self.config.max_restarts
                     );
-                    self.obs.get().restart(next, true, "restart");
+                    self.obs.emit(RunEvent::Restart {
+                        next,
+                        charged: true,
+                        kind: "restart",
+                    });
                     self.between_attempts();
                     restart_count = next;
                     reason = RoundReason::WorkerFailure;
@@ -449,9 +485,11 @@ impl Agent {
                         cost: None,
                     });
                     outcome.log_regroup();
-                    self.obs
-                        .get()
-                        .restart(restart_count + u32::from(charged), charged, "regroup");
+                    self.obs.emit(RunEvent::Restart {
+                        next: restart_count + u32::from(charged),
+                        charged,
+                        kind: "regroup",
+                    });
                     self.between_attempts();
                     reason = if charged {
                         RoundReason::PeerLost

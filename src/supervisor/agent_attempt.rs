@@ -16,6 +16,7 @@ use crate::supervisor::group::effects::Os;
 use crate::supervisor::group::events::Event;
 use crate::supervisor::group::worker;
 use crate::supervisor::nodes::join::watch_opt;
+use crate::supervisor::observe::RunEvent;
 use crate::supervisor::output::{RankIdentity, RunLogs};
 use crate::supervisor::setup::short_host;
 use crate::supervisor::watch::files::hang_dir;
@@ -49,9 +50,10 @@ impl Agent {
             }
         };
         self.restart_clock.assigned();
-        self.obs
-            .get()
-            .attempt_begins(asg.restart_count, logs.run_dir());
+        self.obs.emit(RunEvent::AttemptBegins {
+            attempt: asg.restart_count,
+            run_dir: logs.run_dir(),
+        });
         let (stop_output, _) = tokio::sync::watch::channel(false);
         let watchdog = self.watchdog.as_ref();
         let settings = GroupSettings {
@@ -71,6 +73,7 @@ impl Agent {
             logs: &attempt_logs,
             worker_env: &self.worker_env,
             obs: &self.obs,
+            console: &self.console,
             stop_output: &stop_output,
             started: (0, 0),
         };
@@ -138,7 +141,10 @@ impl Agent {
             }
             let flow = group.handle(pending.drain(..));
             self.restarts_disabled |= group.disables_restarts();
-            self.obs.get().watch_stop(group.stop(), group.live());
+            self.obs.emit(RunEvent::StopProgress {
+                stop: group.stop(),
+                live: group.live(),
+            });
             if !group.judging() {
                 if let Some(w) = self.watch.as_mut() {
                     w.pause();
@@ -146,7 +152,7 @@ impl Agent {
             }
             if flow == Flow::Over {
                 self.capture_verdict(&mut group).await;
-                self.obs.get().attempt_over();
+                self.obs.emit(RunEvent::AttemptOver);
                 let stop_began = group.stop().sent_at();
                 let outcome = group.finish(stop_output).await;
                 // Once the pumps drained every pipe: ranks that printed before the attempt
@@ -204,19 +210,22 @@ impl Agent {
     fn observe(&mut self, event: &Event) {
         match event {
             Event::Reaped { pid, status } => {
-                self.obs.get().reaped(*pid, *status);
+                self.obs.emit(RunEvent::Reaped {
+                    pid: *pid,
+                    status: *status,
+                });
                 if let Some(w) = self.watch.as_ref() {
                     w.exited(*pid, status.torchrun_code());
                 }
             }
-            Event::Signal(sig) => self.obs.get().signal(*sig),
+            Event::Signal(sig) => self.obs.emit(RunEvent::Signal(*sig)),
             // A D-state verdict is the attempt's error line, as before the watch task existed.
             Event::Watch(
                 WatchVerdict::Hang { found, .. }
                 | WatchVerdict::TimerExpired {
                     found: Some(found), ..
                 },
-            ) => self.obs.get().hang(found),
+            ) => self.obs.emit(RunEvent::Hang(found)),
             _ => {}
         }
     }

@@ -5,6 +5,7 @@
 
 use super::Agent;
 use crate::supervisor::group::signals::{self, SignalAction};
+use crate::supervisor::observe::RunEvent;
 use crate::supervisor::report::restart_cost::{BackWatch, RestartCost};
 use crate::supervisor::watch::files::clear_torch_dump_keys;
 
@@ -18,7 +19,10 @@ impl Agent {
         let taken = self.restarts.len() as u32;
         let cost = self.restart_clock.spawned(taken, started.0, started.1)?;
         tracing::warn!("{}", cost.line());
-        self.obs.get().restart_cost(&cost.to_json(), cost.total());
+        self.obs.emit(RunEvent::RestartCost {
+            fields: &cost.to_json(),
+            total: cost.total(),
+        });
         if let Some(r) = self.restarts.last_mut() {
             r.cost = Some(cost.to_json());
         }
@@ -35,7 +39,10 @@ impl Agent {
         let watch = self.back_watch.take().expect("checked");
         tracing::warn!("{}", watch.line(back));
         let secs = back.as_secs_f64();
-        self.obs.get().restart_back(watch.restart, secs);
+        self.obs.emit(RunEvent::RestartBack {
+            restart: watch.restart,
+            secs,
+        });
         if let Some(cost) = self
             .restarts
             .last_mut()

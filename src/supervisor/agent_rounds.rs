@@ -18,6 +18,7 @@ use crate::supervisor::nodes::failure_counts::{self, FailShare, RunCounts};
 use crate::supervisor::nodes::join;
 use crate::supervisor::nodes::root_cause;
 use crate::supervisor::nodes::stop_verdict::{NodeFailures, SameFailure, Signature};
+use crate::supervisor::observe::RunEvent;
 use crate::supervisor::report::end::RunEnd;
 
 /// This node's failure counts in the run and its share of them with the others.
@@ -30,12 +31,12 @@ pub(super) struct Tally {
 impl Agent {
     /// Joins the next rendezvous round; on failure, how the run ends.
     pub(super) async fn join_round(&mut self, reason: RoundReason) -> Result<Assignment, RunEnd> {
-        self.obs.get().rendezvous_begins(reason);
+        self.obs.emit(RunEvent::RendezvousBegins(reason));
         let rdzv = self.rdzv.as_mut().expect("multi-node run has a rendezvous");
-        let board = self.obs.get().join_progress();
+        let board = self.obs.join_progress();
         let join = join::join_round(rdzv, &mut self.signals, reason, self.master_port);
         let res = board.scope(join).await;
-        self.obs.get().rendezvous_ended(res.as_ref());
+        self.obs.emit(RunEvent::RendezvousEnded(res.as_ref()));
         res
     }
 
@@ -72,12 +73,12 @@ impl Agent {
     pub(super) async fn finish_rdzv(&mut self, asg: &Assignment) {
         if let Some(rdzv) = self.rdzv.as_mut() {
             let timeout = self.config.exit_barrier_timeout;
-            self.obs.get().barrier_begins(timeout);
+            self.obs.emit(RunEvent::BarrierBegins { timeout });
             let signal = join::finish(rdzv, &mut self.signals, asg, timeout).await;
             if let Some(sig) = signal {
-                self.obs.get().signal(sig);
+                self.obs.emit(RunEvent::Signal(sig));
             }
-            self.obs.get().barrier_ended();
+            self.obs.emit(RunEvent::BarrierEnded);
         }
     }
 
@@ -369,7 +370,7 @@ impl Agent {
     ) {
         let before = tally.own.count;
         let now = tally.own.record(outcome, sig);
-        self.obs.get().node_failures(now);
+        self.obs.emit(RunEvent::NodeFailures(now));
         if now == before {
             return;
         }
@@ -401,9 +402,9 @@ impl Agent {
             Ok(run) => {
                 let node = crate::health::node_name();
                 let all = failure_counts::merged(&node, &tally.own, &run);
-                self.obs
-                    .get()
-                    .run_node_failures(all.iter().map(|(n, c)| (n.as_str(), c.count)));
+                let nodes: Vec<(&str, u32)> =
+                    all.iter().map(|(n, c)| (n.as_str(), c.count)).collect();
+                self.obs.emit(RunEvent::RunNodeFailures(&nodes));
             }
             Err(why) => tracing::debug!("cannot read the other nodes' failure counts: {why}"),
         }
@@ -415,9 +416,8 @@ impl Agent {
         let node = crate::health::node_name();
         if let Ok(r) = &run {
             let all = failure_counts::merged(&node, &tally.own, r);
-            self.obs
-                .get()
-                .run_node_failures(all.iter().map(|(n, c)| (n.as_str(), c.count)));
+            let nodes: Vec<(&str, u32)> = all.iter().map(|(n, c)| (n.as_str(), c.count)).collect();
+            self.obs.emit(RunEvent::RunNodeFailures(&nodes));
         }
         failure_counts::report_json(&node, &tally.own, &run)
     }

@@ -12,7 +12,7 @@ use crate::rendezvous::Assignment;
 
 use crate::supervisor::group::spawn::{Spawned, Spawner};
 use crate::supervisor::group::worker::{self, RunWorkerEnv};
-use crate::supervisor::observe::Observer;
+use crate::supervisor::observe::{Observer, RunEvent};
 use crate::supervisor::output::{self, AttemptLogs, RankIdentity};
 
 /// The real spawner: the run's config and shared worker environment, this attempt's round, log
@@ -23,6 +23,8 @@ pub(crate) struct Workers<'a> {
     pub logs: &'a AttemptLogs,
     pub worker_env: &'a RunWorkerEnv,
     pub obs: &'a Observer,
+    /// The terminal's console, where the workers' output goes.
+    pub console: &'a output::Console,
     /// Tells the output forwarders that every process rdrun can stop is gone: a pipe still open
     /// then is held by a descendant that escaped and outlived the stop (`output::pump`).
     pub stop_output: &'a watch::Sender<bool>,
@@ -58,10 +60,14 @@ impl Spawner for Workers<'_> {
             ));
         }
         let activity = output::Activity::default();
-        self.obs
-            .get()
-            .spawned(id.local_rank, id.rank, spawned.pid, &activity.bytes);
+        self.obs.emit(RunEvent::Spawned {
+            local_rank: id.local_rank,
+            rank: id.rank,
+            pid: spawned.pid,
+            output: &activity.bytes,
+        });
         let handle = output::forward_until(
+            self.console.clone(),
             id.clone(),
             rank_logs.sink.clone(),
             spawned.stdout,

@@ -15,8 +15,9 @@
 //!   (c10d `is_host`) cannot stay out without taking the store from the others: it ends the job
 //!   as a static node does.
 //!
-//! Every verdict goes to the events (`health_check`) and the metrics
-//! (`rdrun_node_check_failed{check}`).
+//! Every report goes back to the agent through the [`Seen`] it hands in, which emits it as the
+//! `health_check` event and the metrics (`rdrun_node_check_failed{check}`): this module never
+//! names the observer.
 
 use std::time::Duration;
 
@@ -32,8 +33,11 @@ use crate::store::CLOCK_KEY;
 use crate::supervisor::group::signals::Signals;
 use crate::supervisor::nodes::join::until_shutdown;
 use crate::supervisor::nodes::outside::Outside;
-use crate::supervisor::observe::Observer;
 use crate::supervisor::report::end::{BadNode, RunEnd};
+
+/// Where each health report goes as soon as it is made (the agent's: it emits the event). Called
+/// from the `warn` checks' own thread too, hence `Send + Sync`.
+pub(in crate::supervisor) type Seen = std::sync::Arc<dyn Fn(&HealthReport) + Send + Sync>;
 
 /// The bound of the clock check's round trips (the store answers in microseconds).
 const CLOCK_BOUND: Duration = Duration::from_secs(5);
@@ -49,7 +53,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// `checkcells::CheckCells`.
 pub(in crate::supervisor) async fn gate(
     config: &LaunchConfig,
-    obs: &Observer,
+    seen: Seen,
     signals: &mut Signals,
     rdzv: Option<&mut Rendezvous>,
     contain: health::Contain,
@@ -88,7 +92,7 @@ pub(in crate::supervisor) async fn gate(
                 })
             }
         };
-        return Ok(Some(Background::start(inputs, obs.clone(), clock)));
+        return Ok(Some(Background::start(inputs, seen, clock)));
     }
     // A node that hosts the rendezvous store cannot stay out: the others need its store, and
     // it would take the store away when it gives up. It ends the job as a static node does.
@@ -112,7 +116,7 @@ pub(in crate::supervisor) async fn gate(
             }
         };
         log(&report);
-        obs.get().health_checks(&report);
+        seen(&report);
         let Some(line) = report.failure_line() else {
             return Ok(None);
         };
@@ -190,7 +194,7 @@ pub(in crate::supervisor) struct Background {
 
 impl Background {
     /// `clock`: the clock check's verdict, measured before (it needs the agent's store client).
-    fn start(inputs: Inputs, obs: Observer, clock: Option<health::Verdict>) -> Background {
+    fn start(inputs: Inputs, seen: Seen, clock: Option<health::Verdict>) -> Background {
         let (done_tx, done) = std::sync::mpsc::channel();
         let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
@@ -208,7 +212,7 @@ impl Background {
                         mut report = health::run(&inputs) => {
                             report.verdicts.extend(clock);
                             log(&report);
-                            obs.get().health_checks(&report);
+                            seen(&report);
                             if let Some(line) = report.failure_line() {
                                 tracing::warn!("{line} (--health-check warn: going on)");
                             }

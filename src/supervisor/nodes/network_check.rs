@@ -27,7 +27,6 @@ use crate::rendezvous::{addr, Assignment, Exchange, Rendezvous};
 
 use crate::supervisor::group::signals::Signals;
 use crate::supervisor::nodes::join::until_shutdown;
-use crate::supervisor::observe::Observer;
 use crate::supervisor::report::end::{BadNode, RunEnd};
 
 /// How long a node waits for every other node's probe address (they all left the same round).
@@ -35,6 +34,15 @@ const ADDR_WAIT: Duration = Duration::from_secs(30);
 /// How long the others wait for a leaving node to have left before joining the next round
 /// (joining earlier is correct too: the round then waits until it left).
 const LEFT_WAIT: Duration = Duration::from_secs(30);
+
+/// What one check measured (the agent emits it as the `network_check` event and the metrics).
+pub(in crate::supervisor) struct NetSeen<'a> {
+    pub verdict: &'a NetVerdict,
+    pub peers: &'a [Peer],
+    /// The nodes (group ranks) that leave the job.
+    pub leaving: &'a [usize],
+    pub took: Duration,
+}
 
 /// What the agent does after the check.
 #[derive(Debug)]
@@ -46,10 +54,11 @@ pub(in crate::supervisor) enum NetOutcome {
 }
 
 /// Runs the check after round `asg` if it is on; `Err`: how this node's run ends (a signal, or
-/// it left as a slow node).
+/// it left as a slow node). `seen` gets what was measured, once the verdict is in and before
+/// anyone leaves.
 pub(in crate::supervisor) async fn check(
     config: &LaunchConfig,
-    obs: &Observer,
+    seen: impl FnOnce(NetSeen<'_>),
     rdzv: &mut Rendezvous,
     asg: &Assignment,
     signals: &mut Signals,
@@ -97,7 +106,12 @@ pub(in crate::supervisor) async fn check(
     };
     let leaving = network::left_out(&verdict, spares, |r| peers[r].hosts_store);
     report(&verdict, &peers, &leaving, spares, took);
-    obs.get().network_check(&verdict, &peers, &leaving, took);
+    seen(NetSeen {
+        verdict: &verdict,
+        peers: &peers,
+        leaving: &leaving,
+        took,
+    });
     let me = asg.group_rank;
     if leaving.contains(&me) {
         let slow = verdict.slow.iter().find(|s| s.node == me);
@@ -194,8 +208,6 @@ async fn run(
     host: &str,
     hosts_store: bool,
 ) -> Result<(Vec<Peer>, Vec<Measured>), String> {
-    let n = asg.group_world_size;
-    let me = asg.group_rank;
     let ip: IpAddr = match host.parse::<IpAddr>() {
         Ok(ip) => ip,
         Err(_) => IpAddr::from([0, 0, 0, 0]),
@@ -203,17 +215,31 @@ async fn run(
     let probe = Probe::bind(ip)
         .await
         .map_err(|e| format!("cannot listen on {host}: {e}"))?;
+    let peers = publish(store, keys, asg, host, probe.port(), hosts_store).await?;
+    let steps = network::schedule(asg.group_world_size);
+    run_pairs(store, keys, &steps, &peers, &probe, asg.group_rank).await;
+    let pairs: Vec<network::Pair> = steps.into_iter().flatten().collect();
+    let measured = read_results(store, keys, pairs).await;
+    Ok((peers, measured))
+}
+
+/// Publishes this node's probe address (`port` on `host`) and reads every node's, once all
+/// of them published.
+async fn publish(
+    store: &Exchange,
+    keys: &NetKeys,
+    asg: &Assignment,
+    host: &str,
+    port: u16,
+    hosts_store: bool,
+) -> Result<Vec<Peer>, String> {
     let hosts_store = u8::from(hosts_store);
-    let mine = format!(
-        "{host} {} {} {hosts_store}",
-        probe.port(),
-        crate::health::node_name()
-    );
+    let mine = format!("{host} {port} {} {hosts_store}", crate::health::node_name());
     store
-        .set(&keys.addr(me), mine.as_bytes())
+        .set(&keys.addr(asg.group_rank), mine.as_bytes())
         .await
         .map_err(|e| format!("cannot publish this node's address: {e}"))?;
-    let addr_keys: Vec<String> = (0..n).map(|r| keys.addr(r)).collect();
+    let addr_keys: Vec<String> = (0..asg.group_world_size).map(|r| keys.addr(r)).collect();
     match store.wait(&addr_keys, ADDR_WAIT).await {
         Ok(true) => {}
         Ok(false) => {
@@ -227,12 +253,23 @@ async fn run(
         .multi_get(&addr_keys)
         .await
         .map_err(|e| format!("the store: {e}"))?;
-    let peers: Vec<Peer> = values
+    values
         .iter()
         .map(|v| parse_peer(&String::from_utf8_lossy(v)))
         .collect::<Option<_>>()
-        .ok_or("a node published an address that does not parse")?;
-    let steps = network::schedule(n);
+        .ok_or_else(|| "a node published an address that does not parse".to_string())
+}
+
+/// This node's side of each step's pair (`me`: its group rank): the client measures and
+/// publishes latency and rate, the server publishes what it received.
+async fn run_pairs(
+    store: &Exchange,
+    keys: &NetKeys,
+    steps: &[Vec<network::Pair>],
+    peers: &[Peer],
+    probe: &Probe,
+    me: usize,
+) {
     for (i, step) in steps.iter().enumerate() {
         let step_no = i as u32;
         let Some(pair) = step.iter().find(|p| p.client == me || p.server == me) else {
@@ -265,9 +302,15 @@ async fn run(
                 .await;
         }
     }
-    // Every pair's two results: each end publishes within its bound, so a bound of all steps
-    // plus slack is only reached when a node died (then its pairs count as failed).
-    let pairs: Vec<network::Pair> = steps.into_iter().flatten().collect();
+}
+
+/// Every pair's two results: each end publishes within its bound, so a bound of all steps
+/// plus slack is only reached when a node died (then its pairs count as failed).
+async fn read_results(
+    store: &Exchange,
+    keys: &NetKeys,
+    pairs: Vec<network::Pair>,
+) -> Vec<Measured> {
     let result_keys: Vec<String> = pairs
         .iter()
         .flat_map(|p| {
@@ -292,7 +335,7 @@ async fn run(
         let server = get(keys.server(p.client, p.server)).await;
         measured.push((p, parse_result(client.as_deref(), server.as_deref())));
     }
-    Ok((peers, measured))
+    measured
 }
 
 async fn resolve(host: &str, port: u16) -> Option<SocketAddr> {

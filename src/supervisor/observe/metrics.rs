@@ -30,10 +30,20 @@ use crate::supervisor::watch::hang::OutputCounter;
 pub const SAMPLE: Duration = Duration::from_millis(100);
 
 type Rank = [(&'static str, String); 1];
+/// A histogram by fault kind (`--chaos`, issue 41).
+type ByKind = Family<[(&'static str, String); 1], Histogram, fn() -> Histogram>;
 type FGauge = Gauge<f64, AtomicU64>;
 
 fn rank(lr: usize) -> Rank {
     [("local_rank", lr.to_string())]
+}
+
+/// The buckets of the chaos histograms: a kill is detected at once and recovered in a
+/// restart's time; a hang takes its budget.
+fn chaos_histogram() -> Histogram {
+    Histogram::new([
+        0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+    ])
 }
 
 /// One worker's output as seen by the sampler.
@@ -59,6 +69,8 @@ pub struct Metrics {
     output_age: Family<Rank, FGauge>,
     stop_seconds: FGauge,
     restart_seconds: Histogram,
+    chaos_detect: ByKind,
+    chaos_recover: ByKind,
     store_open: Gauge,
     store_accepted: Counter,
     store_ops: Family<[(&'static str, String); 1], Counter>,
@@ -92,6 +104,8 @@ impl Metrics {
             restart_seconds: Histogram::new([
                 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
             ]),
+            chaos_detect: Family::new_with_constructor(chaos_histogram),
+            chaos_recover: Family::new_with_constructor(chaos_histogram),
             store_open: Gauge::default(),
             store_accepted: Counter::default(),
             store_ops: Family::default(),
@@ -106,6 +120,22 @@ impl Metrics {
             store_seen: Mutex::new(None),
             registry: Registry::default(),
         };
+        m.register_nodes(&mut registry);
+        m.register_run(&mut registry);
+        m.register_store(&mut registry);
+        for charged in [true, false] {
+            drop(
+                m.restarts
+                    .get_or_create(&[("charged", charged.to_string())]),
+            );
+        }
+        Metrics { registry, ..m }
+    }
+
+    /// The node's health, network and failure-count series (issue 28). The registration order
+    /// is the exposition's order.
+    fn register_nodes(&self, registry: &mut Registry) {
+        let m = self;
         registry.register(
             "rdrun_node_check_failed",
             "1 when this node's last health check of this kind failed (issue 28), else 0",
@@ -137,6 +167,11 @@ impl Metrics {
              rendezvous store (read when a round starts and at the end)",
             m.run_node_failures.clone(),
         );
+    }
+
+    /// The workers' and the attempts' series.
+    fn register_run(&self, registry: &mut Registry) {
+        let m = self;
         registry.register(
             "rdrun_workers_up",
             "1 while the worker of this local rank runs (current attempt)",
@@ -189,10 +224,25 @@ impl Metrics {
             m.restart_seconds.clone(),
         );
         registry.register(
+            "rdrun_chaos_detect_seconds",
+            "--chaos: an injected fault to rdrun's decision (the stop began), by fault kind",
+            m.chaos_detect.clone(),
+        );
+        registry.register(
+            "rdrun_chaos_recover_seconds",
+            "--chaos: an injected fault to every rank back in user code, by fault kind",
+            m.chaos_recover.clone(),
+        );
+        registry.register(
             "rdrun_stop_duration_seconds",
             "Time the last stop of the group took, from the stop signal to the last exit",
             m.stop_seconds.clone(),
         );
+    }
+
+    /// The hosted store's counters (sampled from `store::stats` when a scrape comes).
+    fn register_store(&self, registry: &mut Registry) {
+        let m = self;
         registry.register(
             "rdrun_store_connections",
             "Store connections open now (this process's store servers)",
@@ -213,13 +263,6 @@ impl Metrics {
             "Store WAIT/BARRIER requests not answered yet",
             m.store_waits.clone(),
         );
-        for charged in [true, false] {
-            drop(
-                m.restarts
-                    .get_or_create(&[("charged", charged.to_string())]),
-            );
-        }
-        Metrics { registry, ..m }
     }
 
     pub fn attempt_begins(&self, attempt: u32) {
@@ -257,6 +300,17 @@ impl Metrics {
 
     pub fn stop_took(&self, d: Duration) {
         self.stop_seconds.set(d.as_secs_f64());
+    }
+
+    /// An injected fault's measured detection and recovery (`--chaos`).
+    pub fn chaos_recovered(&self, kind: &str, detect: Option<f64>, recover: Option<f64>) {
+        let label = [("kind", kind.to_string())];
+        if let Some(d) = detect {
+            self.chaos_detect.get_or_create(&label).observe(d);
+        }
+        if let Some(r) = recover {
+            self.chaos_recover.get_or_create(&label).observe(r);
+        }
     }
 
     pub fn restart_took(&self, d: Duration) {

@@ -3,12 +3,14 @@
 //! text as the request's `Accept` asks, [`exposition`]) over a minimal HTTP responder
 //! ([`http`]), and the status line while rdrun waits ([`status`]).
 //!
-//! The agent owns one [`Observer`] and calls it where things happen (one line per hook); the
-//! observer turns each call into an event, a health state and metric values, so the agent's
-//! select loop never formats JSON or touches a registry. Nothing here can fail the run once it
+//! The agent owns one [`Observer`] and emits a [`RunEvent`] ([`event`]) where things happen
+//! (one line each); the observer's renderers turn each into an event line, a health state,
+//! metric values and the status line, so the agent's select loop never formats JSON or touches
+//! a registry. Only the agent emits (`import_rules.rs`). Nothing here can fail the run once it
 //! started: a sink that breaks is dropped with one warning. Only binding the ports and opening
 //! `--events` fail the launch, before anything starts.
 
+pub mod event;
 pub mod exposition;
 pub mod health;
 pub mod http;
@@ -30,9 +32,11 @@ use crate::exit::WorkerStatus;
 use crate::rendezvous::{Assignment, RoundReason};
 
 use crate::supervisor::group::stop::{GroupStop, Phase, StopReason};
+use crate::supervisor::output::Console;
 use crate::supervisor::report::end::RunEnd;
 use crate::supervisor::watch::hang::OutputCounter;
 use crate::supervisor::watch::verdict::HangFinding;
+pub use event::RunEvent;
 use health::{Health, State};
 use lifecycle::{Common, EventLog};
 use metrics::Metrics;
@@ -58,24 +62,40 @@ struct StopSeen {
 pub struct Observer(Arc<std::sync::Mutex<Inner>>);
 
 impl Observer {
-    /// Opens the sinks, binds the servers and emits `run_start` (see [`Inner::start`]).
-    pub async fn start(config: &LaunchConfig) -> Result<Observer, String> {
+    /// Opens the sinks, binds the servers and emits `run_start` (see [`Inner::start`]);
+    /// `console`: the terminal's, which draws the status line on a terminal.
+    pub async fn start(config: &LaunchConfig, console: Console) -> Result<Observer, String> {
         let host = nix::unistd::gethostname()
             .ok()
             .and_then(|h| h.into_string().ok())
             .unwrap_or_else(|| "localhost".to_string());
-        let inner = Inner::start(config, &host).await?;
+        let inner = Inner::start(config, &host, Some(console)).await?;
         Ok(Observer(Arc::new(std::sync::Mutex::new(inner))))
     }
 
-    /// The observer, for one hook call (never held across an await).
-    pub fn get(&self) -> std::sync::MutexGuard<'_, Inner> {
+    /// Hands `ev` to the renderers (the lock is never held across an await).
+    pub fn emit(&self, ev: RunEvent<'_>) {
+        self.lock().on(ev);
+    }
+
+    /// Where the round about to be joined publishes what it waits for (the status line's);
+    /// join it in [`crate::rendezvous::progress::Board::scope`].
+    pub fn join_progress(&self) -> crate::rendezvous::progress::Board {
+        self.lock().status.board()
+    }
+
+    /// The workers of the last attempt as (local rank, global rank), by rank.
+    pub fn last_ranks(&self) -> Vec<(usize, usize)> {
+        self.lock().last_ranks()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// The observer's state; every hook is a method.
-pub struct Inner {
+/// The observer's state; each kind of [`RunEvent`] is rendered by one method.
+struct Inner {
     common: Common,
     log: EventLog,
     health: Health,
@@ -95,7 +115,11 @@ pub struct Inner {
 impl Inner {
     /// Opens the sinks and binds the servers (errors: one line, the launch fails), then emits
     /// `run_start`.
-    pub async fn start(config: &LaunchConfig, host: &str) -> Result<Inner, String> {
+    async fn start(
+        config: &LaunchConfig,
+        host: &str,
+        console: Option<Console>,
+    ) -> Result<Inner, String> {
         let o = &config.observe;
         let log_dir = config
             .log
@@ -173,7 +197,7 @@ impl Inner {
             log,
             health,
             metrics,
-            status: Status::new(config.run_env.status_interval),
+            status: Status::new(config.run_env.status_interval, console),
             servers,
             nproc: config.nproc_per_node,
             grace: config.shutdown_timeout,
@@ -203,37 +227,26 @@ impl Inner {
     }
 
     /// Connecting to (or hosting) the rendezvous store, before the first round.
-    pub fn connecting(&mut self, config: &LaunchConfig) {
-        let endpoint = config
-            .rdzv
-            .endpoint
-            .as_ref()
-            .map_or_else(String::new, |e| format!("{}:{}", e.host, e.port));
+    fn connecting(&mut self, endpoint: String) {
         self.set_health(State::Rendezvous);
         self.status.set(Some(Waiting::connect(endpoint)));
     }
 
     /// The rendezvous store is reachable (or the attempt to reach it ended).
-    pub fn connected(&mut self) {
+    fn connected(&mut self) {
         self.status.set(None);
     }
 
     /// A rendezvous round begins (`reason`: why).
-    pub fn rendezvous_begins(&mut self, reason: RoundReason) {
+    fn rendezvous_begins(&mut self, reason: RoundReason) {
         self.set_health(State::Rendezvous);
         self.rdzv_began = Some(Instant::now());
         self.status.set(Some(Waiting::rendezvous()));
         self.emit("rendezvous_start", obj(json!({ "reason": reason.name() })));
     }
 
-    /// Where the round about to be joined publishes what it waits for (the status line's);
-    /// join it in [`crate::rendezvous::progress::Board::scope`].
-    pub fn join_progress(&self) -> crate::rendezvous::progress::Board {
-        self.status.board()
-    }
-
     /// The round ended: its assignment, or why it failed.
-    pub fn rendezvous_ended(&mut self, res: Result<&Assignment, &RunEnd>) {
+    fn rendezvous_ended(&mut self, res: Result<&Assignment, &RunEnd>) {
         self.status.set(None);
         let took = self
             .rdzv_began
@@ -280,7 +293,7 @@ impl Inner {
     }
 
     /// An attempt begins: its number, the run directory (for `events.jsonl`).
-    pub fn attempt_begins(&mut self, attempt: u32, run_dir: Option<&Path>) {
+    fn attempt_begins(&mut self, attempt: u32, run_dir: Option<&Path>) {
         self.common.attempt = attempt;
         self.log.run_dir(run_dir);
         self.workers.clear();
@@ -293,7 +306,7 @@ impl Inner {
     }
 
     /// A worker was started.
-    pub fn spawned(&mut self, local_rank: usize, rank: usize, pid: i32, output: &OutputCounter) {
+    fn spawned(&mut self, local_rank: usize, rank: usize, pid: i32, output: &OutputCounter) {
         self.workers.insert(
             pid,
             Spawned {
@@ -325,7 +338,7 @@ impl Inner {
     }
 
     /// A child was reaped (only workers of this attempt make an event).
-    pub fn reaped(&mut self, pid: i32, status: WorkerStatus) {
+    fn reaped(&mut self, pid: i32, status: WorkerStatus) {
         let Some(w) = self.workers.get_mut(&pid) else {
             return;
         };
@@ -362,7 +375,7 @@ impl Inner {
     }
 
     /// A handled signal reached rdrun.
-    pub fn signal(&mut self, sig: i32) {
+    fn signal(&mut self, sig: i32) {
         self.signal_seen = true;
         self.emit(
             "signal",
@@ -372,7 +385,7 @@ impl Inner {
 
     /// Called on every turn of the agent's loop: notices when a stop begins and when it
     /// escalates to SIGKILL (the status line then shows the grace left).
-    pub fn watch_stop(&mut self, stop: &GroupStop, live: usize) {
+    fn watch_stop(&mut self, stop: &GroupStop, live: usize) {
         match stop.phase() {
             Phase::Running => {}
             Phase::Grace(deadline) => {
@@ -422,7 +435,7 @@ impl Inner {
     }
 
     /// The attempt's processes are gone: a stop under way is finished.
-    pub fn attempt_over(&mut self) {
+    fn attempt_over(&mut self) {
         self.status.set(None);
         let Some(s) = self.stop.take() else {
             return;
@@ -442,7 +455,7 @@ impl Inner {
     }
 
     /// A new attempt follows: `next` is its number, `charged` whether it used a restart.
-    pub fn restart(&mut self, next: u32, charged: bool, kind: &str) {
+    fn restart(&mut self, next: u32, charged: bool, kind: &str) {
         self.set_health(State::Restarting);
         if let Some(m) = &self.metrics {
             m.restarted(charged);
@@ -457,16 +470,30 @@ impl Inner {
 
     /// The next attempt's workers were spawned after a restart: one `restart_cost` event with
     /// its phases (`report/restart_cost.rs`) and `rdrun_restart_seconds` observes the total.
-    pub fn restart_cost(&mut self, fields: &serde_json::Value, total: Duration) {
+    fn restart_cost(&mut self, fields: &serde_json::Value, total: Duration) {
         if let Some(m) = &self.metrics {
             m.restart_took(total);
         }
         self.emit("restart_cost", obj(fields.clone()));
     }
 
+    /// `--chaos` (issue 41): a `chaos_inject` or `chaos_recovered` event with the fault's
+    /// record; a recovery also goes to the `rdrun_chaos_*_seconds` histograms.
+    fn chaos(
+        &mut self,
+        event: &str,
+        fields: &serde_json::Value,
+        measured: Option<(&str, Option<f64>, Option<f64>)>,
+    ) {
+        if let (Some(m), Some((kind, detect, recover))) = (&self.metrics, measured) {
+            m.chaos_recovered(kind, detect, recover);
+        }
+        self.emit(event, obj(fields.clone()));
+    }
+
     /// A restarted attempt's ranks are all back in user code (their first output): one
     /// `restart_back` event.
-    pub fn restart_back(&mut self, restart: u32, secs: f64) {
+    fn restart_back(&mut self, restart: u32, secs: f64) {
         self.emit(
             "restart_back",
             obj(json!({"restart": restart, "back_in_user_code_s": secs})),
@@ -475,7 +502,7 @@ impl Inner {
 
     /// One run of the node's health checks (issue 28): one `health_check` event with every
     /// verdict, and `rdrun_node_check_failed{check}` set to 1 / 0.
-    pub fn health_checks(&mut self, report: &crate::health::HealthReport) {
+    fn health_checks(&mut self, report: &crate::health::HealthReport) {
         if let Some(m) = &self.metrics {
             for v in &report.verdicts {
                 m.node_check(v.check, v.status == crate::health::Status::Failed);
@@ -495,7 +522,7 @@ impl Inner {
 
     /// One network pre-check after a round (issue 28 item 3): a `network_check` event with
     /// every node's score and the slow ones, and the metrics.
-    pub fn network_check(
+    fn network_check(
         &mut self,
         v: &crate::health::network::NetVerdict,
         peers: &[crate::health::network::Peer],
@@ -543,21 +570,21 @@ impl Inner {
     }
 
     /// This node's worker failures in the run so far (issue 28 item 4).
-    pub fn node_failures(&mut self, count: u32) {
+    fn node_failures(&mut self, count: u32) {
         if let Some(m) = &self.metrics {
             m.node_failures(count);
         }
     }
 
     /// Every node's failure counts in the run as last read (issue 28 item 4).
-    pub fn run_node_failures<'a>(&mut self, nodes: impl Iterator<Item = (&'a str, u32)>) {
+    fn run_node_failures(&mut self, nodes: &[(&str, u32)]) {
         if let Some(m) = &self.metrics {
-            m.run_node_failures(nodes);
+            m.run_node_failures(nodes.iter().copied());
         }
     }
 
     /// The hang detector's verdict.
-    pub fn hang(&mut self, found: &HangFinding) {
+    fn hang(&mut self, found: &HangFinding) {
         // The capture's block: the watch task rendered it, the observer prints it.
         if !found.block.is_empty() {
             crate::supervisor::output::own::stderr(&found.block);
@@ -573,19 +600,19 @@ impl Inner {
     }
 
     /// The exit barrier begins (multi-node, after local success).
-    pub fn barrier_begins(&mut self, timeout: Duration) {
+    fn barrier_begins(&mut self, timeout: Duration) {
         self.set_health(State::Succeeded);
         self.status
             .set(Some(Waiting::barrier(std::time::Instant::now() + timeout)));
     }
 
     /// The exit barrier ended.
-    pub fn barrier_ended(&mut self) {
+    fn barrier_ended(&mut self) {
         self.status.set(None);
     }
 
     /// The workers of the last attempt as (local rank, global rank), by rank.
-    pub fn last_ranks(&self) -> Vec<(usize, usize)> {
+    fn last_ranks(&self) -> Vec<(usize, usize)> {
         let mut ranks: Vec<(usize, usize)> = self
             .workers
             .values()
@@ -597,7 +624,7 @@ impl Inner {
     }
 
     /// The run is over: `run_end`, the final health state; the servers stop.
-    pub fn run_end(&mut self, end: &RunEnd) {
+    fn run_end(&mut self, end: &RunEnd) {
         self.status.set(None);
         let outcome = match end {
             RunEnd::Succeeded => "succeeded",
@@ -693,82 +720,4 @@ fn config_json(c: &LaunchConfig) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::observe::EventsDest;
-
-    /// Issue 25: the restart round's rendezvous events said `attempt 0` beside
-    /// `restart_count 1`. Every event after `restart` carries the next attempt.
-    #[tokio::test]
-    async fn restart_round_events_carry_the_next_attempt() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("events.jsonl");
-        let mut config = crate::config::testkit::launch_config(false, "127.0.0.1", Some(1));
-        config.observe.events = Some(EventsDest::File(path.clone()));
-        let mut obs = Inner::start(&config, "h").await.unwrap();
-        let asg = |restart_count| Assignment {
-            round: u64::from(restart_count),
-            group_rank: 0,
-            group_world_size: 1,
-            local_world_size: 1,
-            base_rank: 0,
-            world_size: 1,
-            master_addr: "127.0.0.1".into(),
-            master_port: 1,
-            restart_count,
-            reason: RoundReason::Initial,
-            store_prefix: String::new(),
-            nodes: vec![(String::new(), 1)],
-            uniform_nproc: true,
-        };
-        obs.rendezvous_begins(RoundReason::Initial);
-        obs.rendezvous_ended(Ok(&asg(0)));
-        obs.attempt_begins(0, None);
-        obs.restart(1, true, "restart");
-        obs.rendezvous_begins(RoundReason::WorkerFailure);
-        obs.rendezvous_ended(Ok(&asg(1)));
-        obs.attempt_begins(1, None);
-        drop(obs);
-        let lines: Vec<Value> = std::fs::read_to_string(&path)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        let got: Vec<(String, u64)> = lines
-            .iter()
-            .map(|v| {
-                (
-                    v["event"].as_str().unwrap().to_string(),
-                    v["attempt"].as_u64().unwrap(),
-                )
-            })
-            .collect();
-        let want: Vec<(String, u64)> = [
-            ("run_start", 0),
-            ("rendezvous_start", 0),
-            ("rendezvous_complete", 0),
-            ("restart", 0),
-            ("rendezvous_start", 1),
-            ("rendezvous_complete", 1),
-        ]
-        .iter()
-        .map(|(e, a)| (e.to_string(), *a))
-        .collect();
-        assert_eq!(got, want);
-        // A node joining late (its own count 0) runs the round's attempt.
-        let mut late = Inner::start(&config, "h").await.unwrap();
-        late.rendezvous_begins(RoundReason::Initial);
-        late.rendezvous_ended(Ok(&asg(3)));
-        drop(late);
-        let last: Value = serde_json::from_str(
-            std::fs::read_to_string(&path)
-                .unwrap()
-                .lines()
-                .last()
-                .unwrap(),
-        )
-        .unwrap();
-        assert_eq!(last["event"], "rendezvous_complete");
-        assert_eq!(last["attempt"], 3);
-    }
-}
+mod tests;

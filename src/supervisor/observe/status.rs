@@ -1,20 +1,20 @@
 //! Waiting is never silent: while rdrun waits (for the nodes of a rendezvous round, in the exit
 //! barrier, for workers to exit within the grace period) it says on stderr what it waits for
-//! and how long is left. On a terminal that is one status line updated in place (an
-//! `indicatif` spinner, cleared when the wait ends); otherwise a plain line every
-//! [`interval`] (5 s; `RDRUN_STATUS_INTERVAL` seconds), so logs get it too.
+//! and how long is left. On a terminal that is one status line updated in place (a spinner and
+//! the text, drawn by the terminal's console thread, the terminal's one writer, and erased when
+//! the wait ends: `output/console_own.rs`); otherwise a plain line every interval (5 s;
+//! `RDRUN_STATUS_INTERVAL` seconds) of rdrun's own text, so logs get it too.
 //!
 //! A short wait says nothing: the first line comes one interval (a terminal: one second) after
 //! the wait began.
 
-use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::task::JoinHandle;
 
 use crate::rendezvous::progress::{Board, JoinProgress};
+use crate::supervisor::output::{own, Console, Stream};
 
 /// What rdrun waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,12 +69,13 @@ impl Waiting {
     }
 }
 
-#[derive(Default)]
 struct Inner {
     waiting: Option<Waiting>,
-    /// The terminal's status line while one is drawn (cleared at once when the wait ends, so
-    /// that what follows is not drawn over it).
-    bar: Option<ProgressBar>,
+    /// The terminal's console when rdrun's stderr is a terminal: it draws the status line
+    /// (erased at once when the wait ends, so that what follows is not drawn over it).
+    tty: Option<Console>,
+    /// The console was given a text since the wait began.
+    drawn: bool,
     /// What a waiting rendezvous round has seen (its backends publish there).
     board: Board,
 }
@@ -87,11 +88,18 @@ pub struct Status {
 
 impl Status {
     /// Starts the printer (on the current tokio runtime); `interval` is the plain interval
-    /// between two lines (`RDRUN_STATUS_INTERVAL`, resolved in the config).
-    pub fn new(interval: Duration) -> Status {
-        let inner = Arc::new(Mutex::new(Inner::default()));
-        let tty = std::io::stderr().is_terminal();
-        let task = tokio::spawn(printer(inner.clone(), tty, interval));
+    /// between two lines (`RDRUN_STATUS_INTERVAL`, resolved in the config); `console`: the
+    /// terminal's, which draws the line when stderr is a terminal (`None`: plain lines only).
+    pub fn new(interval: Duration, console: Option<Console>) -> Status {
+        let tty = console.filter(|_| own::is_terminal(Stream::Stderr));
+        let is_tty = tty.is_some();
+        let inner = Arc::new(Mutex::new(Inner {
+            waiting: None,
+            tty,
+            drawn: false,
+            board: Board::default(),
+        }));
+        let task = tokio::spawn(printer(inner.clone(), is_tty, interval));
         Status {
             inner,
             task: Some(task),
@@ -116,8 +124,10 @@ impl Status {
         }
         if g.waiting.is_none() {
             g.board.clear();
-            if let Some(b) = g.bar.take() {
-                b.finish_and_clear();
+            if std::mem::take(&mut g.drawn) {
+                if let Some(c) = &g.tty {
+                    c.status(None);
+                }
             }
         }
     }
@@ -165,16 +175,10 @@ async fn printer(inner: Arc<Mutex<Inner>>, tty: bool, every: Duration) {
             if now.duration_since(w.since) < Duration::from_secs(1) {
                 continue;
             }
-            let b = g.bar.get_or_insert_with(|| {
-                let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-                b.set_style(
-                    ProgressStyle::with_template("{spinner} {msg}")
-                        .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-                );
-                b
-            });
-            b.set_message(text);
-            b.tick();
+            if let Some(c) = &g.tty {
+                c.status(Some(text));
+            }
+            g.drawn = true;
         } else {
             let due = match last_line {
                 None => now.duration_since(w.since) >= every,
@@ -182,7 +186,7 @@ async fn printer(inner: Arc<Mutex<Inner>>, tty: bool, every: Duration) {
             };
             if due {
                 last_line = Some(now);
-                crate::supervisor::output::own::stderr_line(&format!("rdrun: {text}"));
+                own::stderr_line(&format!("rdrun: {text}"));
             }
         }
     }

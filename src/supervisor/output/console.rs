@@ -1,7 +1,11 @@
-//! The console writer: one thread per [`Console`] owns rdrun's stdout and stderr (the
-//! process-wide one writes to them under their std locks, which `tracing` also takes). The
-//! forwarders never block a runtime thread on a slow terminal: they wait (async) on a byte budget
-//! ([`CONSOLE_BUDGET`]) that the writer thread returns after each write.
+//! The console writer: one thread per [`Console`] owns a stdout and a stderr writer. The
+//! terminal's console ([`Console::terminal`], made by the agent once per run) is the one writer
+//! of rdrun's own stdout and stderr from then on: worker output, rdrun's own text
+//! ([`super::own`] sends it here: log lines, lifecycle events, the hang block, the end report)
+//! and the waiting status line ([`Console::status`]) are all messages to its thread, so nothing
+//! else can write into a line it left open. The forwarders never block a runtime thread on a
+//! slow terminal: they wait (async) on a byte budget ([`CONSOLE_BUDGET`]) that the writer thread
+//! returns after each write.
 //!
 //! # Line atomicity with partial lines
 //! Each message ([`Chunk`]) comes from one stream of one worker (a *source*) and is written with
@@ -21,8 +25,16 @@
 //!   among them), the writer ends the open line with a `\n`, writes the waiting chunks, and the
 //!   line is no longer open. The source's continuation then starts a line of its own: with the
 //!   stream's prefix (tee'd streams), and nothing at all if it is only the line terminator.
-//! - rdrun's own text ([`super::own`]) ends an open line of the process-wide console with a `\n`
-//!   before it is written; the continuation then starts a line of its own, as above.
+//! - rdrun's own text ([`super::own`]) ends an open line of the terminal's console with a `\n`
+//!   before it is written, at once (it never waits for the hold); the continuation then starts a
+//!   line of its own, as above. The writer keeps, per stream, whether its last write left the
+//!   cursor mid-line, for that.
+//!
+//! # The status line
+//! While rdrun waits (`observe/status.rs`), on a terminal, the writer draws one status line on
+//! stderr (a spinner and the text), redrawn in place at each update, only while the terminal is
+//! free (no worker line open, nothing held): it is erased before any other write and drawn
+//! again at the next update, and erased when the wait ends ([`own_text`]).
 //!
 //! # Progress bars (`--progress`)
 //! The progress stage ([`super::progress`]) keeps each rank's `\r` bar; on a terminal the writer
@@ -44,7 +56,7 @@ use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) use super::chunk::Chunk;
@@ -72,6 +84,10 @@ enum ConsoleMsg {
     Progress([Option<(bool, Duration)>; 2]),
     /// From the alarm thread ([`Ticker`]): a deadline of the writer has come.
     Tick,
+    /// rdrun's own text for a stream (see [`super::own`]).
+    Own(Stream, Vec<u8>),
+    /// The status line's text (`None`: the wait is over, the line is erased).
+    Status(Option<String>),
 }
 
 /// The width of a stream's terminal in columns, when it is one.
@@ -113,6 +129,22 @@ impl Console {
         let (tx, rx) = std_mpsc::channel::<ConsoleMsg>();
         let broken = Arc::new([watch::channel(false).0, watch::channel(false).0]);
         let writer = Writer::new([stdout, stderr], shared, broken.clone());
+        Console::start(writer, rx, tx, broken)
+    }
+
+    /// The terminal's console: rdrun's own stdout and stderr, written by its thread alone from
+    /// now on (rdrun's own text is sent to it, [`super::own::attach`]). The agent makes it once
+    /// per run, after the watchdog was forked (the fork needs a single thread).
+    pub fn terminal() -> io::Result<Console> {
+        let (tx, rx) = std_mpsc::channel::<ConsoleMsg>();
+        let broken = Arc::new([watch::channel(false).0, watch::channel(false).0]);
+        let mut writer = Writer::new(
+            [Box::new(io::stdout()), Box::new(io::stderr())],
+            own::same_file(1, 2),
+            broken.clone(),
+        );
+        writer.terminal = true;
+        writer.columns = Box::new(own::columns);
         Console::start(writer, rx, tx, broken)
     }
 
@@ -161,6 +193,8 @@ impl Console {
                     ConsoleMsg::Collapse(window) => writer.set_collapse(window, now),
                     ConsoleMsg::Progress(setup) => writer.set_progress(setup, now),
                     ConsoleMsg::Tick => ticker.woke(),
+                    ConsoleMsg::Own(stream, text) => writer.own_text(stream, &text),
+                    ConsoleMsg::Status(text) => writer.set_status(text),
                 }
             })?;
         Ok(Console {
@@ -170,30 +204,8 @@ impl Console {
         })
     }
 
-    /// The process-wide console: rdrun's own stdout and stderr.
-    ///
-    /// rdrun's own lines on these streams ([`super::own`]) end the console's open line first;
-    /// this console records where its writes leave the cursor for them.
-    pub fn global() -> Console {
-        static GLOBAL: OnceLock<Console> = OnceLock::new();
-        GLOBAL
-            .get_or_init(|| {
-                let (tx, rx) = std_mpsc::channel::<ConsoleMsg>();
-                let broken = Arc::new([watch::channel(false).0, watch::channel(false).0]);
-                let mut writer = Writer::new(
-                    [Box::new(io::stdout()), Box::new(io::stderr())],
-                    own::shared_terminal(),
-                    broken.clone(),
-                );
-                writer.global = true;
-                writer.columns = Box::new(own::columns);
-                Console::start(writer, rx, tx, broken)
-                    .expect("cannot start the console writer thread")
-            })
-            .clone()
-    }
-
-    /// A fresh source id for one stream of one worker.
+    /// A fresh source id for one stream of one worker (process-wide, so that the sources of
+    /// every console and stage differ).
     pub(crate) fn source_id() -> u64 {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         NEXT.fetch_add(1, Ordering::Relaxed)
@@ -248,6 +260,28 @@ impl Console {
             let _ = done.await;
         }
     }
+
+    /// [`Console::flush`] for a thread outside any async runtime (the binary, before it exits).
+    pub fn flush_blocking(&self) {
+        let (ack, done) = oneshot::channel();
+        if self.tx.send(ConsoleMsg::Flush(ack)).is_ok() {
+            let _ = done.blocking_recv();
+        }
+    }
+
+    /// Queues rdrun's own `text` for `stream` (never waits: rdrun's own text is small, and a
+    /// log line must not wait for the workers' budget). An open line is ended first.
+    pub(crate) fn own(&self, stream: Stream, text: Vec<u8>) {
+        if !text.is_empty() {
+            let _ = self.tx.send(ConsoleMsg::Own(stream, text));
+        }
+    }
+
+    /// The status line's text while rdrun waits (`None`: the wait is over). On a terminal only:
+    /// elsewhere the observer writes a plain line every interval.
+    pub fn status(&self, text: Option<String>) {
+        let _ = self.tx.send(ConsoleMsg::Status(text));
+    }
 }
 
 /// Per-terminal state: which source has a line open, and what waits behind it.
@@ -259,6 +293,17 @@ struct Term {
     held_since: Option<Instant>,
     /// The progress stage's live line of this stream is on the terminal, the cursor after it.
     live: Option<Stream>,
+}
+
+/// The status line's state in the writer (see the module doc).
+#[derive(Default)]
+struct StatusLine {
+    /// The text while rdrun waits.
+    text: Option<String>,
+    /// It is on the terminal (stderr), the cursor after it.
+    shown: bool,
+    /// The spinner's frame.
+    frame: usize,
 }
 
 /// The writer thread's state; pure apart from the two writers, so tests drive it with a clock of
@@ -283,9 +328,18 @@ struct Writer {
     /// The terminal's width (the live bar is cut to fit).
     columns: Columns,
     hold: Duration,
-    /// The process-wide console: its writes take both std locks and keep [`own`]'s record of
-    /// open lines (rdrun's own text ends them).
-    global: bool,
+    /// The terminal's console ([`Console::terminal`]): rdrun's own text comes here and ends the
+    /// lines that [`Writer::mid`] says are open.
+    terminal: bool,
+    /// Per stream (stdout, stderr): the last write left the cursor mid-line (an open prompt, a
+    /// `\r` progress line, a worker's last line while it is shown). Kept for the terminal's
+    /// console only.
+    mid: [bool; 2],
+    /// Per stream: that open line is the progress stage's live bar, erased (`\r\x1b[K`) rather
+    /// than ended with a newline before rdrun's own text (a snapshot of a bar is no line).
+    mid_live: [bool; 2],
+    /// The status line while rdrun waits (terminal's console only).
+    status: StatusLine,
     /// The hold restarts at the time a write of the owner's ended (the writer thread), not at
     /// the time its message was taken (tests drive a clock of their own): on a slow terminal
     /// the write itself may take longer than the hold.
@@ -311,7 +365,10 @@ impl Writer {
             bars: [None, None],
             columns: Box::new(|_| None),
             hold: OPEN_LINE_HOLD,
-            global: false,
+            terminal: false,
+            mid: [false, false],
+            mid_live: [false, false],
+            status: StatusLine::default(),
             real_clock: false,
         }
     }
@@ -612,12 +669,10 @@ impl Writer {
         let Some(stream) = chunk.stream else {
             return;
         };
-        // Both std locks for the check and the write: rdrun's own text (`own`) may have ended
-        // this source's open line since it was written.
-        let locks = self.global.then(own::lock);
+        // rdrun's own text may have ended this source's open line since it was written.
         let mut still_open = self.terms[t].open == Some((chunk.source, stream));
-        if let Some(l) = &locks {
-            still_open &= own::mid_line(l, stream);
+        if self.terminal {
+            still_open &= self.mid[stream.index()];
         }
         let mut bytes = Vec::with_capacity(chunk.len());
         if chunk.continues {
@@ -632,13 +687,11 @@ impl Writer {
         bytes.extend_from_slice(&chunk.body);
         self.terms[t].open = chunk.open.then_some((chunk.source, stream));
         self.write_raw(stream, &bytes);
-        drop(locks);
     }
 
     /// Ends the open line on `stream` with a newline, unless rdrun's own text already did.
     fn end_line(&mut self, stream: Stream) {
-        let locks = self.global.then(own::lock);
-        if locks.as_ref().is_some_and(|l| !own::mid_line(l, stream)) {
+        if self.terminal && !self.mid[stream.index()] {
             return;
         }
         self.write_raw(stream, b"\n");
@@ -658,6 +711,15 @@ impl Writer {
         let t = self.term(stream);
         let mut erased: Vec<u8>;
         let mut bytes = bytes;
+        let mut erase_status = false;
+        if self.status.shown && t == self.term(Stream::Stderr) {
+            self.status.shown = false;
+            if stream == Stream::Stderr {
+                erase_status = true;
+            } else {
+                self.write_bytes(Stream::Stderr, ERASE, false);
+            }
+        }
         if let Some(ls) = self.terms[t].live.take() {
             if let Some(b) = &mut self.bars[ls.index()] {
                 b.erased();
@@ -670,16 +732,19 @@ impl Writer {
                 self.write_bytes(ls, ERASE, false);
             }
         }
-        let locks = self.global.then(own::lock);
-        if let Some(l) = &locks {
-            own::wrote(l, stream, bytes);
-            if live {
-                own::wrote_live(l, stream);
-            }
+        let status_erased: Vec<u8>;
+        if erase_status && !bytes.starts_with(ERASE) {
+            status_erased = [ERASE, bytes].concat();
+            bytes = &status_erased;
+        }
+        if self.terminal {
+            // A live bar's erase leaves the cursor at the start of an empty line.
+            let mid = bytes.last() != Some(&b'\n') && !bytes.ends_with(ERASE);
+            self.mid[i] = mid;
+            self.mid_live[i] = live;
         }
         let w = &mut self.outs[i];
         let res = w.write_all(bytes).and_then(|()| w.flush());
-        drop(locks);
         match res {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
@@ -712,6 +777,9 @@ impl Writer {
         }
     }
 }
+
+#[path = "console_own.rs"]
+mod own_text;
 
 #[cfg(test)]
 #[path = "console_tests.rs"]

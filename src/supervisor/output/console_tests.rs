@@ -373,3 +373,63 @@ fn write_errors_never_panic() {
     assert!(!*w.broken[1].subscribe().borrow());
     assert_eq!(s.available_permits(), 1 << 20, "permits returned");
 }
+
+/// The terminal's console: rdrun's own text ends a worker's open line at once (no hold), the
+/// line's rest then starts a line of its own with its prefix; the other source still waits.
+#[test]
+fn own_text_ends_an_open_line_first() {
+    use Stream::*;
+    let (out, err) = (Rec::default(), Rec::default());
+    let (mut w, s) = writer(true, &out, &err);
+    w.terminal = true;
+    let t0 = Instant::now();
+    w.accept(partial(1, Stderr, "[a]:", "Name? "), permit(&s), t0);
+    w.accept(lines(2, Stdout, "[b]:held\n"), permit(&s), t0);
+    w.own_text(Stderr, b"rdrun: a log line\n");
+    assert_eq!(err.text(), "[a]:Name? \nrdrun: a log line\n");
+    assert_eq!(
+        out.text(),
+        "",
+        "the other source waits for the line's owner"
+    );
+    w.accept(cont(1, Stderr, "[a]:", "bob\n", false), None, t0);
+    assert_eq!(err.text(), "[a]:Name? \nrdrun: a log line\n[a]:bob\n");
+    assert_eq!(out.text(), "[b]:held\n");
+    // Nothing open: own text goes as it is.
+    w.own_text(Stdout, b"done\n");
+    assert_eq!(out.text(), "[b]:held\ndone\n");
+}
+
+/// The status line: drawn in place while the terminal is free, erased before worker output
+/// and when the wait ends, not drawn into a worker's open line.
+#[test]
+fn status_line_is_the_consoles_own_live_line() {
+    use Stream::*;
+    let (out, err) = (Rec::default(), Rec::default());
+    let (mut w, s) = writer(true, &out, &err);
+    w.terminal = true;
+    let t0 = Instant::now();
+    let e = |s: &str| s.replace("\r\x1b[K", "<E>");
+    w.set_status(Some("waiting 1s".into()));
+    w.set_status(Some("waiting 2s".into()));
+    assert_eq!(e(&err.text()), "<E>⠁ waiting 1s<E>⠂ waiting 2s");
+    w.accept(lines(1, Stdout, "[a]:hello\n"), permit(&s), t0);
+    assert_eq!(e(&err.text()), "<E>⠁ waiting 1s<E>⠂ waiting 2s<E>");
+    assert_eq!(out.text(), "[a]:hello\n");
+    w.accept(partial(1, Stdout, "[a]:", "Name? "), permit(&s), t0);
+    w.set_status(Some("waiting 3s".into()));
+    assert!(!err.text().contains("3s"), "drawn into an open line");
+    w.accept(cont(1, Stdout, "[a]:", "bob\n", false), None, t0);
+    w.set_status(Some("waiting 4s".into()));
+    w.own_text(Stderr, b"rdrun: line\n");
+    w.set_status(None);
+    assert_eq!(
+        e(&err.text()),
+        "<E>⠁ waiting 1s<E>⠂ waiting 2s<E><E>⠄ waiting 4s<E>rdrun: line\n"
+    );
+    // Not the terminal's console (an in-memory one): never drawn.
+    let (out2, err2) = (Rec::default(), Rec::default());
+    let (mut w2, _) = writer(true, &out2, &err2);
+    w2.set_status(Some("waiting".into()));
+    assert_eq!(err2.text(), "");
+}

@@ -77,6 +77,17 @@ pub struct RankLogs {
 
 /// Where one worker's two streams go (console, file, both, nowhere) and the tee prefix.
 ///
+/// The progress stage per stream (stdout, stderr): `auto` on a terminal with more than one
+/// rank on the console, `one` everywhere; `Some((live, interval))`, `live` on a terminal.
+fn progress_setup(log: &LogConfig) -> [Option<(bool, std::time::Duration)>; 2] {
+    [Stream::Stdout, Stream::Stderr].map(|s| {
+        let tty = super::own::is_terminal(s);
+        log.progress
+            .filter(|p| p.forced || (tty && p.ranks > 1))
+            .map(|p| (tty, p.interval))
+    })
+}
+
 /// A stream that goes both to a file and to the console is tee'd: its console lines get
 /// `prefix`, and its lines containing a duplicate filter are also appended (prefixed) to the
 /// attempt's filtered log. Console-only streams are written unprefixed.
@@ -99,23 +110,19 @@ pub struct RankSink {
 }
 
 impl RunLogs {
-    /// Also sets the process-wide console's collapse stage (`--output`) and progress stage
-    /// (`--progress`) for the run: the agent makes one `RunLogs` per run, before any worker
-    /// output.
+    /// The run's log layout (the agent makes one `RunLogs` per run, before any worker output);
+    /// [`RunLogs::show_on`] then sets up the console its output goes to.
     pub fn new(log: &LogConfig, run_id: &str, temp_dir: PathBuf) -> Self {
-        let console = super::Console::global();
-        console.set_collapse(log.collapse.map(|c| (c.window, c.ranks)));
-        // `auto`: on a terminal, with more than one rank on the console; `one`: everywhere.
-        let setup = [Stream::Stdout, Stream::Stderr].map(|s| {
-            let tty = super::own::is_terminal(s);
-            log.progress
-                .filter(|p| p.forced || (tty && p.ranks > 1))
-                .map(|p| (tty, p.interval))
-        });
-        console.set_progress(setup);
         let mut logs = Self::with_temp_root(log, run_id, temp_dir);
-        logs.progress = setup.map(|s| s.is_some());
+        logs.progress = progress_setup(log).map(|s| s.is_some());
         logs
+    }
+
+    /// Sets `console`'s (the terminal's) collapse stage (`--output`) and progress stage
+    /// (`--progress`) for the run, before any worker output.
+    pub fn show_on(&self, console: &super::Console) {
+        console.set_collapse(self.log.collapse.map(|c| (c.window, c.ranks)));
+        console.set_progress(progress_setup(&self.log));
     }
 
     /// [`RunLogs::new`] with the directory used instead of `$TMPDIR` when `--log-dir` is unset.

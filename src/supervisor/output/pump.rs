@@ -654,11 +654,12 @@ async fn wait_true(rx: &mut watch::Receiver<bool>) {
 }
 
 /// Forwards one worker's stdout and stderr (pipe read ends) line by line according to `sink`,
-/// onto the process-wide console, until both reach EOF. `ended` becomes `true` once the worker's
+/// onto `console` (the terminal's), until both reach EOF. `ended` becomes `true` once the worker's
 /// processes are gone: a pipe then found drained and still held open (by a descendant that
 /// escaped the stop) is read for [`LINGER`] more and closed (a partial last line is emitted); a
 /// pipe with data to read is read to its end first, however long that takes.
 pub fn forward_until(
+    console: Console,
     id: RankIdentity,
     sink: RankSink,
     stdout: OwnedFd,
@@ -667,7 +668,7 @@ pub fn forward_until(
     activity: Activity,
 ) -> tokio::task::JoinHandle<OutputSummary> {
     forward_counted(
-        Console::global(),
+        console,
         id,
         sink,
         stdout,

@@ -149,6 +149,76 @@ fn layout(world: usize, slot: usize) -> (usize, usize) {
     (header, header + (BARRIER_SETS + PIPE_SETS) * world * slot)
 }
 
+/// Rank 0's segment: a stale one at `path` removed, then created with `len` bytes.
+fn create_sized(path: &Path, len: usize) -> std::result::Result<std::fs::File, String> {
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::warn!(path = %path.display(), "removed a stale shm segment"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("remove stale {}: {e}", path.display())),
+    }
+    let f = create_segment(path).map_err(|e| format!("create {}: {e}", path.display()))?;
+    f.set_len(len as u64)
+        .map_err(|e| format!("size {}: {e}", path.display()))?;
+    Ok(f)
+}
+
+/// The segment rank 0 announced, opened: it must lie beside `path`, be an rdrun segment, and
+/// have `len` bytes.
+fn open_announced(
+    path: &Path,
+    announced: &Path,
+    len: usize,
+) -> std::result::Result<std::fs::File, String> {
+    let ok = announced.parent() == path.parent()
+        && announced
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("rdrun-"));
+    if !ok {
+        return Err(format!(
+            "rank 0 announced an unexpected segment path {}",
+            announced.display()
+        ));
+    }
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(announced)
+        .map_err(|e| format!("open {}: {e}", announced.display()))?;
+    let have = f
+        .metadata()
+        .map_err(|e| format!("stat {}: {e}", announced.display()))?
+        .len();
+    if have != len as u64 {
+        return Err(format!(
+            "{} has {have} bytes, expected {len} (ranks disagree on RDRUN_SHM_SLOT_BYTES?)",
+            announced.display()
+        ));
+    }
+    Ok(f)
+}
+
+/// Maps `len` bytes of `file` read/write and shared, pages pre-faulted.
+fn map_shared(file: &std::fs::File, len: usize) -> std::io::Result<*mut u8> {
+    // SAFETY: mapping a regular tmpfs file of exactly `len` bytes (checked by the caller)
+    // read/write and shared; the fd may be closed afterwards, the mapping keeps the pages
+    // alive. MAP_POPULATE pre-faults the pages (mmap(2)) so the first collectives do not pay a
+    // page fault per 4 KiB.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p as *mut u8)
+}
+
 /// How setup steps that need the other ranks are performed (the group passes store calls in).
 pub trait ShmSetup {
     /// Rank 0 announces that the file exists, and its path.
@@ -192,77 +262,33 @@ impl ShmComm {
         timeout: Duration,
         setup: &dyn ShmSetup,
     ) -> Result<Self> {
-        let op = "init";
-        let shm_err = |msg: String| RuntimeError::Shm { rank, op, msg };
+        let shm_err = |msg: String| RuntimeError::Shm {
+            rank,
+            op: "init",
+            msg,
+        };
         let slot = (slot.max(4096) / 64) * 64;
         let (header, len) = layout(world, slot);
         let (file, path) = if rank == 0 {
-            match std::fs::remove_file(path) {
-                Ok(()) => tracing::warn!(path = %path.display(), "removed a stale shm segment"),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(shm_err(format!("remove stale {}: {e}", path.display()))),
-            }
-            let f = create_segment(path)
-                .map_err(|e| shm_err(format!("create {}: {e}", path.display())))?;
-            f.set_len(len as u64)
-                .map_err(|e| shm_err(format!("size {}: {e}", path.display())))?;
-            (f, path.to_path_buf())
+            (
+                create_sized(path, len).map_err(shm_err)?,
+                path.to_path_buf(),
+            )
         } else {
             let announced = setup.wait_created()?;
-            let ok = announced.parent() == path.parent()
-                && announced
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("rdrun-"));
-            if !ok {
-                return Err(shm_err(format!(
-                    "rank 0 announced an unexpected segment path {}",
-                    announced.display()
-                )));
-            }
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&announced)
-                .map_err(|e| shm_err(format!("open {}: {e}", announced.display())))?;
-            let have = f
-                .metadata()
-                .map_err(|e| shm_err(format!("stat {}: {e}", announced.display())))?
-                .len();
-            if have != len as u64 {
-                return Err(shm_err(format!(
-                    "{} has {have} bytes, expected {len} (ranks disagree on RDRUN_SHM_SLOT_BYTES?)",
-                    announced.display()
-                )));
-            }
-            (f, announced)
-        };
-        // SAFETY: mapping a regular tmpfs file of exactly `len` bytes (checked above) read/write
-        // and shared; the fd may be closed afterwards, the mapping keeps the pages alive.
-        // MAP_POPULATE pre-faults the pages (mmap(2)) so the first collectives do not pay a page
-        // fault per 4 KiB.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                file.as_raw_fd(),
-                0,
+            (
+                open_announced(path, &announced, len).map_err(shm_err)?,
+                announced,
             )
         };
-        if p == libc::MAP_FAILED {
-            return Err(shm_err(format!(
-                "mmap {}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            )));
-        }
+        let p =
+            map_shared(&file, len).map_err(|e| shm_err(format!("mmap {}: {e}", path.display())))?;
         let mut me = ShmComm {
             rank,
             world,
             slot,
             header,
-            base: p as *mut u8,
+            base: p,
             len,
             epoch: 0,
             set: 0,

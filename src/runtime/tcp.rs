@@ -81,6 +81,126 @@ pub fn chunk_bounds(len: usize, elem: usize, n: usize) -> Vec<usize> {
     (0..=n).map(|c| c * count / n * elem).collect()
 }
 
+/// An I/O error of the mesh's set-up (`what`: the step).
+fn init_io(rank: usize, e: std::io::Error, what: &str) -> RuntimeError {
+    RuntimeError::Io {
+        rank,
+        op: "init",
+        msg: format!("{what}: {e}"),
+    }
+}
+
+/// Connects to lower rank `j` at `addr` and sends the handshake `hello`.
+fn dial(
+    rank: usize,
+    j: usize,
+    addr: &SocketAddr,
+    hello: &[u8; 16],
+    deadline: Instant,
+) -> Result<TcpStream> {
+    // The peer bound its listener before publishing its address, so the kernel queues our
+    // connection even if it is not yet accepting; retry only for transient refusals.
+    let mut s = loop {
+        match TcpStream::connect_timeout(addr, Duration::from_secs(5)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(rank, peer = j, "connect retry: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(RuntimeError::Peer {
+                    rank,
+                    op: "init",
+                    peer: j,
+                    msg: format!("connect to {addr}: {e}"),
+                })
+            }
+        }
+    };
+    s.write_all(hello)
+        .map_err(|e| init_io(rank, e, "handshake"))?;
+    Ok(s)
+}
+
+/// Accepts the connection of every higher rank (checked by its handshake: this mesh's magic
+/// and a rank not yet connected) until `deadline`.
+fn accept_higher(
+    rank: usize,
+    listener: &TcpListener,
+    magic: u64,
+    (deadline, timeout): (Instant, Duration),
+    peers: &mut [Option<TcpStream>],
+) -> Result<()> {
+    let world = peers.len();
+    let io = |e: std::io::Error, what: &str| init_io(rank, e, what);
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| io(e, "listener"))?;
+    let mut pending = world - rank - 1;
+    while pending > 0 {
+        match listener.accept() {
+            Ok((mut s, _)) => {
+                s.set_nonblocking(false).map_err(|e| io(e, "accept"))?;
+                s.set_read_timeout(Some(
+                    deadline
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1)),
+                ))
+                .map_err(|e| io(e, "accept"))?;
+                let mut got = [0u8; 16];
+                if s.read_exact(&mut got).is_err() {
+                    continue; // a stray or half-open connection: ignore it
+                }
+                let m = u64::from_le_bytes(got[..8].try_into().expect("8 bytes"));
+                let peer = u64::from_le_bytes(got[8..].try_into().expect("8 bytes")) as usize;
+                if m != HANDSHAKE_MAGIC ^ magic
+                    || peer <= rank
+                    || peer >= world
+                    || peers[peer].is_some()
+                {
+                    tracing::warn!(rank, peer, "rejected a connection with a wrong handshake");
+                    continue;
+                }
+                peers[peer] = Some(s);
+                pending -= 1;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing: Vec<usize> =
+                        (rank + 1..world).filter(|p| peers[*p].is_none()).collect();
+                    return Err(RuntimeError::Timeout {
+                        rank,
+                        op: "init",
+                        after: timeout,
+                        waiting_for: format!("connections from ranks {missing:?}"),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(io(e, "accept")),
+        }
+    }
+    Ok(())
+}
+
+/// Waits in `poll(2)` up to `ms` for the sockets of `fds`; an interrupted wait is no error.
+fn poll_fds(rank: usize, op: &'static str, fds: &mut [libc::pollfd], ms: i32) -> Result<()> {
+    // SAFETY: `fds` is a valid, initialized array of `fds.len()` pollfd structs that lives
+    // across the call; poll only writes `revents`.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != ErrorKind::Interrupted {
+            return Err(RuntimeError::Io {
+                rank,
+                op,
+                msg: format!("poll: {e}"),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl TcpMesh {
     /// Builds the mesh. `listener` is this rank's bound listener, `addrs[j]` where rank j listens;
     /// `magic` must be equal on every rank of this communicator (derived from run id and round).
@@ -92,91 +212,22 @@ impl TcpMesh {
         magic: u64,
         timeout: Duration,
     ) -> Result<Self> {
-        let op = "init";
-        let io = |e: std::io::Error, what: &str| RuntimeError::Io {
-            rank,
-            op,
-            msg: format!("{what}: {e}"),
-        };
         let deadline = Instant::now() + timeout;
         let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
         let mut hello = [0u8; 16];
         hello[..8].copy_from_slice(&(HANDSHAKE_MAGIC ^ magic).to_le_bytes());
         hello[8..].copy_from_slice(&(rank as u64).to_le_bytes());
         for (j, addr) in addrs.iter().enumerate().take(rank) {
-            // The peer bound its listener before publishing its address, so the kernel queues our
-            // connection even if it is not yet accepting; retry only for transient refusals.
-            let mut s = loop {
-                match TcpStream::connect_timeout(addr, Duration::from_secs(5)) {
-                    Ok(s) => break s,
-                    Err(e) if Instant::now() < deadline => {
-                        tracing::debug!(rank, peer = j, "connect retry: {e}");
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    Err(e) => {
-                        return Err(RuntimeError::Peer {
-                            rank,
-                            op,
-                            peer: j,
-                            msg: format!("connect to {addr}: {e}"),
-                        })
-                    }
-                }
-            };
-            s.write_all(&hello).map_err(|e| io(e, "handshake"))?;
-            peers[j] = Some(s);
+            peers[j] = Some(dial(rank, j, addr, &hello, deadline)?);
         }
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| io(e, "listener"))?;
-        let mut pending = world - rank - 1;
-        while pending > 0 {
-            match listener.accept() {
-                Ok((mut s, _)) => {
-                    s.set_nonblocking(false).map_err(|e| io(e, "accept"))?;
-                    s.set_read_timeout(Some(
-                        deadline
-                            .saturating_duration_since(Instant::now())
-                            .max(Duration::from_millis(1)),
-                    ))
-                    .map_err(|e| io(e, "accept"))?;
-                    let mut got = [0u8; 16];
-                    if s.read_exact(&mut got).is_err() {
-                        continue; // a stray or half-open connection: ignore it
-                    }
-                    let m = u64::from_le_bytes(got[..8].try_into().expect("8 bytes"));
-                    let peer = u64::from_le_bytes(got[8..].try_into().expect("8 bytes")) as usize;
-                    if m != HANDSHAKE_MAGIC ^ magic
-                        || peer <= rank
-                        || peer >= world
-                        || peers[peer].is_some()
-                    {
-                        tracing::warn!(rank, peer, "rejected a connection with a wrong handshake");
-                        continue;
-                    }
-                    peers[peer] = Some(s);
-                    pending -= 1;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        let missing: Vec<usize> =
-                            (rank + 1..world).filter(|p| peers[*p].is_none()).collect();
-                        return Err(RuntimeError::Timeout {
-                            rank,
-                            op,
-                            after: timeout,
-                            waiting_for: format!("connections from ranks {missing:?}"),
-                        });
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) => return Err(io(e, "accept")),
-            }
-        }
+        accept_higher(rank, &listener, magic, (deadline, timeout), &mut peers)?;
         for s in peers.iter().flatten() {
-            s.set_nodelay(true).map_err(|e| io(e, "nodelay"))?;
-            s.set_read_timeout(None).map_err(|e| io(e, "socket"))?;
-            s.set_nonblocking(true).map_err(|e| io(e, "socket"))?;
+            s.set_nodelay(true)
+                .map_err(|e| init_io(rank, e, "nodelay"))?;
+            s.set_read_timeout(None)
+                .map_err(|e| init_io(rank, e, "socket"))?;
+            s.set_nonblocking(true)
+                .map_err(|e| init_io(rank, e, "socket"))?;
         }
         Ok(TcpMesh {
             rank,
@@ -206,62 +257,14 @@ impl TcpMesh {
         let mut last_progress = Instant::now();
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(sends.len() + recvs.len());
         loop {
-            let mut progressed = false;
-            for s in sends.iter_mut() {
-                while s.done < s.data.len() {
-                    match send_nosignal(self.stream(s.peer), &s.data[s.done..]) {
-                        Ok(0) => return Err(peer_err(rank, op, s.peer, "connection closed")),
-                        Ok(k) => {
-                            s.done += k;
-                            progressed = true;
-                        }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                        Err(e) => return Err(peer_err(rank, op, s.peer, &format!("send: {e}"))),
-                    }
-                }
-            }
-            for r in recvs.iter_mut() {
-                while r.done < r.data.len() {
-                    match self.stream(r.peer).read(&mut r.data[r.done..]) {
-                        Ok(0) => {
-                            return Err(peer_err(
-                                rank,
-                                op,
-                                r.peer,
-                                "connection closed (peer exited?)",
-                            ))
-                        }
-                        Ok(k) => {
-                            r.done += k;
-                            progressed = true;
-                        }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                        Err(e) => return Err(peer_err(rank, op, r.peer, &format!("recv: {e}"))),
-                    }
-                }
-            }
-            fds.clear();
-            for s in sends.iter().filter(|s| s.done < s.data.len()) {
-                fds.push(libc::pollfd {
-                    fd: self.peers[s.peer].as_ref().expect("invariant").as_raw_fd(),
-                    events: libc::POLLOUT,
-                    revents: 0,
-                });
-            }
-            for r in recvs.iter().filter(|r| r.done < r.data.len()) {
-                fds.push(libc::pollfd {
-                    fd: self.peers[r.peer].as_ref().expect("invariant").as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-            }
+            let sent = self.push_sends(op, sends)?;
+            let received = self.pull_recvs(op, recvs)?;
+            self.unfinished_fds(sends, recvs, &mut fds);
             if fds.is_empty() {
                 return Ok(());
             }
             let now = Instant::now();
-            if progressed {
+            if sent || received {
                 last_progress = now;
             }
             let left = (last_progress + timeout).saturating_duration_since(now);
@@ -285,20 +288,79 @@ impl TcpMesh {
                 });
             }
             let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-            // SAFETY: `fds` is a valid, initialized array of `fds.len()` pollfd structs that
-            // lives across the call; poll only writes `revents`.
-            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-            if rc < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != ErrorKind::Interrupted {
-                    return Err(RuntimeError::Io {
-                        rank,
-                        op,
-                        msg: format!("poll: {e}"),
-                    });
+            poll_fds(rank, op, &mut fds, ms)?;
+            // POLLHUP/POLLERR are surfaced by the next read/write attempt above.
+        }
+    }
+
+    /// Writes what each send's socket takes without blocking; whether any byte went.
+    #[inline]
+    fn push_sends(&mut self, op: &'static str, sends: &mut [Send<'_>]) -> Result<bool> {
+        let rank = self.rank;
+        let mut progressed = false;
+        for s in sends.iter_mut() {
+            while s.done < s.data.len() {
+                match send_nosignal(self.stream(s.peer), &s.data[s.done..]) {
+                    Ok(0) => return Err(peer_err(rank, op, s.peer, "connection closed")),
+                    Ok(k) => {
+                        s.done += k;
+                        progressed = true;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(peer_err(rank, op, s.peer, &format!("send: {e}"))),
                 }
             }
-            // POLLHUP/POLLERR are surfaced by the next read/write attempt above.
+        }
+        Ok(progressed)
+    }
+
+    /// Reads what each receive's socket holds without blocking; whether any byte came.
+    #[inline]
+    fn pull_recvs(&mut self, op: &'static str, recvs: &mut [Recv<'_>]) -> Result<bool> {
+        let rank = self.rank;
+        let mut progressed = false;
+        for r in recvs.iter_mut() {
+            while r.done < r.data.len() {
+                match self.stream(r.peer).read(&mut r.data[r.done..]) {
+                    Ok(0) => {
+                        return Err(peer_err(
+                            rank,
+                            op,
+                            r.peer,
+                            "connection closed (peer exited?)",
+                        ))
+                    }
+                    Ok(k) => {
+                        r.done += k;
+                        progressed = true;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(peer_err(rank, op, r.peer, &format!("recv: {e}"))),
+                }
+            }
+        }
+        Ok(progressed)
+    }
+
+    /// The pollfds of the sends and receives not yet done (writable / readable wanted).
+    #[inline]
+    fn unfinished_fds(&self, sends: &[Send<'_>], recvs: &[Recv<'_>], fds: &mut Vec<libc::pollfd>) {
+        fds.clear();
+        for s in sends.iter().filter(|s| s.done < s.data.len()) {
+            fds.push(libc::pollfd {
+                fd: self.peers[s.peer].as_ref().expect("invariant").as_raw_fd(),
+                events: libc::POLLOUT,
+                revents: 0,
+            });
+        }
+        for r in recvs.iter().filter(|r| r.done < r.data.len()) {
+            fds.push(libc::pollfd {
+                fd: self.peers[r.peer].as_ref().expect("invariant").as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
         }
     }
 

@@ -60,6 +60,18 @@ pub(super) struct AcceptLoop {
     pub(super) rt: tokio::runtime::Handle,
 }
 
+/// The accept loop's state between two wake-ups.
+struct Accepting {
+    /// The pause after the next failed accept (doubles up to the maximum).
+    backoff: Duration,
+    /// While set, accepting pauses until then (descriptors ran out); the listener is out of
+    /// the epoll set meanwhile (it stays readable, so it would wake us at once).
+    resume: Option<std::time::Instant>,
+    next_token: u64,
+    /// Whether accepted sockets inherit TCP_NODELAY from the listener (checked once).
+    nodelay_inherited: bool,
+}
+
 impl AcceptLoop {
     pub(super) fn run(self) -> ServerExit {
         let (ep, stage_ep) = match (Epoll::new(), Epoll::new()) {
@@ -100,32 +112,32 @@ impl AcceptLoop {
         stage_ep: &Epoll,
         tx: std::sync::mpsc::Sender<(u64, std::time::Instant, Box<Fresh>)>,
     ) -> ServerExit {
-        let mut backoff = ACCEPT_BACKOFF_MIN;
-        // While set, accepting pauses until then (descriptors ran out); the listener is out
-        // of the epoll set meanwhile (it stays readable, so it would wake us at once).
-        let mut resume: Option<std::time::Instant> = None;
+        let mut st = Accepting {
+            backoff: ACCEPT_BACKOFF_MIN,
+            resume: None,
+            next_token: 0,
+            nodelay_inherited: false,
+        };
         let period = self
             .shared
             .config
             .log_interval
             .max(Duration::from_millis(1));
         let mut next_flush = std::time::Instant::now() + period;
-        let mut next_token: u64 = 0;
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 8];
-        let mut nodelay_inherited = false;
         loop {
             let now = std::time::Instant::now();
             if now >= next_flush {
                 self.shared.flush_logs(false);
                 next_flush = now + period;
             }
-            if resume.is_some_and(|r| now >= r) {
-                resume = None;
+            if st.resume.is_some_and(|r| now >= r) {
+                st.resume = None;
                 if let Err(e) = ep.add(self.listener.as_raw_fd(), LISTEN_TOKEN) {
                     return ServerExit::Failed(format!("store accept thread: epoll_ctl: {e}"));
                 }
             }
-            let until = resume.map_or(next_flush, |r| r.min(next_flush));
+            let until = st.resume.map_or(next_flush, |r| r.min(next_flush));
             let wait_ms = until
                 .saturating_duration_since(now)
                 .as_millis()
@@ -142,61 +154,89 @@ impl AcceptLoop {
                 self.shared.flush_logs(true);
                 return ServerExit::Shutdown;
             }
-            if resume.is_some() || !events[..n].iter().any(|e| e.u64 == LISTEN_TOKEN) {
+            if st.resume.is_some() || !events[..n].iter().any(|e| e.u64 == LISTEN_TOKEN) {
                 continue;
             }
-            // Drain: everything the kernel has queued, without going back to epoll between
-            // (its queue is first in, first out: a fresh client waits behind every connection
-            // whose handshake completed before its own).
-            loop {
-                match accept_nonblocking(&self.listener) {
-                    Ok((stream, peer)) => {
-                        backoff = ACCEPT_BACKOFF_MIN;
-                        let token = next_token;
-                        next_token += 1;
-                        // Linux copies TCP_NODELAY from the listener to the accepted socket
-                        // (set in `start_with_store`): checked once, set per socket only where
-                        // it is not inherited (one system call less per client).
-                        if !nodelay_inherited {
-                            nodelay_inherited = stream.nodelay().unwrap_or(false);
-                            if !nodelay_inherited {
-                                if let Err(e) = stream.set_nodelay(true) {
-                                    debug!(%peer, error = %e, "set TCP_NODELAY failed");
-                                }
-                            }
-                        }
-                        let f = Box::new(Fresh {
-                            conn: Connection::new(&self.shared, &self.conns_done_tx, peer),
-                            stream,
-                            decoder: Decoder::new(self.shared.config.limits),
-                            validated: false,
-                            reads: 0,
-                        });
-                        let fd = f.stream.as_raw_fd();
-                        match tx.send((token, std::time::Instant::now(), f)) {
-                            // Not in the stage's epoll set: its hold hands it over.
-                            Ok(()) => {
-                                let _ = stage_ep.add(fd, token);
-                            }
-                            Err(std::sync::mpsc::SendError((_, _, f))) => {
-                                self.hand_over(*f, Vec::new(), Vec::new(), None)
+            if let Err(exit) = self.drain(ep, stage_ep, &tx, &mut st) {
+                return exit;
+            }
+        }
+    }
+
+    /// Accepts everything the kernel has queued, without going back to epoll between (its
+    /// queue is first in, first out: a fresh client waits behind every connection whose
+    /// handshake completed before its own). A failed accept pauses accepting (backoff); a
+    /// broken listener ends the loop.
+    fn drain(
+        &self,
+        ep: &Epoll,
+        stage_ep: &Epoll,
+        tx: &std::sync::mpsc::Sender<(u64, std::time::Instant, Box<Fresh>)>,
+        st: &mut Accepting,
+    ) -> Result<(), ServerExit> {
+        loop {
+            match accept_nonblocking(&self.listener) {
+                Ok((stream, peer)) => {
+                    st.backoff = ACCEPT_BACKOFF_MIN;
+                    let token = st.next_token;
+                    st.next_token += 1;
+                    // Linux copies TCP_NODELAY from the listener to the accepted socket (set
+                    // in `start_with_store`): checked once, set per socket only where it is
+                    // not inherited (one system call less per client).
+                    if !st.nodelay_inherited {
+                        st.nodelay_inherited = stream.nodelay().unwrap_or(false);
+                        if !st.nodelay_inherited {
+                            if let Err(e) = stream.set_nodelay(true) {
+                                debug!(%peer, error = %e, "set TCP_NODELAY failed");
                             }
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if accept_error_is_fatal(&e) => {
-                        return ServerExit::Failed(format!("store listening socket failed: {e}"));
-                    }
-                    Err(e) => {
-                        // Never fatal: back off and keep serving the others.
-                        self.shared.report_accept_failure(&e);
-                        ep.delete(self.listener.as_raw_fd());
-                        resume = Some(std::time::Instant::now() + backoff);
-                        backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                        break;
-                    }
+                    self.to_stage(stream, peer, token, stage_ep, tx);
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if accept_error_is_fatal(&e) => {
+                    return Err(ServerExit::Failed(format!(
+                        "store listening socket failed: {e}"
+                    )));
+                }
+                Err(e) => {
+                    // Never fatal: back off and keep serving the others.
+                    self.shared.report_accept_failure(&e);
+                    ep.delete(self.listener.as_raw_fd());
+                    st.resume = Some(std::time::Instant::now() + st.backoff);
+                    st.backoff = (st.backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// A new connection to the fresh stage (sent, then added to the stage's epoll set); to the
+    /// runtime at once when the stage is gone.
+    fn to_stage(
+        &self,
+        stream: std::net::TcpStream,
+        peer: SocketAddr,
+        token: u64,
+        stage_ep: &Epoll,
+        tx: &std::sync::mpsc::Sender<(u64, std::time::Instant, Box<Fresh>)>,
+    ) {
+        let f = Box::new(Fresh {
+            conn: Connection::new(&self.shared, &self.conns_done_tx, peer),
+            stream,
+            decoder: Decoder::new(self.shared.config.limits),
+            validated: false,
+            reads: 0,
+        });
+        let fd = f.stream.as_raw_fd();
+        match tx.send((token, std::time::Instant::now(), f)) {
+            // Not in the stage's epoll set: its hold hands it over.
+            Ok(()) => {
+                let _ = stage_ep.add(fd, token);
+            }
+            Err(std::sync::mpsc::SendError((_, _, f))) => {
+                self.hand_over(*f, Vec::new(), Vec::new(), None)
             }
         }
     }

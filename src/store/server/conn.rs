@@ -240,18 +240,11 @@ impl Connection {
         let notified = self.notify.notified();
         tokio::pin!(notified);
         loop {
-            let mut pos = 0;
-            while bad.is_none() && pos < spill.len() {
-                if out.len() >= cfg.max_pending_output {
-                    if let Err(e) = write_out(stream, &out).await {
-                        return Close::Io(e);
-                    }
-                    out = Vec::new();
-                }
-                match self.process(&mut decoder, &mut validated, &spill[pos..], &mut out) {
-                    Step::Done => pos = spill.len(),
-                    Step::Flush(n) => pos += n,
-                    Step::Bad(why) => bad = Some(why),
+            if bad.is_none() && !spill.is_empty() {
+                let state = (&mut decoder, &mut validated);
+                match self.serve_spill(stream, state, &spill, &mut out).await {
+                    Ok(why) => bad = why,
+                    Err(e) => return Close::Io(e),
                 }
             }
             if !spill.is_empty() {
@@ -286,11 +279,7 @@ impl Connection {
                 }
                 () = &mut notified => {
                     notified.set(self.notify.notified());
-                    let ready = self.shared.store.take_ready(self.id);
-                    crate::store::stats::STATS.waits_ended(ready as usize);
-                    for _ in 0..ready {
-                        Reply::Byte(STOP_WAITING).encode(&mut out);
-                    }
+                    self.ready_waits(&mut out);
                 }
                 r = read_scratch(stream) => match r {
                     Ok(0) => return Close::Eof,
@@ -309,6 +298,40 @@ impl Connection {
                     Err(e) => return Close::Io(e),
                 },
             }
+        }
+    }
+
+    /// Serves the bytes left in `spill` (a read cut short by a flush, or the stage's), writing
+    /// the replies out whenever they pile up; returns the reason a request was bad, if one was.
+    async fn serve_spill(
+        &self,
+        stream: &mut TcpStream,
+        (decoder, validated): (&mut Decoder, &mut bool),
+        spill: &[u8],
+        out: &mut Vec<u8>,
+    ) -> io::Result<Option<String>> {
+        let cfg = &self.shared.config;
+        let mut pos = 0;
+        while pos < spill.len() {
+            if out.len() >= cfg.max_pending_output {
+                write_out(stream, out).await?;
+                *out = Vec::new();
+            }
+            match self.process(decoder, validated, &spill[pos..], out) {
+                Step::Done => pos = spill.len(),
+                Step::Flush(n) => pos += n,
+                Step::Bad(why) => return Ok(Some(why)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// A STOP_WAITING for each of this connection's waits that became ready.
+    fn ready_waits(&self, out: &mut Vec<u8>) {
+        let ready = self.shared.store.take_ready(self.id);
+        crate::store::stats::STATS.waits_ended(ready as usize);
+        for _ in 0..ready {
+            Reply::Byte(STOP_WAITING).encode(out);
         }
     }
 
@@ -334,16 +357,7 @@ impl Connection {
         let store = &self.shared.store;
         crate::store::stats::STATS.op(&req);
         let reply = match req {
-            Request::Validate { magic } => {
-                if *validated {
-                    return Err("second VALIDATE on one connection".into());
-                }
-                if magic != VALIDATION_MAGIC {
-                    return Err(format!("wrong validation magic {magic:#010x}"));
-                }
-                *validated = true;
-                return Ok(());
-            }
+            Request::Validate { magic } => return validate(magic, validated),
             Request::Set { key, value } => {
                 store.set(key, value);
                 return Ok(());
@@ -391,16 +405,7 @@ impl Connection {
                 store.multi_set(pairs);
                 return Ok(());
             }
-            Request::CancelWait => {
-                // Waits that finished before the cancel still get their STOP_WAITING first.
-                let dropped = store.pending_waits(self.id);
-                let ready = store.cancel_waits(self.id);
-                crate::store::stats::STATS.waits_ended(dropped + ready as usize);
-                for _ in 0..ready {
-                    Reply::Byte(STOP_WAITING).encode(out);
-                }
-                Reply::Byte(WAIT_CANCELED)
-            }
+            Request::CancelWait => self.cancel_waits(out),
             Request::Ping { nonce } => Reply::U32(nonce),
             Request::QueuePush { key, value } => {
                 store.queue_push(&key, value);
@@ -427,6 +432,30 @@ impl Connection {
         reply.encode(out);
         Ok(())
     }
+
+    /// CANCEL_WAIT: waits that finished before the cancel still get their STOP_WAITING first.
+    fn cancel_waits(&self, out: &mut Vec<u8>) -> Reply {
+        let store = &self.shared.store;
+        let dropped = store.pending_waits(self.id);
+        let ready = store.cancel_waits(self.id);
+        crate::store::stats::STATS.waits_ended(dropped + ready as usize);
+        for _ in 0..ready {
+            Reply::Byte(STOP_WAITING).encode(out);
+        }
+        Reply::Byte(WAIT_CANCELED)
+    }
+}
+
+/// VALIDATE: once per connection, with the right magic.
+fn validate(magic: u32, validated: &mut bool) -> Result<(), String> {
+    if *validated {
+        return Err("second VALIDATE on one connection".into());
+    }
+    if magic != VALIDATION_MAGIC {
+        return Err(format!("wrong validation magic {magic:#010x}"));
+    }
+    *validated = true;
+    Ok(())
 }
 
 /// Whether a key on the wire is [`CLOCK_KEY`](crate::store::protocol::CLOCK_KEY) (raw, or with

@@ -51,11 +51,15 @@
 //!   backend (the exchange through etcd keys), against the real etcd of `etcd`; `delayline`: a
 //!   user-space delay line on one namespace host's link (TAP devices), for kernels without netem.
 //! - `regression`: one test per fixed bug or torchrun misbehaviour, named after it.
+//! - `chaos`: `--chaos` (issue 41): an injected kill and hang in a real gloo DDP job with
+//!   checkpoints (restart, resume, the table, the report's section, the events), injected
+//!   failures outside the stop verdict, work lost, a fault not survived, the seeded schedule.
 //! - `ci`: a failing DDP job under a fake GitHub Actions environment: the annotation, the step
 //!   summary and `--report-junit`'s XML read back (issue 40); `helpscreen`: `--help`'s sections,
 //!   enum values and exit statuses, `--version`.
 
 mod addr;
+mod chaos;
 mod ci;
 mod cli;
 mod cluster;

@@ -52,6 +52,8 @@ use crate::supervisor::watch::timers::FileTimerServe;
 mod attempt;
 #[path = "agent_between.rs"]
 mod between;
+#[path = "agent_chaos.rs"]
+mod chaos_acts;
 #[path = "agent_rounds.rs"]
 mod rounds;
 
@@ -123,12 +125,12 @@ pub fn run(config: LaunchConfig) -> Ended {
         Ok(o) => o,
         Err(msg) => return RunEnd::error(msg).into(),
     };
-    let mut restarts = Vec::new();
+    let (mut restarts, mut chaos) = (Vec::new(), None);
     let end = runtime.block_on(Agent::run(
         config,
         watchdog,
         (obs.clone(), console),
-        &mut restarts,
+        (&mut restarts, &mut chaos),
     ));
     obs.emit(RunEvent::RunEnd(&end));
     let ranks = obs.last_ranks();
@@ -138,6 +140,7 @@ pub fn run(config: LaunchConfig) -> Ended {
         end,
         restarts,
         ranks,
+        chaos,
     }
 }
 
@@ -180,6 +183,8 @@ struct Agent {
     restart_clock: crate::supervisor::report::restart_cost::RestartClock,
     /// A restarted attempt whose ranks are not all back in user code yet (`check_back`).
     back_watch: Option<crate::supervisor::report::restart_cost::BackWatch>,
+    /// `--chaos` (issue 41): what to inject and what it cost (`agent_chaos.rs`).
+    chaos: Option<crate::supervisor::chaos::Chaos>,
 }
 
 impl Agent {
@@ -188,8 +193,13 @@ impl Agent {
         config: LaunchConfig,
         watchdog: Option<Watchdog>,
         (obs, console): (Observer, Console),
-        restarts: &mut Vec<Restart>,
+        (restarts, chaos_json): (&mut Vec<Restart>, &mut Option<serde_json::Value>),
     ) -> RunEnd {
+        // A bad --chaos spec ends the run before anything starts.
+        let chaos = match Agent::chaos_of(&config) {
+            Ok(c) => c,
+            Err(msg) => return RunEnd::error(msg),
+        };
         // Handlers first: from here on no handled signal can kill rdrun with workers left behind.
         let mut signals = Signals::install(&config.signals_to_handle);
         let sigchld = match signal(SignalKind::child()) {
@@ -308,8 +318,11 @@ impl Agent {
             restarts: Vec::new(),
             restart_clock: Default::default(),
             back_watch: None,
+            chaos,
         };
         let end = agent.attempts().await;
+        let (end, chaos) = agent.chaos_end(end);
+        *chaos_json = chaos;
         *restarts = std::mem::take(&mut agent.restarts);
         // The `warn` checks' verdict (or their cancel) while the run's cgroup, where their
         // programs are, and the watchdog they registered with still exist.
@@ -428,12 +441,24 @@ impl Agent {
             // failure memory its own.
             let entry = crate::supervisor::nodes::root_cause::Entry::of(&outcome);
             let (outcome, run_root) = self.run_root(&asg, outcome, &entry).await;
+            // Issue 41: an injected failure is none of the job's: the stop verdict and the
+            // node's failure counts never see it.
+            let injected = self.chaos_injected();
             let repeats = restart::Repeats {
-                in_a_row: same.record_signature(run_root),
+                in_a_row: match injected {
+                    Some(_) => 0,
+                    None => same.record_signature(run_root),
+                },
                 max_same_failures: self.config.resilience.max_same_failures,
             };
-            self.record_failure(&mut tally, &outcome, entry.sig.as_ref())
-                .await;
+            if injected.is_none() {
+                self.record_failure(&mut tally, &outcome, entry.sig.as_ref())
+                    .await;
+            }
+            let cause = match &injected {
+                Some(label) => format!("{label}: {}", outcome.cause(entry.sig.as_ref())),
+                None => outcome.cause(same.last()),
+            };
             let decision = restart::decide(
                 outcome.attempt_end(),
                 restart_count,
@@ -460,7 +485,7 @@ impl Agent {
                     self.restarts.push(Restart {
                         restart_count,
                         charged: true,
-                        cause: outcome.cause(same.last()),
+                        cause: cause.clone(),
                         cost: None,
                     });
                     tracing::warn!(
@@ -481,7 +506,7 @@ impl Agent {
                     self.restarts.push(Restart {
                         restart_count,
                         charged,
-                        cause: outcome.cause(same.last()),
+                        cause: cause.clone(),
                         cost: None,
                     });
                     outcome.log_regroup();

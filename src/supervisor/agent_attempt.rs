@@ -82,6 +82,7 @@ impl Agent {
             let ranks = group.watched_ranks().into_iter().map(|r| r.output);
             crate::supervisor::report::restart_cost::BackWatch::new(&cost, ranks.collect())
         });
+        self.chaos_started(asg, &group);
         // Watching starts with the workers (the hang budget counts from the spawn).
         let mut watch = AttemptWatch::default();
         if !group.launch_failed() {
@@ -140,6 +141,7 @@ impl Agent {
                 self.observe(event);
             }
             let flow = group.handle(pending.drain(..));
+            self.chaos_stop_began(&group);
             self.restarts_disabled |= group.disables_restarts();
             self.obs.emit(RunEvent::StopProgress {
                 stop: group.stop(),
@@ -155,6 +157,7 @@ impl Agent {
                 self.obs.emit(RunEvent::AttemptOver);
                 let stop_began = group.stop().sent_at();
                 let outcome = group.finish(stop_output).await;
+                self.chaos_over(outcome.first_failure_at(), stop_began);
                 // Once the pumps drained every pipe: ranks that printed before the attempt
                 // ended count; one that never did leaves the restart without the measure.
                 self.check_back();
@@ -166,6 +169,7 @@ impl Agent {
             let deadline = group.stop().deadline();
             let poll_leftovers = group.polls_leftovers();
             let watch_rdzv = self.rdzv.is_some() && group.watch_rdzv();
+            let chaos = self.chaos_wake();
             tokio::select! {
                 ev = watch_opt(self.rdzv.as_mut()), if watch_rdzv => pending.push(Event::Rendezvous(ev)),
                 _ = self.sigchld.recv() => pending.extend(reaped_events()),
@@ -184,6 +188,8 @@ impl Agent {
                 // A restarted attempt's ranks back in user code: their first output's time is
                 // recorded by the pumps; this only decides when to say it.
                 _ = tokio::time::sleep(BACK_POLL), if self.back_watch.is_some() => self.check_back(),
+                // `--chaos`: a fault due, or its progress reader (issue 41).
+                _ = sleep_until_opt(chaos), if chaos.is_some() => self.chaos_tick(&group),
             }
         }
     }

@@ -18,6 +18,7 @@ impl Agent {
     pub(super) fn restart_cost(&mut self, started: (usize, usize)) -> Option<RestartCost> {
         let taken = self.restarts.len() as u32;
         let cost = self.restart_clock.spawned(taken, started.0, started.1)?;
+        self.chaos_restarted(cost.failed_at);
         tracing::warn!("{}", cost.line());
         self.obs.emit(RunEvent::RestartCost {
             fields: &cost.to_json(),
@@ -39,6 +40,7 @@ impl Agent {
         let watch = self.back_watch.take().expect("checked");
         tracing::warn!("{}", watch.line(back));
         let secs = back.as_secs_f64();
+        self.chaos_back(back);
         self.obs.emit(RunEvent::RestartBack {
             restart: watch.restart,
             secs,

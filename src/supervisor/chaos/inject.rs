@@ -31,6 +31,9 @@ pub enum Act {
     Throttle { pid: i32, pct: f64, secs: f64 },
     /// SIGKILL this node's workers (`pids`), then the agent itself.
     EndNode { pids: Vec<i32> },
+    /// A step of a `slow` fault's duty cycle: send `signal` (SIGSTOP, SIGCONT) to `pid`; the
+    /// fault itself was reported when it began.
+    Toggle { pid: i32, signal: i32 },
 }
 
 /// Where the fault `spec` with draw `draw` lands: `Ok(Some)` here, `Ok(None)` on another node

@@ -23,6 +23,7 @@
 pub mod inject;
 pub mod measure;
 pub mod schedule;
+pub mod slow;
 pub mod spec;
 pub mod table;
 
@@ -82,6 +83,8 @@ struct Running {
     stopped: Vec<i32>,
     /// The record of the fault injected into this attempt (at most one: the next waits).
     injected: Option<usize>,
+    /// A `slow` fault's duty cycle under way.
+    throttle: Option<slow::Throttle>,
 }
 
 /// The run's chaos state (module doc).
@@ -197,6 +200,7 @@ impl Chaos {
             seen: Seen::default(),
             stopped: Vec::new(),
             injected: None,
+            throttle: None,
         });
     }
 
@@ -204,6 +208,9 @@ impl Chaos {
     pub fn wake(&mut self) -> Option<Instant> {
         let running = self.running.as_ref()?;
         let mut due = self.next_poll;
+        if let Some(t) = &running.throttle {
+            due = Some(due.map_or(t.next(), |d| d.min(t.next())));
+        }
         if self.pending.is_none() && running.injected.is_none() {
             let attempt = running.restart_count;
             for i in 0..self.clocks.len() {
@@ -231,6 +238,10 @@ impl Chaos {
     pub fn tick(&mut self, untouched: bool) -> Vec<(usize, Act)> {
         let now = Instant::now();
         self.read_progress(now);
+        let toggles = self.step_throttle(now, untouched);
+        if !toggles.is_empty() {
+            return toggles;
+        }
         if !untouched || self.pending.is_some() {
             return Vec::new();
         }
@@ -308,8 +319,11 @@ impl Chaos {
                     run.stopped.push(*pid);
                 }
             }
-            // The throttle ends by itself; the job went on through it.
-            Act::Throttle { .. } => r.state = State::Recovered,
+            Act::Throttle { pid, pct, secs } => {
+                if let Some(run) = self.running.as_mut() {
+                    run.throttle = Some(slow::Throttle::new(idx, *pid, *pct, *secs, Instant::now()));
+                }
+            }
             _ => {}
         }
         self.events.push(ChaosEvent::Inject(r.to_json()));
@@ -327,9 +341,51 @@ impl Chaos {
     /// The stop of the attempt began: the workers a `hang` stopped, to be continued so that
     /// they take the stop's signal now (none is ever left stopped); each is given once.
     pub fn stop_began(&mut self) -> Vec<i32> {
-        self.running
-            .as_mut()
-            .map(|r| std::mem::take(&mut r.stopped))
+        let Some(run) = self.running.as_mut() else {
+            return Vec::new();
+        };
+        let mut pids = std::mem::take(&mut run.stopped);
+        if let Some(t) = run.throttle.take() {
+            pids.extend(t.stopped().then_some(t.pid));
+        }
+        pids
+    }
+
+    /// The `slow` duty cycle's signal due now, as an [`Act::Toggle`]; at its end the fault is
+    /// survived (the job went on through it) and the next one may come.
+    /// A group no longer untouched (a worker exited, a stop) ends the cycle at once: a stopped
+    /// rank is continued (stopped, it cannot have exited), and the job's fate decides the
+    /// fault's.
+    fn step_throttle(&mut self, now: Instant, untouched: bool) -> Vec<(usize, Act)> {
+        let Some(run) = self.running.as_mut() else {
+            return Vec::new();
+        };
+        if !untouched {
+            return match run.throttle.take() {
+                Some(t) if t.stopped() => vec![(t.idx, Act::Toggle { pid: t.pid, signal: libc::SIGCONT })],
+                _ => Vec::new(),
+            };
+        }
+        let Some(t) = run.throttle.as_mut() else {
+            return Vec::new();
+        };
+        let (signal, over) = t.step(now);
+        let (idx, pid) = (t.idx, t.pid);
+        if over {
+            let run = self.running.as_mut().expect("checked");
+            run.throttle = None;
+            run.injected = None;
+            let r = &mut self.records[idx];
+            r.state = State::Recovered;
+            self.clocks[r.spec].since = Some(now);
+            if self.pending == Some(idx) {
+                self.pending = None;
+            }
+            self.awaiting_progress.retain(|&i| i != idx);
+            self.resolved(idx);
+        }
+        signal
+            .map(|signal| vec![(idx, Act::Toggle { pid, signal })])
             .unwrap_or_default()
     }
 

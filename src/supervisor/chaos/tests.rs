@@ -224,3 +224,38 @@ fn at_attempt_waits_for_its_attempt_and_a_rank_beyond_the_world_is_skipped() {
     let end = c.finish(true);
     assert!(end.table.is_empty(), "a skipped fault is no injection");
 }
+
+#[test]
+fn slow_cycles_the_rank_and_is_survived_when_its_time_is_over() {
+    let mut c = chaos("slow:after=0s,rank=1,for=0.3s,cpu=50", None);
+    let (_, last) = outputs(2);
+    c.attempt_started(0, layout(2), last);
+    let acts = c.tick(true);
+    assert!(matches!(acts.as_slice(), [(0, Act::Throttle { pid: 4001, .. })]), "{acts:?}");
+    c.injected(0, &acts[0].1, Ok(()));
+    let mut signals = Vec::new();
+    while c.records()[0].state == State::Pending {
+        let wake = c.wake().expect("the cycle wakes the agent");
+        std::thread::sleep(wake.saturating_duration_since(std::time::Instant::now()));
+        for (_, act) in c.tick(true) {
+            match act {
+                Act::Toggle { pid: 4001, signal } => signals.push(signal),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert!(signals.len() >= 2 && signals[0] == libc::SIGSTOP, "{signals:?}");
+    assert_ne!(signals.last(), Some(&libc::SIGSTOP), "never left stopped");
+    assert!(matches!(c.events().last(), Some(ChaosEvent::Recovered { kind: "slow", .. })));
+
+    // A worker gone meanwhile ends the cycle, continuing the rank if it was stopped.
+    let mut c = chaos("slow:after=0s,rank=0,for=10s,cpu=1", None);
+    let (_, last) = outputs(1);
+    c.attempt_started(0, layout(1), last);
+    let acts = c.tick(true);
+    c.injected(0, &acts[0].1, Ok(()));
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(c.tick(true), vec![(0, Act::Toggle { pid: 4000, signal: libc::SIGSTOP })]);
+    assert_eq!(c.tick(false), vec![(0, Act::Toggle { pid: 4000, signal: libc::SIGCONT })]);
+    assert!(c.tick(false).is_empty());
+}

@@ -20,6 +20,8 @@ pub struct Ended {
     /// This node's workers in the last attempt, as (local rank, global rank) by rank: the test
     /// cases of `--report-junit` (`ci/junit.rs`).
     pub ranks: Vec<(usize, usize)>,
+    /// `--chaos`: `--report-json`'s `chaos` section (`supervisor/chaos/table.rs`).
+    pub chaos: Option<serde_json::Value>,
 }
 
 impl From<RunEnd> for Ended {
@@ -29,6 +31,7 @@ impl From<RunEnd> for Ended {
             end,
             restarts: Vec::new(),
             ranks: Vec::new(),
+            chaos: None,
         }
     }
 }
@@ -275,6 +278,7 @@ pub fn end_json(ended: &Ended) -> ReportDoc {
     // A report's own exit code is its root cause's; the end's is what rdrun exits with (a
     // signal to rdrun, the stop verdict).
     doc.exit_code = code;
+    doc.chaos = ended.chaos.clone();
     doc.restarts = ended
         .restarts
         .iter()
@@ -498,6 +502,7 @@ mod tests {
                 end,
                 restarts: restarts.clone(),
                 ranks: Vec::new(),
+                chaos: None,
             };
             let v = end_json(&ended).to_value();
             assert_eq!(v["schema"], "rdrun.failure-report/1", "{v}");

@@ -47,6 +47,10 @@ pub struct ReportDoc {
     /// The node that failed its checks, for `root_cause_kind` `bad_node`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bad_node: Option<BadNodeDoc>,
+    /// `--chaos` (issue 41): the seed, every injected fault with its measures, the table by
+    /// kind and whether every fault was survived (`supervisor/chaos/table.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chaos: Option<Value>,
 }
 
 /// `root_cause_kind`.
@@ -157,6 +161,7 @@ impl ReportDoc {
             restarts: Vec::new(),
             message: None,
             bad_node: None,
+            chaos: None,
         }
     }
 

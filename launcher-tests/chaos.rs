@@ -339,9 +339,20 @@ fn node_loss_is_survived_by_the_other_node_which_regroups() {
         let agent = |i: usize| {
             Rdrun::new()
                 .timeout(Duration::from_secs(120))
-                .args(["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint"])
+                .args([
+                    "--nnodes",
+                    "1:2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                ])
                 .arg(&endpoint)
-                .args(["--rdzv-id", "chaosjob", "--rdzv-conf", "last_call_timeout=20"])
+                .args([
+                    "--rdzv-id",
+                    "chaosjob",
+                    "--rdzv-conf",
+                    "last_call_timeout=20",
+                ])
                 .arg("--report-json")
                 .arg(dir.join(format!("report{i}.json")))
                 .netns(&net.name(i))
@@ -366,7 +377,8 @@ fn node_loss_is_survived_by_the_other_node_which_regroups() {
         let dead = victim.wait();
         assert_eq!(dead.signal, Some(libc::SIGKILL), "{dead:?}");
         assert!(
-            dead.stderr.contains("chaos: injecting fault 1 (node-loss node "),
+            dead.stderr
+                .contains("chaos: injecting fault 1 (node-loss node "),
             "{dead:?}"
         );
         let out = survivor.wait();
@@ -381,7 +393,10 @@ fn node_loss_is_survived_by_the_other_node_which_regroups() {
         )
         .expect("json");
         let regroup = &v["restarts"][0];
-        assert!(regroup["seconds"]["total_s"].as_f64().is_some(), "regroup measured: {v}");
+        assert!(
+            regroup["seconds"]["total_s"].as_f64().is_some(),
+            "regroup measured: {v}"
+        );
         crate::util::assert_no_leak(
             &crate::multinode::recorded_pids(dir.path()),
             Duration::from_secs(10),
@@ -416,7 +431,10 @@ fn a_slow_rank_is_throttled_for_a_while_and_reported() {
         text.trim().parse::<f64>().expect("ns") / 1e9
     };
     let (fast, slow) = (took(0), took(1));
-    assert!(slow - fast >= 1.0, "rank 1 throttled: {slow:.2} s vs {fast:.2} s");
+    assert!(
+        slow - fast >= 1.0,
+        "rank 1 throttled: {slow:.2} s vs {fast:.2} s"
+    );
     let cells = row(&out.stderr, "slow");
     assert_eq!(cells.get(1..3), Some(&["1", "1"][..]), "{out:?}");
     let fault = report(&dir)["chaos"]["faults"][0].clone();

@@ -255,7 +255,9 @@ impl Chaos {
         let mut first: Option<(Instant, usize)> = None;
         for i in 0..self.clocks.len() {
             match self.due(i, attempt) {
-                Some(at) if at <= now && first.is_none_or(|(f, _)| at < f) => first = Some((at, i)),
+                Some(at) if at <= now && first.map_or(true, |(f, _)| at < f) => {
+                    first = Some((at, i))
+                }
                 _ => {}
             }
         }
@@ -321,7 +323,8 @@ impl Chaos {
             }
             Act::Throttle { pid, pct, secs } => {
                 if let Some(run) = self.running.as_mut() {
-                    run.throttle = Some(slow::Throttle::new(idx, *pid, *pct, *secs, Instant::now()));
+                    run.throttle =
+                        Some(slow::Throttle::new(idx, *pid, *pct, *secs, Instant::now()));
                 }
             }
             _ => {}
@@ -362,7 +365,13 @@ impl Chaos {
         };
         if !untouched {
             return match run.throttle.take() {
-                Some(t) if t.stopped() => vec![(t.idx, Act::Toggle { pid: t.pid, signal: libc::SIGCONT })],
+                Some(t) if t.stopped() => vec![(
+                    t.idx,
+                    Act::Toggle {
+                        pid: t.pid,
+                        signal: libc::SIGCONT,
+                    },
+                )],
                 _ => Vec::new(),
             };
         }

@@ -89,9 +89,16 @@ mod tests {
         let at = t.next();
         assert_eq!(t.step(at), (Some(libc::SIGSTOP), false));
         // The end comes while stopped: continued.
-        assert_eq!(t.step(t0 + Duration::from_secs(1)), (Some(libc::SIGCONT), true));
+        assert_eq!(
+            t.step(t0 + Duration::from_secs(1)),
+            (Some(libc::SIGCONT), true)
+        );
         assert!(!t.stopped());
         let mut full = Throttle::new(0, 7, 100.0, 1.0, t0);
-        assert_eq!(full.step(t0 + Duration::from_millis(500)), (None, false), "100 %: never stopped");
+        assert_eq!(
+            full.step(t0 + Duration::from_millis(500)),
+            (None, false),
+            "100 %: never stopped"
+        );
     }
 }

@@ -20,14 +20,12 @@ fn layout(per: usize) -> Layout {
     }
 }
 
+/// A rank's lines as the test writes them.
+type Lines = Arc<Mutex<Vec<String>>>;
+
 /// Each rank's last lines, which the test writes.
-fn outputs(
-    n: usize,
-) -> (
-    Vec<Arc<Mutex<Vec<String>>>>,
-    Vec<crate::supervisor::watch::task::LastOutput>,
-) {
-    let bufs: Vec<Arc<Mutex<Vec<String>>>> = (0..n).map(|_| Arc::default()).collect();
+fn outputs(n: usize) -> (Vec<Lines>, Vec<crate::supervisor::watch::task::LastOutput>) {
+    let bufs: Vec<Lines> = (0..n).map(|_| Arc::default()).collect();
     let last = bufs
         .iter()
         .map(|b| {
@@ -231,7 +229,10 @@ fn slow_cycles_the_rank_and_is_survived_when_its_time_is_over() {
     let (_, last) = outputs(2);
     c.attempt_started(0, layout(2), last);
     let acts = c.tick(true);
-    assert!(matches!(acts.as_slice(), [(0, Act::Throttle { pid: 4001, .. })]), "{acts:?}");
+    assert!(
+        matches!(acts.as_slice(), [(0, Act::Throttle { pid: 4001, .. })]),
+        "{acts:?}"
+    );
     c.injected(0, &acts[0].1, Ok(()));
     let mut signals = Vec::new();
     while c.records()[0].state == State::Pending {
@@ -244,9 +245,15 @@ fn slow_cycles_the_rank_and_is_survived_when_its_time_is_over() {
             }
         }
     }
-    assert!(signals.len() >= 2 && signals[0] == libc::SIGSTOP, "{signals:?}");
+    assert!(
+        signals.len() >= 2 && signals[0] == libc::SIGSTOP,
+        "{signals:?}"
+    );
     assert_ne!(signals.last(), Some(&libc::SIGSTOP), "never left stopped");
-    assert!(matches!(c.events().last(), Some(ChaosEvent::Recovered { kind: "slow", .. })));
+    assert!(matches!(
+        c.events().last(),
+        Some(ChaosEvent::Recovered { kind: "slow", .. })
+    ));
 
     // A worker gone meanwhile ends the cycle, continuing the rank if it was stopped.
     let mut c = chaos("slow:after=0s,rank=0,for=10s,cpu=1", None);
@@ -255,7 +262,25 @@ fn slow_cycles_the_rank_and_is_survived_when_its_time_is_over() {
     let acts = c.tick(true);
     c.injected(0, &acts[0].1, Ok(()));
     std::thread::sleep(Duration::from_millis(5));
-    assert_eq!(c.tick(true), vec![(0, Act::Toggle { pid: 4000, signal: libc::SIGSTOP })]);
-    assert_eq!(c.tick(false), vec![(0, Act::Toggle { pid: 4000, signal: libc::SIGCONT })]);
+    assert_eq!(
+        c.tick(true),
+        vec![(
+            0,
+            Act::Toggle {
+                pid: 4000,
+                signal: libc::SIGSTOP
+            }
+        )]
+    );
+    assert_eq!(
+        c.tick(false),
+        vec![(
+            0,
+            Act::Toggle {
+                pid: 4000,
+                signal: libc::SIGCONT
+            }
+        )]
+    );
     assert!(c.tick(false).is_empty());
 }

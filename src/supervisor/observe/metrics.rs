@@ -486,6 +486,25 @@ mod tests {
         assert!(!classic.contains("# EOF"), "{classic}");
     }
 
+    /// Issue 41: an injected fault's detect and recover seconds, by fault kind.
+    #[test]
+    fn chaos_histograms_by_kind() {
+        let m = Metrics::new();
+        m.chaos_recovered("kill", Some(0.005), Some(2.0));
+        m.chaos_recovered("hang", Some(40.0), None);
+        let text = m.render(false);
+        for want in [
+            "# TYPE rdrun_chaos_detect_seconds histogram\n",
+            "rdrun_chaos_detect_seconds_count{kind=\"kill\"} 1",
+            "rdrun_chaos_detect_seconds_bucket{le=\"0.01\",kind=\"kill\"} 1",
+            "rdrun_chaos_detect_seconds_count{kind=\"hang\"} 1",
+            "rdrun_chaos_recover_seconds_bucket{le=\"2.5\",kind=\"kill\"} 1",
+        ] {
+            assert!(text.contains(want), "{want} missing in\n{text}");
+        }
+        assert!(!text.contains("rdrun_chaos_recover_seconds_count{kind=\"hang\"}"), "{text}");
+    }
+
     /// Issue 37 item 4: the restart histogram is there from the first scrape and counts each
     /// restart's total in its buckets.
     #[test]

@@ -8,8 +8,8 @@ use std::io::Write;
 
 use super::{Stream, Writer, ERASE};
 
-/// The spinner's frames (the ones `indicatif`'s default spinner drew before the console owned
-/// the status line).
+/// The spinner's frames (those of the spinner library the status line used before the console
+/// drew it).
 const SPINNER: [&str; 8] = ["⠁", "⠂", "⠄", "⡀", "⢀", "⠠", "⠐", "⠈"];
 
 impl Writer {

@@ -67,8 +67,8 @@ fn own_bytes(stream: Stream, bytes: &[u8]) {
     if bytes.is_empty() {
         return;
     }
-    // The slot's lock is not held while writing directly: a log line from inside a write
-    // cannot deadlock (there is none; the console thread only sends).
+    // The slot's lock is released before the send or the write: the console thread logs too
+    // (a write error), and no writer waits on another while holding it.
     let console = slot().clone();
     match console {
         Some(c) => c.own(stream, bytes.to_vec()),

@@ -2,7 +2,9 @@
 //! job, the job restarts (a gloo DDP job resumes from its checkpoint), and the end's table,
 //! `--report-json`'s `chaos` section and the `chaos_inject` / `chaos_recovered` events say what
 //! was measured; injected failures never reach the stop verdict; a fault the job does not
-//! survive fails the run with one line naming it; the seeded schedule is the same twice.
+//! survive fails the run with one line naming it; the seeded schedule is the same twice; a
+//! slow rank; a lost node survived by the others (c10d on two namespace nodes; etcd on three,
+//! the store host lost).
 
 use std::path::Path;
 use std::time::Duration;
@@ -444,4 +446,82 @@ fn a_slow_rank_is_throttled_for_a_while_and_reported() {
         "{fault}"
     );
     assert_eq!(fault["state"], "recovered", "{fault}");
+}
+
+/// Issue 41: `node-loss` on three etcd nodes, the store host the victim: every node runs the
+/// same `--chaos` (the same seed, so the same draw), the node of group rank 0 — the one that
+/// hosts the workers' store — ends itself; the other two regroup with a new store host and
+/// finish, the regroup measured in their reports.
+#[cfg(feature = "etcd")]
+#[test]
+fn node_loss_of_the_etcd_store_host_is_survived_by_the_others() {
+    crate::netns::bounded(Duration::from_secs(300), || {
+        let Some(tb) = crate::etcd::Testbed::new(3, 1) else {
+            return;
+        };
+        let dir = TempDir::new("chaos_etcd_loss");
+        let running: Vec<_> = (0..3)
+            .map(|i| {
+                let r = Rdrun::new()
+                    .timeout(Duration::from_secs(150))
+                    .args([
+                        "--nnodes",
+                        "2:3",
+                        "--rdzv-backend",
+                        "etcd-v3",
+                        "--rdzv-endpoint",
+                    ])
+                    .arg(tb.endpoints())
+                    .args([
+                        "--rdzv-id",
+                        "chaosetcd",
+                        "--rdzv-conf",
+                        "last_call_timeout=20",
+                    ])
+                    .args(["--chaos", "node-loss:after=3s,node=0,seed=5"])
+                    .arg("--report-json")
+                    .arg(dir.join(format!("report{i}.json")))
+                    .env("MN_HOLD_GWS", "3");
+                let r = match &tb.net {
+                    Some(net) => r.netns(&net.name(i)),
+                    None => r.args(["--local-addr".to_string(), tb.addr(i)]),
+                };
+                r.arg("--no-python")
+                    .arg(crate::util::worker("mn_worker"))
+                    .arg(dir.path())
+                    .spawn()
+            })
+            .collect();
+        let outs: Vec<crate::util::Output> = running.into_iter().map(|r| r.wait()).collect();
+        let victims: Vec<usize> = (0..3)
+            .filter(|&i| outs[i].signal == Some(libc::SIGKILL))
+            .collect();
+        assert_eq!(victims.len(), 1, "one node lost: {outs:?}");
+        let v = victims[0];
+        assert!(
+            outs[v]
+                .stderr
+                .contains("chaos: injecting fault 1 (node-loss node 0"),
+            "{:?}",
+            outs[v]
+        );
+        let recs = crate::multinode::records(dir.path());
+        let (master, _) = crate::multinode::check_round(&recs, 2, 0, Some(&[1, 1]));
+        assert_ne!(master, tb.addr(v), "a new store host: {recs:#?}");
+        for i in (0..3).filter(|&i| i != v) {
+            outs[i].assert_code(0);
+            let rep: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.join(format!("report{i}.json"))).expect("report"),
+            )
+            .expect("json");
+            assert!(
+                rep["restarts"][0]["seconds"]["total_s"].as_f64().is_some(),
+                "node {i}'s regroup measured: {rep}"
+            );
+        }
+        crate::util::assert_no_leak(
+            &crate::multinode::recorded_pids(dir.path()),
+            Duration::from_secs(10),
+        );
+    });
 }

@@ -97,6 +97,7 @@ impl Agent {
                         let _ = send(*pid, libc::SIGKILL);
                     }
                     tracing::warn!("chaos: node-loss: this node's agent ends now (SIGKILL)");
+                    flush_before_death();
                     // As if the machine died: no report, no close, nothing said to the others.
                     // SAFETY: plain kill(2) of rdrun itself; the watchdog and every worker's
                     // parent-death signal end what remains.
@@ -196,6 +197,23 @@ impl Agent {
             (end, _) => end,
         };
         (end, Some(finish.json))
+    }
+}
+
+/// What rdrun said so far reaches the terminal before a `node-loss` ends it: the console's
+/// writer is a thread of this process. The wait runs on a thread of its own (the flush blocks,
+/// which the agent's runtime thread may not) and is bounded, so that a terminal that does not
+/// read cannot keep the node alive.
+fn flush_before_death() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("chaos-flush".into())
+        .spawn(move || {
+            own::flush();
+            let _ = tx.send(());
+        });
+    if spawned.is_ok() {
+        let _ = rx.recv_timeout(std::time::Duration::from_secs(2));
     }
 }
 

@@ -34,7 +34,7 @@
 //! While rdrun waits (`observe/status.rs`), on a terminal, the writer draws one status line on
 //! stderr (a spinner and the text), redrawn in place at each update, only while the terminal is
 //! free (no worker line open, nothing held): it is erased before any other write and drawn
-//! again at the next update, and erased when the wait ends ([`own_text`]).
+//! again at the next update, and erased when the wait ends (`console_own.rs`).
 //!
 //! # Progress bars (`--progress`)
 //! The progress stage ([`super::progress`]) keeps each rank's `\r` bar; on a terminal the writer

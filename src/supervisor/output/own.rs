@@ -14,7 +14,7 @@
 //! dropped, never a panic: the run's status stays the workers' (issue 24). `eprint!` panics on
 //! such an error, so rdrun's code never uses it for its own text.
 //!
-//! The attached console sits in one process-wide slot ([`TERMINAL`]) because `tracing`'s writer
+//! The attached console sits in one process-wide slot (`TERMINAL`) because `tracing`'s writer
 //! is process-wide: that slot is how log lines reach the console. The binary calls [`flush`]
 //! before it exits, so that nothing queued is lost.
 

@@ -400,6 +400,19 @@ fn kill_tracked(st: &State) {
 
 /// The watchdog's whole life. Never returns.
 fn child_main(read: RawFd, write: RawFd, plan: &Plan) -> ! {
+    detach(read, write);
+    let mut st = State::default();
+    follow_rdrun(plan, &mut st);
+    // rdrun is gone (or ended and let go of us).
+    clean_up(plan, st);
+    // SAFETY: ends the watchdog without running rdrun's destructors or atexit handlers.
+    unsafe { libc::_exit(0) }
+}
+
+/// The forked child made a watchdog of its own: a session of its own (told to rdrun), the
+/// terminal and job-control signals ignored, stdio on /dev/null, rdrun's socket as fd 3 and
+/// every other inherited descriptor closed.
+fn detach(read: RawFd, write: RawFd) {
     // SAFETY: plain syscalls in the freshly forked, single-threaded child.
     unsafe {
         // Own session and process group: a signal to rdrun's group must not reach it. rdrun
@@ -435,9 +448,13 @@ fn child_main(read: RawFd, write: RawFd, plan: &Plan) -> ! {
         // it, the cgroup's files).
         libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
     }
+}
+
+/// Reads rdrun's messages on fd 3 into `st` until rdrun is gone (EOF or an error), tracking
+/// rdrun's process tree meanwhile while nothing contains it.
+fn follow_rdrun(plan: &Plan, st: &mut State) {
     let read: RawFd = 3;
     let me = std::process::id() as i32;
-    let mut st = State::default();
     let mut buf: Vec<u8> = Vec::with_capacity(8192);
     let mut chunk = [0u8; 4096];
     loop {
@@ -472,13 +489,17 @@ fn child_main(read: RawFd, write: RawFd, plan: &Plan) -> ! {
                 break;
             }
             buf.extend_from_slice(&chunk[..n as usize]);
-            decode(&mut buf, &mut st);
+            decode(&mut buf, st);
         }
         if !st.contained {
-            track(plan.rdrun, me, &mut st);
+            track(plan.rdrun, me, st);
         }
     }
-    // rdrun is gone (or ended and let go of us).
+}
+
+/// What rdrun left: its worker groups and cgroups killed, its tracked processes too when no
+/// cgroup held them, its shared-memory segments and its run directory removed.
+fn clean_up(plan: &Plan, st: State) {
     for &pgid in &st.groups {
         // SAFETY: kill(2) of a worker process group rdrun registered.
         unsafe {
@@ -500,8 +521,6 @@ fn child_main(read: RawFd, write: RawFd, plan: &Plan) -> ! {
         use std::os::unix::ffi::OsStrExt;
         let _ = std::fs::remove_dir_all(std::ffi::OsStr::from_bytes(&dir));
     }
-    // SAFETY: ends the watchdog without running rdrun's destructors or atexit handlers.
-    unsafe { libc::_exit(0) }
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::dstate::DStateWatch;
-use super::hang::filetimer::is_heartbeat_scope;
+use super::hang::filetimer::{is_heartbeat_scope, Expired};
 use super::hang::filetimer::{scope_list, WARN_INTERVAL};
 use super::hang::{HangSettings, OutputCounter, RankProcs, TimerExpiry};
 use super::link::HangLink;
@@ -326,63 +326,11 @@ async fn on_timer(
     let mut targets: Vec<ExpiredTarget> = Vec::new();
     let mut signals: Vec<TimerSignal> = Vec::new();
     for e in expired {
-        // A missed heartbeat is the hang detector's to judge (and report), whether its process
-        // still lives or was already stopped (a hang verdict stops the group before the
-        // heartbeat's own expiry comes due).
-        let heartbeat_only = e.timers.iter().all(|t| is_heartbeat_scope(&t.scope_id));
-        // Capped: every line and report below names at most a few (issue 25).
-        let scopes = scope_list(&e.timers);
-        if e.signal.is_none() && heartbeat_only {
-            continue;
+        let rank = |pid: i32| rank_of(pid).map(|i| &cur.ranks[i]);
+        if let Some((signal, target)) = expired_target(e, rank, outside) {
+            signals.push(signal);
+            targets.push(target);
         }
-        let Some(i) = rank_of(e.pid) else {
-            let what = format!("pid {} (scopes {scopes:?})", e.pid);
-            if let Some(line) = outside.event(Instant::now(), what) {
-                tracing::warn!(
-                    "FileTimer expired for a process outside every worker's tree; not \
-                     signalled: {line}"
-                );
-            }
-            continue;
-        };
-        let r = &cur.ranks[i];
-        let Some(sig) = e.signal else {
-            tracing::warn!(
-                pid = e.pid,
-                rank = r.rank,
-                ?scopes,
-                "FileTimer expired without a signal; not reaped"
-            );
-            continue;
-        };
-        tracing::info!(
-            pid = e.pid,
-            rank = r.rank,
-            ?scopes,
-            "FileTimer expired: capturing that process before it is signalled"
-        );
-        let expired_at = e
-            .timers
-            .iter()
-            .map(|t| t.expiration_time)
-            .fold(f64::INFINITY, f64::min);
-        signals.push(TimerSignal {
-            pid: e.pid,
-            sig,
-            rank: r.rank,
-            local_rank: r.local_rank,
-            scopes: scopes.clone(),
-        });
-        targets.push(ExpiredTarget {
-            expiry: TimerExpiry {
-                rank: r.rank,
-                pid: e.pid,
-                scopes,
-                signal: crate::exit::signal_label(sig).to_string(),
-            },
-            last_output: (r.last)(),
-            expired_at,
-        });
     }
     if targets.is_empty() {
         return None;
@@ -394,6 +342,73 @@ async fn on_timer(
         None => None,
     };
     Some(WatchVerdict::TimerExpired { found, signals })
+}
+
+/// What to do about one expired process: its signal and its capture, when it is in a live
+/// worker's tree (`rank_of`) and its timer names a signal. A heartbeat without a signal is the
+/// hang detector's; a process outside every tree is reported (rate-limited), never signalled.
+fn expired_target<'a>(
+    e: Expired,
+    rank_of: impl Fn(i32) -> Option<&'a WatchedRank>,
+    outside: &mut LogLimiter,
+) -> Option<(TimerSignal, ExpiredTarget)> {
+    // A missed heartbeat is the hang detector's to judge (and report), whether its process
+    // still lives or was already stopped (a hang verdict stops the group before the
+    // heartbeat's own expiry comes due).
+    let heartbeat_only = e.timers.iter().all(|t| is_heartbeat_scope(&t.scope_id));
+    // Capped: every line and report below names at most a few (issue 25).
+    let scopes = scope_list(&e.timers);
+    if e.signal.is_none() && heartbeat_only {
+        return None;
+    }
+    let Some(r) = rank_of(e.pid) else {
+        let what = format!("pid {} (scopes {scopes:?})", e.pid);
+        if let Some(line) = outside.event(Instant::now(), what) {
+            tracing::warn!(
+                "FileTimer expired for a process outside every worker's tree; not \
+                 signalled: {line}"
+            );
+        }
+        return None;
+    };
+    let Some(sig) = e.signal else {
+        tracing::warn!(
+            pid = e.pid,
+            rank = r.rank,
+            ?scopes,
+            "FileTimer expired without a signal; not reaped"
+        );
+        return None;
+    };
+    tracing::info!(
+        pid = e.pid,
+        rank = r.rank,
+        ?scopes,
+        "FileTimer expired: capturing that process before it is signalled"
+    );
+    let expired_at = e
+        .timers
+        .iter()
+        .map(|t| t.expiration_time)
+        .fold(f64::INFINITY, f64::min);
+    let signal = TimerSignal {
+        pid: e.pid,
+        sig,
+        rank: r.rank,
+        local_rank: r.local_rank,
+        scopes: scopes.clone(),
+    };
+    let target = ExpiredTarget {
+        expiry: TimerExpiry {
+            rank: r.rank,
+            pid: e.pid,
+            scopes,
+            signal: crate::exit::signal_label(sig).to_string(),
+        },
+        last_output: (r.last)(),
+        expired_at,
+    };
+    Some((signal, target))
 }
 
 /// The next FileTimer wake-up; never without a FIFO.

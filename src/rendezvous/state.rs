@@ -539,18 +539,7 @@ pub fn join_step(state: &RdzvState, v: &JoinView<'_>) -> JoinStep {
         return JoinStep::TimedOut(None);
     }
     if state.complete {
-        let mut new = state.clone();
-        if state.participants.len() < v.max {
-            if !state.in_wait_list(id) {
-                new.redundancy_list.retain(|m| m.id != id);
-                new.wait_list.push(v.me.clone());
-                return JoinStep::Write(new);
-            }
-        } else if !state.in_wait_list(id) && !state.in_redundancy_list(id) {
-            new.redundancy_list.push(v.me.clone());
-            return JoinStep::Write(new);
-        }
-        return JoinStep::Wait;
+        return outside_complete_round(state, v);
     }
     if is_participant {
         if state.participants.len() >= v.min && v.last_call_expired {
@@ -561,8 +550,44 @@ pub fn join_step(state: &RdzvState, v: &JoinView<'_>) -> JoinStep {
         return JoinStep::Wait;
     }
     // Incomplete round, not yet in it: join unless the free slots are reserved for expected nodes.
-    // Every other announced joiner that fits is admitted in the same write (announcement order),
-    // so N agents starting together need a few writes instead of N contended ones.
+    if let Some(mut new) = admit_batch(state, v) {
+        maybe_complete(&mut new, v.min, v.max);
+        return JoinStep::Write(new);
+    }
+    if !state.in_redundancy_list(id) {
+        // No slot: wait on the redundancy list (leaving the wait list of an earlier round).
+        let mut new = state.clone();
+        new.wait_list.retain(|w| w.id != id);
+        new.redundancy_list.push(v.me.clone());
+        return JoinStep::Write(new);
+    }
+    JoinStep::Wait
+}
+
+/// A complete round this agent is not in: it waits on the wait list while the round has room
+/// (a bump will take it in), else on the redundancy list.
+fn outside_complete_round(state: &RdzvState, v: &JoinView<'_>) -> JoinStep {
+    let id = v.me.id.as_str();
+    let mut new = state.clone();
+    if state.participants.len() < v.max {
+        if !state.in_wait_list(id) {
+            new.redundancy_list.retain(|m| m.id != id);
+            new.wait_list.push(v.me.clone());
+            return JoinStep::Write(new);
+        }
+    } else if !state.in_wait_list(id) && !state.in_redundancy_list(id) {
+        new.redundancy_list.push(v.me.clone());
+        return JoinStep::Write(new);
+    }
+    JoinStep::Wait
+}
+
+/// An incomplete round this agent is not in: admits it with every other announced joiner that
+/// fits (announcement order), so N agents starting together need a few writes instead of N
+/// contended ones. `None` when no slot is left for this agent (free slots are reserved for
+/// expected nodes that have not rejoined).
+fn admit_batch(state: &RdzvState, v: &JoinView<'_>) -> Option<RdzvState> {
+    let id = v.me.id.as_str();
     // Sets instead of list scans: one write may admit thousands (issue 16); the decisions are
     // `can_admit`'s and `admit`'s, one candidate after the other.
     let parts: HashSet<&str> = state.participants.iter().map(|m| m.id.as_str()).collect();
@@ -604,18 +629,7 @@ pub fn join_step(state: &RdzvState, v: &JoinView<'_>) -> JoinStep {
             me_in |= c.id == id;
         }
     }
-    if me_in {
-        maybe_complete(&mut new, v.min, v.max);
-        return JoinStep::Write(new);
-    }
-    if !state.in_redundancy_list(id) {
-        // No slot: wait on the redundancy list (leaving the wait list of an earlier round).
-        let mut new = state.clone();
-        new.wait_list.retain(|w| w.id != id);
-        new.redundancy_list.push(v.me.clone());
-        return JoinStep::Write(new);
-    }
-    JoinStep::Wait
+    me_in.then_some(new)
 }
 
 /// Places every announced joiner of `pending` as its own [`join_step`] would, one after the

@@ -312,20 +312,11 @@ impl<S: RdzvStore> C10dRendezvous<S> {
         j.learn(&state, &id);
         if !dead.is_empty() {
             self.release_admit(admit, head).await;
-            if let Some(new) = prune_dead(&state, &dead, min, max) {
-                tracing::warn!(?dead, "dropping nodes that stopped heartbeating");
-                match write_state(&*self.store, &self.keys, &j.text, Some(&state), &new).await {
-                    Ok(Wrote::Won(t)) | Ok(Wrote::Lost(t)) => j.text = t,
-                    Err(e) => tracing::debug!(error = %e, "dropping dead nodes failed"),
-                }
-            }
+            self.drop_dead(j, &state, &dead).await;
             return Ok(None);
         }
         let pending = if admit && !state.complete && !state.closed {
-            match try_get(&*self.store, &self.keys.joiners(state.round)).await {
-                Ok(Some(list)) => parse_joiners(&list),
-                _ => Vec::new(),
-            }
+            self.announced_joiners(state.round).await
         } else {
             Vec::new()
         };
@@ -387,6 +378,26 @@ impl<S: RdzvStore> C10dRendezvous<S> {
             }
         }
         Ok(None)
+    }
+
+    /// Writes the state without the `dead` peers (when the round may lose them).
+    async fn drop_dead(&self, j: &mut Join, state: &RdzvState, dead: &[String]) {
+        let (min, max) = (self.settings.min_nodes, self.settings.max_nodes);
+        if let Some(new) = prune_dead(state, dead, min, max) {
+            tracing::warn!(?dead, "dropping nodes that stopped heartbeating");
+            match write_state(&*self.store, &self.keys, &j.text, Some(state), &new).await {
+                Ok(Wrote::Won(t)) | Ok(Wrote::Lost(t)) => j.text = t,
+                Err(e) => tracing::debug!(error = %e, "dropping dead nodes failed"),
+            }
+        }
+    }
+
+    /// The joiners announced for `round` (none when the list cannot be read).
+    async fn announced_joiners(&self, round: u64) -> Vec<Member> {
+        match try_get(&*self.store, &self.keys.joiners(round)).await {
+            Ok(Some(list)) => parse_joiners(&list),
+            _ => Vec::new(),
+        }
     }
 
     /// After a store error: a pause, then the head again.

@@ -208,6 +208,82 @@ fn store_err(rank: usize, e: StoreFailure) -> RuntimeError {
     }
 }
 
+/// The communicator's unique id: rank 0 makes it and publishes it at `key`, the others wait
+/// for it there.
+fn share_id(store: &dyn GroupStore, key: &str, rank: usize, timeout: Duration) -> Result<Id> {
+    if rank == 0 {
+        let id = std::panic::catch_unwind(Id::new)
+            .map_err(|_| RuntimeError::Unavailable {
+                rank,
+                op: "init",
+                backend: "nccl".into(),
+                why: "ncclGetUniqueId panicked (missing symbol?)".into(),
+            })?
+            .map_err(|e| nccl_err(rank, "init", &e))?;
+        store
+            .set(key, &id_to_bytes(id.internal()))
+            .map_err(|e| store_err(rank, e))?;
+        Ok(id)
+    } else {
+        let b = store
+            .get_wait(key, timeout)
+            .map_err(|e| store_err(rank, e))?;
+        Ok(Id::uninit(id_from_bytes(&b).map_err(|msg| {
+            RuntimeError::Store {
+                rank,
+                op: "init",
+                msg,
+            }
+        })?))
+    }
+}
+
+/// The thread that owns the communicator: binds device `ordinal`, creates the communicator
+/// (its outcome sent on `init_tx`), then runs the jobs until their sender is gone.
+fn owner_thread(
+    (rank, world, ordinal): (usize, usize, usize),
+    id: Id,
+    job_rx: std::sync::mpsc::Receiver<Job>,
+    init_tx: std::sync::mpsc::SyncSender<Result<()>>,
+) {
+    let body = AssertUnwindSafe(|| -> Result<Comm> {
+        let drv = |e: cudarc::driver::DriverError| RuntimeError::Unavailable {
+            rank,
+            op: "init",
+            backend: "nccl".into(),
+            why: format!("CUDA device {ordinal}: {e:?}"),
+        };
+        let ctx = CudaContext::new(ordinal).map_err(drv)?;
+        ctx.bind_to_thread().map_err(drv)?;
+        let stream: Arc<CudaStream> = ctx.new_stream().map_err(drv)?;
+        Comm::from_rank(stream, rank, world, id).map_err(|e| nccl_err(rank, "init", &e))
+    });
+    let comm = match std::panic::catch_unwind(body) {
+        Ok(Ok(c)) => {
+            let _ = init_tx.send(Ok(()));
+            c
+        }
+        Ok(Err(e)) => {
+            let _ = init_tx.send(Err(e));
+            return;
+        }
+        Err(_) => {
+            let _ = init_tx.send(Err(RuntimeError::Unavailable {
+                rank,
+                op: "init",
+                backend: "nccl".into(),
+                why: "cudarc panicked during communicator setup".into(),
+            }));
+            return;
+        }
+    };
+    while let Ok(job) = job_rx.recv() {
+        if std::panic::catch_unwind(AssertUnwindSafe(|| job(&comm))).is_err() {
+            tracing::error!(rank, "an NCCL job panicked");
+        }
+    }
+}
+
 impl NcclGroup {
     /// Creates the communicator: preflight, unique id through `store` under `prefix`, then the
     /// owning thread binds `ordinal` and calls `Comm::from_rank` on a fresh stream.
@@ -220,72 +296,12 @@ impl NcclGroup {
         timeout: Duration,
     ) -> Result<Self> {
         preflight(rank)?;
-        let key = format!("{prefix}nccl/id/0");
-        let id = if rank == 0 {
-            let id = std::panic::catch_unwind(Id::new)
-                .map_err(|_| RuntimeError::Unavailable {
-                    rank,
-                    op: "init",
-                    backend: "nccl".into(),
-                    why: "ncclGetUniqueId panicked (missing symbol?)".into(),
-                })?
-                .map_err(|e| nccl_err(rank, "init", &e))?;
-            store
-                .set(&key, &id_to_bytes(id.internal()))
-                .map_err(|e| store_err(rank, e))?;
-            id
-        } else {
-            let b = store
-                .get_wait(&key, timeout)
-                .map_err(|e| store_err(rank, e))?;
-            Id::uninit(id_from_bytes(&b).map_err(|msg| RuntimeError::Store {
-                rank,
-                op: "init",
-                msg,
-            })?)
-        };
+        let id = share_id(store, &format!("{prefix}nccl/id/0"), rank, timeout)?;
         let (jobs, job_rx) = channel::<Job>();
         let (init_tx, init_rx) = sync_channel::<Result<()>>(1);
         let thread = std::thread::Builder::new()
             .name(format!("rdrun-nccl-{rank}"))
-            .spawn(move || {
-                let body = AssertUnwindSafe(|| -> Result<Comm> {
-                    let drv = |e: cudarc::driver::DriverError| RuntimeError::Unavailable {
-                        rank,
-                        op: "init",
-                        backend: "nccl".into(),
-                        why: format!("CUDA device {ordinal}: {e:?}"),
-                    };
-                    let ctx = CudaContext::new(ordinal).map_err(drv)?;
-                    ctx.bind_to_thread().map_err(drv)?;
-                    let stream: Arc<CudaStream> = ctx.new_stream().map_err(drv)?;
-                    Comm::from_rank(stream, rank, world, id).map_err(|e| nccl_err(rank, "init", &e))
-                });
-                let comm = match std::panic::catch_unwind(body) {
-                    Ok(Ok(c)) => {
-                        let _ = init_tx.send(Ok(()));
-                        c
-                    }
-                    Ok(Err(e)) => {
-                        let _ = init_tx.send(Err(e));
-                        return;
-                    }
-                    Err(_) => {
-                        let _ = init_tx.send(Err(RuntimeError::Unavailable {
-                            rank,
-                            op: "init",
-                            backend: "nccl".into(),
-                            why: "cudarc panicked during communicator setup".into(),
-                        }));
-                        return;
-                    }
-                };
-                while let Ok(job) = job_rx.recv() {
-                    if std::panic::catch_unwind(AssertUnwindSafe(|| job(&comm))).is_err() {
-                        tracing::error!(rank, "an NCCL job panicked");
-                    }
-                }
-            })
+            .spawn(move || owner_thread((rank, world, ordinal), id, job_rx, init_tx))
             .map_err(|e| RuntimeError::Io {
                 rank,
                 op: "init",

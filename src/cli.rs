@@ -238,190 +238,262 @@ struct Given {
 /// Words are classified as text (a non-UTF-8 flag value is a usage error naming the flag); the
 /// training script and its arguments are kept as the bytes given.
 pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocation, UsageError> {
+    let raw: Vec<&OsStr> = raw.iter().map(AsRef::as_ref).collect();
     let argv: Vec<String> = raw
         .iter()
-        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let verbatim = |from: usize| -> Vec<OsString> {
-        raw.get(from..)
+    let mut scan = Scan {
+        raw: &raw,
+        argv: &argv,
+        given: vec![None; OPTIONS.len()],
+        flags: vec![false; OPTIONS.len()],
+        unknown: Vec::new(),
+        script: None,
+        help: false,
+    };
+    if let Some(print) = scan.words()? {
+        return Ok(print);
+    }
+    let Some((training_script, training_script_args)) = scan.script else {
+        return Err(UsageError::MissingScript);
+    };
+    if !scan.unknown.is_empty() {
+        return Err(UsageError::Unrecognized(scan.unknown));
+    }
+    let b = Builder {
+        given: scan.given,
+        flags: scan.flags,
+        env,
+        from_env: BTreeMap::new(),
+    };
+    let args = launch_args(b, training_script, training_script_args)?;
+    check_supported(&args)?;
+    Ok(Invocation::Launch(Box::new(args)))
+}
+
+/// The command line read word by word as argparse reads it: the options' values and flags, the
+/// unknown words, and the script with its arguments.
+struct Scan<'a> {
+    raw: &'a [&'a OsStr],
+    /// `raw` as text (lossy: a flag's value is checked to be text, see [`Scan::text_word`]).
+    argv: &'a [String],
+    given: Vec<Option<Given>>,
+    flags: Vec<bool>,
+    unknown: Vec<String>,
+    script: Option<(OsString, Vec<OsString>)>,
+    /// argparse runs the actions of one word (e.g. `-mh`) after reading all of it; help exits.
+    help: bool,
+}
+
+impl<'a> Scan<'a> {
+    /// The words from `from` on, as given.
+    fn verbatim(&self, from: usize) -> Vec<OsString> {
+        self.raw
+            .get(from..)
             .unwrap_or_default()
             .iter()
-            .map(|a| a.as_ref().to_owned())
+            .map(|a| a.to_os_string())
             .collect()
-    };
-    // A flag's value must be text: the lossy copy of a non-UTF-8 word is not what was typed.
-    let text_word = |word: usize, id: OptId, value: &str| -> Result<(), UsageError> {
-        match raw[word].as_ref().to_str() {
+    }
+
+    /// A flag's value must be text: the lossy copy of a non-UTF-8 word is not what was typed.
+    fn text_word(&self, word: usize, id: OptId, value: &str) -> Result<(), UsageError> {
+        match self.raw[word].to_str() {
             Some(_) => Ok(()),
             None => Err(UsageError::NotText {
                 flag: display(id),
                 value: value.to_string(),
             }),
         }
-    };
-    let mut given: Vec<Option<Given>> = vec![None; OPTIONS.len()];
-    let mut flags: Vec<bool> = vec![false; OPTIONS.len()];
-    let mut unknown: Vec<String> = Vec::new();
-    let mut script: Option<(OsString, Vec<OsString>)> = None;
-    // argparse runs the actions of one word (e.g. `-mh`) after reading all of it; help exits.
-    let mut help = false;
+    }
 
-    let mut i = 0;
-    while i < argv.len() {
-        let arg = argv[i].as_str();
-        if arg == "--" {
-            // A `--` before the script ends option parsing and is dropped; everything after it
-            // is the script and its arguments, verbatim (even a second `--`).
-            if let Some(s) = raw.get(i + 1) {
-                script = Some((s.as_ref().to_owned(), verbatim(i + 2)));
-            }
-            break;
-        }
-        match classify(arg)? {
-            Class::Positional => {
-                // argparse REMAINDER: the rest belongs to the script; a `--` right after the
-                // script name is dropped (Python 3.11 `(-*A-*)` pattern), a later one is kept.
-                let mut j = i + 1;
-                if argv.get(j).map(String::as_str) == Some("--") {
-                    j += 1;
+    /// Reads the words up to the script (kept with its arguments); `Some`: what to print
+    /// instead of launching (help, version, man page, a completion script).
+    fn words(&mut self) -> Result<Option<Invocation>, UsageError> {
+        let argv = self.argv;
+        let mut i = 0;
+        while i < argv.len() {
+            let arg = argv[i].as_str();
+            if arg == "--" {
+                // A `--` before the script ends option parsing and is dropped; everything after
+                // it is the script and its arguments, verbatim (even a second `--`).
+                if let Some(s) = self.raw.get(i + 1) {
+                    self.script = Some((s.to_os_string(), self.verbatim(i + 2)));
                 }
-                script = Some((raw[i].as_ref().to_owned(), verbatim(j)));
                 break;
             }
-            Class::Unknown => {
-                unknown.push(arg.to_string());
-                i += 1;
-            }
-            Class::Option {
-                mut id,
-                mut name,
-                mut explicit,
-            } => {
-                let word = i;
-                i += 1;
-                loop {
-                    let spec = &OPTIONS[id];
-                    match spec.kind {
-                        Kind::Man | Kind::Version => {
-                            if let Some(e) = explicit {
-                                return Err(UsageError::IgnoredExplicit {
-                                    flag: display(id),
-                                    value: e.to_string(),
-                                });
-                            }
-                            return Ok(Invocation::Print(match spec.kind {
-                                Kind::Man => completion::man_page(),
-                                _ => version_text(),
-                            }));
-                        }
-                        Kind::Help | Kind::Flag => {
-                            if spec.kind == Kind::Help {
-                                help = true;
-                            }
-                            flags[id] = true;
-                            let Some(e) = explicit else {
-                                break;
-                            };
-                            // `-mr3`: a short flag followed by more short options.
-                            let is_short = name.len() == 2 && !name.starts_with("--");
-                            let next = e.chars().next().map(|c| format!("-{c}"));
-                            match next
-                                .as_deref()
-                                .and_then(exact)
-                                .filter(|_| is_short && !e.is_empty())
-                            {
-                                Some((nid, nname)) => {
-                                    let rest = &e[e.chars().next().map_or(0, char::len_utf8)..];
-                                    id = nid;
-                                    name = nname;
-                                    explicit = (!rest.is_empty()).then_some(rest);
-                                }
-                                None => {
-                                    return Err(UsageError::IgnoredExplicit {
-                                        flag: display(id),
-                                        value: e.to_string(),
-                                    })
-                                }
-                            }
-                        }
-                        Kind::OptionalChoice(choices) => {
-                            let value = explicit.unwrap_or(choices[0]);
-                            text_word(word, id, value)?;
-                            if !choices.contains(&value) {
-                                return Err(UsageError::InvalidChoice {
-                                    flag: display(id),
-                                    value: value.to_string(),
-                                    choices: quoted(choices),
-                                });
-                            }
-                            given[id] = Some(Given {
-                                text: value.to_string(),
-                                var: None,
-                            });
-                            break;
-                        }
-                        _ => {
-                            let value = match explicit {
-                                Some(v) => {
-                                    text_word(word, id, v)?;
-                                    v.to_string()
-                                }
-                                None => {
-                                    let next = argv.get(i).map(String::as_str);
-                                    let ok = match next {
-                                        None | Some("--") => false,
-                                        Some(n) => matches!(classify(n)?, Class::Positional),
-                                    };
-                                    if !ok {
-                                        return Err(UsageError::ExpectedValue {
-                                            flag: display(id),
-                                        });
-                                    }
-                                    text_word(i, id, &argv[i])?;
-                                    i += 1;
-                                    argv[i - 1].clone()
-                                }
-                            };
-                            check_cli_value(id, &value)?;
-                            if spec.kind == Kind::Completion {
-                                // argparse runs the action as soon as it is parsed: print, exit 0.
-                                return Ok(Invocation::Print(completion::script(&value)));
-                            }
-                            let text = match (&given[id], spec.repeat) {
-                                (Some(prev), true) => format!("{};{value}", prev.text),
-                                _ => value,
-                            };
-                            given[id] = Some(Given { text, var: None });
-                            break;
-                        }
+            match classify(arg)? {
+                Class::Positional => {
+                    // argparse REMAINDER: the rest belongs to the script; a `--` right after
+                    // the script name is dropped (Python 3.11 `(-*A-*)` pattern), a later one
+                    // is kept.
+                    let mut j = i + 1;
+                    if argv.get(j).map(String::as_str) == Some("--") {
+                        j += 1;
                     }
+                    self.script = Some((self.raw[i].to_os_string(), self.verbatim(j)));
+                    break;
                 }
-                if help {
-                    return Ok(Invocation::Help);
+                Class::Unknown => {
+                    self.unknown.push(arg.to_string());
+                    i += 1;
+                }
+                Class::Option { id, name, explicit } => {
+                    if let Some(print) = self.option(&mut i, id, name, explicit)? {
+                        return Ok(Some(print));
+                    }
                 }
             }
         }
+        Ok(None)
     }
 
-    let Some((training_script, training_script_args)) = script else {
-        return Err(UsageError::MissingScript);
-    };
-    if !unknown.is_empty() {
-        return Err(UsageError::Unrecognized(unknown));
+    /// One option word at `i` (`--flag`, `--flag=v`, `-mr3`, or `--flag v`: `i` moves past
+    /// the words it takes); `Some`: what to print instead of launching.
+    fn option(
+        &mut self,
+        i: &mut usize,
+        mut id: OptId,
+        mut name: &'static str,
+        mut explicit: Option<&'a str>,
+    ) -> Result<Option<Invocation>, UsageError> {
+        let word = *i;
+        *i += 1;
+        loop {
+            let spec = &OPTIONS[id];
+            match spec.kind {
+                Kind::Man | Kind::Version => {
+                    if let Some(e) = explicit {
+                        return Err(UsageError::IgnoredExplicit {
+                            flag: display(id),
+                            value: e.to_string(),
+                        });
+                    }
+                    return Ok(Some(Invocation::Print(match spec.kind {
+                        Kind::Man => completion::man_page(),
+                        _ => version_text(),
+                    })));
+                }
+                Kind::Help | Kind::Flag => {
+                    if spec.kind == Kind::Help {
+                        self.help = true;
+                    }
+                    self.flags[id] = true;
+                    let Some(e) = explicit else {
+                        break;
+                    };
+                    (id, name, explicit) = next_short(id, name, e)?;
+                }
+                Kind::OptionalChoice(choices) => {
+                    let value = explicit.unwrap_or(choices[0]);
+                    self.text_word(word, id, value)?;
+                    if !choices.contains(&value) {
+                        return Err(UsageError::InvalidChoice {
+                            flag: display(id),
+                            value: value.to_string(),
+                            choices: quoted(choices),
+                        });
+                    }
+                    self.given[id] = Some(Given {
+                        text: value.to_string(),
+                        var: None,
+                    });
+                    break;
+                }
+                _ => {
+                    if let Some(print) = self.value_option(word, i, id, explicit)? {
+                        return Ok(Some(print));
+                    }
+                    break;
+                }
+            }
+        }
+        Ok(self.help.then_some(Invocation::Help))
     }
 
+    /// An option that takes a value: `--flag=v`, or the next word when it is not an option;
+    /// a completion option prints its script at once (argparse runs the action as it parses).
+    fn value_option(
+        &mut self,
+        word: usize,
+        i: &mut usize,
+        id: OptId,
+        explicit: Option<&str>,
+    ) -> Result<Option<Invocation>, UsageError> {
+        let spec = &OPTIONS[id];
+        let argv = self.argv;
+        let value = match explicit {
+            Some(v) => {
+                self.text_word(word, id, v)?;
+                v.to_string()
+            }
+            None => {
+                let next = argv.get(*i).map(String::as_str);
+                let ok = match next {
+                    None | Some("--") => false,
+                    Some(n) => matches!(classify(n)?, Class::Positional),
+                };
+                if !ok {
+                    return Err(UsageError::ExpectedValue { flag: display(id) });
+                }
+                self.text_word(*i, id, &argv[*i])?;
+                *i += 1;
+                argv[*i - 1].clone()
+            }
+        };
+        check_cli_value(id, &value)?;
+        if spec.kind == Kind::Completion {
+            // argparse runs the action as soon as it is parsed: print, exit 0.
+            return Ok(Some(Invocation::Print(completion::script(&value))));
+        }
+        let text = match (&self.given[id], spec.repeat) {
+            (Some(prev), true) => format!("{};{value}", prev.text),
+            _ => value,
+        };
+        self.given[id] = Some(Given { text, var: None });
+        Ok(None)
+    }
+}
+
+/// After short flag `name` (its value part `e` given in the same word): `-mr3` is a short flag
+/// followed by more short options, the next one `e`'s first letter; anything else is a value
+/// the flag ignores (an error).
+fn next_short<'e>(
+    id: OptId,
+    name: &'static str,
+    e: &'e str,
+) -> Result<(OptId, &'static str, Option<&'e str>), UsageError> {
+    let is_short = name.len() == 2 && !name.starts_with("--");
+    let next = e.chars().next().map(|c| format!("-{c}"));
+    match next
+        .as_deref()
+        .and_then(exact)
+        .filter(|_| is_short && !e.is_empty())
+    {
+        Some((nid, nname)) => {
+            let rest = &e[e.chars().next().map_or(0, char::len_utf8)..];
+            Ok((nid, nname, (!rest.is_empty()).then_some(rest)))
+        }
+        None => Err(UsageError::IgnoredExplicit {
+            flag: display(id),
+            value: e.to_string(),
+        }),
+    }
+}
+
+/// The typed arguments: each option's value from the command line, else its `PET_*` variable.
+fn launch_args(
+    mut b: Builder<'_>,
+    training_script: OsString,
+    training_script_args: Vec<OsString>,
+) -> Result<LaunchArgs, UsageError> {
     let cli_given: BTreeSet<&'static str> = OPTIONS
         .iter()
         .enumerate()
-        .filter(|(id, _)| given[*id].is_some() || flags[*id])
+        .filter(|(id, _)| b.given[*id].is_some() || b.flags[*id])
         .map(|(_, o)| o.dest)
         .collect();
-    let mut b = Builder {
-        given,
-        flags,
-        env,
-        from_env: BTreeMap::new(),
-    };
     let mut args = LaunchArgs {
         nnodes: b.string("nnodes")?,
         nproc_per_node: b.string("nproc_per_node")?,
@@ -506,8 +578,7 @@ pub fn parse_from<A: AsRef<OsStr>>(raw: &[A], env: EnvFn<'_>) -> Result<Invocati
         from_env: BTreeMap::new(),
     };
     args.from_env = b.from_env;
-    check_supported(&args)?;
-    Ok(Invocation::Launch(Box::new(args)))
+    Ok(args)
 }
 
 /// Type and choice checks argparse applies to a command-line value as soon as it is read.

@@ -12,7 +12,8 @@ use std::os::unix::ffi::OsStrExt;
 use serde_json::{json, Value};
 
 use super::command::EntrypointKind;
-use super::command::RUN_PATH_BOOTSTRAP;
+use super::command::{WorkerCommand, RUN_PATH_BOOTSTRAP};
+use super::console::Wrap;
 use super::spec::RdzvBackend;
 use super::types::{LaunchConfig, RunPreview};
 
@@ -51,9 +52,46 @@ fn span(a: usize, b: usize) -> String {
 
 /// The preview of `cfg`; `fresh_run_id`: the real run makes its id up at launch.
 pub(super) fn preview(cfg: &LaunchConfig, fresh_run_id: bool) -> RunPreview {
+    let (world_size, world_how, ranks, ranks_how) = world_and_ranks(cfg);
+    let (command, interpreter) = command_line(&cfg.command);
+    let wrapper = cfg.console.wrap.as_ref().map(wrapper_line);
+    let debug_rank = cfg.console.debug_rank.map(|r| {
+        format!(
+            "rank {r}  (under debugpy, waiting for a client on 127.0.0.1; without debugpy it \
+             runs and rdrun says how to attach)"
+        )
+    });
+    let endpoint = match (&cfg.rdzv.endpoint, cfg.standalone) {
+        (_, true) => "127.0.0.1, a free port chosen at launch (standalone)".to_string(),
+        (Some(ep), false) => crate::cluster::host_port(&ep.host, &ep.port.to_string()),
+        (None, false) => "none".to_string(),
+    };
+    RunPreview {
+        world_size,
+        world_how,
+        ranks,
+        ranks_how,
+        command,
+        interpreter,
+        wrapper,
+        debug_rank,
+        endpoint,
+        backend: if cfg.standalone {
+            "c10d (standalone)"
+        } else {
+            backend_name(cfg.rdzv.backend)
+        },
+        run_id: (!fresh_run_id).then(|| cfg.rdzv.run_id.clone()),
+    }
+}
+
+/// The world size and this node's ranks, each with how it was found: the scheduler's (in
+/// place), one node, or nodes x workers (a static rendezvous knows the node's ranks; the
+/// others assign them as nodes join).
+fn world_and_ranks(cfg: &LaunchConfig) -> (String, String, Option<String>, String) {
     let nproc = cfg.nproc_per_node;
     let (min, max) = (cfg.nnodes.min, cfg.nnodes.max);
-    let (world_size, world_how, ranks, ranks_how) = if let Some(p) = &cfg.cluster.in_place {
+    if let Some(p) = &cfg.cluster.in_place {
         (
             p.world_size.to_string(),
             "the scheduler's ranks, one worker each (in place)".to_string(),
@@ -99,8 +137,12 @@ pub(super) fn preview(cfg: &LaunchConfig, fresh_run_id: bool) -> RunPreview {
                 ),
             )
         }
-    };
-    let c = &cfg.command;
+    }
+}
+
+/// The worker command as a shell line (the `--run-path` bootstrap named, not shown), and the
+/// interpreter that runs it (none for a plain executable).
+fn command_line(c: &WorkerCommand) -> (String, Option<String>) {
     let mut words = vec![shell_word(c.program.as_os_str())];
     for a in &c.args {
         if c.kind == EntrypointKind::RunPath && a.as_bytes() == RUN_PATH_BOOTSTRAP.as_bytes() {
@@ -113,46 +155,21 @@ pub(super) fn preview(cfg: &LaunchConfig, fresh_run_id: bool) -> RunPreview {
         EntrypointKind::Exec => None,
         _ => c.python.as_ref().map(|p| p.display().to_string()),
     };
-    let wrapper = cfg.console.wrap.as_ref().map(|w| {
-        let mut words = vec![shell_word(w.program.as_os_str())];
-        words.extend(w.args.iter().map(|a| shell_word(OsStr::new(a))));
-        let ranks = match &w.ranks {
-            None => "every rank".to_string(),
-            Some(r) => format!(
-                "ranks {}",
-                r.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
-            ),
-        };
-        format!("{}  ({ranks})", words.join(" "))
-    });
-    let debug_rank = cfg.console.debug_rank.map(|r| {
-        format!(
-            "rank {r}  (under debugpy, waiting for a client on 127.0.0.1; without debugpy it \
-             runs and rdrun says how to attach)"
-        )
-    });
-    let endpoint = match (&cfg.rdzv.endpoint, cfg.standalone) {
-        (_, true) => "127.0.0.1, a free port chosen at launch (standalone)".to_string(),
-        (Some(ep), false) => crate::cluster::host_port(&ep.host, &ep.port.to_string()),
-        (None, false) => "none".to_string(),
+    (words.join(" "), interpreter)
+}
+
+/// The `--wrap` wrapper as a shell line, and the ranks it wraps.
+fn wrapper_line(w: &Wrap) -> String {
+    let mut words = vec![shell_word(w.program.as_os_str())];
+    words.extend(w.args.iter().map(|a| shell_word(OsStr::new(a))));
+    let ranks = match &w.ranks {
+        None => "every rank".to_string(),
+        Some(r) => format!(
+            "ranks {}",
+            r.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+        ),
     };
-    RunPreview {
-        world_size,
-        world_how,
-        ranks,
-        ranks_how,
-        command: words.join(" "),
-        interpreter,
-        wrapper,
-        debug_rank,
-        endpoint,
-        backend: if cfg.standalone {
-            "c10d (standalone)"
-        } else {
-            backend_name(cfg.rdzv.backend)
-        },
-        run_id: (!fresh_run_id).then(|| cfg.rdzv.run_id.clone()),
-    }
+    format!("{}  ({ranks})", words.join(" "))
 }
 
 impl RunPreview {

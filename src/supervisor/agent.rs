@@ -157,6 +157,9 @@ struct Agent {
     master_port: u16,
     /// What every worker's spawn spec shares.
     worker_env: RunWorkerEnv,
+    /// The warm-start template manager (`--warm-start`), owned here and lent to each attempt's
+    /// spawner.
+    warm: Option<std::sync::Arc<crate::supervisor::group::warm::WarmStart>>,
     /// The worker store (TCPStore-compatible), for the whole run; taken at shutdown.
     store: Option<StoreServer>,
     /// Resolves if the store stops serving on its own (then the run cannot go on).
@@ -296,7 +299,14 @@ impl Agent {
                 Ok(None) => None,
                 Err(msg) => return RunEnd::error(msg),
             };
+        let warm = crate::supervisor::group::warm::WarmStart::for_run(
+            &config.warm,
+            &config.command,
+            &config.run_env.temp_dir(),
+            config.uses_rendezvous(),
+        );
         let mut agent = Agent {
+            warm,
             config,
             watchdog,
             signals,
@@ -603,12 +613,12 @@ impl Agent {
     /// the per-rank variables are left out of it anyway, and a real worker whose import-time
     /// variables differ from it still starts cold.
     fn prestart_warm(&self) {
-        if self.worker_env.warm.is_none() {
+        let Some(warm) = &self.warm else {
             return;
-        }
+        };
         let asg = self.single_node_assignment(0, RoundReason::Initial);
         if let Ok(spec) = worker::spawn_spec(&self.config, &asg, 0, "", &self.worker_env) {
-            worker::prestart_warm(&spec);
+            worker::prestart_warm(&spec, warm);
         }
     }
 

@@ -72,6 +72,7 @@ impl Agent {
             asg,
             logs: &attempt_logs,
             worker_env: &self.worker_env,
+            warm: self.warm.as_deref(),
             obs: &self.obs,
             console: &self.console,
             stop_output: &stop_output,

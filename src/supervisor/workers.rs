@@ -22,6 +22,8 @@ pub(crate) struct Workers<'a> {
     pub asg: &'a Assignment,
     pub logs: &'a AttemptLogs,
     pub worker_env: &'a RunWorkerEnv,
+    /// The run's warm-start template manager, which forks the workers it can (`--warm-start`).
+    pub warm: Option<&'a crate::supervisor::group::warm::WarmStart>,
     pub obs: &'a Observer,
     /// The terminal's console, where the workers' output goes.
     pub console: &'a output::Console,
@@ -45,7 +47,7 @@ impl Spawner for Workers<'_> {
         .map_err(|err| err.to_string())?;
         // `Group::spawn` starts the local ranks in order, one right after the other.
         spec.more_follow = lr + 1 < self.logs.ranks.len();
-        let spawned = worker::spawn(&spec).map_err(|err| err.describe())?;
+        let spawned = worker::spawn(&spec, self.warm).map_err(|err| err.describe())?;
         tracing::debug!(local_rank = lr, pid = spawned.pid, "worker started");
         match spawned.warm {
             true => self.started.0 += 1,

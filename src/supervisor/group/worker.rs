@@ -20,6 +20,7 @@ use crate::rendezvous::Assignment;
 use crate::workerenv::{self, VirtualDevicesError, WorkerEnv};
 
 use crate::supervisor::group::ncclpath;
+use crate::supervisor::group::warm::WarmStart;
 
 /// Why the environment of a worker could not be built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -121,8 +122,9 @@ pub struct SpawnSpec {
     pub cpus: Option<Vec<usize>>,
     /// Whether the child reads rdrun's stdin (`--stdin`); else `/dev/null`.
     pub stdin: bool,
-    /// The run's warm-start template manager (`--warm-start`): asked first by [`spawn`].
-    pub warm: Option<std::sync::Arc<crate::supervisor::group::warm::WarmStart>>,
+    /// This worker may be forked from the run's warm-start template, which the spawner owns and
+    /// hands to [`spawn`] (false for the debug rank: it runs its own command).
+    pub warm: bool,
     /// Another worker of the same group is spawned right after this one: a warm fork keeps
     /// its intermediate process for it (`warm::Job::more`). Set by the group's spawner.
     pub more_follow: bool,
@@ -160,8 +162,6 @@ pub struct RunWorkerEnv {
     pub watchdog_fd: Option<RawFd>,
     /// `cgroup.procs` of the run's cgroup (containment).
     pub cgroup_fd: Option<RawFd>,
-    /// The warm-start template manager, when `--warm-start` is on for a Python worker.
-    pub warm: Option<std::sync::Arc<crate::supervisor::group::warm::WarmStart>>,
 }
 
 impl RunWorkerEnv {
@@ -179,11 +179,13 @@ impl RunWorkerEnv {
                 .worker_env
                 .iter()
                 .cloned()
-                .chain(pip_nccl_env(config))
+                .chain(pip_nccl_env(
+                    config.command.python.as_deref(),
+                    &config.run_env,
+                ))
                 .collect(),
             watchdog_fd,
             cgroup_fd,
-            warm: crate::supervisor::group::warm::WarmStart::for_run(config),
         }
     }
 }
@@ -296,7 +298,7 @@ pub fn spawn_spec(
         stdin: config.console.stdin.reads(rank),
         // A warm start runs the template's own interpreter, not this command: never for the
         // debug rank.
-        warm: run_env.warm.clone().filter(|_| debug.is_none()),
+        warm: debug.is_none(),
         more_follow: false,
         debug,
     })
@@ -352,15 +354,18 @@ pub(crate) fn reported_local_rank(in_place: Option<&crate::config::InPlace>, slo
 /// Python launch would use (`PYTHON_EXEC`, `$VIRTUAL_ENV`, `python3` on PATH): a Rust trainer
 /// started directly typically shares the venv that holds torch and its NCCL wheel. Failures only
 /// log: a missing shim must never stop a launch that may not use NCCL at all.
-pub fn pip_nccl_env(config: &LaunchConfig) -> Vec<(String, String)> {
-    let Some(python) = config.command.python.clone() else {
+pub fn pip_nccl_env(
+    python: Option<&std::path::Path>,
+    run_env: &crate::config::runenv::RunEnv,
+) -> Vec<(String, String)> {
+    let Some(python) = python else {
         return Vec::new();
     };
-    let Some(cache) = config.run_env.cache_dir.clone() else {
+    let Some(cache) = run_env.cache_dir.clone() else {
         return Vec::new();
     };
-    let existing = config.run_env.ld_library_path.clone();
-    match ncclpath::pip_nccl_ld_library_path(&python, &cache, existing.as_deref()) {
+    let existing = run_env.ld_library_path.clone();
+    match ncclpath::pip_nccl_ld_library_path(python, &cache, existing.as_deref()) {
         Ok(Some(value)) => {
             tracing::debug!(
                 ?value,
@@ -436,9 +441,10 @@ pub fn close_inherited_fds_on_exec() {
 /// Must be called on a thread that lives as long as rdrun (the main thread): Linux sends the
 /// parent-death signal when the *thread* that forked the child exits (prctl(2), PR_SET_PDEATHSIG).
 /// The child is not reaped by std: the agent reaps every descendant with `waitpid(-1)` ([`reap`]).
-pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+pub fn spawn(spec: &SpawnSpec, warm: Option<&WarmStart>) -> Result<Spawned, SpawnError> {
     // Warm start: forked from the template, the same `Spawned`; else (it said why) cold.
-    if let Some(f) = spec.warm.as_ref().and_then(|w| w.spawn(&warm_job(spec))) {
+    let warm = warm.filter(|_| spec.warm);
+    if let Some(f) = warm.and_then(|w| w.spawn(&warm_job(spec))) {
         return Ok(Spawned {
             pid: f.pid,
             stdout: f.stdout,
@@ -530,10 +536,8 @@ fn warm_job(spec: &SpawnSpec) -> crate::supervisor::group::warm::Job<'_> {
 
 /// Starts the run's warm-start template (when there is one) for workers like `spec` and waits
 /// for its imports (`warm::WarmStart::prestart`). Main thread only, as [`spawn`].
-pub fn prestart_warm(spec: &SpawnSpec) {
-    if let Some(w) = &spec.warm {
-        w.prestart(&warm_job(spec));
-    }
+pub fn prestart_warm(spec: &SpawnSpec, warm: &WarmStart) {
+    warm.prestart(&warm_job(spec));
 }
 
 /// A `sched_setaffinity` mask with these CPUs set (any CPU count: the kernel takes the length).

@@ -99,7 +99,7 @@ pub(in crate::supervisor) async fn gate(
     let elastic = is_elastic(config, rdzv.as_deref());
     let give_up_at = Instant::now() + join_timeout(config);
     let mut backoff = FIRST_BACKOFF;
-    let mut outside = Outside::new(config);
+    let mut outside = Outside::new(config.rdzv.settings.as_ref());
     loop {
         let checks = async {
             let (mut report, clock) = tokio::join!(health::run(&inputs), clock(store.as_deref()));

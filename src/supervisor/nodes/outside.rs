@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::{LaunchConfig, RdzvSettings};
+use crate::config::RdzvSettings;
 use crate::rendezvous::plumbing::StoreLoss;
 use crate::rendezvous::{RdzvStore, Rendezvous};
 
@@ -38,9 +38,10 @@ pub(in crate::supervisor) struct Outside {
 }
 
 impl Outside {
-    /// A node that starts waiting outside the run of `config` now.
-    pub(in crate::supervisor) fn new(config: &LaunchConfig) -> Outside {
-        let (interval, max_attempt) = match &config.rdzv.settings {
+    /// A node that starts waiting outside the run now; `settings`: the run's typed rendezvous
+    /// settings (c10d's keep-alive paces the looks).
+    pub(in crate::supervisor) fn new(settings: Option<&RdzvSettings>) -> Outside {
+        let (interval, max_attempt) = match settings {
             Some(RdzvSettings::C10d(s)) => (s.keep_alive_interval, s.keep_alive_max_attempt),
             _ => (LOOK_EVERY, 5),
         };

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::warm::{WarmMode, WarmSettings};
-use crate::config::{EntrypointKind, LaunchConfig};
+use crate::config::{EntrypointKind, WorkerCommand};
 
 use importvars::{import_time_difference, template_env};
 use learned::{memory_file, memory_key, LearnDir};
@@ -102,25 +102,32 @@ struct Inner {
 }
 
 impl WarmStart {
-    /// The manager for `config`'s run; `None` when warm start is off or the worker is not a
-    /// Python program (said once when `--warm-start on` asked for it).
-    pub fn for_run(config: &LaunchConfig) -> Option<Arc<WarmStart>> {
+    /// The manager for a run of `command` with these warm-start settings; `None` when warm start
+    /// is off or the worker is not a Python program (said once when `--warm-start on` asked for
+    /// it). `temp_dir`: the run's TMPDIR (resolved once in config); `in_rounds`: the run holds a
+    /// rendezvous (`LaunchConfig::uses_rendezvous`).
+    pub fn for_run(
+        settings: &WarmSettings,
+        command: &WorkerCommand,
+        temp_dir: &Path,
+        in_rounds: bool,
+    ) -> Option<Arc<WarmStart>> {
         let WarmSettings {
             mode,
             preload,
             memory,
-        } = &config.warm;
+        } = settings;
         if *mode == WarmMode::Off {
             return None;
         }
         let python = matches!(
-            config.command.kind,
+            command.kind,
             EntrypointKind::PythonScript | EntrypointKind::PythonModule | EntrypointKind::RunPath
         );
         if !python {
             let msg = format!(
                 "warm start: {} is not run by python (--no-python or a program); workers start cold",
-                config.command.display_name
+                command.display_name
             );
             match mode {
                 WarmMode::On => tracing::warn!("{msg}"),
@@ -130,7 +137,7 @@ impl WarmStart {
         }
         // Where the workers report what they import (learn.py): a private directory of this
         // run's, removed with the manager.
-        let learn = LearnDir::create(&config.run_env.temp_dir())
+        let learn = LearnDir::create(temp_dir)
             .map_err(|e| {
                 tracing::info!("warm start: no learned preload (cannot make its directory: {e})")
             })
@@ -142,7 +149,7 @@ impl WarmStart {
                 memory: memory.clone(),
                 learn,
                 template: None,
-                in_rounds: config.uses_rendezvous(),
+                in_rounds,
                 importing: None,
                 started: 0,
                 off: false,

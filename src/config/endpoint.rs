@@ -25,7 +25,6 @@ pub(super) fn resolve_rendezvous(
 ) -> Result<(bool, RdzvConfig, String, Option<u16>), ConfigError> {
     let backend = p.backend.value;
     let nnodes = p.nnodes.value;
-    let node_rank = p.node_rank.value;
     let master_port = p.master_port.as_ref().map(|g| g.value);
     // Spec §1.3 step 2: explicit and automatic standalone.
     let standalone = p.standalone.value
@@ -44,94 +43,121 @@ pub(super) fn resolve_rendezvous(
         };
         (rdzv, "127.0.0.1".to_string(), master_port)
     } else {
-        if backend != RdzvBackend::Static && node_rank != 0 {
-            tracing::warn!(
-                "node_rank is only used for static rdzv_backend. It will be ignored for rdzv_backend={}.",
-                p.backend_name
-            );
-        }
-        if backend != RdzvBackend::Static && p.endpoint.is_none() {
-            tracing::warn!(
-                "master_addr is only used for static rdzv_backend and when rdzv_endpoint is not specified."
-            );
-        }
-        if backend == RdzvBackend::Static && node_rank >= nnodes.max {
-            return Err(p.node_rank.invalid(
-                "--node-rank",
-                node_rank.to_string(),
-                format!("must be less than the number of nodes ({})", nnodes.max),
-            ));
-        }
-        let run_id = if p.run_id.value.is_empty() {
-            // torchrun: `str(uuid.uuid4().int)` with a warning.
-            let id = u128::from_be_bytes(uuid4_bytes(host.random_bytes())).to_string();
-            tracing::warn!("config has no run_id, generated a random run_id: {id}");
-            id
-        } else {
-            p.run_id.value.clone()
-        };
-        let mut conf = conf;
-        let (endpoint, port_zero) = match &p.endpoint {
-            // Static without an endpoint: node 0's store at the master address.
-            None if backend == RdzvBackend::Static => {
-                let port = master_port.unwrap_or(DEFAULT_STATIC_MASTER_PORT);
-                let ep =
-                    endpoint_of(&p.master_addr.value, Some(port), backend).map_err(|reason| {
-                        p.master_addr
-                            .invalid("--master-addr", &p.master_addr.value, reason)
-                    })?;
-                let zero = p
-                    .master_port
-                    .as_ref()
-                    .map(|g| g.invalid("--master-port", "0", PORT_ZERO_MULTI_NODE));
-                (ep, zero)
-            }
-            None => (parse_endpoint("", backend)?, None),
-            Some(g) => {
-                let ep = match &g.value {
-                    EndpointSpec::Text(text) => {
-                        endpoint_members(text, backend, &mut conf).map_err(|e| g.attribute(e))?
-                    }
-                    EndpointSpec::HostPort { host, port } => endpoint_of(host, *port, backend)
-                        .map_err(|reason| g.invalid("--master-addr", host, reason))?,
-                };
-                let zero = Some(g.invalid(
-                    "--rdzv-endpoint",
-                    match &g.value {
-                        EndpointSpec::Text(text) => text.clone(),
-                        EndpointSpec::HostPort { host, .. } => format!("{host}:0"),
-                    },
-                    PORT_ZERO_MULTI_NODE,
-                ));
-                (ep, zero)
-            }
-        };
-        // Issue 17.5: port 0 means "pick a free port"; only one node can know which it got.
-        if endpoint.port == 0 && nnodes.max > 1 {
-            if let Some(e) = port_zero {
-                return Err(e);
-            }
-        }
-        let (addr, port) = if backend == RdzvBackend::Static {
-            (endpoint.host.clone(), Some(endpoint.port))
-        } else {
-            (
-                local_addr
-                    .map(str::to_string)
-                    .unwrap_or_else(|| p.master_addr.value.clone()),
-                master_port,
-            )
-        };
-        let rdzv = RdzvConfig {
-            backend,
-            endpoint: Some(endpoint),
-            run_id,
-            conf,
-            settings: None,
-        };
-        (rdzv, addr, port)
+        multi_node(p, local_addr, conf, host)?
     };
     Ok((standalone, rdzv, master_addr, master_port))
+}
+
+/// A run whose nodes meet at an endpoint: the rendezvous (backend, endpoint, run id, conf) and
+/// the MASTER_ADDR/MASTER_PORT its workers get.
+fn multi_node(
+    p: &Layout,
+    local_addr: Option<&str>,
+    mut conf: BTreeMap<String, String>,
+    host: &dyn Host,
+) -> Result<(RdzvConfig, String, Option<u16>), ConfigError> {
+    let backend = p.backend.value;
+    let nnodes = p.nnodes.value;
+    let node_rank = p.node_rank.value;
+    let master_port = p.master_port.as_ref().map(|g| g.value);
+    if backend != RdzvBackend::Static && node_rank != 0 {
+        tracing::warn!(
+            "node_rank is only used for static rdzv_backend. It will be ignored for rdzv_backend={}.",
+            p.backend_name
+        );
+    }
+    if backend != RdzvBackend::Static && p.endpoint.is_none() {
+        tracing::warn!(
+            "master_addr is only used for static rdzv_backend and when rdzv_endpoint is not specified."
+        );
+    }
+    if backend == RdzvBackend::Static && node_rank >= nnodes.max {
+        return Err(p.node_rank.invalid(
+            "--node-rank",
+            node_rank.to_string(),
+            format!("must be less than the number of nodes ({})", nnodes.max),
+        ));
+    }
+    let run_id = if p.run_id.value.is_empty() {
+        // torchrun: `str(uuid.uuid4().int)` with a warning.
+        let id = u128::from_be_bytes(uuid4_bytes(host.random_bytes())).to_string();
+        tracing::warn!("config has no run_id, generated a random run_id: {id}");
+        id
+    } else {
+        p.run_id.value.clone()
+    };
+    let (endpoint, port_zero) = meeting_endpoint(p, &mut conf)?;
+    // Issue 17.5: port 0 means "pick a free port"; only one node can know which it got.
+    if endpoint.port == 0 && nnodes.max > 1 {
+        if let Some(e) = port_zero {
+            return Err(e);
+        }
+    }
+    let (addr, port) = if backend == RdzvBackend::Static {
+        (endpoint.host.clone(), Some(endpoint.port))
+    } else {
+        (
+            local_addr
+                .map(str::to_string)
+                .unwrap_or_else(|| p.master_addr.value.clone()),
+            master_port,
+        )
+    };
+    let rdzv = RdzvConfig {
+        backend,
+        endpoint: Some(endpoint),
+        run_id,
+        conf,
+        settings: None,
+    };
+    Ok((rdzv, addr, port))
+}
+
+/// The endpoint the nodes meet at (`--rdzv-endpoint`; for static without one, node 0's store
+/// at the master address), and the error port 0 is for it on several nodes.
+fn meeting_endpoint(
+    p: &Layout,
+    conf: &mut BTreeMap<String, String>,
+) -> Result<(Endpoint, Option<ConfigError>), ConfigError> {
+    let backend = p.backend.value;
+    Ok(match &p.endpoint {
+        // Static without an endpoint: node 0's store at the master address.
+        None if backend == RdzvBackend::Static => {
+            let port = p
+                .master_port
+                .as_ref()
+                .map(|g| g.value)
+                .unwrap_or(DEFAULT_STATIC_MASTER_PORT);
+            let ep = endpoint_of(&p.master_addr.value, Some(port), backend).map_err(|reason| {
+                p.master_addr
+                    .invalid("--master-addr", &p.master_addr.value, reason)
+            })?;
+            let zero = p
+                .master_port
+                .as_ref()
+                .map(|g| g.invalid("--master-port", "0", PORT_ZERO_MULTI_NODE));
+            (ep, zero)
+        }
+        None => (parse_endpoint("", backend)?, None),
+        Some(g) => {
+            let ep = match &g.value {
+                EndpointSpec::Text(text) => {
+                    endpoint_members(text, backend, conf).map_err(|e| g.attribute(e))?
+                }
+                EndpointSpec::HostPort { host, port } => endpoint_of(host, *port, backend)
+                    .map_err(|reason| g.invalid("--master-addr", host, reason))?,
+            };
+            let zero = Some(g.invalid(
+                "--rdzv-endpoint",
+                match &g.value {
+                    EndpointSpec::Text(text) => text.clone(),
+                    EndpointSpec::HostPort { host, .. } => format!("{host}:0"),
+                },
+                PORT_ZERO_MULTI_NODE,
+            ));
+            (ep, zero)
+        }
+    })
 }
 
 const PORT_ZERO_MULTI_NODE: &str = "port 0 (pick a free port) works only for one node: the other \

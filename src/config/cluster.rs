@@ -283,33 +283,16 @@ pub(super) fn apply(
     Ok(Some(t))
 }
 
-/// The launch's topology for printing: the detected one completed with the values resolution
-/// settled on, each named by where it came from (flag, `PET_*`, default).
-pub(super) fn plan(
-    detected: Option<Topology>,
-    args: &LaunchArgs,
-    p: &Layout,
-    cfg: &LaunchConfig,
-) -> Result<ClusterPlan, ConfigError> {
-    let dry_run = match args.print_topology.as_deref() {
-        Some("json") => Some(TopologyFormat::Json),
-        Some(_) => Some(TopologyFormat::Text),
-        None if args.dry_run => Some(TopologyFormat::Text),
-        None => None,
-    };
-    let is_detected = detected.is_some();
-    let mut t = detected.unwrap_or_else(|| Topology {
-        scheduler: "local (no scheduler detected)".into(),
-        fields: Fields::default(),
-        notes: Vec::new(),
-    });
-    fn fill<T>(slot: &mut Option<Sourced<T>>, value: T, source: String) {
-        if slot.is_none() {
-            *slot = Some(Sourced { value, source });
-        }
+/// Sets `slot` when nothing set it yet.
+fn fill<T>(slot: &mut Option<Sourced<T>>, value: T, source: String) {
+    if slot.is_none() {
+        *slot = Some(Sourced { value, source });
     }
-    let f = &mut t.fields;
-    let in_place = match (&f.mode, &f.local_rank, &f.local_world_size) {
+}
+
+/// In-place mode's values, when the topology is in place with local rank and size.
+fn in_place_of(f: &Fields, cfg: &LaunchConfig) -> Option<InPlace> {
+    match (&f.mode, &f.local_rank, &f.local_world_size) {
         (Some(m), Some(lr), Some(lws)) if m.value == Mode::InPlace => Some(InPlace {
             // The rendezvous member index and count (apply_in_place wrote RANK/WORLD_SIZE there).
             rank: cfg.node_rank,
@@ -322,24 +305,12 @@ pub(super) fn plan(
             },
         }),
         _ => None,
-    };
-    fill(&mut f.mode, Mode::Node, "default".into());
-    // In place, nnodes/node_rank are the node's (GROUP_*), never the member count and index.
-    if in_place.is_none() {
-        fill(
-            &mut f.nnodes,
-            NodeCount {
-                min: cfg.nnodes.min,
-                max: cfg.nnodes.max,
-            },
-            p.nnodes.origin.label("--nnodes"),
-        );
-        fill(
-            &mut f.node_rank,
-            cfg.node_rank,
-            p.node_rank.origin.label("--node-rank"),
-        );
     }
+}
+
+/// Where the nodes meet, filled where nothing detected said: standalone's loopback and fresh
+/// id, or the endpoint, backend and run id with the flag or variable each came from.
+fn fill_meeting(f: &mut Fields, p: &Layout, cfg: &LaunchConfig) {
     if cfg.standalone {
         let why = if p.standalone.value {
             p.standalone.origin.label("--standalone")
@@ -385,6 +356,48 @@ pub(super) fn plan(
             p.run_id.origin.label("--rdzv-id"),
         );
     }
+}
+
+/// The launch's topology for printing: the detected one completed with the values resolution
+/// settled on, each named by where it came from (flag, `PET_*`, default).
+pub(super) fn plan(
+    detected: Option<Topology>,
+    args: &LaunchArgs,
+    p: &Layout,
+    cfg: &LaunchConfig,
+) -> Result<ClusterPlan, ConfigError> {
+    let dry_run = match args.print_topology.as_deref() {
+        Some("json") => Some(TopologyFormat::Json),
+        Some(_) => Some(TopologyFormat::Text),
+        None if args.dry_run => Some(TopologyFormat::Text),
+        None => None,
+    };
+    let is_detected = detected.is_some();
+    let mut t = detected.unwrap_or_else(|| Topology {
+        scheduler: "local (no scheduler detected)".into(),
+        fields: Fields::default(),
+        notes: Vec::new(),
+    });
+    let f = &mut t.fields;
+    let in_place = in_place_of(f, cfg);
+    fill(&mut f.mode, Mode::Node, "default".into());
+    // In place, nnodes/node_rank are the node's (GROUP_*), never the member count and index.
+    if in_place.is_none() {
+        fill(
+            &mut f.nnodes,
+            NodeCount {
+                min: cfg.nnodes.min,
+                max: cfg.nnodes.max,
+            },
+            p.nnodes.origin.label("--nnodes"),
+        );
+        fill(
+            &mut f.node_rank,
+            cfg.node_rank,
+            p.node_rank.origin.label("--node-rank"),
+        );
+    }
+    fill_meeting(f, p, cfg);
     let nproc = cfg.nproc_per_node.to_string();
     match &mut f.nproc {
         // `auto`/`gpu` from a variable: show the count it resolved to, keep the source.

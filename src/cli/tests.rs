@@ -63,7 +63,8 @@ fn defaults_match_torchrun() {
     assert!(a.training_script_args.is_empty());
 }
 
-/// Every value flag: (both spellings..., value, getter).
+/// Every value flag: (both spellings..., value, getter). Long because it is one table row per
+/// flag, read as a list; the loop that checks them is the last dozen lines.
 #[test]
 fn every_value_flag_in_every_spelling_and_via_pet() {
     type Get = fn(&LaunchArgs) -> String;

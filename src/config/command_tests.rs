@@ -9,6 +9,8 @@ fn command(argv: &[&str], env: &[(&str, &str)]) -> Result<WorkerCommand, ConfigE
     resolve_command(&args(argv), &env_of(env), &FakeHost::new())
 }
 
+/// Each command line's worker command: (argv, environment, kind, program, arguments, name).
+/// Long because it is one table row per case, read as a list; the check is the final loop.
 #[test]
 fn worker_commands() {
     use EntrypointKind::*;

@@ -190,18 +190,11 @@ impl RunWorkerEnv {
     }
 }
 
-/// The spawn spec of local rank `local_rank` in the attempt that `asg` describes: the
-/// [`WorkerEnv`] contract (ROLE_RANK/ROLE_WORLD_SIZE equal RANK/WORLD_SIZE: every node runs one
-/// role), [`worker_env`]'s additions, and the command with `%local_rank%`-style substitution.
-pub fn spawn_spec(
-    config: &LaunchConfig,
-    asg: &Assignment,
-    local_rank: usize,
-    error_file: &str,
-    run_env: &RunWorkerEnv,
-) -> Result<SpawnSpec, EnvError> {
+/// `TORCH_ELASTIC_WORKER_IDENTICAL=1` with nodes running different numbers of workers: torch's
+/// fast path would give overlapping ranks; rdrun keeps the real ones and says so.
+fn warn_if_not_identical(config: &LaunchConfig, asg: &Assignment) {
     let nproc = config.nproc_per_node;
-    if local_rank == 0 && config.torch_env.worker_identical && !asg.uniform_nproc {
+    if config.torch_env.worker_identical && !asg.uniform_nproc {
         // torch's fast path would give overlapping ranks here; rdrun keeps the real ones.
         let counts = if asg.nodes.is_empty() {
             format!(
@@ -217,6 +210,67 @@ pub fn spawn_spec(
         tracing::warn!(
             "TORCH_ELASTIC_WORKER_IDENTICAL=1 but the nodes run different numbers of workers ({counts}); ranks follow the real counts (torch would compute RANK = GROUP_RANK * {nproc} + LOCAL_RANK and overlap)"
         );
+    }
+}
+
+/// The program and arguments that run rank `rank`: the worker command (`${local_rank}`
+/// substituted), under debugpy for `--debug-rank` (with how to attach), inside the `--wrap`
+/// wrapper where it applies.
+fn worker_command(
+    config: &LaunchConfig,
+    (rank, local_rank, group_rank): (usize, usize, usize),
+    env: &[(String, String)],
+) -> (
+    PathBuf,
+    Vec<OsString>,
+    Option<crate::supervisor::group::debugrank::Attach>,
+) {
+    let args = config
+        .command
+        .args
+        .iter()
+        .map(|a| workerenv::substitute_local_rank(a, local_rank));
+    // `--debug-rank`: the worker command under debugpy (before a wrapper, which runs it).
+    let (command_program, args, debug) = if config.console.debug_rank == Some(rank) {
+        let (p, a, attach) = crate::supervisor::group::debugrank::command(
+            config.command.kind.clone(),
+            &config.command.program,
+            args.collect(),
+            local_rank,
+            env,
+        );
+        (p, a, Some(attach))
+    } else {
+        (config.command.program.clone(), args.collect(), None)
+    };
+    // `--wrap`: the wrapper execs the worker command itself, so the environment, the process
+    // group, the cgroup and the CPU binding set up before exec are the wrapper's and its child's,
+    // and the wrapper's exit status is the rank's.
+    let (program, args) = match config.console.wrap.as_ref().filter(|w| w.applies(rank)) {
+        Some(w) => {
+            let mut a = w.args_for(rank, local_rank, group_rank);
+            a.push(command_program.into_os_string());
+            a.extend(args);
+            (w.program.clone(), a)
+        }
+        None => (command_program, args),
+    };
+    (program, args, debug)
+}
+
+/// The spawn spec of local rank `local_rank` in the attempt that `asg` describes: the
+/// [`WorkerEnv`] contract (ROLE_RANK/ROLE_WORLD_SIZE equal RANK/WORLD_SIZE: every node runs one
+/// role), [`worker_env`]'s additions, and the command with `%local_rank%`-style substitution.
+pub fn spawn_spec(
+    config: &LaunchConfig,
+    asg: &Assignment,
+    local_rank: usize,
+    error_file: &str,
+    run_env: &RunWorkerEnv,
+) -> Result<SpawnSpec, EnvError> {
+    let nproc = config.nproc_per_node;
+    if local_rank == 0 {
+        warn_if_not_identical(config, asg);
     }
     // The worker's index in this agent's group (always 0 in place, where the agent runs one).
     let slot = local_rank;
@@ -258,36 +312,7 @@ pub fn spawn_spec(
         env.retain(|(k, _)| k != "OMP_NUM_THREADS");
         env.push(("OMP_NUM_THREADS".into(), n.to_string()));
     }
-    let args = config
-        .command
-        .args
-        .iter()
-        .map(|a| workerenv::substitute_local_rank(a, local_rank));
-    // `--debug-rank`: the worker command under debugpy (before a wrapper, which runs it).
-    let (command_program, args, debug) = if config.console.debug_rank == Some(rank) {
-        let (p, a, attach) = crate::supervisor::group::debugrank::command(
-            config.command.kind.clone(),
-            &config.command.program,
-            args.collect(),
-            local_rank,
-            &env,
-        );
-        (p, a, Some(attach))
-    } else {
-        (config.command.program.clone(), args.collect(), None)
-    };
-    // `--wrap`: the wrapper execs the worker command itself, so the environment, the process
-    // group, the cgroup and the CPU binding set up before exec are the wrapper's and its child's,
-    // and the wrapper's exit status is the rank's.
-    let (program, args) = match config.console.wrap.as_ref().filter(|w| w.applies(rank)) {
-        Some(w) => {
-            let mut a = w.args_for(rank, local_rank, group_rank);
-            a.push(command_program.into_os_string());
-            a.extend(args);
-            (w.program.clone(), a)
-        }
-        None => (command_program, args),
-    };
+    let (program, args, debug) = worker_command(config, (rank, local_rank, group_rank), &env);
     Ok(SpawnSpec {
         program,
         args,

@@ -40,6 +40,7 @@ use crate::supervisor::group::restart::{self, Decision};
 use crate::supervisor::group::signals::Signals;
 use crate::supervisor::group::worker::{self, RunWorkerEnv};
 use crate::supervisor::nodes::join::until_shutdown;
+use crate::supervisor::nodes::network_check::NetOutcome;
 use crate::supervisor::observe::{Observer, RunEvent};
 use crate::supervisor::output::{Console, RunLogs};
 use crate::supervisor::report::end::{Ended, Restart, RunEnd};
@@ -190,6 +191,106 @@ struct Agent {
     chaos: Option<crate::supervisor::chaos::Chaos>,
 }
 
+/// Joins the rendezvous when the run holds one (`None` otherwise); a shutdown signal during the
+/// join ends the run.
+async fn start_rendezvous(
+    config: &LaunchConfig,
+    signals: &mut Signals,
+    obs: &Observer,
+) -> Result<Option<Rendezvous>, RunEnd> {
+    if !config.uses_rendezvous() {
+        return Ok(None);
+    }
+    obs.emit(RunEvent::connecting(config));
+    let started = until_shutdown(signals, Rendezvous::start(config)).await;
+    obs.emit(RunEvent::Connected);
+    match started {
+        Ok(Ok(r)) => Ok(Some(r)),
+        Ok(Err(err)) => Err(RunEnd::from_error(err)),
+        Err(signal) => {
+            tracing::warn!(
+                "received {} during the rendezvous, exiting",
+                crate::exit::signal_label(signal)
+            );
+            Err(RunEnd::Interrupted {
+                signal,
+                report: None,
+            })
+        }
+    }
+}
+
+/// Issue 28: a node that fails its health check does not join (`nodes/health_gate.rs`). Under
+/// `warn` the checks run beside the join and the workers; the returned guard waits for their
+/// verdict when the run ends. Their programs live in cgroups below the run's
+/// (`group/checkcells.rs`); each report is told as an event.
+async fn gate_health(
+    config: &LaunchConfig,
+    watchdog: Option<&Watchdog>,
+    obs: &Observer,
+    signals: &mut Signals,
+    rdzv: &mut Option<Rendezvous>,
+) -> Result<Option<crate::supervisor::nodes::health_gate::Background>, RunEnd> {
+    let contain = CheckCells::of(
+        watchdog.and_then(Watchdog::cgroup_dir),
+        watchdog.map(Watchdog::fd),
+    );
+    let seen = {
+        let obs = obs.clone();
+        std::sync::Arc::new(move |r: &crate::health::HealthReport| {
+            obs.emit(RunEvent::HealthChecks(r));
+        })
+    };
+    crate::supervisor::nodes::health_gate::gate(config, seen, signals, rdzv.as_mut(), contain).await
+}
+
+/// What resolves if the worker store stops serving on its own (never without one); says where
+/// it serves.
+fn watch_store(
+    store: &Option<StoreServer>,
+    rdzv: Option<&Rendezvous>,
+    master_addr: &str,
+    master_port: u16,
+) -> Pin<Box<dyn Future<Output = ServerExit> + Send>> {
+    match (store, rdzv) {
+        // Single node: workers get this address and port.
+        (Some(_), None) => tracing::debug!(%master_addr, master_port, "worker store serving"),
+        // c10d: the store listens on the advertised address; each round says who hosts.
+        (Some(s), Some(_)) => tracing::debug!(addr = %s.local_addr(), "worker store serving"),
+        (None, _) => {}
+    }
+    match store {
+        Some(s) => Box::pin(s.closed()),
+        None => Box::pin(std::future::pending()),
+    }
+}
+
+/// What every worker's spawn spec shares, and torch's FileTimer server: started before any
+/// worker, so that a FileTimer client never finds the FIFO unread.
+fn worker_env_and_timers(
+    config: &LaunchConfig,
+    watchdog: Option<&Watchdog>,
+) -> Result<(RunWorkerEnv, Option<FileTimerServe>), String> {
+    let mut worker_env = RunWorkerEnv::new(
+        config,
+        watchdog.map(Watchdog::fd),
+        watchdog.and_then(Watchdog::cgroup_fd),
+    );
+    let timers = match FileTimerServe::start(|k| config.run_env.var(k), &config.run_env.temp_dir())?
+    {
+        Some((t, path)) => {
+            if let Some(p) = path {
+                worker_env
+                    .extra
+                    .push(("TORCHELASTIC_TIMER_FILE".to_string(), p));
+            }
+            Some(t)
+        }
+        None => None,
+    };
+    Ok((worker_env, timers))
+}
+
 impl Agent {
     /// The run; `restarts` receives the restarts it took, whichever way it ends.
     async fn run(
@@ -215,90 +316,28 @@ impl Agent {
         if let Err(err) = server::raise_nofile_limit() {
             tracing::debug!("cannot raise the open-file limit: {err}");
         }
-        let mut rdzv = None;
-        if config.uses_rendezvous() {
-            obs.emit(RunEvent::connecting(&config));
-            let started = until_shutdown(&mut signals, Rendezvous::start(&config)).await;
-            obs.emit(RunEvent::Connected);
-            match started {
-                Ok(Ok(r)) => rdzv = Some(r),
-                Ok(Err(err)) => return RunEnd::from_error(err),
-                Err(signal) => {
-                    tracing::warn!(
-                        "received {} during the rendezvous, exiting",
-                        crate::exit::signal_label(signal)
-                    );
-                    return RunEnd::Interrupted {
-                        signal,
-                        report: None,
-                    };
-                }
-            }
-        }
-        // Issue 28: a node that fails its health check does not join (`nodes/health_gate.rs`).
-        // Under `warn` the checks run beside the join and the workers; `health` waits for
-        // their verdict when the run ends. Their programs live in cgroups below the run's
-        // (`group/checkcells.rs`).
-        let contain = CheckCells::of(
-            watchdog.as_ref().and_then(Watchdog::cgroup_dir),
-            watchdog.as_ref().map(Watchdog::fd),
-        );
-        let seen = {
-            let obs = obs.clone();
-            std::sync::Arc::new(move |r: &crate::health::HealthReport| {
-                obs.emit(RunEvent::HealthChecks(r));
-            })
-        };
-        let health = match crate::supervisor::nodes::health_gate::gate(
-            &config,
-            seen,
-            &mut signals,
-            rdzv.as_mut(),
-            contain,
-        )
-        .await
-        {
-            Ok(background) => background,
+        let mut rdzv = match start_rendezvous(&config, &mut signals, &obs).await {
+            Ok(r) => r,
             Err(end) => return end,
         };
+        let health =
+            match gate_health(&config, watchdog.as_ref(), &obs, &mut signals, &mut rdzv).await {
+                Ok(background) => background,
+                Err(end) => return end,
+            };
         let (store, master_port) = match setup::worker_store(&config, rdzv.as_ref()).await {
             Ok(s) => s,
             Err(msg) => return RunEnd::error(msg),
         };
         let master_addr = single_node_master_addr(&config);
-        let store_closed: Pin<Box<dyn Future<Output = ServerExit> + Send>> = match &store {
-            Some(s) => Box::pin(s.closed()),
-            None => Box::pin(std::future::pending()),
-        };
-        match (&store, &rdzv) {
-            // Single node: workers get this address and port.
-            (Some(_), None) => tracing::debug!(%master_addr, master_port, "worker store serving"),
-            // c10d: the store listens on the advertised address; each round says who hosts.
-            (Some(s), Some(_)) => tracing::debug!(addr = %s.local_addr(), "worker store serving"),
-            (None, _) => {}
-        }
+        let store_closed = watch_store(&store, rdzv.as_ref(), &master_addr, master_port);
         let host = setup::host_name();
         let report_host = ReportHost::lookup(&host);
         setup::log_worker_env(&config);
-        let mut worker_env = RunWorkerEnv::new(
-            &config,
-            watchdog.as_ref().map(Watchdog::fd),
-            watchdog.as_ref().and_then(Watchdog::cgroup_fd),
-        );
-        // Before any worker starts: a FileTimer client must never find the FIFO unread.
-        let timers =
-            match FileTimerServe::start(|k| config.run_env.var(k), &config.run_env.temp_dir()) {
-                Ok(Some((t, path))) => {
-                    if let Some(p) = path {
-                        worker_env
-                            .extra
-                            .push(("TORCHELASTIC_TIMER_FILE".to_string(), p));
-                    }
-                    Some(t)
-                }
-                Ok(None) => None,
-                Err(msg) => return RunEnd::error(msg),
-            };
+        let (worker_env, timers) = match worker_env_and_timers(&config, watchdog.as_ref()) {
+            Ok(both) => both,
+            Err(msg) => return RunEnd::error(msg),
+        };
         let warm = crate::supervisor::group::warm::WarmStart::for_run(
             &config.warm,
             &config.command,
@@ -407,30 +446,13 @@ impl Agent {
                 false => self.single_node_assignment(restart_count, reason),
             };
             // Issue 28: the network pre-check may leave slow nodes out of the next round.
-            if let Some(rdzv) = self.rdzv.as_mut() {
-                let obs = &self.obs;
-                let net = crate::supervisor::nodes::network_check::check(
-                    &self.config,
-                    |n| {
-                        obs.emit(RunEvent::NetworkCheck {
-                            verdict: n.verdict,
-                            peers: n.peers,
-                            leaving: n.leaving,
-                            took: n.took,
-                        })
-                    },
-                    rdzv,
-                    &asg,
-                    &mut self.signals,
-                );
-                match net.await {
-                    Ok(crate::supervisor::nodes::network_check::NetOutcome::Go) => {}
-                    Ok(crate::supervisor::nodes::network_check::NetOutcome::Rejoin) => {
-                        reason = RoundReason::Membership;
-                        continue;
-                    }
-                    Err(end) => break end,
+            match self.network_check(&asg).await {
+                Ok(NetOutcome::Go) => {}
+                Ok(NetOutcome::Rejoin) => {
+                    reason = RoundReason::Membership;
+                    continue;
                 }
+                Err(end) => break end,
             }
             // Every node's failure counts so far, for the metrics (each node published its own
             // before it joined this round).
@@ -447,28 +469,9 @@ impl Agent {
                 std::ops::ControlFlow::Break(end) => break end,
                 std::ops::ControlFlow::Continue(outcome) => outcome,
             };
-            // The stop verdict counts the run's root cause (agreed between nodes), the node's
-            // failure memory its own.
-            let entry = crate::supervisor::nodes::root_cause::Entry::of(&outcome);
-            let (outcome, run_root) = self.run_root(&asg, outcome, &entry).await;
-            // Issue 41: an injected failure is none of the job's: the stop verdict and the
-            // node's failure counts never see it.
-            let injected = self.chaos_injected();
-            let repeats = restart::Repeats {
-                in_a_row: match injected {
-                    Some(_) => 0,
-                    None => same.record_signature(run_root),
-                },
-                max_same_failures: self.config.resilience.max_same_failures,
-            };
-            if injected.is_none() {
-                self.record_failure(&mut tally, &outcome, entry.sig.as_ref())
-                    .await;
-            }
-            let cause = match &injected {
-                Some(label) => format!("{label}: {}", outcome.cause(entry.sig.as_ref())),
-                None => outcome.cause(same.last()),
-            };
+            let (outcome, repeats, cause) = self
+                .count_failure(&asg, outcome, &mut same, &mut tally)
+                .await;
             let decision = restart::decide(
                 outcome.attempt_end(),
                 restart_count,
@@ -484,62 +487,14 @@ impl Agent {
                     break end;
                 }
             }
-            match decision {
-                Decision::Finish => {
-                    self.finish_rdzv(&asg).await;
-                    break RunEnd::Succeeded;
-                }
-                Decision::Restart {
-                    restart_count: next,
-                } => {
-                    self.restarts.push(Restart {
-                        restart_count,
-                        charged: true,
-                        cause: cause.clone(),
-                        cost: None,
-                    });
-                    tracing::warn!(
-                        "worker group failed; {}/{} restarts left, restarting (attempt {next})",
-                        self.config.max_restarts - restart_count,
-                        self.config.max_restarts
-                    );
-                    self.obs.emit(RunEvent::Restart {
-                        next,
-                        charged: true,
-                        kind: "restart",
-                    });
-                    self.between_attempts();
-                    restart_count = next;
-                    reason = RoundReason::WorkerFailure;
-                }
-                Decision::Regroup { charged } => {
-                    self.restarts.push(Restart {
-                        restart_count,
-                        charged,
-                        cause: cause.clone(),
-                        cost: None,
-                    });
-                    outcome.log_regroup();
-                    self.obs.emit(RunEvent::Restart {
-                        next: restart_count + u32::from(charged),
-                        charged,
-                        kind: "regroup",
-                    });
-                    self.between_attempts();
-                    reason = if charged {
-                        RoundReason::PeerLost
-                    } else {
-                        RoundReason::Membership
-                    };
-                }
-                Decision::GiveUp => {
-                    let end = self.give_up(outcome, restart_count, None).await;
-                    break self.with_counts(end, &tally).await;
-                }
-                Decision::SameFailure => {
-                    let verdict = same.verdict();
-                    let end = self.give_up(outcome, restart_count, Some(&verdict)).await;
-                    break self.with_counts(end.with_verdict(verdict), &tally).await;
+            let next = self
+                .act_on(decision, &asg, outcome, restart_count, cause, &same, &tally)
+                .await;
+            match next {
+                std::ops::ControlFlow::Break(end) => break end,
+                std::ops::ControlFlow::Continue((count, why)) => {
+                    restart_count = count;
+                    reason = why;
                 }
             }
         };
@@ -548,6 +503,136 @@ impl Agent {
         self.forget_dir();
         logs.finish();
         end
+    }
+
+    /// The network pre-check after a multi-node round (`nodes/network_check.rs`), its result
+    /// told as an event; `Go` without a rendezvous.
+    async fn network_check(&mut self, asg: &Assignment) -> Result<NetOutcome, RunEnd> {
+        let Some(rdzv) = self.rdzv.as_mut() else {
+            return Ok(NetOutcome::Go);
+        };
+        let obs = &self.obs;
+        crate::supervisor::nodes::network_check::check(
+            &self.config,
+            |n| {
+                obs.emit(RunEvent::NetworkCheck {
+                    verdict: n.verdict,
+                    peers: n.peers,
+                    leaving: n.leaving,
+                    took: n.took,
+                })
+            },
+            rdzv,
+            asg,
+            &mut self.signals,
+        )
+        .await
+    }
+
+    /// What a failed attempt counts as: the stop verdict counts the run's root cause (agreed
+    /// between nodes), the node's failure memory its own. Issue 41: an injected failure is none
+    /// of the job's, so neither sees it. Returns the outcome, the repeats the restart decision
+    /// weighs and the restart's cause.
+    async fn count_failure(
+        &mut self,
+        asg: &Assignment,
+        outcome: Outcome,
+        same: &mut crate::supervisor::nodes::stop_verdict::SameFailure,
+        tally: &mut rounds::Tally,
+    ) -> (Outcome, restart::Repeats, String) {
+        let entry = crate::supervisor::nodes::root_cause::Entry::of(&outcome);
+        let (outcome, run_root) = self.run_root(asg, outcome, &entry).await;
+        let injected = self.chaos_injected();
+        let repeats = restart::Repeats {
+            in_a_row: match injected {
+                Some(_) => 0,
+                None => same.record_signature(run_root),
+            },
+            max_same_failures: self.config.resilience.max_same_failures,
+        };
+        if injected.is_none() {
+            self.record_failure(tally, &outcome, entry.sig.as_ref())
+                .await;
+        }
+        let cause = match &injected {
+            Some(label) => format!("{label}: {}", outcome.cause(entry.sig.as_ref())),
+            None => outcome.cause(same.last()),
+        };
+        (outcome, repeats, cause)
+    }
+
+    /// Carries out the restart decision: the run's end (`Break`), or the next round's restart
+    /// count and reason (`Continue`).
+    #[allow(clippy::too_many_arguments)] // the loop's state, lent for one step
+    async fn act_on(
+        &mut self,
+        decision: Decision,
+        asg: &Assignment,
+        outcome: Outcome,
+        restart_count: u32,
+        cause: String,
+        same: &crate::supervisor::nodes::stop_verdict::SameFailure,
+        tally: &rounds::Tally,
+    ) -> std::ops::ControlFlow<RunEnd, (u32, RoundReason)> {
+        use std::ops::ControlFlow::{Break, Continue};
+        match decision {
+            Decision::Finish => {
+                self.finish_rdzv(asg).await;
+                Break(RunEnd::Succeeded)
+            }
+            Decision::Restart {
+                restart_count: next,
+            } => {
+                self.restarts.push(Restart {
+                    restart_count,
+                    charged: true,
+                    cause,
+                    cost: None,
+                });
+                tracing::warn!(
+                    "worker group failed; {}/{} restarts left, restarting (attempt {next})",
+                    self.config.max_restarts - restart_count,
+                    self.config.max_restarts
+                );
+                self.obs.emit(RunEvent::Restart {
+                    next,
+                    charged: true,
+                    kind: "restart",
+                });
+                self.between_attempts();
+                Continue((next, RoundReason::WorkerFailure))
+            }
+            Decision::Regroup { charged } => {
+                self.restarts.push(Restart {
+                    restart_count,
+                    charged,
+                    cause,
+                    cost: None,
+                });
+                outcome.log_regroup();
+                self.obs.emit(RunEvent::Restart {
+                    next: restart_count + u32::from(charged),
+                    charged,
+                    kind: "regroup",
+                });
+                self.between_attempts();
+                let reason = if charged {
+                    RoundReason::PeerLost
+                } else {
+                    RoundReason::Membership
+                };
+                Continue((restart_count, reason))
+            }
+            Decision::GiveUp => {
+                let end = self.give_up(outcome, restart_count, None).await;
+                Break(self.with_counts(end, tally).await)
+            }
+            Decision::SameFailure => {
+                let verdict = same.verdict();
+                let end = self.give_up(outcome, restart_count, Some(&verdict)).await;
+                Break(self.with_counts(end.with_verdict(verdict), tally).await)
+            }
+        }
     }
 
     /// The end of the run after an attempt that is not followed by another one (`verdict`: the

@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
 # The project's whole test run (what CI runs): formatting, lints, Rust unit and launcher tests,
-# then the PyTorch compatibility suite against a pinned torch in a cached venv.
+# the PyTorch compatibility suite against a pinned torch in a cached venv, and the Python wheel.
+#
+# Built to take minutes, not half an hour, on a 2-core machine (docs/benchmarks.md, "The test
+# run"):
+# - the crate is compiled as few times as the features allow: one clippy over every feature that
+#   builds together (default + nccl + etcd-tls), one test build with the same features (every
+#   unit test, the launcher tests and the etcd ones), and the release build that the PyTorch suite
+#   and the wheel share (the wheel's features: no candle);
+# - the test programs then run side by side: most of a launcher test's time is spent waiting on
+#   real processes (Slurm daemons, namespaces, torch's imports in other processes, timeouts), so
+#   the launcher tests, the etcd tests (one at a time: each starts an etcd cluster) and the
+#   PyTorch suite share the machine instead of queueing. Each writes its own log, printed whole
+#   when all are done; the run fails if any failed.
+#
+# Environment: RDRUN_TEST_THREADS (launcher tests at once, default 4), RDRUN_SKIP_TORCH=1 (no
+# PyTorch suite, no torch-backed launcher tests' venv, no wheel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== system tools (iproute2, Slurm, Open MPI, etcd, protoc, zsh/fish: see scripts/ensure-deps.sh)"
+started=$(date +%s)
+phase() { echo "== $* (at $(($(date +%s) - started)) s)"; }
+
+phase "system tools (iproute2, Slurm, Open MPI, etcd, protoc, zsh/fish: see scripts/ensure-deps.sh)"
 scripts/ensure-deps.sh || echo "warning: could not install system tools; namespace tests will skip" >&2
 
 # The launcher tests that run real PyTorch (gloo jobs under Slurm, mpirun, pods in namespaces)
 # find the venv in the cache: install it before they run, not only before the PyTorch suite.
 if [ "${RDRUN_SKIP_TORCH:-0}" != "1" ]; then
-  echo "== PyTorch venv (cached)"
+  phase "PyTorch venv (cached)"
   scripts/torch-venv.sh >/dev/null
 fi
 
@@ -18,35 +36,94 @@ fi
 # memory give a directory of their own; launcher-tests/util.rs `rdrun_bin` does the same).
 export RDRUN_WARM_MEMORY=off
 
-echo "== cargo fmt --check"
+FEATURES="nccl,etcd-tls"
+phase "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
-# Two feature sets cover every cfg: the default (the `not(nccl)` and `not(etcd-tls)` paths) and
-# everything on (NCCL through cudarc; etcd over TLS, which implies `etcd`). The build without
-# `train` is the release build below.
-cargo clippy --all-targets -- -D warnings
-cargo clippy --all-targets --features nccl,etcd-tls -- -D warnings
-echo "== cargo test"
+# One clippy: every feature that can build together (NCCL through cudarc; etcd over TLS, which
+# implies `etcd`; the default `train`). The few `cfg(not(feature = ...))` fallbacks (the runtime
+# without NCCL, etcd without TLS) are compiled by the release build below, not linted.
+phase "cargo clippy --features $FEATURES"
+cargo clippy --all-targets --features "$FEATURES" -- -D warnings
+
 # The PyTorch suite runs the release launcher (as users do); candle is not needed for it. The
 # features are the wheel's (pyproject.toml), so scripts/test-wheel.sh's build reuses this one.
+phase "cargo build --release (the PyTorch suite's and the wheel's launcher)"
 cargo build --release --no-default-features --features etcd --bin rdrun
-# etcd v3 is in the default build; its tests run once, below, with TLS and one thread.
-cargo test --all-targets -- --test-threads="${RDRUN_TEST_THREADS:-2}" --skip etcd::
-# With every feature on, one build: the runtime's NCCL-side logic (backend choice, probe, errors
-# without a GPU), the etcd backend's and the config's unit tests with TLS, then the launcher tests
-# against a real etcd cluster (they start their own members, in network namespaces or on
-# loopback; TLS too; skip without etcd).
-cargo test --features nccl,etcd-tls --lib -- runtime:: rendezvous:: config:: --test-threads="${RDRUN_TEST_THREADS:-2}"
-cargo test --features nccl,etcd-tls --test launcher etcd:: -- --test-threads=1
+phase "cargo test --no-run --features $FEATURES"
+tests_json="$(mktemp "${TMPDIR:-/tmp}/rdrun-test-bins.XXXXXX")"
+logs="$(mktemp -d "${TMPDIR:-/tmp}/rdrun-test-logs.XXXXXX")"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  rm -rf "$tests_json" "$logs"
+}
+trap cleanup EXIT
+cargo test --all-targets --features "$FEATURES" --no-run --message-format=json >"$tests_json"
+# Every test program the build made: (target name, path).
+mapfile -t programs < <(python3 - "$tests_json" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        print(m["target"]["name"] + "\t" + m["executable"])
+EOF
+)
+launcher=""
+units=()
+for entry in "${programs[@]}"; do
+  name="${entry%%$'\t'*}"
+  path="${entry#*$'\t'}"
+  if [ "$name" = launcher ]; then launcher="$path"; else units+=("$path"); fi
+done
+if [ -z "$launcher" ] || [ "${#units[@]}" -eq 0 ]; then
+  echo "test.sh: error: the test build gave no launcher or unit test program" >&2
+  exit 1
+fi
+
+# The unit tests first: seconds, and a broken one should not wait for the slow programs.
+phase "unit tests (${#units[@]} programs)"
+for u in "${units[@]}"; do
+  "$u" --test-threads=2 -q
+done
+
+# Side by side. Each runs from the package root, as cargo runs tests.
+start_job() { # name, command...
+  local name="$1"
+  shift
+  ("$@" >"$logs/$name.log" 2>&1; echo $? >"$logs/$name.rc") &
+  pids+=($!)
+}
+phase "launcher tests, etcd tests and the PyTorch suite, side by side"
+start_job launcher "$launcher" --test-threads="${RDRUN_TEST_THREADS:-4}" --skip etcd::
+# etcd v3 against real etcd clusters (their own members, in namespaces or on loopback; TLS too).
+start_job etcd "$launcher" etcd:: --test-threads=1
+if [ "${RDRUN_SKIP_TORCH:-0}" != "1" ] && [ -x scripts/torch-compat.sh ]; then
+  start_job torch scripts/torch-compat.sh
+fi
+status=0
+for p in "${pids[@]}"; do wait "$p" || true; done
+pids=()
+for name in launcher etcd torch; do
+  [ -f "$logs/$name.rc" ] || continue
+  rc="$(cat "$logs/$name.rc")"
+  echo "======== $name (exit $rc) ========"
+  cat "$logs/$name.log"
+  if [ "$rc" != 0 ]; then
+    echo "test.sh: $name FAILED (exit $rc)" >&2
+    status=1
+  fi
+done
+phase "side-by-side part done"
+[ "$status" = 0 ] || exit "$status"
 
 if [ "${RDRUN_SKIP_TORCH:-0}" = "1" ]; then
-  echo "== PyTorch compatibility suite skipped (RDRUN_SKIP_TORCH=1)"
+  phase "PyTorch compatibility suite and wheel skipped (RDRUN_SKIP_TORCH=1)"
   exit 0
 fi
-if [ -x scripts/torch-compat.sh ]; then
-  echo "== PyTorch compatibility suite"
-  scripts/torch-compat.sh
-fi
 # The Python package: wheel, install beside the cached torch, `rdrun` and `python -m rdrun` jobs.
-echo "== Python package (wheel)"
+phase "Python package (wheel)"
 scripts/test-wheel.sh
+phase "all passed"

@@ -71,7 +71,7 @@ pub(in crate::supervisor) async fn gate(
             );
             let detail = format!("listed in {}", path.display());
             let bad = BadNode::found(node, "excluded", detail, line);
-            let elastic = is_elastic(config, rdzv.as_deref());
+            let elastic = is_elastic(config.rdzv.backend, rdzv.as_deref());
             return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
         }
     }
@@ -96,8 +96,8 @@ pub(in crate::supervisor) async fn gate(
     }
     // A node that hosts the rendezvous store cannot stay out: the others need its store, and
     // it would take the store away when it gives up. It ends the job as a static node does.
-    let elastic = is_elastic(config, rdzv.as_deref());
-    let give_up_at = Instant::now() + join_timeout(config);
+    let elastic = is_elastic(config.rdzv.backend, rdzv.as_deref());
+    let give_up_at = Instant::now() + join_timeout(config.rdzv.settings.as_ref());
     let mut backoff = FIRST_BACKOFF;
     let mut outside = Outside::new(config.rdzv.settings.as_ref());
     loop {
@@ -259,8 +259,8 @@ impl Drop for Background {
 
 /// Whether this node can stay out of the job while the others go on: an elastic backend
 /// (c10d, etcd), and the store is not this node's (the others need it).
-fn is_elastic(config: &LaunchConfig, rdzv: Option<&Rendezvous>) -> bool {
-    rdzv.is_some_and(|r| r.server.is_none() && config.rdzv.backend != RdzvBackend::Static)
+fn is_elastic(backend: RdzvBackend, rdzv: Option<&Rendezvous>) -> bool {
+    rdzv.is_some_and(|r| r.server.is_none() && backend != RdzvBackend::Static)
 }
 
 /// The end of a bad node: remembered in `--bad-nodes-file`; unless it stays out of an elastic
@@ -292,8 +292,8 @@ pub(in crate::supervisor) async fn bad_node(
 }
 
 /// How long an unhealthy elastic node keeps checking: the rendezvous's join timeout.
-fn join_timeout(config: &LaunchConfig) -> Duration {
-    match &config.rdzv.settings {
+fn join_timeout(settings: Option<&crate::config::RdzvSettings>) -> Duration {
+    match settings {
         Some(crate::config::RdzvSettings::C10d(s)) => s.join_timeout,
         Some(crate::config::RdzvSettings::Etcd(s)) => s.rounds.join_timeout,
         Some(crate::config::RdzvSettings::Static(s)) => s.timeout,

@@ -70,7 +70,13 @@ pub(in crate::supervisor) async fn check(
         return Ok(NetOutcome::Go);
     };
     let t0 = Instant::now();
-    let host = match probe_host(config, rdzv).await {
+    let host = match probe_host(
+        config.local_addr.as_deref(),
+        config.rdzv.endpoint.as_ref(),
+        rdzv,
+    )
+    .await
+    {
         Ok(h) => h,
         Err(why) => {
             tracing::warn!("network check skipped: {why}");
@@ -178,18 +184,18 @@ pub(in crate::supervisor) async fn leave(
 /// The address the others reach this node's probe at: the one it advertised to the rendezvous
 /// (c10d), else `--local-addr`, else its route to the store host (a static round lists host
 /// names, which need not resolve to this node on the others).
-async fn probe_host(config: &LaunchConfig, rdzv: &Rendezvous) -> Result<String, String> {
+async fn probe_host(
+    local_addr: Option<&str>,
+    endpoint: Option<&crate::config::Endpoint>,
+    rdzv: &Rendezvous,
+) -> Result<String, String> {
     if let Some(a) = rdzv.advertised.clone() {
         return Ok(a);
     }
-    if let Some(a) = config.local_addr.clone() {
-        return Ok(a);
+    if let Some(a) = local_addr {
+        return Ok(a.to_string());
     }
-    let endpoint = config
-        .rdzv
-        .endpoint
-        .as_ref()
-        .ok_or("the rendezvous has no endpoint")?;
+    let endpoint = endpoint.ok_or("the rendezvous has no endpoint")?;
     addr::advertised_addr(
         None,
         &endpoint.host,

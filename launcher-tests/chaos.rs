@@ -525,3 +525,72 @@ fn node_loss_of_the_etcd_store_host_is_survived_by_the_others() {
         );
     });
 }
+
+/// Issue 41 on two c10d nodes (loopback), a gloo DDP job of one rank per node: every node runs
+/// the same `--chaos` (one seed, one draw); the node that holds rank 1 kills it twice, the other
+/// node's rank then fails in its collective and that node learns from the schedule that the
+/// fault was injected; on both, every restart is labelled injected and none reaches the stop
+/// verdict (`--max-same-failures 2`): both finish.
+#[test]
+fn injected_kills_on_a_two_node_job_are_labelled_on_both_nodes() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    crate::netns::bounded(Duration::from_secs(300), move || {
+        let dir = TempDir::new("chaos_c10d_kills");
+        std::fs::write(dir.join("ddp.py"), DDP_JOB).unwrap();
+        let port = crate::util::free_port();
+        let running: Vec<_> = (1..=2)
+            .map(|h| {
+                Rdrun::new()
+                    .timeout(Duration::from_secs(240))
+                    .env("PYTHON_EXEC", &python)
+                    .args([
+                        "--nnodes",
+                        "2",
+                        "--nproc-per-node",
+                        "1",
+                        "--rdzv-backend",
+                        "c10d",
+                    ])
+                    .arg("--rdzv-endpoint")
+                    .arg(format!("127.0.0.1:{port}"))
+                    .args(["--rdzv-id", "chaoskills", "--rdzv-conf"])
+                    .arg(format!("last_call_timeout=5,is_host={}", h == 1))
+                    .arg("--local-addr")
+                    .arg(format!("127.0.0.{h}"))
+                    .args(["--max-restarts=2", "--max-same-failures=2"])
+                    .args(["--chaos", "kill:after=6s,every=4s,count=2,rank=1,seed=3"])
+                    .arg("--report-json")
+                    .arg(dir.join(format!("report{h}.json")))
+                    .arg(dir.join("ddp.py"))
+                    .arg(dir.path())
+                    .arg("150")
+                    .arg("ckpt")
+                    .spawn()
+            })
+            .collect();
+        let outs: Vec<crate::util::Output> = running.into_iter().map(|r| r.wait()).collect();
+        let mut injecting = 0;
+        for (i, out) in outs.iter().enumerate() {
+            out.assert_code(0);
+            let v = report_at(&dir.join(format!("report{}.json", i + 1)));
+            let restarts = v["restarts"].as_array().cloned().unwrap_or_default();
+            assert_eq!(restarts.len(), 2, "{v}\n{out:?}");
+            for r in &restarts {
+                let cause = r["cause"].as_str().unwrap_or_default();
+                assert!(cause.starts_with("injected kill"), "{v}");
+            }
+            if v["chaos"]["summary"]["kill"]["injected"] == 2 {
+                injecting += 1;
+            }
+        }
+        assert_eq!(injecting, 1, "one node injects and measures: {outs:?}");
+    });
+}
+
+/// The `--report-json` document at `path`.
+fn report_at(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("report");
+    serde_json::from_str(&text).expect("json")
+}

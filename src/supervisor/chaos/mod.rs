@@ -85,6 +85,9 @@ struct Running {
     injected: Option<usize>,
     /// A `slow` fault's duty cycle under way.
     throttle: Option<slow::Throttle>,
+    /// A fault of the same schedule that landed on another node during this attempt: its
+    /// label, for this node's end of the attempt (module doc).
+    remote: Option<String>,
 }
 
 /// The run's chaos state (module doc).
@@ -105,6 +108,9 @@ pub struct Chaos {
     events: Vec<ChaosEvent>,
     /// The label of the last attempt's failure, when a fault caused it.
     label: Option<String>,
+    /// A fault landed on another node and this node's recovery from it is awaited (the spec
+    /// clocks then wait as on the node that injected it).
+    remote_pending: Option<usize>,
 }
 
 impl Chaos {
@@ -160,6 +166,7 @@ impl Chaos {
             restart_failed_at: None,
             events: Vec::new(),
             label: None,
+            remote_pending: None,
         }))
     }
 
@@ -201,6 +208,7 @@ impl Chaos {
             stopped: Vec::new(),
             injected: None,
             throttle: None,
+            remote: None,
         });
     }
 
@@ -211,7 +219,7 @@ impl Chaos {
         if let Some(t) = &running.throttle {
             due = Some(due.map_or(t.next(), |d| d.min(t.next())));
         }
-        if self.pending.is_none() && running.injected.is_none() {
+        if self.pending.is_none() && self.remote_pending.is_none() && running.injected.is_none() {
             let attempt = running.restart_count;
             for i in 0..self.clocks.len() {
                 if let Some(at) = self.due(i, attempt) {
@@ -242,7 +250,7 @@ impl Chaos {
         if !toggles.is_empty() {
             return toggles;
         }
-        if !untouched || self.pending.is_some() {
+        if !untouched || self.pending.is_some() || self.remote_pending.is_some() {
             return Vec::new();
         }
         let Some(running) = self.running.as_ref() else {
@@ -289,6 +297,18 @@ impl Chaos {
             state: State::Pending,
         };
         let act = match landed {
+            // Another node injects it (every node draws the same schedule): this node's end of
+            // the attempt is that fault's too, never one of its own (a kill, a hang or a lost
+            // node ends every node's attempt; a slow rank elsewhere ends none).
+            Ok(None) if record.kind != Kind::Slow => {
+                running.remote = Some(format!(
+                    "injected {} on another node, chaos spec {}",
+                    record.kind,
+                    i + 1
+                ));
+                self.remote_pending = Some(i);
+                return Vec::new();
+            }
             Ok(None) => return Vec::new(),
             Ok(Some((target, act))) => {
                 record.rank = target.map(|t| t.rank);
@@ -417,6 +437,9 @@ impl Chaos {
 
     fn caused(&mut self, failed: Option<SystemTime>, stop: Option<SystemTime>) -> Option<String> {
         let run = self.running.take()?;
+        if run.injected.is_none() {
+            return run.remote;
+        }
         let idx = run.injected?;
         let r = &mut self.records[idx];
         if !matches!(r.kind, Kind::Kill | Kind::Hang) {
@@ -436,6 +459,10 @@ impl Chaos {
 
     /// Every rank of the restarted attempt is back in user code, `back` after `failed_at`.
     pub fn back(&mut self, back: Duration) {
+        if let Some(i) = self.remote_pending.take() {
+            // The spec's next gap counts from here, as on the node that injected the fault.
+            self.clocks[i].since = Some(Instant::now());
+        }
         let Some(idx) = self.pending.take() else {
             return;
         };

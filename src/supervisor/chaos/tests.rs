@@ -284,3 +284,47 @@ fn slow_cycles_the_rank_and_is_survived_when_its_time_is_over() {
     );
     assert!(c.tick(false).is_empty());
 }
+
+#[test]
+fn a_fault_that_lands_on_another_node_labels_this_nodes_end_too() {
+    // Node 0 of two, rank 3 lives on node 1: node 0 only learns that the fault was injected.
+    let mut c = Chaos::new(
+        "kill:after=0s,every=1ms,count=2,rank=3",
+        None,
+        true,
+        true,
+        "job",
+    )
+    .unwrap()
+    .unwrap();
+    let here = Layout {
+        node: 0,
+        nodes: 2,
+        world_size: 4,
+        local: vec![Target { rank: 0, pid: 10 }, Target { rank: 1, pid: 11 }],
+    };
+    let (_, last) = outputs(2);
+    c.attempt_started(0, here.clone(), last);
+    assert!(c.tick(true).is_empty(), "nothing to signal here");
+    assert!(c.records().is_empty(), "measured where it was injected");
+    assert_eq!(
+        c.wake(),
+        None,
+        "the next waits for this node's recovery too"
+    );
+    assert_eq!(
+        c.attempt_over(Some(SystemTime::now()), None).as_deref(),
+        Some("injected kill on another node, chaos spec 1")
+    );
+    c.restarted(SystemTime::now());
+    let (_, last) = outputs(2);
+    c.attempt_started(1, here, last);
+    assert!(c.tick(true).is_empty());
+    c.back(Duration::ZERO);
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(
+        c.tick(true).is_empty(),
+        "the second fault lands elsewhere as well"
+    );
+    assert!(c.attempt_over(None, None).is_some());
+}

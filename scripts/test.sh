@@ -90,11 +90,18 @@ for u in "${units[@]}"; do
 done
 
 # Side by side. Each runs from the package root, as cargo runs tests.
+started_jobs=()
 start_job() { # name, command...
   local name="$1"
   shift
-  ("$@" >"$logs/$name.log" 2>&1; echo $? >"$logs/$name.rc") &
+  # `set -e` holds in the subshell too: the status is caught, not left to end it unrecorded.
+  (
+    rc=0
+    "$@" >"$logs/$name.log" 2>&1 || rc=$?
+    echo "$rc" >"$logs/$name.rc"
+  ) &
   pids+=($!)
+  started_jobs+=("$name")
 }
 phase "launcher tests, etcd tests and the PyTorch suite, side by side"
 start_job launcher "$launcher" --test-threads="${RDRUN_TEST_THREADS:-4}" --skip etcd::
@@ -106,11 +113,11 @@ fi
 status=0
 for p in "${pids[@]}"; do wait "$p" || true; done
 pids=()
-for name in launcher etcd torch; do
-  [ -f "$logs/$name.rc" ] || continue
-  rc="$(cat "$logs/$name.rc")"
+for name in "${started_jobs[@]}"; do
+  # A job that left no status (killed with its subshell) failed.
+  rc="$(cat "$logs/$name.rc" 2>/dev/null || echo "none: the job was killed")"
   echo "======== $name (exit $rc) ========"
-  cat "$logs/$name.log"
+  cat "$logs/$name.log" 2>/dev/null || true
   if [ "$rc" != 0 ]; then
     echo "test.sh: $name FAILED (exit $rc)" >&2
     status=1

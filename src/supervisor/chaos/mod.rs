@@ -108,8 +108,9 @@ pub struct Chaos {
     events: Vec<ChaosEvent>,
     /// The label of the last attempt's failure, when a fault caused it.
     label: Option<String>,
-    /// A fault landed on another node and this node's recovery from it is awaited (the spec
-    /// clocks then wait as on the node that injected it).
+    /// A fault landed on another node: the spec whose clock restarts at this node's next
+    /// recovery, as on the node that injected it (it holds no other fault back: a fault
+    /// elsewhere may leave this node's attempt running).
     remote_pending: Option<usize>,
 }
 
@@ -219,7 +220,7 @@ impl Chaos {
         if let Some(t) = &running.throttle {
             due = Some(due.map_or(t.next(), |d| d.min(t.next())));
         }
-        if self.pending.is_none() && self.remote_pending.is_none() && running.injected.is_none() {
+        if self.pending.is_none() && running.injected.is_none() {
             let attempt = running.restart_count;
             for i in 0..self.clocks.len() {
                 if let Some(at) = self.due(i, attempt) {
@@ -250,7 +251,7 @@ impl Chaos {
         if !toggles.is_empty() {
             return toggles;
         }
-        if !untouched || self.pending.is_some() || self.remote_pending.is_some() {
+        if !untouched || self.pending.is_some() {
             return Vec::new();
         }
         let Some(running) = self.running.as_ref() else {

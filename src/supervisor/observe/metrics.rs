@@ -502,7 +502,10 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want} missing in\n{text}");
         }
-        assert!(!text.contains("rdrun_chaos_recover_seconds_count{kind=\"hang\"}"), "{text}");
+        assert!(
+            !text.contains("rdrun_chaos_recover_seconds_count{kind=\"hang\"}"),
+            "{text}"
+        );
     }
 
     /// Issue 37 item 4: the restart histogram is there from the first scrape and counts each

@@ -318,12 +318,36 @@ fn the_seeded_schedule_is_the_same_twice_and_a_bad_spec_is_refused() {
         .args(["--chaos", "kill:after=1s", "--chaos", "explode:after=1s"])
         .arg("true")
         .run();
-    assert_ne!(out.code, Some(0));
+    // A usage error (exit 2), as every bad flag value, refused before anything starts.
+    out.assert_code(2);
     assert!(
         out.stderr
             .contains("--chaos \"explode:after=1s\": unknown fault \"explode\""),
         "{out:?}"
     );
+    for (args, says) in [
+        (
+            &["--chaos-progress", "step (\\d+)"][..],
+            "--chaos-progress needs --chaos",
+        ),
+        (
+            &["--chaos", "kill:after=1s", "--chaos-progress", "step ("][..],
+            "--chaos-progress \"step (\": not a regular expression",
+        ),
+        (
+            &["--chaos", "hang:after=1s", "--hang-detect", "observe"][..],
+            "a hang is only found and stopped with --hang-detect kill",
+        ),
+        (
+            &["--chaos", "node-loss:after=1s"][..],
+            "node-loss needs a multi-node rendezvous",
+        ),
+    ] {
+        let out = shell_job(&dir, 1).args(args).arg("true").run();
+        out.assert_code(2);
+        assert!(out.stderr.contains(says), "{args:?}: {out:?}");
+        assert_eq!(out.stderr.lines().count(), 1, "one line: {out:?}");
+    }
 }
 
 /// Issue 41: `node-loss` on two namespace nodes (c10d, `--nnodes 1:2`): the chosen node's agent

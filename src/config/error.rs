@@ -41,6 +41,10 @@ pub enum ConfigError {
     PythonNotFound(String),
     #[error("--log-dir '{0}' exists and is not a directory")]
     LogDirNotDirectory(String),
+    /// A `--chaos` spec (or `--chaos-progress`) that cannot be run: the parser's one line, which
+    /// names the fault and the key (issue 41).
+    #[error("{0}")]
+    Chaos(String),
     /// A scheduler environment that cannot be launched from (a contradiction, a batch script
     /// spanning several nodes, a nested launch): one line naming the variables.
     #[error("{0}")]
@@ -75,6 +79,7 @@ impl ConfigError {
             ConfigError::Invalid { .. }
             | ConfigError::ModuleWithNoPython
             | ConfigError::Hang(_)
+            | ConfigError::Chaos(_)
             | ConfigError::Env(_) => Exit::Usage,
             _ => Exit::LauncherFailure,
         }

@@ -25,6 +25,7 @@ use std::time::Duration;
 use crate::cli::{EnvFn, LaunchArgs};
 use flags::resolve_logs;
 
+pub mod chaos;
 mod cluster;
 mod command;
 pub mod console;
@@ -119,10 +120,17 @@ fn resolve_args(
         endpoint::resolve_rendezvous(&layout, args.local_addr.as_deref(), conf, host)?;
 
     let mut rdzv = rdzv;
-    if uses_rendezvous(standalone, &rdzv, nnodes) {
+    let rounds = uses_rendezvous(standalone, &rdzv, nnodes);
+    if rounds {
         // Typed now, so that a bad value stops the run before anything starts.
         rdzv.settings = Some(rdzv.type_settings(nnodes)?);
     }
+    let chaos = resolve_chaos(
+        &args,
+        env,
+        hang.mode == hang::HangMode::Kill,
+        rounds && nnodes.max > 1,
+    )?;
 
     let mut log = resolve_logs(&args, env, host)?;
     let signals_to_handle = parse_signals(&args.signals_to_handle);
@@ -170,7 +178,7 @@ fn resolve_args(
         run_env,
         resilience,
         warm,
-        chaos: resolve_chaos(&args, env),
+        chaos,
     };
     cfg.cluster = cluster::plan(detected, &args, &layout, &cfg)?;
     if cfg.cluster.dry_run.is_some() {
@@ -363,7 +371,16 @@ fn resolve_hang(args: &LaunchArgs, env: EnvFn<'_>) -> Result<hang::HangSettings,
 /// Events, metrics and health settings; a bad value names its flag or variable.
 /// `--chaos`, else `RDRUN_CHAOS` (an empty value is unset); `--chaos-progress` alone is kept
 /// so that the run can refuse it without `--chaos`.
-fn resolve_chaos(args: &LaunchArgs, env: EnvFn<'_>) -> Option<ChaosSettings> {
+///
+/// Checked here, so that a bad spec is a usage error (exit 2) before anything starts: the
+/// grammar, the regular expression, and what the spec asks of the run (`hang_kills`: hang
+/// detection stops a hung group; `multi_node`: the run holds a multi-node rendezvous).
+fn resolve_chaos(
+    args: &LaunchArgs,
+    env: EnvFn<'_>,
+    hang_kills: bool,
+    multi_node: bool,
+) -> Result<Option<ChaosSettings>, ConfigError> {
     let given = |flag: &Option<String>, var: &str| {
         flag.clone()
             .or_else(|| env(var))
@@ -371,10 +388,25 @@ fn resolve_chaos(args: &LaunchArgs, env: EnvFn<'_>) -> Option<ChaosSettings> {
     };
     let spec = given(&args.chaos, "RDRUN_CHAOS");
     let progress = given(&args.chaos_progress, "RDRUN_CHAOS_PROGRESS");
-    (spec.is_some() || progress.is_some()).then(|| ChaosSettings {
+    if spec.is_none() && progress.is_none() {
+        return Ok(None);
+    }
+    let typed = chaos::parse(spec.as_deref().unwrap_or("")).map_err(ConfigError::Chaos)?;
+    if let Some(p) = &progress {
+        if let Err(e) = regex::Regex::new(p) {
+            let text = e.to_string();
+            let last = text.lines().last().unwrap_or("").trim().to_string();
+            return Err(ConfigError::Chaos(format!(
+                "--chaos-progress {p:?}: not a regular expression ({last})"
+            )));
+        }
+    }
+    chaos::check_plan(&typed, progress.is_some(), hang_kills, multi_node)
+        .map_err(ConfigError::Chaos)?;
+    Ok(Some(ChaosSettings {
         spec: spec.unwrap_or_default(),
         progress,
-    })
+    }))
 }
 
 fn resolve_observe(

@@ -4,7 +4,7 @@
 //! agent sends the signals (it spawned the workers; rdrun signals only what it started).
 
 use super::schedule::choose;
-use super::spec::{FaultSpec, Kind, Pick};
+use crate::config::chaos::{FaultSpec, Kind, Pick};
 
 /// One worker of the running attempt, as the injector sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,7 @@ pub fn land(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::supervisor::chaos::spec::parse;
+    use crate::config::chaos::parse;
 
     fn layout(node: usize, nodes: usize, per: usize) -> Layout {
         Layout {

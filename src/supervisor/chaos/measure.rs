@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::{json, Value};
 
-use super::spec::Kind;
+use crate::config::chaos::Kind;
 
 /// Where a fault stands.
 #[derive(Debug, Clone, PartialEq)]

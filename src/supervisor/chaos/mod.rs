@@ -24,17 +24,16 @@ pub mod inject;
 pub mod measure;
 pub mod schedule;
 pub mod slow;
-pub mod spec;
 pub mod table;
 
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 
+use crate::config::chaos::{self as spec, ChaosSpec, Kind};
 pub use inject::{Act, Layout, Target};
 use measure::{ProgressRegex, Record, Seen, State};
 use schedule::Schedule;
-use spec::{ChaosSpec, Kind};
 
 /// How often the workers' last lines are read for `--chaos-progress` (the resolution of the
 /// "first progress" time).
@@ -128,25 +127,9 @@ impl Chaos {
     ) -> Result<Option<Chaos>, String> {
         let spec = spec::parse(text)?;
         let progress = progress.map(ProgressRegex::new).transpose()?;
+        spec::check_plan(&spec, progress.is_some(), hang_kills, multi_node)?;
         if spec.faults.is_empty() {
-            return match progress {
-                Some(_) => Err("--chaos-progress needs --chaos".to_string()),
-                None => Ok(None),
-            };
-        }
-        for f in &spec.faults {
-            if f.kind == Kind::Hang && !hang_kills {
-                return Err(format!(
-                    "--chaos {}: a hang is only found and stopped with --hang-detect kill",
-                    f.describe()
-                ));
-            }
-            if f.kind == Kind::NodeLoss && !multi_node {
-                return Err(format!(
-                    "--chaos {}: node-loss needs a multi-node rendezvous (c10d or etcd, --nnodes MIN:MAX)",
-                    f.describe()
-                ));
-            }
+            return Ok(None);
         }
         let seed = spec.seed.unwrap_or_else(|| match multi_node {
             true => run_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {

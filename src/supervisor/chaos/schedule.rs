@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use super::spec::{ChaosSpec, FaultSpec, Repeat};
+use crate::config::chaos::{ChaosSpec, FaultSpec, Repeat};
 
 /// One planned fault: the spec it comes from, its number within that spec (0-based), the gap
 /// before it, and the draw its random rank or node is taken from.
@@ -124,7 +124,7 @@ pub fn choose(draw: u64, of: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::supervisor::chaos::spec::parse;
+    use crate::config::chaos::parse;
 
     #[test]
     fn the_same_seed_gives_the_same_schedule() {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use super::measure::{stats, Record, State};
-use super::spec::Kind;
+use crate::config::chaos::Kind;
 
 /// One fault kind's row.
 #[derive(Debug, Clone, PartialEq)]

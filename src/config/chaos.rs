@@ -9,7 +9,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::config::hang::parse_duration;
+use super::hang::parse_duration;
 
 /// What one fault does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -128,6 +128,35 @@ pub fn parse(text: &str) -> Result<ChaosSpec, String> {
         spec.faults.push(fault);
     }
     Ok(spec)
+}
+
+/// What a spec asks of the run it is given to: `--chaos-progress` needs a fault, a `hang` is only
+/// found and stopped under `--hang-detect kill`, `node-loss` needs a multi-node rendezvous.
+/// Checked when the config is resolved (a usage error) and again when the run's chaos starts.
+pub fn check_plan(
+    spec: &ChaosSpec,
+    progress: bool,
+    hang_kills: bool,
+    multi_node: bool,
+) -> Result<(), String> {
+    if spec.faults.is_empty() && progress {
+        return Err("--chaos-progress needs --chaos".to_string());
+    }
+    for f in &spec.faults {
+        if f.kind == Kind::Hang && !hang_kills {
+            return Err(format!(
+                "--chaos {}: a hang is only found and stopped with --hang-detect kill",
+                f.describe()
+            ));
+        }
+        if f.kind == Kind::NodeLoss && !multi_node {
+            return Err(format!(
+                "--chaos {}: node-loss needs a multi-node rendezvous (c10d or etcd, --nnodes MIN:MAX)",
+                f.describe()
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn parse_fault(part: &str) -> Result<(FaultSpec, Option<u64>), String> {

@@ -1,5 +1,5 @@
 //! What the agent tells the observer: one [`RunEvent`] per thing that happened, handed to
-//! [`super::Observer::emit`]. The observer's renderers consume it — the lifecycle event log
+//! the observer's `emit`. The observer's renderers consume it — the lifecycle event log
 //! (`events.jsonl`, `--events`, the console's event lines), the status line, the health state,
 //! the Prometheus metrics and the capture blocks — so the agent never formats JSON, touches a
 //! registry or writes the terminal, and no module below the agent names the observer at all
@@ -110,55 +110,5 @@ impl RunEvent<'_> {
             .as_ref()
             .map_or_else(String::new, |e| format!("{}:{}", e.host, e.port));
         RunEvent::Connecting { endpoint }
-    }
-}
-
-impl super::Inner {
-    /// Hands one event to the renderers (see the module doc).
-    pub(super) fn on(&mut self, ev: RunEvent<'_>) {
-        match ev {
-            RunEvent::Connecting { endpoint } => self.connecting(endpoint),
-            RunEvent::Connected => self.connected(),
-            RunEvent::RendezvousBegins(reason) => self.rendezvous_begins(reason),
-            RunEvent::RendezvousEnded(res) => self.rendezvous_ended(res),
-            RunEvent::AttemptBegins { attempt, run_dir } => self.attempt_begins(attempt, run_dir),
-            RunEvent::Spawned {
-                local_rank,
-                rank,
-                pid,
-                output,
-            } => self.spawned(local_rank, rank, pid, output),
-            RunEvent::Reaped { pid, status } => self.reaped(pid, status),
-            RunEvent::Signal(sig) => self.signal(sig),
-            RunEvent::StopProgress { stop, live } => self.watch_stop(stop, live),
-            RunEvent::AttemptOver => self.attempt_over(),
-            RunEvent::Restart {
-                next,
-                charged,
-                kind,
-            } => self.restart(next, charged, kind),
-            RunEvent::RestartCost { fields, total } => self.restart_cost(fields, total),
-            RunEvent::RestartBack { restart, secs } => self.restart_back(restart, secs),
-            RunEvent::HealthChecks(report) => self.health_checks(report),
-            RunEvent::NetworkCheck {
-                verdict,
-                peers,
-                leaving,
-                took,
-            } => self.network_check(verdict, peers, leaving, took),
-            RunEvent::NodeFailures(count) => self.node_failures(count),
-            RunEvent::RunNodeFailures(nodes) => self.run_node_failures(nodes),
-            RunEvent::Hang(found) => self.hang(found),
-            RunEvent::BarrierBegins { timeout } => self.barrier_begins(timeout),
-            RunEvent::BarrierEnded => self.barrier_ended(),
-            RunEvent::ChaosInject { fields } => self.chaos("chaos_inject", fields, None),
-            RunEvent::ChaosRecovered {
-                kind,
-                detect,
-                recover,
-                fields,
-            } => self.chaos("chaos_recovered", fields, Some((kind, detect, recover))),
-            RunEvent::RunEnd(end) => self.run_end(end),
-        }
     }
 }

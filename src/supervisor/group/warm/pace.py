@@ -8,7 +8,8 @@
 # the head of sys.meta_path (there only while learning imports, never when a worker is forked)
 # is called before every module is looked for, and there it
 #   * goes on at full speed when a fork request is waiting (the template's socket is readable:
-#     the workers are down, and the request must not wait for a slow import) or when the node
+#     the workers are down, and the request must not wait for a slow import; the import also
+#     leaves SCHED_IDLE then, `_Pacer._hurry`) or when the node
 #     has cores to spare (/proc/stat: the other processes leave >= _SPARE_CORES idle);
 #   * otherwise sleeps until its CPU time is at most _DUTY of the time it has been learning,
 #     waking at once for a fork request.
@@ -85,10 +86,22 @@ class _Pacer:
             self.busy = False
         return None
 
+    def _hurry(self):
+        # A fork request waits: the rest of this import runs at full speed, and at normal
+        # priority. An import left at SCHED_IDLE (learn.py `_import_proven`) on a node whose
+        # cores are all busy gets almost no CPU, and the agent's one thread waits for the fork:
+        # for seconds, past a multi-node round's heartbeats (5 missed: the node is dropped).
+        self.hurry = True
+        try:
+            if os.sched_getscheduler(0) == os.SCHED_IDLE:
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except (OSError, AttributeError):
+            pass
+
     def _wait(self):
         time = self.time
         if self._request_waits(0):
-            self.hurry = True
+            self._hurry()
             return
         while True:
             now, cpu = time.monotonic(), time.process_time()
@@ -100,7 +113,7 @@ class _Pacer:
             if owed <= 0:
                 return
             if self._request_waits(min(owed, _SPARE_EVERY)):
-                self.hurry = True
+                self._hurry()
                 return
 
 

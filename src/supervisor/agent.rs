@@ -207,16 +207,9 @@ async fn start_rendezvous(
     match started {
         Ok(Ok(r)) => Ok(Some(r)),
         Ok(Err(err)) => Err(RunEnd::from_error(err)),
-        Err(signal) => {
-            tracing::warn!(
-                "received {} during the rendezvous, exiting",
-                crate::exit::signal_label(signal)
-            );
-            Err(RunEnd::Interrupted {
-                signal,
-                report: None,
-            })
-        }
+        Err(signal) => Err(crate::supervisor::nodes::join::interrupted_in_rendezvous(
+            signal,
+        )),
     }
 }
 

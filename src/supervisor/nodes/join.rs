@@ -90,16 +90,7 @@ pub(crate) async fn join_round(
             Err(RunEnd::Succeeded)
         }
         Ok(Err(err)) => Err(RunEnd::from_error(err)),
-        Err(signal) => {
-            tracing::warn!(
-                "received {} during the rendezvous, exiting",
-                crate::exit::signal_label(signal)
-            );
-            Err(RunEnd::Interrupted {
-                signal,
-                report: None,
-            })
-        }
+        Err(signal) => Err(interrupted_in_rendezvous(signal)),
     }
 }
 
@@ -154,6 +145,18 @@ pub(crate) async fn close_failed(rdzv: &mut Rendezvous, verdict: Option<&str>) {
 pub(crate) async fn close(rdzv: &mut Rendezvous) {
     if let Err(err) = rdzv.close().await {
         tracing::warn!("cannot close the rendezvous: {}", error_chain(&err));
+    }
+}
+
+/// The end of a run that a shutdown signal reached while it joined a rendezvous (said once).
+pub(in crate::supervisor) fn interrupted_in_rendezvous(signal: i32) -> RunEnd {
+    tracing::warn!(
+        "received {} during the rendezvous, exiting",
+        crate::exit::signal_label(signal)
+    );
+    RunEnd::Interrupted {
+        signal,
+        report: None,
     }
 }
 

@@ -319,8 +319,16 @@ impl Agent {
             }
             None => {}
         }
-        let in_a_row = same.record_signature(run);
-        self.record_failure(tally, &outcome, own.as_ref()).await;
+        // Issue 41: an injected failure counts toward neither the stop verdict nor the node's
+        // failure counts, on this path as on the restart path (`Agent::count_failure`).
+        let injected = self.chaos_injected().is_some();
+        let in_a_row = match injected {
+            true => 0,
+            false => same.record_signature(run),
+        };
+        if !injected {
+            self.record_failure(tally, &outcome, own.as_ref()).await;
+        }
         let verdict = (max_same > 0 && in_a_row >= max_same).then(|| same.verdict());
         if let (Some((ex, keys)), true) = (&exchange, pending) {
             let detail = verdict.as_deref().or(show.as_deref());

@@ -585,23 +585,10 @@ fn may_read_env(rel: &Path) -> bool {
 /// is a one-line error before anything starts, and the rest of the code gets typed values.
 #[test]
 fn the_environment_is_read_only_where_the_config_is_resolved() {
-    let src = src_dir();
-    let mut files = Vec::new();
-    rs_files(&src, &mut files);
-    let tests = test_only_files(&src, &files);
-    let mut bad = Vec::new();
-    for f in &files {
-        let rel = f.strip_prefix(&src).unwrap();
-        if tests.contains(f) || skipped(rel) || may_read_env(rel) {
-            continue;
-        }
-        let text = strip_comments(&std::fs::read_to_string(f).unwrap());
-        for (n, line) in production(&text).lines().enumerate() {
-            if ENV_READS.iter().any(|r| line.contains(r)) {
-                bad.push(format!("{}:{}: {}", rel.display(), n + 1, line.trim()));
-            }
-        }
-    }
+    let bad = lines_outside(
+        |rel| skipped(rel) || may_read_env(rel),
+        |line| ENV_READS.iter().any(|r| line.contains(r)),
+    );
     assert!(
         bad.is_empty(),
         "environment reads outside config/, workerenv.rs and bin/ (resolve them into the \

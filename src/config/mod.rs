@@ -404,7 +404,7 @@ fn resolve_chaos(
     chaos::check_plan(&typed, progress.is_some(), hang_kills, multi_node)
         .map_err(ConfigError::Chaos)?;
     Ok(Some(ChaosSettings {
-        spec: spec.unwrap_or_default(),
+        spec: typed,
         progress,
     }))
 }

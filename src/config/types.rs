@@ -153,12 +153,12 @@ pub struct LaunchConfig {
     pub chaos: Option<ChaosSettings>,
 }
 
-/// `--chaos` (every one given, joined with `;`) or `RDRUN_CHAOS`, and `--chaos-progress` or
-/// `RDRUN_CHAOS_PROGRESS`, as typed: `supervisor::chaos` types them when the run starts (a bad
-/// spec ends the run before anything is spawned). Never from a scheduler's variables.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `--chaos` (every one given, joined with `;`) or `RDRUN_CHAOS`, typed and checked against the
+/// run when the config is resolved (`config/chaos.rs`), and `--chaos-progress` or
+/// `RDRUN_CHAOS_PROGRESS` (a valid regular expression). Never from a scheduler's variables.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ChaosSettings {
-    pub spec: String,
+    pub spec: super::chaos::ChaosSpec,
     pub progress: Option<String>,
 }
 

@@ -23,8 +23,8 @@ impl Agent {
         };
         let hang_kills = config.hang.mode == crate::config::hang::HangMode::Kill;
         let multi = config.uses_rendezvous() && config.nnodes.max > 1;
-        let chaos = Chaos::new(
-            &c.spec,
+        let chaos = Chaos::of_spec(
+            c.spec.clone(),
             c.progress.as_deref(),
             hang_kills,
             multi,

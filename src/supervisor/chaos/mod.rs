@@ -125,7 +125,17 @@ impl Chaos {
         multi_node: bool,
         run_id: &str,
     ) -> Result<Option<Chaos>, String> {
-        let spec = spec::parse(text)?;
+        Chaos::of_spec(spec::parse(text)?, progress, hang_kills, multi_node, run_id)
+    }
+
+    /// [`Chaos::new`] from the spec the config already typed (`config::ChaosSettings`).
+    pub fn of_spec(
+        spec: ChaosSpec,
+        progress: Option<&str>,
+        hang_kills: bool,
+        multi_node: bool,
+        run_id: &str,
+    ) -> Result<Option<Chaos>, String> {
         let progress = progress.map(ProgressRegex::new).transpose()?;
         spec::check_plan(&spec, progress.is_some(), hang_kills, multi_node)?;
         if spec.faults.is_empty() {

@@ -613,6 +613,67 @@ fn injected_kills_on_a_two_node_job_are_labelled_on_both_nodes() {
     });
 }
 
+/// The label travels with the root-cause exchange, not with each node's clock: node 0's spec
+/// is the same fault an hour later, so its own clock never draws it, and only node 1's entry
+/// can tell it that the attempt ended by an injected kill. Both nodes name the same fault, and
+/// node 0 does not count it (`--max-same-failures 1` would stop a job that counted it).
+/// Static rendezvous: node 1 holds rank 1, whatever the timing.
+#[test]
+fn a_kill_on_one_node_is_labelled_on_the_other_by_the_exchange_alone() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    crate::netns::bounded(Duration::from_secs(300), move || {
+        let dir = TempDir::new("chaos_static_label");
+        std::fs::write(dir.join("ddp.py"), DDP_JOB).unwrap();
+        let port = crate::util::free_port();
+        let running: Vec<_> = [("0", "1h"), ("1", "5s")]
+            .into_iter()
+            .map(|(node, after)| {
+                Rdrun::new()
+                    .timeout(Duration::from_secs(240))
+                    .env("PYTHON_EXEC", &python)
+                    .args(["--nnodes", "2", "--node-rank", node])
+                    .args(["--nproc-per-node", "1", "--master-addr", "127.0.0.1"])
+                    .arg("--master-port")
+                    .arg(port.to_string())
+                    .args(["--max-restarts=1", "--max-same-failures=1"])
+                    .arg("--chaos")
+                    .arg(format!("kill:after={after},count=1,rank=1,seed=3"))
+                    .arg("--report-json")
+                    .arg(dir.join(format!("report{node}.json")))
+                    .arg(dir.join("ddp.py"))
+                    .arg(dir.path())
+                    .arg("100")
+                    .arg("ckpt")
+                    .spawn()
+            })
+            .collect();
+        let outs: Vec<crate::util::Output> = running.into_iter().map(|r| r.wait()).collect();
+        let mut causes = Vec::new();
+        for (node, out) in outs.iter().enumerate() {
+            out.assert_code(0);
+            let v = report_at(&dir.join(format!("report{node}.json")));
+            let restarts = v["restarts"].as_array().cloned().unwrap_or_default();
+            assert_eq!(restarts.len(), 1, "node {node}: {v}\n{out:?}");
+            let cause = restarts[0]["cause"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let label = cause.split(':').next().unwrap_or_default().to_string();
+            causes.push(label);
+            let injected = v["chaos"]["summary"]["kill"]["injected"]
+                .as_u64()
+                .unwrap_or(0);
+            assert_eq!(injected, node as u64, "node 1 injects and measures: {v}");
+        }
+        assert_eq!(
+            causes, ["injected kill rank 1, chaos fault 1"; 2],
+            "both nodes name node 1's fault: {outs:?}"
+        );
+    });
+}
+
 /// The `--report-json` document at `path`.
 fn report_at(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).expect("report");

@@ -524,7 +524,8 @@ impl Agent {
 
     /// What a failed attempt counts as: the stop verdict counts the run's root cause (agreed
     /// between nodes), the node's failure memory its own. Issue 41: an injected failure is none
-    /// of the job's, so neither sees it. Returns the outcome, the repeats the restart decision
+    /// of the job's, so neither sees it; the node that injected it tells the others through
+    /// its root-cause entry, so that every node knows, whatever its own chaos clock reached. Returns the outcome, the repeats the restart decision
     /// weighs and the restart's cause.
     async fn count_failure(
         &mut self,
@@ -533,9 +534,13 @@ impl Agent {
         same: &mut crate::supervisor::nodes::stop_verdict::SameFailure,
         tally: &mut rounds::Tally,
     ) -> (Outcome, restart::Repeats, String) {
-        let entry = crate::supervisor::nodes::root_cause::Entry::of(&outcome);
-        let (outcome, run_root) = self.run_root(asg, outcome, &entry).await;
-        let injected = self.chaos_injected();
+        let own_fault = self.chaos_cause();
+        let entry = crate::supervisor::nodes::root_cause::Entry {
+            injected: self.chaos_published(own_fault.as_ref()),
+            ..crate::supervisor::nodes::root_cause::Entry::of(&outcome)
+        };
+        let (outcome, run_root, run_fault) = self.run_root(asg, outcome, &entry).await;
+        let injected = self.chaos_label(own_fault, run_fault);
         let repeats = restart::Repeats {
             in_a_row: match injected {
                 Some(_) => 0,

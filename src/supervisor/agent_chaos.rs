@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use super::Agent;
 use crate::rendezvous::Assignment;
-use crate::supervisor::chaos::{Act, Chaos, ChaosEvent, Layout, Target};
+use crate::supervisor::chaos::{Act, Cause, Chaos, ChaosEvent, Injected, Layout, Target};
 use crate::supervisor::group::attempt::Group;
 use crate::supervisor::observe::RunEvent;
 use crate::supervisor::output::own;
@@ -133,10 +133,35 @@ impl Agent {
         }
     }
 
+    /// What chaos knows of the attempt's end: a fault caused it (`here`: this node injected it;
+    /// else this node's clock drew it landing elsewhere).
+    pub(super) fn chaos_cause(&mut self) -> Option<Cause> {
+        self.chaos.as_mut()?.take_cause()
+    }
+
+    /// What this node publishes in its root-cause entry: a fault it injected itself (a fault
+    /// its clock saw land elsewhere is the other node's to tell).
+    pub(super) fn chaos_published(&self, own: Option<&Cause>) -> Option<Injected> {
+        own.filter(|c| c.here).map(|c| c.injected.clone())
+    }
+
     /// The label of the attempt's failure when a fault caused it (it then counts toward
-    /// neither the stop verdict nor the failure counts).
-    pub(super) fn chaos_injected(&mut self) -> Option<String> {
-        self.chaos.as_mut()?.take_label()
+    /// neither the stop verdict nor the failure counts): this node's own fault; else the one
+    /// the nodes agreed on (`run`: another node injected it, and this node's clock catches
+    /// up with it); else the one this node's clock saw land elsewhere (the exchange did not
+    /// answer).
+    pub(super) fn chaos_label(
+        &mut self,
+        own: Option<Cause>,
+        run: Option<Injected>,
+    ) -> Option<String> {
+        let chaos = self.chaos.as_mut()?;
+        match (own, run) {
+            (Some(c), _) if c.here => Some(c.injected.label),
+            (_, Some(fault)) => Some(chaos.agreed(&fault)),
+            (Some(c), None) => Some(c.injected.label),
+            (None, None) => None,
+        }
     }
 
     /// The restart after an attempt spawned its workers (`failed_at`: what its back-in-user-code

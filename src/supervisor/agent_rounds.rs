@@ -13,6 +13,7 @@ use crate::rendezvous::keys::round::{FailureKeys, RootKeys};
 use crate::rendezvous::{Assignment, RoundReason};
 
 use super::Agent;
+use crate::supervisor::chaos::Injected;
 use crate::supervisor::group::attempt::Outcome;
 use crate::supervisor::nodes::failure_counts::{self, FailShare, RunCounts};
 use crate::supervisor::nodes::join;
@@ -104,37 +105,39 @@ impl Agent {
     /// round gets the lost peers' names, and the wait for the others' entries ends once the
     /// round is known to have lost a node. A node stopped by another's close after a failure
     /// that ended the job reads that node's reason when it is pending (issue 38 item 7). A
-    /// shutdown signal during the wait ends the attempt as interrupted.
+    /// shutdown signal during the wait ends the attempt as interrupted. Issue 41: with the
+    /// entries, the chaos fault a node injected that ended the attempt, if any
+    /// (`root_cause::injected`).
     pub(super) async fn run_root(
         &mut self,
         asg: &Assignment,
         outcome: Outcome,
         entry: &root_cause::Entry,
-    ) -> (Outcome, Option<Signature>) {
+    ) -> (Outcome, Option<Signature>, Option<Injected>) {
         let own = entry.sig.clone();
         let outcome = self.with_lost_peers(outcome).await;
         let part = root_cause::part(&outcome);
         let nodes = asg.group_world_size;
         if !(2..=root_cause::MAX_NODES).contains(&nodes) {
-            return (outcome, own);
+            return (outcome, own, None);
         }
         let Some((ex, keys)) = self.root_exchange(asg) else {
-            return (outcome, own);
+            return (outcome, own, None);
         };
         if let Outcome::RendezvousLost(msg) = &outcome {
             if root_cause::told_of_failure(msg) {
-                return (self.told(asg, &ex, &keys, outcome).await, own);
+                return (self.told(asg, &ex, &keys, outcome).await, own, None);
             }
         }
         if part == root_cause::Part::Alone {
-            return (outcome, own);
+            return (outcome, own, None);
         }
         if let Err(why) = root_cause::publish(&ex, &keys, asg.group_rank, entry).await {
             tracing::warn!("judging the attempt's root cause on this node alone: {why}");
-            return (outcome, own);
+            return (outcome, own, None);
         }
         if part != root_cause::Part::Judge {
-            return (outcome, own);
+            return (outcome, own, None);
         }
         match self.judge(&ex, &keys, nodes).await {
             Ok(Some(entries)) => {
@@ -150,15 +153,15 @@ impl Agent {
                         show(&run)
                     );
                 }
-                (outcome, run)
+                (outcome, run, root_cause::injected(&entries))
             }
-            Ok(None) => (outcome, own),
+            Ok(None) => (outcome, own, None),
             Err(signal) => {
                 let failures = match outcome {
                     Outcome::Failed { failures, .. } => failures,
                     _ => Vec::new(),
                 };
-                (Outcome::Interrupted { signal, failures }, own)
+                (Outcome::Interrupted { signal, failures }, own, None)
             }
         }
     }
@@ -275,7 +278,11 @@ impl Agent {
         if self.rdzv.is_none() || !plain || !no_restart {
             return ControlFlow::Continue(outcome);
         }
-        let entry = root_cause::Entry::of(&outcome);
+        let own_fault = self.chaos_cause();
+        let entry = root_cause::Entry {
+            injected: self.chaos_published(own_fault.as_ref()),
+            ..root_cause::Entry::of(&outcome)
+        };
         let own = entry.sig.clone();
         let max_same = self.config.resilience.max_same_failures;
         let pending = same.could_reach(max_same);
@@ -303,10 +310,14 @@ impl Agent {
         tracing::warn!("no restart left: ending the job on every node");
         self.close_rdzv_failed(show.as_deref()).await;
         let mut run = own.clone();
+        let mut run_fault = None;
         let mut signal = None;
         match &exchange {
             Some((ex, keys)) if pending => match self.judge(ex, keys, asg.group_world_size).await {
-                Ok(Some(entries)) => run = root_cause::pick(&entries),
+                Ok(Some(entries)) => {
+                    run = root_cause::pick(&entries);
+                    run_fault = root_cause::injected(&entries);
+                }
                 Ok(None) => {}
                 Err(sig) => signal = Some(sig),
             },
@@ -321,7 +332,7 @@ impl Agent {
         }
         // Issue 41: an injected failure counts toward neither the stop verdict nor the node's
         // failure counts, on this path as on the restart path (`Agent::count_failure`).
-        let injected = self.chaos_injected().is_some();
+        let injected = self.chaos_label(own_fault, run_fault).is_some();
         let in_a_row = match injected {
             true => 0,
             false => same.record_signature(run),

@@ -30,6 +30,8 @@ pub struct Record {
     pub id: usize,
     /// The `--chaos` spec (0-based) it comes from.
     pub spec: usize,
+    /// Which of that spec's faults (0-based, in the schedule every node draws alike).
+    pub number: u32,
     pub kind: Kind,
     /// The global rank hit (`None`: a whole node).
     pub rank: Option<usize>,
@@ -216,6 +218,7 @@ mod tests {
         let mut r = Record {
             id: 1,
             spec: 0,
+            number: 0,
             kind: Kind::Kill,
             rank: Some(1),
             node: 0,

@@ -18,7 +18,11 @@
 //! untouched (a stop under way, a verdict), and one that falls due meanwhile comes once that
 //! is over. Only this node's faults are measured here; on a multi-node job every node draws
 //! the same schedule (the seed defaults to one derived from the run id), and the node that
-//! holds the chosen rank or is the chosen node injects it.
+//! holds the chosen rank or is the chosen node injects it. The others learn of it from that
+//! node's root-cause entry ([`Injected`], `nodes/root_cause.rs`), not from their own clocks,
+//! which start at their own spawn and fire late on a busy node: [`Chaos::agreed`] moves their
+//! clock past the fault. Their own draw of a fault landing elsewhere is the fallback when the
+//! exchange does not answer.
 
 pub mod inject;
 pub mod measure;
@@ -54,6 +58,26 @@ pub enum ChaosEvent {
     },
 }
 
+/// A fault that ended an attempt. The node that injected it publishes it with its root-cause
+/// entry (`nodes/root_cause.rs`), so that every node labels that attempt alike, whatever its
+/// own clock had reached, and the others' clocks catch up with the fault (module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Injected {
+    /// The attempt's label (`injected kill rank 1, chaos fault 1`).
+    pub label: String,
+    /// The spec (0-based) and which of its faults (0-based): the same on every node.
+    pub spec: usize,
+    pub number: u32,
+}
+
+/// The last attempt's end, when a fault caused it: the fault, and whether this node injected
+/// it (else its own clock drew it landing on another node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    pub injected: Injected,
+    pub here: bool,
+}
+
 /// What the run's end says about chaos.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finish {
@@ -84,9 +108,9 @@ struct Running {
     injected: Option<usize>,
     /// A `slow` fault's duty cycle under way.
     throttle: Option<slow::Throttle>,
-    /// A fault of the same schedule that landed on another node during this attempt: its
-    /// label, for this node's end of the attempt (module doc).
-    remote: Option<String>,
+    /// A fault of the same schedule that landed on another node during this attempt, as this
+    /// node's clock drew it (module doc).
+    remote: Option<Injected>,
 }
 
 /// The run's chaos state (module doc).
@@ -105,8 +129,8 @@ pub struct Chaos {
     /// The failure the restart after a fault counts its "back in user code" from.
     restart_failed_at: Option<SystemTime>,
     events: Vec<ChaosEvent>,
-    /// The label of the last attempt's failure, when a fault caused it.
-    label: Option<String>,
+    /// The last attempt's end, when a fault caused it.
+    label: Option<Cause>,
     /// A fault landed on another node: the spec whose clock restarts at this node's next
     /// recovery, as on the node that injected it (it holds no other fault back: a fault
     /// elsewhere may leave this node's attempt running).
@@ -269,7 +293,8 @@ impl Chaos {
         // The progress value "before" is read at the fault itself, not up to a poll ago.
         self.next_poll = None;
         self.read_progress(now);
-        let planned = self.schedule.get(i, self.clocks[i].next).expect("due");
+        let number = self.clocks[i].next;
+        let planned = self.schedule.get(i, number).expect("due");
         self.clocks[i].next += 1;
         self.clocks[i].since = Some(now);
         let running = self.running.as_mut().expect("checked");
@@ -277,6 +302,7 @@ impl Chaos {
         let mut record = Record {
             id: self.records.len() + 1,
             spec: i,
+            number,
             kind: self.spec.faults[i].kind,
             rank: None,
             node: running.layout.node,
@@ -295,11 +321,15 @@ impl Chaos {
             // the attempt is that fault's too, never one of its own (a kill, a hang or a lost
             // node ends every node's attempt; a slow rank elsewhere ends none).
             Ok(None) if record.kind != Kind::Slow => {
-                running.remote = Some(format!(
-                    "injected {} on another node, chaos spec {}",
-                    record.kind,
-                    i + 1
-                ));
+                running.remote = Some(Injected {
+                    label: format!(
+                        "injected {} on another node, chaos spec {}",
+                        record.kind,
+                        i + 1
+                    ),
+                    spec: i,
+                    number: record.number,
+                });
                 self.remote_pending = Some(i);
                 return Vec::new();
             }
@@ -421,18 +451,33 @@ impl Chaos {
         stop: Option<SystemTime>,
     ) -> Option<String> {
         self.label = self.caused(failed, stop);
-        self.label.clone()
+        self.label.as_ref().map(|c| c.injected.label.clone())
     }
 
-    /// The label [`Chaos::attempt_over`] found, once.
-    pub fn take_label(&mut self) -> Option<String> {
+    /// What [`Chaos::attempt_over`] found, once.
+    pub fn take_cause(&mut self) -> Option<Cause> {
         self.label.take()
     }
 
-    fn caused(&mut self, failed: Option<SystemTime>, stop: Option<SystemTime>) -> Option<String> {
+    /// The nodes agreed that `fault`, injected on another node, ended the attempt: this node's
+    /// clock for its spec catches up with it (when it had not drawn it yet, a busy node's
+    /// timer being behind), and restarts at this node's recovery, as on the node that
+    /// injected it. Returns the label every node gives the attempt.
+    pub fn agreed(&mut self, fault: &Injected) -> String {
+        if let Some(clock) = self.clocks.get_mut(fault.spec) {
+            clock.next = clock.next.max(fault.number + 1);
+            self.remote_pending = Some(fault.spec);
+        }
+        fault.label.clone()
+    }
+
+    fn caused(&mut self, failed: Option<SystemTime>, stop: Option<SystemTime>) -> Option<Cause> {
         let run = self.running.take()?;
         if run.injected.is_none() {
-            return run.remote;
+            return run.remote.map(|injected| Cause {
+                injected,
+                here: false,
+            });
         }
         let idx = run.injected?;
         let r = &mut self.records[idx];
@@ -442,7 +487,14 @@ impl Chaos {
         // rdrun's decision: the stop of the group (for a kill, right after the reap).
         let decided = stop.or(failed).unwrap_or_else(SystemTime::now);
         r.detected = Some(decided.duration_since(r.at).unwrap_or(Duration::ZERO));
-        Some(format!("injected {}, chaos fault {}", r.what(), r.id))
+        Some(Cause {
+            injected: Injected {
+                label: format!("injected {}, chaos fault {}", r.what(), r.id),
+                spec: r.spec,
+                number: r.number,
+            },
+            here: true,
+        })
     }
 
     /// The restart after a fault spawned its workers; `failed_at` is what its "back in user

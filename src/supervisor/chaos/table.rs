@@ -138,6 +138,7 @@ mod tests {
         Record {
             id,
             spec: 0,
+            number: id as u32 - 1,
             kind,
             rank: Some(1),
             node: 0,

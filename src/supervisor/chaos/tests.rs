@@ -323,3 +323,48 @@ fn a_fault_that_lands_on_another_node_labels_this_nodes_end_too() {
     );
     assert!(c.attempt_over(None, None).is_some());
 }
+
+#[test]
+fn a_fault_agreed_on_another_node_moves_this_nodes_clock_past_it() {
+    // Node 0 of two; rank 3 lives on node 1. Node 0's timer had not fired yet when node 1's
+    // kill ended the attempt: the root-cause exchange tells it, and its clock skips that fault
+    // instead of drawing it again after the restart.
+    let mut c = Chaos::new(
+        "kill:after=1h,every=1h,count=2,rank=3",
+        None,
+        true,
+        true,
+        "job",
+    )
+    .unwrap()
+    .unwrap();
+    let here = Layout {
+        node: 0,
+        nodes: 2,
+        world_size: 4,
+        local: vec![Target { rank: 0, pid: 10 }, Target { rank: 1, pid: 11 }],
+    };
+    let (_, last) = outputs(2);
+    c.attempt_started(0, here.clone(), last);
+    assert!(c.tick(true).is_empty(), "not due here yet");
+    assert_eq!(c.attempt_over(Some(SystemTime::now()), None), None);
+    let fault = Injected {
+        label: "injected kill rank 3, chaos fault 1".into(),
+        spec: 0,
+        number: 0,
+    };
+    assert_eq!(c.agreed(&fault), "injected kill rank 3, chaos fault 1");
+    assert_eq!(c.clocks[0].next, 1, "fault 0 is behind this node's clock");
+    // Told twice (or after its own clock drew it): the clock never goes back.
+    c.agreed(&fault);
+    assert_eq!(c.clocks[0].next, 1);
+    c.restarted(SystemTime::now());
+    let (_, last) = outputs(2);
+    c.attempt_started(1, here, last);
+    let before = c.clocks[0].since;
+    c.back(Duration::ZERO);
+    assert_ne!(
+        c.clocks[0].since, before,
+        "the gap counts from this node's recovery"
+    );
+}

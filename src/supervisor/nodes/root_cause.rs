@@ -37,6 +37,7 @@ use crate::exit::WorkerStatus;
 use crate::rendezvous::keys::round::RootKeys;
 use crate::rendezvous::Exchange;
 
+use crate::supervisor::chaos::Injected;
 use crate::supervisor::group::outcome::Outcome;
 use crate::supervisor::nodes::stop_verdict::{of_report, Signature};
 use crate::supervisor::report::failure::FailureReport;
@@ -62,6 +63,9 @@ pub(in crate::supervisor) struct Entry {
     pub at_ms: u64,
     /// Its root cause's signature (`None`: no failure, or a hang).
     pub sig: Option<Signature>,
+    /// Issue 41: the chaos fault this node injected that ended the attempt (`None` on the
+    /// other nodes, and without `--chaos`): every node labels the attempt by it ([`injected`]).
+    pub injected: Option<Injected>,
 }
 
 /// How a node takes part in the exchange after an attempt.
@@ -101,6 +105,7 @@ impl Entry {
                         Some(_) => None,
                         None => of_report(&report),
                     },
+                    injected: None,
                 }
             }
             _ => Entry::quiet(),
@@ -114,6 +119,7 @@ impl Entry {
             peer: false,
             at_ms: 0,
             sig: None,
+            injected: None,
         }
     }
 
@@ -126,7 +132,12 @@ impl Entry {
             Some(Signature::Status(WorkerStatus::Exited(c))) => json!({"exit": c}),
             Some(Signature::Status(WorkerStatus::Signaled(n))) => json!({"signal": n}),
         };
-        json!({"failed": self.failed, "peer": self.peer, "at_ms": self.at_ms, "sig": sig})
+        let injected = self
+            .injected
+            .as_ref()
+            .map(|f| json!({"label": f.label, "spec": f.spec, "number": f.number}));
+        json!({"failed": self.failed, "peer": self.peer, "at_ms": self.at_ms, "sig": sig,
+               "injected": injected})
     }
 
     fn from_json(bytes: &[u8]) -> Option<Entry> {
@@ -148,11 +159,21 @@ impl Entry {
                 int(&s["signal"])?,
             )))
         };
+        // Absent or unreadable: no fault (an entry of a node without `--chaos`).
+        let f = &v["injected"];
+        let injected = (|| {
+            Some(Injected {
+                label: f["label"].as_str()?.to_string(),
+                spec: usize::try_from(f["spec"].as_u64()?).ok()?,
+                number: u32::try_from(f["number"].as_u64()?).ok()?,
+            })
+        })();
         Some(Entry {
             failed: v["failed"].as_bool()?,
             peer: v["peer"].as_bool()?,
             at_ms: v["at_ms"].as_u64()?,
             sig,
+            injected,
         })
     }
 }
@@ -184,6 +205,25 @@ pub(in crate::supervisor) fn pick(entries: &[(usize, Entry)]) -> Option<Signatur
         .filter(|(_, e)| e.failed)
         .min_by_key(|(n, e)| (e.peer, e.at_ms, *n))
         .and_then(|(_, e)| e.sig.clone())
+}
+
+/// Issue 41: the chaos fault that ended the attempt, when a node injected one — the run's
+/// root cause's own if it has one, else the lowest group rank's. Any fault counts, not only
+/// the root's: a fault injected on one node is what ended the attempt on every node, and the
+/// root cause [`pick`] finds may be a consequence of it on a node whose clock runs ahead.
+pub(in crate::supervisor) fn injected(entries: &[(usize, Entry)]) -> Option<Injected> {
+    let root = entries
+        .iter()
+        .filter(|(_, e)| e.failed)
+        .min_by_key(|(n, e)| (e.peer, e.at_ms, *n))
+        .and_then(|(_, e)| e.injected.clone());
+    root.or_else(|| {
+        entries
+            .iter()
+            .filter(|(_, e)| e.injected.is_some())
+            .min_by_key(|(n, _)| *n)
+            .and_then(|(_, e)| e.injected.clone())
+    })
 }
 
 /// What the wait for every node's entry found.
@@ -347,6 +387,7 @@ mod tests {
             peer,
             at_ms,
             sig,
+            injected: None,
         }
     }
 
@@ -379,6 +420,41 @@ mod tests {
         assert_eq!(pick(&[]), None);
     }
 
+    fn fault(label: &str, spec: usize, number: u32) -> Injected {
+        Injected {
+            label: label.into(),
+            spec,
+            number,
+        }
+    }
+
+    /// Issue 41: the node that injected the fault names it for every node, whichever entry is
+    /// the root cause by the clock; without a fault, none.
+    #[test]
+    fn the_injected_fault_of_any_node_labels_the_attempt() {
+        let kill = fault("injected kill rank 1, chaos fault 1", 0, 0);
+        let killed = Entry {
+            injected: Some(kill.clone()),
+            ..failed(
+                false,
+                1000,
+                Some(Signature::Status(WorkerStatus::Signaled(9))),
+            )
+        };
+        let gloo = failed(true, 1002, exc("RuntimeError", 40));
+        assert_eq!(
+            injected(&[(0, gloo.clone()), (1, killed.clone())]),
+            Some(kill.clone())
+        );
+        // The other node's clock ran ahead: its own (non-peer) exit comes first by the clock.
+        let early = failed(false, 990, Some(Signature::Status(WorkerStatus::Exited(1))));
+        assert_eq!(injected(&[(0, early), (1, killed.clone())]), Some(kill));
+        // A regrouped node took no part in the failure.
+        assert_eq!(injected(&[(0, Entry::quiet()), (1, gloo.clone())]), None);
+        assert_eq!(injected(&[(0, gloo)]), None);
+        assert_eq!(injected(&[]), None);
+    }
+
     #[test]
     fn an_entry_reads_back_as_written() {
         for e in [
@@ -391,6 +467,14 @@ mod tests {
             ),
             failed(false, 15, None),
             Entry::quiet(),
+            Entry {
+                injected: Some(fault("injected kill rank 1, chaos fault 2", 0, 1)),
+                ..failed(
+                    false,
+                    16,
+                    Some(Signature::Status(WorkerStatus::Signaled(9))),
+                )
+            },
         ] {
             let bytes = serde_json::to_vec(&e.to_json()).unwrap();
             assert_eq!(Entry::from_json(&bytes), Some(e));

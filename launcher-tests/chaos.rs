@@ -223,6 +223,35 @@ fn a_hang_is_found_by_the_hang_detector_and_restarted() {
     );
 }
 
+/// A one-rank job has no other rank whose wait shows the hang, and the detector exempts a
+/// stopped rank (a debugger's pause): the rank rdrun stopped itself is watched all the same, so
+/// the hang is found, the job restarts and the fault is survived (it used to wait forever).
+#[test]
+fn a_hang_of_the_only_rank_is_found_too() {
+    let dir = TempDir::new("chaos_hang_one");
+    let out = shell_job(&dir, 1)
+        .arg("--max-restarts=1")
+        .args(["--hang-detect", "kill", "--hang-timeout", "2s"])
+        .args(["--hang-poll-interval", "0.5s"])
+        .args(["--chaos", "hang:after=1s,count=1"])
+        .arg("sh")
+        .arg(dir.join("job.sh"))
+        .arg("40")
+        .run();
+    out.assert_code(0);
+    let v = report(&dir);
+    let fault = &v["chaos"]["faults"][0];
+    assert_eq!(
+        (fault["kind"].as_str(), fault["state"].as_str()),
+        (Some("hang"), Some("recovered")),
+        "{v}\n{out:?}"
+    );
+    assert!(
+        fault["detect_s"].as_f64().expect("detected") >= 2.0,
+        "{fault}"
+    );
+}
+
 /// Issue 41: injected failures are no failures of the job: five kills of the same rank with
 /// `--max-same-failures 2` are five restarts, not a stop verdict (exit 93).
 #[test]

@@ -108,6 +108,11 @@ impl Agent {
             if let Err(why) = &done {
                 tracing::warn!("chaos: fault not injected: {why}");
             }
+            if let (Act::Signal { pid, signal }, Ok(()), Some(w)) = (&act, &done, &self.watch) {
+                if *signal == libc::SIGSTOP {
+                    w.stopped_by_rdrun(*pid);
+                }
+            }
             chaos.injected(idx, &act, done);
         }
         self.chaos_report();

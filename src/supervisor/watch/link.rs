@@ -109,6 +109,13 @@ impl HangLink {
         self.interval.tick().await;
     }
 
+    /// rdrun stopped `rank` itself (`--chaos hang`): not exempt from the quiet rule.
+    pub fn stopped_by_rdrun(&mut self, rank: u32) {
+        self.monitor
+            .detector()
+            .stopped_by_rdrun(rank, Instant::now());
+    }
+
     /// A worker exited with torchrun's code (negative: killed by that signal).
     pub fn rank_exited(&mut self, rank: u32, code: i32) {
         self.monitor

@@ -61,6 +61,7 @@ pub(crate) struct AttemptWatch {
 enum Cmd {
     Attempt(Box<AttemptWatch>),
     Exited { pid: i32, code: i32 },
+    StoppedByRdrun { pid: i32 },
     Pause,
 }
 
@@ -99,6 +100,12 @@ impl Watch {
     /// A worker was reaped with torchrun's code (negative: killed by that signal).
     pub fn exited(&self, pid: i32, code: i32) {
         let _ = self.cmds.send(Cmd::Exited { pid, code });
+    }
+
+    /// rdrun stopped the worker `pid` itself (`--chaos hang`): a hang to find, not a
+    /// debugger's stop.
+    pub fn stopped_by_rdrun(&self, pid: i32) {
+        let _ = self.cmds.send(Cmd::StoppedByRdrun { pid });
     }
 
     /// The group is being stopped (or waits for leftovers): no more hang or D-state verdicts in
@@ -196,6 +203,13 @@ async fn run(
                         h.rank_exited(r.rank, code);
                     }
                     cur.exited.push(pid);
+                }
+            }
+            Wake::Cmd(Cmd::StoppedByRdrun { pid }) => {
+                if let (Some(r), Some(h)) =
+                    (cur.ranks.iter().find(|r| r.pid == pid), cur.hang.as_mut())
+                {
+                    h.stopped_by_rdrun(r.rank);
                 }
             }
             Wake::Cmd(Cmd::Pause) => cur.judging = false,

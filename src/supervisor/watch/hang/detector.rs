@@ -124,6 +124,9 @@ struct RankState {
     quiet_since: Instant,
     alive: bool,
     exempt: bool,
+    /// rdrun itself stopped it (`--chaos hang`): a stop that is a hang, not a debugger's, so
+    /// it never makes the rank exempt.
+    stopped_by_rdrun: bool,
     progressed: bool,
     exit: Option<(i32, Instant)>,
     beat: Option<(Instant, Duration)>,
@@ -184,6 +187,7 @@ impl Detector {
             quiet_since: spawned,
             alive: true,
             exempt: false,
+            stopped_by_rdrun: false,
             progressed: false,
             exit: None,
             beat: None,
@@ -239,6 +243,13 @@ impl Detector {
         }
     }
 
+    /// rdrun stopped `rank` itself (a `--chaos hang` fault): its stopped state is the hang to
+    /// find, not a debugger's pause, so the quiet rule keeps watching it (a one-rank job has no
+    /// other rank whose wait would show the hang).
+    pub fn stopped_by_rdrun(&mut self, rank: u32, now: Instant) {
+        self.rank(rank, 0, now).stopped_by_rdrun = true;
+    }
+
     /// `rank` exited with `code` (negative: killed by signal -code).
     pub fn rank_exited(&mut self, rank: u32, code: i32, now: Instant) {
         let r = self.rank(rank, 0, now);
@@ -268,7 +279,7 @@ impl Detector {
             }
             r.alive = true;
             let was_exempt = r.exempt;
-            r.exempt = cur.exempt() || debug == Some(s.rank);
+            r.exempt = (cur.exempt() && !r.stopped_by_rdrun) || debug == Some(s.rank);
             let mut active = was_exempt && !r.exempt;
             // A worker starts from zero counters at spawn: the first sample's deltas are
             // measured from there, so activity before the first poll is not lost.

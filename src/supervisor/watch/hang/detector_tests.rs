@@ -206,6 +206,23 @@ fn stopped_or_traced_ranks_are_exempt_and_all_exempt_is_never_hung() {
     assert!(v.ranks[0].exempt && !v.ranks[1].exempt);
 }
 
+/// `--chaos hang`: a rank rdrun stopped itself is the hang, not a debugger's pause — a
+/// one-rank job stopped so is found after the budget, as a quiet one would be.
+#[test]
+fn a_rank_rdrun_stopped_is_watched_not_exempt() {
+    let t0 = Instant::now();
+    let mut d = Detector::new(&settings(), HangMode::Kill, t0);
+    d.stopped_by_rdrun(0, t0);
+    let f = |_| vec![with_state(smp(0, 0.0, 0, 0), ProcState::Stopped, false)];
+    let (t, v) = first_verdict(&mut d, t0, 0, 5000, f).expect("a verdict");
+    assert_eq!(t, 200, "the startup budget, as for any quiet rank");
+    assert!(!v.ranks[0].exempt);
+    // The same stop by someone else: exempt, never a verdict.
+    let mut d = Detector::new(&settings(), HangMode::Kill, t0);
+    let f = |_| vec![with_state(smp(0, 0.0, 0, 0), ProcState::Stopped, false)];
+    assert!(first_verdict(&mut d, t0, 0, 5000, f).is_none());
+}
+
 #[test]
 fn resuming_from_a_stop_counts_as_activity() {
     let t0 = Instant::now();

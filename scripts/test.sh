@@ -8,19 +8,20 @@
 #   builds together (default + nccl + etcd-tls), one test build with the same features (every
 #   unit test, the launcher tests and the etcd ones), and the release build that the PyTorch suite
 #   and the wheel share (the wheel's features: no candle);
-# - the test programs then run side by side: most of a launcher test's time is spent waiting on
-#   real processes (Slurm daemons, namespaces, torch's imports in other processes, timeouts), so
-#   the launcher tests and the etcd tests (one at a time: each starts an etcd cluster) share the
-#   machine instead of queueing; then the PyTorch suite. Each writes its own log, printed whole
-#   when all are done; the run fails if any failed.
-# - RDRUN_TEST_ALL_AT_ONCE=1 also runs the PyTorch suite beside them, with 4 launcher tests at
-#   once: about 4 minutes less on 2 cores (docs/benchmarks.md, "The test run"), but the cores
-#   are then saturated for ten minutes, which is where the load-sensitive tests showed up; the
-#   default keeps CI's load at what the suite was made for.
+# - the slow tests then run as one pool of small jobs (scripts/run-tests.py): every launcher test
+#   is its own process, the etcd tests one at a time (each starts its own etcd cluster), the
+#   PyTorch suite one file at a time, and RDRUN_TEST_JOBS (default 3) of them at once, longest
+#   first by the times the last run recorded (cached beside the torch venv). Most of a launcher
+#   test's time is spent waiting on real processes (Slurm daemons, namespaces, torch's imports in
+#   other processes, timeouts), so they share the machine instead of queueing; the pool keeps
+#   the load at what the old layout ran (two launcher tests beside one etcd test) and has no tail
+#   of slow tests that happen to sort last.
+# - Every file the tests and the processes they start leave in the temp dir (rdrun's hang
+#   captures without a log dir, torch's `torchelastic_*` dirs under torchrun) goes with the
+#   run: TMPDIR is a fresh directory, removed at the end.
 #
-# Environment: RDRUN_TEST_THREADS (launcher tests at once; default 2, 4 all at once),
-# RDRUN_TEST_ALL_AT_ONCE=1, RDRUN_SKIP_TORCH=1 (no PyTorch suite, no torch-backed launcher
-# tests' venv, no wheel).
+# Environment: RDRUN_TEST_JOBS (jobs at once, default 3), RDRUN_SKIP_TORCH=1 (no PyTorch suite,
+# no torch-backed launcher tests' venv, no wheel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,13 +56,10 @@ cargo clippy --all-targets --features "$FEATURES" -- -D warnings
 phase "cargo build --release (the PyTorch suite's and the wheel's launcher)"
 cargo build --release --no-default-features --features etcd --bin rdrun
 phase "cargo test --no-run --features $FEATURES"
-tests_json="$(mktemp "${TMPDIR:-/tmp}/rdrun-test-bins.XXXXXX")"
-logs="$(mktemp -d "${TMPDIR:-/tmp}/rdrun-test-logs.XXXXXX")"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  rm -rf "$tests_json" "$logs"
-}
+# Short: socket paths under it (the warm template's, the FileTimer FIFO's) have a length limit.
+run_tmp="$(mktemp -d "${TMPDIR:-/tmp}/rdt.XXXXXX")"
+tests_json="$run_tmp/test-bins.json"
+cleanup() { rm -rf "$run_tmp"; }
 trap cleanup EXIT
 cargo test --all-targets --features "$FEATURES" --no-run --message-format=json >"$tests_json"
 # Every test program the build made: (target name, path).
@@ -87,6 +85,8 @@ if [ -z "$launcher" ] || [ "${#units[@]}" -eq 0 ]; then
   echo "test.sh: error: the test build gave no launcher or unit test program" >&2
   exit 1
 fi
+# From here on, what the tests leave in the temp dir is removed with the run.
+export TMPDIR="$run_tmp"
 
 # The unit tests first: seconds, and a broken one should not wait for the slow programs.
 phase "unit tests (${#units[@]} programs)"
@@ -94,54 +94,21 @@ for u in "${units[@]}"; do
   "$u" --test-threads=2 -q
 done
 
-# Side by side. Each runs from the package root, as cargo runs tests.
-started_jobs=()
-start_job() { # name, command...
-  local name="$1"
-  shift
-  # `set -e` holds in the subshell too: the status is caught, not left to end it unrecorded.
-  (
-    rc=0
-    "$@" >"$logs/$name.log" 2>&1 || rc=$?
-    echo "$rc" >"$logs/$name.rc"
-  ) &
-  pids+=($!)
-  started_jobs+=("$name")
-}
-all_at_once="${RDRUN_TEST_ALL_AT_ONCE:-0}"
-torch_suite=0
-if [ "${RDRUN_SKIP_TORCH:-0}" != "1" ] && [ -x scripts/torch-compat.sh ]; then torch_suite=1; fi
-if [ "$all_at_once" = 1 ]; then threads="${RDRUN_TEST_THREADS:-4}"; else threads="${RDRUN_TEST_THREADS:-2}"; fi
-phase "launcher tests ($threads at once) and etcd tests side by side$([ "$all_at_once" = 1 ] && [ "$torch_suite" = 1 ] && echo ", with the PyTorch suite")"
-start_job launcher "$launcher" --test-threads="$threads" --skip etcd::
-# etcd v3 against real etcd clusters (their own members, in namespaces or on loopback; TLS too).
-start_job etcd "$launcher" etcd:: --test-threads=1
-if [ "$all_at_once" = 1 ] && [ "$torch_suite" = 1 ]; then
-  start_job torch scripts/torch-compat.sh
+# The pool: launcher tests, etcd tests and the PyTorch suite, longest first.
+pool=(scripts/run-tests.py --launcher "$launcher" --jobs "${RDRUN_TEST_JOBS:-3}"
+  --times "${RDRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdrun}/test-times.json")
+if [ "${RDRUN_SKIP_TORCH:-0}" != "1" ]; then
+  RDRUN_BIN="$(pwd)/target/release/rdrun"
+  export RDRUN_BIN PYTHONDONTWRITEBYTECODE=1
+  pool+=(--torch-python "$(scripts/torch-venv.sh | tail -n 1)")
 fi
-status=0
-for p in "${pids[@]}"; do wait "$p" || true; done
-pids=()
-for name in "${started_jobs[@]}"; do
-  # A job that left no status (killed with its subshell) failed.
-  rc="$(cat "$logs/$name.rc" 2>/dev/null || echo "none: the job was killed")"
-  echo "======== $name (exit $rc) ========"
-  cat "$logs/$name.log" 2>/dev/null || true
-  if [ "$rc" != 0 ]; then
-    echo "test.sh: $name FAILED (exit $rc)" >&2
-    status=1
-  fi
-done
-phase "side-by-side part done"
-[ "$status" = 0 ] || exit "$status"
+phase "launcher tests, etcd tests$([ "${RDRUN_SKIP_TORCH:-0}" != 1 ] && echo " and the PyTorch suite"): ${RDRUN_TEST_JOBS:-3} at once"
+"${pool[@]}"
+phase "pool done"
 
 if [ "${RDRUN_SKIP_TORCH:-0}" = "1" ]; then
-  phase "PyTorch compatibility suite and wheel skipped (RDRUN_SKIP_TORCH=1)"
+  phase "wheel skipped (RDRUN_SKIP_TORCH=1)"
   exit 0
-fi
-if [ "$all_at_once" != 1 ] && [ "$torch_suite" = 1 ]; then
-  phase "PyTorch compatibility suite"
-  scripts/torch-compat.sh
 fi
 # The Python package: wheel, install beside the cached torch, `rdrun` and `python -m rdrun` jobs.
 phase "Python package (wheel)"

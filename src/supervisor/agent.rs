@@ -122,7 +122,10 @@ pub fn run(config: LaunchConfig) -> Ended {
         Ok(rt) => rt,
         Err(err) => return RunEnd::error(format!("cannot start the async runtime: {err}")).into(),
     };
-    let obs = match runtime.block_on(Observer::start(&config, console.clone())) {
+    let obs = match runtime.block_on(Observer::start(
+        setup::observer_settings(&config),
+        console.clone(),
+    )) {
         Ok(o) => o,
         Err(msg) => return RunEnd::error(msg).into(),
     };

@@ -12,7 +12,8 @@
 //!   the failure counts and root cause every node shares, the stop verdict.
 //! - [`watch`]: hangs, heartbeats, FileTimer, stacks.
 //! - [`output`]: the workers' output, prefixed, collapsed, tailed, to the console and log files.
-//! - `observe`: events, metrics, health endpoint, the status line.
+//! - `observe`: the observer and its renderers (events, metrics, health endpoint, the status
+//!   line, capture blocks), each consuming the agent's `RunEvent`s.
 //! - [`report`]: how the run ended: the failure report, its JSON, restart costs, CI outputs.
 
 mod agent;

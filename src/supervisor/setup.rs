@@ -1,15 +1,16 @@
 //! What a run sets up once, before its first attempt: the worker store (where it listens, which
 //! port, which MASTER_ADDR workers get), the host names (the `${hostname}` of
-//! log prefixes, the fully qualified name of the failure report) and the one-time notices about
-//! the workers' environment.
+//! log prefixes, the fully qualified name of the failure report), the observer's settings (what
+//! it reads of the config) and the one-time notices about the workers' environment.
 
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::config::LaunchConfig;
+use crate::config::{LaunchConfig, RdzvBackend};
 use crate::rendezvous::{tcp, Rendezvous};
 use crate::store::server::StoreServer;
+use crate::supervisor::observe::{ConfigShown, Settings};
 
 /// The worker store of the run and the MASTER_PORT workers get. `None` when workers use another
 /// store: the static rendezvous store on node 0 (TORCHELASTIC_USE_AGENT_STORE), or their own
@@ -36,6 +37,38 @@ pub(crate) async fn worker_store(
     };
     let port = store.as_ref().map_or(0, StoreServer::port);
     Ok((store, port))
+}
+
+/// What the observer reads of the config (`observe/settings.rs`): its sinks and ports, what
+/// every event carries, and what `run_start` shows.
+pub(crate) fn observer_settings(config: &LaunchConfig) -> Settings {
+    Settings {
+        sinks: config.observe.clone(),
+        run_id: config.rdzv.run_id.clone(),
+        // A round assigns the node rank of a c10d or etcd node; the others know it now.
+        known_node_rank: (!config.uses_rendezvous() || config.rdzv.backend == RdzvBackend::Static)
+            .then_some(config.node_rank),
+        nproc: config.nproc_per_node,
+        grace: config.shutdown_timeout,
+        log_dir: config.log.log_dir.clone(),
+        status_interval: config.run_env.status_interval,
+        shown: ConfigShown {
+            nnodes: config.nnodes,
+            node_rank: config.node_rank,
+            rdzv_backend: config.rdzv.backend,
+            rdzv_endpoint: config.rdzv.endpoint.clone(),
+            standalone: config.standalone,
+            master_addr: config.master_addr.clone(),
+            master_port: config.master_port,
+            max_restarts: config.max_restarts,
+            role: config.role.clone(),
+            program: config.command.program.clone(),
+            args: config.command.args.clone(),
+            exit_barrier_timeout: config.exit_barrier_timeout,
+            leftovers: config.leftovers,
+            hang_detect: config.hang.mode,
+        },
+    }
 }
 
 /// The one-time notices about the workers' environment: CPU binding, torchrun's

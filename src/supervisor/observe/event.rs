@@ -1,13 +1,14 @@
 //! What the agent tells the observer: one [`RunEvent`] per thing that happened, handed to
-//! the observer's `emit`. The observer's renderers consume it — the lifecycle event log
-//! (`events.jsonl`, `--events`, the console's event lines), the status line, the health state,
-//! the Prometheus metrics and the capture blocks — so the agent never formats JSON, touches a
-//! registry or writes the terminal, and no module below the agent names the observer at all
-//! (`import_rules.rs` enforces it): the node gates (`nodes/health_gate.rs`,
-//! `nodes/network_check.rs`) hand what they found back to the agent, which emits it.
+//! the observer's `emit`, which passes it to each of its renderers in turn (`render_*.rs`) —
+//! the status line, the health state, the Prometheus metrics, the capture blocks and the
+//! lifecycle event log (`events.jsonl`, `--events`, the console's event lines) — so the agent
+//! never formats JSON, touches a registry or writes the terminal, and no module below the agent
+//! names the observer at all (`import_rules.rs` enforces it): the node gates
+//! (`nodes/health_gate.rs`, `nodes/network_check.rs`) hand what they found back to the agent,
+//! which emits it.
 //!
 //! The events borrow what they describe: the observer renders each at once, under its lock,
-//! and keeps nothing of it.
+//! and keeps nothing of it (the facts it keeps are `facts.rs`'s).
 
 use std::path::Path;
 use std::time::Duration;

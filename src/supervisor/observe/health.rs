@@ -54,7 +54,8 @@ impl State {
     }
 }
 
-/// The shared state: the agent sets it, the HTTP handlers read it.
+/// The shared state: its renderer (`render_health.rs`) sets it, the HTTP handlers and
+/// `rdrun_healthy` read it.
 #[derive(Debug, Clone)]
 pub struct Health(Arc<AtomicU8>);
 

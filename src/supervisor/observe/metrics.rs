@@ -7,9 +7,10 @@
 //! that appears only with its first increment hides that increment from `rate()`/`increase()`
 //! (issue 25: one restart, `increase(rdrun_restarts_total[10m])` = 0).
 //!
-//! The agent updates the values where things happen (through [`super::Observer`]); the output
-//! watch and the store counters are sampled when a scrape comes (and every [`SAMPLE`] for the
-//! output times, so "time to first output" is exact to that period).
+//! Its renderer (`render_metrics.rs`) updates the values as the agent's events arrive; the
+//! output watch, the store counters and `rdrun_healthy` (the health state, `health.rs`) are
+//! sampled when a scrape comes (and every [`SAMPLE`] for the output times, so "time to first
+//! output" is exact to that period).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
@@ -23,6 +24,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
+use super::health::{Health, State};
 use crate::store::stats::{Snapshot, STATS};
 use crate::supervisor::watch::hang::OutputCounter;
 
@@ -83,10 +85,13 @@ pub struct Metrics {
     run_node_failures: Family<[(&'static str, String); 1], Gauge>,
     outputs: Mutex<Vec<OutputWatch>>,
     store_seen: Mutex<Option<Snapshot>>,
+    /// The group's health state, which `rdrun_healthy` shows.
+    health: Health,
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    /// `health`: the state `rdrun_healthy` shows (1 while it is `running`).
+    pub fn new(health: Health) -> Metrics {
         let mut registry = Registry::default();
         let m = Metrics {
             workers_up: Family::default(),
@@ -118,6 +123,7 @@ impl Metrics {
             run_node_failures: Family::default(),
             outputs: Mutex::new(Vec::new()),
             store_seen: Mutex::new(None),
+            health,
             registry: Registry::default(),
         };
         m.register_nodes(&mut registry);
@@ -356,10 +362,6 @@ impl Metrics {
         }
     }
 
-    pub fn healthy(&self, yes: bool) {
-        self.healthy.set(i64::from(yes));
-    }
-
     /// Looks at every worker's output counter (the sampler task and each scrape call it).
     pub fn sample_outputs(&self) {
         let now = Instant::now();
@@ -409,6 +411,8 @@ impl Metrics {
     pub fn render(&self, openmetrics: bool) -> String {
         self.sample_outputs();
         self.sample_store();
+        self.healthy
+            .set(i64::from(self.health.get() == State::Running));
         let mut out = String::new();
         if encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -431,7 +435,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn exposition_names_and_values() {
-        let m = Metrics::new();
+        let m = Metrics::new(Health::default());
         m.attempt_begins(1);
         let c = OutputCounter::new();
         m.spawned(0, c.clone());
@@ -462,11 +466,23 @@ mod tests {
         assert!(!m.render(true).contains("rdrun_workers_up{"));
     }
 
+    /// `rdrun_healthy` is the health state when the scrape comes: 1 only while `running`.
+    #[test]
+    fn healthy_is_read_from_the_health_state() {
+        let health = Health::default();
+        let m = Metrics::new(health.clone());
+        assert!(m.render(true).contains("rdrun_healthy 0\n"));
+        health.set(State::Running);
+        assert!(m.render(true).contains("rdrun_healthy 1\n"));
+        health.set(State::Stopping);
+        assert!(m.render(false).contains("rdrun_healthy 0\n"));
+    }
+
     /// Issue 25: both `charged` series of the restart counter exist at 0 before any restart,
     /// in either format.
     #[test]
     fn counters_exist_at_zero_from_the_first_scrape() {
-        let m = Metrics::new();
+        let m = Metrics::new(Health::default());
         for open in [true, false] {
             let text = m.render(open);
             for want in [
@@ -489,7 +505,7 @@ mod tests {
     /// Issue 41: an injected fault's detect and recover seconds, by fault kind.
     #[test]
     fn chaos_histograms_by_kind() {
-        let m = Metrics::new();
+        let m = Metrics::new(Health::default());
         m.chaos_recovered("kill", Some(0.005), Some(2.0));
         m.chaos_recovered("hang", Some(40.0), None);
         let text = m.render(false);
@@ -512,7 +528,7 @@ mod tests {
     /// restart's total in its buckets.
     #[test]
     fn restart_seconds_is_a_histogram() {
-        let m = Metrics::new();
+        let m = Metrics::new(Health::default());
         assert!(m
             .render(false)
             .contains("# TYPE rdrun_restart_seconds histogram\n"));
@@ -531,7 +547,7 @@ mod tests {
     /// Issue 28: every node's failure counts, by host name; a new reading replaces the old.
     #[test]
     fn the_runs_failure_counts_are_one_series_per_node() {
-        let m = Metrics::new();
+        let m = Metrics::new(Health::default());
         m.run_node_failures([("n2", 2), ("n1", 1)].into_iter());
         let text = m.render(true);
         assert!(

@@ -1,7 +1,11 @@
 //! Unit tests of the observer (`mod.rs`), moved out so that the module fits in a head.
 
+use serde_json::Value;
+
 use super::*;
 use crate::config::observe::EventsDest;
+use crate::rendezvous::{Assignment, RoundReason};
+use crate::supervisor::setup::observer_settings;
 
 /// Issue 25: the restart round's rendezvous events said `attempt 0` beside
 /// `restart_count 1`. Every event after `restart` carries the next attempt.
@@ -11,7 +15,9 @@ async fn restart_round_events_carry_the_next_attempt() {
     let path = dir.path().join("events.jsonl");
     let mut config = crate::config::testkit::launch_config(false, "127.0.0.1", Some(1));
     config.observe.events = Some(EventsDest::File(path.clone()));
-    let mut obs = Inner::start(&config, "h", None).await.unwrap();
+    let mut obs = Inner::start(&observer_settings(&config), "h", None)
+        .await
+        .unwrap();
     let asg = |restart_count| Assignment {
         round: u64::from(restart_count),
         group_rank: 0,
@@ -73,7 +79,9 @@ async fn restart_round_events_carry_the_next_attempt() {
     .collect();
     assert_eq!(got, want);
     // A node joining late (its own count 0) runs the round's attempt.
-    let mut late = Inner::start(&config, "h", None).await.unwrap();
+    let mut late = Inner::start(&observer_settings(&config), "h", None)
+        .await
+        .unwrap();
     let a3 = asg(3);
     late.on(RunEvent::RendezvousBegins(RoundReason::Initial));
     late.on(RunEvent::RendezvousEnded(Ok(&a3)));
@@ -88,4 +96,54 @@ async fn restart_round_events_carry_the_next_attempt() {
     .unwrap();
     assert_eq!(last["event"], "rendezvous_complete");
     assert_eq!(last["attempt"], 3);
+}
+
+/// The health renderer reads the shared facts: `running` only once the whole group is spawned,
+/// a child that is not one of the attempt's workers changes nothing, a worker's failure is
+/// `stopping`, and the facts list the attempt's ranks.
+#[test]
+fn health_follows_the_attempts_workers() {
+    use super::facts::Facts;
+    use super::health::State;
+    use super::render_health::HealthRenderer;
+    use crate::exit::WorkerStatus;
+    use crate::supervisor::watch::hang::OutputCounter;
+    let common = Common {
+        run_id: "r".into(),
+        attempt: 0,
+        node_rank: Some(0),
+        host: "h".into(),
+    };
+    let mut facts = Facts::new(common, 2, std::time::Duration::from_secs(1));
+    let health = Health::default();
+    let mut r = HealthRenderer::new(health.clone());
+    let mut on = |ev: RunEvent<'_>| {
+        facts.before(&ev);
+        r.on(&ev, &facts);
+        facts.after(&ev);
+        (health.get(), facts.now.exited.is_some(), facts.last_ranks())
+    };
+    let out = OutputCounter::new();
+    let spawn = |local_rank: usize, pid: i32| RunEvent::Spawned {
+        local_rank,
+        rank: local_rank + 2,
+        pid,
+        output: &out,
+    };
+    let begins = RunEvent::AttemptBegins {
+        attempt: 0,
+        run_dir: None,
+    };
+    assert_eq!(on(begins).0, State::Spawning);
+    assert_eq!(on(spawn(0, 100)).0, State::Spawning);
+    assert_eq!(on(spawn(1, 101)).0, State::Running);
+    let reaped = |pid, code| RunEvent::Reaped {
+        pid,
+        status: WorkerStatus::Exited(code),
+    };
+    assert_eq!(
+        on(reaped(7, 1)),
+        (State::Running, false, vec![(0, 2), (1, 3)])
+    );
+    assert_eq!(on(reaped(101, 1)).0, State::Stopping);
 }

@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::config::LaunchConfig;
-use crate::rendezvous::{Assignment, Rendezvous, RoundReason};
+use crate::rendezvous::{Assignment, NodeSpec, Rendezvous, RoundReason};
 use crate::store::server::{self, ServerExit, StoreServer};
 
 use crate::supervisor::group::attempt::Outcome;
@@ -202,7 +202,14 @@ async fn start_rendezvous(
         return Ok(None);
     }
     obs.emit(RunEvent::connecting(config));
-    let started = until_shutdown(signals, Rendezvous::start(config)).await;
+    // What the rendezvous reads of the launch: its resolved settings and this node.
+    let node = NodeSpec {
+        nnodes: config.nnodes,
+        node_rank: config.node_rank,
+        nproc_per_node: config.nproc_per_node,
+        local_addr: config.local_addr.clone(),
+    };
+    let started = until_shutdown(signals, Rendezvous::start(&config.rdzv, node)).await;
     obs.emit(RunEvent::Connected);
     match started {
         Ok(Ok(r)) => Ok(Some(r)),

@@ -40,7 +40,7 @@ use crate::supervisor::group::restart::{self, Decision};
 use crate::supervisor::group::signals::Signals;
 use crate::supervisor::group::worker::{self, RunWorkerEnv};
 use crate::supervisor::nodes::join::until_shutdown;
-use crate::supervisor::nodes::network_check::NetOutcome;
+use crate::supervisor::nodes::network_check::{NetOutcome, NetSettings};
 use crate::supervisor::observe::{Observer, RunEvent};
 use crate::supervisor::output::{Console, RunLogs};
 use crate::supervisor::report::end::{Ended, Restart, RunEnd};
@@ -241,7 +241,16 @@ async fn gate_health(
             obs.emit(RunEvent::HealthChecks(r));
         })
     };
-    crate::supervisor::nodes::health_gate::gate(config, seen, signals, rdzv.as_mut(), contain).await
+    let inputs = setup::health_inputs(config, contain);
+    crate::supervisor::nodes::health_gate::gate(
+        &config.resilience,
+        &config.rdzv,
+        inputs,
+        seen,
+        signals,
+        rdzv.as_mut(),
+    )
+    .await
 }
 
 /// What resolves if the worker store stops serving on its own (never without one); says where
@@ -512,8 +521,14 @@ impl Agent {
             return Ok(NetOutcome::Go);
         };
         let obs = &self.obs;
+        let settings = NetSettings {
+            resilience: &self.config.resilience,
+            min_nodes: self.config.nnodes.min,
+            local_addr: self.config.local_addr.as_deref(),
+            endpoint: self.config.rdzv.endpoint.as_ref(),
+        };
         crate::supervisor::nodes::network_check::check(
-            &self.config,
+            &settings,
             |n| {
                 obs.emit(RunEvent::NetworkCheck {
                     verdict: n.verdict,

@@ -1,15 +1,22 @@
 //! What a run sets up once, before its first attempt: the worker store (where it listens, which
 //! port, which MASTER_ADDR workers get), the host names (the `${hostname}` of
 //! log prefixes, the fully qualified name of the failure report) and the one-time notices about
-//! the workers' environment.
+//! the workers' environment; and the narrow settings the agent builds from the config, so that
+//! each subsystem's signature says what it reads: what the health checks read
+//! (`health::Inputs`, for the gate and for `--dry-run`).
 
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::config::LaunchConfig;
+use crate::config::resilience::HealthMode;
+use crate::config::warm::WarmMode;
+use crate::config::{EntrypointKind, LaunchConfig};
+use crate::health;
 use crate::rendezvous::{tcp, Rendezvous};
 use crate::store::server::StoreServer;
+
+use crate::supervisor::group::checkcells::DryRunCells;
 
 /// The worker store of the run and the MASTER_PORT workers get. `None` when workers use another
 /// store: the static rendezvous store on node 0 (TORCHELASTIC_USE_AGENT_STORE), or their own
@@ -58,6 +65,50 @@ pub(crate) fn log_worker_env(config: &LaunchConfig) {
             "setting OMP_NUM_THREADS=1 for every worker (it is unset and nproc_per_node > 1); set it yourself to tune"
         );
     }
+}
+
+/// What the health checks read of the launch (`health::Inputs`), built here once so that the
+/// checks never see the whole config; their programs contained by `contain`.
+pub(crate) fn health_inputs(config: &LaunchConfig, contain: health::Contain) -> health::Inputs {
+    let python = match config.command.kind {
+        EntrypointKind::Exec => None,
+        _ => Some(config.command.program.clone()),
+    };
+    let r = &config.resilience;
+    let strict = r.health == HealthMode::On;
+    // The preload list only under `on` with warm start on (`health::Inputs::preload`).
+    let preload = match config.warm.mode {
+        WarmMode::Off => Vec::new(),
+        _ if !strict => Vec::new(),
+        _ => config.warm.preload.clone(),
+    };
+    health::Inputs {
+        python,
+        preload,
+        log_dir: config.log.log_dir.clone(),
+        checkpoint_dir: r.checkpoint_dir.clone(),
+        nproc: config.nproc_per_node,
+        nics: r.socket_ifnames.clone(),
+        cuda_visible: config.run_env.var("CUDA_VISIBLE_DEVICES"),
+        path: config.run_env.path.clone(),
+        command: r.health_cmd.clone(),
+        timeout: r.health_timeout,
+        thresholds: health::Thresholds::default(),
+        contain,
+    }
+}
+
+/// `--dry-run`'s health checks: `None` under `--health-check off`; their programs contained in
+/// a cgroup made for them alone (`checkcells::DryRunCells`), removed after. Call before any
+/// runtime or thread exists.
+pub fn dry_run_health(config: &LaunchConfig) -> Option<health::HealthReport> {
+    if !health::enabled(config.resilience.health) {
+        return None;
+    }
+    let cells = DryRunCells::create(config.run_env.cgroup);
+    let report = health::run_blocking(&health_inputs(config, cells.contain()));
+    drop(cells);
+    report
 }
 
 /// This host's name (`gethostname`), or `localhost` when it has none.

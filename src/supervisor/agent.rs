@@ -280,7 +280,7 @@ fn worker_env_and_timers(
     config: &LaunchConfig,
     watchdog: Option<&Watchdog>,
 ) -> Result<(RunWorkerEnv, Option<FileTimerServe>), String> {
-    let mut worker_env = RunWorkerEnv::new(
+    let mut worker_env = setup::run_worker_env(
         config,
         watchdog.map(Watchdog::fd),
         watchdog.and_then(Watchdog::cgroup_fd),
@@ -717,7 +717,8 @@ impl Agent {
             return;
         };
         let asg = self.single_node_assignment(0, RoundReason::Initial);
-        if let Ok(spec) = worker::spawn_spec(&self.config, &asg, 0, "", &self.worker_env) {
+        let settings = setup::worker_settings(&self.config, &self.worker_env);
+        if let Ok(spec) = worker::spawn_spec(&settings, &asg, 0, "") {
             worker::prestart_warm(&spec, warm);
         }
     }

@@ -2,9 +2,11 @@
 //! port, which MASTER_ADDR workers get), the host names (the `${hostname}` of
 //! log prefixes, the fully qualified name of the failure report) and the one-time notices about
 //! the workers' environment; and the narrow settings the agent builds from the config, so that
-//! each subsystem's signature says what it reads: what the health checks read
-//! (`health::Inputs`, for the gate and for `--dry-run`).
+//! each subsystem's signature says what it reads: what every worker shares and what its spawn
+//! spec reads (`worker::RunWorkerEnv`, `worker::WorkerSettings`), and what the health checks
+//! read (`health::Inputs`, for the gate and for `--dry-run`).
 
+use std::os::fd::RawFd;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -17,6 +19,7 @@ use crate::rendezvous::{tcp, Rendezvous};
 use crate::store::server::StoreServer;
 
 use crate::supervisor::group::checkcells::DryRunCells;
+use crate::supervisor::group::worker::{self, RunWorkerEnv, WorkerSettings};
 
 /// The worker store of the run and the MASTER_PORT workers get. `None` when workers use another
 /// store: the static rendezvous store on node 0 (TORCHELASTIC_USE_AGENT_STORE), or their own
@@ -49,7 +52,7 @@ pub(crate) async fn worker_store(
 /// OMP_NUM_THREADS=1 default when it applies, and a `--wrap` program known to hide the exit
 /// status of the rank it runs.
 pub(crate) fn log_worker_env(config: &LaunchConfig) {
-    crate::supervisor::group::worker::log_binding(&config.binding);
+    worker::log_binding(&config.binding);
     if let Some(w) = &config.console.wrap {
         if let Some(why) = crate::config::console::swallows_exit_status(&w.program, &w.args) {
             tracing::warn!("--wrap: {why}: a wrapped rank that fails can look successful to rdrun (its failure report and restarts see the wrapper's status)");
@@ -109,6 +112,51 @@ pub fn dry_run_health(config: &LaunchConfig) -> Option<health::HealthReport> {
     let report = health::run_blocking(&health_inputs(config, cells.contain()));
     drop(cells);
     report
+}
+
+/// What every worker of the run shares: the signal names, the topology's variables (a hostfile
+/// filter's devices), then the pip NCCL shim's, and the watchdog's and the cgroup's descriptors.
+pub(crate) fn run_worker_env(
+    config: &LaunchConfig,
+    watchdog_fd: Option<RawFd>,
+    cgroup_fd: Option<RawFd>,
+) -> RunWorkerEnv {
+    RunWorkerEnv {
+        signals_env: crate::workerenv::signal_names(&config.signals_to_handle),
+        extra: config
+            .cluster
+            .worker_env
+            .iter()
+            .cloned()
+            .chain(worker::pip_nccl_env(
+                config.command.python.as_deref(),
+                &config.run_env,
+            ))
+            .collect(),
+        watchdog_fd,
+        cgroup_fd,
+    }
+}
+
+/// What a worker's spawn spec reads of the launch (`worker::spawn_spec`), and `shared`.
+pub(crate) fn worker_settings<'a>(
+    config: &'a LaunchConfig,
+    shared: &'a RunWorkerEnv,
+) -> WorkerSettings<'a> {
+    WorkerSettings {
+        nproc_per_node: config.nproc_per_node,
+        role: &config.role,
+        max_restarts: config.max_restarts,
+        run_id: &config.rdzv.run_id,
+        in_place: config.cluster.in_place.as_ref(),
+        virtual_local_rank: config.virtual_local_rank,
+        torch_env: &config.torch_env,
+        command: &config.command,
+        console: &config.console,
+        binding: &config.binding,
+        run_env: &config.run_env,
+        shared,
+    }
 }
 
 /// This host's name (`gethostname`), or `localhost` when it has none.

@@ -167,7 +167,7 @@ async fn run_agent(
         nproc_per_node: spec.nproc,
         local_addr: spec.local_addr.clone(),
     };
-    let mut rdzv = match Rendezvous::start_with(&rdzv_config, node).await {
+    let mut rdzv = match Rendezvous::start(&rdzv_config, node).await {
         Ok(r) => r,
         Err(e) => return err(error_chain(&e)),
     };

@@ -52,7 +52,7 @@ fn agent_process_main() {
         .build()
         .expect("runtime");
     rt.block_on(async move {
-        let mut rdzv = Rendezvous::start_with(&rdzv_config, node)
+        let mut rdzv = Rendezvous::start(&rdzv_config, node)
             .await
             .expect("start the rendezvous");
         let mut reason = RoundReason::Initial;

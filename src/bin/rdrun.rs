@@ -73,12 +73,12 @@ fn run(argv: &[std::ffi::OsString]) -> i32 {
         if cfg.cluster.dry_run.is_some() {
             // What this node's health checks say (issue 28), unless --health-check off: a block
             // after the text topology, a `health` member of the JSON one.
-            let report = rdrun::supervisor::group::checkcells::dry_run(&cfg);
+            let report = rdrun::supervisor::dry_run_health(&cfg);
             if cfg.cluster.dry_run == Some(config::TopologyFormat::Json) {
                 let mut j: serde_json::Value =
                     serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
                 if let Some(o) = j.as_object_mut() {
-                    let health = rdrun::health::dry_run_json(&cfg, report.as_ref());
+                    let health = rdrun::health::dry_run_json(&cfg.resilience, report.as_ref());
                     o.insert("health".into(), health);
                     print_out(&format!("{j}\n"));
                 } else {

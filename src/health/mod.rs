@@ -24,8 +24,7 @@ pub mod network;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::config::resilience::HealthMode;
-use crate::config::{EntrypointKind, LaunchConfig};
+use crate::config::resilience::{HealthMode, Resilience};
 
 pub use checks::Thresholds;
 pub use command::{Cell, Contain, Containment};
@@ -138,7 +137,8 @@ impl HealthReport {
     }
 }
 
-/// What the checks read of the launch (from [`LaunchConfig`], or built by tests).
+/// What the checks read of the launch: built once by the caller (the supervisor's setup code,
+/// from the resolved config; tests by hand), so that the checks never see the whole config.
 #[derive(Debug, Clone)]
 pub struct Inputs {
     /// The worker interpreter of a Python launch; `None` for `--no-python`.
@@ -165,37 +165,6 @@ pub struct Inputs {
     pub contain: Contain,
 }
 
-impl Inputs {
-    /// The checks of `config`, their programs contained by `contain`.
-    pub fn of(config: &LaunchConfig, contain: Contain) -> Inputs {
-        let python = match config.command.kind {
-            EntrypointKind::Exec => None,
-            _ => Some(config.command.program.clone()),
-        };
-        let r = &config.resilience;
-        let strict = config.resilience.health == HealthMode::On;
-        let preload = match config.warm.mode {
-            crate::config::warm::WarmMode::Off => Vec::new(),
-            _ if !strict => Vec::new(),
-            _ => config.warm.preload.clone(),
-        };
-        Inputs {
-            python,
-            preload,
-            log_dir: config.log.log_dir.clone(),
-            checkpoint_dir: r.checkpoint_dir.clone(),
-            nproc: config.nproc_per_node,
-            nics: r.socket_ifnames.clone(),
-            cuda_visible: config.run_env.var("CUDA_VISIBLE_DEVICES"),
-            path: config.run_env.path.clone(),
-            command: r.health_cmd.clone(),
-            timeout: r.health_timeout,
-            thresholds: Thresholds::default(),
-            contain,
-        }
-    }
-}
-
 /// Whether checks run at all under `mode`.
 pub fn enabled(mode: HealthMode) -> bool {
     mode != HealthMode::Off
@@ -220,24 +189,19 @@ pub async fn run(inputs: &Inputs) -> HealthReport {
     }
 }
 
-/// [`run`] outside any async runtime (`--dry-run`), the programs contained by `contain`; `None`
-/// under `--health-check off` or when no runtime can be built.
-pub fn run_blocking(config: &LaunchConfig, contain: Contain) -> Option<HealthReport> {
-    if !enabled(config.resilience.health) {
-        return None;
-    }
+/// [`run`] outside any async runtime (`--dry-run`; the caller has checked [`enabled`]), the
+/// programs contained by `inputs.contain`; `None` when no runtime can be built.
+pub fn run_blocking(inputs: &Inputs) -> Option<HealthReport> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .ok()?;
-    let inputs = Inputs::of(config, contain);
-    Some(rt.block_on(run(&inputs)))
+    Some(rt.block_on(run(inputs)))
 }
 
-/// The `health` block of `--print-topology=json`: the settings of issue 28 and, unless
+/// The `health` block of `--print-topology=json`: the settings of issue 28 (`r`) and, unless
 /// `--health-check off`, this node's verdicts (`report`).
-pub fn dry_run_json(config: &LaunchConfig, report: Option<&HealthReport>) -> serde_json::Value {
-    let r = &config.resilience;
+pub fn dry_run_json(r: &Resilience, report: Option<&HealthReport>) -> serde_json::Value {
     serde_json::json!({
         "mode": r.health.to_string(),
         "node": report.map_or_else(node_name, |h| h.node.clone()),

@@ -1,10 +1,11 @@
-//! The supervisor's single entry point: [`Rendezvous::start`] turns a [`LaunchConfig`] into a
-//! running rendezvous (store hosted or connected, address chosen), with one API for every backend
-//! (the supervisor's `nodes::join` drives it for multi-node launches only).
+//! The supervisor's single entry point: [`Rendezvous::start`] turns the resolved rendezvous
+//! settings ([`RdzvConfig`]) and this node's [`NodeSpec`] into a running rendezvous (store
+//! hosted or connected, address chosen), with one API for every backend (the supervisor's
+//! `nodes::join` drives it for multi-node launches only).
 //!
 //! Loop shape (the agent owns the handle; `watch` is cancel-safe):
 //! ```text
-//! let mut rdzv = Rendezvous::start(&config).await?;          // hosts/connects the store
+//! let mut rdzv = Rendezvous::start(&config.rdzv, node).await?; // hosts/connects the store
 //! let mut reason = RoundReason::Initial;
 //! loop {
 //!     let worker_store = /* c10d: bind the worker store now (port 0) */;
@@ -42,10 +43,11 @@ use super::static_::StaticRendezvous;
 use super::store::{RdzvStore, StoreOpError};
 use super::tcp::{self, TcpRdzvStore};
 use crate::config::rdzv_conf::unknown_keys;
-use crate::config::{Endpoint, LaunchConfig, NodeRange, RdzvBackend, RdzvConfig, RdzvSettings};
+use crate::config::{Endpoint, NodeRange, RdzvBackend, RdzvConfig, RdzvSettings};
 use crate::store::StoreServer;
 
-/// What the rendezvous needs to know about this node (from [`LaunchConfig`]).
+/// What the rendezvous needs to know about this node (the caller builds it from the launch's
+/// `--nnodes`, `--node-rank`, `--nproc-per-node` and `--local-addr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSpec {
     pub nnodes: NodeRange,
@@ -136,26 +138,11 @@ const NON_HOST_CLOSE: Duration = Duration::from_secs(2);
 const CLOSE_ACK_WAIT: Duration = Duration::from_secs(5);
 
 impl Rendezvous {
-    /// Hosts or connects the store of `config`'s backend and chooses this node's address.
-    /// Standalone / single-node runs (`rdzv.endpoint == None`) have none: an error here.
-    pub async fn start(config: &LaunchConfig) -> Result<Rendezvous, RendezvousError> {
-        Self::start_with(
-            &config.rdzv,
-            NodeSpec {
-                nnodes: config.nnodes,
-                node_rank: config.node_rank,
-                nproc_per_node: config.nproc_per_node,
-                local_addr: config.local_addr.clone(),
-            },
-        )
-        .await
-    }
-
-    /// [`Rendezvous::start`] from the parts of the config it reads.
-    pub async fn start_with(
-        rdzv: &RdzvConfig,
-        config: NodeSpec,
-    ) -> Result<Rendezvous, RendezvousError> {
+    /// Hosts or connects the store of `rdzv`'s backend and chooses this node's address: what it
+    /// reads of the launch is the resolved rendezvous settings and this node's [`NodeSpec`], both
+    /// built by the caller. Standalone / single-node runs (`rdzv.endpoint == None`) have none: an
+    /// error here.
+    pub async fn start(rdzv: &RdzvConfig, node: NodeSpec) -> Result<Rendezvous, RendezvousError> {
         // A single-node run needs no rendezvous: the supervisor never starts one for it.
         let Some(endpoint) = rdzv.endpoint.clone() else {
             return Err(RendezvousError::Unsupported(
@@ -175,13 +162,13 @@ impl Rendezvous {
         };
         match (rdzv.backend, typed) {
             (RdzvBackend::Static, RdzvSettings::Static(settings)) => {
-                start_static(rdzv, settings, config, endpoint).await
+                start_static(rdzv, settings, node, endpoint).await
             }
             (RdzvBackend::C10d, RdzvSettings::C10d(settings)) => {
-                start_c10d(rdzv, settings, config, endpoint).await
+                start_c10d(rdzv, settings, node, endpoint).await
             }
             (RdzvBackend::Etcd, RdzvSettings::Etcd(settings)) => {
-                start_etcd(rdzv, settings, config, endpoint).await
+                start_etcd(rdzv, settings, node, endpoint).await
             }
             (RdzvBackend::EtcdV2, _) => {
                 Err(RendezvousError::Unsupported(super::etcd::v2_is_gone()))

@@ -68,7 +68,7 @@ async fn unreachable_etcd_is_a_bounded_error_naming_the_endpoints() {
 }
 
 async fn start_for(rdzv: RdzvConfig) -> Result<Rendezvous, RendezvousError> {
-    Rendezvous::start_with(
+    Rendezvous::start(
         &rdzv,
         NodeSpec {
             nnodes: NodeRange { min: 2, max: 2 },

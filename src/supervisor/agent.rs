@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::config::LaunchConfig;
-use crate::rendezvous::{Assignment, Rendezvous, RoundReason};
+use crate::rendezvous::{Assignment, NodeSpec, Rendezvous, RoundReason};
 use crate::store::server::{self, ServerExit, StoreServer};
 
 use crate::supervisor::group::attempt::Outcome;
@@ -40,7 +40,7 @@ use crate::supervisor::group::restart::{self, Decision};
 use crate::supervisor::group::signals::Signals;
 use crate::supervisor::group::worker::{self, RunWorkerEnv};
 use crate::supervisor::nodes::join::until_shutdown;
-use crate::supervisor::nodes::network_check::NetOutcome;
+use crate::supervisor::nodes::network_check::{NetOutcome, NetSettings};
 use crate::supervisor::observe::{Observer, RunEvent};
 use crate::supervisor::output::{Console, RunLogs};
 use crate::supervisor::report::end::{Ended, Restart, RunEnd};
@@ -205,7 +205,14 @@ async fn start_rendezvous(
         return Ok(None);
     }
     obs.emit(RunEvent::connecting(config));
-    let started = until_shutdown(signals, Rendezvous::start(config)).await;
+    // What the rendezvous reads of the launch: its resolved settings and this node.
+    let node = NodeSpec {
+        nnodes: config.nnodes,
+        node_rank: config.node_rank,
+        nproc_per_node: config.nproc_per_node,
+        local_addr: config.local_addr.clone(),
+    };
+    let started = until_shutdown(signals, Rendezvous::start(&config.rdzv, node)).await;
     obs.emit(RunEvent::Connected);
     match started {
         Ok(Ok(r)) => Ok(Some(r)),
@@ -237,7 +244,16 @@ async fn gate_health(
             obs.emit(RunEvent::HealthChecks(r));
         })
     };
-    crate::supervisor::nodes::health_gate::gate(config, seen, signals, rdzv.as_mut(), contain).await
+    let inputs = setup::health_inputs(config, contain);
+    crate::supervisor::nodes::health_gate::gate(
+        &config.resilience,
+        &config.rdzv,
+        inputs,
+        seen,
+        signals,
+        rdzv.as_mut(),
+    )
+    .await
 }
 
 /// What resolves if the worker store stops serving on its own (never without one); says where
@@ -267,7 +283,7 @@ fn worker_env_and_timers(
     config: &LaunchConfig,
     watchdog: Option<&Watchdog>,
 ) -> Result<(RunWorkerEnv, Option<FileTimerServe>), String> {
-    let mut worker_env = RunWorkerEnv::new(
+    let mut worker_env = setup::run_worker_env(
         config,
         watchdog.map(Watchdog::fd),
         watchdog.and_then(Watchdog::cgroup_fd),
@@ -508,8 +524,14 @@ impl Agent {
             return Ok(NetOutcome::Go);
         };
         let obs = &self.obs;
+        let settings = NetSettings {
+            resilience: &self.config.resilience,
+            min_nodes: self.config.nnodes.min,
+            local_addr: self.config.local_addr.as_deref(),
+            endpoint: self.config.rdzv.endpoint.as_ref(),
+        };
         crate::supervisor::nodes::network_check::check(
-            &self.config,
+            &settings,
             |n| {
                 obs.emit(RunEvent::NetworkCheck {
                     verdict: n.verdict,
@@ -703,7 +725,8 @@ impl Agent {
             return;
         };
         let asg = self.single_node_assignment(0, RoundReason::Initial);
-        if let Ok(spec) = worker::spawn_spec(&self.config, &asg, 0, "", &self.worker_env) {
+        let settings = setup::worker_settings(&self.config, &self.worker_env);
+        if let Ok(spec) = worker::spawn_spec(&settings, &asg, 0, "") {
             worker::prestart_warm(&spec, warm);
         }
     }

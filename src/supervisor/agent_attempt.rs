@@ -68,10 +68,9 @@ impl Agent {
                 .is_some_and(Rendezvous::uses_rendezvous_store),
         };
         let mut spawner = Workers {
-            config: &self.config,
+            settings: crate::supervisor::setup::worker_settings(&self.config, &self.worker_env),
             asg,
             logs: &attempt_logs,
-            worker_env: &self.worker_env,
             warm: self.warm.as_deref(),
             obs: &self.obs,
             console: &self.console,

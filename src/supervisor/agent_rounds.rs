@@ -491,7 +491,8 @@ impl Agent {
         bad.workers_ran = true;
         bad.node_failures = self.counts_json(tally).await;
         let rdzv = self.rdzv.as_mut().expect("only an elastic run leaves");
-        crate::supervisor::nodes::network_check::leave(&self.config, rdzv, true, None, bad).await
+        let bad_nodes_file = self.config.resilience.bad_nodes_file.as_deref();
+        crate::supervisor::nodes::network_check::leave(bad_nodes_file, rdzv, true, None, bad).await
     }
 }
 

@@ -3,7 +3,9 @@
 //! [`run`] is the entry point the binary calls and returns an [`Ended`] (a [`RunEnd`] and the
 //! restarts it took). The agent (`agent.rs`, with `agent_between.rs` and `agent_rounds.rs`)
 //! owns the run's state, the restart loop and the select loop; `setup.rs` what a run sets up
-//! once; `workers.rs` the real spawner of an attempt's workers. Around it, one wing per job:
+//! once and the narrow settings built from the config (what the health checks read of the
+//! launch; [`dry_run_health`] for `--dry-run`); `workers.rs` the real spawner of an attempt's
+//! workers. Around it, one wing per job:
 //!
 //! - [`group`]: the local worker group: one attempt's state and events, the effects it asks
 //!   for, spawning (cold or forked warm), the stop sequence, signals, the process tree, the
@@ -32,3 +34,4 @@ pub use report::end::{
     end_json, error_chain, write_end_json, write_parent_error_file, BadNode, Ended, LaunchError,
     Restart, RunEnd,
 };
+pub use setup::dry_run_health;

@@ -1,16 +1,26 @@
 //! What a run sets up once, before its first attempt: the worker store (where it listens, which
 //! port, which MASTER_ADDR workers get), the host names (the `${hostname}` of
-//! log prefixes, the fully qualified name of the failure report), the observer's settings (what
-//! it reads of the config) and the one-time notices about the workers' environment.
+//! log prefixes, the fully qualified name of the failure report) and the one-time notices about
+//! the workers' environment; and the narrow settings the agent builds from the config, so that
+//! each subsystem's signature says what it reads: what every worker shares and what its spawn
+//! spec reads (`worker::RunWorkerEnv`, `worker::WorkerSettings`), what the health checks read
+//! (`health::Inputs`, for the gate and for `--dry-run`), and the observer's settings.
 
+use std::os::fd::RawFd;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::config::{LaunchConfig, RdzvBackend};
+use crate::config::resilience::HealthMode;
+use crate::config::warm::WarmMode;
+use crate::config::{EntrypointKind, LaunchConfig, RdzvBackend};
+use crate::health;
 use crate::rendezvous::{tcp, Rendezvous};
 use crate::store::server::StoreServer;
 use crate::supervisor::observe::{ConfigShown, Settings};
+
+use crate::supervisor::group::checkcells::DryRunCells;
+use crate::supervisor::group::worker::{self, RunWorkerEnv, WorkerSettings};
 
 /// The worker store of the run and the MASTER_PORT workers get. `None` when workers use another
 /// store: the static rendezvous store on node 0 (TORCHELASTIC_USE_AGENT_STORE), or their own
@@ -75,7 +85,7 @@ pub(crate) fn observer_settings(config: &LaunchConfig) -> Settings {
 /// OMP_NUM_THREADS=1 default when it applies, and a `--wrap` program known to hide the exit
 /// status of the rank it runs.
 pub(crate) fn log_worker_env(config: &LaunchConfig) {
-    crate::supervisor::group::worker::log_binding(&config.binding);
+    worker::log_binding(&config.binding);
     if let Some(w) = &config.console.wrap {
         if let Some(why) = crate::config::console::swallows_exit_status(&w.program, &w.args) {
             tracing::warn!("--wrap: {why}: a wrapped rank that fails can look successful to rdrun (its failure report and restarts see the wrapper's status)");
@@ -90,6 +100,95 @@ pub(crate) fn log_worker_env(config: &LaunchConfig) {
         tracing::warn!(
             "setting OMP_NUM_THREADS=1 for every worker (it is unset and nproc_per_node > 1); set it yourself to tune"
         );
+    }
+}
+
+/// What the health checks read of the launch (`health::Inputs`), built here once so that the
+/// checks never see the whole config; their programs contained by `contain`.
+pub(crate) fn health_inputs(config: &LaunchConfig, contain: health::Contain) -> health::Inputs {
+    let python = match config.command.kind {
+        EntrypointKind::Exec => None,
+        _ => Some(config.command.program.clone()),
+    };
+    let r = &config.resilience;
+    let strict = r.health == HealthMode::On;
+    // The preload list only under `on` with warm start on (`health::Inputs::preload`).
+    let preload = match config.warm.mode {
+        WarmMode::Off => Vec::new(),
+        _ if !strict => Vec::new(),
+        _ => config.warm.preload.clone(),
+    };
+    health::Inputs {
+        python,
+        preload,
+        log_dir: config.log.log_dir.clone(),
+        checkpoint_dir: r.checkpoint_dir.clone(),
+        nproc: config.nproc_per_node,
+        nics: r.socket_ifnames.clone(),
+        cuda_visible: config.run_env.var("CUDA_VISIBLE_DEVICES"),
+        path: config.run_env.path.clone(),
+        command: r.health_cmd.clone(),
+        timeout: r.health_timeout,
+        thresholds: health::Thresholds::default(),
+        contain,
+    }
+}
+
+/// `--dry-run`'s health checks: `None` under `--health-check off`; their programs contained in
+/// a cgroup made for them alone (`checkcells::DryRunCells`), removed after. Call before any
+/// runtime or thread exists.
+pub fn dry_run_health(config: &LaunchConfig) -> Option<health::HealthReport> {
+    if !health::enabled(config.resilience.health) {
+        return None;
+    }
+    let cells = DryRunCells::create(config.run_env.cgroup);
+    let report = health::run_blocking(&health_inputs(config, cells.contain()));
+    drop(cells);
+    report
+}
+
+/// What every worker of the run shares: the signal names, the topology's variables (a hostfile
+/// filter's devices), then the pip NCCL shim's, and the watchdog's and the cgroup's descriptors.
+pub(crate) fn run_worker_env(
+    config: &LaunchConfig,
+    watchdog_fd: Option<RawFd>,
+    cgroup_fd: Option<RawFd>,
+) -> RunWorkerEnv {
+    RunWorkerEnv {
+        signals_env: crate::workerenv::signal_names(&config.signals_to_handle),
+        extra: config
+            .cluster
+            .worker_env
+            .iter()
+            .cloned()
+            .chain(worker::pip_nccl_env(
+                config.command.python.as_deref(),
+                &config.run_env,
+            ))
+            .collect(),
+        watchdog_fd,
+        cgroup_fd,
+    }
+}
+
+/// What a worker's spawn spec reads of the launch (`worker::spawn_spec`), and `shared`.
+pub(crate) fn worker_settings<'a>(
+    config: &'a LaunchConfig,
+    shared: &'a RunWorkerEnv,
+) -> WorkerSettings<'a> {
+    WorkerSettings {
+        nproc_per_node: config.nproc_per_node,
+        role: &config.role,
+        max_restarts: config.max_restarts,
+        run_id: &config.rdzv.run_id,
+        in_place: config.cluster.in_place.as_ref(),
+        virtual_local_rank: config.virtual_local_rank,
+        torch_env: &config.torch_env,
+        command: &config.command,
+        console: &config.console,
+        binding: &config.binding,
+        run_env: &config.run_env,
+        shared,
     }
 }
 

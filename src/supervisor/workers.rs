@@ -7,21 +7,19 @@ use std::path::PathBuf;
 
 use tokio::sync::watch;
 
-use crate::config::LaunchConfig;
 use crate::rendezvous::Assignment;
 
 use crate::supervisor::group::spawn::{Spawned, Spawner};
-use crate::supervisor::group::worker::{self, RunWorkerEnv};
+use crate::supervisor::group::worker::{self, WorkerSettings};
 use crate::supervisor::observe::{Observer, RunEvent};
 use crate::supervisor::output::{self, AttemptLogs, RankIdentity};
 
-/// The real spawner: the run's config and shared worker environment, this attempt's round, log
-/// sinks, the observer.
+/// The real spawner: what a spawn spec reads of the launch (with the run's shared worker
+/// environment), this attempt's round, log sinks, the observer.
 pub(crate) struct Workers<'a> {
-    pub config: &'a LaunchConfig,
+    pub settings: WorkerSettings<'a>,
     pub asg: &'a Assignment,
     pub logs: &'a AttemptLogs,
-    pub worker_env: &'a RunWorkerEnv,
     /// The run's warm-start template manager, which forks the workers it can (`--warm-start`).
     pub warm: Option<&'a crate::supervisor::group::warm::WarmStart>,
     pub obs: &'a Observer,
@@ -37,14 +35,8 @@ pub(crate) struct Workers<'a> {
 impl Spawner for Workers<'_> {
     fn spawn(&mut self, lr: usize, id: &RankIdentity) -> Result<Spawned, String> {
         let rank_logs = &self.logs.ranks[lr];
-        let mut spec = worker::spawn_spec(
-            self.config,
-            self.asg,
-            lr,
-            &rank_logs.error_file,
-            self.worker_env,
-        )
-        .map_err(|err| err.to_string())?;
+        let mut spec = worker::spawn_spec(&self.settings, self.asg, lr, &rank_logs.error_file)
+            .map_err(|err| err.to_string())?;
         // `Group::spawn` starts the local ranks in order, one right after the other.
         spec.more_follow = lr + 1 < self.logs.ranks.len();
         let spawned = worker::spawn(&spec, self.warm).map_err(|err| err.describe())?;

@@ -5,8 +5,8 @@
 //! forks included) as soon as the program ends, and with the run's cgroup when rdrun stops or
 //! dies (the watchdog kills the run's cgroup, sub-cgroups included). Its process group is
 //! registered with the watchdog too. Without a cgroup (see `docs/containment.md`) the process
-//! group, the watchdog and the parent-death signal remain. `--dry-run` has no run: [`dry_run`]
-//! makes a cgroup for its checks alone.
+//! group, the watchdog and the parent-death signal remain. `--dry-run` has no run:
+//! [`DryRunCells`] makes a cgroup for its checks alone.
 
 use std::os::fd::RawFd;
 use std::path::PathBuf;
@@ -14,8 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::LaunchConfig;
-use crate::health::{self, HealthReport};
+use crate::health;
 
 use crate::supervisor::group::contain::{self, Cgroup, SubCgroup};
 
@@ -85,24 +84,36 @@ impl health::Containment for CheckCells {
     }
 }
 
-/// `--dry-run`'s checks (`health::run_blocking`), their programs contained in a cgroup made
-/// for them alone (none where rdrun may not make one), removed with everything in it after.
-/// Call before any runtime or thread exists (the cgroup is tried with a forked probe).
-pub fn dry_run(config: &LaunchConfig) -> Option<HealthReport> {
-    if !health::enabled(config.resilience.health) {
-        return None;
+/// `--dry-run`'s containment of its checks (`health::run_blocking`): a cgroup made for them
+/// alone (none where rdrun may not make one, `mode` being `RDRUN_CGROUP`), removed with
+/// everything in it when this is dropped. Make it before any runtime or thread exists (the
+/// cgroup is tried with a forked probe).
+pub struct DryRunCells {
+    cgroup: Option<Cgroup>,
+}
+
+impl DryRunCells {
+    pub fn create(mode: contain::Mode) -> DryRunCells {
+        let cgroup = match Cgroup::create(&contain::plan(mode)) {
+            Ok(cg) => Some(cg),
+            Err(err) => {
+                tracing::debug!("the dry run's checks run without a cgroup: {err}");
+                None
+            }
+        };
+        DryRunCells { cgroup }
     }
-    let cgroup = match Cgroup::create(&contain::plan(config.run_env.cgroup)) {
-        Ok(cg) => Some(cg),
-        Err(err) => {
-            tracing::debug!("the dry run's checks run without a cgroup: {err}");
-            None
+
+    /// The containment the dry run's checks are built with (`health::Inputs::contain`).
+    pub fn contain(&self) -> health::Contain {
+        CheckCells::of(self.cgroup.as_ref().map(|c| c.dir().to_path_buf()), None)
+    }
+}
+
+impl Drop for DryRunCells {
+    fn drop(&mut self) {
+        if let Some(cg) = self.cgroup.take() {
+            cg.destroy(CELL_WAIT);
         }
-    };
-    let cells = CheckCells::of(cgroup.as_ref().map(|c| c.dir().to_path_buf()), None);
-    let report = health::run_blocking(config, cells);
-    if let Some(cg) = cgroup {
-        cg.destroy(CELL_WAIT);
     }
-    report
 }

@@ -1,7 +1,8 @@
 //! One worker process, seen from the launcher: the environment and argv it gets (its
-//! [`SpawnSpec`], built by [`spawn_spec`] from the config and the round's assignment), how it is
-//! spawned (own session and process group, parent-death signal, piped stdout/stderr, no other
-//! descriptor), how it and its group are signalled, and how exits of any descendant are reaped.
+//! [`SpawnSpec`], built by [`spawn_spec`] from the launch's [`WorkerSettings`] and the round's
+//! assignment), how it is spawned (own session and process group, parent-death signal, piped
+//! stdout/stderr, no other descriptor), how it and its group are signalled, and how exits of
+//! any descendant are reaped.
 //!
 //! The pure parts ([`worker_env`]) are table-tested (the per-variable rules they
 //! apply live in `workerenv`: `should_set_omp_num_threads`, `virtual_local_rank_devices`);
@@ -14,7 +15,11 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use crate::config::LaunchConfig;
+use crate::config::console::ConsoleSettings;
+use crate::config::numa::Binding;
+use crate::config::runenv::RunEnv;
+use crate::config::torchenv::TorchAgentEnv;
+use crate::config::{InPlace, WorkerCommand};
 use crate::exit::WorkerStatus;
 use crate::rendezvous::Assignment;
 use crate::workerenv::{self, VirtualDevicesError, WorkerEnv};
@@ -134,7 +139,7 @@ pub struct SpawnSpec {
 }
 
 /// One INFO line per local rank naming its CPU set and why (`--numa-binding`, `--cpu-binding`).
-pub fn log_binding(binding: &crate::config::numa::Binding) {
+pub fn log_binding(binding: &Binding) {
     for (rank, cpus) in binding.cpus.iter().enumerate() {
         tracing::info!(
             "{}: local rank {rank} bound to CPUs {} ({})",
@@ -151,7 +156,7 @@ pub fn log_binding(binding: &crate::config::numa::Binding) {
     }
 }
 
-/// What every worker of a run shares, computed once per run.
+/// What every worker of a run shares, computed once per run by the agent (its setup code).
 #[derive(Debug, Clone, Default)]
 pub struct RunWorkerEnv {
     /// TORCHELASTIC_SIGNALS_TO_HANDLE.
@@ -164,37 +169,39 @@ pub struct RunWorkerEnv {
     pub cgroup_fd: Option<RawFd>,
 }
 
-impl RunWorkerEnv {
-    /// The per-run part for `config`: signal names and the pip NCCL library path.
-    pub fn new(
-        config: &LaunchConfig,
-        watchdog_fd: Option<RawFd>,
-        cgroup_fd: Option<RawFd>,
-    ) -> RunWorkerEnv {
-        RunWorkerEnv {
-            signals_env: workerenv::signal_names(&config.signals_to_handle),
-            // The topology's variables (a hostfile filter's devices), then the NCCL shim's.
-            extra: config
-                .cluster
-                .worker_env
-                .iter()
-                .cloned()
-                .chain(pip_nccl_env(
-                    config.command.python.as_deref(),
-                    &config.run_env,
-                ))
-                .collect(),
-            watchdog_fd,
-            cgroup_fd,
-        }
-    }
+/// What a worker's spawn spec reads of the launch, built by the agent from the config for each
+/// attempt (as `attempt::GroupSettings`), so that [`spawn_spec`] says what it depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerSettings<'a> {
+    /// `--nproc-per-node`.
+    pub nproc_per_node: usize,
+    /// The contract's per-run values: `--role`, `--max-restarts`, the run id.
+    pub role: &'a str,
+    pub max_restarts: u32,
+    pub run_id: &'a str,
+    /// In-place mode: the scheduler's local and node values (`None`: node mode).
+    pub in_place: Option<&'a InPlace>,
+    /// `--virtual-local-rank`.
+    pub virtual_local_rank: bool,
+    /// `TORCH_ELASTIC_WORKER_IDENTICAL`, `TORCH_DISABLE_SHARE_RDZV_TCP_STORE`.
+    pub torch_env: &'a TorchAgentEnv,
+    /// The worker command (program, arguments, entry point kind).
+    pub command: &'a WorkerCommand,
+    /// `--debug-rank`, `--wrap`, `--stdin`.
+    pub console: &'a ConsoleSettings,
+    /// Each local rank's CPU set and OMP_NUM_THREADS.
+    pub binding: &'a Binding,
+    /// rdrun's environment, which every worker inherits (the per-variable rules read it).
+    pub run_env: &'a RunEnv,
+    /// What the agent set up once for every worker.
+    pub shared: &'a RunWorkerEnv,
 }
 
 /// `TORCH_ELASTIC_WORKER_IDENTICAL=1` with nodes running different numbers of workers: torch's
 /// fast path would give overlapping ranks; rdrun keeps the real ones and says so.
-fn warn_if_not_identical(config: &LaunchConfig, asg: &Assignment) {
-    let nproc = config.nproc_per_node;
-    if config.torch_env.worker_identical && !asg.uniform_nproc {
+fn warn_if_not_identical(settings: &WorkerSettings<'_>, asg: &Assignment) {
+    let nproc = settings.nproc_per_node;
+    if settings.torch_env.worker_identical && !asg.uniform_nproc {
         // torch's fast path would give overlapping ranks here; rdrun keeps the real ones.
         let counts = if asg.nodes.is_empty() {
             format!(
@@ -217,7 +224,7 @@ fn warn_if_not_identical(config: &LaunchConfig, asg: &Assignment) {
 /// substituted), under debugpy for `--debug-rank` (with how to attach), inside the `--wrap`
 /// wrapper where it applies.
 fn worker_command(
-    config: &LaunchConfig,
+    settings: &WorkerSettings<'_>,
     (rank, local_rank, group_rank): (usize, usize, usize),
     env: &[(String, String)],
 ) -> (
@@ -225,28 +232,28 @@ fn worker_command(
     Vec<OsString>,
     Option<crate::supervisor::group::debugrank::Attach>,
 ) {
-    let args = config
-        .command
+    let command = settings.command;
+    let args = command
         .args
         .iter()
         .map(|a| workerenv::substitute_local_rank(a, local_rank));
     // `--debug-rank`: the worker command under debugpy (before a wrapper, which runs it).
-    let (command_program, args, debug) = if config.console.debug_rank == Some(rank) {
+    let (command_program, args, debug) = if settings.console.debug_rank == Some(rank) {
         let (p, a, attach) = crate::supervisor::group::debugrank::command(
-            config.command.kind.clone(),
-            &config.command.program,
+            command.kind.clone(),
+            &command.program,
             args.collect(),
             local_rank,
             env,
         );
         (p, a, Some(attach))
     } else {
-        (config.command.program.clone(), args.collect(), None)
+        (command.program.clone(), args.collect(), None)
     };
     // `--wrap`: the wrapper execs the worker command itself, so the environment, the process
     // group, the cgroup and the CPU binding set up before exec are the wrapper's and its child's,
     // and the wrapper's exit status is the rank's.
-    let (program, args) = match config.console.wrap.as_ref().filter(|w| w.applies(rank)) {
+    let (program, args) = match settings.console.wrap.as_ref().filter(|w| w.applies(rank)) {
         Some(w) => {
             let mut a = w.args_for(rank, local_rank, group_rank);
             a.push(command_program.into_os_string());
@@ -262,23 +269,22 @@ fn worker_command(
 /// [`WorkerEnv`] contract (ROLE_RANK/ROLE_WORLD_SIZE equal RANK/WORLD_SIZE: every node runs one
 /// role), [`worker_env`]'s additions, and the command with `%local_rank%`-style substitution.
 pub fn spawn_spec(
-    config: &LaunchConfig,
+    settings: &WorkerSettings<'_>,
     asg: &Assignment,
     local_rank: usize,
     error_file: &str,
-    run_env: &RunWorkerEnv,
 ) -> Result<SpawnSpec, EnvError> {
-    let nproc = config.nproc_per_node;
+    let nproc = settings.nproc_per_node;
+    let shared = settings.shared;
     if local_rank == 0 {
-        warn_if_not_identical(config, asg);
+        warn_if_not_identical(settings, asg);
     }
     // The worker's index in this agent's group (always 0 in place, where the agent runs one).
     let slot = local_rank;
-    let (local_rank, local_world_size, group_rank, group_world_size) =
-        match &config.cluster.in_place {
-            None => (local_rank, nproc, asg.group_rank, asg.group_world_size),
-            Some(p) => in_place_ids(p, asg)?,
-        };
+    let (local_rank, local_world_size, group_rank, group_world_size) = match settings.in_place {
+        None => (local_rank, nproc, asg.group_rank, asg.group_world_size),
+        Some(p) => in_place_ids(p, asg)?,
+    };
     let rank = asg.base_rank + slot;
     let contract = WorkerEnv {
         rank,
@@ -289,38 +295,38 @@ pub fn spawn_spec(
         group_world_size,
         role_rank: rank,
         role_world_size: asg.world_size,
-        role_name: config.role.clone(),
+        role_name: settings.role.to_string(),
         master_addr: asg.master_addr.clone(),
         master_port: asg.master_port,
         restart_count: asg.restart_count,
-        max_restarts: config.max_restarts,
-        run_id: config.rdzv.run_id.clone(),
+        max_restarts: settings.max_restarts,
+        run_id: settings.run_id.to_string(),
         // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: the rank-0 worker hosts its own store.
-        use_agent_store: !config.torch_env.own_worker_store,
+        use_agent_store: !settings.torch_env.own_worker_store,
         error_file: error_file.to_string(),
     };
     let mut env = worker_env(
         &contract,
         nproc,
-        &run_env.signals_env,
-        config.virtual_local_rank,
-        |k| config.run_env.var(k),
+        &shared.signals_env,
+        settings.virtual_local_rank,
+        |k| settings.run_env.var(k),
     )?;
-    env.extend(run_env.extra.iter().cloned());
-    if let Some(n) = config.binding.omp_of(local_rank) {
+    env.extend(shared.extra.iter().cloned());
+    if let Some(n) = settings.binding.omp_of(local_rank) {
         // Asked for on the command line: wins over an inherited value.
         env.retain(|(k, _)| k != "OMP_NUM_THREADS");
         env.push(("OMP_NUM_THREADS".into(), n.to_string()));
     }
-    let (program, args, debug) = worker_command(config, (rank, local_rank, group_rank), &env);
+    let (program, args, debug) = worker_command(settings, (rank, local_rank, group_rank), &env);
     Ok(SpawnSpec {
         program,
         args,
         env,
-        watchdog_fd: run_env.watchdog_fd,
-        cgroup_fd: run_env.cgroup_fd,
-        cpus: config.binding.cpus_of(local_rank).map(<[usize]>::to_vec),
-        stdin: config.console.stdin.reads(rank),
+        watchdog_fd: shared.watchdog_fd,
+        cgroup_fd: shared.cgroup_fd,
+        cpus: settings.binding.cpus_of(local_rank).map(<[usize]>::to_vec),
+        stdin: settings.console.stdin.reads(rank),
         // A warm start runs the template's own interpreter, not this command: never for the
         // debug rank.
         warm: debug.is_none(),
@@ -332,10 +338,7 @@ pub fn spawn_spec(
 /// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and GROUP_WORLD_SIZE of an in-place rank: the
 /// scheduler's local values; its node index where it gave one (Slurm), else the node the ranks'
 /// published hostnames put it on (`rendezvous::static_` publishes them in `Assignment::nodes`).
-fn in_place_ids(
-    p: &crate::config::InPlace,
-    asg: &Assignment,
-) -> Result<(usize, usize, usize, usize), EnvError> {
+fn in_place_ids(p: &InPlace, asg: &Assignment) -> Result<(usize, usize, usize, usize), EnvError> {
     if let Some((g, n)) = p.node {
         return Ok((p.local_rank, p.local_world_size, g, n));
     }
@@ -365,7 +368,7 @@ fn in_place_ids(
 /// place that names a local rank (output prefixes, log directories, `--tee`/`--redirects`/
 /// `--local-ranks-filter`, the failure report) must name that one, as it names RANK. Node
 /// mode: the slot.
-pub(crate) fn reported_local_rank(in_place: Option<&crate::config::InPlace>, slot: usize) -> usize {
+pub(crate) fn reported_local_rank(in_place: Option<&InPlace>, slot: usize) -> usize {
     match in_place {
         Some(p) => p.local_rank,
         None => slot,
@@ -379,10 +382,7 @@ pub(crate) fn reported_local_rank(in_place: Option<&crate::config::InPlace>, slo
 /// Python launch would use (`PYTHON_EXEC`, `$VIRTUAL_ENV`, `python3` on PATH): a Rust trainer
 /// started directly typically shares the venv that holds torch and its NCCL wheel. Failures only
 /// log: a missing shim must never stop a launch that may not use NCCL at all.
-pub fn pip_nccl_env(
-    python: Option<&std::path::Path>,
-    run_env: &crate::config::runenv::RunEnv,
-) -> Vec<(String, String)> {
+pub fn pip_nccl_env(python: Option<&std::path::Path>, run_env: &RunEnv) -> Vec<(String, String)> {
     let Some(python) = python else {
         return Vec::new();
     };

@@ -19,12 +19,13 @@
 //! `health_check` event and the metrics (`rdrun_node_check_failed{check}`): this module never
 //! names the observer.
 
+use std::path::Path;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::resilience::HealthMode;
-use crate::config::{LaunchConfig, RdzvBackend};
+use crate::config::resilience::{HealthMode, Resilience};
+use crate::config::{RdzvBackend, RdzvConfig};
 use crate::health::{self, HealthReport, Inputs};
 use crate::rendezvous::store::try_get;
 use crate::rendezvous::{RdzvStore, Rendezvous, TcpRdzvStore};
@@ -49,19 +50,23 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Runs the checks and says whether this node may go on (see the module doc); `Err`: how the
 /// run ends. Under `warn` the checks only run beside the rendezvous and the workers: the
 /// returned [`Background`] is held for the run and waits for their verdict when dropped (before
-/// the run's cgroup goes: their programs live in it). `contain`: the run's
-/// `checkcells::CheckCells`.
+/// the run's cgroup goes: their programs live in it). What it reads of the launch: the
+/// health-check settings (`resilience`: the mode, `--exclude-nodes-from`, `--bad-nodes-file`),
+/// the rendezvous's backend and join timeout (`rdzv_config`), and the checks' own `inputs`
+/// (their programs contained by the run's `checkcells::CheckCells`).
 pub(in crate::supervisor) async fn gate(
-    config: &LaunchConfig,
+    resilience: &Resilience,
+    rdzv_config: &RdzvConfig,
+    inputs: Inputs,
     seen: Seen,
     signals: &mut Signals,
     rdzv: Option<&mut Rendezvous>,
-    contain: health::Contain,
 ) -> Result<Option<Background>, RunEnd> {
-    let mode = config.resilience.health;
+    let mode = resilience.health;
+    let bad_nodes_file = resilience.bad_nodes_file.as_deref();
     let mut rdzv = rdzv;
     // A node an earlier job found bad (`--exclude-nodes-from`) stays out, whatever the mode.
-    if let Some((path, names)) = &config.resilience.exclude_from {
+    if let Some((path, names)) = &resilience.exclude_from {
         let node = health::node_name();
         if health::memory::listed(&node, names) {
             let line = format!(
@@ -71,14 +76,13 @@ pub(in crate::supervisor) async fn gate(
             );
             let detail = format!("listed in {}", path.display());
             let bad = BadNode::found(node, "excluded", detail, line);
-            let elastic = is_elastic(config.rdzv.backend, rdzv.as_deref());
-            return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
+            let elastic = is_elastic(rdzv_config.backend, rdzv.as_deref());
+            return Err(bad_node(bad_nodes_file, bad, rdzv.as_deref_mut(), elastic).await);
         }
     }
     if !health::enabled(mode) {
         return Ok(None);
     }
-    let inputs = Inputs::of(config, contain);
     let store = rdzv.as_deref().and_then(|r| r.store.clone());
     if mode == HealthMode::Warn {
         // The clock's few store round trips stay on this runtime (the store client's); the
@@ -96,10 +100,10 @@ pub(in crate::supervisor) async fn gate(
     }
     // A node that hosts the rendezvous store cannot stay out: the others need its store, and
     // it would take the store away when it gives up. It ends the job as a static node does.
-    let elastic = is_elastic(config.rdzv.backend, rdzv.as_deref());
-    let give_up_at = Instant::now() + join_timeout(config.rdzv.settings.as_ref());
+    let elastic = is_elastic(rdzv_config.backend, rdzv.as_deref());
+    let give_up_at = Instant::now() + join_timeout(rdzv_config.settings.as_ref());
     let mut backoff = FIRST_BACKOFF;
-    let mut outside = Outside::new(config.rdzv.settings.as_ref());
+    let mut outside = Outside::new(rdzv_config.settings.as_ref());
     loop {
         let checks = async {
             let (mut report, clock) = tokio::join!(health::run(&inputs), clock(store.as_deref()));
@@ -131,7 +135,7 @@ pub(in crate::supervisor) async fn gate(
                 Ok(Some(over)) => {
                     tracing::warn!("{over}: not checking again");
                     let bad = BadNode::of(&report, line);
-                    return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
+                    return Err(bad_node(bad_nodes_file, bad, rdzv.as_deref_mut(), elastic).await);
                 }
                 Err(signal) => {
                     return Err(RunEnd::Interrupted {
@@ -144,7 +148,7 @@ pub(in crate::supervisor) async fn gate(
             continue;
         }
         let bad = BadNode::of(&report, line);
-        return Err(bad_node(config, bad, rdzv.as_deref_mut(), elastic).await);
+        return Err(bad_node(bad_nodes_file, bad, rdzv.as_deref_mut(), elastic).await);
     }
 }
 
@@ -263,15 +267,16 @@ fn is_elastic(backend: RdzvBackend, rdzv: Option<&Rendezvous>) -> bool {
     rdzv.is_some_and(|r| r.server.is_none() && backend != RdzvBackend::Static)
 }
 
-/// The end of a bad node: remembered in `--bad-nodes-file`; unless it stays out of an elastic
-/// job, the rendezvous closed with the reason so that the other nodes end now, naming it.
+/// The end of a bad node: remembered in `--bad-nodes-file` (`bad_nodes_file`); unless it stays
+/// out of an elastic job, the rendezvous closed with the reason so that the other nodes end now,
+/// naming it.
 pub(in crate::supervisor) async fn bad_node(
-    config: &LaunchConfig,
+    bad_nodes_file: Option<&Path>,
     bad: BadNode,
     rdzv: Option<&mut Rendezvous>,
     elastic: bool,
 ) -> RunEnd {
-    if let Some(path) = &config.resilience.bad_nodes_file {
+    if let Some(path) = bad_nodes_file {
         if let Err(err) = health::memory::remember(path, &bad.node) {
             tracing::error!(
                 "--bad-nodes-file: cannot add {} to {}: {err}",

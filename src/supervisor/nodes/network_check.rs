@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::LaunchConfig;
+use crate::config::resilience::Resilience;
+use crate::config::Endpoint;
 use crate::health::netprobe::{self, Probe, PAIR_BOUND};
 use crate::health::network::{self, Measure, Measured, NetVerdict, Peer};
 use crate::rendezvous::keys::round::NetKeys;
@@ -44,6 +45,20 @@ pub(in crate::supervisor) struct NetSeen<'a> {
     pub took: Duration,
 }
 
+/// What the check reads of the launch, built by the agent for each check (as
+/// `group::attempt::GroupSettings`): its signature says what it depends on.
+pub(in crate::supervisor) struct NetSettings<'a> {
+    /// `--network-check`, `--network-check-threshold`, and `--bad-nodes-file` (where a slow
+    /// node that leaves is remembered).
+    pub resilience: &'a Resilience,
+    /// MIN of `--nnodes`: the nodes of a round above it are spares, which may leave.
+    pub min_nodes: usize,
+    /// `--local-addr`, then the rendezvous endpoint: where this node's probe listens when the
+    /// rendezvous advertised no address for it.
+    pub local_addr: Option<&'a str>,
+    pub endpoint: Option<&'a Endpoint>,
+}
+
 /// What the agent does after the check.
 #[derive(Debug)]
 pub(in crate::supervisor) enum NetOutcome {
@@ -57,26 +72,20 @@ pub(in crate::supervisor) enum NetOutcome {
 /// it left as a slow node). `seen` gets what was measured, once the verdict is in and before
 /// anyone leaves.
 pub(in crate::supervisor) async fn check(
-    config: &LaunchConfig,
+    settings: &NetSettings<'_>,
     seen: impl FnOnce(NetSeen<'_>),
     rdzv: &mut Rendezvous,
     asg: &Assignment,
     signals: &mut Signals,
 ) -> Result<NetOutcome, RunEnd> {
-    if !config.resilience.network_check || asg.group_world_size < 2 {
+    if !settings.resilience.network_check || asg.group_world_size < 2 {
         return Ok(NetOutcome::Go);
     }
     let Some(store) = rdzv.exchange() else {
         return Ok(NetOutcome::Go);
     };
     let t0 = Instant::now();
-    let host = match probe_host(
-        config.local_addr.as_deref(),
-        config.rdzv.endpoint.as_ref(),
-        rdzv,
-    )
-    .await
-    {
+    let host = match probe_host(settings.local_addr, settings.endpoint, rdzv).await {
         Ok(h) => h,
         Err(why) => {
             tracing::warn!("network check skipped: {why}");
@@ -103,10 +112,10 @@ pub(in crate::supervisor) async fn check(
         }
     };
     let n = asg.group_world_size;
-    let verdict = network::judge(n, &measured, config.resilience.network_threshold);
+    let verdict = network::judge(n, &measured, settings.resilience.network_threshold);
     let took = t0.elapsed();
     let spares = if rdzv.can_leave() {
-        n.saturating_sub(config.nnodes.min)
+        n.saturating_sub(settings.min_nodes)
     } else {
         0
     };
@@ -128,7 +137,8 @@ pub(in crate::supervisor) async fn check(
         );
         let bad = BadNode::found(crate::health::node_name(), "network", detail, line);
         let left = Some((&store, keys.left(me)));
-        return match leave(config, rdzv, false, left, bad).await {
+        let bad_nodes_file = settings.resilience.bad_nodes_file.as_deref();
+        return match leave(bad_nodes_file, rdzv, false, left, bad).await {
             Some(end) => Err(end),
             // Only when the state changed under the check (another node left or failed first):
             // named, and it runs.
@@ -154,10 +164,10 @@ pub(in crate::supervisor) async fn check(
 
 /// This node leaves the job while the others go on: out of the rendezvous (the round bumped
 /// without it; `charged`: as a worker failure), `left` set if given, remembered in
-/// `--bad-nodes-file`; the end is a bad node. `None`: the rendezvous would keep fewer than MIN
-/// nodes without it (others left first), so it stays.
+/// `--bad-nodes-file` (`bad_nodes_file`); the end is a bad node. `None`: the rendezvous would
+/// keep fewer than MIN nodes without it (others left first), so it stays.
 pub(in crate::supervisor) async fn leave(
-    config: &LaunchConfig,
+    bad_nodes_file: Option<&std::path::Path>,
     rdzv: &mut Rendezvous,
     charged: bool,
     left: Option<(&Exchange, String)>,
@@ -178,7 +188,7 @@ pub(in crate::supervisor) async fn leave(
             tracing::debug!("cannot say this node left: {err}");
         }
     }
-    Some(crate::supervisor::nodes::health_gate::bad_node(config, bad, None, true).await)
+    Some(crate::supervisor::nodes::health_gate::bad_node(bad_nodes_file, bad, None, true).await)
 }
 
 /// The address the others reach this node's probe at: the one it advertised to the rendezvous
@@ -186,7 +196,7 @@ pub(in crate::supervisor) async fn leave(
 /// names, which need not resolve to this node on the others).
 async fn probe_host(
     local_addr: Option<&str>,
-    endpoint: Option<&crate::config::Endpoint>,
+    endpoint: Option<&Endpoint>,
     rdzv: &Rendezvous,
 ) -> Result<String, String> {
     if let Some(a) = rdzv.advertised.clone() {

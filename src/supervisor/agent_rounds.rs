@@ -309,27 +309,9 @@ impl Agent {
         }
         tracing::warn!("no restart left: ending the job on every node");
         self.close_rdzv_failed(show.as_deref()).await;
-        let mut run = own.clone();
-        let mut run_fault = None;
-        let mut signal = None;
-        match &exchange {
-            Some((ex, keys)) if pending => match self.judge(ex, keys, asg.group_world_size).await {
-                Ok(Some(entries)) => {
-                    run = root_cause::pick(&entries);
-                    run_fault = root_cause::injected(&entries);
-                }
-                Ok(None) => {}
-                Err(sig) => signal = Some(sig),
-            },
-            // The others' entries make no difference here; one node that thought otherwise
-            // (its own count in a row differs) need not wait for this one's.
-            Some((ex, keys)) => {
-                if let Err(why) = root_cause::publish(ex, keys, asg.group_rank, &entry).await {
-                    tracing::debug!("cannot publish this node's root cause: {why}");
-                }
-            }
-            None => {}
-        }
+        let (run, run_fault, signal) = self
+            .judged_after_close(asg, exchange.as_ref(), pending, &entry)
+            .await;
         // Issue 41: an injected failure counts toward neither the stop verdict nor the node's
         // failure counts, on this path as on the restart path (`Agent::count_failure`).
         let injected = self.chaos_label(own_fault, run_fault).is_some();
@@ -363,6 +345,40 @@ impl Agent {
             }
         };
         ControlFlow::Break(self.with_counts(end, tally).await)
+    }
+
+    /// After the close of [`Agent::end_everywhere`]: the run's root cause and the chaos fault
+    /// that ended the attempt, as every node's entry says when the stop verdict may apply
+    /// (`pending`), else this node's own (its entry published for the others); a shutdown
+    /// signal during the wait comes back as the third value.
+    async fn judged_after_close(
+        &mut self,
+        asg: &Assignment,
+        exchange: Option<&(crate::rendezvous::Exchange, RootKeys)>,
+        pending: bool,
+        entry: &root_cause::Entry,
+    ) -> (Option<Signature>, Option<Injected>, Option<i32>) {
+        let own = (entry.sig.clone(), None, None);
+        match exchange {
+            Some((ex, keys)) if pending => match self.judge(ex, keys, asg.group_world_size).await {
+                Ok(Some(entries)) => (
+                    root_cause::pick(&entries),
+                    root_cause::injected(&entries),
+                    None,
+                ),
+                Ok(None) => own,
+                Err(sig) => (entry.sig.clone(), None, Some(sig)),
+            },
+            // The others' entries make no difference here; one node that thought otherwise
+            // (its own count in a row differs) need not wait for this one's.
+            Some((ex, keys)) => {
+                if let Err(why) = root_cause::publish(ex, keys, asg.group_rank, entry).await {
+                    tracing::debug!("cannot publish this node's root cause: {why}");
+                }
+                own
+            }
+            None => own,
+        }
     }
 
     /// The end of the run after this node's workers failed: their report, error files read

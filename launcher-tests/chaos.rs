@@ -208,14 +208,7 @@ fn a_hang_is_found_by_the_hang_detector_and_restarted() {
         .run();
     out.assert_code(0);
     let v = report(&dir);
-    let fault = &v["chaos"]["faults"][0];
-    assert_eq!(
-        (fault["kind"].as_str(), fault["state"].as_str()),
-        (Some("hang"), Some("recovered")),
-        "{v}"
-    );
-    let detect = fault["detect_s"].as_f64().expect("detected");
-    assert!(detect >= 3.0, "not before the hang budget: {fault}");
+    hang_recovered(&v, 3.0, &out);
     let cause = v["restarts"][0]["cause"].as_str().unwrap_or_default();
     assert!(
         cause.contains("injected hang rank 0") && cause.contains("hang"),
@@ -239,17 +232,7 @@ fn a_hang_of_the_only_rank_is_found_too() {
         .arg("40")
         .run();
     out.assert_code(0);
-    let v = report(&dir);
-    let fault = &v["chaos"]["faults"][0];
-    assert_eq!(
-        (fault["kind"].as_str(), fault["state"].as_str()),
-        (Some("hang"), Some("recovered")),
-        "{v}\n{out:?}"
-    );
-    assert!(
-        fault["detect_s"].as_f64().expect("detected") >= 2.0,
-        "{fault}"
-    );
+    hang_recovered(&report(&dir), 2.0, &out);
 }
 
 /// Issue 41: injected failures are no failures of the job: five kills of the same rank with
@@ -596,7 +579,7 @@ fn injected_kills_on_a_two_node_job_are_labelled_on_both_nodes() {
         let port = crate::util::free_port();
         let running: Vec<_> = (1..=2)
             .map(|h| {
-                Rdrun::new()
+                let agent = Rdrun::new()
                     .timeout(Duration::from_secs(240))
                     .env("PYTHON_EXEC", &python)
                     .args([
@@ -614,14 +597,8 @@ fn injected_kills_on_a_two_node_job_are_labelled_on_both_nodes() {
                     .arg("--local-addr")
                     .arg(format!("127.0.0.{h}"))
                     .args(["--max-restarts=2", "--max-same-failures=2"])
-                    .args(["--chaos", "kill:after=6s,every=4s,count=2,rank=1,seed=3"])
-                    .arg("--report-json")
-                    .arg(dir.join(format!("report{h}.json")))
-                    .arg(dir.join("ddp.py"))
-                    .arg(dir.path())
-                    .arg("150")
-                    .arg("ckpt")
-                    .spawn()
+                    .args(["--chaos", "kill:after=6s,every=4s,count=2,rank=1,seed=3"]);
+                ddp_job(agent, &dir, &format!("report{h}.json"), "150").spawn()
             })
             .collect();
         let outs: Vec<crate::util::Output> = running.into_iter().map(|r| r.wait()).collect();
@@ -660,7 +637,7 @@ fn a_kill_on_one_node_is_labelled_on_the_other_by_the_exchange_alone() {
         let running: Vec<_> = [("0", "1h"), ("1", "5s")]
             .into_iter()
             .map(|(node, after)| {
-                Rdrun::new()
+                let agent = Rdrun::new()
                     .timeout(Duration::from_secs(240))
                     .env("PYTHON_EXEC", &python)
                     .args(["--nnodes", "2", "--node-rank", node])
@@ -669,14 +646,8 @@ fn a_kill_on_one_node_is_labelled_on_the_other_by_the_exchange_alone() {
                     .arg(port.to_string())
                     .args(["--max-restarts=1", "--max-same-failures=1"])
                     .arg("--chaos")
-                    .arg(format!("kill:after={after},count=1,rank=1,seed=3"))
-                    .arg("--report-json")
-                    .arg(dir.join(format!("report{node}.json")))
-                    .arg(dir.join("ddp.py"))
-                    .arg(dir.path())
-                    .arg("100")
-                    .arg("ckpt")
-                    .spawn()
+                    .arg(format!("kill:after={after},count=1,rank=1,seed=3"));
+                ddp_job(agent, &dir, &format!("report{node}.json"), "100").spawn()
             })
             .collect();
         let outs: Vec<crate::util::Output> = running.into_iter().map(|r| r.wait()).collect();
@@ -702,6 +673,30 @@ fn a_kill_on_one_node_is_labelled_on_the_other_by_the_exchange_alone() {
             "both nodes name node 1's fault: {outs:?}"
         );
     });
+}
+
+/// The report's first fault is a hang, survived, detected no sooner than `budget` seconds.
+fn hang_recovered(v: &serde_json::Value, budget: f64, out: &crate::util::Output) {
+    let fault = &v["chaos"]["faults"][0];
+    assert_eq!(
+        (fault["kind"].as_str(), fault["state"].as_str()),
+        (Some("hang"), Some("recovered")),
+        "{v}\n{out:?}"
+    );
+    let detect = fault["detect_s"].as_f64().expect("detected");
+    assert!(detect >= budget, "not before the hang budget: {fault}");
+}
+
+/// `agent` (its options given) running [`DDP_JOB`] (written to `dir/ddp.py`) for `steps`
+/// steps with checkpoints, its `--report-json` at `dir/report`.
+fn ddp_job(agent: Rdrun, dir: &TempDir, report: &str, steps: &str) -> Rdrun {
+    agent
+        .arg("--report-json")
+        .arg(dir.join(report))
+        .arg(dir.join("ddp.py"))
+        .arg(dir.path())
+        .arg(steps)
+        .arg("ckpt")
 }
 
 /// The `--report-json` document at `path`.

@@ -288,21 +288,8 @@ fn slow_cycles_the_rank_and_is_survived_when_its_time_is_over() {
 #[test]
 fn a_fault_that_lands_on_another_node_labels_this_nodes_end_too() {
     // Node 0 of two, rank 3 lives on node 1: node 0 only learns that the fault was injected.
-    let mut c = Chaos::new(
-        "kill:after=0s,every=1ms,count=2,rank=3",
-        None,
-        true,
-        true,
-        "job",
-    )
-    .unwrap()
-    .unwrap();
-    let here = Layout {
-        node: 0,
-        nodes: 2,
-        world_size: 4,
-        local: vec![Target { rank: 0, pid: 10 }, Target { rank: 1, pid: 11 }],
-    };
+    let mut c = two_node_chaos("kill:after=0s,every=1ms,count=2,rank=3");
+    let here = node_0_of_two();
     let (_, last) = outputs(2);
     c.attempt_started(0, here.clone(), last);
     assert!(c.tick(true).is_empty(), "nothing to signal here");
@@ -329,21 +316,8 @@ fn a_fault_agreed_on_another_node_moves_this_nodes_clock_past_it() {
     // Node 0 of two; rank 3 lives on node 1. Node 0's timer had not fired yet when node 1's
     // kill ended the attempt: the root-cause exchange tells it, and its clock skips that fault
     // instead of drawing it again after the restart.
-    let mut c = Chaos::new(
-        "kill:after=1h,every=1h,count=2,rank=3",
-        None,
-        true,
-        true,
-        "job",
-    )
-    .unwrap()
-    .unwrap();
-    let here = Layout {
-        node: 0,
-        nodes: 2,
-        world_size: 4,
-        local: vec![Target { rank: 0, pid: 10 }, Target { rank: 1, pid: 11 }],
-    };
+    let mut c = two_node_chaos("kill:after=1h,every=1h,count=2,rank=3");
+    let here = node_0_of_two();
     let (_, last) = outputs(2);
     c.attempt_started(0, here.clone(), last);
     assert!(c.tick(true).is_empty(), "not due here yet");
@@ -367,4 +341,19 @@ fn a_fault_agreed_on_another_node_moves_this_nodes_clock_past_it() {
         c.clocks[0].since, before,
         "the gap counts from this node's recovery"
     );
+}
+
+/// Node 0 of two, ranks 0 and 1 here (ranks 2 and 3 on node 1).
+fn node_0_of_two() -> Layout {
+    Layout {
+        node: 0,
+        nodes: 2,
+        world_size: 4,
+        local: vec![Target { rank: 0, pid: 10 }, Target { rank: 1, pid: 11 }],
+    }
+}
+
+/// Chaos of a two-node job (hang detection on) from `spec`.
+fn two_node_chaos(spec: &str) -> Chaos {
+    Chaos::new(spec, None, true, true, "job").unwrap().unwrap()
 }

@@ -43,7 +43,7 @@ use crate::supervisor::nodes::join::until_shutdown;
 use crate::supervisor::nodes::network_check::{NetOutcome, NetSettings};
 use crate::supervisor::observe::{Observer, RunEvent};
 use crate::supervisor::output::{Console, RunLogs};
-use crate::supervisor::report::end::{Ended, Restart, RunEnd};
+use crate::supervisor::report::end::{Ended, RunEnd};
 use crate::supervisor::report::failure::{Failure, FailureReport};
 use crate::supervisor::setup::{self, single_node_master_addr, ReportHost};
 use crate::supervisor::watch::task::Watch;
@@ -129,15 +129,16 @@ pub fn run(config: LaunchConfig) -> Ended {
         Ok(o) => o,
         Err(msg) => return RunEnd::error(msg).into(),
     };
-    let (mut restarts, mut chaos) = (Vec::new(), None);
+    let mut chaos = None;
     let end = runtime.block_on(Agent::run(
         config,
         watchdog,
         (obs.clone(), console),
-        (&mut restarts, &mut chaos),
+        &mut chaos,
     ));
     obs.emit(RunEvent::RunEnd(&end));
-    let ranks = obs.last_ranks();
+    // The report's parts the observer rendered from the run's events.
+    let (ranks, restarts) = (obs.last_ranks(), obs.restarts());
     // Signal-forwarding tasks never end on their own.
     runtime.shutdown_background();
     Ended {
@@ -184,8 +185,9 @@ struct Agent {
     /// A worker stayed in D state past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: no more
     /// restarts (as torch; `watch/dstate.rs`).
     restarts_disabled: bool,
-    /// The restarts and regroups taken so far (`--report-json`'s `restarts`).
-    restarts: Vec<Restart>,
+    /// How many restarts and regroups the run took so far (the observer's report renderer
+    /// lists them for `--report-json`).
+    restarts_taken: u32,
     /// The marks of the restart under way (`report/restart_cost.rs`).
     restart_clock: crate::supervisor::report::restart_cost::RestartClock,
     /// A restarted attempt whose ranks are not all back in user code yet (`check_back`).
@@ -304,12 +306,12 @@ fn worker_env_and_timers(
 }
 
 impl Agent {
-    /// The run; `restarts` receives the restarts it took, whichever way it ends.
+    /// The run; `chaos_json` receives `--report-json`'s `chaos` section, whichever way it ends.
     async fn run(
         config: LaunchConfig,
         watchdog: Option<Watchdog>,
         (obs, console): (Observer, Console),
-        (restarts, chaos_json): (&mut Vec<Restart>, &mut Option<serde_json::Value>),
+        chaos_json: &mut Option<serde_json::Value>,
     ) -> RunEnd {
         // A bad --chaos spec ends the run before anything starts.
         let chaos = match Agent::chaos_of(&config) {
@@ -376,7 +378,7 @@ impl Agent {
             obs,
             console,
             restarts_disabled: false,
-            restarts: Vec::new(),
+            restarts_taken: 0,
             restart_clock: Default::default(),
             back_watch: None,
             chaos,
@@ -384,7 +386,6 @@ impl Agent {
         let end = agent.attempts().await;
         let (end, chaos) = agent.chaos_end(end);
         *chaos_json = chaos;
-        *restarts = std::mem::take(&mut agent.restarts);
         // The `warn` checks' verdict (or their cancel) while the run's cgroup, where their
         // programs are, and the watchdog they registered with still exist.
         drop(health);
@@ -606,12 +607,7 @@ impl Agent {
             Decision::Restart {
                 restart_count: next,
             } => {
-                self.restarts.push(Restart {
-                    restart_count,
-                    charged: true,
-                    cause,
-                    cost: None,
-                });
+                self.restarts_taken += 1;
                 tracing::warn!(
                     "worker group failed; {}/{} restarts left, restarting (attempt {next})",
                     self.config.max_restarts - restart_count,
@@ -621,22 +617,21 @@ impl Agent {
                     next,
                     charged: true,
                     kind: "restart",
+                    ended: restart_count,
+                    cause: &cause,
                 });
                 self.between_attempts();
                 Continue((next, RoundReason::WorkerFailure))
             }
             Decision::Regroup { charged } => {
-                self.restarts.push(Restart {
-                    restart_count,
-                    charged,
-                    cause,
-                    cost: None,
-                });
+                self.restarts_taken += 1;
                 outcome.log_regroup();
                 self.obs.emit(RunEvent::Restart {
                     next: restart_count + u32::from(charged),
                     charged,
                     kind: "regroup",
+                    ended: restart_count,
+                    cause: &cause,
                 });
                 self.between_attempts();
                 let reason = if charged {

@@ -13,10 +13,10 @@ impl Agent {
     /// The next attempt's workers were spawned (`started`: how many forked warm, how many
     /// cold): after a restart, its cost in one line at the default level (WARN, as torchrun's
     /// LOGLEVEL default and the "restarting" line before it), the event and histogram, and
-    /// `--report-json`'s `seconds` of that restart.
+    /// `--report-json`'s `seconds` of that restart (the observer's report renderer keeps it).
     /// Returns the cost, for the attempt's [`BackWatch`] (`None`: no restart came before it).
     pub(super) fn restart_cost(&mut self, started: (usize, usize)) -> Option<RestartCost> {
-        let taken = self.restarts.len() as u32;
+        let taken = self.restarts_taken;
         let cost = self.restart_clock.spawned(taken, started.0, started.1)?;
         self.chaos_restarted(cost.failed_at);
         tracing::warn!("{}", cost.line());
@@ -24,15 +24,13 @@ impl Agent {
             fields: &cost.to_json(),
             total: cost.total(),
         });
-        if let Some(r) = self.restarts.last_mut() {
-            r.cost = Some(cost.to_json());
-        }
         Some(cost)
     }
 
     /// Once every rank of a restarted attempt printed: the failure → back in user code, one
     /// line at the default level, the `restart_back` event and `--report-json`'s
-    /// `back_in_user_code_s` of that restart; the watch is then done.
+    /// `back_in_user_code_s` of that restart (kept by the report renderer); the watch is then
+    /// done.
     pub(super) fn check_back(&mut self) {
         let Some(back) = self.back_watch.as_ref().and_then(BackWatch::back) else {
             return;
@@ -45,14 +43,6 @@ impl Agent {
             restart: watch.restart,
             secs,
         });
-        if let Some(cost) = self
-            .restarts
-            .last_mut()
-            .and_then(|r| r.cost.as_mut())
-            .and_then(|c| c.as_object_mut())
-        {
-            cost.insert("back_in_user_code_s".into(), secs.into());
-        }
     }
 
     /// A shutdown signal already queued (other handled signals have no worker to go to).

@@ -57,11 +57,15 @@ pub enum RunEvent<'a> {
     StopProgress { stop: &'a GroupStop, live: usize },
     /// The attempt's processes are gone: a stop under way is finished.
     AttemptOver,
-    /// A new attempt follows: its number, whether it used a restart, `restart` or `regroup`.
+    /// A new attempt follows: its number, whether it used a restart, `restart` or `regroup`;
+    /// the attempt that ended (its TORCHELASTIC_RESTART_COUNT) and what ended it, for the
+    /// report's `restarts`.
     Restart {
         next: u32,
         charged: bool,
         kind: &'a str,
+        ended: u32,
+        cause: &'a str,
     },
     /// The next attempt's workers were spawned after a restart: its phases
     /// (`report/restart_cost.rs`'s JSON) and the total.

@@ -7,9 +7,10 @@
 //! The renderers, in the order each event reaches them: the status line ([`render_status`];
 //! the line itself is [`status`]'s), the health state ([`render_health`]; the state and its
 //! HTTP answer are [`health`]'s), the Prometheus metrics ([`render_metrics`]; the registry is
-//! [`metrics`]', its text forms [`exposition`]'s), the capture blocks ([`render_capture`]) and
-//! the lifecycle events ([`render_events`]: `events.jsonl`, `--events` and their console lines,
-//! through [`lifecycle`]'s sinks). The order keeps rdrun's stderr as it was: a wait's status
+//! [`metrics`]', its text forms [`exposition`]'s), the capture blocks ([`render_capture`]), the
+//! lifecycle events ([`render_events`]: `events.jsonl`, `--events` and their console lines,
+//! through [`lifecycle`]'s sinks) and the report's restarts ([`render_report`], read back at the
+//! run's end for `--report-json`). The order keeps rdrun's stderr as it was: a wait's status
 //! line is ended before the event lines that follow it, and a hang's capture block comes
 //! before its `hang` line. What several renderers read — the attempt, the workers, the
 //! durations an event measures — is one [`facts::Facts`], updated before the renderers and lent
@@ -33,6 +34,7 @@ pub mod render_capture;
 pub mod render_events;
 pub mod render_health;
 pub mod render_metrics;
+pub mod render_report;
 pub mod render_status;
 pub mod serve;
 pub mod settings;
@@ -86,6 +88,12 @@ impl Observer {
         self.lock().facts.last_ranks()
     }
 
+    /// The restarts and regroups the run took, with their causes and costs
+    /// ([`render_report`]), for `--report-json`.
+    pub fn restarts(&self) -> Vec<crate::supervisor::report::end::Restart> {
+        self.lock().report.restarts()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -96,6 +104,9 @@ struct Inner {
     facts: Facts,
     /// Every event reaches each, in this order (the module docs say why).
     renderers: Vec<Box<dyn Renderer>>,
+    /// The report's renderer, last (it prints nothing); held apart so that the run's end can
+    /// read its restarts back.
+    report: render_report::ReportRenderer,
     /// The status line's board, the same for the whole run.
     board: Board,
     servers: Vec<JoinHandle<()>>,
@@ -137,6 +148,7 @@ impl Inner {
         Ok(Inner {
             facts,
             renderers,
+            report: render_report::ReportRenderer::default(),
             board,
             servers: served.tasks,
         })
@@ -149,6 +161,7 @@ impl Inner {
         for r in &mut self.renderers {
             r.on(&ev, &self.facts);
         }
+        self.report.on(&ev, &self.facts);
         self.facts.after(&ev);
     }
 }

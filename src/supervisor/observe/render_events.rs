@@ -125,6 +125,7 @@ impl EventsRenderer {
                 next,
                 charged,
                 kind,
+                ..
             } => {
                 let f = json!({"next_attempt": next, "charged": charged, "kind": kind});
                 self.emit(facts, "restart", f);

@@ -44,6 +44,8 @@ async fn restart_round_events_carry_the_next_attempt() {
         next: 1,
         charged: true,
         kind: "restart",
+        ended: 0,
+        cause: "exit code 3",
     });
     obs.on(RunEvent::RendezvousBegins(RoundReason::WorkerFailure));
     obs.on(RunEvent::RendezvousEnded(Ok(&a1)));
@@ -146,4 +148,82 @@ fn health_follows_the_attempts_workers() {
         (State::Running, false, vec![(0, 2), (1, 3)])
     );
     assert_eq!(on(reaped(101, 1)).0, State::Stopping);
+}
+
+/// The report's restarts come from the events: each `restart` with the attempt that ended and
+/// its cause, the next attempt's cost on the restart before it, and the back-in-user-code time
+/// on that cost; a cost with no restart before it (the first attempt) is no one's.
+#[test]
+fn the_report_renderer_lists_the_restarts_with_their_costs() {
+    use super::facts::Facts;
+    use super::render_report::ReportRenderer;
+    use crate::supervisor::report::end::Restart;
+    let common = Common {
+        run_id: "r".into(),
+        attempt: 0,
+        node_rank: Some(0),
+        host: "h".into(),
+    };
+    let facts = Facts::new(common, 2, std::time::Duration::from_secs(1));
+    let mut r = ReportRenderer::default();
+    let cost = serde_json::json!({"total_s": 0.5});
+    r.on(
+        &RunEvent::RestartCost {
+            fields: &cost,
+            total: std::time::Duration::from_millis(500),
+        },
+        &facts,
+    );
+    assert!(r.restarts().is_empty());
+    r.on(
+        &RunEvent::Restart {
+            next: 1,
+            charged: true,
+            kind: "restart",
+            ended: 0,
+            cause: "exit code 3",
+        },
+        &facts,
+    );
+    r.on(
+        &RunEvent::RestartCost {
+            fields: &cost,
+            total: std::time::Duration::from_millis(500),
+        },
+        &facts,
+    );
+    r.on(
+        &RunEvent::RestartBack {
+            restart: 1,
+            secs: 0.75,
+        },
+        &facts,
+    );
+    r.on(
+        &RunEvent::Restart {
+            next: 1,
+            charged: false,
+            kind: "regroup",
+            ended: 1,
+            cause: "membership change",
+        },
+        &facts,
+    );
+    assert_eq!(
+        r.restarts(),
+        [
+            Restart {
+                restart_count: 0,
+                charged: true,
+                cause: "exit code 3".into(),
+                cost: Some(serde_json::json!({"total_s": 0.5, "back_in_user_code_s": 0.75})),
+            },
+            Restart {
+                restart_count: 1,
+                charged: false,
+                cause: "membership change".into(),
+                cost: None,
+            },
+        ]
+    );
 }

@@ -206,7 +206,7 @@ async fn start_rendezvous(
     if !config.uses_rendezvous() {
         return Ok(None);
     }
-    obs.emit(RunEvent::connecting(config));
+    obs.emit(RunEvent::connecting(&config.rdzv));
     // What the rendezvous reads of the launch: its resolved settings and this node.
     let node = NodeSpec {
         nnodes: config.nnodes,

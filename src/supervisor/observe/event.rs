@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::config::LaunchConfig;
+use crate::config::RdzvConfig;
 use crate::exit::WorkerStatus;
 use crate::health::network::{NetVerdict, Peer};
 use crate::health::HealthReport;
@@ -108,9 +108,8 @@ pub enum RunEvent<'a> {
 
 impl RunEvent<'_> {
     /// [`RunEvent::Connecting`] to the configured rendezvous endpoint.
-    pub fn connecting(config: &LaunchConfig) -> RunEvent<'static> {
-        let endpoint = config
-            .rdzv
+    pub fn connecting(rdzv: &RdzvConfig) -> RunEvent<'static> {
+        let endpoint = rdzv
             .endpoint
             .as_ref()
             .map_or_else(String::new, |e| format!("{}:{}", e.host, e.port));

@@ -506,8 +506,11 @@ import os, sys, time, json
 preloaded = "torch" in sys.modules
 rank = int(os.environ["RANK"]); attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 d = sys.argv[1]
-with open(os.path.join(d, "r%d.a%d.json" % (rank, attempt)), "w") as f:
+# Atomically: the test reads the records while the ranks write them.
+path = os.path.join(d, "r%d.a%d.json" % (rank, attempt))
+with open(path + ".tmp", "w") as f:
     json.dump(dict(rank=rank, attempt=attempt, pid=os.getpid(), preloaded=preloaded), f)
+os.replace(path + ".tmp", path)
 if attempt == 0 and rank == 1:
     # Fail once the test has killed the template.
     deadline = time.time() + 120

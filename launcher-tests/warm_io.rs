@@ -21,9 +21,12 @@ import os, sys, json
 preloaded = "torch" in sys.modules
 rank = int(os.environ["RANK"]); attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 if __name__ == "__main__":  # not in a multiprocessing child (`__mp_main__`)
-    with open(os.path.join(sys.argv[1], "r%d.a%d.json" % (rank, attempt)), "w") as f:
+    # Atomically: the test reads the records while the ranks write them.
+    path = os.path.join(sys.argv[1], "r%d.a%d.json" % (rank, attempt))
+    with open(path + ".tmp", "w") as f:
         fd0 = os.readlink("/proc/self/fd/0") if os.path.exists("/proc/self/fd/0") else None
         json.dump(dict(rank=rank, attempt=attempt, preloaded=preloaded, stdin=fd0), f)
+    os.replace(path + ".tmp", path)
 "#;
 
 fn assert_all_warm(dir: &Path, nproc: u64) {
@@ -267,8 +270,11 @@ import os, sys, time, json
 preloaded = "torch" in sys.modules
 rank = int(os.environ["RANK"]); attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 d = sys.argv[1]
-with open(os.path.join(d, "r%d.a%d.json" % (rank, attempt)), "w") as f:
+# Atomically: the test reads the records while the ranks write them.
+path = os.path.join(d, "r%d.a%d.json" % (rank, attempt))
+with open(path + ".tmp", "w") as f:
     json.dump(dict(rank=rank, attempt=attempt, pid=os.getpid(), preloaded=preloaded), f)
+os.replace(path + ".tmp", path)
 if attempt == 0:
     deadline = time.time() + 120
     while not os.path.exists(os.path.join(d, "go")) and time.time() < deadline:

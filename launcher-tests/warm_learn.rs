@@ -140,8 +140,11 @@ attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 dist.init_process_group("gloo")
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
 model(torch.randn(4, 8)).sum().backward()
-with open(os.path.join(out, "r%d.a%d.json" % (rank, attempt)), "w") as f:
+# Atomically: the test reads the records while the ranks write them.
+path = os.path.join(out, "r%d.a%d.json" % (rank, attempt))
+with open(path + ".tmp", "w") as f:
     json.dump(dict(rank=rank, attempt=attempt, held=held), f)
+os.replace(path + ".tmp", path)
 if attempt == 0 and rank == 1:
     if when != "now":
         wait_learned(memory, lambda names: any(n.startswith("torch._dynamo") for n in names))
@@ -211,8 +214,11 @@ import threadpkg, failpkg, mylocal, cudapkg, goodpkg
 out, memory = sys.argv[1], sys.argv[2]
 rank = int(os.environ["RANK"])
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-with open(os.path.join(out, "r%d.a%d.json" % (rank, attempt)), "w") as f:
+# Atomically: the test reads the records while the ranks write them.
+path = os.path.join(out, "r%d.a%d.json" % (rank, attempt))
+with open(path + ".tmp", "w") as f:
     json.dump(dict(rank=rank, attempt=attempt, held=held, value=mylocal.VALUE), f)
+os.replace(path + ".tmp", path)
 if attempt == 0 and rank == 0:
     # Edited once every rank read the first version.
     deadline = time.time() + 120

@@ -560,7 +560,19 @@ fn warm_sigkill_of_rdrun_leaves_nothing() {
     let Some(py) = torch_python() else { return };
     let dir = TempDir::new("warm_sigkill");
     write(dir.path(), "sleeper.py", SLEEPER);
+    // rdrun's temp dir, to see that its warm-start directory goes with it too.
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let warm_dirs = || -> Vec<String> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("rdrun-warm-"))
+            .collect()
+    };
     let run = warm_rdrun(&py, dir.path())
+        .env("TMPDIR", &tmp)
         .args(["--nproc-per-node", "2", "sleeper.py"])
         .arg(dir.path())
         .arg("forever")
@@ -577,10 +589,17 @@ fn warm_sigkill_of_rdrun_leaves_nothing() {
         .collect();
     assert!(recs.values().all(|r| r["preloaded"] == true), "{recs:?}");
     pids.push(template);
+    assert_eq!(warm_dirs().len(), 1, "the learned-imports directory");
     run.signal(libc::SIGKILL);
     let o = run.wait();
     assert_eq!(o.signal, Some(libc::SIGKILL), "{o:?}");
     assert_no_leak(&pids, Duration::from_secs(20));
+    // The watchdog removes it (it ran to the end above: every process is gone).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !warm_dirs().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(warm_dirs(), Vec::<String>::new(), "{o:?}");
 }
 
 /// `--run-path` (a `-c` bootstrap) is forked warm too.

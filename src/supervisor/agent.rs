@@ -358,6 +358,10 @@ impl Agent {
             &config.run_env.temp_dir(),
             config.uses_rendezvous(),
         );
+        // A SIGKILL of rdrun (or `--chaos node-loss`) drops nothing: the watchdog removes it.
+        if let (Some(w), Some(dir)) = (&watchdog, warm.as_ref().and_then(|w| w.learn_dir())) {
+            w.remove_on_death(&dir);
+        }
         let mut agent = Agent {
             warm,
             config,

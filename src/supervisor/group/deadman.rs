@@ -13,15 +13,17 @@
 //!   everything they ever started), every registered worker process group, and — where there
 //!   is no cgroup — every process it saw in rdrun's tree (it polls that tree while rdrun lives;
 //!   see [`TRACK_EVERY`]), then removes the run's shared-memory segments (names from
-//!   `workerenv::run_shm_prefix`), the cgroup directory and rdrun's private log directory, and
-//!   exits.
+//!   `workerenv::run_shm_prefix`), the cgroup directory, rdrun's private log directory and the
+//!   run's temporary directories (the warm start's learned-imports directory), and exits.
 //!
 //! rdrun waits for it at its own end ([`Watchdog`]'s `Drop`), so the watchdog never lingers as a
 //! zombie (its parent is rdrun).
 //!
 //! Messages (8 bytes: native-endian i32 kind, i32 value; a path's bytes follow its header):
 //! `GROUP pgid`, `FORGET_GROUPS`, `DIR len` + bytes, `FORGET_DIR`, `CONTAINED` (rdrun created
-//! the cgroup: no tree tracking needed), `FORGET_CGROUPS` (rdrun removed it at its end). A unix stream socket pair rather than a pipe: writers
+//! the cgroup: no tree tracking needed), `FORGET_CGROUPS` (rdrun removed it at its end),
+//! `TEMP_DIR len` + bytes (one more directory to remove: they add up, and one rdrun removed
+//! itself is simply gone). A unix stream socket pair rather than a pipe: writers
 //! use `send(MSG_NOSIGNAL)`, so a dead watchdog costs an EPIPE, never a SIGPIPE that would kill
 //! a worker before its exec.
 //!
@@ -55,6 +57,7 @@ const DIR: i32 = 3;
 const FORGET_DIR: i32 = 4;
 const CONTAINED: i32 = 5;
 const FORGET_CGROUPS: i32 = 6;
+const TEMP_DIR: i32 = 7;
 
 /// Handle to the watchdog process (and the run's cgroup), held by rdrun for its whole life.
 /// Dropping it removes the cgroup (killing what is left in it), ends the watchdog and reaps it.
@@ -187,6 +190,19 @@ impl Watchdog {
         self.send(&m);
     }
 
+    /// Registers one more of the run's temporary directories to remove if rdrun dies (the warm
+    /// start's learned-imports directory; rdrun removes it itself at a normal end).
+    pub fn remove_on_death(&self, dir: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = dir.as_os_str().as_bytes();
+        if bytes.is_empty() || bytes.len() > PATH_CAP || bytes.contains(&0) {
+            return;
+        }
+        let mut m = msg(TEMP_DIR, bytes.len() as i32).to_vec();
+        m.extend_from_slice(bytes);
+        self.send(&m);
+    }
+
     /// Forgets the registered directory (rdrun removed or kept it itself).
     pub fn forget_dir(&self) {
         self.send(&msg(FORGET_DIR, 0));
@@ -280,6 +296,8 @@ pub fn register(fd: RawFd, pgid: libc::pid_t) {
 struct State {
     groups: Vec<i32>,
     dir: Option<Vec<u8>>,
+    /// The run's temporary directories (`TEMP_DIR`).
+    temp_dirs: Vec<Vec<u8>>,
     contained: bool,
     /// rdrun removed (or gave up on) the cgroup itself at its end.
     cgroups_done: bool,
@@ -306,12 +324,16 @@ fn decode(buf: &mut Vec<u8>, st: &mut State) {
                 st.contained = true;
                 st.tracked.clear();
             }
-            DIR => {
+            DIR | TEMP_DIR => {
                 let len = (value.max(0) as usize).min(PATH_CAP);
                 if buf.len() - at - 8 < len {
                     break;
                 }
-                st.dir = Some(buf[at + 8..at + 8 + len].to_vec());
+                let path = buf[at + 8..at + 8 + len].to_vec();
+                match kind {
+                    DIR => st.dir = Some(path),
+                    _ => st.temp_dirs.push(path),
+                }
                 at += len;
             }
             _ => {}
@@ -517,9 +539,9 @@ fn clean_up(plan: &Plan, st: State) {
     if let Some(run_id) = &plan.shm_run_id {
         let _ = crate::workerenv::cleanup_run_shm(run_id);
     }
-    if let Some(dir) = st.dir.filter(|d| !d.is_empty()) {
-        use std::os::unix::ffi::OsStrExt;
-        let _ = std::fs::remove_dir_all(std::ffi::OsStr::from_bytes(&dir));
+    use std::os::unix::ffi::OsStrExt;
+    for dir in st.dir.iter().chain(&st.temp_dirs).filter(|d| !d.is_empty()) {
+        let _ = std::fs::remove_dir_all(std::ffi::OsStr::from_bytes(dir));
     }
 }
 
@@ -550,8 +572,13 @@ mod tests {
         buf.extend_from_slice(&msg(FORGET_GROUPS, 0));
         buf.extend_from_slice(&msg(FORGET_DIR, 0));
         buf.extend_from_slice(&msg(FORGET_CGROUPS, 0));
+        for path in [&b"/tmp/a"[..], &b"/tmp/b"[..]] {
+            buf.extend_from_slice(&msg(TEMP_DIR, path.len() as i32));
+            buf.extend_from_slice(path);
+        }
         decode(&mut buf, &mut st);
         assert!(st.groups.is_empty() && st.dir.is_none() && st.cgroups_done);
+        assert_eq!(st.temp_dirs, [b"/tmp/a".to_vec(), b"/tmp/b".to_vec()]);
     }
 
     #[test]

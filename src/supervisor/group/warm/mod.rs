@@ -160,6 +160,13 @@ impl WarmStart {
         }))
     }
 
+    /// The run's private directory where the workers report their imports, if any: the
+    /// agent has the watchdog remove it should rdrun die without dropping this manager.
+    pub fn learn_dir(&self) -> Option<std::path::PathBuf> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.learn.as_ref().map(|l| l.path.clone())
+    }
+
     /// Forks the worker of `spec` from the template; `None`: spawn it cold (the reason was
     /// said, once per kind of reason).
     pub fn spawn(&self, spec: &Job<'_>) -> Option<Forked> {

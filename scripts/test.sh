@@ -33,9 +33,10 @@ scripts/ensure-deps.sh || echo "warning: could not install system tools; namespa
 
 # The launcher tests that run real PyTorch (gloo jobs under Slurm, mpirun, pods in namespaces)
 # find the venv in the cache: install it before they run, not only before the PyTorch suite.
+torch_py=""
 if [ "${RDRUN_SKIP_TORCH:-0}" != "1" ]; then
   phase "PyTorch venv (cached)"
-  scripts/torch-venv.sh >/dev/null
+  torch_py="$(scripts/torch-venv.sh | tail -n 1)"
 fi
 
 # Nothing a test run starts remembers a warm-start list in the user's cache (the tests of the
@@ -100,7 +101,7 @@ pool=(scripts/run-tests.py --launcher "$launcher" --jobs "${RDRUN_TEST_JOBS:-3}"
 if [ "${RDRUN_SKIP_TORCH:-0}" != "1" ]; then
   RDRUN_BIN="$(pwd)/target/release/rdrun"
   export RDRUN_BIN PYTHONDONTWRITEBYTECODE=1
-  pool+=(--torch-python "$(scripts/torch-venv.sh | tail -n 1)")
+  pool+=(--torch-python "$torch_py")
 fi
 phase "launcher tests, etcd tests$([ "${RDRUN_SKIP_TORCH:-0}" != 1 ] && echo " and the PyTorch suite"): ${RDRUN_TEST_JOBS:-3} at once"
 "${pool[@]}"

@@ -8,6 +8,9 @@
 //! its `RunEvent` are named nowhere else), and only the console thread writes rdrun's stdout and
 //! stderr (`print!`, `eprintln!`, `dbg!`, `io::stdout`/`io::stderr` appear nowhere else).
 //!
+//! Compiled only for tests (`lib.rs`: `#[cfg(test)] mod import_rules`); the print and stream
+//! spellings below are the terminal rule's patterns, never calls.
+//!
 //! This is a text scan, not a parser: comments are dropped first, and inline modules are assumed
 //! to run to the end of their file (the crate's only inline modules are trailing `mod tests`).
 

@@ -564,11 +564,7 @@ impl Agent {
         same: &mut crate::supervisor::nodes::stop_verdict::SameFailure,
         tally: &mut rounds::Tally,
     ) -> (Outcome, restart::Repeats, String) {
-        let own_fault = self.chaos_cause();
-        let entry = crate::supervisor::nodes::root_cause::Entry {
-            injected: self.chaos_published(own_fault.as_ref()),
-            ..crate::supervisor::nodes::root_cause::Entry::of(&outcome)
-        };
+        let (entry, own_fault) = self.own_entry(&outcome);
         let (outcome, run_root, run_fault) = self.run_root(asg, outcome, &entry).await;
         let injected = self.chaos_label(own_fault, run_fault);
         let repeats = restart::Repeats {

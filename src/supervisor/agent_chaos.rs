@@ -9,7 +9,8 @@ use std::time::SystemTime;
 use super::Agent;
 use crate::rendezvous::Assignment;
 use crate::supervisor::chaos::{Act, Cause, Chaos, ChaosEvent, Injected, Layout, Target};
-use crate::supervisor::group::attempt::Group;
+use crate::supervisor::group::attempt::{Group, Outcome};
+use crate::supervisor::nodes::root_cause;
 use crate::supervisor::observe::RunEvent;
 use crate::supervisor::output::own;
 use crate::supervisor::report::end::RunEnd;
@@ -144,10 +145,19 @@ impl Agent {
         self.chaos.as_mut()?.take_cause()
     }
 
-    /// What this node publishes in its root-cause entry: a fault it injected itself (a fault
-    /// its clock saw land elsewhere is the other node's to tell).
-    pub(super) fn chaos_published(&self, own: Option<&Cause>) -> Option<Injected> {
-        own.filter(|c| c.here).map(|c| c.injected.clone())
+    /// This node's root-cause entry of the attempt that ended with `outcome`, and what chaos
+    /// knows of that end ([`Agent::chaos_cause`]): the entry carries a fault this node injected
+    /// itself (a fault its clock saw land elsewhere is the other node's to tell).
+    pub(super) fn own_entry(&mut self, outcome: &Outcome) -> (root_cause::Entry, Option<Cause>) {
+        let cause = self.chaos_cause();
+        let entry = root_cause::Entry {
+            injected: cause
+                .as_ref()
+                .filter(|c| c.here)
+                .map(|c| c.injected.clone()),
+            ..root_cause::Entry::of(outcome)
+        };
+        (entry, cause)
     }
 
     /// The label of the attempt's failure when a fault caused it (it then counts toward

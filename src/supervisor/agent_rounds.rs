@@ -278,11 +278,7 @@ impl Agent {
         if self.rdzv.is_none() || !plain || !no_restart {
             return ControlFlow::Continue(outcome);
         }
-        let own_fault = self.chaos_cause();
-        let entry = root_cause::Entry {
-            injected: self.chaos_published(own_fault.as_ref()),
-            ..root_cause::Entry::of(&outcome)
-        };
+        let (entry, own_fault) = self.own_entry(&outcome);
         let own = entry.sig.clone();
         let max_same = self.config.resilience.max_same_failures;
         let pending = same.could_reach(max_same);

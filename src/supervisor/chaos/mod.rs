@@ -130,7 +130,7 @@ pub struct Chaos {
     restart_failed_at: Option<SystemTime>,
     events: Vec<ChaosEvent>,
     /// The last attempt's end, when a fault caused it.
-    label: Option<Cause>,
+    cause: Option<Cause>,
     /// A fault landed on another node: the spec whose clock restarts at this node's next
     /// recovery, as on the node that injected it (it holds no other fault back: a fault
     /// elsewhere may leave this node's attempt running).
@@ -183,7 +183,7 @@ impl Chaos {
             next_poll: None,
             restart_failed_at: None,
             events: Vec::new(),
-            label: None,
+            cause: None,
             remote_pending: None,
         }))
     }
@@ -450,13 +450,13 @@ impl Chaos {
         failed: Option<SystemTime>,
         stop: Option<SystemTime>,
     ) -> Option<String> {
-        self.label = self.caused(failed, stop);
-        self.label.as_ref().map(|c| c.injected.label.clone())
+        self.cause = self.caused(failed, stop);
+        self.cause.as_ref().map(|c| c.injected.label.clone())
     }
 
     /// What [`Chaos::attempt_over`] found, once.
     pub fn take_cause(&mut self) -> Option<Cause> {
-        self.label.take()
+        self.cause.take()
     }
 
     /// The nodes agreed that `fault`, injected on another node, ended the attempt: this node's

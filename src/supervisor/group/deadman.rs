@@ -180,25 +180,24 @@ impl Watchdog {
     /// Registers the directory to remove if rdrun dies without cleaning up (replaces any
     /// earlier one). Paths longer than PATH_MAX are not registered.
     pub fn set_dir(&self, dir: &Path) {
-        use std::os::unix::ffi::OsStrExt;
-        let bytes = dir.as_os_str().as_bytes();
-        if bytes.is_empty() || bytes.len() > PATH_CAP || bytes.contains(&0) {
-            return;
-        }
-        let mut m = msg(DIR, bytes.len() as i32).to_vec();
-        m.extend_from_slice(bytes);
-        self.send(&m);
+        self.send_path(DIR, dir);
     }
 
     /// Registers one more of the run's temporary directories to remove if rdrun dies (the warm
     /// start's learned-imports directory; rdrun removes it itself at a normal end).
     pub fn remove_on_death(&self, dir: &Path) {
+        self.send_path(TEMP_DIR, dir);
+    }
+
+    /// A message of `kind` carrying `dir` (not sent when empty, longer than PATH_MAX, or
+    /// holding a NUL).
+    fn send_path(&self, kind: i32, dir: &Path) {
         use std::os::unix::ffi::OsStrExt;
         let bytes = dir.as_os_str().as_bytes();
         if bytes.is_empty() || bytes.len() > PATH_CAP || bytes.contains(&0) {
             return;
         }
-        let mut m = msg(TEMP_DIR, bytes.len() as i32).to_vec();
+        let mut m = msg(kind, bytes.len() as i32).to_vec();
         m.extend_from_slice(bytes);
         self.send(&m);
     }

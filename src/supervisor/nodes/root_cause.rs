@@ -200,11 +200,16 @@ pub(in crate::supervisor) fn part(outcome: &Outcome) -> Part {
 /// (ties: the lower group rank). `None` when no node's workers failed, or when that failure
 /// has no signature (a hang): either resets the count in a row.
 pub(in crate::supervisor) fn pick(entries: &[(usize, Entry)]) -> Option<Signature> {
+    root(entries).and_then(|e| e.sig.clone())
+}
+
+/// The entry [`pick`] names the run's root cause (see there).
+fn root(entries: &[(usize, Entry)]) -> Option<&Entry> {
     entries
         .iter()
         .filter(|(_, e)| e.failed)
         .min_by_key(|(n, e)| (e.peer, e.at_ms, *n))
-        .and_then(|(_, e)| e.sig.clone())
+        .map(|(_, e)| e)
 }
 
 /// Issue 41: the chaos fault that ended the attempt, when a node injected one — the run's
@@ -212,12 +217,7 @@ pub(in crate::supervisor) fn pick(entries: &[(usize, Entry)]) -> Option<Signatur
 /// the root's: a fault injected on one node is what ended the attempt on every node, and the
 /// root cause [`pick`] finds may be a consequence of it on a node whose clock runs ahead.
 pub(in crate::supervisor) fn injected(entries: &[(usize, Entry)]) -> Option<Injected> {
-    let root = entries
-        .iter()
-        .filter(|(_, e)| e.failed)
-        .min_by_key(|(n, e)| (e.peer, e.at_ms, *n))
-        .and_then(|(_, e)| e.injected.clone());
-    root.or_else(|| {
+    root(entries).and_then(|e| e.injected.clone()).or_else(|| {
         entries
             .iter()
             .filter(|(_, e)| e.injected.is_some())

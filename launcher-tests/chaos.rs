@@ -565,8 +565,8 @@ fn node_loss_of_the_etcd_store_host_is_survived_by_the_others() {
 
 /// Issue 41 on two c10d nodes (loopback), a gloo DDP job of one rank per node: every node runs
 /// the same `--chaos` (one seed, one draw); the node that holds rank 1 kills it twice, the other
-/// node's rank then fails in its collective and that node learns from the schedule that the
-/// fault was injected; on both, every restart is labelled injected and none reaches the stop
+/// node's rank then fails in its collective and that node learns from the injecting node's
+/// root-cause entry (or its own draw of the same schedule) that the fault was injected; on both, every restart is labelled injected and none reaches the stop
 /// verdict (`--max-same-failures 2`): both finish.
 #[test]
 fn injected_kills_on_a_two_node_job_are_labelled_on_both_nodes() {
